@@ -1,0 +1,202 @@
+//! The node <-> agent wire protocol.
+//!
+//! A connection carries one request. Every message is a frame: one kind byte, a big-endian u32
+//! length, then the payload. Control messages are JSON; output is raw bytes, so binary output
+//! costs nothing extra.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The version both sides speak; `Ping` answers it.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest frame either side accepts.
+pub const MAX_FRAME: usize = 8 * 1024 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    Json = 1,
+    Stdout = 2,
+    Stderr = 3,
+}
+
+impl FrameKind {
+    fn from_u8(b: u8) -> Option<FrameKind> {
+        match b {
+            1 => Some(FrameKind::Json),
+            2 => Some(FrameKind::Stdout),
+            3 => Some(FrameKind::Stderr),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Ping,
+    Exec(ExecSpec),
+}
+
+/// One command to run inside the sandbox.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ExecSpec {
+    /// Program and arguments; the program is looked up in `PATH` when it has no slash.
+    pub argv: Vec<String>,
+    /// The whole environment of the command.
+    pub env: BTreeMap<String, String>,
+    pub cwd: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Bytes for standard input; `None` gives `/dev/null`.
+    pub stdin: Option<Vec<u8>>,
+    /// Kill the command (and its process group and session) after this many milliseconds.
+    pub timeout_ms: u64,
+    /// Forward at most this many bytes per stream; the rest is read and dropped.
+    pub output_cap: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Response {
+    Pong {
+        version: u32,
+    },
+    /// The command started with this pid (as seen inside the sandbox).
+    Started {
+        pid: i32,
+    },
+    Exit(ExitInfo),
+    /// The request could not be carried out; `kind` is machine-readable.
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The working directory does not exist inside the sandbox.
+    BadCwd,
+    /// The request itself was malformed.
+    BadRequest,
+    Internal,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ExitInfo {
+    /// Exit code; 128 + N when killed by signal N.
+    pub exit_code: i32,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProtoError {
+    #[error("agent connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("agent sent an unknown frame kind {0}")]
+    BadKind(u8),
+    #[error("agent frame of {0} bytes is over the limit")]
+    TooLarge(usize),
+    #[error("agent message is not valid: {0}")]
+    BadJson(#[from] serde_json::Error),
+}
+
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    kind: FrameKind,
+    payload: &[u8],
+) -> Result<(), ProtoError> {
+    if payload.len() > MAX_FRAME {
+        return Err(ProtoError::TooLarge(payload.len()));
+    }
+    let mut head = [0u8; 5];
+    head[0] = kind as u8;
+    head[1..].copy_from_slice(&(payload.len() as u32).to_be_bytes());
+    w.write_all(&head).await?;
+    w.write_all(payload).await?;
+    Ok(())
+}
+
+pub async fn write_json<W: AsyncWrite + Unpin, T: Serialize>(
+    w: &mut W,
+    msg: &T,
+) -> Result<(), ProtoError> {
+    let bytes = serde_json::to_vec(msg)?;
+    write_frame(w, FrameKind::Json, &bytes).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// Reads one frame; `Ok(None)` at a clean end of stream.
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+) -> Result<Option<(FrameKind, Vec<u8>)>, ProtoError> {
+    let mut head = [0u8; 5];
+    match r.read_exact(&mut head).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let kind = FrameKind::from_u8(head[0]).ok_or(ProtoError::BadKind(head[0]))?;
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len > MAX_FRAME {
+        return Err(ProtoError::TooLarge(len));
+    }
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf).await?;
+    Ok(Some((kind, buf)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_round_trip() {
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        write_json(&mut a, &Request::Ping).await.unwrap();
+        write_frame(&mut a, FrameKind::Stdout, b"\xff\x00bytes")
+            .await
+            .unwrap();
+        drop(a);
+        let (k, p) = read_frame(&mut b).await.unwrap().unwrap();
+        assert_eq!(k, FrameKind::Json);
+        assert!(matches!(
+            serde_json::from_slice::<Request>(&p).unwrap(),
+            Request::Ping
+        ));
+        let (k, p) = read_frame(&mut b).await.unwrap().unwrap();
+        assert_eq!(
+            (k, p.as_slice()),
+            (FrameKind::Stdout, &b"\xff\x00bytes"[..])
+        );
+        assert!(read_frame(&mut b).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn oversized_and_unknown_frames_are_refused() {
+        let (mut a, mut b) = tokio::io::duplex(64);
+        tokio::spawn(async move {
+            a.write_all(&[9, 0, 0, 0, 0]).await.unwrap();
+        });
+        assert!(matches!(
+            read_frame(&mut b).await,
+            Err(ProtoError::BadKind(9))
+        ));
+        let (mut a, mut b) = tokio::io::duplex(64);
+        tokio::spawn(async move {
+            a.write_all(&[1, 0xff, 0xff, 0xff, 0xff]).await.unwrap();
+        });
+        assert!(matches!(
+            read_frame(&mut b).await,
+            Err(ProtoError::TooLarge(_))
+        ));
+    }
+}

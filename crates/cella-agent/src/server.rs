@@ -1,0 +1,351 @@
+//! The agent's side: PID 1 of a sandbox.
+
+use crate::proto::{self, ErrorKind, ExecSpec, ExitInfo, FrameKind, Request, Response};
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::net::UnixStream;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::oneshot;
+
+/// How long an exec waits, after its command exited, for output still buffered in its pipes.
+/// Background children that keep the pipes open do not hold the answer longer than this.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Clone, Default)]
+pub struct AgentConfig {}
+
+/// Runs the agent on an already bound listener; never returns.
+pub fn serve(listener: std::os::unix::net::UnixListener, config: AgentConfig) -> ! {
+    // The agent must be the last thing the OOM killer picks inside its sandbox.
+    let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cella-agent: cannot start runtime: {e}");
+            std::process::exit(1)
+        }
+    };
+    if let Err(e) = rt.block_on(run(listener, config)) {
+        eprintln!("cella-agent: {e}");
+    }
+    std::process::exit(1)
+}
+
+/// Collects exit statuses of every child, ours and orphans alike, as an init must.
+#[derive(Default)]
+struct Reaper {
+    waiters: Mutex<HashMap<i32, oneshot::Sender<i32>>>,
+}
+
+impl Reaper {
+    fn register(&self, pid: i32) -> oneshot::Receiver<i32> {
+        let (tx, rx) = oneshot::channel();
+        self.waiters.lock().expect("reaper lock").insert(pid, tx);
+        rx
+    }
+
+    fn reap(&self) {
+        loop {
+            let (pid, code) = match waitpid(
+                Pid::from_raw(-1),
+                Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL),
+            ) {
+                Ok(WaitStatus::Exited(pid, code)) => (pid, code),
+                Ok(WaitStatus::Signaled(pid, sig, _)) => (pid, 128 + sig as i32),
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(_) => continue,
+            };
+            if let Some(tx) = self
+                .waiters
+                .lock()
+                .expect("reaper lock")
+                .remove(&pid.as_raw())
+            {
+                let _ = tx.send(code);
+            }
+        }
+    }
+}
+
+async fn run(
+    listener: std::os::unix::net::UnixListener,
+    _config: AgentConfig,
+) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::UnixListener::from_std(listener)?;
+    let reaper = Arc::new(Reaper::default());
+    let mut sigchld = signal(SignalKind::child())?;
+    let r = reaper.clone();
+    tokio::spawn(async move {
+        loop {
+            r.reap();
+            if sigchld.recv().await.is_none() {
+                return;
+            }
+        }
+    });
+    loop {
+        let (stream, _) = listener.accept().await?;
+        tokio::spawn(handle(stream, reaper.clone()));
+    }
+}
+
+async fn handle(mut stream: UnixStream, reaper: Arc<Reaper>) {
+    let req = match proto::read_frame(&mut stream).await {
+        Ok(Some((FrameKind::Json, body))) => serde_json::from_slice::<Request>(&body),
+        _ => return,
+    };
+    let result = match req {
+        Ok(Request::Ping) => {
+            proto::write_json(
+                &mut stream,
+                &Response::Pong {
+                    version: proto::PROTOCOL_VERSION,
+                },
+            )
+            .await
+        }
+        Ok(Request::Exec(spec)) => exec(stream, spec, reaper).await,
+        Err(e) => {
+            let msg = Response::Error {
+                kind: ErrorKind::BadRequest,
+                message: e.to_string(),
+            };
+            proto::write_json(&mut stream, &msg).await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!("agent connection ended: {e}");
+    }
+}
+
+fn spawn_failure(argv0: &str, err: &std::io::Error) -> (i32, String) {
+    match err.kind() {
+        std::io::ErrorKind::NotFound => (127, format!("cella: {argv0}: command not found\n")),
+        std::io::ErrorKind::PermissionDenied => {
+            (126, format!("cella: {argv0}: permission denied\n"))
+        }
+        _ => (126, format!("cella: {argv0}: cannot run: {err}\n")),
+    }
+}
+
+/// Kills a command's process group and every process still in its session.
+fn kill_tree(pid: i32) {
+    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let Some(p) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if p == 1 {
+            continue;
+        }
+        if session_of(p) == Some(pid) {
+            let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+        }
+    }
+}
+
+fn session_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may contain anything.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(3)?.parse().ok()
+}
+
+/// Forwards output up to the cap; returns false when the node has gone away.
+async fn forward(
+    wr: &mut tokio::net::unix::OwnedWriteHalf,
+    kind: FrameKind,
+    data: &[u8],
+    sent: &mut u64,
+    cap: Option<u64>,
+    truncated: &mut bool,
+) -> bool {
+    let room = cap.map(|c| c.saturating_sub(*sent)).unwrap_or(u64::MAX);
+    let take = (data.len() as u64).min(room) as usize;
+    if take < data.len() {
+        *truncated = true;
+    }
+    *sent += take as u64;
+    if take == 0 {
+        return true;
+    }
+    proto::write_frame(wr, kind, &data[..take]).await.is_ok()
+}
+
+async fn exec(
+    stream: UnixStream,
+    spec: ExecSpec,
+    reaper: Arc<Reaper>,
+) -> Result<(), proto::ProtoError> {
+    let (mut rd, mut wr) = stream.into_split();
+    if spec.argv.is_empty() {
+        let msg = Response::Error {
+            kind: ErrorKind::BadRequest,
+            message: "argv is empty".into(),
+        };
+        return proto::write_json(&mut wr, &msg).await;
+    }
+    if !std::path::Path::new(&spec.cwd).is_dir() {
+        let msg = Response::Error {
+            kind: ErrorKind::BadCwd,
+            message: format!("working directory {} does not exist", spec.cwd),
+        };
+        return proto::write_json(&mut wr, &msg).await;
+    }
+    let started = Instant::now();
+    let mut cmd = std::process::Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .env_clear()
+        .envs(&spec.env)
+        .current_dir(&spec.cwd)
+        .uid(spec.uid)
+        .gid(spec.gid)
+        .stdin(if spec.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            // Own session and process group: the whole tree can be killed at a timeout.
+            libc::setsid();
+            // Children must not inherit the agent's immunity to the OOM killer.
+            let fd = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY);
+            if fd >= 0 {
+                libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+            }
+            Ok(())
+        });
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let (code, msg) = spawn_failure(&spec.argv[0], &e);
+            let mut sent = 0;
+            let mut trunc = false;
+            forward(
+                &mut wr,
+                FrameKind::Stderr,
+                msg.as_bytes(),
+                &mut sent,
+                spec.output_cap,
+                &mut trunc,
+            )
+            .await;
+            let exit = ExitInfo {
+                exit_code: code,
+                timed_out: false,
+                duration_ms: started.elapsed().as_millis() as u64,
+                stdout_truncated: false,
+                stderr_truncated: trunc,
+            };
+            return proto::write_json(&mut wr, &Response::Exit(exit)).await;
+        }
+    };
+    let pid = child.id() as i32;
+    let mut exit_rx = reaper.register(pid);
+    proto::write_json(&mut wr, &Response::Started { pid }).await?;
+
+    if let (Some(input), Some(stdin)) = (spec.stdin.clone(), child.stdin.take()) {
+        let fd: OwnedFd = stdin.into();
+        if let Ok(mut tx) = pipe::Sender::from_owned_fd(fd) {
+            tokio::spawn(async move {
+                let _ = tx.write_all(&input).await;
+            });
+        }
+    }
+    let mut out = child
+        .stdout
+        .take()
+        .map(|s| pipe::Receiver::from_owned_fd(s.into()))
+        .transpose()?;
+    let mut err = child
+        .stderr
+        .take()
+        .map(|s| pipe::Receiver::from_owned_fd(s.into()))
+        .transpose()?;
+    drop(child);
+
+    let deadline = tokio::time::sleep(Duration::from_millis(spec.timeout_ms.max(1)));
+    tokio::pin!(deadline);
+    let drain = tokio::time::sleep(Duration::from_secs(86400 * 365));
+    tokio::pin!(drain);
+    let (mut obuf, mut ebuf) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+    let (mut osent, mut esent, mut otrunc, mut etrunc) = (0u64, 0u64, false, false);
+    let mut status: Option<i32> = None;
+    let mut timed_out = false;
+    let mut ctl = [0u8; 64];
+    loop {
+        if status.is_some() && out.is_none() && err.is_none() {
+            break;
+        }
+        tokio::select! {
+            n = async { out.as_mut().expect("guarded").read(&mut obuf).await }, if out.is_some() => match n {
+                Ok(n) if n > 0 => {
+                    if !forward(&mut wr, FrameKind::Stdout, &obuf[..n], &mut osent, spec.output_cap, &mut otrunc).await {
+                        kill_tree(pid);
+                        return Ok(());
+                    }
+                }
+                _ => out = None,
+            },
+            n = async { err.as_mut().expect("guarded").read(&mut ebuf).await }, if err.is_some() => match n {
+                Ok(n) if n > 0 => {
+                    if !forward(&mut wr, FrameKind::Stderr, &ebuf[..n], &mut esent, spec.output_cap, &mut etrunc).await {
+                        kill_tree(pid);
+                        return Ok(());
+                    }
+                }
+                _ => err = None,
+            },
+            code = &mut exit_rx, if status.is_none() => {
+                status = Some(code.unwrap_or(255));
+                drain.as_mut().reset(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
+            },
+            _ = &mut deadline, if status.is_none() && !timed_out => {
+                timed_out = true;
+                kill_tree(pid);
+            },
+            _ = &mut drain, if status.is_some() => break,
+            r = rd.read(&mut ctl) => {
+                // The node sends nothing more; a read that returns means it hung up.
+                if matches!(r, Ok(0) | Err(_)) {
+                    kill_tree(pid);
+                    return Ok(());
+                }
+            }
+        }
+    }
+    let exit = ExitInfo {
+        exit_code: status.unwrap_or(255),
+        timed_out,
+        duration_ms: started.elapsed().as_millis() as u64,
+        stdout_truncated: otrunc,
+        stderr_truncated: etrunc,
+    };
+    proto::write_json(&mut wr, &Response::Exit(exit)).await
+}

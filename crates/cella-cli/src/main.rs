@@ -1,0 +1,424 @@
+//! `cella`: one binary for the server (`cella serve`), the CLI, and the sandbox launcher.
+
+use cella_client::{Client, Error as ClientError};
+use cella_types::{CreateSandbox, ExecRequest, ExecUser, Sandbox, Size};
+use clap::{Args, Parser, Subcommand};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "cella", version, about = "Sandboxes for AI agents")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct Conn {
+    /// Server URL.
+    #[arg(long, env = "CELLA_SERVER", default_value = cella_client::DEFAULT_SERVER, global = true)]
+    server: String,
+    /// API key (default: the local server's bootstrap key, when readable).
+    #[arg(long, env = "CELLA_API_KEY", hide_env_values = true, global = true)]
+    api_key: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the API server.
+    Serve {
+        /// Address to listen on (default 127.0.0.1:7070).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        /// Data directory (default: ~/.local/share/cella).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// TOML configuration file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// List templates, their sizes and readiness.
+    Templates {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Create, list, inspect, run commands in, and destroy sandboxes.
+    #[command(subcommand, alias = "sb")]
+    Sandbox(SandboxCmd),
+    #[command(name = "__sandbox-init", hide = true)]
+    SandboxInit,
+}
+
+#[derive(Subcommand)]
+enum SandboxCmd {
+    /// Create a sandbox and wait until it runs.
+    Create {
+        #[arg(long, short)]
+        template: Option<String>,
+        #[arg(long, short)]
+        size: Option<Size>,
+        /// Active-session timeout in seconds.
+        #[arg(long)]
+        timeout: Option<u32>,
+        /// Metadata entry KEY=VALUE (repeatable).
+        #[arg(long = "metadata", short = 'm', value_parser = parse_kv)]
+        metadata: Vec<(String, String)>,
+        /// Environment variable KEY=VALUE for every command (repeatable).
+        #[arg(long = "env", short = 'e', value_parser = parse_kv)]
+        env: Vec<(String, String)>,
+        /// Answer at once, while the sandbox is still provisioning.
+        #[arg(long)]
+        no_wait: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List sandboxes.
+    #[command(alias = "ls")]
+    List {
+        #[arg(long)]
+        state: Option<String>,
+        /// Metadata filter KEY=VALUE (repeatable).
+        #[arg(long = "metadata", short = 'm', value_parser = parse_kv)]
+        metadata: Vec<(String, String)>,
+        #[arg(long)]
+        limit: Option<u32>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Show one sandbox.
+    Get {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Run a command in a sandbox; exits with the command's exit code.
+    Exec {
+        id: String,
+        /// Run this shell command line instead of ARGV.
+        #[arg(long, short = 'c')]
+        shell: Option<String>,
+        /// Run as root instead of the unprivileged user.
+        #[arg(long)]
+        root: bool,
+        #[arg(long)]
+        cwd: Option<String>,
+        #[arg(long = "env", short = 'e', value_parser = parse_kv)]
+        env: Vec<(String, String)>,
+        /// Seconds before the command is killed.
+        #[arg(long)]
+        timeout: Option<u32>,
+        /// Program and arguments.
+        #[arg(last = true)]
+        argv: Vec<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Destroy a sandbox.
+    #[command(alias = "rm")]
+    Destroy {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::SandboxInit = &cli.command {
+        // Must stay single-threaded: it forks.
+        return ExitCode::from(cella_runtime::namespace::launcher_main() as u8);
+    }
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cella: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(run(cli.command))
+}
+
+async fn run(cmd: Command) -> ExitCode {
+    match cmd {
+        Command::Serve {
+            listen,
+            data_dir,
+            config,
+        } => serve(listen, data_dir, config).await,
+        Command::Templates { conn } => report(templates(&conn).await, &conn),
+        Command::Sandbox(sc) => sandbox(sc).await,
+        Command::SandboxInit => unreachable!("handled before the runtime starts"),
+    }
+}
+
+async fn serve(
+    listen: Option<std::net::SocketAddr>,
+    data_dir: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let mut cfg = match cella_server::Config::load(config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cella: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(l) = listen {
+        cfg.listen = l;
+    }
+    if let Some(d) = data_dir {
+        cfg.data_dir = d;
+    }
+    match cella_server::serve(cfg).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cella: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn client(conn: &Conn) -> Client {
+    let key = conn.api_key.clone().filter(|k| !k.is_empty()).or_else(|| {
+        // Convenience on the server's own host: the bootstrap key of the default data dir.
+        std::fs::read_to_string(cella_server::config::default_data_dir().join("bootstrap.key"))
+            .ok()
+            .map(|s| s.trim().to_string())
+    });
+    Client::new(&conn.server, key)
+}
+
+/// Prints an error the way a user can act on it; returns the exit code.
+fn fail(e: ClientError) -> ExitCode {
+    eprintln!("cella: {e}");
+    if let ClientError::Api {
+        details: Some(d), ..
+    } = &e
+    {
+        eprintln!("  details: {d}");
+    }
+    ExitCode::from(1)
+}
+
+enum Out {
+    Text(String),
+    Json(serde_json::Value),
+}
+
+fn report(r: Result<(String, serde_json::Value), ClientError>, conn: &Conn) -> ExitCode {
+    match r {
+        Ok((text, json)) => {
+            print_out(if conn.json {
+                Out::Json(json)
+            } else {
+                Out::Text(text)
+            });
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
+fn print_out(o: Out) {
+    match o {
+        Out::Text(t) => print!("{t}"),
+        Out::Json(v) => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
+    }
+}
+
+async fn templates(conn: &Conn) -> Result<(String, serde_json::Value), ClientError> {
+    let cat = client(conn).templates().await?;
+    let mut text = format!(
+        "{:<16} {:<8} {:<14} SIZES\n",
+        "TEMPLATE", "DEFAULT", "READINESS"
+    );
+    for t in &cat.data {
+        let sizes: Vec<String> = t
+            .sizes
+            .iter()
+            .map(|s| {
+                let c = s.resource_contract.as_ref();
+                format!(
+                    "{}={} ({} vCPU/{} MiB)",
+                    s.size,
+                    s.state.as_str(),
+                    c.map(|c| c.vcpus).unwrap_or(0),
+                    c.map(|c| c.memory_mb).unwrap_or(0)
+                )
+            })
+            .collect();
+        text += &format!(
+            "{:<16} {:<8} {:<14} {}\n",
+            t.id,
+            t.default_size,
+            t.readiness.as_str(),
+            sizes.join(", ")
+        );
+    }
+    Ok((text, serde_json::to_value(&cat).unwrap_or_default()))
+}
+
+fn describe(s: &Sandbox) -> String {
+    let mut t = String::new();
+    let row = |t: &mut String, k: &str, v: String| t.push_str(&format!("{k:<14} {v}\n"));
+    row(&mut t, "id", s.id.clone());
+    row(&mut t, "state", s.state.as_str().to_string());
+    row(&mut t, "template", s.template_id.clone());
+    row(
+        &mut t,
+        "size",
+        format!(
+            "{} ({} vCPU, {} MiB, {} MiB disk)",
+            s.size, s.cpu_count, s.memory_mb, s.disk_size_mb
+        ),
+    );
+    row(&mut t, "created_at", s.created_at.clone());
+    if let Some(r) = &s.state_reason {
+        row(&mut t, "reason", r.clone());
+    }
+    if let Some(ms) = s.timeout_remaining_ms {
+        row(&mut t, "timeout_in", format!("{}s", ms / 1000));
+    }
+    if !s.metadata.is_empty() {
+        let m: Vec<String> = s.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        row(&mut t, "metadata", m.join(" "));
+    }
+    t
+}
+
+async fn sandbox(cmd: SandboxCmd) -> ExitCode {
+    match cmd {
+        SandboxCmd::Create {
+            template,
+            size,
+            timeout,
+            metadata,
+            env,
+            no_wait,
+            conn,
+        } => {
+            let req = CreateSandbox {
+                template_id: template,
+                size,
+                timeout_sec: timeout,
+                metadata: (!metadata.is_empty()).then(|| metadata.into_iter().collect()),
+                env: (!env.is_empty()).then(|| env.into_iter().collect()),
+                wait: Some(!no_wait),
+                ..Default::default()
+            };
+            let r = client(&conn)
+                .create_sandbox(&req)
+                .await
+                .map(|s| (describe(&s), serde_json::to_value(&s).unwrap_or_default()));
+            report(r, &conn)
+        }
+        SandboxCmd::List {
+            state,
+            metadata,
+            limit,
+            conn,
+        } => {
+            let mut q: Vec<(String, String)> = Vec::new();
+            if let Some(s) = state {
+                q.push(("state".into(), s));
+            }
+            for (k, v) in metadata {
+                q.push((format!("metadata.{k}"), v));
+            }
+            if let Some(l) = limit {
+                q.push(("limit".into(), l.to_string()));
+            }
+            let r = client(&conn).list_sandboxes(&q).await.map(|page| {
+                let mut t = format!(
+                    "{:<22} {:<13} {:<10} {:<7} CREATED\n",
+                    "ID", "STATE", "TEMPLATE", "SIZE"
+                );
+                for s in &page.data {
+                    t += &format!(
+                        "{:<22} {:<13} {:<10} {:<7} {}\n",
+                        s.id,
+                        s.state.as_str(),
+                        s.template_id,
+                        s.size,
+                        s.created_at
+                    );
+                }
+                (t, serde_json::to_value(&page).unwrap_or_default())
+            });
+            report(r, &conn)
+        }
+        SandboxCmd::Get { id, conn } => {
+            let r = client(&conn)
+                .get_sandbox(&id)
+                .await
+                .map(|s| (describe(&s), serde_json::to_value(&s).unwrap_or_default()));
+            report(r, &conn)
+        }
+        SandboxCmd::Destroy { id, conn } => {
+            let r = client(&conn).destroy_sandbox(&id).await.map(|s| {
+                (
+                    format!("{} destroyed\n", s.id),
+                    serde_json::to_value(&s).unwrap_or_default(),
+                )
+            });
+            report(r, &conn)
+        }
+        SandboxCmd::Exec {
+            id,
+            shell,
+            root,
+            cwd,
+            env,
+            timeout,
+            argv,
+            conn,
+        } => {
+            if shell.is_none() && argv.is_empty() {
+                eprintln!("cella: give a command: `cella sandbox exec ID -- PROGRAM ARGS...` or `-c 'shell line'`");
+                return ExitCode::from(2);
+            }
+            let req = ExecRequest {
+                command: shell,
+                argv: (!argv.is_empty()).then_some(argv),
+                env: (!env.is_empty()).then(|| env.into_iter().collect::<BTreeMap<_, _>>()),
+                cwd,
+                user: root.then_some(ExecUser::Root),
+                timeout_sec: timeout,
+                ..Default::default()
+            };
+            match client(&conn).exec(&id, &req).await {
+                Ok(r) => {
+                    if conn.json {
+                        print_out(Out::Json(serde_json::to_value(&r).unwrap_or_default()));
+                    } else {
+                        use std::io::Write;
+                        let _ = std::io::stdout().write_all(r.stdout.as_bytes());
+                        let _ = std::io::stderr().write_all(r.stderr.as_bytes());
+                        if r.timed_out {
+                            eprintln!("cella: command timed out");
+                        }
+                    }
+                    ExitCode::from((r.exit_code & 0xff) as u8)
+                }
+                Err(e) => fail(e),
+            }
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! Sandbox cgroups, on cgroup v1 and v2 alike, through `cgroups-rs`.
+//!
+//! Each sandbox gets the cgroup `<parent>/<sandbox id>` in every hierarchy the crate manages; the
+//! parent is per server instance, so two servers on one host never touch each other's.
+
+use crate::DriverError;
+use cgroups_rs::fs::cgroup_builder::CgroupBuilder;
+use cgroups_rs::fs::{hierarchies, Cgroup, MaxValue};
+use cgroups_rs::CgroupPid;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Limits derived from a sandbox's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub cpus: u32,
+    pub memory_mb: u32,
+    pub pids_max: u32,
+}
+
+/// CFS period used for CPU quotas: quota = vCPUs x period.
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+fn load(path: &str) -> Cgroup {
+    Cgroup::load(hierarchies::auto(), path)
+}
+
+pub fn create(path: &str, limits: Limits) -> Result<(), DriverError> {
+    CgroupBuilder::new(path)
+        .memory()
+        .memory_hard_limit(limits.memory_mb as i64 * 1024 * 1024)
+        .done()
+        .cpu()
+        .period(CPU_PERIOD_US)
+        .quota(limits.cpus as i64 * CPU_PERIOD_US as i64)
+        .done()
+        .pid()
+        .maximum_number_of_processes(MaxValue::Value(limits.pids_max as i64))
+        .done()
+        .build(hierarchies::auto())
+        .map_err(|e| DriverError::Cgroup(format!("creating {path}: {e}")))?;
+    Ok(())
+}
+
+/// Moves a process (all its threads) into the cgroup.
+pub fn join(path: &str, pid: u32) -> Result<(), DriverError> {
+    load(path)
+        .add_task_by_tgid(CgroupPid::from(pid as u64))
+        .map_err(|e| DriverError::Cgroup(format!("joining {path}: {e}")))
+}
+
+/// Pids of the processes in the cgroup.
+pub fn procs(path: &str) -> Vec<u64> {
+    let cg = load(path);
+    cg.procs().into_iter().map(|p| p.pid).collect()
+}
+
+/// SIGKILLs every process in the cgroup until it is empty, then removes it.
+pub fn kill_and_remove(path: &str) -> Result<(), DriverError> {
+    let cg = load(path);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pids = cg.procs();
+        if pids.is_empty() {
+            break;
+        }
+        for p in pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if Instant::now() > deadline {
+            return Err(DriverError::Cgroup(format!(
+                "processes of {path} did not die"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Removal can race with the kernel's teardown of the last tasks: retry briefly.
+    let mut last = None;
+    for _ in 0..200 {
+        if !exists(path) {
+            return Ok(());
+        }
+        match cg.delete() {
+            Ok(()) => return Ok(()),
+            Err(e) => last = Some(e.to_string()),
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Err(DriverError::Cgroup(format!(
+        "removing {path}: {}",
+        last.unwrap_or_default()
+    )))
+}
+
+/// The directory of the cgroup in a hierarchy that every setup has (pids on v1, the unified
+/// tree on v2); used to see whether it exists and what it contains.
+pub fn probe_dir(path: &str) -> PathBuf {
+    let base = if hierarchies::is_cgroup2_unified_mode() {
+        PathBuf::from("/sys/fs/cgroup")
+    } else {
+        PathBuf::from("/sys/fs/cgroup/pids")
+    };
+    base.join(path)
+}
+
+pub fn exists(path: &str) -> bool {
+    probe_dir(path).is_dir()
+}
+
+/// Names of the child cgroups of `parent`.
+pub fn children(parent: &str) -> Vec<String> {
+    std::fs::read_dir(probe_dir(parent))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,111 @@
+//! The isolation runtime.
+//!
+//! [`Driver`] is the one interface the server uses to make, run and remove sandboxes; it hides
+//! the backend the way Cloud Hypervisor's `Hypervisor` trait does. [`namespace::NamespaceDriver`]
+//! is the Linux namespace backend (the default); a microVM backend will sit beside it.
+
+pub mod cgroup;
+pub mod namespace;
+pub mod rootfs;
+
+use async_trait::async_trait;
+pub use cella_agent::client::ExecEvent;
+pub use cella_agent::proto::{ExecSpec, ExitInfo};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use tokio::sync::mpsc;
+
+/// Everything a driver needs to start one sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    pub id: String,
+    pub hostname: String,
+    pub image: rootfs::TemplateImage,
+    pub cpu_count: u32,
+    pub memory_mb: u32,
+    pub disk_size_mb: u32,
+    pub pids_max: u32,
+}
+
+/// What the driver needs to find a running sandbox again, also after a server restart.
+/// Stored by the server as JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxHandle {
+    pub id: String,
+    /// Host pid of the sandbox's init (the agent).
+    pub pid: i32,
+    /// The init's start time in clock ticks since boot, to tell it from a reused pid.
+    pub start_time: u64,
+    pub socket: PathBuf,
+    pub cgroup: String,
+}
+
+/// What a driver finds when it looks at a sandbox it started earlier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// Its init runs and its agent answers.
+    Alive,
+    /// Its processes are gone (or no longer answer); the reason says what was seen.
+    Gone(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("template image is not usable: {0}")]
+    Image(String),
+    #[error("cgroup setup failed: {0}")]
+    Cgroup(String),
+    #[error("sandbox failed to start: {0}")]
+    Launch(String),
+    #[error("working directory does not exist: {0}")]
+    BadCwd(String),
+    #[error("sandbox agent: {0}")]
+    Agent(String),
+    #[error("the client went away before the command ended")]
+    ClientGone,
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// An isolation backend.
+#[async_trait]
+pub trait Driver: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+
+    /// Starts a sandbox and returns once its agent answers.
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError>;
+
+    /// Runs one command to its end, sending output to `events` as it comes.
+    async fn exec(
+        &self,
+        handle: &SandboxHandle,
+        spec: ExecSpec,
+        events: mpsc::Sender<ExecEvent>,
+    ) -> Result<ExitInfo, DriverError>;
+
+    /// Looks whether a sandbox started earlier still runs.
+    async fn probe(&self, handle: &SandboxHandle) -> Probe;
+
+    /// Removes every trace of a sandbox: processes, mounts, cgroups, namespaces, files.
+    /// Works with or without a handle (a create that failed half way has none) and is idempotent.
+    async fn destroy(&self, id: &str, handle: Option<&SandboxHandle>) -> Result<(), DriverError>;
+
+    /// Ids of sandboxes that have anything left on this host (files or cgroups).
+    fn leftovers(&self) -> Vec<String>;
+}
+
+/// The environment every command starts with, before the sandbox's and the request's own.
+pub fn base_env(home: &str, user: &str) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    env.insert(
+        "PATH".into(),
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+    );
+    env.insert("HOME".into(), home.into());
+    env.insert("USER".into(), user.into());
+    env.insert("LOGNAME".into(), user.into());
+    env.insert("SHELL".into(), "/bin/bash".into());
+    env.insert("LANG".into(), "C.UTF-8".into());
+    env
+}

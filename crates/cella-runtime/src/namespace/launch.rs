@@ -1,0 +1,166 @@
+//! The launcher: the short-lived process that turns into a sandbox.
+//!
+//! The server starts `cella __sandbox-init` with the launch configuration on its standard input
+//! (not in argv: a sandbox can read its PID 1's command line, which must name no host path). It is a fresh, single-threaded process, so forking is
+//! safe). It joins the sandbox's cgroup, unshares the namespaces, and forks: the child is PID 1 of
+//! the new PID namespace, builds the root, binds the agent's socket, pivots, and becomes the agent.
+//! The launcher prints the child's host pid as one JSON line and exits, so the sandbox is no
+//! child of the server and outlives it.
+
+use super::{mounts, LaunchConfig};
+use nix::sched::{unshare, CloneFlags};
+use nix::unistd::{fork, ForkResult};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// Entry point of `cella __sandbox-init`. Returns the process exit code.
+pub fn launcher_main() -> i32 {
+    match run() {
+        Ok(pid) => {
+            println!("{}", serde_json::json!({ "ok": true, "pid": pid }));
+            0
+        }
+        Err(e) => {
+            println!("{}", serde_json::json!({ "ok": false, "error": e }));
+            1
+        }
+    }
+}
+
+fn run() -> Result<i32, String> {
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .map_err(|e| format!("reading the launch configuration: {e}"))?;
+    let cfg: LaunchConfig = serde_json::from_str(&text)
+        .map_err(|e| format!("parsing the launch configuration: {e}"))?;
+    close_inherited_fds();
+    crate::cgroup::join(&cfg.cgroup, std::process::id()).map_err(|e| e.to_string())?;
+    let (ready_r, ready_w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
+    let flags = CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWNET
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWCGROUP;
+    unshare(flags).map_err(|e| format!("unshare: {e}"))?;
+    // SAFETY: the launcher is single-threaded.
+    match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
+        ForkResult::Child => {
+            drop(ready_r);
+            let err = init_main(&cfg, ready_w);
+            // Only reached on failure: tell the launcher why.
+            eprintln!("cella-init: {err}");
+            std::process::exit(1);
+        }
+        ForkResult::Parent { child } => {
+            drop(ready_w);
+            let mut msg = String::new();
+            let mut f = std::fs::File::from(ready_r);
+            let _ = f.read_to_string(&mut msg);
+            if msg == "ok" {
+                Ok(child.as_raw())
+            } else {
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::wait::waitpid(child, None);
+                Err(if msg.is_empty() {
+                    "sandbox init exited during setup".into()
+                } else {
+                    msg
+                })
+            }
+        }
+    }
+}
+
+/// PID 1 of the sandbox. Returns only with an error (already reported through `ready`).
+fn init_main(cfg: &LaunchConfig, ready: OwnedFd) -> String {
+    let mut ready = std::fs::File::from(ready);
+    let fail = |ready: &mut std::fs::File, e: String| {
+        let _ = ready.write_all(e.as_bytes());
+        e
+    };
+    let _ = nix::unistd::setsid();
+    let ops = mounts::plan(cfg);
+    let (pivot, before) = ops.split_last().expect("plan ends with a pivot");
+    for op in before {
+        if let Err(e) = mounts::apply(op) {
+            return fail(&mut ready, e);
+        }
+    }
+    if let Err(e) = nix::unistd::sethostname(&cfg.hostname) {
+        return fail(&mut ready, format!("sethostname: {e}"));
+    }
+    if let Err(e) = loopback_up() {
+        return fail(&mut ready, format!("bringing up lo: {e}"));
+    }
+    // The socket lives on the host side; once the root is pivoted nothing inside can name it.
+    let _ = std::fs::remove_file(&cfg.socket);
+    let listener = match std::os::unix::net::UnixListener::bind(&cfg.socket) {
+        Ok(l) => l,
+        Err(e) => return fail(&mut ready, format!("binding {}: {e}", cfg.socket.display())),
+    };
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o600));
+    if let Err(e) = mounts::apply(pivot) {
+        return fail(&mut ready, e);
+    }
+    // Standard output went to the launcher's pipe to the server; nothing inside may hold it.
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 1);
+    }
+    if ready.write_all(b"ok").is_err() {
+        return "launcher went away".into();
+    }
+    drop(ready);
+    cella_agent::serve(listener, cella_agent::AgentConfig::default())
+}
+
+/// Closes every descriptor but stdin, stdout and stderr: the sandbox must inherit nothing of the
+/// server's (database, listening socket, other sandboxes' pipes).
+fn close_inherited_fds() {
+    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+                .collect()
+        })
+        .unwrap_or_default();
+    for fd in fds {
+        if fd > 2 {
+            // SAFETY: no live Rust object owns these descriptors at this point.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// `ip link set lo up` without a netlink dependency: two ioctls.
+fn loopback_up() -> std::io::Result<()> {
+    // SAFETY: plain syscalls on a zeroed ifreq that we own.
+    unsafe {
+        let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if sock < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo\0".iter().enumerate() {
+            req.ifr_name[i] = *b as libc::c_char;
+        }
+        let mut res = libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req);
+        if res == 0 {
+            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            res = libc::ioctl(sock, libc::SIOCSIFFLAGS, &req);
+        }
+        let err = std::io::Error::last_os_error();
+        libc::close(sock);
+        if res != 0 {
+            return Err(err);
+        }
+    }
+    Ok(())
+}

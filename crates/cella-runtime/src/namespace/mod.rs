@@ -1,0 +1,296 @@
+//! The Linux namespace driver: a sandbox is a PID 1 (the agent) in its own mount, PID, UTS, IPC,
+//! network and cgroup namespaces, with an overlay root and a cgroup holding its limits.
+//!
+//! On the host a sandbox is: `DATA/sandboxes/<id>/` (its writable layer and mount point),
+//! `DATA/run/<id>.sock` (the agent's socket) and the cgroup `cella/<instance>/<id>`. Its mounts
+//! exist only in its own mount namespace and vanish with its last process.
+
+mod launch;
+pub mod mounts;
+
+pub use launch::launcher_main;
+
+use crate::cgroup::{self, Limits};
+use crate::rootfs::{self, Bind};
+use crate::{
+    Driver, DriverError, ExecEvent, ExecSpec, ExitInfo, Probe, SandboxHandle, SandboxSpec,
+};
+use async_trait::async_trait;
+use cella_agent::client::{AgentClient, ClientError};
+use cella_agent::proto::ErrorKind;
+use serde::{Deserialize, Serialize};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// What the launcher reads on its standard input (also kept as `launch.json`, for inspection).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LaunchConfig {
+    pub id: String,
+    pub hostname: String,
+    pub layers: Vec<PathBuf>,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub rootfs: PathBuf,
+    pub binds: Vec<Bind>,
+    pub socket: PathBuf,
+    pub cgroup: String,
+}
+
+#[derive(Clone)]
+pub struct NamespaceDriver {
+    data_dir: PathBuf,
+    agent_exe: PathBuf,
+    cgroup_parent: String,
+}
+
+impl NamespaceDriver {
+    /// `agent_exe` is a binary whose `__sandbox-init` runs [`launcher_main`]; `instance`
+    /// names this server's cgroup subtree.
+    pub fn new(data_dir: &Path, agent_exe: PathBuf, instance: &str) -> Result<Self, DriverError> {
+        for d in ["sandboxes", "run"] {
+            let p = data_dir.join(d);
+            std::fs::create_dir_all(&p)?;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700))?;
+        }
+        Ok(NamespaceDriver {
+            data_dir: data_dir.to_path_buf(),
+            agent_exe,
+            cgroup_parent: format!("cella/{instance}"),
+        })
+    }
+
+    fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.data_dir.join("sandboxes").join(id)
+    }
+
+    fn socket_path(&self, id: &str) -> PathBuf {
+        self.data_dir.join("run").join(format!("{id}.sock"))
+    }
+
+    pub fn cgroup_path(&self, id: &str) -> String {
+        format!("{}/{id}", self.cgroup_parent)
+    }
+
+    fn prepare(&self, spec: &SandboxSpec) -> Result<LaunchConfig, DriverError> {
+        let dir = self.sandbox_dir(&spec.id);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        let (upper, work, root) = (dir.join("upper"), dir.join("work"), dir.join("rootfs"));
+        for d in [&upper, &work, &root] {
+            std::fs::create_dir_all(d)?;
+        }
+        // Per-sandbox files go straight into the writable layer.
+        let etc = upper.join("etc");
+        std::fs::create_dir_all(&etc)?;
+        std::fs::set_permissions(&etc, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::write(etc.join("hostname"), format!("{}\n", spec.hostname))?;
+        std::fs::write(etc.join("hosts"), rootfs::hosts_file(&spec.hostname))?;
+        let cfg = LaunchConfig {
+            id: spec.id.clone(),
+            hostname: spec.hostname.clone(),
+            layers: spec.image.layers.clone(),
+            upper,
+            work,
+            rootfs: root,
+            binds: spec.image.binds.clone(),
+            socket: self.socket_path(&spec.id),
+            cgroup: self.cgroup_path(&spec.id),
+        };
+        std::fs::write(
+            dir.join("launch.json"),
+            serde_json::to_vec_pretty(&cfg).map_err(std::io::Error::other)?,
+        )?;
+        Ok(cfg)
+    }
+
+    fn launch(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError> {
+        let cfg = self.prepare(spec)?;
+        cgroup::create(
+            &cfg.cgroup,
+            Limits {
+                cpus: spec.cpu_count,
+                memory_mb: spec.memory_mb,
+                pids_max: spec.pids_max,
+            },
+        )?;
+        let dir = self.sandbox_dir(&spec.id);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("init.log"))?;
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new(&self.agent_exe)
+            .arg0("cella")
+            .arg("__sandbox-init")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| {
+                DriverError::Launch(format!("starting {}: {e}", self.agent_exe.display()))
+            })?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write;
+            stdin.write_all(&serde_json::to_vec(&cfg).map_err(std::io::Error::other)?)?;
+        }
+        let out = child.wait_with_output()?;
+        let answer: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|_| {
+            let log = std::fs::read_to_string(dir.join("init.log")).unwrap_or_default();
+            DriverError::Launch(format!("launcher gave no answer; its log: {}", log.trim()))
+        })?;
+        if answer["ok"] != serde_json::Value::Bool(true) {
+            return Err(DriverError::Launch(
+                answer["error"]
+                    .as_str()
+                    .unwrap_or("unknown error")
+                    .to_string(),
+            ));
+        }
+        let pid = answer["pid"]
+            .as_i64()
+            .ok_or_else(|| DriverError::Launch("launcher gave no pid".into()))?
+            as i32;
+        let start_time = process_start_time(pid)
+            .ok_or_else(|| DriverError::Launch("sandbox init died at start".into()))?;
+        Ok(SandboxHandle {
+            id: spec.id.clone(),
+            pid,
+            start_time,
+            socket: cfg.socket,
+            cgroup: cfg.cgroup,
+        })
+    }
+
+    fn remove(&self, id: &str, handle: Option<&SandboxHandle>) -> Result<(), DriverError> {
+        if let Some(h) = handle {
+            if process_start_time(h.pid) == Some(h.start_time) {
+                // PID 1 of a PID namespace takes every process of the namespace with it.
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(h.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        let cg = self.cgroup_path(id);
+        let res = cgroup::kill_and_remove(&cg);
+        if let Some(h) = handle {
+            // The init is our child when the server is its subreaper; reap it so no zombie stays.
+            reap(h.pid);
+        }
+        res?;
+        let _ = std::fs::remove_file(self.socket_path(id));
+        let dir = self.sandbox_dir(id);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        Ok(())
+    }
+}
+
+fn reap(pid: i32) {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    for _ in 0..100 {
+        match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(2)),
+            _ => return,
+        }
+    }
+}
+
+/// A process's start time (clock ticks after boot), or None when it does not exist.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    // `rest` starts at field 3 (state); starttime is field 22; a zombie is as good as gone.
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+#[async_trait]
+impl Driver for NamespaceDriver {
+    fn name(&self) -> &'static str {
+        "namespace"
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError> {
+        let this = self.clone();
+        let spec2 = spec.clone();
+        let res = tokio::task::spawn_blocking(move || {
+            let r = this.launch(&spec2);
+            if r.is_err() {
+                let _ = this.remove(&spec2.id, None);
+            }
+            r
+        })
+        .await
+        .map_err(|e| DriverError::Launch(e.to_string()))?;
+        let handle = res?;
+        let client = AgentClient::new(&handle.socket);
+        if let Err(e) = client.ping(Duration::from_secs(10)).await {
+            let _ = self.destroy(&handle.id, Some(&handle)).await;
+            return Err(DriverError::Launch(format!("agent did not answer: {e}")));
+        }
+        Ok(handle)
+    }
+
+    async fn exec(
+        &self,
+        handle: &SandboxHandle,
+        spec: ExecSpec,
+        events: mpsc::Sender<ExecEvent>,
+    ) -> Result<ExitInfo, DriverError> {
+        AgentClient::new(&handle.socket)
+            .exec(spec, events)
+            .await
+            .map_err(|e| match e {
+                ClientError::Refused {
+                    kind: ErrorKind::BadCwd,
+                    message,
+                } => DriverError::BadCwd(message),
+                ClientError::HungUp => DriverError::ClientGone,
+                other => DriverError::Agent(other.to_string()),
+            })
+    }
+
+    async fn probe(&self, handle: &SandboxHandle) -> Probe {
+        match process_start_time(handle.pid) {
+            Some(t) if t == handle.start_time => {}
+            _ => return Probe::Gone("the sandbox's init process is gone".into()),
+        }
+        match AgentClient::new(&handle.socket)
+            .ping(Duration::from_secs(3))
+            .await
+        {
+            Ok(_) => Probe::Alive,
+            Err(e) => Probe::Gone(format!("the sandbox's agent does not answer: {e}")),
+        }
+    }
+
+    async fn destroy(&self, id: &str, handle: Option<&SandboxHandle>) -> Result<(), DriverError> {
+        let this = self.clone();
+        let (id, handle) = (id.to_string(), handle.cloned());
+        tokio::task::spawn_blocking(move || this.remove(&id, handle.as_ref()))
+            .await
+            .map_err(|e| DriverError::Launch(e.to_string()))?
+    }
+
+    fn leftovers(&self) -> Vec<String> {
+        let mut ids: Vec<String> = std::fs::read_dir(self.data_dir.join("sandboxes"))
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        ids.extend(cgroup::children(&self.cgroup_parent));
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+}

@@ -1,0 +1,111 @@
+//! Server configuration: built-in defaults, then the TOML file (`--config`), then flags.
+
+use cella_types::{Plan, Size};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address the API listens on.
+    pub listen: SocketAddr,
+    /// Where the database, templates and sandboxes live.
+    pub data_dir: PathBuf,
+    /// The plan of the workspace made at first start.
+    pub default_plan: Plan,
+    pub sizes: SizesConfig,
+    pub exec: ExecConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct SizesConfig {
+    /// Sizes this server does not offer; the catalog reports them `missing`.
+    pub disabled: Vec<Size>,
+    /// Offer sizes whose memory exceeds the host's (default false: such sizes are `missing`).
+    pub allow_overcommit: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExecConfig {
+    /// Bytes of stdout (and of stderr) kept per exec; the rest is cut and flagged.
+    pub output_cap_bytes: u64,
+}
+
+impl Default for ExecConfig {
+    fn default() -> Self {
+        ExecConfig {
+            output_cap_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:7070".parse().expect("valid default address"),
+            data_dir: default_data_dir(),
+            default_plan: Plan::Enterprise,
+            sizes: SizesConfig::default(),
+            exec: ExecConfig::default(),
+        }
+    }
+}
+
+/// `$XDG_DATA_HOME/cella`, else `~/.local/share/cella`, else `./cella-data`.
+pub fn default_data_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("cella");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(h).join(".local/share/cella");
+    }
+    PathBuf::from("cella-data")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+}
+
+impl Config {
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let Some(path) = path else {
+            return Ok(Config::default());
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_overrides_defaults_and_rejects_unknown_keys() {
+        let c: Config =
+            toml::from_str("listen = \"127.0.0.1:9\"\n[sizes]\ndisabled = [\"xl\"]\n").unwrap();
+        assert_eq!(c.listen.port(), 9);
+        assert_eq!(c.sizes.disabled, vec![Size::Xl]);
+        assert_eq!(c.exec.output_cap_bytes, 16 * 1024 * 1024);
+        assert!(toml::from_str::<Config>("lisen = \"x\"").is_err());
+    }
+}

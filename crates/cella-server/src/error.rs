@@ -1,0 +1,103 @@
+//! The one place where failures become the API's error envelope.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use cella_types::{ErrorBody, ErrorCode, ErrorInfo};
+use serde_json::{json, Value};
+
+/// Marks a response whose body already is the error envelope.
+#[derive(Clone, Copy)]
+pub struct Enveloped;
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub details: Option<Value>,
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            message: message.into(),
+            details: None,
+            retry_after: None,
+        }
+    }
+    pub fn with_details(mut self, details: Value) -> Self {
+        self.details = Some(details);
+        self
+    }
+    pub fn not_found(what: &str) -> Self {
+        ApiError::new(ErrorCode::NotFound, format!("{what} not found"))
+    }
+    /// 400 `INVALID_REQUEST` naming the offending field.
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        ApiError::new(ErrorCode::InvalidRequest, message).with_details(json!({ "field": field }))
+    }
+    pub fn internal() -> Self {
+        ApiError::new(
+            ErrorCode::Internal,
+            "internal error; the server log has the details for this request id",
+        )
+    }
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        ApiError::new(ErrorCode::Unavailable, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = ErrorBody {
+            error: ErrorInfo {
+                code: self.code.as_str().to_string(),
+                message: self.message,
+                details: self.details,
+            },
+        };
+        let mut res = (status, axum::Json(body)).into_response();
+        if let Some(secs) = self
+            .retry_after
+            .or_else(|| (status == StatusCode::TOO_MANY_REQUESTS).then_some(1))
+        {
+            res.headers_mut()
+                .insert("retry-after", HeaderValue::from(secs.max(1)));
+        }
+        res.extensions_mut().insert(Enveloped);
+        res
+    }
+}
+
+impl From<cella_store::StoreError> for ApiError {
+    fn from(e: cella_store::StoreError) -> Self {
+        tracing::error!("store: {e}");
+        ApiError::internal()
+    }
+}
+
+/// The envelope for a bare status that some layer produced without one.
+pub fn for_status(status: StatusCode) -> ApiError {
+    let code = match status.as_u16() {
+        401 => ErrorCode::Unauthorized,
+        403 => ErrorCode::Forbidden,
+        404 => ErrorCode::NotFound,
+        405 => ErrorCode::MethodNotAllowed,
+        413 => ErrorCode::PayloadTooLarge,
+        429 => ErrorCode::RateLimited,
+        503 => ErrorCode::Unavailable,
+        400..=499 => ErrorCode::InvalidRequest,
+        _ => ErrorCode::Internal,
+    };
+    let message = match code {
+        ErrorCode::NotFound => "no such route".to_string(),
+        ErrorCode::MethodNotAllowed => "method not allowed on this route".to_string(),
+        ErrorCode::PayloadTooLarge => "request body too large".to_string(),
+        ErrorCode::Internal => "internal error".to_string(),
+        _ => status.canonical_reason().unwrap_or("error").to_lowercase(),
+    };
+    ApiError::new(code, message)
+}

@@ -1,0 +1,310 @@
+//! Cella's HTTP API server.
+//!
+//! [`serve`] opens the store, makes the default workspace and bootstrap key at first start,
+//! materializes the base template, finds every sandbox again (reporting the ones that died), and
+//! serves the routes of [`router`]. Handlers live in `routes`, sandbox logic in `sandboxes`,
+//! and every failure becomes the error envelope in `error`.
+
+pub mod auth;
+pub mod catalog;
+pub mod config;
+pub mod error;
+pub mod extract;
+pub mod openapi;
+pub mod routes;
+pub mod sandboxes;
+pub mod util;
+
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use catalog::{Catalog, TemplateEntry};
+use cella_runtime::namespace::NamespaceDriver;
+use cella_runtime::Driver;
+use cella_store::Store;
+use cella_types::{Scope, Size, WorkspaceKind};
+pub use config::Config;
+use error::{ApiError, Enveloped};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tower_http::catch_panic::CatchPanicLayer;
+
+pub struct AppState {
+    pub config: Config,
+    pub store: Store,
+    pub driver: Arc<dyn Driver>,
+    pub catalog: Catalog,
+    pub locks: sandboxes::Locks,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("another cella server is using the data directory {0}")]
+    Locked(PathBuf),
+    #[error(transparent)]
+    Store(#[from] cella_store::StoreError),
+    #[error(transparent)]
+    Driver(#[from] cella_runtime::DriverError),
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("serving: {0}")]
+    Serve(std::io::Error),
+    #[error("writing the bootstrap key: {0}")]
+    Bootstrap(std::io::Error),
+}
+
+/// Takes an exclusive lock on the data dir for the life of the process.
+fn lock_data_dir(dir: &Path) -> Result<std::fs::File, ServeError> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join("server.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|source| ServeError::DataDir {
+            path: path.clone(),
+            source,
+        })?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(ServeError::Locked(dir.to_path_buf()));
+    }
+    Ok(f)
+}
+
+/// First start: the default workspace and an admin key. Every start: the key from
+/// `CELLA_BOOTSTRAP_KEY`, when set.
+async fn bootstrap(store: &Store, config: &Config, data_dir: &Path) -> Result<(), ServeError> {
+    let ws_id = match store.meta_get("default_workspace").await? {
+        Some(id) => id,
+        None => {
+            let row = routes::workspaces::new_row(
+                "default",
+                config.default_plan,
+                WorkspaceKind::Personal,
+            );
+            store.insert_workspace(&row).await?;
+            store.meta_set("default_workspace", &row.id).await?;
+            row.id
+        }
+    };
+    if let Some(secret) = std::env::var("CELLA_BOOTSTRAP_KEY")
+        .ok()
+        .filter(|s| !s.is_empty())
+    {
+        if store.key_by_hash(&util::hash_key(&secret)).await?.is_none() {
+            let (row, _) = routes::keys::new_key(
+                &ws_id,
+                "bootstrap (CELLA_BOOTSTRAP_KEY)",
+                &[Scope::Admin],
+                None,
+                Some(secret),
+            );
+            store.insert_key(&row).await?;
+        }
+    } else if store.meta_get("bootstrap_key_written").await?.is_none() {
+        let (row, secret) = routes::keys::new_key(&ws_id, "bootstrap", &[Scope::Admin], None, None);
+        store.insert_key(&row).await?;
+        let path = data_dir.join("bootstrap.key");
+        write_secret(&path, &secret).map_err(ServeError::Bootstrap)?;
+        store.meta_set("bootstrap_key_written", "1").await?;
+        println!(
+            "cella: admin API key (also in {}): {secret}",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+fn write_secret(path: &Path, secret: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(format!("{secret}\n").as_bytes())
+}
+
+/// Every route of the API, with the middleware that makes errors and request ids uniform.
+pub fn router(state: Arc<AppState>) -> Router {
+    use routes::{keys, meta, sandboxes as sb, templates, workspaces};
+    Router::new()
+        .route("/healthz", get(meta::healthz))
+        .route("/api/v1/openapi.json", get(meta::openapi))
+        .route(
+            "/api/v1/workspaces",
+            post(workspaces::create).get(workspaces::list),
+        )
+        .route(
+            "/api/v1/workspaces/{id}",
+            get(workspaces::get).patch(workspaces::update),
+        )
+        .route("/api/v1/api-keys", post(keys::create).get(keys::list))
+        .route("/api/v1/api-keys/{id}", axum::routing::delete(keys::revoke))
+        .route("/api/v1/templates", get(templates::list))
+        .route("/api/v1/templates/{id}", get(templates::get))
+        .route("/api/v1/sandboxes", post(sb::create).get(sb::list))
+        .route("/api/v1/sandboxes/{id}", get(sb::get).delete(sb::destroy))
+        .route("/api/v1/sandboxes/{id}/exec", post(sb::exec))
+        .fallback(meta::not_found)
+        .layer(DefaultBodyLimit::max(4 * 1024 * 1024))
+        .layer(CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| ApiError::internal().into_response(),
+        ))
+        .layer(axum::middleware::from_fn(request_context))
+        .with_state(state)
+}
+
+#[derive(Clone)]
+pub struct RequestId(pub String);
+
+fn valid_request_id(v: &HeaderValue) -> Option<String> {
+    let b = v.as_bytes();
+    ((1..=128).contains(&b.len()) && b.iter().all(|c| (0x20..=0x7e).contains(c)))
+        .then(|| String::from_utf8_lossy(b).into_owned())
+}
+
+/// Gives every response an `x-request-id` and turns any bare error (from axum or a layer) into
+/// the error envelope.
+async fn request_context(mut req: Request, next: Next) -> Response {
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(valid_request_id)
+        .unwrap_or_else(|| util::new_id("req"));
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let started = std::time::Instant::now();
+    let mut res = next.run(req).await;
+    let status = res.status();
+    if status.as_u16() >= 400 && res.extensions().get::<Enveloped>().is_none() {
+        let mut fixed = error::for_status(status).into_response();
+        *fixed.status_mut() = status;
+        for (k, v) in res.headers() {
+            if k != axum::http::header::CONTENT_TYPE && k != axum::http::header::CONTENT_LENGTH {
+                fixed.headers_mut().insert(k.clone(), v.clone());
+            }
+        }
+        res = fixed;
+    }
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        res.headers_mut().insert("x-request-id", v);
+    }
+    let ms = started.elapsed().as_millis();
+    if status == StatusCode::INTERNAL_SERVER_ERROR {
+        tracing::error!(request_id = id, %method, path, status = status.as_u16(), ms, "request failed");
+    } else {
+        tracing::debug!(request_id = id, %method, path, status = status.as_u16(), ms, "request");
+    }
+    res
+}
+
+/// Makes the server process the reaper of sandbox inits while it runs (they are not its
+/// children otherwise), so a destroyed sandbox leaves no zombie.
+fn become_subreaper() {
+    // SAFETY: prctl with integer arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    }
+}
+
+/// Everything [`serve`] sets up before it listens; also used by tests.
+pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File), ServeError> {
+    let dir = config.data_dir.clone();
+    std::fs::create_dir_all(&dir).map_err(|source| ServeError::DataDir {
+        path: dir.clone(),
+        source,
+    })?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(
+            |source| ServeError::DataDir {
+                path: dir.clone(),
+                source,
+            },
+        )?;
+    }
+    let lock = lock_data_dir(&dir)?;
+    let store = Store::open(&dir.join("cella.db")).await?;
+    let instance = match store.meta_get("instance_id").await? {
+        Some(i) => i,
+        None => {
+            let i = util::new_id("i");
+            store.meta_set("instance_id", &i).await?;
+            i
+        }
+    };
+    bootstrap(&store, &config, &dir).await?;
+    let image = cella_runtime::rootfs::ensure_base(&dir)?;
+    let agent_exe = std::env::current_exe().map_err(|source| ServeError::DataDir {
+        path: dir.clone(),
+        source,
+    })?;
+    let driver = NamespaceDriver::new(&dir, agent_exe, &instance)?;
+    let catalog = Catalog::new(
+        vec![TemplateEntry {
+            id: "base".into(),
+            name: "Cella Base".into(),
+            default_size: Size::Small,
+            image: Some(image),
+        }],
+        config.sizes.clone(),
+        catalog::host_memory_mb(),
+    );
+    let state = Arc::new(AppState {
+        config,
+        store,
+        driver: Arc::new(driver),
+        catalog,
+        locks: Default::default(),
+    });
+    Ok((state, lock))
+}
+
+/// Runs the server until SIGINT or SIGTERM. Sandboxes keep running when it stops.
+pub async fn serve(config: Config) -> Result<(), ServeError> {
+    become_subreaper();
+    let listen = config.listen;
+    let (state, _lock) = build_state(config).await?;
+    sandboxes::reconcile(&state).await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(ServeError::Serve)?;
+    tracing::info!(
+        "cella listening on http://{addr} (data in {})",
+        state.config.data_dir.display()
+    );
+    println!("cella: listening on http://{addr}");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(ServeError::Serve)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+}

@@ -1,0 +1,48 @@
+//! The OpenAPI 3 document, built from the handlers' annotations.
+
+use crate::routes::{keys, meta, sandboxes, templates, workspaces};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("API key")
+                    .build(),
+            ),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Cella API", version = "1", description = "Sandboxes for AI agents. Contract: docs/api.md."),
+    paths(
+        meta::healthz,
+        meta::openapi,
+        workspaces::create,
+        workspaces::list,
+        workspaces::get,
+        workspaces::update,
+        keys::create,
+        keys::list,
+        keys::revoke,
+        templates::list,
+        templates::get,
+        sandboxes::create,
+        sandboxes::list,
+        sandboxes::get,
+        sandboxes::destroy,
+        sandboxes::exec,
+    ),
+    components(schemas(cella_types::ErrorBody, cella_types::ErrorInfo)),
+    modifiers(&BearerAuth)
+)]
+pub struct ApiDoc;

@@ -1,0 +1,144 @@
+use crate::auth::Auth;
+use crate::error::ApiError;
+use crate::extract::{cursor_for, reject_unknown, ApiJson, Page, QueryPairs};
+use crate::util::{hash_key, new_id, new_key_secret, now_ms, parse_rfc3339, rfc3339};
+use crate::AppState;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use cella_store::KeyRow;
+use cella_types::{ApiKey, CreateApiKey, Data, List, Scope};
+use std::sync::Arc;
+
+pub fn parse_scopes(json: &str) -> Vec<Scope> {
+    serde_json::from_str::<Vec<String>>(json)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|s| Scope::parse(s))
+        .collect()
+}
+
+pub fn to_wire(k: &KeyRow) -> ApiKey {
+    ApiKey {
+        id: k.id.clone(),
+        workspace_id: k.workspace_id.clone(),
+        name: k.name.clone(),
+        scopes: parse_scopes(&k.scopes),
+        prefix: k.prefix.clone(),
+        created_at: rfc3339(k.created_at),
+        expires_at: k.expires_at.map(rfc3339),
+        last_used_at: k.last_used_at.map(rfc3339),
+        key: None,
+    }
+}
+
+/// Makes and stores a key; returns the row and the secret (which is stored only as a hash).
+pub fn new_key(
+    workspace_id: &str,
+    name: &str,
+    scopes: &[Scope],
+    expires_at: Option<i64>,
+    secret: Option<String>,
+) -> (KeyRow, String) {
+    let secret = secret.unwrap_or_else(new_key_secret);
+    let scopes: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
+    let row = KeyRow {
+        id: new_id("key"),
+        workspace_id: workspace_id.to_string(),
+        name: name.to_string(),
+        hash: hash_key(&secret),
+        prefix: secret.chars().take(12).collect(),
+        scopes: serde_json::to_string(&scopes).unwrap_or_else(|_| "[]".into()),
+        created_at: now_ms(),
+        expires_at,
+        revoked_at: None,
+        last_used_at: None,
+    };
+    (row, secret)
+}
+
+/// Create an API key for a workspace; the key is in this answer only. Scope `admin`.
+#[utoipa::path(post, path = "/api/v1/api-keys", tag = "api-keys", security(("bearer" = [])), request_body = CreateApiKey,
+    responses((status = 201, body = Data<ApiKey>), (status = 400, body = cella_types::ErrorBody), (status = 404, body = cella_types::ErrorBody)))]
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    ApiJson(req): ApiJson<CreateApiKey>,
+) -> Result<(StatusCode, Json<Data<ApiKey>>), ApiError> {
+    auth.require(Scope::Admin)?;
+    if req.name.trim().is_empty() || req.name.len() > 200 {
+        return Err(ApiError::invalid(
+            "name",
+            "name must be 1 to 200 characters",
+        ));
+    }
+    if req.scopes.is_empty() {
+        return Err(ApiError::invalid("scopes", "give at least one scope"));
+    }
+    let expires_at = match &req.expires_at {
+        None => None,
+        Some(s) => {
+            let t = parse_rfc3339(s).ok_or_else(|| {
+                ApiError::invalid("expires_at", "expires_at must be an RFC 3339 time")
+            })?;
+            if t <= now_ms() {
+                return Err(ApiError::invalid(
+                    "expires_at",
+                    "expires_at must be in the future",
+                ));
+            }
+            Some(t)
+        }
+    };
+    if state.store.workspace(&req.workspace_id).await?.is_none() {
+        return Err(ApiError::not_found("workspace")
+            .with_details(serde_json::json!({ "field": "workspace_id" })));
+    }
+    let (row, secret) = new_key(&req.workspace_id, &req.name, &req.scopes, expires_at, None);
+    state.store.insert_key(&row).await?;
+    let mut key = to_wire(&row);
+    key.key = Some(secret);
+    Ok((StatusCode::CREATED, Json(Data { data: key })))
+}
+
+/// List API keys that are not revoked (never their secrets). Scope `admin`.
+#[utoipa::path(get, path = "/api/v1/api-keys", tag = "api-keys", security(("bearer" = [])),
+    params(("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)),
+    responses((status = 200, body = List<ApiKey>), (status = 403, body = cella_types::ErrorBody)))]
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    QueryPairs(mut q): QueryPairs,
+) -> Result<Json<List<ApiKey>>, ApiError> {
+    auth.require(Scope::Admin)?;
+    let page = Page::take(&mut q)?;
+    reject_unknown(&q)?;
+    let rows = state.store.list_keys(page.limit, page.cursor).await?;
+    let next_cursor = (rows.len() == page.limit as usize)
+        .then(|| cursor_for(rows.last().map(|r| r.0).unwrap_or(0)));
+    Ok(Json(List {
+        data: rows.iter().map(|(_, k)| to_wire(k)).collect(),
+        next_cursor,
+    }))
+}
+
+/// Revoke an API key; it gets 401 from the next request on. Scope `admin`.
+#[utoipa::path(delete, path = "/api/v1/api-keys/{id}", tag = "api-keys", security(("bearer" = [])),
+    params(("id" = String, Path)), responses((status = 200, body = Data<ApiKey>), (status = 404, body = cella_types::ErrorBody)))]
+pub async fn revoke(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Data<ApiKey>>, ApiError> {
+    auth.require(Scope::Admin)?;
+    let row = state
+        .store
+        .key(&id)
+        .await?
+        .filter(|k| k.revoked_at.is_none())
+        .ok_or_else(|| ApiError::not_found("API key"))?;
+    state.store.revoke_key(&id, now_ms()).await?;
+    Ok(Json(Data {
+        data: to_wire(&row),
+    }))
+}

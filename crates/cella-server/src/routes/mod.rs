@@ -1,0 +1,7 @@
+//! HTTP handlers: each checks scopes, reads the request, calls the service, shapes the answer.
+
+pub mod keys;
+pub mod meta;
+pub mod sandboxes;
+pub mod templates;
+pub mod workspaces;

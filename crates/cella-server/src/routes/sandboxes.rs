@@ -1,0 +1,136 @@
+use crate::auth::Auth;
+use crate::error::ApiError;
+use crate::extract::{cursor_for, ApiJson, Page, QueryPairs};
+use crate::sandboxes as svc;
+use crate::AppState;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use cella_store::{SandboxFilter, SandboxRow};
+use cella_types::{
+    CreateSandbox, Data, ExecRequest, ExecResult, List, Sandbox, SandboxState, Scope,
+};
+use std::sync::Arc;
+
+/// The sandbox, if it exists and belongs to the caller's workspace; else 404.
+async fn find(state: &AppState, auth: &Auth, id: &str) -> Result<SandboxRow, ApiError> {
+    state
+        .store
+        .sandbox(id)
+        .await?
+        .filter(|r| r.workspace_id == auth.workspace_id)
+        .ok_or_else(|| ApiError::not_found("sandbox"))
+}
+
+/// Create a sandbox. Scope `sandboxes:write`. 201 once running (`wait`, the default), else 202.
+#[utoipa::path(post, path = "/api/v1/sandboxes", tag = "sandboxes", security(("bearer" = [])), request_body = CreateSandbox,
+    responses((status = 201, body = Data<Sandbox>, description = "running and ready"),
+              (status = 202, body = Data<Sandbox>, description = "provisioning (wait: false)"),
+              (status = 400, body = cella_types::ErrorBody), (status = 404, body = cella_types::ErrorBody),
+              (status = 429, body = cella_types::ErrorBody), (status = 503, body = cella_types::ErrorBody)))]
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    ApiJson(req): ApiJson<CreateSandbox>,
+) -> Result<(StatusCode, Json<Data<Sandbox>>), ApiError> {
+    auth.require(Scope::SandboxesWrite)?;
+    let wait = req.wait.unwrap_or(true);
+    let sb = svc::create(&state, &auth, req).await?;
+    let status = if wait {
+        StatusCode::CREATED
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(Data { data: sb })))
+}
+
+/// List the workspace's sandboxes, newest first. Scope `sandboxes:read`.
+#[utoipa::path(get, path = "/api/v1/sandboxes", tag = "sandboxes", security(("bearer" = [])),
+    params(("limit" = Option<u32>, Query, description = "1-1000, default 100"), ("cursor" = Option<String>, Query),
+           ("state" = Option<SandboxState>, Query), ("metadata.<key>" = Option<String>, Query, description = "metadata equality filter; repeatable")),
+    responses((status = 200, body = List<Sandbox>), (status = 400, body = cella_types::ErrorBody)))]
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    QueryPairs(mut q): QueryPairs,
+) -> Result<Json<List<Sandbox>>, ApiError> {
+    auth.require(Scope::SandboxesRead)?;
+    let page = Page::take(&mut q)?;
+    let mut filter = SandboxFilter {
+        workspace_id: auth.workspace_id.clone(),
+        limit: page.limit,
+        before_seq: page.cursor,
+        ..Default::default()
+    };
+    for (k, v) in q {
+        if k == "state" {
+            SandboxState::parse(&v)
+                .ok_or_else(|| ApiError::invalid("state", format!("unknown state {v:?}")))?;
+            filter.state = Some(v);
+        } else if let Some(key) = k.strip_prefix("metadata.") {
+            if key.is_empty() || key.contains('"') {
+                return Err(ApiError::invalid(&k, "metadata filter needs a valid key"));
+            }
+            filter.metadata.push((key.to_string(), v));
+        } else {
+            return Err(ApiError::invalid(
+                &k,
+                format!("unknown query parameter {k:?}"),
+            ));
+        }
+    }
+    let rows = state.store.list_sandboxes(&filter).await?;
+    let next_cursor = (rows.len() == page.limit as usize)
+        .then(|| cursor_for(rows.last().map(|r| r.seq).unwrap_or(0)));
+    Ok(Json(List {
+        data: rows.iter().map(svc::to_wire).collect(),
+        next_cursor,
+    }))
+}
+
+/// One sandbox. Scope `sandboxes:read`.
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = String, Path)), responses((status = 200, body = Data<Sandbox>), (status = 404, body = cella_types::ErrorBody)))]
+pub async fn get(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Data<Sandbox>>, ApiError> {
+    auth.require(Scope::SandboxesRead)?;
+    Ok(Json(Data {
+        data: svc::to_wire(&find(&state, &auth, &id).await?),
+    }))
+}
+
+/// Destroy a sandbox from any state; idempotent. Scope `sandboxes:write`.
+#[utoipa::path(delete, path = "/api/v1/sandboxes/{id}", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = String, Path)), responses((status = 200, body = Data<Sandbox>), (status = 404, body = cella_types::ErrorBody)))]
+pub async fn destroy(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Data<Sandbox>>, ApiError> {
+    auth.require(Scope::SandboxesWrite)?;
+    find(&state, &auth, &id).await?;
+    Ok(Json(Data {
+        data: svc::destroy(&state, &id).await?,
+    }))
+}
+
+/// Run a command to its end and return its output. Scope `sandboxes:exec`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/exec", tag = "sandboxes", security(("bearer" = [])), request_body = ExecRequest,
+    params(("id" = String, Path)),
+    responses((status = 200, body = Data<ExecResult>), (status = 400, body = cella_types::ErrorBody),
+              (status = 404, body = cella_types::ErrorBody), (status = 409, body = cella_types::ErrorBody)))]
+pub async fn exec(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<ExecRequest>,
+) -> Result<Json<Data<ExecResult>>, ApiError> {
+    auth.require(Scope::SandboxesExec)?;
+    let row = find(&state, &auth, &id).await?;
+    Ok(Json(Data {
+        data: svc::exec(&state, &row, req).await?,
+    }))
+}

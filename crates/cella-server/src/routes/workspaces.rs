@@ -1,0 +1,149 @@
+use crate::auth::Auth;
+use crate::error::ApiError;
+use crate::extract::{cursor_for, reject_unknown, ApiJson, Page, QueryPairs};
+use crate::util::{new_id, now_ms, rfc3339};
+use crate::AppState;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use cella_store::WorkspaceRow;
+use cella_types::{
+    CreateWorkspace, Data, List, Plan, Scope, UpdateWorkspace, Workspace, WorkspaceKind,
+    WorkspaceSettings,
+};
+use std::sync::Arc;
+
+pub fn to_wire(w: &WorkspaceRow) -> Workspace {
+    Workspace {
+        id: w.id.clone(),
+        name: w.name.clone(),
+        plan: Plan::parse(&w.plan).unwrap_or(Plan::Developer),
+        kind: WorkspaceKind::parse(&w.kind).unwrap_or(WorkspaceKind::Organization),
+        created_at: rfc3339(w.created_at),
+        settings: serde_json::from_str(&w.settings).unwrap_or_default(),
+    }
+}
+
+fn check_name(name: &str) -> Result<(), ApiError> {
+    if name.trim().is_empty() || name.len() > 200 {
+        return Err(ApiError::invalid(
+            "name",
+            "name must be 1 to 200 characters",
+        ));
+    }
+    Ok(())
+}
+
+pub fn new_row(name: &str, plan: Plan, kind: WorkspaceKind) -> WorkspaceRow {
+    WorkspaceRow {
+        id: new_id("ws"),
+        name: name.to_string(),
+        plan: plan.as_str().into(),
+        kind: kind.as_str().into(),
+        created_at: now_ms(),
+        settings: serde_json::to_string(&WorkspaceSettings {
+            session_limit_min: 60,
+            ..Default::default()
+        })
+        .unwrap_or_else(|_| "{}".into()),
+    }
+}
+
+/// Create a workspace (tenant). Scope `admin`.
+#[utoipa::path(post, path = "/api/v1/workspaces", tag = "workspaces", security(("bearer" = [])), request_body = CreateWorkspace,
+    responses((status = 201, body = Data<Workspace>), (status = 400, body = cella_types::ErrorBody), (status = 403, body = cella_types::ErrorBody)))]
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    ApiJson(req): ApiJson<CreateWorkspace>,
+) -> Result<(StatusCode, Json<Data<Workspace>>), ApiError> {
+    auth.require(Scope::Admin)?;
+    check_name(&req.name)?;
+    let row = new_row(&req.name, req.plan, req.kind);
+    state.store.insert_workspace(&row).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(Data {
+            data: to_wire(&row),
+        }),
+    ))
+}
+
+/// List workspaces, oldest first. Scope `admin`.
+#[utoipa::path(get, path = "/api/v1/workspaces", tag = "workspaces", security(("bearer" = [])),
+    params(("limit" = Option<u32>, Query, description = "1-1000, default 100"), ("cursor" = Option<String>, Query, description = "from next_cursor")),
+    responses((status = 200, body = List<Workspace>), (status = 403, body = cella_types::ErrorBody)))]
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    QueryPairs(mut q): QueryPairs,
+) -> Result<Json<List<Workspace>>, ApiError> {
+    auth.require(Scope::Admin)?;
+    let page = Page::take(&mut q)?;
+    reject_unknown(&q)?;
+    let rows = state.store.list_workspaces(page.limit, page.cursor).await?;
+    let next_cursor = (rows.len() == page.limit as usize)
+        .then(|| cursor_for(rows.last().map(|r| r.0).unwrap_or(0)));
+    Ok(Json(List {
+        data: rows.iter().map(|(_, w)| to_wire(w)).collect(),
+        next_cursor,
+    }))
+}
+
+async fn find(state: &AppState, auth: &Auth, id: &str) -> Result<WorkspaceRow, ApiError> {
+    // A key sees its own workspace; only an admin key sees the others.
+    if id != auth.workspace_id && !auth.has(Scope::Admin) {
+        return Err(ApiError::not_found("workspace"));
+    }
+    state
+        .store
+        .workspace(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("workspace"))
+}
+
+/// One workspace. Any key for its own workspace; `admin` for any.
+#[utoipa::path(get, path = "/api/v1/workspaces/{id}", tag = "workspaces", security(("bearer" = [])),
+    params(("id" = String, Path)), responses((status = 200, body = Data<Workspace>), (status = 404, body = cella_types::ErrorBody)))]
+pub async fn get(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Data<Workspace>>, ApiError> {
+    Ok(Json(Data {
+        data: to_wire(&find(&state, &auth, &id).await?),
+    }))
+}
+
+/// Change a workspace's name, plan or settings. Scope `admin`.
+#[utoipa::path(patch, path = "/api/v1/workspaces/{id}", tag = "workspaces", security(("bearer" = [])), request_body = UpdateWorkspace,
+    params(("id" = String, Path)), responses((status = 200, body = Data<Workspace>), (status = 400, body = cella_types::ErrorBody), (status = 404, body = cella_types::ErrorBody)))]
+pub async fn update(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<UpdateWorkspace>,
+) -> Result<Json<Data<Workspace>>, ApiError> {
+    auth.require(Scope::Admin)?;
+    let mut row = find(&state, &auth, &id).await?;
+    if let Some(name) = req.name {
+        check_name(&name)?;
+        row.name = name;
+    }
+    if let Some(plan) = req.plan {
+        row.plan = plan.as_str().into();
+    }
+    if let Some(settings) = req.settings {
+        if settings.compute_rate < 0.0 || !settings.compute_rate.is_finite() {
+            return Err(ApiError::invalid(
+                "settings.compute_rate",
+                "compute_rate must be a number of at least 0",
+            ));
+        }
+        row.settings = serde_json::to_string(&settings).map_err(|_| ApiError::internal())?;
+    }
+    state.store.update_workspace(&row).await?;
+    Ok(Json(Data {
+        data: to_wire(&row),
+    }))
+}

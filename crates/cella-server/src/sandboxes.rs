@@ -1,0 +1,541 @@
+//! The sandbox service: what create, destroy and exec do, apart from HTTP.
+
+use crate::auth::Auth;
+use crate::error::ApiError;
+use crate::util::{new_id, now_ms, rfc3339};
+use crate::AppState;
+use cella_runtime::rootfs::USER_UID;
+use cella_runtime::{
+    base_env, DriverError, ExecEvent, ExecSpec, Probe, SandboxHandle, SandboxSpec,
+};
+use cella_store::SandboxRow;
+use cella_types::{
+    CreateSandbox, ErrorCode, ExecRequest, ExecResult, ExecUser, Readiness, Sandbox, SandboxState,
+    Size,
+};
+use serde_json::json;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, OwnedMutexGuard};
+
+/// Workspaces made on or after 2026-10-11 (UTC) get a 30-minute idle timeout when none is given.
+const IDLE_DEFAULT_FROM_MS: i64 = 1_791_676_800_000;
+const IDLE_DEFAULT_SEC: u32 = 1800;
+const DEFAULT_TIMEOUT_SEC: u32 = 3600;
+const MAX_TIMEOUT_SEC: u32 = 86_400;
+const DEFAULT_TEMPLATE: &str = "base";
+const MAX_METADATA: usize = 64;
+
+/// One lock per sandbox, so boot, destroy and state changes never interleave.
+#[derive(Default)]
+pub struct Locks {
+    inner: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Locks {
+    pub async fn lock(&self, id: &str) -> OwnedMutexGuard<()> {
+        let m = self
+            .inner
+            .lock()
+            .expect("locks")
+            .entry(id.to_string())
+            .or_default()
+            .clone();
+        m.lock_owned().await
+    }
+}
+
+pub fn state_of(row: &SandboxRow) -> SandboxState {
+    SandboxState::parse(&row.state).unwrap_or(SandboxState::Error)
+}
+
+pub fn to_wire(row: &SandboxRow) -> Sandbox {
+    let size: Size = row.size.parse().unwrap_or(Size::Small);
+    let state = state_of(row);
+    let now = now_ms();
+    let timeout_remaining_ms = match (state, row.always_on, row.timeout_at) {
+        (SandboxState::Running, false, Some(at)) => Some((at - now).max(0)),
+        _ => None,
+    };
+    Sandbox {
+        id: row.id.clone(),
+        tenant_id: row.workspace_id.clone(),
+        owner_id: row.owner_id.clone(),
+        template_id: row.template_id.clone(),
+        state,
+        size,
+        resource_contract: size.contract(),
+        cpu_count: row.cpu_count as u32,
+        memory_mb: row.memory_mb as u32,
+        disk_size_mb: row.disk_size_mb as u32,
+        ready: row.ready,
+        ready_at: row.ready_at.map(rfc3339),
+        preview_url: None,
+        timeout_sec: row.timeout_sec as u32,
+        timeout_remaining_ms,
+        always_on: row.always_on,
+        persistent: row.persistent,
+        idle_timeout_sec: row.idle_timeout_sec as u32,
+        total_runtime_sec: row.total_runtime_sec,
+        metadata: serde_json::from_str(&row.metadata).unwrap_or_default(),
+        created_at: rfc3339(row.created_at),
+        started_at: row.started_at.map(rfc3339),
+        destroyed_at: row.destroyed_at.map(rfc3339),
+        state_reason: row.state_reason.clone(),
+    }
+}
+
+fn handle_of(row: &SandboxRow) -> Option<SandboxHandle> {
+    row.runtime
+        .as_deref()
+        .and_then(|r| serde_json::from_str(r).ok())
+}
+
+/// Stops the running-time clock of a row (when it runs) at `now`.
+fn stop_clock(row: &mut SandboxRow, now: i64) {
+    if let Some(since) = row.running_since.take() {
+        row.running_ms += (now - since).max(0);
+    }
+}
+
+fn check_map(field: &str, m: &BTreeMap<String, String>, env: bool) -> Result<(), ApiError> {
+    if m.len() > MAX_METADATA {
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} takes at most {MAX_METADATA} entries"),
+        ));
+    }
+    for (k, v) in m {
+        let key_ok = if env {
+            !k.is_empty() && !k.contains('=') && !k.contains('\0')
+        } else {
+            !k.is_empty()
+                && k.len() <= 64
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+        };
+        if !key_ok {
+            return Err(ApiError::invalid(
+                &format!("{field}.{k}"),
+                format!("{field} key {k:?} is not valid"),
+            ));
+        }
+        if v.contains('\0') || (!env && v.len() > 512) {
+            return Err(ApiError::invalid(
+                &format!("{field}.{k}"),
+                format!("{field} value for {k:?} is not valid"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a create request and turns it into a new row (not yet stored).
+async fn admit(state: &AppState, auth: &Auth, req: &CreateSandbox) -> Result<SandboxRow, ApiError> {
+    let template_id = req
+        .template_id
+        .clone()
+        .unwrap_or_else(|| DEFAULT_TEMPLATE.to_string());
+    let template = state
+        .catalog
+        .get(&template_id)
+        .ok_or_else(|| ApiError::not_found("template"))?;
+    let compat = [
+        ("cpu_count", req.cpu_count),
+        ("memory_mb", req.memory_mb),
+        ("disk_size_mb", req.disk_size_mb),
+    ];
+    let size = if compat.iter().any(|(_, v)| v.is_some()) {
+        if let Some((missing, _)) = compat.iter().find(|(_, v)| v.is_none()) {
+            return Err(ApiError::invalid(
+                missing,
+                "cpu_count, memory_mb and disk_size_mb must be given together and match one published contract",
+            ));
+        }
+        let (c, m, d) = (
+            req.cpu_count.unwrap_or(0),
+            req.memory_mb.unwrap_or(0),
+            req.disk_size_mb.unwrap_or(0),
+        );
+        let size = Size::from_shape(c, m, d).ok_or_else(|| {
+            ApiError::invalid("cpu_count", format!("no published contract has {c} vCPU, {m} MiB memory and {d} MiB disk"))
+                .with_details(json!({ "field": "cpu_count", "contracts": cella_types::ALL_SIZES.map(|s| s.contract()) }))
+        })?;
+        if req.size.is_some_and(|s| s != size) {
+            return Err(ApiError::invalid(
+                "size",
+                "size does not match the compatibility resource fields",
+            ));
+        }
+        size
+    } else {
+        req.size.unwrap_or(template.default_size)
+    };
+    if state.catalog.readiness(template, size) == Readiness::Missing {
+        return Err(ApiError::new(
+            ErrorCode::SizeUnavailable,
+            format!("size {size} is not available for template {template_id} on this server"),
+        )
+        .with_details(json!({ "field": "size", "size": size.as_str() })));
+    }
+    let timeout_sec = req.timeout_sec.unwrap_or(DEFAULT_TIMEOUT_SEC);
+    if !(1..=MAX_TIMEOUT_SEC).contains(&timeout_sec) {
+        return Err(ApiError::invalid(
+            "timeout_sec",
+            "timeout_sec must be from 1 to 86400",
+        ));
+    }
+    let workspace = state
+        .store
+        .workspace(&auth.workspace_id)
+        .await?
+        .ok_or_else(ApiError::internal)?;
+    let idle_timeout_sec = match req.idle_timeout_sec {
+        Some(v) if v > MAX_TIMEOUT_SEC => {
+            return Err(ApiError::invalid(
+                "idle_timeout_sec",
+                "idle_timeout_sec must be from 0 to 86400",
+            ))
+        }
+        Some(v) => v,
+        None if workspace.created_at >= IDLE_DEFAULT_FROM_MS => IDLE_DEFAULT_SEC,
+        None => 0,
+    };
+    let metadata = req.metadata.clone().unwrap_or_default();
+    check_map("metadata", &metadata, false)?;
+    let env = req.env.clone().unwrap_or_default();
+    check_map("env", &env, true)?;
+    let (cpus, mem, disk) = size.shape();
+    Ok(SandboxRow {
+        seq: 0,
+        id: new_id("sb"),
+        workspace_id: auth.workspace_id.clone(),
+        owner_id: auth.key_id.clone(),
+        template_id,
+        state: SandboxState::Provisioning.as_str().into(),
+        size: size.as_str().into(),
+        cpu_count: cpus as i64,
+        memory_mb: mem as i64,
+        disk_size_mb: disk as i64,
+        ready: false,
+        ready_at: None,
+        timeout_sec: timeout_sec as i64,
+        always_on: req.always_on.unwrap_or(false),
+        persistent: req.persistent.unwrap_or(true),
+        idle_timeout_sec: idle_timeout_sec as i64,
+        metadata: serde_json::to_string(&metadata).unwrap_or_else(|_| "{}".into()),
+        env: serde_json::to_string(&env).unwrap_or_else(|_| "{}".into()),
+        created_at: now_ms(),
+        started_at: None,
+        destroyed_at: None,
+        total_runtime_sec: None,
+        running_ms: 0,
+        running_since: None,
+        timeout_at: None,
+        state_reason: None,
+        runtime: None,
+        compute_rate: serde_json::from_str::<cella_types::WorkspaceSettings>(&workspace.settings)
+            .map(|s| s.compute_rate)
+            .unwrap_or(0.0),
+    })
+}
+
+/// Creates a sandbox. With `wait`, answers once it runs; else at once, in `provisioning`.
+pub async fn create(
+    state: &Arc<AppState>,
+    auth: &Auth,
+    req: CreateSandbox,
+) -> Result<Sandbox, ApiError> {
+    let row = admit(state, auth, &req).await?;
+    let workspace = state
+        .store
+        .workspace(&auth.workspace_id)
+        .await?
+        .ok_or_else(ApiError::internal)?;
+    let cap = cella_types::Plan::parse(&workspace.plan)
+        .unwrap_or(cella_types::Plan::Developer)
+        .concurrency_cap();
+    if !state.store.insert_sandbox_capped(&row, cap).await? {
+        let mut e = ApiError::new(
+            ErrorCode::ConcurrencyLimit,
+            format!(
+                "workspace holds its plan's cap of {cap} concurrent sandboxes; destroy one first"
+            ),
+        )
+        .with_details(json!({ "limit": cap, "plan": workspace.plan }));
+        e.retry_after = Some(5);
+        return Err(e);
+    }
+    // Boot in a task of its own: a client that hangs up must not leave a half-made sandbox.
+    let id = row.id.clone();
+    let st = state.clone();
+    let boot = tokio::spawn(async move { boot(&st, &id).await });
+    if req.wait.unwrap_or(true) {
+        let _ = boot.await;
+        let row = state
+            .store
+            .sandbox(&row.id)
+            .await?
+            .ok_or_else(ApiError::internal)?;
+        if state_of(&row) == SandboxState::Error {
+            return Err(ApiError::unavailable("the sandbox failed to start")
+                .with_details(json!({ "sandbox_id": row.id, "reason": row.state_reason })));
+        }
+        return Ok(to_wire(&row));
+    }
+    let row = state
+        .store
+        .sandbox(&row.id)
+        .await?
+        .ok_or_else(ApiError::internal)?;
+    Ok(to_wire(&row))
+}
+
+/// Starts a sandbox that is in `provisioning`; records `running` or `error`.
+async fn boot(state: &AppState, id: &str) {
+    let _guard = state.locks.lock(id).await;
+    let Ok(Some(mut row)) = state.store.sandbox(id).await else {
+        return;
+    };
+    if state_of(&row) != SandboxState::Provisioning {
+        return; // destroyed while it waited for the lock
+    }
+    let image = state
+        .catalog
+        .get(&row.template_id)
+        .and_then(|t| t.image.clone());
+    let result = match image {
+        None => Err(DriverError::Image(format!(
+            "template {} has no image on this host",
+            row.template_id
+        ))),
+        Some(image) => {
+            let spec = SandboxSpec {
+                id: row.id.clone(),
+                hostname: row.id.clone(),
+                image,
+                cpu_count: row.cpu_count as u32,
+                memory_mb: row.memory_mb as u32,
+                disk_size_mb: row.disk_size_mb as u32,
+                pids_max: (row.cpu_count as u32 * 1024).max(1024),
+            };
+            state.driver.create(&spec).await
+        }
+    };
+    let now = now_ms();
+    match result {
+        Ok(handle) => {
+            row.state = SandboxState::Running.as_str().into();
+            row.ready = true;
+            row.ready_at = Some(now);
+            row.started_at = Some(now);
+            row.running_since = Some(now);
+            row.timeout_at = (!row.always_on).then_some(now + row.timeout_sec * 1000);
+            row.runtime = serde_json::to_string(&handle).ok();
+        }
+        Err(e) => {
+            tracing::error!(sandbox = id, "sandbox failed to start: {e}");
+            row.state = SandboxState::Error.as_str().into();
+            row.state_reason = Some(format!("failed to start: {e}"));
+        }
+    }
+    if let Err(e) = state.store.update_sandbox(&row).await {
+        tracing::error!(sandbox = id, "recording boot result: {e}");
+    }
+}
+
+/// Destroys a sandbox from any state; idempotent.
+pub async fn destroy(state: &AppState, id: &str) -> Result<Sandbox, ApiError> {
+    let _guard = state.locks.lock(id).await;
+    let mut row = state
+        .store
+        .sandbox(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("sandbox"))?;
+    if state_of(&row) == SandboxState::Destroyed {
+        return Ok(to_wire(&row));
+    }
+    if let Err(e) = state.driver.destroy(id, handle_of(&row).as_ref()).await {
+        tracing::error!(sandbox = id, "destroy: {e}");
+        return Err(ApiError::internal());
+    }
+    let now = now_ms();
+    stop_clock(&mut row, now);
+    row.state = SandboxState::Destroyed.as_str().into();
+    row.ready = false;
+    row.destroyed_at = Some(now);
+    row.timeout_at = None;
+    row.runtime = None;
+    row.total_runtime_sec = Some((row.running_ms + 999) / 1000);
+    state.store.update_sandbox(&row).await?;
+    Ok(to_wire(&row))
+}
+
+/// Records that a sandbox's processes are gone, and clears what is left of it on the host.
+async fn mark_gone(state: &AppState, id: &str, reason: &str) {
+    let _guard = state.locks.lock(id).await;
+    let Ok(Some(mut row)) = state.store.sandbox(id).await else {
+        return;
+    };
+    if state_of(&row).is_terminal() {
+        return;
+    }
+    if let Err(e) = state.driver.destroy(id, handle_of(&row).as_ref()).await {
+        tracing::error!(sandbox = id, "clearing a sandbox that is gone: {e}");
+    }
+    stop_clock(&mut row, now_ms());
+    row.state = SandboxState::Error.as_str().into();
+    row.ready = false;
+    row.timeout_at = None;
+    row.runtime = None;
+    row.state_reason = Some(reason.to_string());
+    if let Err(e) = state.store.update_sandbox(&row).await {
+        tracing::error!(sandbox = id, "recording a sandbox that is gone: {e}");
+    }
+}
+
+/// Runs one command in a running sandbox and collects its output.
+pub async fn exec(
+    state: &AppState,
+    row: &SandboxRow,
+    req: ExecRequest,
+) -> Result<ExecResult, ApiError> {
+    if state_of(row) != SandboxState::Running {
+        return Err(ApiError::new(
+            ErrorCode::SandboxNotRunning,
+            format!("sandbox is {}, not running", row.state),
+        ));
+    }
+    let handle = handle_of(row).ok_or_else(ApiError::internal)?;
+    let argv = match (req.command, req.argv) {
+        (Some(c), None) => vec!["/bin/bash".to_string(), "-c".to_string(), c],
+        (None, Some(a)) if !a.is_empty() => a,
+        (None, Some(_)) => return Err(ApiError::invalid("argv", "argv must not be empty")),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "command",
+                "give command or argv, not both",
+            ))
+        }
+        (None, None) => return Err(ApiError::invalid("command", "command or argv is required")),
+    };
+    let timeout = req.timeout_sec.unwrap_or(DEFAULT_TIMEOUT_SEC);
+    if !(1..=MAX_TIMEOUT_SEC).contains(&timeout) {
+        return Err(ApiError::invalid(
+            "timeout_sec",
+            "timeout_sec must be from 1 to 86400",
+        ));
+    }
+    let (uid, home, name) = match req.user.unwrap_or_default() {
+        ExecUser::User => (USER_UID, "/home/user", "user"),
+        ExecUser::Root => (0, "/root", "root"),
+    };
+    let cwd = req.cwd.unwrap_or_else(|| home.to_string());
+    if !cwd.starts_with('/') {
+        return Err(ApiError::invalid("cwd", "cwd must be an absolute path"));
+    }
+    let req_env = req.env.unwrap_or_default();
+    check_map("env", &req_env, true)?;
+    let mut env = base_env(home, name);
+    env.extend(serde_json::from_str::<BTreeMap<String, String>>(&row.env).unwrap_or_default());
+    env.extend(req_env);
+    let spec = ExecSpec {
+        argv,
+        env,
+        cwd,
+        uid,
+        gid: uid,
+        stdin: req.stdin.map(String::into_bytes),
+        timeout_ms: timeout as u64 * 1000,
+        output_cap: Some(state.config.exec.output_cap_bytes),
+    };
+    let (tx, mut rx) = mpsc::channel(64);
+    let collect = async {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                ExecEvent::Stdout(b) => out.extend_from_slice(&b),
+                ExecEvent::Stderr(b) => err.extend_from_slice(&b),
+            }
+        }
+        (out, err)
+    };
+    let (res, (out, err)) = tokio::join!(state.driver.exec(&handle, spec, tx), collect);
+    match res {
+        Ok(info) => Ok(ExecResult {
+            exit_code: info.exit_code,
+            stdout: String::from_utf8_lossy(&out).into_owned(),
+            stderr: String::from_utf8_lossy(&err).into_owned(),
+            duration_ms: info.duration_ms,
+            timed_out: info.timed_out,
+            stdout_truncated: info.stdout_truncated,
+            stderr_truncated: info.stderr_truncated,
+        }),
+        Err(DriverError::BadCwd(m)) => Err(ApiError::invalid("cwd", m)),
+        Err(e) => {
+            tracing::warn!(sandbox = row.id, "exec failed: {e}");
+            match state.driver.probe(&handle).await {
+                Probe::Gone(reason) => {
+                    mark_gone(
+                        state,
+                        &row.id,
+                        &format!("sandbox processes are gone: {reason}"),
+                    )
+                    .await;
+                    Err(ApiError::new(
+                        ErrorCode::SandboxNotRunning,
+                        format!("sandbox is no longer running: {reason}"),
+                    ))
+                }
+                Probe::Alive => Err(ApiError::internal()),
+            }
+        }
+    }
+}
+
+/// At start: find every sandbox again, report honestly the ones whose processes are gone, and
+/// clear whatever is left on the host of sandboxes that are not live.
+pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> {
+    let live = state.store.live_sandboxes().await?;
+    let mut keep = std::collections::HashSet::new();
+    for row in live {
+        match (state_of(&row), handle_of(&row)) {
+            (SandboxState::Provisioning, _) => {
+                mark_gone(
+                    state,
+                    &row.id,
+                    "the server stopped while the sandbox was being created",
+                )
+                .await;
+            }
+            (_, Some(h)) => match state.driver.probe(&h).await {
+                Probe::Alive => {
+                    tracing::info!(sandbox = row.id, "sandbox found running");
+                    keep.insert(row.id.clone());
+                }
+                Probe::Gone(reason) => {
+                    tracing::warn!(sandbox = row.id, "sandbox is gone: {reason}");
+                    mark_gone(
+                        state,
+                        &row.id,
+                        &format!("sandbox processes are gone: {reason}"),
+                    )
+                    .await;
+                }
+            },
+            (_, None) => mark_gone(state, &row.id, "sandbox has no runtime record").await,
+        }
+    }
+    for id in state.driver.leftovers() {
+        if !keep.contains(&id) {
+            tracing::info!(
+                sandbox = id,
+                "clearing leftovers of a sandbox that is not live"
+            );
+            if let Err(e) = state.driver.destroy(&id, None).await {
+                tracing::error!(sandbox = id, "clearing leftovers: {e}");
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,511 @@
+//! Cella's persistent state in an embedded SQLite database (WAL, synchronous=FULL, so a
+//! `kill -9` of the server loses no acknowledged write). Rows are plain structs; turning them
+//! into wire objects is the server's business.
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{FromRow, SqlitePool};
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("database migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct WorkspaceRow {
+    pub id: String,
+    pub name: String,
+    pub plan: String,
+    pub kind: String,
+    pub created_at: i64,
+    pub settings: String,
+}
+
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct KeyRow {
+    pub id: String,
+    pub workspace_id: String,
+    pub name: String,
+    pub hash: String,
+    pub prefix: String,
+    pub scopes: String,
+    pub created_at: i64,
+    pub expires_at: Option<i64>,
+    pub revoked_at: Option<i64>,
+    pub last_used_at: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct SandboxRow {
+    pub seq: i64,
+    pub id: String,
+    pub workspace_id: String,
+    pub owner_id: String,
+    pub template_id: String,
+    pub state: String,
+    pub size: String,
+    pub cpu_count: i64,
+    pub memory_mb: i64,
+    pub disk_size_mb: i64,
+    pub ready: bool,
+    pub ready_at: Option<i64>,
+    pub timeout_sec: i64,
+    pub always_on: bool,
+    pub persistent: bool,
+    pub idle_timeout_sec: i64,
+    pub metadata: String,
+    pub env: String,
+    pub created_at: i64,
+    pub started_at: Option<i64>,
+    pub destroyed_at: Option<i64>,
+    pub total_runtime_sec: Option<i64>,
+    pub running_ms: i64,
+    pub running_since: Option<i64>,
+    pub timeout_at: Option<i64>,
+    pub state_reason: Option<String>,
+    pub runtime: Option<String>,
+    pub compute_rate: f64,
+}
+
+/// States that hold a slot of a workspace's plan cap.
+pub const CAPPED_STATES: &str = "('provisioning','running','paused')";
+
+/// A filter for listing sandboxes.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxFilter {
+    pub workspace_id: String,
+    pub state: Option<String>,
+    /// `metadata.<key>=<value>` pairs, all of which must match.
+    pub metadata: Vec<(String, String)>,
+    pub limit: u32,
+    /// Only rows older (smaller seq) than this.
+    pub before_seq: Option<i64>,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+impl Store {
+    pub async fn open(path: &Path) -> Result<Store> {
+        let opts = SqliteConnectOptions::from_str("sqlite://")?
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(opts)
+            .await?;
+        sqlx::migrate!("./migrations").run(&pool).await?;
+        Ok(Store { pool })
+    }
+
+    pub async fn meta_get(&self, key: &str) -> Result<Option<String>> {
+        Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = ?")
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    pub async fn meta_set(&self, key: &str, value: &str) -> Result<()> {
+        sqlx::query("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value")
+            .bind(key)
+            .bind(value)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    // -- workspaces -----------------------------------------------------------------------------
+
+    pub async fn insert_workspace(&self, w: &WorkspaceRow) -> Result<()> {
+        sqlx::query("INSERT INTO workspaces (id, name, plan, kind, created_at, settings) VALUES (?, ?, ?, ?, ?, ?)")
+            .bind(&w.id)
+            .bind(&w.name)
+            .bind(&w.plan)
+            .bind(&w.kind)
+            .bind(w.created_at)
+            .bind(&w.settings)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn workspace(&self, id: &str) -> Result<Option<WorkspaceRow>> {
+        Ok(sqlx::query_as(
+            "SELECT id, name, plan, kind, created_at, settings FROM workspaces WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Workspaces, oldest first, after the given id's position.
+    pub async fn list_workspaces(
+        &self,
+        limit: u32,
+        after_seq: Option<i64>,
+    ) -> Result<Vec<(i64, WorkspaceRow)>> {
+        let rows: Vec<(i64, String)> =
+            sqlx::query_as("SELECT seq, id FROM workspaces WHERE seq > ? ORDER BY seq LIMIT ?")
+                .bind(after_seq.unwrap_or(0))
+                .bind(limit as i64)
+                .fetch_all(&self.pool)
+                .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (seq, id) in rows {
+            if let Some(w) = self.workspace(&id).await? {
+                out.push((seq, w));
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn update_workspace(&self, w: &WorkspaceRow) -> Result<()> {
+        sqlx::query("UPDATE workspaces SET name = ?, plan = ?, settings = ? WHERE id = ?")
+            .bind(&w.name)
+            .bind(&w.plan)
+            .bind(&w.settings)
+            .bind(&w.id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    // -- API keys -------------------------------------------------------------------------------
+
+    pub async fn insert_key(&self, k: &KeyRow) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO api_keys (id, workspace_id, name, hash, prefix, scopes, created_at, expires_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&k.id)
+        .bind(&k.workspace_id)
+        .bind(&k.name)
+        .bind(&k.hash)
+        .bind(&k.prefix)
+        .bind(&k.scopes)
+        .bind(k.created_at)
+        .bind(k.expires_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    const KEY_COLS: &'static str =
+        "id, workspace_id, name, hash, prefix, scopes, created_at, expires_at, revoked_at, last_used_at";
+
+    pub async fn key_by_hash(&self, hash: &str) -> Result<Option<KeyRow>> {
+        let q = format!("SELECT {} FROM api_keys WHERE hash = ?", Self::KEY_COLS);
+        Ok(sqlx::query_as(&q)
+            .bind(hash)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    pub async fn key(&self, id: &str) -> Result<Option<KeyRow>> {
+        let q = format!("SELECT {} FROM api_keys WHERE id = ?", Self::KEY_COLS);
+        Ok(sqlx::query_as(&q)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Keys that are not revoked, oldest first.
+    pub async fn list_keys(
+        &self,
+        limit: u32,
+        after_seq: Option<i64>,
+    ) -> Result<Vec<(i64, KeyRow)>> {
+        let q = format!(
+            "SELECT seq, {} FROM api_keys WHERE revoked_at IS NULL AND seq > ? ORDER BY seq LIMIT ?",
+            Self::KEY_COLS
+        );
+        let rows = sqlx::query(&q)
+            .bind(after_seq.unwrap_or(0))
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        use sqlx::Row;
+        rows.into_iter()
+            .map(|r| Ok((r.try_get::<i64, _>("seq")?, KeyRow::from_row(&r)?)))
+            .collect::<std::result::Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
+    /// Marks a key revoked; false when it did not exist or was revoked already.
+    pub async fn revoke_key(&self, id: &str, now: i64) -> Result<bool> {
+        let r =
+            sqlx::query("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL")
+                .bind(now)
+                .bind(id)
+                .execute(&self.pool)
+                .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    pub async fn touch_key(&self, id: &str, now: i64) -> Result<()> {
+        sqlx::query("UPDATE api_keys SET last_used_at = ? WHERE id = ?")
+            .bind(now)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    // -- sandboxes ------------------------------------------------------------------------------
+
+    const SANDBOX_COLS: &'static str = "seq, id, workspace_id, owner_id, template_id, state, size, cpu_count, \
+        memory_mb, disk_size_mb, ready, ready_at, timeout_sec, always_on, persistent, idle_timeout_sec, metadata, \
+        env, created_at, started_at, destroyed_at, total_runtime_sec, running_ms, running_since, timeout_at, \
+        state_reason, runtime, compute_rate";
+
+    /// Inserts a sandbox unless its workspace already holds `cap` sandboxes in a capped state.
+    /// One statement, so concurrent creates can never overshoot the cap. Returns false at the cap.
+    pub async fn insert_sandbox_capped(&self, s: &SandboxRow, cap: u32) -> Result<bool> {
+        let q = format!(
+            "INSERT INTO sandboxes (id, workspace_id, owner_id, template_id, state, size, cpu_count, memory_mb, \
+             disk_size_mb, ready, timeout_sec, always_on, persistent, idle_timeout_sec, metadata, env, created_at, \
+             compute_rate) \
+             SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
+             WHERE (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ?"
+        );
+        let r = sqlx::query(&q)
+            .bind(&s.id)
+            .bind(&s.workspace_id)
+            .bind(&s.owner_id)
+            .bind(&s.template_id)
+            .bind(&s.state)
+            .bind(&s.size)
+            .bind(s.cpu_count)
+            .bind(s.memory_mb)
+            .bind(s.disk_size_mb)
+            .bind(s.ready)
+            .bind(s.timeout_sec)
+            .bind(s.always_on)
+            .bind(s.persistent)
+            .bind(s.idle_timeout_sec)
+            .bind(&s.metadata)
+            .bind(&s.env)
+            .bind(s.created_at)
+            .bind(s.compute_rate)
+            .bind(&s.workspace_id)
+            .bind(cap as i64)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    pub async fn sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
+        let q = format!("SELECT {} FROM sandboxes WHERE id = ?", Self::SANDBOX_COLS);
+        Ok(sqlx::query_as(&q)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Sandboxes of a workspace, newest first.
+    pub async fn list_sandboxes(&self, f: &SandboxFilter) -> Result<Vec<SandboxRow>> {
+        let mut q = format!(
+            "SELECT {} FROM sandboxes WHERE workspace_id = ?",
+            Self::SANDBOX_COLS
+        );
+        if f.state.is_some() {
+            q.push_str(" AND state = ?");
+        }
+        if f.before_seq.is_some() {
+            q.push_str(" AND seq < ?");
+        }
+        for _ in &f.metadata {
+            q.push_str(" AND json_extract(metadata, ?) = ?");
+        }
+        q.push_str(" ORDER BY seq DESC LIMIT ?");
+        let mut query = sqlx::query_as::<_, SandboxRow>(&q).bind(&f.workspace_id);
+        if let Some(s) = &f.state {
+            query = query.bind(s);
+        }
+        if let Some(b) = f.before_seq {
+            query = query.bind(b);
+        }
+        for (k, v) in &f.metadata {
+            // A JSON path naming the key literally: `$."key"` (keys with quotes are refused upstream).
+            query = query.bind(format!("$.\"{k}\"")).bind(v);
+        }
+        Ok(query.bind(f.limit as i64).fetch_all(&self.pool).await?)
+    }
+
+    /// Writes every mutable column of a sandbox.
+    pub async fn update_sandbox(&self, s: &SandboxRow) -> Result<()> {
+        sqlx::query(
+            "UPDATE sandboxes SET state = ?, ready = ?, ready_at = ?, timeout_sec = ?, always_on = ?, \
+             idle_timeout_sec = ?, metadata = ?, started_at = ?, destroyed_at = ?, total_runtime_sec = ?, \
+             running_ms = ?, running_since = ?, timeout_at = ?, state_reason = ?, runtime = ? WHERE id = ?",
+        )
+        .bind(&s.state)
+        .bind(s.ready)
+        .bind(s.ready_at)
+        .bind(s.timeout_sec)
+        .bind(s.always_on)
+        .bind(s.idle_timeout_sec)
+        .bind(&s.metadata)
+        .bind(s.started_at)
+        .bind(s.destroyed_at)
+        .bind(s.total_runtime_sec)
+        .bind(s.running_ms)
+        .bind(s.running_since)
+        .bind(s.timeout_at)
+        .bind(&s.state_reason)
+        .bind(&s.runtime)
+        .bind(&s.id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Every sandbox that is not in a terminal state, across workspaces.
+    pub async fn live_sandboxes(&self) -> Result<Vec<SandboxRow>> {
+        let q = format!(
+            "SELECT {} FROM sandboxes WHERE state NOT IN ('destroyed', 'error') ORDER BY seq",
+            Self::SANDBOX_COLS
+        );
+        Ok(sqlx::query_as(&q).fetch_all(&self.pool).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sandbox(id: &str, ws: &str) -> SandboxRow {
+        SandboxRow {
+            seq: 0,
+            id: id.into(),
+            workspace_id: ws.into(),
+            owner_id: "key1".into(),
+            template_id: "base".into(),
+            state: "provisioning".into(),
+            size: "small".into(),
+            cpu_count: 2,
+            memory_mb: 4096,
+            disk_size_mb: 10240,
+            ready: false,
+            ready_at: None,
+            timeout_sec: 3600,
+            always_on: false,
+            persistent: true,
+            idle_timeout_sec: 0,
+            metadata: r#"{"team":"a"}"#.into(),
+            env: "{}".into(),
+            created_at: 1,
+            started_at: None,
+            destroyed_at: None,
+            total_runtime_sec: None,
+            running_ms: 0,
+            running_since: None,
+            timeout_at: None,
+            state_reason: None,
+            runtime: None,
+            compute_rate: 0.0,
+        }
+    }
+
+    async fn store_with_ws() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db.sqlite")).await.unwrap();
+        let ws = WorkspaceRow {
+            id: "ws1".into(),
+            name: "w".into(),
+            plan: "developer".into(),
+            kind: "personal".into(),
+            created_at: 0,
+            settings: "{}".into(),
+        };
+        store.insert_workspace(&ws).await.unwrap();
+        (dir, store)
+    }
+
+    #[tokio::test]
+    async fn cap_holds_under_concurrent_inserts() {
+        let (_d, store) = store_with_ws().await;
+        let mut tasks = Vec::new();
+        for i in 0..20 {
+            let s = store.clone();
+            tasks.push(tokio::spawn(async move {
+                s.insert_sandbox_capped(&sandbox(&format!("sb{i}"), "ws1"), 10)
+                    .await
+            }));
+        }
+        let mut ok = 0;
+        for t in tasks {
+            if t.await.unwrap().unwrap() {
+                ok += 1;
+            }
+        }
+        assert_eq!(ok, 10);
+    }
+
+    #[tokio::test]
+    async fn list_filters_by_state_and_metadata_and_pages() {
+        let (_d, store) = store_with_ws().await;
+        for i in 0..5 {
+            store
+                .insert_sandbox_capped(&sandbox(&format!("sb{i}"), "ws1"), 100)
+                .await
+                .unwrap();
+        }
+        let mut s = store.sandbox("sb3").await.unwrap().unwrap();
+        s.state = "running".into();
+        s.metadata = r#"{"team":"b"}"#.into();
+        store.update_sandbox(&s).await.unwrap();
+
+        let f = SandboxFilter {
+            workspace_id: "ws1".into(),
+            limit: 2,
+            ..Default::default()
+        };
+        let page1 = store.list_sandboxes(&f).await.unwrap();
+        assert_eq!(
+            page1.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+            ["sb4", "sb3"]
+        );
+        let f2 = SandboxFilter {
+            before_seq: Some(page1[1].seq),
+            ..f.clone()
+        };
+        let page2 = store.list_sandboxes(&f2).await.unwrap();
+        assert_eq!(
+            page2.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+            ["sb2", "sb1"]
+        );
+
+        let by_state = SandboxFilter {
+            state: Some("running".into()),
+            limit: 10,
+            ..f.clone()
+        };
+        assert_eq!(store.list_sandboxes(&by_state).await.unwrap().len(), 1);
+        let by_meta = SandboxFilter {
+            metadata: vec![("team".into(), "a".into())],
+            limit: 10,
+            ..f.clone()
+        };
+        assert_eq!(store.list_sandboxes(&by_meta).await.unwrap().len(), 4);
+        let other_ws = SandboxFilter {
+            workspace_id: "nope".into(),
+            limit: 10,
+            ..Default::default()
+        };
+        assert!(store.list_sandboxes(&other_ws).await.unwrap().is_empty());
+    }
+}

@@ -1,0 +1,504 @@
+//! Wire types of the Cella HTTP API (`/api/v1`).
+//!
+//! Everything that crosses the wire between the server, the CLI and the SDKs lives here, so the
+//! three cannot drift apart. The contract these types follow is `shared/api-v1.md`; the project's
+//! own reference is `docs/api.md`.
+
+pub mod sizes;
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+pub use sizes::{ResourceContract, Size, ALL_SIZES};
+
+/// `{"data": ...}`: the body of every successful single-object response.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Data<T> {
+    pub data: T,
+}
+
+/// `{"data": [...], "next_cursor": ...}`: the body of every list response.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct List<T> {
+    pub data: Vec<T>,
+    pub next_cursor: Option<String>,
+}
+
+/// The one error body: `{"error": {"code", "message", "details"}}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorInfo,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorInfo {
+    /// Stable, machine-readable code in UPPER_SNAKE case, e.g. `NOT_FOUND`.
+    pub code: String,
+    pub message: String,
+    #[schema(value_type = Option<Object>)]
+    pub details: Option<serde_json::Value>,
+}
+
+/// Every error code of the API with its HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    InvalidRequest,
+    UnknownLanguage,
+    SizeUnavailable,
+    Conflict,
+    SandboxNotRunning,
+    PayloadTooLarge,
+    RateLimited,
+    ConcurrencyLimit,
+    InsufficientFunds,
+    Internal,
+    Unavailable,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Unauthorized => "UNAUTHORIZED",
+            ErrorCode::Forbidden => "FORBIDDEN",
+            ErrorCode::NotFound => "NOT_FOUND",
+            ErrorCode::MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            ErrorCode::InvalidRequest => "INVALID_REQUEST",
+            ErrorCode::UnknownLanguage => "UNKNOWN_LANGUAGE",
+            ErrorCode::SizeUnavailable => "SIZE_UNAVAILABLE",
+            ErrorCode::Conflict => "CONFLICT",
+            ErrorCode::SandboxNotRunning => "SANDBOX_NOT_RUNNING",
+            ErrorCode::PayloadTooLarge => "PAYLOAD_TOO_LARGE",
+            ErrorCode::RateLimited => "RATE_LIMITED",
+            ErrorCode::ConcurrencyLimit => "CONCURRENCY_LIMIT",
+            ErrorCode::InsufficientFunds => "INSUFFICIENT_FUNDS",
+            ErrorCode::Internal => "INTERNAL",
+            ErrorCode::Unavailable => "UNAVAILABLE",
+        }
+    }
+
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
+            ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::InvalidRequest | ErrorCode::UnknownLanguage | ErrorCode::SizeUnavailable => {
+                400
+            }
+            ErrorCode::Conflict | ErrorCode::SandboxNotRunning => 409,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::RateLimited | ErrorCode::ConcurrencyLimit => 429,
+            ErrorCode::InsufficientFunds => 402,
+            ErrorCode::Internal => 500,
+            ErrorCode::Unavailable => 503,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scopes, workspaces, API keys
+// ---------------------------------------------------------------------------------------------
+
+/// A permission carried by an API key. `admin` implies every other scope.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema,
+)]
+pub enum Scope {
+    #[serde(rename = "sandboxes:read")]
+    SandboxesRead,
+    #[serde(rename = "sandboxes:write")]
+    SandboxesWrite,
+    #[serde(rename = "sandboxes:exec")]
+    SandboxesExec,
+    #[serde(rename = "templates:write")]
+    TemplatesWrite,
+    #[serde(rename = "tasks:read")]
+    TasksRead,
+    #[serde(rename = "tasks:write")]
+    TasksWrite,
+    #[serde(rename = "admin")]
+    Admin,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 7] = [
+        Scope::SandboxesRead,
+        Scope::SandboxesWrite,
+        Scope::SandboxesExec,
+        Scope::TemplatesWrite,
+        Scope::TasksRead,
+        Scope::TasksWrite,
+        Scope::Admin,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::SandboxesRead => "sandboxes:read",
+            Scope::SandboxesWrite => "sandboxes:write",
+            Scope::SandboxesExec => "sandboxes:exec",
+            Scope::TemplatesWrite => "templates:write",
+            Scope::TasksRead => "tasks:read",
+            Scope::TasksWrite => "tasks:write",
+            Scope::Admin => "admin",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Scope> {
+        Scope::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Plan {
+    Developer,
+    Business,
+    Enterprise,
+}
+
+impl Plan {
+    /// Concurrent sandboxes (provisioning, running or paused) a workspace on this plan may hold.
+    pub fn concurrency_cap(self) -> u32 {
+        match self {
+            Plan::Developer => 10,
+            Plan::Business => 250,
+            Plan::Enterprise => 500,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Plan::Developer => "developer",
+            Plan::Business => "business",
+            Plan::Enterprise => "enterprise",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Plan> {
+        [Plan::Developer, Plan::Business, Plan::Enterprise]
+            .into_iter()
+            .find(|p| p.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceKind {
+    Personal,
+    Organization,
+}
+
+impl WorkspaceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkspaceKind::Personal => "personal",
+            WorkspaceKind::Organization => "organization",
+        }
+    }
+    pub fn parse(s: &str) -> Option<WorkspaceKind> {
+        [WorkspaceKind::Personal, WorkspaceKind::Organization]
+            .into_iter()
+            .find(|p| p.as_str() == s)
+    }
+}
+
+/// Settings a workspace owner changes. Fields the server does not use yet are kept as given.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WorkspaceSettings {
+    #[serde(default)]
+    pub tasks_enabled: bool,
+    /// Compute price per second, in the workspace's currency.
+    #[serde(default)]
+    pub compute_rate: f64,
+    /// Ceiling of one task run, in minutes.
+    #[serde(default = "default_session_limit")]
+    pub session_limit_min: u32,
+}
+
+fn default_session_limit() -> u32 {
+    60
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Workspace {
+    pub id: String,
+    pub name: String,
+    pub plan: Plan,
+    pub kind: WorkspaceKind,
+    pub created_at: String,
+    pub settings: WorkspaceSettings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateWorkspace {
+    pub name: String,
+    #[serde(default = "default_plan")]
+    pub plan: Plan,
+    #[serde(default = "default_kind")]
+    pub kind: WorkspaceKind,
+}
+
+fn default_plan() -> Plan {
+    Plan::Developer
+}
+fn default_kind() -> WorkspaceKind {
+    WorkspaceKind::Organization
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateWorkspace {
+    pub name: Option<String>,
+    pub plan: Option<Plan>,
+    pub settings: Option<WorkspaceSettings>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApiKey {
+    pub id: String,
+    pub workspace_id: String,
+    pub name: String,
+    pub scopes: Vec<Scope>,
+    /// The first characters of the key, to recognise it in a list.
+    pub prefix: String,
+    pub created_at: String,
+    pub expires_at: Option<String>,
+    pub last_used_at: Option<String>,
+    /// The secret itself: present only in the answer to the create call.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub key: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateApiKey {
+    pub workspace_id: String,
+    pub name: String,
+    pub scopes: Vec<Scope>,
+    /// RFC 3339 time after which the key stops working.
+    pub expires_at: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Templates
+// ---------------------------------------------------------------------------------------------
+
+/// Readiness of a template, or of one size of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Readiness {
+    FastReady,
+    ColdBootOnly,
+    Missing,
+}
+
+impl Readiness {
+    pub const ALL: [Readiness; 3] = [
+        Readiness::FastReady,
+        Readiness::ColdBootOnly,
+        Readiness::Missing,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Readiness::FastReady => "fast_ready",
+            Readiness::ColdBootOnly => "cold_boot_only",
+            Readiness::Missing => "missing",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateSize {
+    pub size: Size,
+    pub state: Readiness,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub resource_contract: Option<ResourceContract>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Template {
+    pub id: String,
+    pub name: String,
+    pub product: String,
+    pub default_size: Size,
+    pub primitive: String,
+    pub sdk_name: String,
+    pub cli_name: String,
+    pub readiness: Readiness,
+    pub sizes: Vec<TemplateSize>,
+}
+
+impl Template {
+    /// The entry as it stands in `templates`: the same, without resource contracts.
+    pub fn without_contracts(&self) -> Template {
+        let mut t = self.clone();
+        for s in &mut t.sizes {
+            s.resource_contract = None;
+        }
+        t
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ShapeContracts {
+    pub sandbox: Vec<ResourceContract>,
+    pub computer: Vec<ResourceContract>,
+}
+
+/// The body of `GET /api/v1/templates`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateCatalog {
+    pub data: Vec<Template>,
+    pub templates: Vec<Template>,
+    pub shape_contracts: ShapeContracts,
+    pub readiness_states: Vec<Readiness>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sandboxes
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    Provisioning,
+    Running,
+    Paused,
+    Stopped,
+    Destroyed,
+    Error,
+}
+
+impl SandboxState {
+    pub const ALL: [SandboxState; 6] = [
+        SandboxState::Provisioning,
+        SandboxState::Running,
+        SandboxState::Paused,
+        SandboxState::Stopped,
+        SandboxState::Destroyed,
+        SandboxState::Error,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Provisioning => "provisioning",
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+            SandboxState::Stopped => "stopped",
+            SandboxState::Destroyed => "destroyed",
+            SandboxState::Error => "error",
+        }
+    }
+    pub fn parse(s: &str) -> Option<SandboxState> {
+        SandboxState::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+    /// States that hold a slot of the workspace's plan cap.
+    pub fn counts_against_cap(self) -> bool {
+        matches!(
+            self,
+            SandboxState::Provisioning | SandboxState::Running | SandboxState::Paused
+        )
+    }
+    pub fn is_terminal(self) -> bool {
+        matches!(self, SandboxState::Destroyed | SandboxState::Error)
+    }
+}
+
+/// The sandbox object: every field of the seed's table, plus `state_reason`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Sandbox {
+    pub id: String,
+    pub tenant_id: String,
+    pub owner_id: String,
+    pub template_id: String,
+    pub state: SandboxState,
+    pub size: Size,
+    pub resource_contract: ResourceContract,
+    pub cpu_count: u32,
+    pub memory_mb: u32,
+    pub disk_size_mb: u32,
+    pub ready: bool,
+    pub ready_at: Option<String>,
+    pub preview_url: Option<String>,
+    pub timeout_sec: u32,
+    pub timeout_remaining_ms: Option<i64>,
+    pub always_on: bool,
+    pub persistent: bool,
+    pub idle_timeout_sec: u32,
+    pub total_runtime_sec: Option<i64>,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub destroyed_at: Option<String>,
+    /// Why the sandbox is in `error` (or was destroyed by the server), else null.
+    pub state_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandbox {
+    pub template_id: Option<String>,
+    pub size: Option<Size>,
+    pub cpu_count: Option<u32>,
+    pub memory_mb: Option<u32>,
+    pub disk_size_mb: Option<u32>,
+    /// 1-86400, default 3600.
+    pub timeout_sec: Option<u32>,
+    pub idle_timeout_sec: Option<u32>,
+    pub persistent: Option<bool>,
+    pub always_on: Option<bool>,
+    pub metadata: Option<BTreeMap<String, String>>,
+    pub env: Option<BTreeMap<String, String>>,
+    /// Answer once the sandbox is running and ready (default true).
+    pub wait: Option<bool>,
+}
+
+/// Who a command runs as inside the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecUser {
+    /// uid 1000, home `/home/user` (the default).
+    #[default]
+    User,
+    Root,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// A shell command line, run by `bash -c` (or `sh -c` where bash is absent).
+    pub command: Option<String>,
+    /// A program and its arguments, run without a shell.
+    pub argv: Option<Vec<String>>,
+    pub env: Option<BTreeMap<String, String>>,
+    pub cwd: Option<String>,
+    pub user: Option<ExecUser>,
+    /// Text written to the command's standard input, which is then closed.
+    pub stdin: Option<String>,
+    /// 1-86400, default 3600. The command and its children are killed when it runs out.
+    pub timeout_sec: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExecResult {
+    /// The exit code; 128 + N for a command killed by signal N.
+    pub exit_code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub duration_ms: u64,
+    pub timed_out: bool,
+    /// True when stdout went past the server's cap and was cut.
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+    pub version: String,
+}
