@@ -25,6 +25,8 @@ pub enum ClientError {
     Refused { kind: ErrorKind, message: String },
     #[error("the sandbox agent hung up before the command ended")]
     HungUp,
+    #[error("the receiver of the command's output went away")]
+    ConsumerGone,
     #[error("the sandbox agent sent an unexpected message")]
     Unexpected,
 }
@@ -79,18 +81,18 @@ impl AgentClient {
         loop {
             let frame = tokio::select! {
                 f = proto::read_frame(&mut s) => f?,
-                _ = events.closed() => return Err(ClientError::HungUp),
+                _ = events.closed() => return Err(ClientError::ConsumerGone),
             };
             match frame {
                 None => return Err(ClientError::HungUp),
                 Some((FrameKind::Stdout, data)) => {
                     if events.send(ExecEvent::Stdout(data)).await.is_err() {
-                        return Err(ClientError::HungUp);
+                        return Err(ClientError::ConsumerGone);
                     }
                 }
                 Some((FrameKind::Stderr, data)) => {
                     if events.send(ExecEvent::Stderr(data)).await.is_err() {
-                        return Err(ClientError::HungUp);
+                        return Err(ClientError::ConsumerGone);
                     }
                 }
                 Some((FrameKind::Json, body)) => {

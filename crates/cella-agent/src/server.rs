@@ -141,34 +141,96 @@ fn spawn_failure(argv0: &str, err: &std::io::Error) -> (i32, String) {
     }
 }
 
-/// Kills a command's process group and every process still in its session.
-fn kill_tree(pid: i32) {
-    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in dir.flatten() {
-        let Some(p) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
+/// Why `uid`/`gid` cannot work in `cwd`, if they cannot: it must be a directory that every
+/// component of the path lets them search.
+fn cwd_problem(cwd: &str, uid: u32, gid: u32) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let path = std::path::Path::new(cwd);
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Some(format!("working directory {cwd} is not a directory")),
+        Err(_) => return Some(format!("working directory {cwd} does not exist")),
+    }
+    if uid == 0 {
+        return None;
+    }
+    for dir in path.ancestors() {
+        let Ok(m) = std::fs::metadata(dir) else {
             continue;
         };
-        if p == 1 {
-            continue;
+        let bit = if m.uid() == uid {
+            0o100
+        } else if m.gid() == gid {
+            0o010
+        } else {
+            0o001
+        };
+        if m.mode() & bit == 0 {
+            return Some(format!(
+                "working directory {cwd} is not accessible to this user ({} is not searchable)",
+                dir.display()
+            ));
         }
-        if session_of(p) == Some(pid) {
+    }
+    None
+}
+
+/// Kills a command and everything it started: its process group, every process in its session,
+/// and every descendant (found through parent links, which also catches children that made a
+/// session of their own).
+fn kill_tree(pid: i32) {
+    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    let procs = process_table();
+    let mut doomed = vec![pid];
+    let mut i = 0;
+    while i < doomed.len() {
+        let parent = doomed[i];
+        for p in &procs {
+            if p.ppid == parent && !doomed.contains(&p.pid) {
+                doomed.push(p.pid);
+            }
+        }
+        i += 1;
+    }
+    for p in &procs {
+        if (p.sid == pid || p.pgid == pid) && !doomed.contains(&p.pid) {
+            doomed.push(p.pid);
+        }
+    }
+    for p in doomed {
+        if p != 1 {
             let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
         }
     }
 }
 
-fn session_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is in parentheses and may contain anything.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split(' ').nth(3)?.parse().ok()
+struct ProcInfo {
+    pid: i32,
+    ppid: i32,
+    pgid: i32,
+    sid: i32,
+}
+
+fn process_table() -> Vec<ProcInfo> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // Fields after the command name, which is in parentheses and may contain anything:
+            // state ppid pgrp session ...
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split(' ').collect();
+            Some(ProcInfo {
+                pid,
+                ppid: f.get(1)?.parse().ok()?,
+                pgid: f.get(2)?.parse().ok()?,
+                sid: f.get(3)?.parse().ok()?,
+            })
+        })
+        .collect()
 }
 
 /// Forwards output up to the cap; returns false when the node has gone away.
@@ -205,10 +267,10 @@ async fn exec(
         };
         return proto::write_json(&mut wr, &msg).await;
     }
-    if !std::path::Path::new(&spec.cwd).is_dir() {
+    if let Some(problem) = cwd_problem(&spec.cwd, spec.uid, spec.gid) {
         let msg = Response::Error {
             kind: ErrorKind::BadCwd,
-            message: format!("working directory {} does not exist", spec.cwd),
+            message: problem,
         };
         return proto::write_json(&mut wr, &msg).await;
     }

@@ -5,8 +5,12 @@
 
 use crate::DriverError;
 use cgroups_rs::fs::cgroup_builder::CgroupBuilder;
+use cgroups_rs::fs::cpu::CpuController;
+use cgroups_rs::fs::cpuacct::CpuAcctController;
+use cgroups_rs::fs::freezer::FreezerController;
+use cgroups_rs::fs::memory::MemController;
 use cgroups_rs::fs::{hierarchies, Cgroup, MaxValue};
-use cgroups_rs::CgroupPid;
+use cgroups_rs::{CgroupPid, FreezerState};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -55,6 +59,70 @@ pub fn procs(path: &str) -> Vec<u64> {
     cg.procs().into_iter().map(|p| p.pid).collect()
 }
 
+fn freezer(cg: &Cgroup) -> Result<&FreezerController, DriverError> {
+    cg.controller_of::<FreezerController>()
+        .ok_or_else(|| DriverError::Cgroup("no freezer controller".into()))
+}
+
+/// Freezes every process of the cgroup and waits until the kernel reports it frozen.
+pub fn freeze(path: &str) -> Result<(), DriverError> {
+    let cg = load(path);
+    let f = freezer(&cg)?;
+    f.freeze()
+        .map_err(|e| DriverError::Cgroup(format!("freezing {path}: {e}")))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match f.state() {
+            Ok(FreezerState::Frozen) => return Ok(()),
+            _ if Instant::now() > deadline => {
+                let _ = f.thaw();
+                return Err(DriverError::Cgroup(format!("{path} did not freeze")));
+            }
+            _ => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
+
+pub fn thaw(path: &str) -> Result<(), DriverError> {
+    let cg = load(path);
+    freezer(&cg)?
+        .thaw()
+        .map_err(|e| DriverError::Cgroup(format!("thawing {path}: {e}")))
+}
+
+pub fn is_frozen(path: &str) -> bool {
+    let cg = load(path);
+    freezer(&cg)
+        .ok()
+        .and_then(|f| f.state().ok())
+        .is_some_and(|s| matches!(s, FreezerState::Frozen | FreezerState::Freezing))
+}
+
+/// CPU time used (nanoseconds) and memory in use now (bytes) by the cgroup's processes.
+pub fn usage(path: &str) -> (u64, u64) {
+    let cg = load(path);
+    let cpu_ns = if let Some(acct) = cg.controller_of::<CpuAcctController>() {
+        acct.cpuacct().usage
+    } else {
+        // cgroup v2: `usage_usec` in cpu.stat.
+        cg.controller_of::<CpuController>()
+            .map(|c| c.cpu().stat)
+            .and_then(|stat| {
+                stat.lines().find_map(|l| {
+                    l.strip_prefix("usage_usec ")
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                })
+            })
+            .map(|us| us * 1000)
+            .unwrap_or(0)
+    };
+    let mem = cg
+        .controller_of::<MemController>()
+        .map(|m| m.memory_stat().usage_in_bytes)
+        .unwrap_or(0);
+    (cpu_ns, mem)
+}
+
 /// SIGKILLs every process in the cgroup until it is empty, then removes it.
 pub fn kill_and_remove(path: &str) -> Result<(), DriverError> {
     let cg = load(path);
@@ -74,6 +142,10 @@ pub fn kill_and_remove(path: &str) -> Result<(), DriverError> {
             return Err(DriverError::Cgroup(format!(
                 "processes of {path} did not die"
             )));
+        }
+        // Frozen processes take their SIGKILL only once thawed.
+        if let Ok(f) = freezer(&cg) {
+            let _ = f.thaw();
         }
         std::thread::sleep(Duration::from_millis(5));
     }

@@ -41,6 +41,13 @@ pub struct SandboxHandle {
     pub cgroup: String,
 }
 
+/// Resource figures read from a sandbox's cgroup (since its current boot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ResourceUsage {
+    pub cpu_ns: u64,
+    pub memory_bytes: u64,
+}
+
 /// What a driver finds when it looks at a sandbox it started earlier.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Probe {
@@ -84,12 +91,25 @@ pub trait Driver: Send + Sync + 'static {
         events: mpsc::Sender<ExecEvent>,
     ) -> Result<ExitInfo, DriverError>;
 
-    /// Looks whether a sandbox started earlier still runs.
+    /// Looks whether a sandbox started earlier still runs (frozen counts as running).
     async fn probe(&self, handle: &SandboxHandle) -> Probe;
+
+    /// Freezes every process of the sandbox; memory is kept.
+    async fn pause(&self, handle: &SandboxHandle) -> Result<(), DriverError>;
+
+    /// Thaws a paused sandbox.
+    async fn unpause(&self, handle: &SandboxHandle) -> Result<(), DriverError>;
+
+    /// Ends every process of the sandbox but keeps its writable layer, so `create` with the same
+    /// id boots it again on the same files. Idempotent.
+    async fn stop(&self, id: &str, handle: Option<&SandboxHandle>) -> Result<(), DriverError>;
 
     /// Removes every trace of a sandbox: processes, mounts, cgroups, namespaces, files.
     /// Works with or without a handle (a create that failed half way has none) and is idempotent.
     async fn destroy(&self, id: &str, handle: Option<&SandboxHandle>) -> Result<(), DriverError>;
+
+    /// What the sandbox's processes use now, when it has any.
+    fn usage(&self, handle: &SandboxHandle) -> Option<ResourceUsage>;
 
     /// Ids of sandboxes that have anything left on this host (files or cgroups).
     fn leftovers(&self) -> Vec<String>;

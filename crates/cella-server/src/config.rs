@@ -16,6 +16,8 @@ pub struct Config {
     pub default_plan: Plan,
     pub sizes: SizesConfig,
     pub exec: ExecConfig,
+    /// Requests per workspace and endpoint group.
+    pub rate_limits: crate::ratelimit::RateLimitConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -50,6 +52,7 @@ impl Default for Config {
             default_plan: Plan::Enterprise,
             sizes: SizesConfig::default(),
             exec: ExecConfig::default(),
+            rate_limits: Default::default(),
         }
     }
 }

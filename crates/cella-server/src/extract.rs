@@ -9,9 +9,8 @@ use cella_types::ErrorCode;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-/// A JSON body. Bad JSON, wrong types and unknown fields are 400 `INVALID_REQUEST` with the
-/// field named in `details`; an empty body counts as `{}`.
-pub struct ApiJson<T>(pub T);
+/// Parses a JSON body. Bad JSON, wrong types and unknown fields are 400 `INVALID_REQUEST` with
+/// the field named in `details`; an empty body counts as `{}`.
 
 fn field_of(path: &str, message: &str) -> String {
     // serde names unknown and missing fields only in its message: "unknown field `x`, ...".
@@ -20,6 +19,9 @@ fn field_of(path: &str, message: &str) -> String {
             if let Some(name) = rest.split('`').next() {
                 return if path == "." || path.is_empty() {
                     name.to_string()
+                } else if path == name || path.ends_with(&format!(".{name}")) {
+                    // serde_path_to_error already put the unknown field at the end of the path.
+                    path.to_string()
                 } else {
                     format!("{path}.{name}")
                 };
@@ -72,26 +74,39 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     })
 }
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+/// A request body read whole but not parsed yet, so a handler can check scopes first and
+/// answer 403 before it looks at the body.
+pub struct ApiBody(pub Bytes);
+
+impl ApiBody {
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        parse_json(&self.0)
+    }
+}
+
+impl<S: Send + Sync> FromRequest<S> for ApiBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| match e {
-            BytesRejection::FailedToBufferBody(ref inner)
-                if matches!(
-                    inner,
-                    axum::extract::rejection::FailedToBufferBody::LengthLimitError(_)
-                ) =>
-            {
-                ApiError::new(ErrorCode::PayloadTooLarge, "request body too large")
-            }
-            other => ApiError::new(
-                ErrorCode::InvalidRequest,
-                format!("cannot read request body: {other}"),
-            ),
-        })?;
-        Ok(ApiJson(parse_json(&bytes)?))
+        read_body(req, state).await.map(ApiBody)
     }
+}
+
+async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|e| match e {
+        BytesRejection::FailedToBufferBody(ref inner)
+            if matches!(
+                inner,
+                axum::extract::rejection::FailedToBufferBody::LengthLimitError(_)
+            ) =>
+        {
+            ApiError::new(ErrorCode::PayloadTooLarge, "request body too large")
+        }
+        other => ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("cannot read request body: {other}"),
+        ),
+    })
 }
 
 /// Query parameters as ordered pairs; routes check names and values themselves.

@@ -10,7 +10,9 @@ pub mod catalog;
 pub mod config;
 pub mod error;
 pub mod extract;
+pub mod lifecycle;
 pub mod openapi;
+pub mod ratelimit;
 pub mod routes;
 pub mod sandboxes;
 pub mod util;
@@ -38,6 +40,8 @@ pub struct AppState {
     pub driver: Arc<dyn Driver>,
     pub catalog: Catalog,
     pub locks: sandboxes::Locks,
+    pub activity: lifecycle::Activity,
+    pub limiter: ratelimit::Limiter,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -161,7 +165,16 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/sandboxes", post(sb::create).get(sb::list))
         .route("/api/v1/sandboxes/{id}", get(sb::get).delete(sb::destroy))
         .route("/api/v1/sandboxes/{id}/exec", post(sb::exec))
+        .route("/api/v1/sandboxes/{id}/pause", post(sb::pause))
+        .route("/api/v1/sandboxes/{id}/resume", post(sb::resume))
+        .route("/api/v1/sandboxes/{id}/stop", post(sb::stop))
+        .route("/api/v1/sandboxes/{id}/timeout", post(sb::set_timeout))
+        .route("/api/v1/sandboxes/{id}/usage", get(sb::usage))
         .fallback(meta::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            ratelimit::middleware,
+        ))
         .layer(DefaultBodyLimit::max(4 * 1024 * 1024))
         .layer(CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| ApiError::internal().into_response(),
@@ -249,6 +262,11 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
             i
         }
     };
+    // Also as a file, so tools and tests find this server's cgroup subtree (`cella/<instance>`).
+    std::fs::write(dir.join("instance-id"), &instance).map_err(|source| ServeError::DataDir {
+        path: dir.clone(),
+        source,
+    })?;
     bootstrap(&store, &config, &dir).await?;
     let image = cella_runtime::rootfs::ensure_base(&dir)?;
     let agent_exe = std::env::current_exe().map_err(|source| ServeError::DataDir {
@@ -266,12 +284,15 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
         config.sizes.clone(),
         catalog::host_memory_mb(),
     );
+    let limiter = ratelimit::Limiter::new(config.rate_limits.clone());
     let state = Arc::new(AppState {
         config,
         store,
         driver: Arc::new(driver),
         catalog,
         locks: Default::default(),
+        activity: Default::default(),
+        limiter,
     });
     Ok((state, lock))
 }
@@ -282,6 +303,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let listen = config.listen;
     let (state, _lock) = build_state(config).await?;
     sandboxes::reconcile(&state).await?;
+    lifecycle::spawn_timers(state.clone());
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| ServeError::Listen {

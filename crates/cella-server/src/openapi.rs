@@ -41,6 +41,11 @@ impl Modify for BearerAuth {
         sandboxes::get,
         sandboxes::destroy,
         sandboxes::exec,
+        sandboxes::pause,
+        sandboxes::resume,
+        sandboxes::stop,
+        sandboxes::set_timeout,
+        sandboxes::usage,
     ),
     components(schemas(cella_types::ErrorBody, cella_types::ErrorInfo)),
     modifiers(&BearerAuth)

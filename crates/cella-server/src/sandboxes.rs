@@ -85,14 +85,14 @@ pub fn to_wire(row: &SandboxRow) -> Sandbox {
     }
 }
 
-fn handle_of(row: &SandboxRow) -> Option<SandboxHandle> {
+pub(crate) fn handle_of(row: &SandboxRow) -> Option<SandboxHandle> {
     row.runtime
         .as_deref()
         .and_then(|r| serde_json::from_str(r).ok())
 }
 
 /// Stops the running-time clock of a row (when it runs) at `now`.
-fn stop_clock(row: &mut SandboxRow, now: i64) {
+pub(crate) fn stop_clock(row: &mut SandboxRow, now: i64) {
     if let Some(since) = row.running_since.take() {
         row.running_ms += (now - since).max(0);
     }
@@ -237,6 +237,11 @@ async fn admit(state: &AppState, auth: &Auth, req: &CreateSandbox) -> Result<San
         compute_rate: serde_json::from_str::<cella_types::WorkspaceSettings>(&workspace.settings)
             .map(|s| s.compute_rate)
             .unwrap_or(0.0),
+        paused_ms: 0,
+        paused_since: None,
+        last_activity_at: None,
+        cpu_ns: 0,
+        memory_mib_ms: 0,
     })
 }
 
@@ -300,6 +305,12 @@ async fn boot(state: &AppState, id: &str) {
     if state_of(&row) != SandboxState::Provisioning {
         return; // destroyed while it waited for the lock
     }
+    boot_locked(state, &mut row).await;
+}
+
+/// Boots (or boots again, on its kept files) the sandbox of `row`, which the caller holds the
+/// lock of and has put in `provisioning`; records `running` or `error`.
+pub(crate) async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
     let image = state
         .catalog
         .get(&row.template_id)
@@ -328,24 +339,42 @@ async fn boot(state: &AppState, id: &str) {
             row.state = SandboxState::Running.as_str().into();
             row.ready = true;
             row.ready_at = Some(now);
-            row.started_at = Some(now);
+            row.started_at.get_or_insert(now);
             row.running_since = Some(now);
             row.timeout_at = (!row.always_on).then_some(now + row.timeout_sec * 1000);
             row.runtime = serde_json::to_string(&handle).ok();
+            row.state_reason = None;
+            state.activity.touch(&row.id);
         }
         Err(e) => {
-            tracing::error!(sandbox = id, "sandbox failed to start: {e}");
+            tracing::error!(sandbox = row.id, "sandbox failed to start: {e}");
             row.state = SandboxState::Error.as_str().into();
             row.state_reason = Some(format!("failed to start: {e}"));
         }
     }
-    if let Err(e) = state.store.update_sandbox(&row).await {
-        tracing::error!(sandbox = id, "recording boot result: {e}");
+    if let Err(e) = state.store.update_sandbox(row).await {
+        tracing::error!(sandbox = row.id, "recording boot result: {e}");
     }
 }
 
-/// Destroys a sandbox from any state; idempotent.
-pub async fn destroy(state: &AppState, id: &str) -> Result<Sandbox, ApiError> {
+/// Ends the running or paused clock of a row at `now`, and banks the CPU time of its current
+/// boot (read before its cgroup goes away).
+pub(crate) fn settle(state: &AppState, row: &mut SandboxRow, now: i64) {
+    stop_clock(row, now);
+    if let Some(since) = row.paused_since.take() {
+        row.paused_ms += (now - since).max(0);
+    }
+    if let Some(u) = handle_of(row).and_then(|h| state.driver.usage(&h)) {
+        row.cpu_ns += u.cpu_ns as i64;
+    }
+}
+
+/// Destroys a sandbox from any state; idempotent. `reason` says why when the server decided.
+pub async fn destroy(
+    state: &AppState,
+    id: &str,
+    reason: Option<&str>,
+) -> Result<Sandbox, ApiError> {
     let _guard = state.locks.lock(id).await;
     let mut row = state
         .store
@@ -355,36 +384,53 @@ pub async fn destroy(state: &AppState, id: &str) -> Result<Sandbox, ApiError> {
     if state_of(&row) == SandboxState::Destroyed {
         return Ok(to_wire(&row));
     }
+    let now = now_ms();
+    settle(state, &mut row, now);
     if let Err(e) = state.driver.destroy(id, handle_of(&row).as_ref()).await {
         tracing::error!(sandbox = id, "destroy: {e}");
         return Err(ApiError::internal());
     }
-    let now = now_ms();
-    stop_clock(&mut row, now);
     row.state = SandboxState::Destroyed.as_str().into();
     row.ready = false;
     row.destroyed_at = Some(now);
     row.timeout_at = None;
     row.runtime = None;
     row.total_runtime_sec = Some((row.running_ms + 999) / 1000);
+    if reason.is_some() {
+        row.state_reason = reason.map(str::to_string);
+    }
     state.store.update_sandbox(&row).await?;
     Ok(to_wire(&row))
 }
 
-/// Records that a sandbox's processes are gone, and clears what is left of it on the host.
-async fn mark_gone(state: &AppState, id: &str, reason: &str) {
+/// Records that a sandbox's processes are gone. A persistent sandbox keeps its files and goes to
+/// `stopped` (resume boots it again); any other goes to `error` and is cleared from the host.
+pub(crate) async fn mark_gone(state: &AppState, id: &str, reason: &str) {
     let _guard = state.locks.lock(id).await;
     let Ok(Some(mut row)) = state.store.sandbox(id).await else {
         return;
     };
-    if state_of(&row).is_terminal() {
+    if state_of(&row).is_terminal() || state_of(&row) == SandboxState::Stopped {
         return;
     }
-    if let Err(e) = state.driver.destroy(id, handle_of(&row).as_ref()).await {
+    let handle = handle_of(&row);
+    let keep = row.persistent && state_of(&row) != SandboxState::Provisioning;
+    let res = if keep {
+        state.driver.stop(id, handle.as_ref()).await
+    } else {
+        state.driver.destroy(id, handle.as_ref()).await
+    };
+    if let Err(e) = res {
         tracing::error!(sandbox = id, "clearing a sandbox that is gone: {e}");
     }
-    stop_clock(&mut row, now_ms());
-    row.state = SandboxState::Error.as_str().into();
+    settle(state, &mut row, now_ms());
+    row.state = if keep {
+        SandboxState::Stopped
+    } else {
+        SandboxState::Error
+    }
+    .as_str()
+    .into();
     row.ready = false;
     row.timeout_at = None;
     row.runtime = None;
@@ -449,6 +495,8 @@ pub async fn exec(
         timeout_ms: timeout as u64 * 1000,
         output_cap: Some(state.config.exec.output_cap_bytes),
     };
+    // A running command is activity for the idle timer for as long as it runs.
+    let _busy = state.activity.busy(&row.id);
     let (tx, mut rx) = mpsc::channel(64);
     let collect = async {
         let (mut out, mut err) = (Vec::new(), Vec::new());
@@ -499,28 +547,26 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
     let live = state.store.live_sandboxes().await?;
     let mut keep = std::collections::HashSet::new();
     for row in live {
-        match (state_of(&row), handle_of(&row)) {
+        let st = state_of(&row);
+        // Whatever happens below, a persistent sandbox past provisioning keeps its files.
+        if row.persistent && st != SandboxState::Provisioning {
+            keep.insert(row.id.clone());
+        }
+        match (st, handle_of(&row)) {
+            (SandboxState::Stopped, _) => {}
             (SandboxState::Provisioning, _) => {
-                mark_gone(
-                    state,
-                    &row.id,
-                    "the server stopped while the sandbox was being created",
-                )
-                .await;
+                let reason = "the server stopped while the sandbox was being created";
+                mark_gone(state, &row.id, reason).await;
             }
             (_, Some(h)) => match state.driver.probe(&h).await {
                 Probe::Alive => {
-                    tracing::info!(sandbox = row.id, "sandbox found running");
+                    tracing::info!(sandbox = row.id, state = row.state, "sandbox found again");
                     keep.insert(row.id.clone());
                 }
                 Probe::Gone(reason) => {
                     tracing::warn!(sandbox = row.id, "sandbox is gone: {reason}");
-                    mark_gone(
-                        state,
-                        &row.id,
-                        &format!("sandbox processes are gone: {reason}"),
-                    )
-                    .await;
+                    let reason = format!("sandbox processes are gone: {reason}");
+                    mark_gone(state, &row.id, &reason).await;
                 }
             },
             (_, None) => mark_gone(state, &row.id, "sandbox has no runtime record").await,

@@ -72,6 +72,11 @@ pub struct SandboxRow {
     pub state_reason: Option<String>,
     pub runtime: Option<String>,
     pub compute_rate: f64,
+    pub paused_ms: i64,
+    pub paused_since: Option<i64>,
+    pub last_activity_at: Option<i64>,
+    pub cpu_ns: i64,
+    pub memory_mib_ms: i64,
 }
 
 /// States that hold a slot of a workspace's plan cap.
@@ -266,10 +271,12 @@ impl Store {
 
     // -- sandboxes ------------------------------------------------------------------------------
 
-    const SANDBOX_COLS: &'static str = "seq, id, workspace_id, owner_id, template_id, state, size, cpu_count, \
-        memory_mb, disk_size_mb, ready, ready_at, timeout_sec, always_on, persistent, idle_timeout_sec, metadata, \
-        env, created_at, started_at, destroyed_at, total_runtime_sec, running_ms, running_since, timeout_at, \
-        state_reason, runtime, compute_rate";
+    const SANDBOX_COLS: &'static str =
+        "seq, id, workspace_id, owner_id, template_id, state, size, \
+        cpu_count, memory_mb, disk_size_mb, ready, ready_at, timeout_sec, always_on, persistent, \
+        idle_timeout_sec, metadata, env, created_at, started_at, destroyed_at, total_runtime_sec, \
+        running_ms, running_since, timeout_at, state_reason, runtime, compute_rate, paused_ms, \
+        paused_since, last_activity_at, cpu_ns, memory_mib_ms";
 
     /// Inserts a sandbox unless its workspace already holds `cap` sandboxes in a capped state.
     /// One statement, so concurrent creates can never overshoot the cap. Returns false at the cap.
@@ -345,12 +352,15 @@ impl Store {
         Ok(query.bind(f.limit as i64).fetch_all(&self.pool).await?)
     }
 
-    /// Writes every mutable column of a sandbox.
+    /// Writes the mutable columns of a sandbox, except the two that only grow and are written
+    /// on their own ([`Store::add_memory_usage`], [`Store::record_activity`]).
     pub async fn update_sandbox(&self, s: &SandboxRow) -> Result<()> {
         sqlx::query(
             "UPDATE sandboxes SET state = ?, ready = ?, ready_at = ?, timeout_sec = ?, always_on = ?, \
-             idle_timeout_sec = ?, metadata = ?, started_at = ?, destroyed_at = ?, total_runtime_sec = ?, \
-             running_ms = ?, running_since = ?, timeout_at = ?, state_reason = ?, runtime = ? WHERE id = ?",
+             idle_timeout_sec = ?, metadata = ?, started_at = ?, destroyed_at = ?, \
+             total_runtime_sec = ?, running_ms = ?, running_since = ?, timeout_at = ?, \
+             state_reason = ?, runtime = ?, paused_ms = ?, paused_since = ?, cpu_ns = ? \
+             WHERE id = ?",
         )
         .bind(&s.state)
         .bind(s.ready)
@@ -367,9 +377,60 @@ impl Store {
         .bind(s.timeout_at)
         .bind(&s.state_reason)
         .bind(&s.runtime)
+        .bind(s.paused_ms)
+        .bind(s.paused_since)
+        .bind(s.cpu_ns)
         .bind(&s.id)
         .execute(&self.pool)
         .await?;
+        Ok(())
+    }
+
+    /// Moves a sandbox that holds no slot (stopped) into a capped state, unless its workspace is
+    /// at `cap`. One statement, like [`Store::insert_sandbox_capped`]. False at the cap.
+    pub async fn claim_slot(&self, id: &str, state: &str, cap: u32) -> Result<bool> {
+        let q = format!(
+            "UPDATE sandboxes SET state = ? WHERE id = ? AND state NOT IN {CAPPED_STATES} AND \
+             (SELECT COUNT(*) FROM sandboxes s2 WHERE s2.workspace_id = sandboxes.workspace_id \
+              AND s2.state IN {CAPPED_STATES}) < ?"
+        );
+        let r = sqlx::query(&q)
+            .bind(state)
+            .bind(id)
+            .bind(cap as i64)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Adds integrated memory use (MiB x ms) to running sandboxes, in one transaction.
+    pub async fn add_memory_usage(&self, amounts: &[(String, i64)]) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        for (id, mib_ms) in amounts {
+            sqlx::query("UPDATE sandboxes SET memory_mib_ms = memory_mib_ms + ? WHERE id = ?")
+                .bind(mib_ms)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Records activity times; a time never moves backwards.
+    pub async fn record_activity(&self, times: &[(String, i64)]) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        for (id, at) in times {
+            sqlx::query(
+                "UPDATE sandboxes SET last_activity_at = MAX(COALESCE(last_activity_at, 0), ?) \
+                 WHERE id = ?",
+            )
+            .bind(at)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -417,6 +478,11 @@ mod tests {
             state_reason: None,
             runtime: None,
             compute_rate: 0.0,
+            paused_ms: 0,
+            paused_since: None,
+            last_activity_at: None,
+            cpu_ns: 0,
+            memory_mib_ms: 0,
         }
     }
 

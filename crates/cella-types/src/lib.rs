@@ -208,6 +208,7 @@ impl WorkspaceKind {
 
 /// Settings a workspace owner changes. Fields the server does not use yet are kept as given.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct WorkspaceSettings {
     #[serde(default)]
     pub tasks_enabled: bool,
@@ -255,7 +256,9 @@ fn default_kind() -> WorkspaceKind {
 pub struct UpdateWorkspace {
     pub name: Option<String>,
     pub plan: Option<Plan>,
-    pub settings: Option<WorkspaceSettings>,
+    /// Settings to change; the ones not named keep their values.
+    #[schema(value_type = Option<Object>)]
+    pub settings: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -470,7 +473,7 @@ pub enum ExecUser {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
-    /// A shell command line, run by `bash -c` (or `sh -c` where bash is absent).
+    /// A shell command line, run by `/bin/bash -c`.
     pub command: Option<String>,
     /// A program and its arguments, run without a shell.
     pub argv: Option<Vec<String>>,
@@ -501,4 +504,32 @@ pub struct ExecResult {
 pub struct Health {
     pub status: String,
     pub version: String,
+}
+
+/// `POST /api/v1/sandboxes/{id}/timeout`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetTimeout {
+    /// New active-session timeout, 1-86400; the timer restarts from now.
+    pub timeout_sec: u32,
+}
+
+/// `GET /api/v1/sandboxes/{id}/usage`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Usage {
+    pub sandbox_id: String,
+    pub state: SandboxState,
+    /// Seconds spent running (provisioning, paused and stopped time excluded).
+    pub running_sec: f64,
+    /// Seconds spent paused.
+    pub paused_sec: f64,
+    /// Billed seconds: running time, rounded up to whole seconds.
+    pub billed_sec: i64,
+    /// CPU time used by the sandbox's processes, across all its boots.
+    pub cpu_sec: f64,
+    /// Memory in use integrated over running time (MiB x seconds), sampled about every second.
+    pub memory_mib_sec: f64,
+    /// Memory in use now, when the sandbox has processes.
+    pub memory_mib_now: Option<f64>,
+    pub measured_at: String,
 }

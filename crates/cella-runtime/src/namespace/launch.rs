@@ -1,11 +1,11 @@
 //! The launcher: the short-lived process that turns into a sandbox.
 //!
 //! The server starts `cella __sandbox-init` with the launch configuration on its standard input
-//! (not in argv: a sandbox can read its PID 1's command line, which must name no host path). It is a fresh, single-threaded process, so forking is
-//! safe). It joins the sandbox's cgroup, unshares the namespaces, and forks: the child is PID 1 of
-//! the new PID namespace, builds the root, binds the agent's socket, pivots, and becomes the agent.
-//! The launcher prints the child's host pid as one JSON line and exits, so the sandbox is no
-//! child of the server and outlives it.
+//! (not in argv: a sandbox can read its PID 1's command line, which must name no host path). It
+//! is a fresh, single-threaded process, so forking is safe. It joins the sandbox's cgroup,
+//! unshares the namespaces, and forks: the child is PID 1 of the new PID namespace, builds the
+//! root, binds the agent's socket, pivots, and becomes the agent. The launcher prints the child's
+//! host pid as one JSON line and exits, so the sandbox is no child of the server and outlives it.
 
 use super::{mounts, LaunchConfig};
 use nix::sched::{unshare, CloneFlags};

@@ -13,7 +13,8 @@ pub use launch::launcher_main;
 use crate::cgroup::{self, Limits};
 use crate::rootfs::{self, Bind};
 use crate::{
-    Driver, DriverError, ExecEvent, ExecSpec, ExitInfo, Probe, SandboxHandle, SandboxSpec,
+    Driver, DriverError, ExecEvent, ExecSpec, ExitInfo, Probe, ResourceUsage, SandboxHandle,
+    SandboxSpec,
 };
 use async_trait::async_trait;
 use cella_agent::client::{AgentClient, ClientError};
@@ -164,7 +165,14 @@ impl NamespaceDriver {
         })
     }
 
-    fn remove(&self, id: &str, handle: Option<&SandboxHandle>) -> Result<(), DriverError> {
+    /// Ends the sandbox's processes and drops its cgroup and socket; with `keep_files`, its
+    /// writable layer stays for a later boot.
+    fn remove(
+        &self,
+        id: &str,
+        handle: Option<&SandboxHandle>,
+        keep_files: bool,
+    ) -> Result<(), DriverError> {
         if let Some(h) = handle {
             if process_start_time(h.pid) == Some(h.start_time) {
                 // PID 1 of a PID namespace takes every process of the namespace with it.
@@ -183,7 +191,12 @@ impl NamespaceDriver {
         res?;
         let _ = std::fs::remove_file(self.socket_path(id));
         let dir = self.sandbox_dir(id);
-        if dir.exists() {
+        if keep_files {
+            // The overlay's scratch space and mount point are remade at the next boot.
+            for d in ["work", "rootfs"] {
+                let _ = std::fs::remove_dir_all(dir.join(d));
+            }
+        } else if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
         }
         Ok(())
@@ -224,7 +237,8 @@ impl Driver for NamespaceDriver {
         let res = tokio::task::spawn_blocking(move || {
             let r = this.launch(&spec2);
             if r.is_err() {
-                let _ = this.remove(&spec2.id, None);
+                // A failed first boot leaves nothing; a failed reboot keeps the files.
+                let _ = this.remove(&spec2.id, None, true);
             }
             r
         })
@@ -253,7 +267,7 @@ impl Driver for NamespaceDriver {
                     kind: ErrorKind::BadCwd,
                     message,
                 } => DriverError::BadCwd(message),
-                ClientError::HungUp => DriverError::ClientGone,
+                ClientError::ConsumerGone => DriverError::ClientGone,
                 other => DriverError::Agent(other.to_string()),
             })
     }
@@ -262,6 +276,9 @@ impl Driver for NamespaceDriver {
         match process_start_time(handle.pid) {
             Some(t) if t == handle.start_time => {}
             _ => return Probe::Gone("the sandbox's init process is gone".into()),
+        }
+        if cgroup::is_frozen(&handle.cgroup) {
+            return Probe::Alive; // a frozen agent cannot answer, and must not be woken to
         }
         match AgentClient::new(&handle.socket)
             .ping(Duration::from_secs(3))
@@ -275,9 +292,39 @@ impl Driver for NamespaceDriver {
     async fn destroy(&self, id: &str, handle: Option<&SandboxHandle>) -> Result<(), DriverError> {
         let this = self.clone();
         let (id, handle) = (id.to_string(), handle.cloned());
-        tokio::task::spawn_blocking(move || this.remove(&id, handle.as_ref()))
+        tokio::task::spawn_blocking(move || this.remove(&id, handle.as_ref(), false))
             .await
             .map_err(|e| DriverError::Launch(e.to_string()))?
+    }
+
+    async fn stop(&self, id: &str, handle: Option<&SandboxHandle>) -> Result<(), DriverError> {
+        let this = self.clone();
+        let (id, handle) = (id.to_string(), handle.cloned());
+        tokio::task::spawn_blocking(move || this.remove(&id, handle.as_ref(), true))
+            .await
+            .map_err(|e| DriverError::Launch(e.to_string()))?
+    }
+
+    async fn pause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
+        let cg = handle.cgroup.clone();
+        tokio::task::spawn_blocking(move || cgroup::freeze(&cg))
+            .await
+            .map_err(|e| DriverError::Cgroup(e.to_string()))?
+    }
+
+    async fn unpause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
+        cgroup::thaw(&handle.cgroup)
+    }
+
+    fn usage(&self, handle: &SandboxHandle) -> Option<ResourceUsage> {
+        if !cgroup::exists(&handle.cgroup) {
+            return None;
+        }
+        let (cpu_ns, memory_bytes) = cgroup::usage(&handle.cgroup);
+        Some(ResourceUsage {
+            cpu_ns,
+            memory_bytes,
+        })
     }
 
     fn leftovers(&self) -> Vec<String> {

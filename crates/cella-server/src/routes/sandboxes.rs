@@ -1,6 +1,7 @@
 use crate::auth::Auth;
 use crate::error::ApiError;
-use crate::extract::{cursor_for, ApiJson, Page, QueryPairs};
+use crate::extract::{cursor_for, ApiBody, Page, QueryPairs};
+use crate::lifecycle;
 use crate::sandboxes as svc;
 use crate::AppState;
 use axum::extract::{Path, State};
@@ -8,7 +9,8 @@ use axum::http::StatusCode;
 use axum::Json;
 use cella_store::{SandboxFilter, SandboxRow};
 use cella_types::{
-    CreateSandbox, Data, ExecRequest, ExecResult, List, Sandbox, SandboxState, Scope,
+    CreateSandbox, Data, ExecRequest, ExecResult, List, Sandbox, SandboxState, Scope, SetTimeout,
+    Usage,
 };
 use std::sync::Arc;
 
@@ -20,6 +22,7 @@ async fn find(state: &AppState, auth: &Auth, id: &str) -> Result<SandboxRow, Api
         .await?
         .filter(|r| r.workspace_id == auth.workspace_id)
         .ok_or_else(|| ApiError::not_found("sandbox"))
+        .inspect(|r| state.activity.touch(&r.id))
 }
 
 /// Create a sandbox. Scope `sandboxes:write`. 201 once running (`wait`, the default), else 202.
@@ -31,9 +34,10 @@ async fn find(state: &AppState, auth: &Auth, id: &str) -> Result<SandboxRow, Api
 pub async fn create(
     State(state): State<Arc<AppState>>,
     auth: Auth,
-    ApiJson(req): ApiJson<CreateSandbox>,
+    body: ApiBody,
 ) -> Result<(StatusCode, Json<Data<Sandbox>>), ApiError> {
     auth.require(Scope::SandboxesWrite)?;
+    let req: CreateSandbox = body.json()?;
     let wait = req.wait.unwrap_or(true);
     let sb = svc::create(&state, &auth, req).await?;
     let status = if wait {
@@ -113,7 +117,7 @@ pub async fn destroy(
     auth.require(Scope::SandboxesWrite)?;
     find(&state, &auth, &id).await?;
     Ok(Json(Data {
-        data: svc::destroy(&state, &id).await?,
+        data: svc::destroy(&state, &id, None).await?,
     }))
 }
 
@@ -126,11 +130,99 @@ pub async fn exec(
     State(state): State<Arc<AppState>>,
     auth: Auth,
     Path(id): Path<String>,
-    ApiJson(req): ApiJson<ExecRequest>,
+    body: ApiBody,
 ) -> Result<Json<Data<ExecResult>>, ApiError> {
     auth.require(Scope::SandboxesExec)?;
+    let req: ExecRequest = body.json()?;
     let row = find(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: svc::exec(&state, &row, req).await?,
+    }))
+}
+
+/// Freeze every process of a running sandbox; memory is kept. Scope `sandboxes:write`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/pause", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = String, Path)),
+    responses((status = 200, body = Data<Sandbox>), (status = 404, body = cella_types::ErrorBody),
+              (status = 409, body = cella_types::ErrorBody, description = "not running")))]
+pub async fn pause(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Data<Sandbox>>, ApiError> {
+    auth.require(Scope::SandboxesWrite)?;
+    find(&state, &auth, &id).await?;
+    Ok(Json(Data {
+        data: lifecycle::pause(&state, &id, None).await?,
+    }))
+}
+
+/// Thaw a paused sandbox, or boot a stopped one again on its kept files. Scope `sandboxes:write`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/resume", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = String, Path)),
+    responses((status = 200, body = Data<Sandbox>), (status = 404, body = cella_types::ErrorBody),
+              (status = 409, body = cella_types::ErrorBody, description = "neither paused nor stopped"),
+              (status = 429, body = cella_types::ErrorBody, description = "resuming a stopped sandbox would pass the plan cap")))]
+pub async fn resume(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Data<Sandbox>>, ApiError> {
+    auth.require(Scope::SandboxesWrite)?;
+    find(&state, &auth, &id).await?;
+    Ok(Json(Data {
+        data: lifecycle::resume(&state, &id).await?,
+    }))
+}
+
+/// End every process of a persistent sandbox and keep its files. Scope `sandboxes:write`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/stop", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = String, Path)),
+    responses((status = 200, body = Data<Sandbox>), (status = 404, body = cella_types::ErrorBody),
+              (status = 409, body = cella_types::ErrorBody, description = "neither running nor paused, or not persistent")))]
+pub async fn stop(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Data<Sandbox>>, ApiError> {
+    auth.require(Scope::SandboxesWrite)?;
+    find(&state, &auth, &id).await?;
+    Ok(Json(Data {
+        data: lifecycle::stop(&state, &id).await?,
+    }))
+}
+
+/// Set the active-session timeout and restart its timer. Scope `sandboxes:write`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/timeout", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = String, Path)), request_body = SetTimeout,
+    responses((status = 200, body = Data<Sandbox>), (status = 400, body = cella_types::ErrorBody),
+              (status = 404, body = cella_types::ErrorBody), (status = 409, body = cella_types::ErrorBody)))]
+pub async fn set_timeout(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: ApiBody,
+) -> Result<Json<Data<Sandbox>>, ApiError> {
+    auth.require(Scope::SandboxesWrite)?;
+    let req: SetTimeout = body.json()?;
+    find(&state, &auth, &id).await?;
+    Ok(Json(Data {
+        data: lifecycle::set_timeout(&state, &id, req.timeout_sec).await?,
+    }))
+}
+
+/// Running, paused and billed seconds, CPU seconds and memory MiB-seconds. Scope `sandboxes:read`.
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/usage", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = String, Path)),
+    responses((status = 200, body = Data<Usage>), (status = 404, body = cella_types::ErrorBody)))]
+pub async fn usage(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Data<Usage>>, ApiError> {
+    auth.require(Scope::SandboxesRead)?;
+    let row = find(&state, &auth, &id).await?;
+    Ok(Json(Data {
+        data: lifecycle::usage(&state, &row),
     }))
 }

@@ -1,6 +1,6 @@
 use crate::auth::Auth;
 use crate::error::ApiError;
-use crate::extract::{cursor_for, reject_unknown, ApiJson, Page, QueryPairs};
+use crate::extract::{cursor_for, reject_unknown, ApiBody, Page, QueryPairs};
 use crate::util::{new_id, now_ms, rfc3339};
 use crate::AppState;
 use axum::extract::{Path, State};
@@ -55,9 +55,10 @@ pub fn new_row(name: &str, plan: Plan, kind: WorkspaceKind) -> WorkspaceRow {
 pub async fn create(
     State(state): State<Arc<AppState>>,
     auth: Auth,
-    ApiJson(req): ApiJson<CreateWorkspace>,
+    body: ApiBody,
 ) -> Result<(StatusCode, Json<Data<Workspace>>), ApiError> {
     auth.require(Scope::Admin)?;
+    let req: CreateWorkspace = body.json()?;
     check_name(&req.name)?;
     let row = new_row(&req.name, req.plan, req.kind);
     state.store.insert_workspace(&row).await?;
@@ -122,9 +123,10 @@ pub async fn update(
     State(state): State<Arc<AppState>>,
     auth: Auth,
     Path(id): Path<String>,
-    ApiJson(req): ApiJson<UpdateWorkspace>,
+    body: ApiBody,
 ) -> Result<Json<Data<Workspace>>, ApiError> {
     auth.require(Scope::Admin)?;
+    let req: UpdateWorkspace = body.json()?;
     let mut row = find(&state, &auth, &id).await?;
     if let Some(name) = req.name {
         check_name(&name)?;
@@ -133,7 +135,21 @@ pub async fn update(
     if let Some(plan) = req.plan {
         row.plan = plan.as_str().into();
     }
-    if let Some(settings) = req.settings {
+    if let Some(changes) = req.settings {
+        let mut merged = serde_json::from_str::<serde_json::Value>(&row.settings)
+            .ok()
+            .and_then(|v| v.as_object().cloned())
+            .unwrap_or_default();
+        merged.extend(changes);
+        let settings: WorkspaceSettings = crate::extract::parse_json(
+            &serde_json::to_vec(&merged).map_err(|_| ApiError::internal())?,
+        )
+        .map_err(|mut e| {
+            if let Some(f) = e.details.as_mut().and_then(|d| d.get_mut("field")) {
+                *f = serde_json::Value::String(format!("settings.{}", f.as_str().unwrap_or("")));
+            }
+            e
+        })?;
         if settings.compute_rate < 0.0 || !settings.compute_rate.is_finite() {
             return Err(ApiError::invalid(
                 "settings.compute_rate",

@@ -1,0 +1,140 @@
+//! The `cella` CLI against a real server, and the README's curl session as written.
+
+mod common;
+use common::{bin, Server, KEY};
+use std::process::{Command, Output};
+
+fn cella(s: &Server, args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .env("CELLA_SERVER", &s.url)
+        .env("CELLA_API_KEY", KEY)
+        .env("HOME", s.dir.path()) // no fallback to a real bootstrap key
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn cli_creates_runs_lists_and_destroys() {
+    let s = Server::start();
+    let t = cella(&s, &["templates"]);
+    assert!(t.status.success());
+    assert!(
+        text(&t).contains("base") && text(&t).contains("fast_ready"),
+        "{}",
+        text(&t)
+    );
+
+    let c = cella(
+        &s,
+        &[
+            "sandbox", "create", "--size", "xs", "-m", "who=cli", "--json",
+        ],
+    );
+    assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
+    let sb: serde_json::Value = serde_json::from_slice(&c.stdout).unwrap();
+    assert_eq!(sb["state"], "running");
+    assert_eq!(sb["metadata"]["who"], "cli");
+    let id = sb["id"].as_str().unwrap();
+
+    // Output and exit code pass straight through.
+    let e = cella(
+        &s,
+        &[
+            "sandbox",
+            "exec",
+            id,
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; exit 7",
+        ],
+    );
+    assert_eq!(e.status.code(), Some(7));
+    assert_eq!(text(&e), "out\n");
+    assert_eq!(String::from_utf8_lossy(&e.stderr), "err\n");
+    let sh = cella(&s, &["sandbox", "exec", id, "-c", "echo $HOME; whoami"]);
+    assert!(sh.status.success());
+    assert_eq!(text(&sh), "/home/user\nuser\n");
+    let root = cella(&s, &["sandbox", "exec", "--root", id, "--", "id", "-u"]);
+    assert_eq!(text(&root), "0\n");
+    let ej = cella(&s, &["sandbox", "exec", "--json", id, "--", "true"]);
+    let ej: serde_json::Value = serde_json::from_slice(&ej.stdout).unwrap();
+    assert_eq!(ej["exit_code"], 0);
+
+    let l = cella(&s, &["sandbox", "list"]);
+    assert!(text(&l).contains(id) && text(&l).contains("running"));
+    let g = cella(&s, &["sandbox", "get", id]);
+    assert!(
+        text(&g).contains("sandbox/") || text(&g).contains("xs"),
+        "{}",
+        text(&g)
+    );
+    let d = cella(&s, &["sandbox", "destroy", id]);
+    assert!(d.status.success());
+    let g = cella(&s, &["sandbox", "get", id, "--json"]);
+    let g: serde_json::Value = serde_json::from_slice(&g.stdout).unwrap();
+    assert_eq!(g["state"], "destroyed");
+
+    // Errors name the code and fail the command.
+    let missing = cella(&s, &["sandbox", "get", "sbnope"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("NOT_FOUND"));
+    let bad_key = Command::new(bin())
+        .args(["sandbox", "list"])
+        .env("CELLA_SERVER", &s.url)
+        .env("CELLA_API_KEY", "nope")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&bad_key.stderr).contains("UNAUTHORIZED"));
+    let down = Command::new(bin())
+        .args(["sandbox", "list"])
+        .env("CELLA_SERVER", "http://127.0.0.1:9")
+        .env("CELLA_API_KEY", KEY)
+        .output()
+        .unwrap();
+    assert!(!down.status.success());
+    assert!(String::from_utf8_lossy(&down.stderr).contains("cannot reach"));
+}
+
+#[test]
+fn the_readme_curl_session_runs_as_written() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let start = readme
+        .find("<!-- readme-session:start -->")
+        .expect("README has the session start marker");
+    let end = readme
+        .find("<!-- readme-session:end -->")
+        .expect("README has the session end marker");
+    let block = &readme[start..end];
+    let script: String = block
+        .lines()
+        .skip_while(|l| !l.starts_with("```"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("```"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(script.contains("curl"), "no session found");
+    let s = Server::start();
+    let script = script.replace("http://127.0.0.1:7070", &s.url);
+    let out = Command::new("bash")
+        .args(["-c", &format!("set -euo pipefail\n{script}")])
+        .env("CELLA_API_KEY", KEY)
+        .output()
+        .unwrap();
+    let stdout = text(&out);
+    assert!(
+        out.status.success(),
+        "README session failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("hello from sb"), "{stdout}");
+    // The session cleans up after itself.
+    let left = s.get("/api/v1/sandboxes?state=running");
+    assert!(left.data().as_array().unwrap().is_empty(), "{}", left.body);
+}

@@ -1,0 +1,350 @@
+//! The test harness: starts the real `cella` binary as a server on a free port with a fresh data
+//! directory, talks to it over HTTP, and afterwards clears every sandbox it left on the host.
+#![allow(dead_code)]
+
+use reqwest::blocking::Client;
+use reqwest::header::HeaderMap;
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const KEY: &str = "cella_test_admin_key_0123456789";
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cella")
+}
+
+pub struct R {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl R {
+    pub fn data(&self) -> &Value {
+        &self.body["data"]
+    }
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("")
+    }
+    /// Asserts the exact error envelope, its status and code, and an `x-request-id`.
+    pub fn assert_error(&self, status: u16, code: &str) {
+        assert_eq!(self.status, status, "body: {}", self.body);
+        let obj = self.body.as_object().expect("error body is an object");
+        assert_eq!(
+            obj.keys().collect::<Vec<_>>(),
+            vec!["error"],
+            "body: {}",
+            self.body
+        );
+        let err = self.body["error"].as_object().expect("error object");
+        let mut keys: Vec<&String> = err.keys().collect();
+        keys.sort();
+        assert_eq!(keys, vec!["code", "details", "message"]);
+        assert_eq!(self.code(), code, "body: {}", self.body);
+        assert!(!err["message"].as_str().unwrap_or("").is_empty());
+        assert!(err["details"].is_null() || err["details"].is_object());
+        assert!(self.headers.contains_key("x-request-id"));
+    }
+}
+
+pub struct Server {
+    child: Option<Child>,
+    pub url: String,
+    pub port: u16,
+    pub dir: tempfile::TempDir,
+    http: Client,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Server {
+    pub fn start() -> Server {
+        Server::start_with("")
+    }
+
+    /// Starts a server whose config file holds `config` (TOML).
+    pub fn start_with(config: &str) -> Server {
+        let dir = tempfile::Builder::new()
+            .prefix("cella-test-")
+            .tempdir()
+            .unwrap();
+        std::fs::write(dir.path().join("config.toml"), config).unwrap();
+        let port = free_port();
+        let mut s = Server {
+            child: None,
+            url: format!("http://127.0.0.1:{port}"),
+            port,
+            dir,
+            http: Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()
+                .unwrap(),
+        };
+        s.spawn();
+        s
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("server.log"))
+            .unwrap();
+        let child = Command::new(bin())
+            .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .arg("--config")
+            .arg(self.dir.path().join("config.toml"))
+            .env("CELLA_BOOTSTRAP_KEY", KEY)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = self.http.get(format!("{}/healthz", self.url)).send() {
+                if r.status().as_u16() == 200 {
+                    return;
+                }
+            }
+            if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("server exited with {st}: {}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server did not become healthy: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    pub fn server_pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// `kill -9` of the server process.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    pub fn req(&self, method: &str, path: &str, key: Option<&str>, body: Option<&Value>) -> R {
+        self.raw(
+            method,
+            path,
+            key,
+            body.map(|b| b.to_string().into_bytes()),
+            &[],
+        )
+    }
+
+    pub fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Vec<u8>>,
+        headers: &[(&str, &str)],
+    ) -> R {
+        let mut rb = self.http.request(
+            Method::from_bytes(method.as_bytes()).unwrap(),
+            format!("{}{}", self.url, path),
+        );
+        if let Some(k) = key {
+            rb = rb.bearer_auth(k);
+        }
+        if let Some(b) = body {
+            rb = rb.header("content-type", "application/json").body(b);
+        }
+        for (k, v) in headers {
+            rb = rb.header(*k, *v);
+        }
+        let res = rb.send().unwrap();
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        let text = res.text().unwrap();
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        R {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub fn get(&self, path: &str) -> R {
+        self.req("GET", path, Some(KEY), None)
+    }
+    pub fn post(&self, path: &str, body: Value) -> R {
+        self.req("POST", path, Some(KEY), Some(&body))
+    }
+    pub fn delete(&self, path: &str) -> R {
+        self.req("DELETE", path, Some(KEY), None)
+    }
+
+    /// Creates a sandbox (waiting for it) and returns its id.
+    pub fn create(&self, body: Value) -> String {
+        self.create_as(KEY, body)
+    }
+
+    pub fn create_as(&self, key: &str, body: Value) -> String {
+        let r = self.req("POST", "/api/v1/sandboxes", Some(key), Some(&body));
+        assert_eq!(r.status, 201, "create failed: {}\n{}", r.body, self.log());
+        assert_eq!(r.data()["state"], "running");
+        r.data()["id"].as_str().unwrap().to_string()
+    }
+
+    /// Runs a shell command line in a sandbox; returns the exec result.
+    pub fn sh(&self, id: &str, command: &str) -> Value {
+        self.exec(id, json!({ "command": command }))
+    }
+
+    pub fn exec(&self, id: &str, body: Value) -> Value {
+        let r = self.post(&format!("/api/v1/sandboxes/{id}/exec"), body);
+        assert_eq!(r.status, 200, "exec failed: {}", r.body);
+        r.data().clone()
+    }
+
+    /// Makes a workspace and a key with these scopes in it; returns (workspace id, key).
+    pub fn workspace_key(&self, plan: &str, scopes: &[&str]) -> (String, String) {
+        let ws = self.post(
+            "/api/v1/workspaces",
+            json!({ "name": "t", "plan": plan, "kind": "organization" }),
+        );
+        assert_eq!(ws.status, 201, "{}", ws.body);
+        let ws_id = ws.data()["id"].as_str().unwrap().to_string();
+        let k = self.post(
+            "/api/v1/api-keys",
+            json!({ "workspace_id": ws_id, "name": "k", "scopes": scopes }),
+        );
+        assert_eq!(k.status, 201, "{}", k.body);
+        (ws_id, k.data()["key"].as_str().unwrap().to_string())
+    }
+}
+
+/// Cgroup directories of a sandbox, in every mounted hierarchy.
+pub fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let roots: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    for root in roots.into_iter().chain([PathBuf::from("/sys/fs/cgroup")]) {
+        let cella = root.join("cella");
+        if let Ok(instances) = std::fs::read_dir(&cella) {
+            for inst in instances.flatten() {
+                let p = inst.path().join(id);
+                if p.is_dir() {
+                    out.push(p);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Host pids of every process of a sandbox.
+pub fn sandbox_pids(id: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for d in cgroup_dirs(id) {
+        if let Ok(t) = std::fs::read_to_string(d.join("cgroup.procs")) {
+            pids.extend(t.lines().filter_map(|l| l.parse::<i32>().ok()));
+        }
+    }
+    pids.sort();
+    pids.dedup();
+    pids
+}
+
+/// Namespace links (`mnt:[...]`, `net:[...]`, ...) of a process.
+pub fn namespaces(pid: i32) -> Vec<String> {
+    ["mnt", "net", "pid", "uts", "ipc", "cgroup"]
+        .iter()
+        .filter_map(|ns| std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok())
+        .map(|p| p.display().to_string())
+        .collect()
+}
+
+/// Every namespace link in use by any process on the host.
+pub fn namespaces_in_use() -> std::collections::HashSet<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+        .flat_map(namespaces)
+        .collect()
+}
+
+/// Kills what a test's server left running and removes its cgroups (sandboxes outlive their
+/// server by design, so a test must clear them itself).
+fn janitor(data: &Path) {
+    let ids: Vec<String> = std::fs::read_dir(data.join("sandboxes"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    for id in ids {
+        for _ in 0..100 {
+            let pids = sandbox_pids(&id);
+            if pids.is_empty() {
+                break;
+            }
+            for p in pids {
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for d in cgroup_dirs(&id) {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+    // The server's own cgroup parent, `cella/<instance>`, in every hierarchy.
+    if let Ok(instance) = std::fs::read_to_string(data.join("instance-id")) {
+        let roots = std::fs::read_dir("/sys/fs/cgroup")
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_else(|_| Vec::new());
+        for root in roots.into_iter().chain([PathBuf::from("/sys/fs/cgroup")]) {
+            let _ = std::fs::remove_dir(root.join("cella").join(instance.trim()));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+        janitor(&self.data_dir());
+    }
+}

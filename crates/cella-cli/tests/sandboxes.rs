@@ -1,0 +1,491 @@
+//! Real sandboxes end to end: lifecycle, exec semantics, isolation, limits, and cleanup.
+
+mod common;
+use common::{cgroup_dirs, namespaces, namespaces_in_use, sandbox_pids, Server};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+const SEED_FIELDS: [&str; 23] = [
+    "id",
+    "tenant_id",
+    "owner_id",
+    "template_id",
+    "state",
+    "size",
+    "resource_contract",
+    "cpu_count",
+    "memory_mb",
+    "disk_size_mb",
+    "ready",
+    "ready_at",
+    "preview_url",
+    "timeout_sec",
+    "timeout_remaining_ms",
+    "always_on",
+    "persistent",
+    "idle_timeout_sec",
+    "total_runtime_sec",
+    "metadata",
+    "created_at",
+    "started_at",
+    "destroyed_at",
+];
+
+#[test]
+fn create_exec_destroy_with_the_full_sandbox_object() {
+    let s = Server::start();
+    let r = s.post(
+        "/api/v1/sandboxes",
+        json!({ "metadata": { "job": "t1" }, "timeout_sec": 600 }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let sb = r.data().clone();
+    for f in SEED_FIELDS {
+        assert!(sb.get(f).is_some(), "field {f} missing");
+    }
+    assert_eq!(sb["state"], "running");
+    assert_eq!(sb["ready"], true);
+    assert_eq!(sb["template_id"], "base");
+    assert_eq!(sb["size"], "small");
+    assert_eq!(
+        (
+            sb["cpu_count"].as_u64(),
+            sb["memory_mb"].as_u64(),
+            sb["disk_size_mb"].as_u64()
+        ),
+        (Some(2), Some(4096), Some(10240))
+    );
+    assert_eq!(sb["resource_contract"]["contract_id"], "sandbox/small@v1");
+    assert_eq!(sb["metadata"], json!({ "job": "t1" }));
+    assert_eq!(sb["persistent"], true);
+    assert_eq!(sb["always_on"], false);
+    assert_eq!(sb["timeout_sec"], 600);
+    // The default workspace was made today: the 30-minute idle default applies.
+    assert_eq!(sb["idle_timeout_sec"], 1800);
+    let remaining = sb["timeout_remaining_ms"].as_i64().unwrap();
+    assert!(remaining > 590_000 && remaining <= 600_000);
+    assert!(sb["total_runtime_sec"].is_null() && sb["destroyed_at"].is_null());
+    assert!(sb["ready_at"].is_string() && sb["started_at"].is_string());
+    assert!(sb["created_at"].as_str().unwrap().ends_with('Z'));
+    let id = sb["id"].as_str().unwrap();
+    assert!(id.len() <= 40 && id.chars().next().unwrap().is_ascii_lowercase());
+    assert!(id
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
+
+    let out = s.sh(id, "echo hello");
+    assert_eq!(out["exit_code"], 0);
+    assert_eq!(out["stdout"], "hello\n");
+    assert_eq!(out["stderr"], "");
+    assert_eq!(out["timed_out"], false);
+    assert!(out["duration_ms"].is_u64());
+
+    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(got.data()["id"], id);
+    std::thread::sleep(Duration::from_millis(1100));
+    let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(d.status, 200);
+    assert_eq!(d.data()["state"], "destroyed");
+    assert!(d.data()["destroyed_at"].is_string());
+    assert!(d.data()["total_runtime_sec"].as_i64().unwrap() >= 1);
+    assert!(d.data()["timeout_remaining_ms"].is_null());
+    // Idempotent, and still readable.
+    let again = s.delete(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(again.status, 200);
+    assert_eq!(again.data()["destroyed_at"], d.data()["destroyed_at"]);
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{id}")).data()["state"],
+        "destroyed"
+    );
+    let e = s.post(
+        &format!("/api/v1/sandboxes/{id}/exec"),
+        json!({ "command": "true" }),
+    );
+    e.assert_error(409, "SANDBOX_NOT_RUNNING");
+}
+
+#[test]
+fn wait_false_answers_provisioning_then_runs() {
+    let s = Server::start();
+    let r = s.post("/api/v1/sandboxes", json!({ "size": "xs", "wait": false }));
+    assert_eq!(r.status, 202);
+    assert_eq!(r.data()["state"], "provisioning");
+    assert_eq!(r.data()["ready"], false);
+    assert!(
+        r.data()["timeout_remaining_ms"].is_null(),
+        "null before start"
+    );
+    let id = r.data()["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let g = s.get(&format!("/api/v1/sandboxes/{id}"));
+        if g.data()["state"] == "running" {
+            assert_eq!(g.data()["ready"], true);
+            break;
+        }
+        assert_eq!(g.data()["state"], "provisioning");
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(s.sh(&id, "echo up")["stdout"], "up\n");
+}
+
+#[test]
+fn exec_takes_argv_stdin_env_cwd_user_and_passes_exit_codes() {
+    let s = Server::start();
+    let id =
+        s.create(json!({ "size": "xs", "env": { "FROM_CREATE": "c1", "SHADOWED": "create" } }));
+    let r = s.exec(&id, json!({ "argv": ["printf", "%s-%s", "a b", "c"] }));
+    assert_eq!(r["stdout"], "a b-c");
+    assert_eq!(
+        s.exec(&id, json!({ "command": "cat", "stdin": "from stdin\n" }))["stdout"],
+        "from stdin\n"
+    );
+    let env = s.exec(&id, json!({ "command": "echo $FROM_CREATE $SHADOWED $HOME $USER", "env": { "SHADOWED": "request" } }));
+    assert_eq!(env["stdout"], "c1 request /home/user user\n");
+    assert_eq!(
+        s.exec(&id, json!({ "command": "pwd" }))["stdout"],
+        "/home/user\n"
+    );
+    assert_eq!(
+        s.exec(&id, json!({ "command": "pwd", "cwd": "/tmp" }))["stdout"],
+        "/tmp\n"
+    );
+    assert_eq!(
+        s.exec(&id, json!({ "command": "id -u" }))["stdout"],
+        "1000\n"
+    );
+    let root = s.exec(
+        &id,
+        json!({ "command": "id -u; echo $HOME; pwd", "user": "root" }),
+    );
+    assert_eq!(root["stdout"], "0\n/root\n/root\n");
+    let code = s.exec(&id, json!({ "command": "echo out; echo err >&2; exit 3" }));
+    assert_eq!(
+        (
+            code["exit_code"].as_i64(),
+            code["stdout"].as_str(),
+            code["stderr"].as_str()
+        ),
+        (Some(3), Some("out\n"), Some("err\n"))
+    );
+    let missing = s.exec(&id, json!({ "argv": ["no-such-program"] }));
+    assert_eq!(missing["exit_code"], 127);
+    assert!(missing["stderr"]
+        .as_str()
+        .unwrap()
+        .contains("no-such-program"));
+    // The unprivileged user cannot write where root owns.
+    assert_ne!(s.sh(&id, "touch /etc/x")["exit_code"], 0);
+    // /usr is the host's, read-only even for root.
+    let ro = s.exec(
+        &id,
+        json!({ "command": "touch /usr/bin/evil", "user": "root" }),
+    );
+    assert_ne!(ro["exit_code"], 0);
+    assert!(ro["stderr"].as_str().unwrap().contains("Read-only"));
+
+    let p = format!("/api/v1/sandboxes/{id}/exec");
+    let bad_cwd = s.post(&p, json!({ "command": "pwd", "cwd": "/does/not/exist" }));
+    bad_cwd.assert_error(400, "INVALID_REQUEST");
+    assert_eq!(bad_cwd.body["error"]["details"]["field"], "cwd");
+    s.post(&p, json!({ "command": "pwd", "cwd": "relative" }))
+        .assert_error(400, "INVALID_REQUEST");
+    s.post(&p, json!({})).assert_error(400, "INVALID_REQUEST");
+    s.post(&p, json!({ "command": "x", "argv": ["x"] }))
+        .assert_error(400, "INVALID_REQUEST");
+    s.post(&p, json!({ "argv": [] }))
+        .assert_error(400, "INVALID_REQUEST");
+    s.post(&p, json!({ "command": "true", "timeout_sec": 0 }))
+        .assert_error(400, "INVALID_REQUEST");
+    s.post(&p, json!({ "command": "true", "user": "admin" }))
+        .assert_error(400, "INVALID_REQUEST");
+}
+
+#[test]
+fn a_timed_out_command_and_its_children_are_killed() {
+    let s = Server::start();
+    let id = s.create(json!({ "size": "xs" }));
+    let started = Instant::now();
+    let r = s.exec(&id, json!({ "command": "sleep 300 & setsid sleep 301 & echo started; sleep 302", "timeout_sec": 1 }));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(r["timed_out"], true);
+    assert_eq!(r["exit_code"], 137);
+    assert_eq!(r["stdout"], "started\n");
+    std::thread::sleep(Duration::from_millis(200));
+    let ps = s.sh(&id, "ps -eo args | grep -c '^sleep 30' || true");
+    assert_eq!(ps["stdout"], "0\n", "children survived the timeout");
+}
+
+#[test]
+fn output_past_the_cap_is_cut_and_flagged() {
+    let s = Server::start_with("[exec]\noutput_cap_bytes = 1000\n");
+    let id = s.create(json!({ "size": "xs" }));
+    let r = s.sh(&id, "head -c 5000 /dev/zero | tr '\\0' a; echo tail >&2");
+    assert_eq!(r["stdout"].as_str().unwrap().len(), 1000);
+    assert_eq!(r["stdout_truncated"], true);
+    assert_eq!(r["stderr"], "tail\n");
+    assert_eq!(r["stderr_truncated"], false);
+    assert_eq!(r["exit_code"], 0);
+}
+
+#[test]
+fn files_persist_across_execs_but_not_across_sandboxes() {
+    let s = Server::start();
+    let a = s.create(json!({ "size": "xs" }));
+    let b = s.create(json!({ "size": "xs" }));
+    assert_eq!(
+        s.sh(
+            &a,
+            "echo secret-a > /home/user/note && echo marker-a-77 > /tmp/marker-a-77"
+        )["exit_code"],
+        0
+    );
+    assert_eq!(s.sh(&a, "cat /home/user/note")["stdout"], "secret-a\n");
+    let other = s.sh(
+        &b,
+        "cat /home/user/note; find / -xdev -name 'marker-a-77' 2>/dev/null",
+    );
+    assert_ne!(other["exit_code"], 0);
+    assert_eq!(other["stdout"], "");
+}
+
+#[test]
+fn the_host_is_not_visible_inside() {
+    let s = Server::start();
+    let id = s.create(json!({ "size": "xs" }));
+    let data = s.data_dir().display().to_string();
+    let checks = format!(
+        "test -e /etc/shadow && echo shadow; ls -A /root; ls -A /home; test -e '{data}' && echo datadir; \
+         find / -xdev -name cella.db 2>/dev/null; hostname; cat /etc/hostname"
+    );
+    let r = s.exec(&id, json!({ "command": checks, "user": "root" }));
+    assert_eq!(
+        r["stdout"],
+        format!("user\n{id}\n{id}\n"),
+        "stderr: {}",
+        r["stderr"]
+    );
+    let host_name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_ne!(host_name.trim(), id);
+    // Its own PID namespace: a handful of processes, PID 1 is the sandbox's init, no server.
+    let ps = s.exec(&id, json!({ "command": "ls /proc | grep -E '^[0-9]+$' | wc -l; cat /proc/1/cmdline | tr '\\0' ' '", "user": "root" }));
+    let out = ps["stdout"].as_str().unwrap();
+    let count: u32 = out.lines().next().unwrap().trim().parse().unwrap();
+    assert!(count < 8, "sees {count} processes: {out}");
+    assert!(!out.contains("serve") && !out.contains(&data), "{out}");
+    assert!(!s.sh(
+        &id,
+        &format!("cat /proc/{}/cmdline 2>/dev/null", s.server_pid())
+    )["stdout"]
+        .as_str()
+        .unwrap()
+        .contains("serve"));
+    // Its own network namespace: only loopback.
+    let net = s.sh(&id, "ls /sys/class/net");
+    assert_eq!(net["stdout"], "lo\n");
+}
+
+#[test]
+fn a_memory_hog_is_killed_inside_and_only_there() {
+    let s = Server::start();
+    let id = s.create(json!({ "size": "xs" }));
+    let neighbour = s.create(json!({ "size": "xs" }));
+    // xs has 1024 MiB; this wants 1500 MiB of touched memory.
+    let hog = s.sh(
+        &id,
+        "python3 -c \"x = 'a' * (1500 * 1024 * 1024); print(len(x))\"",
+    );
+    assert_eq!(hog["exit_code"], 137, "{hog}");
+    assert_eq!(hog["stdout"], "");
+    // The sandbox itself, its neighbour and the server carry on.
+    assert_eq!(s.sh(&id, "echo alive")["stdout"], "alive\n");
+    assert_eq!(s.sh(&neighbour, "echo fine")["stdout"], "fine\n");
+    assert_eq!(s.req("GET", "/healthz", None, None).status, 200);
+}
+
+#[test]
+fn destroy_leaves_nothing_on_the_host() {
+    let s = Server::start();
+    let id = s.create(json!({ "size": "xs" }));
+    s.sh(&id, "sleep 1000 >/dev/null 2>&1 & echo x > /tmp/f");
+    let pids = sandbox_pids(&id);
+    assert!(pids.len() >= 2, "init and the sleeper: {pids:?}");
+    let ns = namespaces(pids[0]);
+    assert_eq!(ns.len(), 6);
+    // Every namespace of the sandbox is its own.
+    let mine = namespaces(std::process::id() as i32);
+    assert!(ns.iter().all(|n| !mine.contains(n)), "{ns:?} vs {mine:?}");
+    assert!(!cgroup_dirs(&id).is_empty());
+    let dir = s.data_dir().join("sandboxes").join(&id);
+    assert!(
+        dir.join("upper/tmp/f").exists(),
+        "the writable layer lives under the data dir"
+    );
+
+    assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+    for p in &pids {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{p}")).exists(),
+            "process {p} survived"
+        );
+    }
+    let in_use = namespaces_in_use();
+    for n in &ns {
+        assert!(!in_use.contains(n), "namespace {n} still in use");
+    }
+    assert!(
+        cgroup_dirs(&id).is_empty(),
+        "cgroups left: {:?}",
+        cgroup_dirs(&id)
+    );
+    assert!(!dir.exists(), "sandbox directory left");
+    assert!(!s.data_dir().join("run").join(format!("{id}.sock")).exists());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&id));
+}
+
+#[test]
+fn a_killed_server_restarts_and_finds_every_sandbox() {
+    let mut s = Server::start();
+    let alive = s.create(json!({ "size": "xs" }));
+    let doomed = s.create(json!({ "size": "xs" }));
+    let doomed_temp = s.create(json!({ "size": "xs", "persistent": false }));
+    let destroyed = s.create(json!({ "size": "xs" }));
+    s.delete(&format!("/api/v1/sandboxes/{destroyed}"));
+    s.sh(
+        &alive,
+        "echo kept > /home/user/state; sleep 1000 >/dev/null 2>&1 &",
+    );
+    s.sh(&doomed, "echo survives > /home/user/state");
+    s.kill9();
+    // The sandboxes do not die with the server; now two of them die while it is down.
+    assert!(!sandbox_pids(&alive).is_empty());
+    for id in [&doomed, &doomed_temp] {
+        let pids = sandbox_pids(id);
+        assert!(!pids.is_empty());
+        for p in &pids {
+            unsafe { libc::kill(*p, libc::SIGKILL) };
+        }
+    }
+    s.restart();
+    let all = s.get("/api/v1/sandboxes");
+    let state = |id: &str| {
+        all.data()
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(state(&alive)["state"], "running");
+    assert_eq!(state(&destroyed)["state"], "destroyed");
+    // Reported honestly: a persistent sandbox keeps its files and can be resumed...
+    let d = state(&doomed);
+    assert_eq!(d["state"], "stopped");
+    assert!(d["state_reason"].as_str().unwrap().contains("gone"), "{d}");
+    // ...a non-persistent one has nothing to keep.
+    let t = state(&doomed_temp);
+    assert_eq!(t["state"], "error");
+    assert!(t["state_reason"].as_str().unwrap().contains("gone"), "{t}");
+    assert!(!s.data_dir().join("sandboxes").join(&doomed_temp).exists());
+    // The live one kept its files and its processes.
+    assert_eq!(
+        s.sh(&alive, "cat /home/user/state; pgrep -c sleep")["stdout"],
+        "kept\n1\n"
+    );
+    // Nothing of the dead ones is left running or in cgroups.
+    assert!(cgroup_dirs(&doomed).is_empty() && cgroup_dirs(&doomed_temp).is_empty());
+    let r = s.post(&format!("/api/v1/sandboxes/{doomed}/resume"), json!({}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        s.sh(&doomed, "cat /home/user/state")["stdout"],
+        "survives\n"
+    );
+    assert_eq!(
+        s.delete(&format!("/api/v1/sandboxes/{doomed_temp}")).data()["state"],
+        "destroyed"
+    );
+}
+
+#[test]
+fn a_sandbox_that_dies_under_a_running_server_is_reported() {
+    let s = Server::start();
+    let id = s.create(json!({ "size": "xs" }));
+    s.sh(&id, "echo mine > /home/user/f");
+    for p in sandbox_pids(&id) {
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/exec"),
+        json!({ "command": "true" }),
+    );
+    r.assert_error(409, "SANDBOX_NOT_RUNNING");
+    let g = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(g.data()["state"], "stopped");
+    assert!(g.data()["state_reason"].as_str().unwrap().contains("gone"));
+    assert!(cgroup_dirs(&id).is_empty());
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}))
+            .status,
+        200
+    );
+    assert_eq!(s.sh(&id, "cat /home/user/f")["stdout"], "mine\n");
+}
+
+#[test]
+fn init_reaps_orphans() {
+    let s = Server::start();
+    let id = s.create(json!({ "size": "xs" }));
+    // The subshell exits at once; its sleeper is orphaned to PID 1 and exits later.
+    s.sh(&id, "(sleep 0.2 >/dev/null 2>&1 &) ; true");
+    std::thread::sleep(Duration::from_millis(600));
+    let z = s.exec(
+        &id,
+        json!({ "command": "ps -eo stat= | grep -c '^Z' || true", "user": "root" }),
+    );
+    assert_eq!(z["stdout"], "0\n", "zombies left");
+}
+
+fn cgroup_value(id: &str, v1: (&str, &str), v2: &str) -> Option<String> {
+    for d in cgroup_dirs(id) {
+        let parent = d
+            .parent()
+            .and_then(|p| p.parent())
+            .and_then(|p| p.parent())
+            .map(|p| p.to_path_buf());
+        let file = if parent.as_deref() == Some(std::path::Path::new("/sys/fs/cgroup"))
+            && d.join(v2).exists()
+        {
+            d.join(v2)
+        } else if parent.as_deref() == Some(&std::path::Path::new("/sys/fs/cgroup").join(v1.0)) {
+            d.join(v1.1)
+        } else {
+            continue;
+        };
+        if let Ok(t) = std::fs::read_to_string(file) {
+            return Some(t.trim().to_string());
+        }
+    }
+    None
+}
+
+#[test]
+fn cgroup_limits_follow_the_size() {
+    let s = Server::start();
+    let id = s.create(json!({ "size": "small" }));
+    let mem =
+        cgroup_value(&id, ("memory", "memory.limit_in_bytes"), "memory.max").expect("memory limit");
+    assert_eq!(mem, (4096u64 * 1024 * 1024).to_string());
+    let cpu = cgroup_value(&id, ("cpu", "cpu.cfs_quota_us"), "cpu.max").expect("cpu quota");
+    assert!(cpu == "200000" || cpu.starts_with("200000 "), "{cpu}");
+    let pids = cgroup_value(&id, ("pids", "pids.max"), "pids.max").expect("pids limit");
+    assert_eq!(pids, "2048");
+    // Inside, the sandbox sees its cgroup as the root of its own cgroup namespace.
+    let cg = s.sh(&id, "cat /proc/self/cgroup");
+    for line in cg["stdout"].as_str().unwrap().lines() {
+        assert!(line.ends_with(":/"), "{line}");
+    }
+}

@@ -1,0 +1,365 @@
+//! Pause, resume, stop, the active-session and idle timers, activity, and usage.
+//!
+//! What counts as activity for the idle timer: every API call that names the sandbox (get, exec,
+//! timeout, usage, resume, and the routes of later issues: processes, files, code, previews), and
+//! a running exec for as long as it runs. Listing sandboxes does not count.
+
+use crate::error::ApiError;
+use crate::sandboxes::{boot_locked, destroy, handle_of, settle, state_of, stop_clock, to_wire};
+use crate::util::{now_ms, rfc3339};
+use crate::AppState;
+use cella_store::SandboxRow;
+use cella_types::{ErrorCode, Plan, Sandbox, SandboxState, Usage};
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How often the timers look at the sandboxes.
+const TICK: Duration = Duration::from_millis(250);
+/// How often memory in use is sampled into the usage figures (in ticks).
+const MEMORY_SAMPLE_TICKS: u32 = 4;
+/// How often activity times are written to the store (in ticks).
+const ACTIVITY_FLUSH_TICKS: u32 = 8;
+
+/// Recent activity per sandbox, and how many commands run in each now.
+#[derive(Default)]
+pub struct Activity {
+    last: Mutex<HashMap<String, i64>>,
+    busy: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+/// Holds a sandbox busy (never idle) until dropped.
+pub struct Busy {
+    id: String,
+    busy: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut b = self.busy.lock().expect("busy lock");
+        if let Some(n) = b.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                b.remove(&self.id);
+            }
+        }
+    }
+}
+
+impl Activity {
+    pub fn touch(&self, id: &str) {
+        self.last
+            .lock()
+            .expect("activity lock")
+            .insert(id.to_string(), now_ms());
+    }
+
+    pub fn busy(&self, id: &str) -> Busy {
+        self.touch(id);
+        *self
+            .busy
+            .lock()
+            .expect("busy lock")
+            .entry(id.to_string())
+            .or_default() += 1;
+        Busy {
+            id: id.to_string(),
+            busy: self.busy.clone(),
+        }
+    }
+
+    fn is_busy(&self, id: &str) -> bool {
+        self.busy.lock().expect("busy lock").contains_key(id)
+    }
+
+    fn last(&self, id: &str) -> Option<i64> {
+        self.last.lock().expect("activity lock").get(id).copied()
+    }
+
+    /// Activity times to persist; busy sandboxes count as active now.
+    fn snapshot(&self) -> Vec<(String, i64)> {
+        let now = now_ms();
+        let mut out: Vec<(String, i64)> = self
+            .last
+            .lock()
+            .expect("activity lock")
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        out.extend(
+            self.busy
+                .lock()
+                .expect("busy lock")
+                .keys()
+                .map(|k| (k.clone(), now)),
+        );
+        out
+    }
+
+    fn forget(&self, id: &str) {
+        self.last.lock().expect("activity lock").remove(id);
+    }
+}
+
+fn conflict(row: &SandboxRow, action: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::Conflict,
+        format!("cannot {action} a sandbox that is {}", row.state),
+    )
+    .with_details(json!({ "state": row.state }))
+}
+
+async fn load(state: &AppState, id: &str) -> Result<SandboxRow, ApiError> {
+    state
+        .store
+        .sandbox(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("sandbox"))
+}
+
+/// Freezes a running sandbox. `reason` says why when the server decided (a timer).
+pub async fn pause(state: &AppState, id: &str, reason: Option<&str>) -> Result<Sandbox, ApiError> {
+    let _guard = state.locks.lock(id).await;
+    let mut row = load(state, id).await?;
+    if state_of(&row) != SandboxState::Running {
+        return Err(conflict(&row, "pause"));
+    }
+    let handle = handle_of(&row).ok_or_else(ApiError::internal)?;
+    if let Err(e) = state.driver.pause(&handle).await {
+        tracing::error!(sandbox = id, "pause: {e}");
+        return Err(ApiError::internal());
+    }
+    let now = now_ms();
+    stop_clock(&mut row, now);
+    row.paused_since = Some(now);
+    row.state = SandboxState::Paused.as_str().into();
+    row.ready = false;
+    row.timeout_at = None;
+    row.state_reason = reason.map(str::to_string);
+    state.store.update_sandbox(&row).await?;
+    Ok(to_wire(&row))
+}
+
+/// Thaws a paused sandbox, or boots a stopped one again on its kept files.
+pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, ApiError> {
+    let _guard = state.locks.lock(id).await;
+    let mut row = load(state, id).await?;
+    let now = now_ms();
+    match state_of(&row) {
+        SandboxState::Paused => {
+            let handle = handle_of(&row).ok_or_else(ApiError::internal)?;
+            if let Err(e) = state.driver.unpause(&handle).await {
+                tracing::error!(sandbox = id, "resume: {e}");
+                return Err(ApiError::internal());
+            }
+            if let Some(since) = row.paused_since.take() {
+                row.paused_ms += (now - since).max(0);
+            }
+            row.running_since = Some(now);
+            row.state = SandboxState::Running.as_str().into();
+            row.ready = true;
+            row.timeout_at = (!row.always_on).then_some(now + row.timeout_sec * 1000);
+            row.state_reason = None;
+            state.activity.touch(id);
+            state.store.update_sandbox(&row).await?;
+        }
+        SandboxState::Stopped => {
+            let ws = state
+                .store
+                .workspace(&row.workspace_id)
+                .await?
+                .ok_or_else(ApiError::internal)?;
+            let cap = Plan::parse(&ws.plan)
+                .unwrap_or(Plan::Developer)
+                .concurrency_cap();
+            if !state
+                .store
+                .claim_slot(id, SandboxState::Provisioning.as_str(), cap)
+                .await?
+            {
+                let mut e = ApiError::new(
+                    ErrorCode::ConcurrencyLimit,
+                    format!("workspace holds its plan's cap of {cap} concurrent sandboxes"),
+                )
+                .with_details(json!({ "limit": cap, "plan": ws.plan }));
+                e.retry_after = Some(5);
+                return Err(e);
+            }
+            row.state = SandboxState::Provisioning.as_str().into();
+            boot_locked(state, &mut row).await;
+            if state_of(&row) == SandboxState::Error {
+                return Err(ApiError::unavailable("the sandbox failed to start again")
+                    .with_details(json!({ "sandbox_id": row.id, "reason": row.state_reason })));
+            }
+        }
+        _ => return Err(conflict(&row, "resume")),
+    }
+    Ok(to_wire(&row))
+}
+
+/// Ends a sandbox's processes and keeps its files (persistent sandboxes only).
+pub async fn stop(state: &AppState, id: &str) -> Result<Sandbox, ApiError> {
+    let _guard = state.locks.lock(id).await;
+    let mut row = load(state, id).await?;
+    if !matches!(state_of(&row), SandboxState::Running | SandboxState::Paused) {
+        return Err(conflict(&row, "stop"));
+    }
+    if !row.persistent {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            "a non-persistent sandbox keeps no files to stop with; destroy it instead",
+        )
+        .with_details(json!({ "state": row.state, "persistent": false })));
+    }
+    settle(state, &mut row, now_ms());
+    if let Err(e) = state.driver.stop(id, handle_of(&row).as_ref()).await {
+        tracing::error!(sandbox = id, "stop: {e}");
+        return Err(ApiError::internal());
+    }
+    row.state = SandboxState::Stopped.as_str().into();
+    row.ready = false;
+    row.timeout_at = None;
+    row.runtime = None;
+    row.state_reason = None;
+    state.store.update_sandbox(&row).await?;
+    Ok(to_wire(&row))
+}
+
+/// Sets a new active-session timeout and restarts the timer from now.
+pub async fn set_timeout(
+    state: &AppState,
+    id: &str,
+    timeout_sec: u32,
+) -> Result<Sandbox, ApiError> {
+    if !(1..=86_400).contains(&timeout_sec) {
+        return Err(ApiError::invalid(
+            "timeout_sec",
+            "timeout_sec must be from 1 to 86400",
+        ));
+    }
+    let _guard = state.locks.lock(id).await;
+    let mut row = load(state, id).await?;
+    if state_of(&row).is_terminal() {
+        return Err(conflict(&row, "set the timeout of"));
+    }
+    row.timeout_sec = timeout_sec as i64;
+    if state_of(&row) == SandboxState::Running && !row.always_on {
+        row.timeout_at = Some(now_ms() + row.timeout_sec * 1000);
+    }
+    state.store.update_sandbox(&row).await?;
+    Ok(to_wire(&row))
+}
+
+/// Running, paused and billed time, CPU and memory of a sandbox, up to now.
+pub fn usage(state: &AppState, row: &SandboxRow) -> Usage {
+    let now = now_ms();
+    let running_ms = row.running_ms + row.running_since.map(|s| (now - s).max(0)).unwrap_or(0);
+    let paused_ms = row.paused_ms + row.paused_since.map(|s| (now - s).max(0)).unwrap_or(0);
+    let live = handle_of(row).and_then(|h| state.driver.usage(&h));
+    let cpu_ns = row.cpu_ns as u64 + live.map(|u| u.cpu_ns).unwrap_or(0);
+    Usage {
+        sandbox_id: row.id.clone(),
+        state: state_of(row),
+        running_sec: running_ms as f64 / 1000.0,
+        paused_sec: paused_ms as f64 / 1000.0,
+        billed_sec: (running_ms + 999) / 1000,
+        cpu_sec: cpu_ns as f64 / 1e9,
+        memory_mib_sec: row.memory_mib_ms as f64 / 1000.0,
+        memory_mib_now: live.map(|u| u.memory_bytes as f64 / (1024.0 * 1024.0)),
+        measured_at: rfc3339(now),
+    }
+}
+
+/// Starts the timer loop: active-session timeouts, idle timeouts, memory sampling.
+pub fn spawn_timers(state: Arc<AppState>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut n: u32 = 0;
+        let mut last_sample = now_ms();
+        loop {
+            tick.tick().await;
+            n = n.wrapping_add(1);
+            if let Err(e) = timers_once(&state).await {
+                tracing::warn!("timers: {e:?}");
+            }
+            if n % MEMORY_SAMPLE_TICKS == 0 {
+                let now = now_ms();
+                sample_memory(&state, now - last_sample).await;
+                last_sample = now;
+            }
+            if n % ACTIVITY_FLUSH_TICKS == 0 {
+                let _ = state
+                    .store
+                    .record_activity(&state.activity.snapshot())
+                    .await;
+            }
+        }
+    });
+}
+
+async fn timers_once(state: &AppState) -> Result<(), ApiError> {
+    let now = now_ms();
+    for row in state.store.live_sandboxes().await? {
+        if state_of(&row) != SandboxState::Running || row.always_on {
+            continue;
+        }
+        if row.timeout_at.is_some_and(|t| t <= now) {
+            let result = if row.persistent {
+                let reason = format!("paused: its timeout of {} s ran out", row.timeout_sec);
+                pause(state, &row.id, Some(&reason)).await
+            } else {
+                let reason = format!("destroyed: its timeout of {} s ran out", row.timeout_sec);
+                let r = destroy(state, &row.id, Some(&reason)).await;
+                state.activity.forget(&row.id);
+                r
+            };
+            if let Err(e) = result {
+                tracing::warn!(sandbox = row.id, "timeout: {:?}", e.message);
+            }
+            continue;
+        }
+        if row.idle_timeout_sec > 0 && !state.activity.is_busy(&row.id) {
+            let last = [
+                row.last_activity_at,
+                state.activity.last(&row.id),
+                row.running_since,
+            ]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(now);
+            if last + row.idle_timeout_sec * 1000 <= now {
+                let reason = format!("paused: idle for {} s", row.idle_timeout_sec);
+                if let Err(e) = pause(state, &row.id, Some(&reason)).await {
+                    tracing::warn!(sandbox = row.id, "idle pause: {:?}", e.message);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Adds memory in use x elapsed time to every running sandbox's usage.
+async fn sample_memory(state: &AppState, elapsed_ms: i64) {
+    let Ok(rows) = state.store.live_sandboxes().await else {
+        return;
+    };
+    let amounts: Vec<(String, i64)> = rows
+        .iter()
+        .filter(|r| state_of(r) == SandboxState::Running)
+        .filter_map(|r| {
+            let u = state.driver.usage(&handle_of(r)?)?;
+            Some((
+                r.id.clone(),
+                (u.memory_bytes / (1024 * 1024)) as i64 * elapsed_ms,
+            ))
+        })
+        .collect();
+    if !amounts.is_empty() {
+        if let Err(e) = state.store.add_memory_usage(&amounts).await {
+            tracing::warn!("recording memory usage: {e}");
+        }
+    }
+}
