@@ -334,7 +334,7 @@ fn rate_limits_refuse_with_retry_after_per_workspace_and_group() {
 }
 
 fn checksum(s: &Server, id: &str) -> String {
-    s.sh(&id, "cd /home/user/data && sha256sum * | sha256sum")["stdout"]
+    s.sh(id, "cd /home/user/data && sha256sum * | sha256sum")["stdout"]
         .as_str()
         .unwrap()
         .to_string()

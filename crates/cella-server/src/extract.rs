@@ -9,9 +9,6 @@ use cella_types::ErrorCode;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-/// Parses a JSON body. Bad JSON, wrong types and unknown fields are 400 `INVALID_REQUEST` with
-/// the field named in `details`; an empty body counts as `{}`.
-
 fn field_of(path: &str, message: &str) -> String {
     // serde names unknown and missing fields only in its message: "unknown field `x`, ...".
     for marker in ["unknown field `", "missing field `"] {
@@ -31,6 +28,8 @@ fn field_of(path: &str, message: &str) -> String {
     path.to_string()
 }
 
+/// Parses a JSON body. Bad JSON, wrong types and unknown fields are 400 `INVALID_REQUEST` with
+/// the field named in `details`; an empty body counts as `{}`.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let bytes: &[u8] = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         b"{}"

@@ -284,12 +284,12 @@ pub fn spawn_timers(state: Arc<AppState>) {
             if let Err(e) = timers_once(&state).await {
                 tracing::warn!("timers: {e:?}");
             }
-            if n % MEMORY_SAMPLE_TICKS == 0 {
+            if n.is_multiple_of(MEMORY_SAMPLE_TICKS) {
                 let now = now_ms();
                 sample_memory(&state, now - last_sample).await;
                 last_sample = now;
             }
-            if n % ACTIVITY_FLUSH_TICKS == 0 {
+            if n.is_multiple_of(ACTIVITY_FLUSH_TICKS) {
                 let _ = state
                     .store
                     .record_activity(&state.activity.snapshot())

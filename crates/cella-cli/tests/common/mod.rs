@@ -325,6 +325,11 @@ fn janitor(data: &Path) {
             for p in pids {
                 unsafe { libc::kill(p, libc::SIGKILL) };
             }
+            // A paused sandbox is frozen, and frozen processes die only once thawed.
+            for d in cgroup_dirs(&id) {
+                let _ = std::fs::write(d.join("freezer.state"), "THAWED");
+                let _ = std::fs::write(d.join("cgroup.freeze"), "0");
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
         for d in cgroup_dirs(&id) {
