@@ -1,5 +1,6 @@
 //! The agent's side: PID 1 of a sandbox.
 
+use crate::harden::Jail;
 use crate::proto::{self, ErrorKind, ExecSpec, ExitInfo, FrameKind, Request, Response};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -86,6 +87,7 @@ async fn run(
     listener.set_nonblocking(true)?;
     let listener = tokio::net::UnixListener::from_std(listener)?;
     let reaper = Arc::new(Reaper::default());
+    let jail = Arc::new(Jail::new().map_err(std::io::Error::other)?);
     let mut sigchld = signal(SignalKind::child())?;
     let r = reaper.clone();
     tokio::spawn(async move {
@@ -98,11 +100,11 @@ async fn run(
     });
     loop {
         let (stream, _) = listener.accept().await?;
-        tokio::spawn(handle(stream, reaper.clone()));
+        tokio::spawn(handle(stream, reaper.clone(), jail.clone()));
     }
 }
 
-async fn handle(mut stream: UnixStream, reaper: Arc<Reaper>) {
+async fn handle(mut stream: UnixStream, reaper: Arc<Reaper>, jail: Arc<Jail>) {
     let req = match proto::read_frame(&mut stream).await {
         Ok(Some((FrameKind::Json, body))) => serde_json::from_slice::<Request>(&body),
         _ => return,
@@ -117,7 +119,7 @@ async fn handle(mut stream: UnixStream, reaper: Arc<Reaper>) {
             )
             .await
         }
-        Ok(Request::Exec(spec)) => exec(stream, spec, reaper).await,
+        Ok(Request::Exec(spec)) => exec(stream, spec, reaper, jail).await,
         Err(e) => {
             let msg = Response::Error {
                 kind: ErrorKind::BadRequest,
@@ -177,24 +179,36 @@ fn cwd_problem(cwd: &str, uid: u32, gid: u32) -> Option<String> {
 
 /// Kills a command and everything it started: its process group, every process in its session,
 /// and every descendant (found through parent links, which also catches children that made a
-/// session of their own).
+/// session of their own). The tree is stopped first and scanned again until it stops growing, so
+/// nothing forks away or is re-parented to PID 1 between the scan and the kill.
 fn kill_tree(pid: i32) {
-    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-    let procs = process_table();
-    let mut doomed = vec![pid];
-    let mut i = 0;
-    while i < doomed.len() {
-        let parent = doomed[i];
+    let mut doomed: Vec<i32> = vec![pid];
+    let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+    for _ in 0..20 {
+        let procs = process_table();
+        let before = doomed.len();
+        let mut i = 0;
+        while i < doomed.len() {
+            let parent = doomed[i];
+            for p in &procs {
+                if p.ppid == parent && !doomed.contains(&p.pid) {
+                    doomed.push(p.pid);
+                }
+            }
+            i += 1;
+        }
         for p in &procs {
-            if p.ppid == parent && !doomed.contains(&p.pid) {
+            if (p.sid == pid || p.pgid == pid) && !doomed.contains(&p.pid) {
                 doomed.push(p.pid);
             }
         }
-        i += 1;
-    }
-    for p in &procs {
-        if (p.sid == pid || p.pgid == pid) && !doomed.contains(&p.pid) {
-            doomed.push(p.pid);
+        for p in &doomed[before..] {
+            if *p != 1 {
+                let _ = kill(Pid::from_raw(*p), Signal::SIGSTOP);
+            }
+        }
+        if doomed.len() == before {
+            break;
         }
     }
     for p in doomed {
@@ -202,6 +216,7 @@ fn kill_tree(pid: i32) {
             let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
         }
     }
+    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
 }
 
 struct ProcInfo {
@@ -258,6 +273,7 @@ async fn exec(
     stream: UnixStream,
     spec: ExecSpec,
     reaper: Arc<Reaper>,
+    jail: Arc<Jail>,
 ) -> Result<(), proto::ProtoError> {
     let (mut rd, mut wr) = stream.into_split();
     if spec.argv.is_empty() {
@@ -280,8 +296,6 @@ async fn exec(
         .env_clear()
         .envs(&spec.env)
         .current_dir(&spec.cwd)
-        .uid(spec.uid)
-        .gid(spec.gid)
         .stdin(if spec.stdin.is_some() {
             Stdio::piped()
         } else {
@@ -289,9 +303,12 @@ async fn exec(
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: only async-signal-safe calls between fork and exec.
+    let (uid, gid) = (spec.uid, spec.gid);
+    let jail = jail.clone();
+    // SAFETY: between fork and exec the child makes only system calls (the agent runs on one
+    // thread, so no lock can be held by another thread at fork time).
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             // Own session and process group: the whole tree can be killed at a timeout.
             libc::setsid();
             // Children must not inherit the agent's immunity to the OOM killer.
@@ -300,7 +317,7 @@ async fn exec(
                 libc::write(fd, b"0".as_ptr().cast(), 1);
                 libc::close(fd);
             }
-            Ok(())
+            jail.enter(uid, gid)
         });
     }
     let mut child = match cmd.spawn() {

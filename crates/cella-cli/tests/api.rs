@@ -33,6 +33,11 @@ fn health_and_openapi_need_no_key_and_cover_every_route() {
         ("/api/v1/sandboxes", &["get", "post"]),
         ("/api/v1/sandboxes/{id}", &["get", "delete"]),
         ("/api/v1/sandboxes/{id}/exec", &["post"]),
+        ("/api/v1/sandboxes/{id}/pause", &["post"]),
+        ("/api/v1/sandboxes/{id}/resume", &["post"]),
+        ("/api/v1/sandboxes/{id}/stop", &["post"]),
+        ("/api/v1/sandboxes/{id}/timeout", &["post"]),
+        ("/api/v1/sandboxes/{id}/usage", &["get"]),
     ] {
         for m in methods {
             assert!(paths[path][m].is_object(), "openapi lacks {m} {path}");

@@ -37,6 +37,15 @@ pub enum MountOp {
     Devpts {
         target: PathBuf,
     },
+    /// Hide a path: an empty read-only tmpfs over a directory, `/dev/null` over a file.
+    /// Skipped when the kernel does not have the path.
+    Mask {
+        target: PathBuf,
+    },
+    /// Make a path read-only (bind it onto itself, then remount). Skipped when absent.
+    ReadOnly {
+        target: PathBuf,
+    },
     Symlink {
         link: PathBuf,
         to: PathBuf,
@@ -46,6 +55,30 @@ pub enum MountOp {
         root: PathBuf,
     },
 }
+
+/// Paths OCI runtimes hide from a container: kernel memory, keyrings, timers, firmware.
+pub const MASKED: &[&str] = &[
+    "proc/acpi",
+    "proc/asound",
+    "proc/kcore",
+    "proc/keys",
+    "proc/latency_stats",
+    "proc/timer_list",
+    "proc/timer_stats",
+    "proc/sched_debug",
+    "proc/scsi",
+    "sys/firmware",
+    "sys/devices/virtual/powercap",
+];
+
+/// Paths OCI runtimes make read-only: kernel tunables, the SysRq trigger, bus and irq settings.
+pub const READ_ONLY: &[&str] = &[
+    "proc/bus",
+    "proc/fs",
+    "proc/irq",
+    "proc/sys",
+    "proc/sysrq-trigger",
+];
 
 /// Device nodes bound from the host into a sandbox's `/dev`.
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
@@ -79,6 +112,12 @@ pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
     ops.push(MountOp::Sysfs {
         target: r.join("sys"),
     });
+    for p in MASKED {
+        ops.push(MountOp::Mask { target: r.join(p) });
+    }
+    for p in READ_ONLY {
+        ops.push(MountOp::ReadOnly { target: r.join(p) });
+    }
     ops.push(MountOp::Tmpfs {
         target: r.join("dev"),
         data: "mode=755,size=65536k".into(),
@@ -239,6 +278,45 @@ pub fn apply(op: &MountOp) -> Result<(), String> {
             let _ = std::fs::remove_file(link);
             std::os::unix::fs::symlink(to, link).map_err(|e| err("linking", link, e))
         }
+        MountOp::Mask { target } => match std::fs::symlink_metadata(target) {
+            Err(_) => Ok(()),
+            Ok(m) if m.is_dir() => {
+                let flags = MsFlags::MS_RDONLY
+                    | MsFlags::MS_NOSUID
+                    | MsFlags::MS_NODEV
+                    | MsFlags::MS_NOEXEC;
+                mount(
+                    Some("tmpfs"),
+                    target,
+                    Some("tmpfs"),
+                    flags,
+                    Some("size=0,mode=0555"),
+                )
+                .map_err(|e| err("masking", target, e))
+            }
+            Ok(_) => mount(Some("/dev/null"), target, NONE, MsFlags::MS_BIND, NONE)
+                .map_err(|e| err("masking", target, e)),
+        },
+        MountOp::ReadOnly { target } => {
+            if std::fs::symlink_metadata(target).is_err() {
+                return Ok(());
+            }
+            mount(
+                Some(target.as_path()),
+                target,
+                NONE,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                NONE,
+            )
+            .map_err(|e| err("binding", target, e))?;
+            let flags = MsFlags::MS_BIND
+                | MsFlags::MS_REMOUNT
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NODEV
+                | MsFlags::MS_NOEXEC;
+            mount(NONE, target, NONE, flags, NONE).map_err(|e| err("making read-only", target, e))
+        }
         MountOp::PivotRoot { root } => {
             nix::unistd::chdir(root.as_path()).map_err(|e| err("entering", root, e))?;
             // Stack the old root under the new one, then detach it.
@@ -270,6 +348,26 @@ mod tests {
             }],
             socket: "/data/run/sbtest.sock".into(),
             cgroup: "cella/x/sbtest".into(),
+        }
+    }
+
+    #[test]
+    fn kernel_interfaces_are_masked_or_read_only_after_proc_and_sys() {
+        let ops = plan(&cfg());
+        let sys_at = ops
+            .iter()
+            .position(|o| matches!(o, MountOp::Sysfs { .. }))
+            .unwrap();
+        let r = Path::new("/data/sandboxes/sbtest/rootfs");
+        for p in ["proc/kcore", "proc/keys", "sys/firmware"] {
+            let at = ops
+                .iter()
+                .position(|o| o == &MountOp::Mask { target: r.join(p) })
+                .unwrap();
+            assert!(at > sys_at, "{p} masked before /proc and /sys exist");
+        }
+        for p in ["proc/sys", "proc/sysrq-trigger"] {
+            assert!(ops.contains(&MountOp::ReadOnly { target: r.join(p) }));
         }
     }
 

@@ -1,0 +1,173 @@
+//! The escape suite: real attempts to get out of a sandbox, each run inside a real sandbox.
+//! Most run as the sandbox's root, the strongest attacker a sandbox has. Every attempt prints
+//! `CONTAINED` or `ESCAPED <what happened>`; the suite prints `N attempts, N contained` and fails
+//! if any attempt got through. System calls are made directly (through Python's ctypes) so that
+//! a missing tool can never pass for a contained attempt, and the exact errno is checked.
+
+mod common;
+use common::{Server, KEY};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// Helpers every attempt can use, written into the sandbox first.
+const PRELUDE: &str = r#"
+import ctypes, errno, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def sc(nr, *args):
+    conv = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    r = libc.syscall(ctypes.c_long(nr), *conv)
+    return 0 if r >= 0 else ctypes.get_errno()
+def expect(err, *codes):
+    print("CONTAINED" if err in codes else "ESCAPED errno=%d (%s)" % (err, os.strerror(err)))
+def expect_oserror(fn, *codes):
+    try:
+        fn()
+        print("ESCAPED: no error")
+    except OSError as e:
+        print("CONTAINED" if (not codes or e.errno in codes) else "ESCAPED errno=%s" % e.errno)
+"#;
+
+struct Attempt {
+    name: &'static str,
+    root: bool,
+    script: String,
+}
+
+fn py(name: &'static str, root: bool, code: &str) -> Attempt {
+    Attempt {
+        name,
+        root,
+        script: format!(
+            "python3 -c \"exec(open('/tmp/esc.py').read())\n{}\"",
+            code.replace('"', "\\\"")
+        ),
+    }
+}
+
+fn sh(name: &'static str, root: bool, script: &str) -> Attempt {
+    Attempt {
+        name,
+        root,
+        script: script.to_string(),
+    }
+}
+
+#[test]
+fn escape_suite() {
+    let s = Server::start();
+    let id = s.create(json!({ "size": "xs" }));
+    let neighbour = s.create(json!({ "size": "xs" }));
+    let w = s.exec(
+        &id,
+        json!({ "command": "cat > /tmp/esc.py", "stdin": PRELUDE, "user": "root" }),
+    );
+    assert_eq!(w["exit_code"], 0);
+    // The neighbour listens on an abstract Unix socket; it must be unreachable from `id`.
+    s.exec(&neighbour, json!({ "command": "python3 -c \"import socket,time; s=socket.socket(socket.AF_UNIX); s.bind('\\0cella-neighbour'); s.listen(); time.sleep(60)\" >/dev/null 2>&1 &" }));
+    let data = s.data_dir().display().to_string();
+    let server_pid = s.server_pid();
+    let port = s.port;
+    let host_hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+
+    let attempts = vec![
+        sh("read the host's /root", true, "if [ -z \"$(ls -A /root)\" ]; then echo CONTAINED; else echo ESCAPED; ls -A /root; fi"),
+        sh("read /etc/shadow", true, "cat /etc/shadow 2>/dev/null && echo ESCAPED || echo CONTAINED"),
+        sh("find the server's data directory", true, &format!("test -e '{data}' && echo ESCAPED || echo CONTAINED")),
+        sh("find the server's database anywhere", true, "f=$(find / -xdev -name cella.db 2>/dev/null); [ -z \"$f\" ] && echo CONTAINED || echo ESCAPED $f"),
+        sh("walk out through /proc/1/root", true, &format!("test -e '/proc/1/root{data}' && echo ESCAPED || echo CONTAINED")),
+        py("overwrite the runtime binary through /proc/1/exe (CVE-2019-5736)", true,
+           "expect_oserror(lambda: open('/proc/1/exe', 'r+b'), errno.EACCES, errno.EPERM, errno.ETXTBSY)"),
+        py("overwrite its own binary through /proc/self/exe", true,
+           "expect_oserror(lambda: open('/proc/self/exe', 'r+b'), errno.EROFS, errno.ETXTBSY, errno.EACCES)"),
+        sh("see the host's processes", true, "n=$(ls /proc | grep -cE '^[0-9]+$'); [ $n -lt 10 ] && echo CONTAINED || echo ESCAPED $n processes"),
+        sh("signal the server process", true, &format!("kill -0 {server_pid} 2>/dev/null && [ \"$(cat /proc/{server_pid}/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c serve)\" = 1 ] && echo ESCAPED || echo CONTAINED")),
+        py("mount a filesystem", true, "expect(sc(165, b'none', b'/mnt', b'tmpfs', 0, 0), errno.EPERM)"),
+        py("mount cgroup v1 for its release_agent", true, "expect(sc(165, b'cgroup', b'/mnt', b'cgroup', 0, b'memory'), errno.EPERM)"),
+        py("unshare a user namespace to regain privileges", true, "expect(sc(272, 0x10000000), errno.EPERM)"),
+        py("unshare a mount namespace", true, "expect(sc(272, 0x20000), errno.EPERM)"),
+        py("clone into a new user namespace", true, "expect(sc(56, 0x10000000 | 17, 0, 0, 0, 0), errno.EPERM)"),
+        py("load a kernel module (init_module)", true, "expect(sc(175, 0, 0, b''), errno.EPERM)"),
+        py("load a kernel module (finit_module)", true, "expect(sc(313, -1, b'', 0), errno.EPERM)"),
+        py("kexec a new kernel", true, "expect(sc(246, 0, 0, 0, 0), errno.EPERM)"),
+        sh("write /proc/sysrq-trigger", true, "(echo h > /proc/sysrq-trigger) 2>/dev/null && echo ESCAPED || echo CONTAINED"),
+        sh("set the kernel's core_pattern", true, "(echo '|/tmp/x' > /proc/sys/kernel/core_pattern) 2>/dev/null && echo ESCAPED || echo CONTAINED"),
+        sh("write a kernel tunable", true, "(echo 1 > /proc/sys/vm/drop_caches) 2>/dev/null && echo ESCAPED || echo CONTAINED"),
+        sh("change the hostname", true, "hostname evil 2>/dev/null && echo ESCAPED || echo CONTAINED"),
+        py("set the clock", true, "expect(sc(227, 0, 0), errno.EPERM, errno.EFAULT)"),
+        sh("set the date", true, "date -s @0 >/dev/null 2>&1 && echo ESCAPED || echo CONTAINED"),
+        py("open a raw socket", true, "expect_oserror(lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP), errno.EPERM)"),
+        py("reach the server's API port on loopback", true,
+           &format!("expect_oserror(lambda: socket.create_connection(('127.0.0.1', {port}), timeout=2), errno.ECONNREFUSED)")),
+        py("reach the cloud metadata address", true,
+           "expect_oserror(lambda: socket.create_connection(('169.254.169.254', 80), timeout=2), errno.ENETUNREACH, errno.EHOSTUNREACH)"),
+        py("reach another sandbox's socket", true,
+           "expect_oserror(lambda: socket.socket(socket.AF_UNIX).connect('\\0cella-neighbour'), errno.ECONNREFUSED)"),
+        py("ptrace the sandbox's init", true, "expect(sc(101, 16, 1, 0, 0), errno.EPERM)"),
+        py("ptrace the sandbox's init as the user", false, "expect(sc(101, 16, 1, 0, 0), errno.EPERM)"),
+        sh("read the kernel log (/dev/kmsg)", true, "cat /dev/kmsg 2>/dev/null | head -c1 | grep -q . && echo ESCAPED || echo CONTAINED"),
+        py("make a block device for the host's disk", true, "expect(sc(133, b'/tmp/sda', 0o60600, (8 << 8) | 0), errno.EPERM)"),
+        sh("find a block device", true, "ls /dev | grep -qE '^(sd|vd|nvme|xvd|loop|dm-)' && echo ESCAPED || echo CONTAINED"),
+        py("load a bpf program", true, "expect(sc(321, 5, 0, 0), errno.EPERM)"),
+        py("open a perf event", true, "expect(sc(298, 0, 0, -1, -1, 0), errno.EPERM)"),
+        py("use the kernel keyring", true, "expect(sc(250, 0, -3, 0), errno.EPERM)"),
+        py("make a userfaultfd", true, "expect(sc(323, 0), errno.EPERM)"),
+        py("set up io_uring", true, "expect(sc(425, 1, 0), errno.EPERM)"),
+        py("open a file by handle (shocker)", true, "expect(sc(304, -100, 0, 0), errno.EPERM)"),
+        py("turn swap on", true, "expect(sc(167, b'/tmp/swap', 0), errno.EPERM)"),
+        py("reboot the machine", true, "expect(sc(169, 0xfee1dead, 672274793, 0, 0), errno.EPERM)"),
+        py("become root from the user", false, "expect_oserror(lambda: os.setuid(0), errno.EPERM)"),
+        sh("read kernel memory (/proc/kcore)", true, "[ \"$(head -c 16 /proc/kcore 2>/dev/null | wc -c)\" = 0 ] && echo CONTAINED || echo ESCAPED"),
+        sh("read firmware tables (/sys/firmware)", true, "[ -z \"$(ls -A /sys/firmware 2>/dev/null)\" ] && echo CONTAINED || echo ESCAPED"),
+        sh("write to /sys", true, "(echo 1 > /sys/kernel/mm/ksm/run) 2>/dev/null && echo ESCAPED || echo CONTAINED"),
+        py("break out of a chroot", true,
+           "os.makedirs('/tmp/jail', exist_ok=True); os.chroot('/tmp/jail')\nfor _ in range(64): os.chdir('..')\nos.chroot('.')\nprint('CONTAINED' if not os.path.exists('/root/.cargo') and not os.path.exists('/farm') else 'ESCAPED')"),
+        sh("write the host's /usr", true, "touch /usr/bin/cella-escape 2>/dev/null && echo ESCAPED || echo CONTAINED"),
+    ];
+
+    let mut contained = 0;
+    let mut escaped = Vec::new();
+    for a in &attempts {
+        let r = s.exec(&id, json!({ "command": a.script, "user": if a.root { "root" } else { "user" }, "timeout_sec": 30 }));
+        let out = r["stdout"].as_str().unwrap_or("").trim().to_string();
+        if out.lines().last() == Some("CONTAINED") {
+            contained += 1;
+        } else {
+            escaped.push(format!("{}: {out} {}", a.name, r["stderr"]));
+        }
+    }
+    // The host itself shows nothing of what was tried.
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(),
+        host_hostname
+    );
+    assert!(!std::path::Path::new("/usr/bin/cella-escape").exists());
+    println!("{} attempts, {} contained", attempts.len(), contained);
+    assert!(attempts.len() >= 30);
+    assert!(escaped.is_empty(), "escaped:\n{}", escaped.join("\n"));
+    let _ = KEY;
+}
+
+#[test]
+fn a_fork_bomb_stays_inside_its_sandbox() {
+    let s = Server::start();
+    let bomb = s.create(json!({ "size": "xs" }));
+    let neighbour = s.create(json!({ "size": "xs" }));
+    let started = Instant::now();
+    // The bomb forks until the sandbox's pids limit stops it; the timeout then kills it all.
+    let r = s.exec(
+        &bomb,
+        json!({ "command": "b() { b | b & }; b; sleep 30", "timeout_sec": 3 }),
+    );
+    assert_eq!(r["timed_out"], true, "{r}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // Meanwhile and afterwards the neighbour, the server and the bombed sandbox answer.
+    assert_eq!(s.sh(&neighbour, "echo fine")["stdout"], "fine\n");
+    assert_eq!(s.req("GET", "/healthz", None, None).status, 200);
+    let after = s.sh(&bomb, "echo survived; ps -e --no-headers | wc -l");
+    let out = after["stdout"].as_str().unwrap();
+    assert!(out.starts_with("survived\n"), "{after}");
+    let left: u32 = out.lines().nth(1).unwrap().trim().parse().unwrap();
+    assert!(left < 10, "{left} processes of the bomb are left");
+    assert_eq!(s.delete(&format!("/api/v1/sandboxes/{bomb}")).status, 200);
+    assert!(common::sandbox_pids(&bomb).is_empty());
+}
