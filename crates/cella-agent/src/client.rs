@@ -85,6 +85,9 @@ impl AgentClient {
             };
             match frame {
                 None => return Err(ClientError::HungUp),
+                Some((FrameKind::Data | FrameKind::DataEnd, _)) => {
+                    return Err(ClientError::Unexpected)
+                }
                 Some((FrameKind::Stdout, data)) => {
                     if events.send(ExecEvent::Stdout(data)).await.is_err() {
                         return Err(ClientError::ConsumerGone);
@@ -102,10 +105,179 @@ impl AgentClient {
                         Response::Error { kind, message } => {
                             return Err(ClientError::Refused { kind, message })
                         }
-                        Response::Pong { .. } => return Err(ClientError::Unexpected),
+                        _ => return Err(ClientError::Unexpected),
                     }
                 }
             }
         }
     }
+}
+
+/// A download in progress: the file's size and range, then its bytes chunk by chunk.
+pub struct FileReader {
+    stream: UnixStream,
+    pub size: u64,
+    pub offset: u64,
+    pub length: u64,
+    done: bool,
+}
+
+impl FileReader {
+    /// The next chunk, or `None` at the end.
+    pub async fn next_chunk(&mut self) -> Option<Result<Vec<u8>, ClientError>> {
+        if self.done {
+            return None;
+        }
+        match proto::read_frame(&mut self.stream).await {
+            Ok(Some((FrameKind::Data, data))) => Some(Ok(data)),
+            Ok(Some((FrameKind::Json, _))) => {
+                self.done = true;
+                None
+            }
+            Ok(_) => {
+                self.done = true;
+                Some(Err(ClientError::HungUp))
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e.into()))
+            }
+        }
+    }
+}
+
+impl AgentClient {
+    async fn answer(s: &mut UnixStream) -> Result<Response, ClientError> {
+        match proto::read_frame(s).await? {
+            Some((FrameKind::Json, body)) => {
+                let r: Response = serde_json::from_slice(&body).map_err(ProtoError::from)?;
+                if let Response::Error { kind, message } = r {
+                    return Err(ClientError::Refused { kind, message });
+                }
+                Ok(r)
+            }
+            Some(_) => Err(ClientError::Unexpected),
+            None => Err(ClientError::HungUp),
+        }
+    }
+
+    /// Ends an upload early and waits until the agent has thrown the partial file away, so that
+    /// when the caller answers, nothing is left behind.
+    async fn abort(s: &mut UnixStream) {
+        use tokio::io::AsyncWriteExt;
+        let _ = s.shutdown().await;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), Self::answer(s)).await;
+    }
+
+    /// Sends a request that has one answer (stat, list, mkdir, move, remove).
+    pub async fn call(&self, req: &Request) -> Result<Response, ClientError> {
+        let mut s = self.connect().await?;
+        proto::write_json(&mut s, req).await?;
+        Self::answer(&mut s).await
+    }
+
+    /// Starts a download of `path` from `offset`, at most `length` bytes.
+    pub async fn read_file(
+        &self,
+        path: &str,
+        offset: u64,
+        length: Option<u64>,
+    ) -> Result<FileReader, ClientError> {
+        let mut s = self.connect().await?;
+        proto::write_json(
+            &mut s,
+            &Request::Read {
+                path: path.to_string(),
+                offset,
+                length,
+            },
+        )
+        .await?;
+        match Self::answer(&mut s).await? {
+            Response::FileStart {
+                size,
+                offset,
+                length,
+            } => Ok(FileReader {
+                stream: s,
+                size,
+                offset,
+                length,
+                done: false,
+            }),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// Uploads a file from `chunks`; the file appears only once every chunk arrived. A chunk
+    /// source that fails (or passes `max_bytes`) aborts the upload and leaves nothing behind.
+    pub async fn write_file<S, E>(
+        &self,
+        path: &str,
+        uid: u32,
+        gid: u32,
+        mode: u32,
+        max_bytes: u64,
+        mut chunks: S,
+    ) -> Result<u64, WriteError<E>>
+    where
+        S: futures_core::Stream<Item = Result<Vec<u8>, E>> + Unpin,
+    {
+        use std::future::poll_fn;
+        use std::pin::Pin;
+        let mut s = self.connect().await.map_err(WriteError::Agent)?;
+        let req = Request::Write {
+            path: path.to_string(),
+            uid,
+            gid,
+            mode,
+            max_bytes,
+        };
+        proto::write_json(&mut s, &req)
+            .await
+            .map_err(|e| WriteError::Agent(e.into()))?;
+        let mut total = 0u64;
+        loop {
+            let next = poll_fn(|cx| Pin::new(&mut chunks).poll_next(cx)).await;
+            match next {
+                Some(Ok(data)) => {
+                    total += data.len() as u64;
+                    if total > max_bytes {
+                        Self::abort(&mut s).await;
+                        return Err(WriteError::TooLarge);
+                    }
+                    for piece in data.chunks(proto::MAX_FRAME) {
+                        if let Err(e) = proto::write_frame(&mut s, FrameKind::Data, piece).await {
+                            // The agent answered early (an error) and closed: read why.
+                            return Err(WriteError::Agent(
+                                Self::answer(&mut s).await.err().unwrap_or(e.into()),
+                            ));
+                        }
+                    }
+                }
+                Some(Err(e)) => {
+                    Self::abort(&mut s).await;
+                    return Err(WriteError::Source(e));
+                }
+                None => break,
+            }
+        }
+        proto::write_frame(&mut s, FrameKind::DataEnd, &[])
+            .await
+            .map_err(|e| WriteError::Agent(e.into()))?;
+        match Self::answer(&mut s).await.map_err(WriteError::Agent)? {
+            Response::Done { bytes } => Ok(bytes),
+            _ => Err(WriteError::Agent(ClientError::Unexpected)),
+        }
+    }
+}
+
+/// Why an upload failed.
+#[derive(Debug)]
+pub enum WriteError<E> {
+    /// The body went past `max_bytes`.
+    TooLarge,
+    /// Reading the body failed (the client went away).
+    Source(E),
+    Agent(ClientError),
 }

@@ -128,6 +128,8 @@ fn arch() -> Result<TargetArch, HardenError> {
 }
 
 impl Jail {
+    // `c_long` is i64 here but not on every target: the casts are for the others.
+    #[allow(clippy::unnecessary_cast)]
     pub fn new() -> Result<Jail, HardenError> {
         let f = |e: seccompiler::BackendError| HardenError::Filter(e.to_string());
         let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied_syscalls()

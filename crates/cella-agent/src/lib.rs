@@ -11,6 +11,7 @@
 //! processes, terminals) has an owner that outlives a server restart.
 
 pub mod client;
+mod files;
 pub mod harden;
 pub mod proto;
 mod server;

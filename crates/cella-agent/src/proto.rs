@@ -20,6 +20,10 @@ pub enum FrameKind {
     Json = 1,
     Stdout = 2,
     Stderr = 3,
+    /// File bytes, either way (upload to the agent, download from it).
+    Data = 4,
+    /// The end of an upload: everything was sent.
+    DataEnd = 5,
 }
 
 impl FrameKind {
@@ -28,6 +32,8 @@ impl FrameKind {
             1 => Some(FrameKind::Json),
             2 => Some(FrameKind::Stdout),
             3 => Some(FrameKind::Stderr),
+            4 => Some(FrameKind::Data),
+            5 => Some(FrameKind::DataEnd),
             _ => None,
         }
     }
@@ -38,6 +44,64 @@ impl FrameKind {
 pub enum Request {
     Ping,
     Exec(ExecSpec),
+    /// Metadata of one path.
+    Stat {
+        path: String,
+    },
+    /// Entries of a directory (and below, when recursive), at most `limit`.
+    List {
+        path: String,
+        recursive: bool,
+        limit: usize,
+    },
+    /// `mkdir -p`; new directories belong to `uid`/`gid`.
+    Mkdir {
+        path: String,
+        uid: u32,
+        gid: u32,
+    },
+    Move {
+        from: String,
+        to: String,
+    },
+    Remove {
+        path: String,
+        recursive: bool,
+    },
+    /// Sends `FileStart`, then the bytes from `offset` (at most `length`) as `Data` frames,
+    /// then `Done`.
+    Read {
+        path: String,
+        offset: u64,
+        length: Option<u64>,
+    },
+    /// Followed by `Data` frames and one `DataEnd`; the file is replaced only when all of it
+    /// arrived (a broken upload leaves nothing behind). Parents are created.
+    Write {
+        path: String,
+        uid: u32,
+        gid: u32,
+        mode: u32,
+        max_bytes: u64,
+    },
+}
+
+/// What the files routes answer about a path.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FileInfo {
+    pub name: String,
+    pub path: String,
+    /// `file`, `dir`, `symlink` or `other` (not named `type`: `Response` is tagged by it).
+    pub kind: String,
+    pub size: u64,
+    /// Permission bits, e.g. 0o644.
+    pub mode: u32,
+    /// Unix seconds.
+    pub modified: i64,
+    pub uid: u32,
+    pub gid: u32,
+    /// Where a symlink points.
+    pub target: Option<String>,
 }
 
 /// One command to run inside the sandbox.
@@ -74,6 +138,21 @@ pub enum Response {
         kind: ErrorKind,
         message: String,
     },
+    Stat(FileInfo),
+    Entries {
+        entries: Vec<FileInfo>,
+        truncated: bool,
+    },
+    /// A read begins: the file's whole size, and where this answer starts and how much it sends.
+    FileStart {
+        size: u64,
+        offset: u64,
+        length: u64,
+    },
+    /// A file operation is done; `bytes` is what a write stored.
+    Done {
+        bytes: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -83,6 +162,12 @@ pub enum ErrorKind {
     BadCwd,
     /// The request itself was malformed.
     BadRequest,
+    /// The path does not exist.
+    NotFound,
+    /// The path exists, or is of the wrong type for the operation, or a directory is not empty.
+    Conflict,
+    /// An upload went past its limit.
+    TooLarge,
     Internal,
 }
 
@@ -178,6 +263,31 @@ mod tests {
             (FrameKind::Stdout, &b"\xff\x00bytes"[..])
         );
         assert!(read_frame(&mut b).await.unwrap().is_none());
+    }
+
+    #[test]
+    fn file_answers_round_trip() {
+        let info = FileInfo {
+            name: "a".into(),
+            path: "/a".into(),
+            kind: "file".into(),
+            size: 1,
+            mode: 0o644,
+            modified: 0,
+            uid: 0,
+            gid: 0,
+            target: None,
+        };
+        for r in [
+            Response::Stat(info.clone()),
+            Response::Entries {
+                entries: vec![info],
+                truncated: false,
+            },
+        ] {
+            let back: Response = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
+            assert_eq!(back, r);
+        }
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
 //! The agent's side: PID 1 of a sandbox.
 
+use crate::files;
 use crate::harden::Jail;
 use crate::proto::{self, ErrorKind, ExecSpec, ExitInfo, FrameKind, Request, Response};
 use nix::sys::signal::{kill, killpg, Signal};
@@ -120,6 +121,35 @@ async fn handle(mut stream: UnixStream, reaper: Arc<Reaper>, jail: Arc<Jail>) {
             .await
         }
         Ok(Request::Exec(spec)) => exec(stream, spec, reaper, jail).await,
+        Ok(Request::Stat { path }) => {
+            proto::write_json(&mut stream, &files::stat(path).await).await
+        }
+        Ok(Request::List {
+            path,
+            recursive,
+            limit,
+        }) => proto::write_json(&mut stream, &files::list(path, recursive, limit).await).await,
+        Ok(Request::Mkdir { path, uid, gid }) => {
+            proto::write_json(&mut stream, &files::mkdir(path, uid, gid).await).await
+        }
+        Ok(Request::Move { from, to }) => {
+            proto::write_json(&mut stream, &files::rename(from, to).await).await
+        }
+        Ok(Request::Remove { path, recursive }) => {
+            proto::write_json(&mut stream, &files::remove(path, recursive).await).await
+        }
+        Ok(Request::Read {
+            path,
+            offset,
+            length,
+        }) => files::read(&mut stream, path, offset, length).await,
+        Ok(Request::Write {
+            path,
+            uid,
+            gid,
+            mode,
+            max_bytes,
+        }) => files::write(&mut stream, path, uid, gid, mode, max_bytes).await,
         Err(e) => {
             let msg = Response::Error {
                 kind: ErrorKind::BadRequest,

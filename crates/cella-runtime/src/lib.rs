@@ -108,6 +108,12 @@ pub trait Driver: Send + Sync + 'static {
     /// Works with or without a handle (a create that failed half way has none) and is idempotent.
     async fn destroy(&self, id: &str, handle: Option<&SandboxHandle>) -> Result<(), DriverError>;
 
+    /// A client for the sandbox's agent (files, and the other requests the agent serves).
+    fn agent(&self, handle: &SandboxHandle) -> cella_agent::client::AgentClient;
+
+    /// Whether the sandbox's init still runs (cheap: no round trip to the agent).
+    fn alive(&self, handle: &SandboxHandle) -> bool;
+
     /// What the sandbox's processes use now, when it has any.
     fn usage(&self, handle: &SandboxHandle) -> Option<ResourceUsage>;
 

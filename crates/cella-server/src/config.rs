@@ -18,6 +18,22 @@ pub struct Config {
     pub exec: ExecConfig,
     /// Requests per workspace and endpoint group.
     pub rate_limits: crate::ratelimit::RateLimitConfig,
+    pub files: FilesConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilesConfig {
+    /// Largest upload in bytes (default 500 MiB); larger ones are refused with 413.
+    pub max_upload_bytes: u64,
+}
+
+impl Default for FilesConfig {
+    fn default() -> Self {
+        FilesConfig {
+            max_upload_bytes: 500 * 1024 * 1024,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -53,6 +69,7 @@ impl Default for Config {
             sizes: SizesConfig::default(),
             exec: ExecConfig::default(),
             rate_limits: Default::default(),
+            files: FilesConfig::default(),
         }
     }
 }

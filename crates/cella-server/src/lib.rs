@@ -15,6 +15,7 @@ pub mod openapi;
 pub mod ratelimit;
 pub mod routes;
 pub mod sandboxes;
+pub mod sse;
 pub mod util;
 
 use axum::extract::{DefaultBodyLimit, Request};
@@ -146,7 +147,7 @@ fn write_secret(path: &Path, secret: &str) -> std::io::Result<()> {
 
 /// Every route of the API, with the middleware that makes errors and request ids uniform.
 pub fn router(state: Arc<AppState>) -> Router {
-    use routes::{keys, meta, sandboxes as sb, templates, workspaces};
+    use routes::{files, keys, meta, sandboxes as sb, templates, workspaces};
     Router::new()
         .route("/healthz", get(meta::healthz))
         .route("/api/v1/openapi.json", get(meta::openapi))
@@ -165,6 +166,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/sandboxes", post(sb::create).get(sb::list))
         .route("/api/v1/sandboxes/{id}", get(sb::get).delete(sb::destroy))
         .route("/api/v1/sandboxes/{id}/exec", post(sb::exec))
+        .route("/api/v1/sandboxes/{id}/exec/stream", post(sb::exec_stream))
+        .route(
+            "/api/v1/sandboxes/{id}/files",
+            axum::routing::put(files::upload)
+                .get(files::download)
+                .delete(files::remove),
+        )
+        .route("/api/v1/sandboxes/{id}/files/list", get(files::list))
+        .route("/api/v1/sandboxes/{id}/files/stat", get(files::stat))
+        .route("/api/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
+        .route("/api/v1/sandboxes/{id}/files/move", post(files::rename))
         .route("/api/v1/sandboxes/{id}/pause", post(sb::pause))
         .route("/api/v1/sandboxes/{id}/resume", post(sb::resume))
         .route("/api/v1/sandboxes/{id}/stop", post(sb::stop))

@@ -19,6 +19,8 @@ use std::time::Duration;
 const TICK: Duration = Duration::from_millis(250);
 /// How often memory in use is sampled into the usage figures (in ticks).
 const MEMORY_SAMPLE_TICKS: u32 = 4;
+/// How often every sandbox's init is checked for life (in ticks).
+const LIVENESS_TICKS: u32 = 4;
 /// How often activity times are written to the store (in ticks).
 const ACTIVITY_FLUSH_TICKS: u32 = 8;
 
@@ -289,6 +291,9 @@ pub fn spawn_timers(state: Arc<AppState>) {
                 sample_memory(&state, now - last_sample).await;
                 last_sample = now;
             }
+            if n.is_multiple_of(LIVENESS_TICKS) {
+                check_liveness(&state).await;
+            }
             if n.is_multiple_of(ACTIVITY_FLUSH_TICKS) {
                 let _ = state
                     .store
@@ -339,6 +344,26 @@ async fn timers_once(state: &AppState) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// Notices sandboxes whose init died (killed from outside, host trouble) without waiting for
+/// the next request on them.
+async fn check_liveness(state: &AppState) {
+    let Ok(rows) = state.store.live_sandboxes().await else {
+        return;
+    };
+    for row in rows {
+        if !matches!(state_of(&row), SandboxState::Running | SandboxState::Paused) {
+            continue;
+        }
+        if let Some(h) = handle_of(&row) {
+            if !state.driver.alive(&h) {
+                tracing::warn!(sandbox = row.id, "sandbox init is gone");
+                let reason = "sandbox processes are gone: its init process died";
+                crate::sandboxes::mark_gone(state, &row.id, Some(&h), reason).await;
+            }
+        }
+    }
 }
 
 /// Adds memory in use x elapsed time to every running sandbox's usage.

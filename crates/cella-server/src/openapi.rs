@@ -1,6 +1,6 @@
 //! The OpenAPI 3 document, built from the handlers' annotations.
 
-use crate::routes::{keys, meta, sandboxes, templates, workspaces};
+use crate::routes::{files, keys, meta, sandboxes, templates, workspaces};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
@@ -46,6 +46,14 @@ impl Modify for BearerAuth {
         sandboxes::stop,
         sandboxes::set_timeout,
         sandboxes::usage,
+        sandboxes::exec_stream,
+        files::upload,
+        files::download,
+        files::list,
+        files::stat,
+        files::mkdir,
+        files::rename,
+        files::remove,
     ),
     components(schemas(cella_types::ErrorBody, cella_types::ErrorInfo)),
     modifiers(&BearerAuth)

@@ -41,10 +41,10 @@ impl Group {
         match head {
             "templates" | "snapshots" | "artifacts" if method == Method::GET => Some(Group::Read),
             "sandboxes" => {
-                if method == Method::GET {
+                let action = tail.split('/').nth(1).unwrap_or("");
+                if method == Method::GET && action != "pty" {
                     return Some(Group::Read);
                 }
-                let action = tail.split('/').nth(1).unwrap_or("");
                 match action {
                     "exec" | "processes" | "files" | "code" | "pty" => Some(Group::Exec),
                     _ => Some(Group::Lifecycle),

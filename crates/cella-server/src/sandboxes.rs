@@ -405,7 +405,14 @@ pub async fn destroy(
 
 /// Records that a sandbox's processes are gone. A persistent sandbox keeps its files and goes to
 /// `stopped` (resume boots it again); any other goes to `error` and is cleared from the host.
-pub(crate) async fn mark_gone(state: &AppState, id: &str, reason: &str) {
+/// `seen` is the handle that was found dead: when the sandbox has another one by now (it was
+/// stopped and resumed meanwhile), nothing is done.
+pub(crate) async fn mark_gone(
+    state: &AppState,
+    id: &str,
+    seen: Option<&SandboxHandle>,
+    reason: &str,
+) {
     let _guard = state.locks.lock(id).await;
     let Ok(Some(mut row)) = state.store.sandbox(id).await else {
         return;
@@ -414,6 +421,11 @@ pub(crate) async fn mark_gone(state: &AppState, id: &str, reason: &str) {
         return;
     }
     let handle = handle_of(&row);
+    if seen.is_some() && handle.as_ref() != seen {
+        return;
+    }
+    // Bank the CPU time of this boot while its cgroup still exists.
+    settle(state, &mut row, now_ms());
     let keep = row.persistent && state_of(&row) != SandboxState::Provisioning;
     let res = if keep {
         state.driver.stop(id, handle.as_ref()).await
@@ -423,7 +435,6 @@ pub(crate) async fn mark_gone(state: &AppState, id: &str, reason: &str) {
     if let Err(e) = res {
         tracing::error!(sandbox = id, "clearing a sandbox that is gone: {e}");
     }
-    settle(state, &mut row, now_ms());
     row.state = if keep {
         SandboxState::Stopped
     } else {
@@ -440,12 +451,13 @@ pub(crate) async fn mark_gone(state: &AppState, id: &str, reason: &str) {
     }
 }
 
-/// Runs one command in a running sandbox and collects its output.
-pub async fn exec(
-    state: &AppState,
+/// Checks an exec request against a running sandbox and turns it into the agent's spec.
+/// `output_cap` bounds each stream (None for a streamed exec, which keeps nothing).
+pub fn exec_spec(
     row: &SandboxRow,
     req: ExecRequest,
-) -> Result<ExecResult, ApiError> {
+    output_cap: Option<u64>,
+) -> Result<(SandboxHandle, ExecSpec), ApiError> {
     if state_of(row) != SandboxState::Running {
         return Err(ApiError::new(
             ErrorCode::SandboxNotRunning,
@@ -493,8 +505,18 @@ pub async fn exec(
         gid: uid,
         stdin: req.stdin.map(String::into_bytes),
         timeout_ms: timeout as u64 * 1000,
-        output_cap: Some(state.config.exec.output_cap_bytes),
+        output_cap,
     };
+    Ok((handle, spec))
+}
+
+/// Runs one command in a running sandbox and collects its output.
+pub async fn exec(
+    state: &AppState,
+    row: &SandboxRow,
+    req: ExecRequest,
+) -> Result<ExecResult, ApiError> {
+    let (handle, spec) = exec_spec(row, req, Some(state.config.exec.output_cap_bytes))?;
     // A running command is activity for the idle timer for as long as it runs.
     let _busy = state.activity.busy(&row.id);
     let (tx, mut rx) = mpsc::channel(64);
@@ -519,25 +541,36 @@ pub async fn exec(
             stdout_truncated: info.stdout_truncated,
             stderr_truncated: info.stderr_truncated,
         }),
-        Err(DriverError::BadCwd(m)) => Err(ApiError::invalid("cwd", m)),
-        Err(e) => {
-            tracing::warn!(sandbox = row.id, "exec failed: {e}");
-            match state.driver.probe(&handle).await {
-                Probe::Gone(reason) => {
-                    mark_gone(
-                        state,
-                        &row.id,
-                        &format!("sandbox processes are gone: {reason}"),
-                    )
-                    .await;
-                    Err(ApiError::new(
-                        ErrorCode::SandboxNotRunning,
-                        format!("sandbox is no longer running: {reason}"),
-                    ))
-                }
-                Probe::Alive => Err(ApiError::internal()),
-            }
+        Err(e) => Err(exec_failure(state, &row.id, &handle, e).await),
+    }
+}
+
+/// What an exec that failed in the driver answers; a sandbox found dead is recorded as such.
+pub async fn exec_failure(
+    state: &AppState,
+    id: &str,
+    handle: &SandboxHandle,
+    e: DriverError,
+) -> ApiError {
+    if let DriverError::BadCwd(m) = e {
+        return ApiError::invalid("cwd", m);
+    }
+    tracing::warn!(sandbox = id, "exec failed: {e}");
+    match state.driver.probe(handle).await {
+        Probe::Gone(reason) => {
+            mark_gone(
+                state,
+                id,
+                Some(handle),
+                &format!("sandbox processes are gone: {reason}"),
+            )
+            .await;
+            ApiError::new(
+                ErrorCode::SandboxNotRunning,
+                format!("sandbox is no longer running: {reason}"),
+            )
         }
+        Probe::Alive => ApiError::internal(),
     }
 }
 
@@ -556,7 +589,7 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
             (SandboxState::Stopped, _) => {}
             (SandboxState::Provisioning, _) => {
                 let reason = "the server stopped while the sandbox was being created";
-                mark_gone(state, &row.id, reason).await;
+                mark_gone(state, &row.id, None, reason).await;
             }
             (_, Some(h)) => match state.driver.probe(&h).await {
                 Probe::Alive => {
@@ -566,10 +599,10 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
                 Probe::Gone(reason) => {
                     tracing::warn!(sandbox = row.id, "sandbox is gone: {reason}");
                     let reason = format!("sandbox processes are gone: {reason}");
-                    mark_gone(state, &row.id, &reason).await;
+                    mark_gone(state, &row.id, Some(&h), &reason).await;
                 }
             },
-            (_, None) => mark_gone(state, &row.id, "sandbox has no runtime record").await,
+            (_, None) => mark_gone(state, &row.id, None, "sandbox has no runtime record").await,
         }
     }
     for id in state.driver.leftovers() {

@@ -57,6 +57,7 @@ pub enum ErrorCode {
     RateLimited,
     ConcurrencyLimit,
     InsufficientFunds,
+    RangeNotSatisfiable,
     Internal,
     Unavailable,
 }
@@ -77,6 +78,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => "RATE_LIMITED",
             ErrorCode::ConcurrencyLimit => "CONCURRENCY_LIMIT",
             ErrorCode::InsufficientFunds => "INSUFFICIENT_FUNDS",
+            ErrorCode::RangeNotSatisfiable => "RANGE_NOT_SATISFIABLE",
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::Unavailable => "UNAVAILABLE",
         }
@@ -95,6 +97,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::RateLimited | ErrorCode::ConcurrencyLimit => 429,
             ErrorCode::InsufficientFunds => 402,
+            ErrorCode::RangeNotSatisfiable => 416,
             ErrorCode::Internal => 500,
             ErrorCode::Unavailable => 503,
         }
@@ -437,7 +440,8 @@ pub struct Sandbox {
     pub created_at: String,
     pub started_at: Option<String>,
     pub destroyed_at: Option<String>,
-    /// Why the sandbox is in `error` (or was destroyed by the server), else null.
+    /// Why the sandbox is in its state when the server put it there (a failure, a timer, or
+    /// processes that died), else null.
     pub state_reason: Option<String>,
 }
 
@@ -532,4 +536,59 @@ pub struct Usage {
     /// Memory in use now, when the sandbox has processes.
     pub memory_mib_now: Option<f64>,
     pub measured_at: String,
+}
+
+/// One file or directory inside a sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FileEntry {
+    pub name: String,
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub size: u64,
+    /// Permission bits in octal, e.g. `"0644"`.
+    pub mode: String,
+    pub modified_at: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Where a symlink points (as written in the link).
+    pub symlink_target: Option<String>,
+}
+
+/// `GET /api/v1/sandboxes/{id}/files/list`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FileList {
+    pub data: Vec<FileEntry>,
+    pub next_cursor: Option<String>,
+    /// True when the listing stopped at `limit` entries.
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MkdirRequest {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MoveRequest {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Deleted {
+    pub path: String,
+    pub deleted: bool,
+}
+
+/// The `exit` event of a streamed exec.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExecExit {
+    pub exit_code: i32,
+    pub duration_ms: u64,
+    pub timed_out: bool,
 }

@@ -237,7 +237,8 @@ impl Driver for NamespaceDriver {
         let res = tokio::task::spawn_blocking(move || {
             let r = this.launch(&spec2);
             if r.is_err() {
-                // A failed first boot leaves nothing; a failed reboot keeps the files.
+                // A failed boot keeps the writable layer (a stopped sandbox's files must survive a
+                // failed resume); destroying the sandbox removes it.
                 let _ = this.remove(&spec2.id, None, true);
             }
             r
@@ -247,7 +248,7 @@ impl Driver for NamespaceDriver {
         let handle = res?;
         let client = AgentClient::new(&handle.socket);
         if let Err(e) = client.ping(Duration::from_secs(10)).await {
-            let _ = self.destroy(&handle.id, Some(&handle)).await;
+            let _ = self.stop(&handle.id, Some(&handle)).await;
             return Err(DriverError::Launch(format!("agent did not answer: {e}")));
         }
         Ok(handle)
@@ -314,6 +315,14 @@ impl Driver for NamespaceDriver {
 
     async fn unpause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
         cgroup::thaw(&handle.cgroup)
+    }
+
+    fn agent(&self, handle: &SandboxHandle) -> AgentClient {
+        AgentClient::new(&handle.socket)
+    }
+
+    fn alive(&self, handle: &SandboxHandle) -> bool {
+        process_start_time(handle.pid) == Some(handle.start_time)
     }
 
     fn usage(&self, handle: &SandboxHandle) -> Option<ResourceUsage> {

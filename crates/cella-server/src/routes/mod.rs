@@ -1,5 +1,6 @@
 //! HTTP handlers: each checks scopes, reads the request, calls the service, shapes the answer.
 
+pub mod files;
 pub mod keys;
 pub mod meta;
 pub mod sandboxes;

@@ -3,15 +3,18 @@ use crate::error::ApiError;
 use crate::extract::{cursor_for, ApiBody, Page, QueryPairs};
 use crate::lifecycle;
 use crate::sandboxes as svc;
+use crate::sse::{self, OutputEncoder};
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Json;
 use cella_store::{SandboxFilter, SandboxRow};
 use cella_types::{
-    CreateSandbox, Data, ExecRequest, ExecResult, List, Sandbox, SandboxState, Scope, SetTimeout,
-    Usage,
+    CreateSandbox, Data, ExecExit, ExecRequest, ExecResult, List, Sandbox, SandboxState, Scope,
+    SetTimeout, Usage,
 };
+use serde_json::json;
 use std::sync::Arc;
 
 /// The sandbox, if it exists and belongs to the caller's workspace; else 404.
@@ -225,4 +228,81 @@ pub async fn usage(
     Ok(Json(Data {
         data: lifecycle::usage(&state, &row),
     }))
+}
+
+/// Run a command and stream its output as server-sent events: `stdout` and `stderr` (each a
+/// JSON string of text, or `{"b64"}` for bytes that are not UTF-8), then one `exit` (or `error`).
+/// A client that hangs up kills the command. Scope `sandboxes:exec`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/exec/stream", tag = "sandboxes", security(("bearer" = [])),
+    request_body = ExecRequest, params(("id" = String, Path)),
+    responses((status = 200, content_type = "text/event-stream", description = "stdout, stderr, then exit"),
+              (status = 400, body = cella_types::ErrorBody), (status = 404, body = cella_types::ErrorBody),
+              (status = 409, body = cella_types::ErrorBody)))]
+pub async fn exec_stream(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: ApiBody,
+) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError>
+{
+    auth.require(Scope::SandboxesExec)?;
+    let req: ExecRequest = body.json()?;
+    let row = find(&state, &auth, &id).await?;
+    if svc::state_of(&row) != SandboxState::Running {
+        return Err(ApiError::new(
+            cella_types::ErrorCode::SandboxNotRunning,
+            format!("sandbox is {}, not running", row.state),
+        ));
+    }
+    let (handle, spec) = svc::exec_spec(&row, req, None)?;
+    let (ev_tx, ev_rx) = tokio::sync::mpsc::channel(64);
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let busy = state.activity.busy(&id);
+    let st = state.clone();
+    tokio::spawn(async move {
+        let outcome = match st.driver.exec(&handle, spec, ev_tx).await {
+            Ok(info) => Ok(info),
+            // The client hung up: the agent has killed the command; nobody is listening.
+            Err(cella_runtime::DriverError::ClientGone) => return,
+            Err(e) => Err(svc::exec_failure(&st, &id, &handle, e).await),
+        };
+        let _ = done_tx.send(outcome);
+        drop(busy);
+    });
+    let start = (ev_rx, Some(done_rx), OutputEncoder::default());
+    let stream = futures_util::stream::unfold(start, |(mut rx, mut done, mut enc)| async move {
+        loop {
+            if let Some(ev) = enc.pending.pop_front() {
+                return Some((Ok(ev), (rx, done, enc)));
+            }
+            if let Some(out) = rx.recv().await {
+                enc.push(out);
+                continue;
+            }
+            // Output is over: flush what was held back, then the exit (or error) event.
+            let done_rx = done.take()?;
+            enc.finish();
+            let last = match done_rx.await {
+                Ok(Ok(info)) => sse::event(
+                    "exit",
+                    &serde_json::to_value(ExecExit {
+                        exit_code: info.exit_code,
+                        duration_ms: info.duration_ms,
+                        timed_out: info.timed_out,
+                    })
+                    .unwrap_or_default(),
+                ),
+                Ok(Err(e)) => sse::event(
+                    "error",
+                    &json!({ "error": { "code": e.code.as_str(), "message": e.message, "details": e.details } }),
+                ),
+                Err(_) => sse::event(
+                    "error",
+                    &json!({ "error": { "code": "INTERNAL", "message": "the command ended without an exit status", "details": null } }),
+                ),
+            };
+            enc.pending.push_back(last);
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }

@@ -1,0 +1,408 @@
+//! File operations, done by the agent inside the sandbox.
+//!
+//! The agent's root directory is the sandbox's root, so every path (with its `..` parts and
+//! symlinks, absolute or relative) resolves inside the sandbox: the host's files are not in the
+//! agent's mount namespace at all. Blocking file work runs on tokio's blocking pool so that one
+//! large file never holds up other requests.
+
+use crate::proto::{self, ErrorKind, FileInfo, FrameKind, ProtoError, Response};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixStream;
+
+/// Bytes per `Data` frame of a download.
+const CHUNK: usize = 256 * 1024;
+
+pub fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
+    Response::Error {
+        kind,
+        message: message.into(),
+    }
+}
+
+fn io_error(path: &str, e: &std::io::Error) -> Response {
+    let kind = match e.kind() {
+        std::io::ErrorKind::NotFound => ErrorKind::NotFound,
+        std::io::ErrorKind::AlreadyExists
+        | std::io::ErrorKind::DirectoryNotEmpty
+        | std::io::ErrorKind::IsADirectory
+        | std::io::ErrorKind::NotADirectory => ErrorKind::Conflict,
+        _ => match e.raw_os_error() {
+            Some(libc::ENOTDIR)
+            | Some(libc::EISDIR)
+            | Some(libc::ENOTEMPTY)
+            | Some(libc::EEXIST) => ErrorKind::Conflict,
+            Some(libc::EINVAL) | Some(libc::ENAMETOOLONG) => ErrorKind::BadRequest,
+            _ => ErrorKind::Internal,
+        },
+    };
+    error(kind, format!("{path}: {e}"))
+}
+
+// The error is the answer itself, sent at once; it is never passed further.
+#[allow(clippy::result_large_err)]
+/// Paths must be absolute; `.` and `..` are resolved by the kernel inside the sandbox.
+fn check(path: &str) -> Result<PathBuf, Response> {
+    if !path.starts_with('/') || path.contains('\0') {
+        return Err(error(
+            ErrorKind::BadRequest,
+            format!("path must be absolute: {path:?}"),
+        ));
+    }
+    Ok(PathBuf::from(path))
+}
+
+fn info_of(path: &Path, meta: &std::fs::Metadata) -> FileInfo {
+    let ft = meta.file_type();
+    let kind = if ft.is_symlink() {
+        "symlink"
+    } else if ft.is_dir() {
+        "dir"
+    } else if ft.is_file() {
+        "file"
+    } else {
+        "other"
+    };
+    FileInfo {
+        name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "/".into()),
+        path: path.display().to_string(),
+        kind: kind.into(),
+        size: meta.len(),
+        mode: meta.permissions().mode() & 0o7777,
+        modified: meta.mtime(),
+        uid: meta.uid(),
+        gid: meta.gid(),
+        target: ft
+            .is_symlink()
+            .then(|| std::fs::read_link(path).ok())
+            .flatten()
+            .map(|t| t.display().to_string()),
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f)
+        .await
+        .expect("file task panicked")
+}
+
+pub async fn stat(path: String) -> Response {
+    let p = match check(&path) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    blocking(move || match std::fs::symlink_metadata(&p) {
+        Ok(m) => Response::Stat(info_of(&p, &m)),
+        Err(e) => io_error(&path, &e),
+    })
+    .await
+}
+
+pub async fn list(path: String, recursive: bool, limit: usize) -> Response {
+    let p = match check(&path) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    blocking(move || {
+        let mut entries = Vec::new();
+        let mut stack = vec![p.clone()];
+        let mut truncated = false;
+        match std::fs::metadata(&p) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return error(ErrorKind::Conflict, format!("{path} is not a directory")),
+            Err(e) => return io_error(&path, &e),
+        }
+        while let Some(dir) = stack.pop() {
+            let rd = match std::fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) if dir == p => return io_error(&path, &e),
+                Err(_) => continue,
+            };
+            let mut names: Vec<_> = rd.flatten().collect();
+            names.sort_by_key(|e| e.file_name());
+            for e in names {
+                let Ok(m) = std::fs::symlink_metadata(e.path()) else {
+                    continue;
+                };
+                if entries.len() >= limit {
+                    truncated = true;
+                    break;
+                }
+                if recursive && m.is_dir() {
+                    stack.push(e.path());
+                }
+                entries.push(info_of(&e.path(), &m));
+            }
+            if truncated {
+                break;
+            }
+        }
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        Response::Entries { entries, truncated }
+    })
+    .await
+}
+
+fn chown_new_dirs(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    // Create one level at a time so that only the directories made here change owner.
+    let mut missing = Vec::new();
+    let mut cur = path.to_path_buf();
+    while !cur.exists() {
+        missing.push(cur.clone());
+        if !cur.pop() {
+            break;
+        }
+    }
+    for d in missing.into_iter().rev() {
+        std::fs::create_dir(&d)?;
+        std::os::unix::fs::chown(&d, Some(uid), Some(gid))?;
+    }
+    Ok(())
+}
+
+pub async fn mkdir(path: String, uid: u32, gid: u32) -> Response {
+    let p = match check(&path) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    blocking(move || {
+        if let Ok(m) = std::fs::metadata(&p) {
+            return if m.is_dir() {
+                Response::Done { bytes: 0 }
+            } else {
+                error(
+                    ErrorKind::Conflict,
+                    format!("{path} exists and is not a directory"),
+                )
+            };
+        }
+        match chown_new_dirs(&p, uid, gid) {
+            Ok(()) => Response::Done { bytes: 0 },
+            Err(e) => io_error(&path, &e),
+        }
+    })
+    .await
+}
+
+pub async fn rename(from: String, to: String) -> Response {
+    let (f, t) = match (check(&from), check(&to)) {
+        (Ok(f), Ok(t)) => (f, t),
+        (Err(r), _) | (_, Err(r)) => return r,
+    };
+    blocking(move || {
+        if let Err(e) = std::fs::symlink_metadata(&f) {
+            return io_error(&from, &e);
+        }
+        match std::fs::rename(&f, &t) {
+            Ok(()) => Response::Done { bytes: 0 },
+            Err(e) => io_error(&to, &e),
+        }
+    })
+    .await
+}
+
+pub async fn remove(path: String, recursive: bool) -> Response {
+    let p = match check(&path) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    if p == Path::new("/") {
+        return error(ErrorKind::BadRequest, "refusing to remove /");
+    }
+    blocking(move || {
+        let m = match std::fs::symlink_metadata(&p) {
+            Ok(m) => m,
+            Err(e) => return io_error(&path, &e),
+        };
+        let r = if m.is_dir() {
+            if recursive {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_dir(&p)
+            }
+        } else {
+            std::fs::remove_file(&p)
+        };
+        match r {
+            Ok(()) => Response::Done { bytes: 0 },
+            Err(e) if m.is_dir() && !recursive && e.raw_os_error() == Some(libc::ENOTEMPTY) => {
+                error(
+                    ErrorKind::Conflict,
+                    format!("{path} is a directory that is not empty; remove it recursively"),
+                )
+            }
+            Err(e) => io_error(&path, &e),
+        }
+    })
+    .await
+}
+
+/// Streams a file (or a range of it) to the node.
+pub async fn read(
+    stream: &mut UnixStream,
+    path: String,
+    offset: u64,
+    length: Option<u64>,
+) -> Result<(), ProtoError> {
+    let p = match check(&path) {
+        Ok(p) => p,
+        Err(r) => return proto::write_json(stream, &r).await,
+    };
+    let opened = blocking(move || -> Result<(std::fs::File, u64), std::io::Error> {
+        let f = std::fs::File::open(&p)?;
+        let m = f.metadata()?;
+        if m.is_dir() {
+            return Err(std::io::Error::from_raw_os_error(libc::EISDIR));
+        }
+        Ok((f, m.len()))
+    })
+    .await;
+    let (mut file, size) = match opened {
+        Ok(x) => x,
+        Err(e) => return proto::write_json(stream, &io_error(&path, &e)).await,
+    };
+    let offset = offset.min(size);
+    let length = length.unwrap_or(u64::MAX).min(size - offset);
+    proto::write_json(
+        stream,
+        &Response::FileStart {
+            size,
+            offset,
+            length,
+        },
+    )
+    .await?;
+    let mut left = length;
+    let mut pos = offset;
+    while left > 0 {
+        let want = (left as usize).min(CHUNK);
+        let (f, buf) = blocking(move || {
+            let mut buf = vec![0u8; want];
+            let n = file
+                .seek(SeekFrom::Start(pos))
+                .and_then(|_| file.read(&mut buf));
+            (
+                file,
+                n.map(|n| {
+                    buf.truncate(n);
+                    buf
+                }),
+            )
+        })
+        .await;
+        file = f;
+        let buf = buf?;
+        if buf.is_empty() {
+            break; // the file shrank meanwhile
+        }
+        proto::write_frame(stream, FrameKind::Data, &buf).await?;
+        left -= buf.len() as u64;
+        pos += buf.len() as u64;
+    }
+    stream.flush().await?;
+    proto::write_json(
+        stream,
+        &Response::Done {
+            bytes: length - left,
+        },
+    )
+    .await
+}
+
+/// Receives a file from the node into a temporary file beside the target, then renames it
+/// into place; anything short of a complete upload leaves nothing behind.
+pub async fn write(
+    stream: &mut UnixStream,
+    path: String,
+    uid: u32,
+    gid: u32,
+    mode: u32,
+    max_bytes: u64,
+) -> Result<(), ProtoError> {
+    let p = match check(&path) {
+        Ok(p) => p,
+        Err(r) => return proto::write_json(stream, &r).await,
+    };
+    let Some(parent) = p.parent().map(Path::to_path_buf) else {
+        return proto::write_json(stream, &error(ErrorKind::BadRequest, "cannot write /")).await;
+    };
+    let tmp = parent.join(format!(
+        ".cella-upload-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    let (tmp2, parent2) = (tmp.clone(), parent.clone());
+    let created = blocking(move || -> std::io::Result<std::fs::File> {
+        if std::fs::metadata(&parent2).is_err() {
+            chown_new_dirs(&parent2, uid, gid)?;
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp2)
+    })
+    .await;
+    let mut file = match created {
+        Ok(f) => f,
+        Err(e) => return proto::write_json(stream, &io_error(&path, &e)).await,
+    };
+    let mut total: u64 = 0;
+    let outcome: Result<(), Response> = loop {
+        match proto::read_frame(stream).await {
+            Ok(Some((FrameKind::Data, data))) => {
+                total += data.len() as u64;
+                if total > max_bytes {
+                    break Err(error(
+                        ErrorKind::TooLarge,
+                        format!("upload is larger than {max_bytes} bytes"),
+                    ));
+                }
+                let (f, r) = blocking(move || {
+                    let r = file.write_all(&data);
+                    (file, r)
+                })
+                .await;
+                file = f;
+                if let Err(e) = r {
+                    break Err(io_error(&path, &e));
+                }
+            }
+            Ok(Some((FrameKind::DataEnd, _))) => break Ok(()),
+            // The node went away or sent nonsense: the upload is incomplete.
+            _ => break Err(error(ErrorKind::BadRequest, "upload ended early")),
+        }
+    };
+    let tmp3 = tmp.clone();
+    let finished = match outcome {
+        Ok(()) => blocking(move || -> std::io::Result<()> {
+            file.sync_all()?;
+            drop(file);
+            std::fs::set_permissions(&tmp3, std::fs::Permissions::from_mode(mode))?;
+            std::os::unix::fs::chown(&tmp3, Some(uid), Some(gid))?;
+            std::fs::rename(&tmp3, &p)
+        })
+        .await
+        .map_err(|e| io_error(&path, &e)),
+        Err(r) => Err(r),
+    };
+    match finished {
+        Ok(()) => proto::write_json(stream, &Response::Done { bytes: total }).await,
+        Err(r) => {
+            let _ = std::fs::remove_file(&tmp);
+            proto::write_json(stream, &r).await
+        }
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
