@@ -49,6 +49,9 @@ enum Command {
     /// Create, list, inspect, run commands in, and destroy sandboxes.
     #[command(subcommand, alias = "sb")]
     Sandbox(SandboxCmd),
+    /// Move files in and out of a sandbox.
+    #[command(subcommand)]
+    Files(FilesCmd),
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit,
 }
@@ -124,6 +127,91 @@ enum SandboxCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Freeze a running sandbox (memory kept).
+    Pause {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Thaw a paused sandbox, or boot a stopped one on its kept files.
+    Resume {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// End a sandbox's processes and keep its files.
+    Stop {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Set the active-session timeout (seconds) and restart it.
+    Timeout {
+        id: String,
+        seconds: u32,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Running, paused and billed time, CPU and memory.
+    Usage {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+#[derive(Subcommand)]
+enum FilesCmd {
+    /// Upload a local file (streamed).
+    Put {
+        id: String,
+        local: PathBuf,
+        remote: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Download a file; to standard output when LOCAL is absent or `-`.
+    Get {
+        id: String,
+        remote: String,
+        local: Option<PathBuf>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List a directory.
+    Ls {
+        id: String,
+        #[arg(default_value = "/home/user")]
+        path: String,
+        #[arg(long, short)]
+        recursive: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Delete a file (a directory with -r).
+    Rm {
+        id: String,
+        path: String,
+        #[arg(long, short)]
+        recursive: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Make a directory and its parents.
+    Mkdir {
+        id: String,
+        path: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Move or rename.
+    Mv {
+        id: String,
+        from: String,
+        to: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -157,6 +245,7 @@ async fn run(cmd: Command) -> ExitCode {
         } => serve(listen, data_dir, config).await,
         Command::Templates { conn } => report(templates(&conn).await, &conn),
         Command::Sandbox(sc) => sandbox(sc).await,
+        Command::Files(fc) => files(fc).await,
         Command::SandboxInit => unreachable!("handled before the runtime starts"),
     }
 }
@@ -380,6 +469,44 @@ async fn sandbox(cmd: SandboxCmd) -> ExitCode {
             });
             report(r, &conn)
         }
+        SandboxCmd::Pause { id, conn } => {
+            let r = client(&conn)
+                .pause(&id)
+                .await
+                .map(|s| (format!("{} paused\n", s.id), to_json(&s)));
+            report(r, &conn)
+        }
+        SandboxCmd::Resume { id, conn } => {
+            let r = client(&conn)
+                .resume(&id)
+                .await
+                .map(|s| (format!("{} running\n", s.id), to_json(&s)));
+            report(r, &conn)
+        }
+        SandboxCmd::Stop { id, conn } => {
+            let r = client(&conn)
+                .stop(&id)
+                .await
+                .map(|s| (format!("{} stopped\n", s.id), to_json(&s)));
+            report(r, &conn)
+        }
+        SandboxCmd::Timeout { id, seconds, conn } => {
+            let r = client(&conn)
+                .set_timeout(&id, seconds)
+                .await
+                .map(|s| (describe(&s), to_json(&s)));
+            report(r, &conn)
+        }
+        SandboxCmd::Usage { id, conn } => {
+            let r = client(&conn).usage(&id).await.map(|u| {
+                let t = format!(
+                    "running_sec    {:.1}\npaused_sec     {:.1}\nbilled_sec     {}\ncpu_sec        {:.2}\nmemory_mib_sec {:.1}\n",
+                    u.running_sec, u.paused_sec, u.billed_sec, u.cpu_sec, u.memory_mib_sec
+                );
+                (t, to_json(&u))
+            });
+            report(r, &conn)
+        }
         SandboxCmd::Exec {
             id,
             shell,
@@ -403,6 +530,33 @@ async fn sandbox(cmd: SandboxCmd) -> ExitCode {
                 timeout_sec: timeout,
                 ..Default::default()
             };
+            if !conn.json {
+                // Output as it comes, each stream to its own.
+                use std::io::Write;
+                let result = client(&conn)
+                    .exec_stream(&id, &req, |o| match o {
+                        cella_client::Output::Stdout(b) => {
+                            let mut out = std::io::stdout().lock();
+                            let _ = out.write_all(&b);
+                            let _ = out.flush();
+                        }
+                        cella_client::Output::Stderr(b) => {
+                            let mut err = std::io::stderr().lock();
+                            let _ = err.write_all(&b);
+                            let _ = err.flush();
+                        }
+                    })
+                    .await;
+                return match result {
+                    Ok(exit) => {
+                        if exit.timed_out {
+                            eprintln!("cella: command timed out");
+                        }
+                        ExitCode::from((exit.exit_code & 0xff) as u8)
+                    }
+                    Err(e) => fail(e),
+                };
+            }
             match client(&conn).exec(&id, &req).await {
                 Ok(r) => {
                     if conn.json {
@@ -419,6 +573,130 @@ async fn sandbox(cmd: SandboxCmd) -> ExitCode {
                 }
                 Err(e) => fail(e),
             }
+        }
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or_default()
+}
+
+async fn files(cmd: FilesCmd) -> ExitCode {
+    match cmd {
+        FilesCmd::Put {
+            id,
+            local,
+            remote,
+            conn,
+        } => {
+            let file = match tokio::fs::File::open(&local).await {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("cella: {}: {e}", local.display());
+                    return ExitCode::from(1);
+                }
+            };
+            let r = client(&conn)
+                .upload(&id, &remote, file)
+                .await
+                .map(|f| (format!("{} ({} bytes)\n", f.path, f.size), to_json(&f)));
+            report(r, &conn)
+        }
+        FilesCmd::Get {
+            id,
+            remote,
+            local,
+            conn,
+        } => {
+            use tokio::io::AsyncWriteExt;
+            let mut res = match client(&conn).download(&id, &remote).await {
+                Ok(r) => r,
+                Err(e) => return fail(e),
+            };
+            let mut out: Box<dyn tokio::io::AsyncWrite + Unpin> = match local.as_deref() {
+                None => Box::new(tokio::io::stdout()),
+                Some(p) if p == std::path::Path::new("-") => Box::new(tokio::io::stdout()),
+                Some(p) => match tokio::fs::File::create(p).await {
+                    Ok(f) => Box::new(f),
+                    Err(e) => {
+                        eprintln!("cella: {}: {e}", p.display());
+                        return ExitCode::from(1);
+                    }
+                },
+            };
+            loop {
+                match res.chunk().await {
+                    Ok(Some(c)) => {
+                        if let Err(e) = out.write_all(&c).await {
+                            eprintln!("cella: writing: {e}");
+                            return ExitCode::from(1);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        eprintln!("cella: download interrupted: {e}");
+                        return ExitCode::from(1);
+                    }
+                }
+            }
+            let _ = out.flush().await;
+            ExitCode::SUCCESS
+        }
+        FilesCmd::Ls {
+            id,
+            path,
+            recursive,
+            conn,
+        } => {
+            let r = client(&conn)
+                .list_files(&id, &path, recursive)
+                .await
+                .map(|l| {
+                    let mut t = String::new();
+                    for e in &l.data {
+                        let name = if recursive {
+                            e.path.clone()
+                        } else {
+                            e.name.clone()
+                        };
+                        let suffix = if e.kind == "dir" { "/" } else { "" };
+                        t += &format!(
+                            "{} {:>10} {} {}{}\n",
+                            e.mode, e.size, e.modified_at, name, suffix
+                        );
+                    }
+                    if l.truncated {
+                        t += "(listing cut short)\n";
+                    }
+                    (t, to_json(&l))
+                });
+            report(r, &conn)
+        }
+        FilesCmd::Rm {
+            id,
+            path,
+            recursive,
+            conn,
+        } => {
+            let r = client(&conn)
+                .remove_file(&id, &path, recursive)
+                .await
+                .map(|d| (format!("{} deleted\n", d.path), to_json(&d)));
+            report(r, &conn)
+        }
+        FilesCmd::Mkdir { id, path, conn } => {
+            let r = client(&conn)
+                .make_dir(&id, &path)
+                .await
+                .map(|f| (format!("{}\n", f.path), to_json(&f)));
+            report(r, &conn)
+        }
+        FilesCmd::Mv { id, from, to, conn } => {
+            let r = client(&conn)
+                .move_file(&id, &from, &to)
+                .await
+                .map(|f| (format!("{}\n", f.path), to_json(&f)));
+            report(r, &conn)
         }
     }
 }

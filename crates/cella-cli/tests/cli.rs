@@ -138,3 +138,102 @@ fn the_readme_curl_session_runs_as_written() {
     let left = s.get("/api/v1/sandboxes?state=running");
     assert!(left.data().as_array().unwrap().is_empty(), "{}", left.body);
 }
+
+#[test]
+fn cli_streams_exec_moves_files_and_drives_the_lifecycle() {
+    let s = Server::start();
+    let c = cella(&s, &["sandbox", "create", "--size", "xs", "--json"]);
+    let id = serde_json::from_slice::<serde_json::Value>(&c.stdout).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // Streamed output: stdout and stderr each to their own, bytes exact, exit code passed through.
+    let e = cella(
+        &s,
+        &[
+            "sandbox",
+            "exec",
+            &id,
+            "-c",
+            "printf 'a\\xffb'; echo warn >&2; exit 3",
+        ],
+    );
+    assert_eq!(e.status.code(), Some(3));
+    assert_eq!(e.stdout, b"a\xffb");
+    assert_eq!(String::from_utf8_lossy(&e.stderr), "warn\n");
+
+    let local = s.dir.path().join("up.txt");
+    std::fs::write(&local, "from the host\n").unwrap();
+    let put = cella(
+        &s,
+        &[
+            "files",
+            "put",
+            &id,
+            local.to_str().unwrap(),
+            "/home/user/docs/up.txt",
+        ],
+    );
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let ls = cella(&s, &["files", "ls", &id, "/home/user/docs"]);
+    assert!(text(&ls).contains("up.txt"), "{}", text(&ls));
+    let get = cella(&s, &["files", "get", &id, "/home/user/docs/up.txt"]);
+    assert_eq!(text(&get), "from the host\n");
+    let back = s.dir.path().join("back.txt");
+    assert!(cella(
+        &s,
+        &[
+            "files",
+            "get",
+            &id,
+            "/home/user/docs/up.txt",
+            back.to_str().unwrap()
+        ]
+    )
+    .status
+    .success());
+    assert_eq!(std::fs::read_to_string(&back).unwrap(), "from the host\n");
+    assert!(cella(
+        &s,
+        &[
+            "files",
+            "mv",
+            &id,
+            "/home/user/docs/up.txt",
+            "/home/user/docs/moved.txt"
+        ]
+    )
+    .status
+    .success());
+    assert!(
+        cella(&s, &["files", "mkdir", &id, "/home/user/docs/sub/deeper"])
+            .status
+            .success()
+    );
+    let rm = cella(&s, &["files", "rm", &id, "/home/user/docs"]);
+    assert_eq!(rm.status.code(), Some(1), "a directory needs -r");
+    assert!(String::from_utf8_lossy(&rm.stderr).contains("CONFLICT"));
+    assert!(cella(&s, &["files", "rm", "-r", &id, "/home/user/docs"])
+        .status
+        .success());
+    let gone = cella(&s, &["files", "get", &id, "/home/user/docs/moved.txt"]);
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("NOT_FOUND"));
+
+    assert!(text(&cella(&s, &["sandbox", "pause", &id])).contains("paused"));
+    let blocked = cella(&s, &["sandbox", "exec", &id, "--", "true"]);
+    assert!(String::from_utf8_lossy(&blocked.stderr).contains("SANDBOX_NOT_RUNNING"));
+    assert!(text(&cella(&s, &["sandbox", "resume", &id])).contains("running"));
+    let usage = cella(&s, &["sandbox", "usage", &id, "--json"]);
+    let usage: serde_json::Value = serde_json::from_slice(&usage.stdout).unwrap();
+    assert!(usage["running_sec"].as_f64().unwrap() > 0.0);
+    assert!(cella(&s, &["sandbox", "timeout", &id, "120"])
+        .status
+        .success());
+    assert!(text(&cella(&s, &["sandbox", "stop", &id])).contains("stopped"));
+    assert!(cella(&s, &["sandbox", "destroy", &id]).status.success());
+}

@@ -170,6 +170,251 @@ impl Client {
         .await
     }
 
+    pub async fn pause(&self, id: &str) -> Result<Sandbox, Error> {
+        self.data::<(), _>(Method::POST, &format!("/api/v1/sandboxes/{id}/pause"), None)
+            .await
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<Sandbox, Error> {
+        self.data::<(), _>(
+            Method::POST,
+            &format!("/api/v1/sandboxes/{id}/resume"),
+            None,
+        )
+        .await
+    }
+
+    pub async fn stop(&self, id: &str) -> Result<Sandbox, Error> {
+        self.data::<(), _>(Method::POST, &format!("/api/v1/sandboxes/{id}/stop"), None)
+            .await
+    }
+
+    pub async fn set_timeout(&self, id: &str, timeout_sec: u32) -> Result<Sandbox, Error> {
+        let body = SetTimeout { timeout_sec };
+        self.data(
+            Method::POST,
+            &format!("/api/v1/sandboxes/{id}/timeout"),
+            Some(&body),
+        )
+        .await
+    }
+
+    pub async fn usage(&self, id: &str) -> Result<Usage, Error> {
+        self.data::<(), _>(Method::GET, &format!("/api/v1/sandboxes/{id}/usage"), None)
+            .await
+    }
+
+    fn authed(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let rb = self.http.request(method, format!("{}{}", self.base, path));
+        match &self.key {
+            Some(k) => rb.bearer_auth(k),
+            None => rb,
+        }
+    }
+
+    async fn check(&self, res: reqwest::Response) -> Result<reqwest::Response, Error> {
+        let status = res.status().as_u16();
+        if status < 400 {
+            return Ok(res);
+        }
+        let request_id = res
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let bytes = res
+            .bytes()
+            .await
+            .map_err(|e| Error::Decode(e.to_string()))?;
+        Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(e) => Error::Api {
+                status,
+                code: e.error.code,
+                message: e.error.message,
+                details: e.error.details,
+                request_id,
+            },
+            Err(_) => Error::Decode(format!(
+                "HTTP {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            )),
+        })
+    }
+
+    fn connect_err(&self) -> impl Fn(reqwest::Error) -> Error + '_ {
+        move |source| Error::Connect {
+            server: self.base.clone(),
+            source,
+        }
+    }
+
+    /// Runs a command and hands its output to `on_output` as it comes; returns its exit.
+    pub async fn exec_stream(
+        &self,
+        id: &str,
+        req: &ExecRequest,
+        mut on_output: impl FnMut(Output),
+    ) -> Result<ExecExit, Error> {
+        use futures_util::StreamExt;
+        let res = self
+            .authed(Method::POST, &format!("/api/v1/sandboxes/{id}/exec/stream"))
+            .json(req)
+            .send()
+            .await
+            .map_err(self.connect_err())?;
+        let res = self.check(res).await?;
+        let mut body = res.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(chunk) = body.next().await {
+            buf.extend_from_slice(&chunk.map_err(|e| Error::Decode(e.to_string()))?);
+            while let Some(end) = find_event_end(&buf) {
+                let block = String::from_utf8_lossy(&buf[..end]).into_owned();
+                buf.drain(..end + 2);
+                let Some((name, data)) = parse_event(&block) else {
+                    continue;
+                };
+                match name.as_str() {
+                    "stdout" | "stderr" => {
+                        let bytes = decode_output(&data)?;
+                        on_output(if name == "stdout" {
+                            Output::Stdout(bytes)
+                        } else {
+                            Output::Stderr(bytes)
+                        });
+                    }
+                    "exit" => {
+                        return serde_json::from_value(data)
+                            .map_err(|e| Error::Decode(e.to_string()))
+                    }
+                    "error" => {
+                        let e: ErrorBody = serde_json::from_value(data)
+                            .map_err(|e| Error::Decode(e.to_string()))?;
+                        return Err(Error::Api {
+                            status: 0,
+                            code: e.error.code,
+                            message: e.error.message,
+                            details: e.error.details,
+                            request_id: String::new(),
+                        });
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Err(Error::Decode(
+            "the stream ended without an exit event".into(),
+        ))
+    }
+
+    /// Uploads a file; `body` may be a `tokio::fs::File` (streamed) or bytes.
+    pub async fn upload(
+        &self,
+        id: &str,
+        path: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> Result<FileEntry, Error> {
+        let res = self
+            .authed(Method::PUT, &format!("/api/v1/sandboxes/{id}/files"))
+            .query(&[("path", path)])
+            .body(body)
+            .send()
+            .await
+            .map_err(self.connect_err())?;
+        let res = self.check(res).await?;
+        let d: Data<FileEntry> = res.json().await.map_err(|e| Error::Decode(e.to_string()))?;
+        Ok(d.data)
+    }
+
+    /// Starts a download; read the bytes from the response (`chunk()` or `bytes_stream()`).
+    pub async fn download(&self, id: &str, path: &str) -> Result<reqwest::Response, Error> {
+        let res = self
+            .authed(Method::GET, &format!("/api/v1/sandboxes/{id}/files"))
+            .query(&[("path", path)])
+            .send()
+            .await
+            .map_err(self.connect_err())?;
+        self.check(res).await
+    }
+
+    pub async fn list_files(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> Result<FileList, Error> {
+        let q = [
+            ("path".to_string(), path.to_string()),
+            ("recursive".to_string(), recursive.to_string()),
+        ];
+        self.call::<(), _>(
+            Method::GET,
+            &format!("/api/v1/sandboxes/{id}/files/list"),
+            &q,
+            None,
+        )
+        .await
+    }
+
+    pub async fn stat_file(&self, id: &str, path: &str) -> Result<FileEntry, Error> {
+        let q = [("path".to_string(), path.to_string())];
+        Ok(self
+            .call::<(), Data<FileEntry>>(
+                Method::GET,
+                &format!("/api/v1/sandboxes/{id}/files/stat"),
+                &q,
+                None,
+            )
+            .await?
+            .data)
+    }
+
+    pub async fn make_dir(&self, id: &str, path: &str) -> Result<FileEntry, Error> {
+        let body = MkdirRequest {
+            path: path.to_string(),
+        };
+        self.data(
+            Method::POST,
+            &format!("/api/v1/sandboxes/{id}/files/mkdir"),
+            Some(&body),
+        )
+        .await
+    }
+
+    pub async fn move_file(&self, id: &str, from: &str, to: &str) -> Result<FileEntry, Error> {
+        let body = MoveRequest {
+            from: from.to_string(),
+            to: to.to_string(),
+        };
+        self.data(
+            Method::POST,
+            &format!("/api/v1/sandboxes/{id}/files/move"),
+            Some(&body),
+        )
+        .await
+    }
+
+    pub async fn remove_file(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> Result<Deleted, Error> {
+        let q = [
+            ("path".to_string(), path.to_string()),
+            ("recursive".to_string(), recursive.to_string()),
+        ];
+        Ok(self
+            .call::<(), Data<Deleted>>(
+                Method::DELETE,
+                &format!("/api/v1/sandboxes/{id}/files"),
+                &q,
+                None,
+            )
+            .await?
+            .data)
+    }
+
     pub async fn create_workspace(&self, req: &CreateWorkspace) -> Result<Workspace, Error> {
         self.data(Method::POST, "/api/v1/workspaces", Some(req))
             .await
@@ -177,5 +422,65 @@ impl Client {
 
     pub async fn create_api_key(&self, req: &CreateApiKey) -> Result<ApiKey, Error> {
         self.data(Method::POST, "/api/v1/api-keys", Some(req)).await
+    }
+}
+
+/// Output of a streamed command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+}
+
+fn find_event_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(2).position(|w| w == b"\n\n")
+}
+
+/// One server-sent event: its name and its JSON data.
+fn parse_event(block: &str) -> Option<(String, serde_json::Value)> {
+    let mut name = None;
+    let mut data = String::new();
+    for line in block.lines() {
+        if let Some(v) = line.strip_prefix("event:") {
+            name = Some(v.trim().to_string());
+        } else if let Some(v) = line.strip_prefix("data:") {
+            if !data.is_empty() {
+                data.push('\n');
+            }
+            data.push_str(v.strip_prefix(' ').unwrap_or(v));
+        }
+    }
+    Some((name?, serde_json::from_str(&data).ok()?))
+}
+
+fn decode_output(data: &serde_json::Value) -> Result<Vec<u8>, Error> {
+    use base64::Engine;
+    match data {
+        serde_json::Value::String(s) => Ok(s.clone().into_bytes()),
+        other => {
+            let b64 = other["b64"]
+                .as_str()
+                .ok_or_else(|| Error::Decode("output event without text or b64".into()))?;
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map_err(|e| Error::Decode(e.to_string()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_parse_text_and_bytes() {
+        let (n, d) = parse_event("event: stdout\ndata: \"hi\\n\"").unwrap();
+        assert_eq!(
+            (n.as_str(), decode_output(&d).unwrap()),
+            ("stdout", b"hi\n".to_vec())
+        );
+        let (_, d) = parse_event("event: stderr\ndata: {\"b64\":\"/wA=\"}").unwrap();
+        assert_eq!(decode_output(&d).unwrap(), vec![0xff, 0]);
+        assert_eq!(find_event_end(b"event: a\ndata: 1\n\nrest"), Some(16));
     }
 }
