@@ -281,3 +281,45 @@ pub enum WriteError<E> {
     Source(E),
     Agent(ClientError),
 }
+
+impl AgentClient {
+    /// Follows a spawned process's output into `events` until it exits (`Some(exit)`), or the
+    /// receiver goes away (`None`; the process carries on).
+    pub async fn follow(
+        &self,
+        pid: i32,
+        from_start: bool,
+        events: mpsc::Sender<ExecEvent>,
+    ) -> Result<Option<ExitInfo>, ClientError> {
+        let mut s = self.connect().await?;
+        proto::write_json(&mut s, &Request::Follow { pid, from_start }).await?;
+        match Self::answer(&mut s).await? {
+            Response::Started { .. } => {}
+            _ => return Err(ClientError::Unexpected),
+        }
+        loop {
+            let frame = tokio::select! {
+                f = proto::read_frame(&mut s) => f?,
+                _ = events.closed() => return Ok(None),
+            };
+            let ev = match frame {
+                None => return Err(ClientError::HungUp),
+                Some((FrameKind::Stdout, d)) => ExecEvent::Stdout(d),
+                Some((FrameKind::Stderr, d)) => ExecEvent::Stderr(d),
+                Some((FrameKind::Json, body)) => {
+                    return match serde_json::from_slice(&body).map_err(ProtoError::from)? {
+                        Response::Exit(info) => Ok(Some(info)),
+                        Response::Error { kind, message } => {
+                            Err(ClientError::Refused { kind, message })
+                        }
+                        _ => Err(ClientError::Unexpected),
+                    };
+                }
+                Some(_) => return Err(ClientError::Unexpected),
+            };
+            if events.send(ev).await.is_err() {
+                return Ok(None);
+            }
+        }
+    }
+}

@@ -75,6 +75,34 @@ pub enum Request {
         offset: u64,
         length: Option<u64>,
     },
+    /// Starts a process that outlives this connection; answers `Started`.
+    Spawn {
+        spec: ExecSpec,
+        tag: Option<String>,
+    },
+    /// Every process started with `Spawn` that is running or exited recently.
+    Processes,
+    Process {
+        pid: i32,
+    },
+    Signal {
+        pid: i32,
+        signal: i32,
+    },
+    /// Writes to a process's standard input; `close` closes it afterwards.
+    Stdin {
+        pid: i32,
+        data: Vec<u8>,
+        close: bool,
+    },
+    /// Streams a process's output (`Stdout`/`Stderr` frames; from the start of what the ring
+    /// buffer holds, or from now), then `Exit` once it ends.
+    Follow {
+        pid: i32,
+        from_start: bool,
+    },
+    /// When a spawned process last wrote output.
+    Activity,
     /// Followed by `Data` frames and one `DataEnd`; the file is replaced only when all of it
     /// arrived (a broken upload leaves nothing behind). Parents are created.
     Write {
@@ -84,6 +112,24 @@ pub enum Request {
         mode: u32,
         max_bytes: u64,
     },
+}
+
+/// A process started with `Spawn`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProcessInfo {
+    /// Its pid inside the sandbox.
+    pub pid: i32,
+    pub argv: Vec<String>,
+    pub tag: Option<String>,
+    pub uid: u32,
+    pub cwd: String,
+    /// Unix milliseconds.
+    pub started_at: i64,
+    pub running: bool,
+    pub exit_code: Option<i32>,
+    pub ended_at: Option<i64>,
+    /// Output bytes the ring buffer no longer holds.
+    pub dropped_bytes: u64,
 }
 
 /// What the files routes answer about a path.
@@ -148,6 +194,14 @@ pub enum Response {
         size: u64,
         offset: u64,
         length: u64,
+    },
+    Processes {
+        processes: Vec<ProcessInfo>,
+    },
+    Process(ProcessInfo),
+    /// Milliseconds since a spawned process last wrote output (None: never).
+    Activity {
+        idle_ms: Option<u64>,
     },
     /// A file operation is done; `bytes` is what a write stored.
     Done {

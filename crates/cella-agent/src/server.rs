@@ -2,6 +2,7 @@
 
 use crate::files;
 use crate::harden::Jail;
+use crate::procs::Procs;
 use crate::proto::{self, ErrorKind, ExecSpec, ExitInfo, FrameKind, Request, Response};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -47,12 +48,12 @@ pub fn serve(listener: std::os::unix::net::UnixListener, config: AgentConfig) ->
 
 /// Collects exit statuses of every child, ours and orphans alike, as an init must.
 #[derive(Default)]
-struct Reaper {
+pub(crate) struct Reaper {
     waiters: Mutex<HashMap<i32, oneshot::Sender<i32>>>,
 }
 
 impl Reaper {
-    fn register(&self, pid: i32) -> oneshot::Receiver<i32> {
+    pub(crate) fn register(&self, pid: i32) -> oneshot::Receiver<i32> {
         let (tx, rx) = oneshot::channel();
         self.waiters.lock().expect("reaper lock").insert(pid, tx);
         rx
@@ -89,6 +90,7 @@ async fn run(
     let listener = tokio::net::UnixListener::from_std(listener)?;
     let reaper = Arc::new(Reaper::default());
     let jail = Arc::new(Jail::new().map_err(std::io::Error::other)?);
+    let procs = Arc::new(Procs::default());
     let mut sigchld = signal(SignalKind::child())?;
     let r = reaper.clone();
     tokio::spawn(async move {
@@ -101,11 +103,11 @@ async fn run(
     });
     loop {
         let (stream, _) = listener.accept().await?;
-        tokio::spawn(handle(stream, reaper.clone(), jail.clone()));
+        tokio::spawn(handle(stream, reaper.clone(), jail.clone(), procs.clone()));
     }
 }
 
-async fn handle(mut stream: UnixStream, reaper: Arc<Reaper>, jail: Arc<Jail>) {
+async fn handle(mut stream: UnixStream, reaper: Arc<Reaper>, jail: Arc<Jail>, procs: Arc<Procs>) {
     let req = match proto::read_frame(&mut stream).await {
         Ok(Some((FrameKind::Json, body))) => serde_json::from_slice::<Request>(&body),
         _ => return,
@@ -121,6 +123,19 @@ async fn handle(mut stream: UnixStream, reaper: Arc<Reaper>, jail: Arc<Jail>) {
             .await
         }
         Ok(Request::Exec(spec)) => exec(stream, spec, reaper, jail).await,
+        Ok(Request::Spawn { spec, tag }) => {
+            proto::write_json(&mut stream, &procs.spawn(spec, tag, &reaper, &jail)).await
+        }
+        Ok(Request::Processes) => proto::write_json(&mut stream, &procs.list()).await,
+        Ok(Request::Process { pid }) => proto::write_json(&mut stream, &procs.get(pid)).await,
+        Ok(Request::Signal { pid, signal }) => {
+            proto::write_json(&mut stream, &procs.signal(pid, signal)).await
+        }
+        Ok(Request::Stdin { pid, data, close }) => {
+            proto::write_json(&mut stream, &procs.stdin(pid, data, close).await).await
+        }
+        Ok(Request::Follow { pid, from_start }) => procs.follow(&mut stream, pid, from_start).await,
+        Ok(Request::Activity) => proto::write_json(&mut stream, &procs.activity()).await,
         Ok(Request::Stat { path }) => {
             proto::write_json(&mut stream, &files::stat(path).await).await
         }
@@ -163,7 +178,7 @@ async fn handle(mut stream: UnixStream, reaper: Arc<Reaper>, jail: Arc<Jail>) {
     }
 }
 
-fn spawn_failure(argv0: &str, err: &std::io::Error) -> (i32, String) {
+pub(crate) fn spawn_failure(argv0: &str, err: &std::io::Error) -> (i32, String) {
     match err.kind() {
         std::io::ErrorKind::NotFound => (127, format!("cella: {argv0}: command not found\n")),
         std::io::ErrorKind::PermissionDenied => {
@@ -173,9 +188,47 @@ fn spawn_failure(argv0: &str, err: &std::io::Error) -> (i32, String) {
     }
 }
 
+/// The command for `spec`, confined by `jail`, in a session of its own, with piped output.
+pub(crate) fn command(
+    spec: &ExecSpec,
+    jail: &Arc<Jail>,
+    pipe_stdin: bool,
+) -> std::process::Command {
+    let mut cmd = std::process::Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .env_clear()
+        .envs(&spec.env)
+        .current_dir(&spec.cwd)
+        .stdin(if pipe_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (uid, gid) = (spec.uid, spec.gid);
+    let jail = jail.clone();
+    // SAFETY: between fork and exec the child makes only system calls (`Jail::enter` was
+    // prepared before the fork and allocates nothing).
+    unsafe {
+        cmd.pre_exec(move || {
+            // Own session and process group: the whole tree can be killed at a timeout.
+            libc::setsid();
+            // Children must not inherit the agent's immunity to the OOM killer.
+            let fd = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY);
+            if fd >= 0 {
+                libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+            }
+            jail.enter(uid, gid)
+        });
+    }
+    cmd
+}
+
 /// Why `uid`/`gid` cannot work in `cwd`, if they cannot: it must be a directory that every
 /// component of the path lets them search.
-fn cwd_problem(cwd: &str, uid: u32, gid: u32) -> Option<String> {
+pub(crate) fn cwd_problem(cwd: &str, uid: u32, gid: u32) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let path = std::path::Path::new(cwd);
     match std::fs::metadata(path) {
@@ -321,35 +374,7 @@ async fn exec(
         return proto::write_json(&mut wr, &msg).await;
     }
     let started = Instant::now();
-    let mut cmd = std::process::Command::new(&spec.argv[0]);
-    cmd.args(&spec.argv[1..])
-        .env_clear()
-        .envs(&spec.env)
-        .current_dir(&spec.cwd)
-        .stdin(if spec.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let (uid, gid) = (spec.uid, spec.gid);
-    let jail = jail.clone();
-    // SAFETY: between fork and exec the child makes only system calls (the agent runs on one
-    // thread, so no lock can be held by another thread at fork time).
-    unsafe {
-        cmd.pre_exec(move || {
-            // Own session and process group: the whole tree can be killed at a timeout.
-            libc::setsid();
-            // Children must not inherit the agent's immunity to the OOM killer.
-            let fd = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY);
-            if fd >= 0 {
-                libc::write(fd, b"0".as_ptr().cast(), 1);
-                libc::close(fd);
-            }
-            jail.enter(uid, gid)
-        });
-    }
+    let mut cmd = command(&spec, &jail, spec.stdin.is_some());
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {

@@ -38,6 +38,17 @@ fn health_and_openapi_need_no_key_and_cover_every_route() {
         ("/api/v1/sandboxes/{id}/stop", &["post"]),
         ("/api/v1/sandboxes/{id}/timeout", &["post"]),
         ("/api/v1/sandboxes/{id}/usage", &["get"]),
+        ("/api/v1/sandboxes/{id}/exec/stream", &["post"]),
+        ("/api/v1/sandboxes/{id}/files", &["get", "put", "delete"]),
+        ("/api/v1/sandboxes/{id}/files/list", &["get"]),
+        ("/api/v1/sandboxes/{id}/files/stat", &["get"]),
+        ("/api/v1/sandboxes/{id}/files/mkdir", &["post"]),
+        ("/api/v1/sandboxes/{id}/files/move", &["post"]),
+        ("/api/v1/sandboxes/{id}/processes", &["get", "post"]),
+        ("/api/v1/sandboxes/{id}/processes/{pid}", &["get"]),
+        ("/api/v1/sandboxes/{id}/processes/{pid}/signal", &["post"]),
+        ("/api/v1/sandboxes/{id}/processes/{pid}/stdin", &["post"]),
+        ("/api/v1/sandboxes/{id}/processes/{pid}/output", &["get"]),
     ] {
         for m in methods {
             assert!(paths[path][m].is_object(), "openapi lacks {m} {path}");

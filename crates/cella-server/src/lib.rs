@@ -147,7 +147,7 @@ fn write_secret(path: &Path, secret: &str) -> std::io::Result<()> {
 
 /// Every route of the API, with the middleware that makes errors and request ids uniform.
 pub fn router(state: Arc<AppState>) -> Router {
-    use routes::{files, keys, meta, sandboxes as sb, templates, workspaces};
+    use routes::{files, keys, meta, processes as procs, sandboxes as sb, templates, workspaces};
     Router::new()
         .route("/healthz", get(meta::healthz))
         .route("/api/v1/openapi.json", get(meta::openapi))
@@ -172,6 +172,23 @@ pub fn router(state: Arc<AppState>) -> Router {
             axum::routing::put(files::upload)
                 .get(files::download)
                 .delete(files::remove),
+        )
+        .route(
+            "/api/v1/sandboxes/{id}/processes",
+            post(procs::start).get(procs::list),
+        )
+        .route("/api/v1/sandboxes/{id}/processes/{pid}", get(procs::get))
+        .route(
+            "/api/v1/sandboxes/{id}/processes/{pid}/signal",
+            post(procs::signal),
+        )
+        .route(
+            "/api/v1/sandboxes/{id}/processes/{pid}/stdin",
+            post(procs::stdin),
+        )
+        .route(
+            "/api/v1/sandboxes/{id}/processes/{pid}/output",
+            get(procs::output),
         )
         .route("/api/v1/sandboxes/{id}/files/list", get(files::list))
         .route("/api/v1/sandboxes/{id}/files/stat", get(files::stat))

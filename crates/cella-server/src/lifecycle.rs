@@ -335,7 +335,9 @@ async fn timers_once(state: &AppState) -> Result<(), ApiError> {
             .flatten()
             .max()
             .unwrap_or(now);
-            if last + row.idle_timeout_sec * 1000 <= now {
+            if last + row.idle_timeout_sec * 1000 <= now
+                && !recent_process_output(state, &row).await
+            {
                 let reason = format!("paused: idle for {} s", row.idle_timeout_sec);
                 if let Err(e) = pause(state, &row.id, Some(&reason)).await {
                     tracing::warn!(sandbox = row.id, "idle pause: {:?}", e.message);
@@ -363,6 +365,25 @@ async fn check_liveness(state: &AppState) {
                 crate::sandboxes::mark_gone(state, &row.id, Some(&h), reason).await;
             }
         }
+    }
+}
+
+/// Whether a process started through the API wrote output within the idle timeout (asked of
+/// the agent only when the sandbox is about to be paused for idleness). Counts as activity.
+async fn recent_process_output(state: &AppState, row: &SandboxRow) -> bool {
+    let Some(h) = handle_of(row) else {
+        return false;
+    };
+    let agent = state.driver.agent(&h);
+    let ask = agent.call(&cella_agent::proto::Request::Activity);
+    match tokio::time::timeout(Duration::from_secs(1), ask).await {
+        Ok(Ok(cella_agent::proto::Response::Activity { idle_ms: Some(ms) }))
+            if (ms as i64) < row.idle_timeout_sec * 1000 =>
+        {
+            state.activity.touch(&row.id);
+            true
+        }
+        _ => false,
     }
 }
 

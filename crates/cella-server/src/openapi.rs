@@ -1,6 +1,6 @@
 //! The OpenAPI 3 document, built from the handlers' annotations.
 
-use crate::routes::{files, keys, meta, sandboxes, templates, workspaces};
+use crate::routes::{files, keys, meta, processes, sandboxes, templates, workspaces};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
@@ -54,6 +54,12 @@ impl Modify for BearerAuth {
         files::mkdir,
         files::rename,
         files::remove,
+        processes::start,
+        processes::list,
+        processes::get,
+        processes::signal,
+        processes::stdin,
+        processes::output,
     ),
     components(schemas(cella_types::ErrorBody, cella_types::ErrorInfo)),
     modifiers(&BearerAuth)

@@ -592,3 +592,45 @@ pub struct ExecExit {
     pub duration_ms: u64,
     pub timed_out: bool,
 }
+
+/// `POST /api/v1/sandboxes/{id}/processes`: a command that runs in the background.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartProcess {
+    /// A shell command line, run by `/bin/bash -c`.
+    pub command: Option<String>,
+    /// A program and its arguments, run without a shell.
+    pub argv: Option<Vec<String>>,
+    pub env: Option<BTreeMap<String, String>>,
+    pub cwd: Option<String>,
+    pub user: Option<ExecUser>,
+    /// A label of the caller's, shown in listings.
+    pub tag: Option<String>,
+}
+
+/// A process started through the API.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Process {
+    /// Its pid inside the sandbox.
+    pub pid: i32,
+    pub argv: Vec<String>,
+    pub tag: Option<String>,
+    pub user: ExecUser,
+    pub cwd: String,
+    /// `running` or `exited`.
+    pub state: String,
+    pub exit_code: Option<i32>,
+    pub started_at: String,
+    pub ended_at: Option<String>,
+    /// Output bytes older than the ring buffer (1 MiB per process) holds.
+    pub output_dropped_bytes: u64,
+}
+
+/// `POST .../processes/{pid}/signal`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    /// A name (`SIGTERM`, `TERM`) or a number (15).
+    #[schema(value_type = Object)]
+    pub signal: serde_json::Value,
+}

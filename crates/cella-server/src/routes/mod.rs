@@ -3,6 +3,7 @@
 pub mod files;
 pub mod keys;
 pub mod meta;
+pub mod processes;
 pub mod sandboxes;
 pub mod templates;
 pub mod workspaces;

@@ -1,0 +1,318 @@
+//! Background processes: start, list, get, signal, write stdin, follow output (SSE).
+
+use crate::auth::Auth;
+use crate::error::ApiError;
+use crate::extract::{ApiBody, QueryPairs};
+use crate::sandboxes::{exec_spec, handle_of, state_of};
+use crate::sse::{self, OutputEncoder};
+use crate::util::rfc3339;
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::Json;
+use cella_agent::client::{AgentClient, ClientError};
+use cella_agent::proto::{ErrorKind, ProcessInfo, Request, Response as AgentResponse};
+use cella_runtime::SandboxHandle;
+use cella_types::{
+    Data, ErrorCode, ExecExit, ExecRequest, ExecUser, List, Process, SandboxState, Scope,
+    SignalRequest, StartProcess,
+};
+use serde_json::json;
+use std::sync::Arc;
+
+fn wire(p: ProcessInfo) -> Process {
+    Process {
+        pid: p.pid,
+        argv: p.argv,
+        tag: p.tag,
+        user: if p.uid == 0 {
+            ExecUser::Root
+        } else {
+            ExecUser::User
+        },
+        cwd: p.cwd,
+        state: if p.running { "running" } else { "exited" }.into(),
+        exit_code: p.exit_code,
+        started_at: rfc3339(p.started_at),
+        ended_at: p.ended_at.map(rfc3339),
+        output_dropped_bytes: p.dropped_bytes,
+    }
+}
+
+/// The running sandbox (of the caller's workspace) and its handle.
+async fn running(
+    state: &AppState,
+    auth: &Auth,
+    id: &str,
+) -> Result<(cella_store::SandboxRow, SandboxHandle), ApiError> {
+    let row = state
+        .store
+        .sandbox(id)
+        .await?
+        .filter(|r| r.workspace_id == auth.workspace_id)
+        .ok_or_else(|| ApiError::not_found("sandbox"))?;
+    state.activity.touch(id);
+    if state_of(&row) != SandboxState::Running {
+        return Err(ApiError::new(
+            ErrorCode::SandboxNotRunning,
+            format!("sandbox is {}, not running", row.state),
+        ));
+    }
+    let handle = handle_of(&row).ok_or_else(ApiError::internal)?;
+    Ok((row, handle))
+}
+
+fn agent_error(e: ClientError) -> ApiError {
+    match e {
+        ClientError::Refused { kind, message } => match kind {
+            ErrorKind::NotFound => ApiError::new(ErrorCode::NotFound, message),
+            ErrorKind::Conflict => ApiError::new(ErrorCode::Conflict, message),
+            ErrorKind::BadCwd => ApiError::invalid("cwd", message),
+            ErrorKind::BadRequest | ErrorKind::TooLarge => ApiError::invalid("command", message),
+            ErrorKind::Internal => {
+                tracing::warn!("agent process operation: {message}");
+                ApiError::internal()
+            }
+        },
+        other => {
+            tracing::warn!("agent process operation: {other}");
+            ApiError::unavailable("the sandbox's agent did not answer")
+        }
+    }
+}
+
+async fn call(agent: &AgentClient, req: &Request) -> Result<AgentResponse, ApiError> {
+    agent.call(req).await.map_err(agent_error)
+}
+
+fn one(r: AgentResponse) -> Result<Process, ApiError> {
+    match r {
+        AgentResponse::Process(p) => Ok(wire(p)),
+        _ => Err(ApiError::internal()),
+    }
+}
+
+/// Start a command in the background; it outlives the request. Scope `sandboxes:exec`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/processes", tag = "processes", security(("bearer" = [])),
+    params(("id" = String, Path)), request_body = StartProcess,
+    responses((status = 201, body = Data<Process>), (status = 400, body = cella_types::ErrorBody),
+              (status = 409, body = cella_types::ErrorBody)))]
+pub async fn start(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: ApiBody,
+) -> Result<(StatusCode, Json<Data<Process>>), ApiError> {
+    auth.require(Scope::SandboxesExec)?;
+    let req: StartProcess = body.json()?;
+    let (row, handle) = running(&state, &auth, &id).await?;
+    let tag = req.tag.clone();
+    if tag.as_ref().is_some_and(|t| t.len() > 200) {
+        return Err(ApiError::invalid("tag", "tag takes at most 200 characters"));
+    }
+    let exec = ExecRequest {
+        command: req.command,
+        argv: req.argv,
+        env: req.env,
+        cwd: req.cwd,
+        user: req.user,
+        ..Default::default()
+    };
+    let (_, spec) = exec_spec(&row, exec, None)?;
+    let agent = state.driver.agent(&handle);
+    let pid = match call(&agent, &Request::Spawn { spec, tag }).await? {
+        AgentResponse::Started { pid } => pid,
+        _ => return Err(ApiError::internal()),
+    };
+    let p = one(call(&agent, &Request::Process { pid }).await?)?;
+    Ok((StatusCode::CREATED, Json(Data { data: p })))
+}
+
+/// Processes started through the API: running ones, and the last 64 that exited. Scope `sandboxes:read`.
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/processes", tag = "processes", security(("bearer" = [])),
+    params(("id" = String, Path)), responses((status = 200, body = List<Process>), (status = 409, body = cella_types::ErrorBody)))]
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<List<Process>>, ApiError> {
+    auth.require(Scope::SandboxesRead)?;
+    let (_, handle) = running(&state, &auth, &id).await?;
+    match call(&state.driver.agent(&handle), &Request::Processes).await? {
+        AgentResponse::Processes { processes } => Ok(Json(List {
+            data: processes.into_iter().map(wire).collect(),
+            next_cursor: None,
+        })),
+        _ => Err(ApiError::internal()),
+    }
+}
+
+/// One process: state and exit code. Scope `sandboxes:read`.
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/processes/{pid}", tag = "processes", security(("bearer" = [])),
+    params(("id" = String, Path), ("pid" = i32, Path)),
+    responses((status = 200, body = Data<Process>), (status = 404, body = cella_types::ErrorBody)))]
+pub async fn get(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path((id, pid)): Path<(String, i32)>,
+) -> Result<Json<Data<Process>>, ApiError> {
+    auth.require(Scope::SandboxesRead)?;
+    let (_, handle) = running(&state, &auth, &id).await?;
+    Ok(Json(Data {
+        data: one(call(&state.driver.agent(&handle), &Request::Process { pid }).await?)?,
+    }))
+}
+
+fn signal_number(v: &serde_json::Value) -> Option<i32> {
+    if let Some(n) = v.as_i64() {
+        return i32::try_from(n).ok().filter(|n| (1..=64).contains(n));
+    }
+    let name = v.as_str()?.to_ascii_uppercase();
+    let name = name.strip_prefix("SIG").unwrap_or(&name);
+    nix::sys::signal::Signal::iterator()
+        .find(|s| s.as_str().strip_prefix("SIG") == Some(name))
+        .map(|s| s as i32)
+}
+
+/// Send a signal (`SIGTERM`, `TERM` or 15). Scope `sandboxes:exec`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/processes/{pid}/signal", tag = "processes", security(("bearer" = [])),
+    params(("id" = String, Path), ("pid" = i32, Path)), request_body = SignalRequest,
+    responses((status = 200, body = Data<Process>), (status = 404, body = cella_types::ErrorBody),
+              (status = 409, body = cella_types::ErrorBody, description = "the process has exited")))]
+pub async fn signal(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path((id, pid)): Path<(String, i32)>,
+    body: ApiBody,
+) -> Result<Json<Data<Process>>, ApiError> {
+    auth.require(Scope::SandboxesExec)?;
+    let req: SignalRequest = body.json()?;
+    let signal =
+        signal_number(&req.signal).ok_or_else(|| ApiError::invalid("signal", "unknown signal"))?;
+    let (_, handle) = running(&state, &auth, &id).await?;
+    Ok(Json(Data {
+        data: one(call(
+            &state.driver.agent(&handle),
+            &Request::Signal { pid, signal },
+        )
+        .await?)?,
+    }))
+}
+
+/// Write the raw body to the process's standard input (`close=true` closes it afterwards).
+/// Scope `sandboxes:exec`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "processes", security(("bearer" = [])),
+    params(("id" = String, Path), ("pid" = i32, Path), ("close" = Option<bool>, Query)),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 200, body = Data<Process>), (status = 404, body = cella_types::ErrorBody),
+              (status = 409, body = cella_types::ErrorBody)))]
+pub async fn stdin(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path((id, pid)): Path<(String, i32)>,
+    QueryPairs(q): QueryPairs,
+    body: Bytes,
+) -> Result<Json<Data<Process>>, ApiError> {
+    auth.require(Scope::SandboxesExec)?;
+    let mut close = false;
+    for (k, v) in q {
+        match (k.as_str(), v.as_str()) {
+            ("close", "true" | "1" | "") => close = true,
+            ("close", "false" | "0") => close = false,
+            _ => {
+                return Err(ApiError::invalid(
+                    &k,
+                    format!("unknown query parameter {k:?} or value"),
+                ))
+            }
+        }
+    }
+    let (_, handle) = running(&state, &auth, &id).await?;
+    let agent = state.driver.agent(&handle);
+    call(
+        &agent,
+        &Request::Stdin {
+            pid,
+            data: body.to_vec(),
+            close,
+        },
+    )
+    .await?;
+    Ok(Json(Data {
+        data: one(call(&agent, &Request::Process { pid }).await?)?,
+    }))
+}
+
+/// Follow a process's output as server-sent events (`from=start`, the default, replays what the
+/// ring buffer holds; `from=now` only new output), then one `exit`. Leaving does not stop the
+/// process. Scope `sandboxes:read`.
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/processes/{pid}/output", tag = "processes", security(("bearer" = [])),
+    params(("id" = String, Path), ("pid" = i32, Path), ("from" = Option<String>, Query, description = "start (default) or now")),
+    responses((status = 200, content_type = "text/event-stream"), (status = 404, body = cella_types::ErrorBody)))]
+pub async fn output(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path((id, pid)): Path<(String, i32)>,
+    QueryPairs(q): QueryPairs,
+) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError>
+{
+    auth.require(Scope::SandboxesRead)?;
+    let mut from_start = true;
+    for (k, v) in q {
+        match (k.as_str(), v.as_str()) {
+            ("from", "start") => from_start = true,
+            ("from", "now") => from_start = false,
+            _ => return Err(ApiError::invalid(&k, "from must be start or now")),
+        }
+    }
+    let (_, handle) = running(&state, &auth, &id).await?;
+    let agent = state.driver.agent(&handle);
+    // Answer 404 now, not in the stream, for a pid the agent does not know.
+    one(call(&agent, &Request::Process { pid }).await?)?;
+    let (ev_tx, ev_rx) = tokio::sync::mpsc::channel(64);
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let busy = state.activity.busy(&id);
+    tokio::spawn(async move {
+        let r = agent.follow(pid, from_start, ev_tx).await;
+        let _ = done_tx.send(r);
+        drop(busy);
+    });
+    let start = (ev_rx, Some(done_rx), OutputEncoder::default());
+    let stream = futures_util::stream::unfold(start, |(mut rx, mut done, mut enc)| async move {
+        loop {
+            if let Some(ev) = enc.pending.pop_front() {
+                return Some((Ok(ev), (rx, done, enc)));
+            }
+            if let Some(out) = rx.recv().await {
+                enc.push(out);
+                continue;
+            }
+            let done_rx = done.take()?;
+            enc.finish();
+            let last = match done_rx.await {
+                Ok(Ok(Some(info))) => sse::event(
+                    "exit",
+                    &serde_json::to_value(ExecExit {
+                        exit_code: info.exit_code,
+                        duration_ms: info.duration_ms,
+                        timed_out: false,
+                    })
+                    .unwrap_or_default(),
+                ),
+                Ok(Ok(None)) => return None,
+                Ok(Err(e)) => {
+                    let e = agent_error(e);
+                    sse::event(
+                        "error",
+                        &json!({ "error": { "code": e.code.as_str(), "message": e.message, "details": e.details } }),
+                    )
+                }
+                Err(_) => return None,
+            };
+            enc.pending.push_back(last);
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
