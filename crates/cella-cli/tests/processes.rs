@@ -141,8 +141,8 @@ fn stdin_signals_and_from_now() {
     );
     let text: String = sse(out.body.as_str().unwrap())
         .iter()
-        .filter(|&(n, d)| (n == "stdout"))
-        .map(|(n, d)| d.as_str().unwrap().to_string())
+        .filter(|(n, _)| n == "stdout")
+        .map(|(_, d)| d.as_str().unwrap().to_string())
         .collect();
     assert_eq!(text, "hello\nworld\n");
     s.raw(
