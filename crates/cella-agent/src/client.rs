@@ -323,3 +323,70 @@ impl AgentClient {
         }
     }
 }
+
+/// The sending half of a terminal: keyboard input and resizes.
+pub struct PtyWriter {
+    half: tokio::net::unix::OwnedWriteHalf,
+}
+
+/// The receiving half of a terminal: screen output, then the exit.
+pub struct PtyReader {
+    half: tokio::net::unix::OwnedReadHalf,
+}
+
+#[derive(Debug)]
+pub enum PtyEvent {
+    Output(Vec<u8>),
+    Exit(ExitInfo),
+}
+
+impl PtyWriter {
+    pub async fn input(&mut self, data: &[u8]) -> Result<(), ClientError> {
+        for piece in data.chunks(proto::MAX_FRAME) {
+            proto::write_frame(&mut self.half, FrameKind::Data, piece).await?;
+        }
+        Ok(())
+    }
+
+    pub async fn resize(&mut self, cols: u16, rows: u16) -> Result<(), ClientError> {
+        Ok(proto::write_json(
+            &mut self.half,
+            &crate::proto::PtyControl::Resize { cols, rows },
+        )
+        .await?)
+    }
+}
+
+impl PtyReader {
+    /// The next output or the exit; `None` when the agent hung up.
+    pub async fn next(&mut self) -> Option<PtyEvent> {
+        match proto::read_frame(&mut self.half).await {
+            Ok(Some((FrameKind::Stdout, d))) => Some(PtyEvent::Output(d)),
+            Ok(Some((FrameKind::Json, body))) => match serde_json::from_slice(&body) {
+                Ok(Response::Exit(info)) => Some(PtyEvent::Exit(info)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+impl AgentClient {
+    /// Starts `spec` on a new terminal of `cols` x `rows`; returns its pid and the two halves.
+    /// Dropping the writer hangs the terminal up.
+    pub async fn open_pty(
+        &self,
+        spec: ExecSpec,
+        cols: u16,
+        rows: u16,
+    ) -> Result<(i32, PtyWriter, PtyReader), ClientError> {
+        let mut s = self.connect().await?;
+        proto::write_json(&mut s, &Request::Pty { spec, cols, rows }).await?;
+        let pid = match Self::answer(&mut s).await? {
+            Response::Started { pid } => pid,
+            _ => return Err(ClientError::Unexpected),
+        };
+        let (r, w) = s.into_split();
+        Ok((pid, PtyWriter { half: w }, PtyReader { half: r }))
+    }
+}

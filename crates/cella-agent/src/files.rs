@@ -28,17 +28,48 @@ fn io_error(path: &str, e: &std::io::Error) -> Response {
         std::io::ErrorKind::AlreadyExists
         | std::io::ErrorKind::DirectoryNotEmpty
         | std::io::ErrorKind::IsADirectory
-        | std::io::ErrorKind::NotADirectory => ErrorKind::Conflict,
+        | std::io::ErrorKind::NotADirectory
+        | std::io::ErrorKind::ReadOnlyFilesystem
+        | std::io::ErrorKind::PermissionDenied
+        | std::io::ErrorKind::CrossesDevices => ErrorKind::Conflict,
         _ => match e.raw_os_error() {
             Some(libc::ENOTDIR)
             | Some(libc::EISDIR)
             | Some(libc::ENOTEMPTY)
             | Some(libc::EEXIST) => ErrorKind::Conflict,
+            // The sandbox's own file system says no: in use, busy, or a /proc magic link that
+            // the agent refuses to follow (ELOOP).
+            Some(libc::ETXTBSY) | Some(libc::EBUSY) | Some(libc::ELOOP) | Some(libc::EPERM) => {
+                ErrorKind::Conflict
+            }
             Some(libc::EINVAL) | Some(libc::ENAMETOOLONG) => ErrorKind::BadRequest,
             _ => ErrorKind::Internal,
         },
     };
     error(kind, format!("{path}: {e}"))
+}
+
+/// `path` with `.` and `..` resolved by text alone (a `..` at the root stays at the root).
+fn normalize(path: &str) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for part in Path::new(path).components() {
+        match part {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::Normal(p) => out.push(p),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The agent's own process in /proc: its descriptors and links lead to the host (its binary)
+/// and must never be opened or listed through the files API.
+fn is_agent_proc(p: &Path) -> bool {
+    ["/proc/1", "/proc/self", "/proc/thread-self"]
+        .iter()
+        .any(|a| p.starts_with(a))
 }
 
 // The error is the answer itself, sent at once; it is never passed further.
@@ -51,7 +82,52 @@ fn check(path: &str) -> Result<PathBuf, Response> {
             format!("path must be absolute: {path:?}"),
         ));
     }
+    if is_agent_proc(&normalize(path)) {
+        return Err(error(
+            ErrorKind::BadRequest,
+            format!("{path} is not accessible through the files API"),
+        ));
+    }
     Ok(PathBuf::from(path))
+}
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// Do not follow /proc "magic links" (`/proc/PID/fd/N`, `/proc/PID/root`, `/proc/PID/exe`):
+/// they could lead an open by the agent to a file outside the sandbox.
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+
+/// Opens a file the way every file route must: never through a magic link, wherever it stands
+/// in the path (a symlink made inside the sandbox may point at one).
+fn open_safe(path: &Path, flags: i32, mode: u32) -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: mode as u64,
+        resolve: RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: openat2 with a valid path and an open_how of the size we pass.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor the kernel just gave us.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd as i32) })
 }
 
 fn info_of(path: &Path, meta: &std::fs::Metadata) -> FileInfo {
@@ -211,7 +287,7 @@ pub async fn remove(path: String, recursive: bool) -> Response {
         Ok(p) => p,
         Err(r) => return r,
     };
-    if p == Path::new("/") {
+    if normalize(&path) == Path::new("/") {
         return error(ErrorKind::BadRequest, "refusing to remove /");
     }
     blocking(move || {
@@ -254,7 +330,7 @@ pub async fn read(
         Err(r) => return proto::write_json(stream, &r).await,
     };
     let opened = blocking(move || -> Result<(std::fs::File, u64), std::io::Error> {
-        let f = std::fs::File::open(&p)?;
+        let f = open_safe(&p, libc::O_RDONLY, 0)?;
         let m = f.metadata()?;
         if m.is_dir() {
             return Err(std::io::Error::from_raw_os_error(libc::EISDIR));
@@ -341,10 +417,7 @@ pub async fn write(
         if std::fs::metadata(&parent2).is_err() {
             chown_new_dirs(&parent2, uid, gid)?;
         }
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp2)
+        open_safe(&tmp2, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)
     })
     .await;
     let mut file = match created {
@@ -405,4 +478,28 @@ fn rand_suffix() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_dot_cannot_hide_the_root_or_the_agent() {
+        assert_eq!(normalize("/.."), Path::new("/"));
+        assert_eq!(normalize("/a/../../b/./c"), Path::new("/b/c"));
+        assert!(is_agent_proc(&normalize("/tmp/../proc/1/fd/2")));
+        assert!(is_agent_proc(&normalize("/proc/self/exe")));
+        assert!(!is_agent_proc(&normalize("/proc/10/status")));
+        assert!(!is_agent_proc(&normalize("/proc/1234")));
+        assert!(check("/proc/thread-self/root").is_err());
+    }
+
+    #[test]
+    fn magic_links_are_not_followed() {
+        // This process's own fd 0 is a magic link; a plain file opens fine.
+        assert!(open_safe(Path::new("/proc/self/fd/0"), libc::O_RDONLY, 0).is_err());
+        assert!(open_safe(Path::new("/proc/self/exe"), libc::O_RDONLY, 0).is_err());
+        assert!(open_safe(Path::new("/etc/hostname"), libc::O_RDONLY, 0).is_ok());
+    }
 }

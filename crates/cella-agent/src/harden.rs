@@ -96,6 +96,19 @@ fn denied_syscalls() -> Vec<libc::c_long> {
     v
 }
 
+/// The numbers under which a call can be made: on x86-64 also its x32-ABI number (the
+/// x32 bit set), which a kernel with x32 enabled accepts under the same audit architecture.
+fn aliases(nr: i64) -> Vec<i64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        vec![nr, nr | 0x4000_0000]
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        vec![nr]
+    }
+}
+
 /// Namespace flags that `clone` must not carry.
 const CLONE_NS_FLAGS: [u64; 8] = [
     libc::CLONE_NEWNS as u64,
@@ -132,10 +145,12 @@ impl Jail {
     #[allow(clippy::unnecessary_cast)]
     pub fn new() -> Result<Jail, HardenError> {
         let f = |e: seccompiler::BackendError| HardenError::Filter(e.to_string());
-        let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied_syscalls()
-            .into_iter()
-            .map(|nr| (nr as i64, vec![]))
-            .collect();
+        let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+        for nr in denied_syscalls() {
+            for alias in aliases(nr as i64) {
+                rules.insert(alias, vec![]);
+            }
+        }
         let clone_rules = CLONE_NS_FLAGS
             .iter()
             .map(|flag| {
@@ -149,7 +164,9 @@ impl Jail {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(f)?;
-        rules.insert(libc::SYS_clone as i64, clone_rules);
+        for alias in aliases(libc::SYS_clone as i64) {
+            rules.insert(alias, clone_rules.clone());
+        }
         let deny = SeccompFilter::new(
             rules,
             SeccompAction::Allow,
@@ -158,7 +175,10 @@ impl Jail {
         )
         .map_err(f)?;
         let no_clone3 = SeccompFilter::new(
-            [(libc::SYS_clone3 as i64, vec![])].into_iter().collect(),
+            aliases(libc::SYS_clone3 as i64)
+                .into_iter()
+                .map(|nr| (nr, vec![]))
+                .collect(),
             SeccompAction::Allow,
             SeccompAction::Errno(libc::ENOSYS as u32),
             arch()?,

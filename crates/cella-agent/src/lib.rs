@@ -1,7 +1,7 @@
 //! The in-sandbox agent.
 //!
 //! Every sandbox's PID 1 is this agent. It reaps orphans like an init, and serves requests from
-//! the node (exec today; processes, PTYs and files later) over a Unix socket whose path lies
+//! the node (exec, background processes, terminals and files) over a Unix socket whose path lies
 //! outside the sandbox's root, so nothing inside the sandbox can reach it. The node side of the
 //! protocol is [`client::AgentClient`].
 //!
@@ -15,6 +15,7 @@ mod files;
 pub mod harden;
 mod procs;
 pub mod proto;
+mod pty;
 mod server;
 
 pub use server::{serve, AgentConfig};

@@ -103,6 +103,14 @@ pub enum Request {
     },
     /// When a spawned process last wrote output.
     Activity,
+    /// Starts a program on a new terminal and relays it: the node sends `Data` (keyboard input)
+    /// and `Json` [`PtyControl`] frames; the agent sends `Stdout` (screen output), then `Exit`.
+    /// When the node hangs up, the program gets SIGHUP (and SIGKILL shortly after).
+    Pty {
+        spec: ExecSpec,
+        cols: u16,
+        rows: u16,
+    },
     /// Followed by `Data` frames and one `DataEnd`; the file is replaced only when all of it
     /// arrived (a broken upload leaves nothing behind). Parents are created.
     Write {
@@ -112,6 +120,13 @@ pub enum Request {
         mode: u32,
         max_bytes: u64,
     },
+}
+
+/// What the node sends on a terminal connection besides input.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum PtyControl {
+    Resize { cols: u16, rows: u16 },
 }
 
 /// A process started with `Spawn`.

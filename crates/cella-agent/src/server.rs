@@ -4,6 +4,7 @@ use crate::files;
 use crate::harden::Jail;
 use crate::procs::Procs;
 use crate::proto::{self, ErrorKind, ExecSpec, ExitInfo, FrameKind, Request, Response};
+use crate::pty;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
@@ -136,6 +137,9 @@ async fn handle(mut stream: UnixStream, reaper: Arc<Reaper>, jail: Arc<Jail>, pr
         }
         Ok(Request::Follow { pid, from_start }) => procs.follow(&mut stream, pid, from_start).await,
         Ok(Request::Activity) => proto::write_json(&mut stream, &procs.activity()).await,
+        Ok(Request::Pty { spec, cols, rows }) => {
+            pty::run(stream, spec, cols, rows, reaper, jail).await
+        }
         Ok(Request::Stat { path }) => {
             proto::write_json(&mut stream, &files::stat(path).await).await
         }
@@ -264,7 +268,7 @@ pub(crate) fn cwd_problem(cwd: &str, uid: u32, gid: u32) -> Option<String> {
 /// and every descendant (found through parent links, which also catches children that made a
 /// session of their own). The tree is stopped first and scanned again until it stops growing, so
 /// nothing forks away or is re-parented to PID 1 between the scan and the kill.
-fn kill_tree(pid: i32) {
+pub(crate) fn kill_tree(pid: i32) {
     let mut doomed: Vec<i32> = vec![pid];
     let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
     for _ in 0..20 {

@@ -52,6 +52,22 @@ enum Command {
     /// Move files in and out of a sandbox.
     #[command(subcommand)]
     Files(FilesCmd),
+    /// List the processes started through the API in a sandbox.
+    Ps {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Send a signal to a process started through the API.
+    Kill {
+        id: String,
+        pid: i32,
+        /// Signal name or number.
+        #[arg(long, short, default_value = "TERM")]
+        signal: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit,
 }
@@ -124,6 +140,18 @@ enum SandboxCmd {
     #[command(alias = "rm")]
     Destroy {
         id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Open an interactive terminal in a sandbox.
+    Shell {
+        id: String,
+        /// As root instead of the unprivileged user.
+        #[arg(long)]
+        root: bool,
+        /// Run this command line instead of the login shell.
+        #[arg(long, short = 'c')]
+        command: Option<String>,
         #[command(flatten)]
         conn: Conn,
     },
@@ -233,7 +261,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    rt.block_on(run(cli.command))
+    let code = rt.block_on(run(cli.command));
+    // A read of standard input may still be blocked (after `cella sandbox shell`): do not wait.
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    code
 }
 
 async fn run(cmd: Command) -> ExitCode {
@@ -246,6 +277,39 @@ async fn run(cmd: Command) -> ExitCode {
         Command::Templates { conn } => report(templates(&conn).await, &conn),
         Command::Sandbox(sc) => sandbox(sc).await,
         Command::Files(fc) => files(fc).await,
+        Command::Ps { id, conn } => {
+            let r = client(&conn).list_processes(&id).await.map(|l| {
+                let mut t = format!(
+                    "{:>7} {:<8} {:>5} {:<24} COMMAND\n",
+                    "PID", "STATE", "EXIT", "STARTED"
+                );
+                for p in &l.data {
+                    let exit = p.exit_code.map(|c| c.to_string()).unwrap_or_default();
+                    t += &format!(
+                        "{:>7} {:<8} {:>5} {:<24} {}\n",
+                        p.pid,
+                        p.state,
+                        exit,
+                        p.started_at,
+                        p.argv.join(" ")
+                    );
+                }
+                (t, to_json(&l))
+            });
+            report(r, &conn)
+        }
+        Command::Kill {
+            id,
+            pid,
+            signal,
+            conn,
+        } => {
+            let r = client(&conn)
+                .signal_process(&id, pid, &signal)
+                .await
+                .map(|p| (format!("sent {signal} to {}\n", p.pid), to_json(&p)));
+            report(r, &conn)
+        }
         Command::SandboxInit => unreachable!("handled before the runtime starts"),
     }
 }
@@ -469,6 +533,12 @@ async fn sandbox(cmd: SandboxCmd) -> ExitCode {
             });
             report(r, &conn)
         }
+        SandboxCmd::Shell {
+            id,
+            root,
+            command,
+            conn,
+        } => shell(&client(&conn), &id, root, command).await,
         SandboxCmd::Pause { id, conn } => {
             let r = client(&conn)
                 .pause(&id)
@@ -699,4 +769,138 @@ async fn files(cmd: FilesCmd) -> ExitCode {
             report(r, &conn)
         }
     }
+}
+
+/// Puts the local terminal in raw mode for as long as it lives.
+struct RawMode {
+    saved: Option<nix::sys::termios::Termios>,
+}
+
+impl RawMode {
+    fn enter() -> RawMode {
+        use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
+        let stdin = std::io::stdin();
+        let Ok(saved) = tcgetattr(&stdin) else {
+            return RawMode { saved: None };
+        };
+        let mut raw = saved.clone();
+        cfmakeraw(&mut raw);
+        let _ = tcsetattr(&stdin, SetArg::TCSANOW, &raw);
+        RawMode { saved: Some(saved) }
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        if let Some(saved) = &self.saved {
+            let _ = nix::sys::termios::tcsetattr(
+                std::io::stdin(),
+                nix::sys::termios::SetArg::TCSANOW,
+                saved,
+            );
+        }
+    }
+}
+
+fn terminal_size() -> (u16, u16) {
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ fills a winsize we own.
+    if unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_col > 0 {
+        (ws.ws_col, ws.ws_row)
+    } else {
+        (80, 24)
+    }
+}
+
+/// `cella sandbox shell`: the local terminal, raw, bridged to the sandbox's terminal.
+async fn shell(client: &Client, id: &str, root: bool, command: Option<String>) -> ExitCode {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message;
+    let (cols, rows) = terminal_size();
+    let mut query = format!("cols={cols}&rows={rows}");
+    if root {
+        query.push_str("&user=root");
+    }
+    if let Some(c) = command {
+        let enc: String = c
+            .bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect();
+        query.push_str(&format!("&command={enc}"));
+    }
+    let (url, auth) = client.pty_url(id, &query);
+    let Ok(mut req) = url.clone().into_client_request() else {
+        eprintln!("cella: bad server URL {url}");
+        return ExitCode::from(2);
+    };
+    if let Some(a) = auth.and_then(|a| a.parse().ok()) {
+        req.headers_mut().insert("authorization", a);
+    }
+    let (ws, _) = match tokio_tungstenite::connect_async(req).await {
+        Ok(x) => x,
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            let body = resp
+                .body()
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default();
+            eprintln!(
+                "cella: cannot open the terminal (HTTP {}): {body}",
+                resp.status()
+            );
+            return ExitCode::from(1);
+        }
+        Err(e) => {
+            eprintln!("cella: cannot open the terminal: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let (mut tx, mut rx) = ws.split();
+    let _raw = RawMode::enter();
+    let mut stdin = tokio::io::stdin();
+    let mut stdout = tokio::io::stdout();
+    let mut winch =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok();
+    let mut buf = vec![0u8; 8192];
+    let mut code = 0u8;
+    loop {
+        tokio::select! {
+            n = stdin.read(&mut buf) => match n {
+                Ok(n) if n > 0 => {
+                    if tx.send(Message::Binary(buf[..n].to_vec().into())).await.is_err() { break; }
+                }
+                _ => break,
+            },
+            msg = rx.next() => match msg {
+                Some(Ok(Message::Binary(b))) => {
+                    let _ = stdout.write_all(&b).await;
+                    let _ = stdout.flush().await;
+                }
+                Some(Ok(Message::Text(t))) => {
+                    if let Ok(v) = serde_json::from_str::<serde_json::Value>(t.as_str()) {
+                        if let Some(c) = v["exit"]["exit_code"].as_i64() {
+                            code = (c & 0xff) as u8;
+                        }
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                _ => {}
+            },
+            _ = async { match winch.as_mut() { Some(w) => { w.recv().await; } None => std::future::pending::<()>().await } } => {
+                let (c, r) = terminal_size();
+                let msg = serde_json::json!({ "resize": { "cols": c, "rows": r } }).to_string();
+                let _ = tx.send(Message::Text(msg.into())).await;
+            }
+        }
+    }
+    let _ = tx.close().await;
+    ExitCode::from(code)
 }

@@ -237,3 +237,58 @@ fn cli_streams_exec_moves_files_and_drives_the_lifecycle() {
     assert!(text(&cella(&s, &["sandbox", "stop", &id])).contains("stopped"));
     assert!(cella(&s, &["sandbox", "destroy", &id]).status.success());
 }
+
+#[test]
+fn cli_shell_ps_and_kill() {
+    let s = Server::start();
+    let c = cella(&s, &["sandbox", "create", "--size", "xs", "--json"]);
+    let id = serde_json::from_slice::<serde_json::Value>(&c.stdout).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // `script` gives the CLI a real terminal; what we pipe into it is typed into the shell.
+    let cmdline = format!("{} sandbox shell {id}", bin());
+    let mut child = Command::new("script")
+        .args(["-qec", &cmdline, "/dev/null"])
+        .env("CELLA_SERVER", &s.url)
+        .env("CELLA_API_KEY", KEY)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(800));
+        stdin
+            .write_all(b"echo from-shell-$((6*7)) $(tty)\nexit 5\n")
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(800));
+    }
+    let out = child.wait_with_output().unwrap();
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert!(screen.contains("from-shell-42 /dev/pts/"), "{screen}");
+    assert_eq!(out.status.code(), Some(5), "{screen}");
+
+    let p = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        serde_json::json!({ "argv": ["sleep", "300"], "tag": "nap" }),
+    );
+    let pid = p.data()["pid"].as_i64().unwrap().to_string();
+    let ps = cella(&s, &["ps", &id]);
+    assert!(
+        text(&ps).contains("sleep 300") && text(&ps).contains("running"),
+        "{}",
+        text(&ps)
+    );
+    assert!(cella(&s, &["kill", &id, &pid, "--signal", "KILL"])
+        .status
+        .success());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let ps = cella(&s, &["ps", &id]);
+    assert!(
+        text(&ps).contains("exited") && text(&ps).contains("137"),
+        "{}",
+        text(&ps)
+    );
+}

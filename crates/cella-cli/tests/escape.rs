@@ -85,6 +85,8 @@ fn escape_suite() {
         py("mount cgroup v1 for its release_agent", true, "expect(sc(165, b'cgroup', b'/mnt', b'cgroup', 0, b'memory'), errno.EPERM)"),
         py("unshare a user namespace to regain privileges", true, "expect(sc(272, 0x10000000), errno.EPERM)"),
         py("unshare a mount namespace", true, "expect(sc(272, 0x20000), errno.EPERM)"),
+        py("unshare through the x32 ABI", true, "expect(sc(0x40000000 | 272, 0x20000), errno.EPERM, errno.ENOSYS)"),
+        py("load a module through the x32 ABI", true, "expect(sc(0x40000000 | 313, -1, b'', 0), errno.EPERM, errno.ENOSYS)"),
         py("clone into a new user namespace", true, "expect(sc(56, 0x10000000 | 17, 0, 0, 0, 0), errno.EPERM)"),
         py("load a kernel module (init_module)", true, "expect(sc(175, 0, 0, b''), errno.EPERM)"),
         py("load a kernel module (finit_module)", true, "expect(sc(313, -1, b'', 0), errno.EPERM)"),
@@ -120,7 +122,9 @@ fn escape_suite() {
         sh("read firmware tables (/sys/firmware)", true, "[ -z \"$(ls -A /sys/firmware 2>/dev/null)\" ] && echo CONTAINED || echo ESCAPED"),
         sh("write to /sys", true, "(echo 1 > /sys/kernel/mm/ksm/run) 2>/dev/null && echo ESCAPED || echo CONTAINED"),
         py("break out of a chroot", true,
-           "os.makedirs('/tmp/jail', exist_ok=True); os.chroot('/tmp/jail')\nfor _ in range(64): os.chdir('..')\nos.chroot('.')\nprint('CONTAINED' if not os.path.exists('/root/.cargo') and not os.path.exists('/farm') else 'ESCAPED')"),
+           &format!("os.makedirs('/tmp/jail', exist_ok=True); os.chroot('/tmp/jail')\nfor _ in range(64): os.chdir('..')\nos.chroot('.')\nprint('CONTAINED' if open('/etc/hostname').read().strip() == '{id}' and not os.path.exists('{data}') else 'ESCAPED')")),
+        sh("read the agent's descriptors (/proc/1/fd)", true, "for f in /proc/1/fd/*; do readlink $f 2>/dev/null && exit; head -c1 $f 2>/dev/null | grep -q . && exit; done; echo CONTAINED"),
+        sh("read the agent's environment", true, "[ -z \"$(cat /proc/1/environ 2>/dev/null)\" ] && echo CONTAINED || echo ESCAPED"),
         sh("write the host's /usr", true, "touch /usr/bin/cella-escape 2>/dev/null && echo ESCAPED || echo CONTAINED"),
     ];
 
@@ -170,4 +174,79 @@ fn a_fork_bomb_stays_inside_its_sandbox() {
     assert!(left < 10, "{left} processes of the bomb are left");
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{bomb}")).status, 200);
     assert!(common::sandbox_pids(&bomb).is_empty());
+}
+
+/// Attempts through the files API: the agent that serves it runs inside the sandbox with the
+/// sandbox's root, but it is PID 1 and holds privileges, so its own /proc entries and every
+/// /proc magic link are refused.
+#[test]
+fn files_api_escape_attempts() {
+    let s = Server::start();
+    let id = s.create(json!({ "size": "xs" }));
+    let f = |p: &str| format!("/api/v1/sandboxes/{id}/files{p}");
+    s.exec(&id, json!({ "command": "ln -s /proc/1/fd/2 /tmp/fd2; ln -s /proc/1/root /tmp/root1; ln -s /proc/1/exe /tmp/exe; sleep 300 & echo $! > /tmp/sleeper; ln -s /proc/$(cat /tmp/sleeper)/root /tmp/rootn", "user": "root" }));
+    let mut attempts = 0;
+    let mut contained = 0;
+    let mut failures = Vec::new();
+    let mut attempt = |name: &str, r: common::R| {
+        attempts += 1;
+        // Contained: refused (4xx) and no byte of anything outside came back.
+        if (400..500).contains(&r.status) && r.body.get("error").is_some() {
+            contained += 1;
+        } else {
+            failures.push(format!("{name}: {} {}", r.status, r.body));
+        }
+    };
+    attempt("read the agent's stderr", s.get(&f("?path=/proc/1/fd/2")));
+    attempt("read the runtime binary", s.get(&f("?path=/proc/1/exe")));
+    attempt(
+        "read through /proc/self",
+        s.get(&f("?path=/proc/self/root/etc/hostname")),
+    );
+    attempt(
+        "list the agent's descriptors",
+        s.get(&f("/list?path=/proc/1/fd")),
+    );
+    attempt(
+        "stat the agent's binary",
+        s.get(&f("/stat?path=/proc/1/exe")),
+    );
+    attempt(
+        "reach /proc/1 through ..",
+        s.get(&f("?path=/tmp/../proc/1/fd/2")),
+    );
+    attempt(
+        "a symlink to the agent's stderr",
+        s.get(&f("?path=/tmp/fd2")),
+    );
+    attempt(
+        "a symlink to the runtime binary",
+        s.get(&f("?path=/tmp/exe")),
+    );
+    attempt(
+        "a symlink to /proc/1/root",
+        s.get(&f("?path=/tmp/root1/etc/hostname")),
+    );
+    attempt(
+        "a symlink to another process's root",
+        s.get(&f("?path=/tmp/rootn/etc/hostname")),
+    );
+    attempt(
+        "write through a magic link",
+        s.raw(
+            "PUT",
+            &f("?path=/tmp/root1/tmp/planted"),
+            Some(KEY),
+            Some(b"x".to_vec()),
+            &[],
+        ),
+    );
+    attempt(
+        "delete the root through ..",
+        s.req("DELETE", &f("?path=/..&recursive=true"), Some(KEY), None),
+    );
+    println!("{attempts} attempts, {contained} contained");
+    assert!(failures.is_empty(), "escaped:\n{}", failures.join("\n"));
+    // The sandbox is intact after all that.
+    assert_eq!(s.sh(&id, "cat /etc/hostname")["stdout"], format!("{id}\n"));
 }

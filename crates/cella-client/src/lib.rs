@@ -415,6 +415,50 @@ impl Client {
             .data)
     }
 
+    pub async fn start_process(&self, id: &str, req: &StartProcess) -> Result<Process, Error> {
+        self.data(
+            Method::POST,
+            &format!("/api/v1/sandboxes/{id}/processes"),
+            Some(req),
+        )
+        .await
+    }
+
+    pub async fn list_processes(&self, id: &str) -> Result<List<Process>, Error> {
+        self.call::<(), _>(
+            Method::GET,
+            &format!("/api/v1/sandboxes/{id}/processes"),
+            &[],
+            None,
+        )
+        .await
+    }
+
+    pub async fn signal_process(&self, id: &str, pid: i32, signal: &str) -> Result<Process, Error> {
+        let body = SignalRequest {
+            signal: serde_json::Value::String(signal.to_string()),
+        };
+        self.data(
+            Method::POST,
+            &format!("/api/v1/sandboxes/{id}/processes/{pid}/signal"),
+            Some(&body),
+        )
+        .await
+    }
+
+    /// The WebSocket URL of a sandbox's terminal, and the header value that authorizes it.
+    pub fn pty_url(&self, id: &str, query: &str) -> (String, Option<String>) {
+        let ws = if let Some(rest) = self.base.strip_prefix("https://") {
+            format!("wss://{rest}")
+        } else {
+            format!("ws://{}", self.base.trim_start_matches("http://"))
+        };
+        (
+            format!("{ws}/api/v1/sandboxes/{id}/pty?{query}"),
+            self.key.as_ref().map(|k| format!("Bearer {k}")),
+        )
+    }
+
     pub async fn create_workspace(&self, req: &CreateWorkspace) -> Result<Workspace, Error> {
         self.data(Method::POST, "/api/v1/workspaces", Some(req))
             .await

@@ -15,6 +15,8 @@ pub struct ApiError {
     pub message: String,
     pub details: Option<Value>,
     pub retry_after: Option<u64>,
+    /// `Content-Range` of a 416 answer (`bytes */SIZE`).
+    pub content_range: Option<String>,
 }
 
 impl ApiError {
@@ -24,6 +26,7 @@ impl ApiError {
             message: message.into(),
             details: None,
             retry_after: None,
+            content_range: None,
         }
     }
     pub fn with_details(mut self, details: Value) -> Self {
@@ -66,6 +69,13 @@ impl IntoResponse for ApiError {
         {
             res.headers_mut()
                 .insert("retry-after", HeaderValue::from(secs.max(1)));
+        }
+        if let Some(cr) = self
+            .content_range
+            .as_deref()
+            .and_then(|v| HeaderValue::from_str(v).ok())
+        {
+            res.headers_mut().insert("content-range", cr);
         }
         res.extensions_mut().insert(Enveloped);
         res

@@ -190,6 +190,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/api/v1/sandboxes/{id}/processes/{pid}/output",
             get(procs::output),
         )
+        .route("/api/v1/sandboxes/{id}/pty", get(routes::pty::pty))
         .route("/api/v1/sandboxes/{id}/files/list", get(files::list))
         .route("/api/v1/sandboxes/{id}/files/stat", get(files::stat))
         .route("/api/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))

@@ -1,8 +1,9 @@
 //! Pause, resume, stop, the active-session and idle timers, activity, and usage.
 //!
 //! What counts as activity for the idle timer: every API call that names the sandbox (get, exec,
-//! timeout, usage, resume, and the routes of later issues: processes, files, code, previews), and
-//! a running exec for as long as it runs. Listing sandboxes does not count.
+//! processes, files, terminal, timeout, usage, resume; later previews), a running exec, an open
+//! terminal or output stream for as long as it lasts, and output written by a process started
+//! through the API (the agent is asked before an idle pause). Listing sandboxes does not count.
 
 use crate::error::ApiError;
 use crate::sandboxes::{boot_locked, destroy, handle_of, settle, state_of, stop_clock, to_wire};

@@ -60,6 +60,7 @@ impl Modify for BearerAuth {
         processes::signal,
         processes::stdin,
         processes::output,
+        crate::routes::pty::pty,
     ),
     components(schemas(cella_types::ErrorBody, cella_types::ErrorInfo)),
     modifiers(&BearerAuth)

@@ -1,7 +1,7 @@
 //! Rate limits per workspace and endpoint group: token buckets held in memory.
 //!
 //! Groups: `read` (GETs on sandboxes and templates), `lifecycle` (create, destroy, pause,
-//! resume, stop, timeout, fork), `exec` (exec and, later, processes, files, code). Admin routes and
+//! resume, stop, timeout, fork), `exec` (exec, processes, terminals, file writes; code later). Admin routes and
 //! health checks are not limited. Every limited answer carries `RateLimit-Limit`,
 //! `RateLimit-Remaining` and `RateLimit-Reset`; a refusal is 429 `RATE_LIMITED` with `Retry-After`.
 

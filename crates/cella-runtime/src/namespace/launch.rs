@@ -111,8 +111,11 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd) -> String {
         .write(true)
         .open("/dev/null")
     {
+        // Standard error too: it was the host-side init.log, a host file the agent must not
+        // hold once its setup is over (setup failures went back through `ready`).
         let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
         let _ = nix::unistd::dup2(null.as_raw_fd(), 1);
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 2);
     }
     if ready.write_all(b"ok").is_err() {
         return "launcher went away".into();

@@ -125,6 +125,8 @@ impl NamespaceDriver {
         use std::os::unix::process::CommandExt;
         let mut child = Command::new(&self.agent_exe)
             .arg0("cella")
+            // The sandbox's PID 1 must carry nothing of the server's environment (keys, paths).
+            .env_clear()
             .arg("__sandbox-init")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -258,20 +258,31 @@ pub async fn download(
     let p = params(q, &["path"])?;
     let path = path_of(&p, "path")?;
     let agent = agent(&state, &auth, &id).await?;
-    let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
-        None => None,
-        Some(v) => Some(parse_range(v).ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::RangeNotSatisfiable,
-                format!("unsupported Range {v:?}: give one range of bytes"),
-            )
-        })?),
+    // A Range this server cannot serve (several ranges, another unit, nonsense) is ignored and
+    // the whole file is sent, as HTTP allows.
+    let range = headers
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_range);
+    let unsatisfiable = |size: u64| {
+        let mut e = ApiError::new(
+            ErrorCode::RangeNotSatisfiable,
+            format!("the range lies outside the file ({size} bytes)"),
+        )
+        .with_details(json!({ "size": size }));
+        e.content_range = Some(format!("bytes */{size}"));
+        e
     };
     let (offset, length) = match range {
         None => (0, None),
         Some((Some(a), len)) => (a, len),
         Some((None, Some(suffix))) => {
-            let size = stat_entry(&agent, &path).await?.size;
+            // The size of what the path leads to (following links), from the agent.
+            let size = agent
+                .read_file(&path, 0, Some(0))
+                .await
+                .map_err(agent_error)?
+                .size;
             (size.saturating_sub(suffix), Some(suffix.min(size)))
         }
         Some((None, None)) => (0, None),
@@ -280,12 +291,8 @@ pub async fn download(
         .read_file(&path, offset, length)
         .await
         .map_err(agent_error)?;
-    if range.is_some() && offset >= reader.size && reader.size > 0 {
-        return Err(ApiError::new(
-            ErrorCode::RangeNotSatisfiable,
-            format!("range starts past the end ({} bytes)", reader.size),
-        )
-        .with_details(json!({ "size": reader.size })));
+    if range.is_some() && (offset >= reader.size || reader.length == 0) {
+        return Err(unsatisfiable(reader.size));
     }
     let (size, start, len) = (reader.size, reader.offset, reader.length);
     let busy = state.activity.busy(&id);

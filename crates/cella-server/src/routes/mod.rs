@@ -4,6 +4,7 @@ pub mod files;
 pub mod keys;
 pub mod meta;
 pub mod processes;
+pub mod pty;
 pub mod sandboxes;
 pub mod templates;
 pub mod workspaces;

@@ -110,7 +110,7 @@ pub async fn start(
     let (row, handle) = running(&state, &auth, &id).await?;
     let tag = req.tag.clone();
     if tag.as_ref().is_some_and(|t| t.len() > 200) {
-        return Err(ApiError::invalid("tag", "tag takes at most 200 characters"));
+        return Err(ApiError::invalid("tag", "tag takes at most 200 bytes"));
     }
     let exec = ExecRequest {
         command: req.command,
@@ -167,7 +167,9 @@ pub async fn get(
 
 fn signal_number(v: &serde_json::Value) -> Option<i32> {
     if let Some(n) = v.as_i64() {
-        return i32::try_from(n).ok().filter(|n| (1..=64).contains(n));
+        return i32::try_from(n)
+            .ok()
+            .filter(|n| nix::sys::signal::Signal::try_from(*n).is_ok());
     }
     let name = v.as_str()?.to_ascii_uppercase();
     let name = name.strip_prefix("SIG").unwrap_or(&name);

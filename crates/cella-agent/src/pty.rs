@@ -1,0 +1,201 @@
+//! Terminals: a program on a new pseudo-terminal, relayed over the agent connection.
+
+use crate::harden::Jail;
+use crate::proto::{
+    self, ErrorKind, ExecSpec, ExitInfo, FrameKind, ProtoError, PtyControl, Response,
+};
+use crate::server::{cwd_problem, kill_tree, spawn_failure, Reaper};
+use nix::pty::{openpty, Winsize};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::unix::AsyncFd;
+use tokio::net::UnixStream;
+
+fn set_size(fd: &OwnedFd, cols: u16, rows: u16) {
+    let ws = Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ with a valid winsize on a terminal we own.
+    unsafe {
+        libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws);
+    }
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
+    let flags = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL)?;
+    let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(flags))?;
+    Ok(())
+}
+
+async fn read_master(master: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        let mut guard = master.readable().await?;
+        match guard
+            .try_io(|fd| nix::unistd::read(fd.as_raw_fd(), buf).map_err(std::io::Error::from))
+        {
+            Ok(r) => return r,
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+async fn write_master(master: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::Result<()> {
+    while !data.is_empty() {
+        let mut guard = master.writable().await?;
+        match guard
+            .try_io(|fd| nix::unistd::write(fd.get_ref(), data).map_err(std::io::Error::from))
+        {
+            Ok(Ok(n)) => data = &data[n..],
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
+        }
+    }
+    Ok(())
+}
+
+pub async fn run(
+    stream: UnixStream,
+    spec: ExecSpec,
+    cols: u16,
+    rows: u16,
+    reaper: Arc<Reaper>,
+    jail: Arc<Jail>,
+) -> Result<(), ProtoError> {
+    let (mut rd, mut wr) = stream.into_split();
+    let refuse = |kind, message: String| Response::Error { kind, message };
+    if spec.argv.is_empty() {
+        return proto::write_json(
+            &mut wr,
+            &refuse(ErrorKind::BadRequest, "argv is empty".into()),
+        )
+        .await;
+    }
+    if let Some(problem) = cwd_problem(&spec.cwd, spec.uid, spec.gid) {
+        return proto::write_json(&mut wr, &refuse(ErrorKind::BadCwd, problem)).await;
+    }
+    let ws = Winsize {
+        ws_row: rows.max(1),
+        ws_col: cols.max(1),
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = openpty(Some(&ws), None).map_err(std::io::Error::from)?;
+    let (master, slave) = (pty.master, pty.slave);
+    let mut cmd = std::process::Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .env_clear()
+        .envs(&spec.env)
+        .current_dir(&spec.cwd)
+        .stdin(Stdio::from(slave.try_clone()?))
+        .stdout(Stdio::from(slave.try_clone()?))
+        .stderr(Stdio::from(slave));
+    let (uid, gid) = (spec.uid, spec.gid);
+    let j = jail.clone();
+    // SAFETY: only system calls between fork and exec (see `server::command`).
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setsid();
+            // The terminal on stdin becomes the session's controlling terminal: job control works.
+            libc::ioctl(0, libc::TIOCSCTTY, 0);
+            let fd = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY);
+            if fd >= 0 {
+                libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+            }
+            j.enter(uid, gid)
+        });
+    }
+    let started = Instant::now();
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let (_, msg) = spawn_failure(&spec.argv[0], &e);
+            return proto::write_json(
+                &mut wr,
+                &refuse(ErrorKind::BadRequest, msg.trim().to_string()),
+            )
+            .await;
+        }
+    };
+    drop(cmd); // closes the agent's copies of the terminal's slave side
+    let pid = child.id() as i32;
+    drop(child);
+    let mut exit_rx = reaper.register(pid);
+    proto::write_json(&mut wr, &Response::Started { pid }).await?;
+    set_nonblocking(&master)?;
+    // SAFETY: `master` is an open descriptor owned by the AsyncFd for its whole life.
+    let master =
+        unsafe { AsyncFd::register(master) }.map_err(|e| std::io::Error::other(e.to_string()))?;
+    let master = Arc::new(master);
+
+    // Keyboard input and resizes from the node.
+    let input_master = master.clone();
+    let mut input = tokio::spawn(async move {
+        loop {
+            match proto::read_frame(&mut rd).await {
+                Ok(Some((FrameKind::Data, data))) => {
+                    if write_master(&input_master, &data).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Some((FrameKind::Json, body))) => {
+                    if let Ok(PtyControl::Resize { cols, rows }) = serde_json::from_slice(&body) {
+                        set_size(input_master.get_ref(), cols.max(1), rows.max(1));
+                    }
+                }
+                _ => return, // the node hung up
+            }
+        }
+    });
+    let mut buf = vec![0u8; 32 * 1024];
+    let mut status = None;
+    let mut output_open = true;
+    loop {
+        tokio::select! {
+            r = read_master(&master, &mut buf), if output_open => match r {
+                Ok(n) if n > 0 => proto::write_frame(&mut wr, FrameKind::Stdout, &buf[..n]).await?,
+                // EIO: every program holding the terminal is gone.
+                _ => output_open = false,
+            },
+            code = &mut exit_rx, if status.is_none() => {
+                status = Some(code.unwrap_or(255));
+                // Give the last output a moment to arrive, then finish.
+                let deadline = tokio::time::sleep(Duration::from_millis(100));
+                tokio::pin!(deadline);
+                loop {
+                    tokio::select! {
+                        r = read_master(&master, &mut buf) => match r {
+                            Ok(n) if n > 0 => proto::write_frame(&mut wr, FrameKind::Stdout, &buf[..n]).await?,
+                            _ => break,
+                        },
+                        _ = &mut deadline => break,
+                    }
+                }
+                break;
+            },
+            _ = &mut input => {
+                // The node left: hang up the terminal's programs, then make sure they are gone.
+                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGHUP);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                kill_tree(pid);
+                return Ok(());
+            }
+        }
+    }
+    input.abort();
+    let exit = ExitInfo {
+        exit_code: status.unwrap_or(255),
+        timed_out: false,
+        duration_ms: started.elapsed().as_millis() as u64,
+        stdout_truncated: false,
+        stderr_truncated: false,
+    };
+    proto::write_json(&mut wr, &Response::Exit(exit)).await
+}
