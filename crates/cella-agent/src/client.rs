@@ -390,3 +390,59 @@ impl AgentClient {
         Ok((pid, PtyWriter { half: w }, PtyReader { half: r }))
     }
 }
+
+/// A watch in progress: one change after another.
+pub struct Watcher {
+    stream: UnixStream,
+}
+
+/// A change under a watched path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsChange {
+    pub event: String,
+    pub path: String,
+    pub from: Option<String>,
+    pub dir: bool,
+}
+
+impl Watcher {
+    /// The next change; `None` when the agent hung up.
+    pub async fn next(&mut self) -> Option<FsChange> {
+        match proto::read_frame(&mut self.stream).await {
+            Ok(Some((FrameKind::Json, body))) => match serde_json::from_slice(&body) {
+                Ok(Response::FsEvent {
+                    event,
+                    path,
+                    from,
+                    dir,
+                }) => Some(FsChange {
+                    event,
+                    path,
+                    from,
+                    dir,
+                }),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+impl AgentClient {
+    /// Starts watching `path`; refusals (not found, not a directory) come back here.
+    pub async fn watch(&self, path: &str, recursive: bool) -> Result<Watcher, ClientError> {
+        let mut s = self.connect().await?;
+        proto::write_json(
+            &mut s,
+            &Request::Watch {
+                path: path.to_string(),
+                recursive,
+            },
+        )
+        .await?;
+        match Self::answer(&mut s).await? {
+            Response::Done { .. } => Ok(Watcher { stream: s }),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+}

@@ -22,7 +22,7 @@ pub fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
     }
 }
 
-fn io_error(path: &str, e: &std::io::Error) -> Response {
+pub(crate) fn io_error(path: &str, e: &std::io::Error) -> Response {
     let kind = match e.kind() {
         std::io::ErrorKind::NotFound => ErrorKind::NotFound,
         std::io::ErrorKind::AlreadyExists
@@ -75,7 +75,7 @@ fn is_agent_proc(p: &Path) -> bool {
 // The error is the answer itself, sent at once; it is never passed further.
 #[allow(clippy::result_large_err)]
 /// Paths must be absolute; `.` and `..` are resolved by the kernel inside the sandbox.
-fn check(path: &str) -> Result<PathBuf, Response> {
+pub(crate) fn check(path: &str) -> Result<PathBuf, Response> {
     if !path.starts_with('/') || path.contains('\0') {
         return Err(error(
             ErrorKind::BadRequest,

@@ -17,5 +17,6 @@ mod procs;
 pub mod proto;
 mod pty;
 mod server;
+mod watch;
 
 pub use server::{serve, AgentConfig};

@@ -103,6 +103,12 @@ pub enum Request {
     },
     /// When a spawned process last wrote output.
     Activity,
+    /// Watches a path (and, when recursive, every directory below it, new ones included);
+    /// answers `Done` once watching, then one `FsEvent` per change until the node hangs up.
+    Watch {
+        path: String,
+        recursive: bool,
+    },
     /// Starts a program on a new terminal and relays it: the node sends `Data` (keyboard input)
     /// and `Json` [`PtyControl`] frames; the agent sends `Stdout` (screen output), then `Exit`.
     /// When the node hangs up, the program gets SIGHUP (and SIGKILL shortly after).
@@ -217,6 +223,13 @@ pub enum Response {
     /// Milliseconds since a spawned process last wrote output (None: never).
     Activity {
         idle_ms: Option<u64>,
+    },
+    /// A change under a watched path: `create`, `modify`, `delete` or `rename` (with `from`).
+    FsEvent {
+        event: String,
+        path: String,
+        from: Option<String>,
+        dir: bool,
     },
     /// A file operation is done; `bytes` is what a write stored.
     Done {

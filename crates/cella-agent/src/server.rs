@@ -137,6 +137,9 @@ async fn handle(mut stream: UnixStream, reaper: Arc<Reaper>, jail: Arc<Jail>, pr
         }
         Ok(Request::Follow { pid, from_start }) => procs.follow(&mut stream, pid, from_start).await,
         Ok(Request::Activity) => proto::write_json(&mut stream, &procs.activity()).await,
+        Ok(Request::Watch { path, recursive }) => {
+            crate::watch::watch(&mut stream, path, recursive).await
+        }
         Ok(Request::Pty { spec, cols, rows }) => {
             pty::run(stream, spec, cols, rows, reaper, jail).await
         }

@@ -540,10 +540,81 @@ fn file_routes_never_wake_a_paused_or_stopped_sandbox() {
             json!({ "command": "true" }),
         )
         .assert_error(409, "SANDBOX_NOT_RUNNING");
+        s.get(&f("/watch?path=/tmp"))
+            .assert_error(409, "SANDBOX_NOT_RUNNING");
+        let p = |rest: &str| format!("/api/v1/sandboxes/{id}/processes{rest}");
+        s.post(&p(""), json!({ "command": "true" }))
+            .assert_error(409, "SANDBOX_NOT_RUNNING");
+        s.get(&p("")).assert_error(409, "SANDBOX_NOT_RUNNING");
+        s.get(&p("/1")).assert_error(409, "SANDBOX_NOT_RUNNING");
+        s.post(&p("/1/signal"), json!({ "signal": "TERM" }))
+            .assert_error(409, "SANDBOX_NOT_RUNNING");
+        s.get(&p("/1/output"))
+            .assert_error(409, "SANDBOX_NOT_RUNNING");
+        s.post(
+            &format!("/api/v1/sandboxes/{id}/exec"),
+            json!({ "command": "true" }),
+        )
+        .assert_error(409, "SANDBOX_NOT_RUNNING");
         assert_eq!(
             s.get(&format!("/api/v1/sandboxes/{id}")).data()["state"],
             state,
             "a file route woke it"
         );
     }
+}
+
+#[test]
+fn watch_reports_create_modify_rename_and_delete() {
+    let s = Server::start();
+    let id = s.create(json!({ "size": "xs" }));
+    s.sh(&id, "mkdir -p /home/user/w");
+    let mut res = reqwest::blocking::Client::new()
+        .get(format!(
+            "{}/api/v1/sandboxes/{id}/files/watch?path=/home/user/w&recursive=true",
+            s.url
+        ))
+        .bearer_auth(KEY)
+        .send()
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let script = "cd /home/user/w && echo a > f.txt && echo b >> f.txt && mv f.txt g.txt && mkdir sub && sleep 0.3 && echo c > sub/inner && rm g.txt && mv sub/inner /tmp/out";
+    assert_eq!(s.sh(&id, script)["exit_code"], 0);
+    let mut text = String::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sse(&text).iter().filter(|(n, _)| n == "delete").count() < 2 {
+        assert!(Instant::now() < deadline, "events so far:\n{text}");
+        let n = res.read(&mut buf).unwrap();
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let mut events: Vec<String> = sse(&text)
+        .iter()
+        .map(|(n, d)| match d["from"].as_str() {
+            Some(from) => format!("{n} {from} -> {}", d["path"].as_str().unwrap()),
+            None => format!("{n} {}", d["path"].as_str().unwrap()),
+        })
+        .collect();
+    // inotify merges identical events that follow each other unread.
+    events.dedup();
+    assert_eq!(
+        events,
+        [
+            "create /home/user/w/f.txt",
+            "modify /home/user/w/f.txt",
+            "rename /home/user/w/f.txt -> /home/user/w/g.txt",
+            "create /home/user/w/sub",
+            "create /home/user/w/sub/inner",
+            "modify /home/user/w/sub/inner",
+            "delete /home/user/w/g.txt",
+            "delete /home/user/w/sub/inner",
+        ]
+    );
+    drop(res);
+    s.get(&format!("/api/v1/sandboxes/{id}/files/watch?path=/nope"))
+        .assert_error(404, "NOT_FOUND");
+    s.get(&format!(
+        "/api/v1/sandboxes/{id}/files/watch?path=/etc/hostname"
+    ))
+    .assert_error(409, "CONFLICT");
 }

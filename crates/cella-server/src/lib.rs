@@ -193,6 +193,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/sandboxes/{id}/pty", get(routes::pty::pty))
         .route("/api/v1/sandboxes/{id}/files/list", get(files::list))
         .route("/api/v1/sandboxes/{id}/files/stat", get(files::stat))
+        .route("/api/v1/sandboxes/{id}/files/watch", get(files::watch))
         .route("/api/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/api/v1/sandboxes/{id}/files/move", post(files::rename))
         .route("/api/v1/sandboxes/{id}/pause", post(sb::pause))

@@ -54,6 +54,7 @@ impl Modify for BearerAuth {
         files::mkdir,
         files::rename,
         files::remove,
+        files::watch,
         processes::start,
         processes::list,
         processes::get,

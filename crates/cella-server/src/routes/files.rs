@@ -474,6 +474,41 @@ pub async fn remove(
     }))
 }
 
+/// Watch a directory for changes, as server-sent events `create`, `modify` (a file written and
+/// closed), `delete` and `rename`; data `{"path", "dir", "from"?}`. `recursive=true` follows the
+/// tree, new directories included. Scope `sandboxes:read`.
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/files/watch", tag = "files", security(("bearer" = [])),
+    params(("id" = String, Path), ("path" = String, Query), ("recursive" = Option<bool>, Query)),
+    responses((status = 200, content_type = "text/event-stream"), (status = 404, body = cella_types::ErrorBody),
+              (status = 409, body = cella_types::ErrorBody)))]
+pub async fn watch(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+    QueryPairs(q): QueryPairs,
+) -> Result<
+    axum::response::sse::Sse<
+        impl futures_util::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>,
+    >,
+    ApiError,
+> {
+    auth.require(Scope::SandboxesRead)?;
+    let p = params(q, &["path", "recursive"])?;
+    let path = path_of(&p, "path")?;
+    let recursive = flag(&p, "recursive")?;
+    let agent = agent(&state, &auth, &id).await?;
+    let watcher = agent.watch(&path, recursive).await.map_err(agent_error)?;
+    let stream = futures_util::stream::unfold(watcher, |mut w| async move {
+        let change = w.next().await?;
+        let mut data = json!({ "path": change.path, "dir": change.dir });
+        if let Some(from) = change.from {
+            data["from"] = json!(from);
+        }
+        Some((Ok(crate::sse::event(&change.event, &data)), w))
+    });
+    Ok(axum::response::sse::Sse::new(stream).keep_alive(axum::response::sse::KeepAlive::default()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_range;
