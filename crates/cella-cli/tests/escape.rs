@@ -250,3 +250,32 @@ fn files_api_escape_attempts() {
     // The sandbox is intact after all that.
     assert_eq!(s.sh(&id, "cat /etc/hostname")["stdout"], format!("{id}\n"));
 }
+
+#[test]
+fn a_cpu_spinner_gets_its_vcpus_and_no_more() {
+    let s = Server::start();
+    let spinner = s.create(json!({ "size": "xs", "idle_timeout_sec": 0 }));
+    let neighbour = s.create(json!({ "size": "xs" }));
+    // Four busy processes in a 1-vCPU sandbox for 3 seconds.
+    let p = s.post(
+        &format!("/api/v1/sandboxes/{spinner}/processes"),
+        json!({ "command": "for i in 1 2 3 4; do timeout 3 sh -c 'while :; do :; done' & done; wait" }),
+    );
+    assert_eq!(p.status, 201);
+    let started = Instant::now();
+    // Meanwhile the neighbour and the server answer.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(s.sh(&neighbour, "echo fine")["stdout"], "fine\n");
+    assert_eq!(s.req("GET", "/healthz", None, None).status, 200);
+    std::thread::sleep(Duration::from_millis(3000));
+    let wall = started.elapsed().as_secs_f64() + 0.5;
+    let cpu = s.get(&format!("/api/v1/sandboxes/{spinner}/usage")).data()["cpu_sec"]
+        .as_f64()
+        .unwrap();
+    // One vCPU: at most about one CPU-second per second, whatever it asks for.
+    assert!(cpu > 1.0, "the spinner did not run: {cpu}");
+    assert!(
+        cpu <= wall * 1.15,
+        "{cpu} CPU seconds in {wall:.1} s on 1 vCPU"
+    );
+}

@@ -319,8 +319,8 @@ fn destroy_leaves_nothing_on_the_host() {
     assert!(!cgroup_dirs(&id).is_empty());
     let dir = s.data_dir().join("sandboxes").join(&id);
     assert!(
-        dir.join("upper/tmp/f").exists(),
-        "the writable layer lives under the data dir"
+        dir.join("disk.img").exists(),
+        "the writable layer lives under the data dir, in the sandbox's own disk image"
     );
 
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
@@ -343,6 +343,8 @@ fn destroy_leaves_nothing_on_the_host() {
     assert!(!s.data_dir().join("run").join(format!("{id}.sock")).exists());
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&id));
+    let loops = std::process::Command::new("losetup").arg("-a").output().unwrap();
+    assert!(!String::from_utf8_lossy(&loops.stdout).contains(&id), "a loop device is left");
 }
 
 #[test]
@@ -488,4 +490,86 @@ fn cgroup_limits_follow_the_size() {
     for line in cg["stdout"].as_str().unwrap().lines() {
         assert!(line.ends_with(":/"), "{line}");
     }
+}
+
+#[test]
+fn the_disk_quota_gives_enospc_inside_and_frees_space_again() {
+    let s = Server::start();
+    let id = s.create(json!({ "size": "xs" }));
+    let neighbour = s.create(json!({ "size": "xs" }));
+    // The sandbox's root file system has the size of its contract (4096 MiB for xs).
+    let df = s.sh(&id, "df -m --output=size / | tail -1");
+    let size: u64 = df["stdout"].as_str().unwrap().trim().parse().unwrap();
+    assert!((3800..=4096).contains(&size), "{df}");
+    // Past the quota: ENOSPC inside.
+    let over = s.sh(&id, "fallocate -l 5G /home/user/big");
+    assert_ne!(over["exit_code"], 0);
+    assert!(
+        over["stderr"].as_str().unwrap().contains("No space left"),
+        "{over}"
+    );
+    let fill = s.sh(&id, "fallocate -l 3900M /home/user/big && dd if=/dev/zero of=/home/user/more bs=1M count=400 2>&1");
+    assert_ne!(fill["exit_code"], 0);
+    assert!(
+        fill["stdout"].as_str().unwrap().contains("No space left"),
+        "{fill}"
+    );
+    // The neighbour is unaffected, and so is the host (the image is sparse: its data stays small).
+    assert_eq!(
+        s.sh(
+            &neighbour,
+            "dd if=/dev/zero of=/tmp/x bs=1M count=100 2>/dev/null && echo ok"
+        )["stdout"],
+        "ok\n"
+    );
+    let img = s.data_dir().join("sandboxes").join(&id).join("disk.img");
+    let used = std::process::Command::new("du")
+        .args(["-m", "--apparent-size"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    let real = std::process::Command::new("du")
+        .arg("-m")
+        .arg(&img)
+        .output()
+        .unwrap();
+    let real_mb: u64 = String::from_utf8_lossy(&real.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        real_mb < 1024,
+        "the image takes {real_mb} MiB on the host ({})",
+        String::from_utf8_lossy(&used.stdout)
+    );
+    // Deleting files frees the space again.
+    let again = s.sh(&id, "rm /home/user/big /home/user/more && dd if=/dev/zero of=/home/user/more bs=1M count=400 2>/dev/null && echo ok");
+    assert_eq!(again["stdout"], "ok\n", "{again}");
+    // Files survive a stop and resume on their own file system.
+    s.sh(&id, "echo kept > /home/user/note");
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{id}/stop"), json!({}))
+            .status,
+        200
+    );
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}))
+            .status,
+        200
+    );
+    assert_eq!(s.sh(&id, "cat /home/user/note")["stdout"], "kept\n");
+    // Destroy leaves no loop device behind.
+    assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+    std::thread::sleep(Duration::from_millis(200));
+    let loops = std::process::Command::new("losetup")
+        .arg("-a")
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&loops.stdout).contains(&id),
+        "{}",
+        String::from_utf8_lossy(&loops.stdout)
+    );
 }

@@ -5,6 +5,7 @@
 //! is the Linux namespace backend (the default); a microVM backend will sit beside it.
 
 pub mod cgroup;
+pub mod disk;
 pub mod namespace;
 pub mod rootfs;
 

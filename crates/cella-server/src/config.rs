@@ -19,6 +19,21 @@ pub struct Config {
     /// Requests per workspace and endpoint group.
     pub rate_limits: crate::ratelimit::RateLimitConfig,
     pub files: FilesConfig,
+    pub disk: DiskConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiskConfig {
+    /// Give each sandbox a file system of exactly its `disk_size_mb` (a sparse ext4 image;
+    /// needs mkfs.ext4 and loop devices). Off: the writable layer is a plain directory.
+    pub quota: bool,
+}
+
+impl Default for DiskConfig {
+    fn default() -> Self {
+        DiskConfig { quota: true }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -70,6 +85,7 @@ impl Default for Config {
             exec: ExecConfig::default(),
             rate_limits: Default::default(),
             files: FilesConfig::default(),
+            disk: DiskConfig::default(),
         }
     }
 }

@@ -304,7 +304,8 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
         path: dir.clone(),
         source,
     })?;
-    let driver = NamespaceDriver::new(&dir, agent_exe, &instance)?;
+    let driver =
+        NamespaceDriver::new(&dir, agent_exe, &instance)?.with_disk_quota(config.disk.quota);
     let catalog = Catalog::new(
         vec![TemplateEntry {
             id: "base".into(),

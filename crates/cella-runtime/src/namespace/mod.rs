@@ -11,7 +11,7 @@ pub mod mounts;
 pub use launch::launcher_main;
 
 use crate::cgroup::{self, Limits};
-use crate::rootfs::{self, Bind};
+use crate::rootfs::Bind;
 use crate::{
     Driver, DriverError, ExecEvent, ExecSpec, ExitInfo, Probe, ResourceUsage, SandboxHandle,
     SandboxSpec,
@@ -38,6 +38,12 @@ pub struct LaunchConfig {
     pub binds: Vec<Bind>,
     pub socket: PathBuf,
     pub cgroup: String,
+    /// The sandbox's disk image, mounted at `disk_mount` before the overlay (which then keeps
+    /// `upper` and `work` inside it). None: the writable layer is a plain host directory.
+    #[serde(default)]
+    pub disk: Option<PathBuf>,
+    #[serde(default)]
+    pub disk_mount: PathBuf,
 }
 
 #[derive(Clone)]
@@ -45,6 +51,7 @@ pub struct NamespaceDriver {
     data_dir: PathBuf,
     agent_exe: PathBuf,
     cgroup_parent: String,
+    disk_quota: bool,
 }
 
 impl NamespaceDriver {
@@ -60,7 +67,14 @@ impl NamespaceDriver {
             data_dir: data_dir.to_path_buf(),
             agent_exe,
             cgroup_parent: format!("cella/{instance}"),
+            disk_quota: false,
         })
+    }
+
+    /// Gives every new sandbox a file system of exactly its `disk_size_mb` (see [`crate::disk`]).
+    pub fn with_disk_quota(mut self, on: bool) -> Self {
+        self.disk_quota = on;
+        self
     }
 
     fn sandbox_dir(&self, id: &str) -> PathBuf {
@@ -79,31 +93,36 @@ impl NamespaceDriver {
         let dir = self.sandbox_dir(&spec.id);
         std::fs::create_dir_all(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-        let (upper, work, root) = (dir.join("upper"), dir.join("work"), dir.join("rootfs"));
-        for d in [&upper, &work, &root] {
-            std::fs::create_dir_all(d)?;
-        }
-        // Per-sandbox files go straight into the writable layer.
-        let etc = upper.join("etc");
-        std::fs::create_dir_all(&etc)?;
-        std::fs::set_permissions(&etc, std::fs::Permissions::from_mode(0o755))?;
-        std::fs::write(etc.join("hostname"), format!("{}\n", spec.hostname))?;
-        std::fs::write(etc.join("hosts"), rootfs::hosts_file(&spec.hostname))?;
+        // A sandbox made before disk quotas keeps its plain writable layer.
+        let legacy = dir.join("upper").exists() && !dir.join(crate::disk::IMAGE).exists();
+        let disk = if self.disk_quota && !legacy {
+            Some(crate::disk::ensure_image(&dir, spec.disk_size_mb)?)
+        } else {
+            None
+        };
+        let disk_mount = dir.join("disk");
+        let layer = if disk.is_some() {
+            disk_mount.clone()
+        } else {
+            dir.clone()
+        };
+        let root = dir.join("rootfs");
+        std::fs::create_dir_all(&root)?;
         let cfg = LaunchConfig {
             id: spec.id.clone(),
             hostname: spec.hostname.clone(),
             layers: spec.image.layers.clone(),
-            upper,
-            work,
+            upper: layer.join("upper"),
+            work: layer.join("work"),
             rootfs: root,
             binds: spec.image.binds.clone(),
             socket: self.socket_path(&spec.id),
             cgroup: self.cgroup_path(&spec.id),
+            disk,
+            disk_mount,
         };
-        std::fs::write(
-            dir.join("launch.json"),
-            serde_json::to_vec_pretty(&cfg).map_err(std::io::Error::other)?,
-        )?;
+        let json = serde_json::to_vec_pretty(&cfg).map_err(std::io::Error::other)?;
+        std::fs::write(dir.join("launch.json"), json)?;
         Ok(cfg)
     }
 

@@ -11,6 +11,18 @@ use std::path::{Path, PathBuf};
 pub enum MountOp {
     /// Stop every mount event from propagating back to the host.
     MakePrivate,
+    /// Mount the sandbox's disk image (its own file system, sized to its quota).
+    Disk {
+        image: PathBuf,
+        target: PathBuf,
+    },
+    /// Make the overlay's upper and work directories and write the sandbox's own `/etc/hostname`
+    /// and `/etc/hosts` into the upper layer.
+    PrepareUpper {
+        upper: PathBuf,
+        work: PathBuf,
+        hostname: String,
+    },
     Overlay {
         lower: Vec<PathBuf>,
         upper: PathBuf,
@@ -89,15 +101,24 @@ fn inside(root: &Path, p: &Path) -> PathBuf {
 
 pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
     let r = &cfg.rootfs;
-    let mut ops = vec![
-        MountOp::MakePrivate,
-        MountOp::Overlay {
-            lower: cfg.layers.clone(),
-            upper: cfg.upper.clone(),
-            work: cfg.work.clone(),
-            target: r.clone(),
-        },
-    ];
+    let mut ops = vec![MountOp::MakePrivate];
+    if let Some(image) = &cfg.disk {
+        ops.push(MountOp::Disk {
+            image: image.clone(),
+            target: cfg.disk_mount.clone(),
+        });
+    }
+    ops.push(MountOp::PrepareUpper {
+        upper: cfg.upper.clone(),
+        work: cfg.work.clone(),
+        hostname: cfg.hostname.clone(),
+    });
+    ops.extend([MountOp::Overlay {
+        lower: cfg.layers.clone(),
+        upper: cfg.upper.clone(),
+        work: cfg.work.clone(),
+        target: r.clone(),
+    }]);
     for b in &cfg.binds {
         ops.push(MountOp::Bind {
             src: b.src.clone(),
@@ -278,6 +299,23 @@ pub fn apply(op: &MountOp) -> Result<(), String> {
             let _ = std::fs::remove_file(link);
             std::os::unix::fs::symlink(to, link).map_err(|e| err("linking", link, e))
         }
+        MountOp::Disk { image, target } => crate::disk::mount_image(image, target),
+        MountOp::PrepareUpper {
+            upper,
+            work,
+            hostname,
+        } => {
+            use std::os::unix::fs::PermissionsExt;
+            let etc = upper.join("etc");
+            for d in [upper, work, &etc] {
+                std::fs::create_dir_all(d).map_err(|e| err("creating", d, e))?;
+            }
+            let _ = std::fs::set_permissions(&etc, std::fs::Permissions::from_mode(0o755));
+            std::fs::write(etc.join("hostname"), format!("{hostname}\n"))
+                .map_err(|e| err("writing", &etc, e))?;
+            std::fs::write(etc.join("hosts"), crate::rootfs::hosts_file(hostname))
+                .map_err(|e| err("writing", &etc, e))
+        }
         MountOp::Mask { target } => match std::fs::symlink_metadata(target) {
             Err(_) => Ok(()),
             Ok(m) if m.is_dir() => {
@@ -348,6 +386,8 @@ mod tests {
             }],
             socket: "/data/run/sbtest.sock".into(),
             cgroup: "cella/x/sbtest".into(),
+            disk: None,
+            disk_mount: "/data/sandboxes/sbtest/disk".into(),
         }
     }
 
@@ -373,10 +413,18 @@ mod tests {
 
     #[test]
     fn root_is_private_overlay_then_pivot() {
+        let mut c = cfg();
+        c.disk = Some("/data/sandboxes/sbtest/disk.img".into());
+        let with_disk = plan(&c);
+        assert!(
+            matches!(&with_disk[1], MountOp::Disk { target, .. } if target == Path::new("/data/sandboxes/sbtest/disk"))
+        );
+        assert!(matches!(&with_disk[2], MountOp::PrepareUpper { .. }));
         let ops = plan(&cfg());
         assert_eq!(ops[0], MountOp::MakePrivate);
+        assert!(matches!(&ops[1], MountOp::PrepareUpper { .. }));
         assert!(
-            matches!(&ops[1], MountOp::Overlay { target, .. } if target == Path::new("/data/sandboxes/sbtest/rootfs"))
+            matches!(&ops[2], MountOp::Overlay { target, .. } if target == Path::new("/data/sandboxes/sbtest/rootfs"))
         );
         assert!(matches!(ops.last(), Some(MountOp::PivotRoot { .. })));
     }

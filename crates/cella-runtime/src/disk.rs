@@ -1,0 +1,183 @@
+//! Disk quota: each sandbox's writable layer lives in a file system of exactly its
+//! `disk_size_mb`.
+//!
+//! Why an image per sandbox rather than project quotas: it works on any host file system (project
+//! quotas need XFS, or ext4 mounted with `prjquota`), a full sandbox gets a clean `ENOSPC` from
+//! its own file system, and deleting files frees the space again at once. The image is a sparse
+//! file formatted as ext4 (a few MiB on the host until the sandbox writes), loop-mounted inside
+//! the sandbox's own mount namespace with auto-clear, so the loop device goes away by itself
+//! with the sandbox's last process; nothing is mounted on the host.
+//!
+//! The loop ioctls are written here (a few lines) because the maintained loop-device crate
+//! generates its bindings at build time and would need libclang on every build machine.
+
+use crate::DriverError;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::Command;
+
+pub const IMAGE: &str = "disk.img";
+
+/// Makes the sparse, formatted image of `size_mb` MiB unless it exists.
+pub fn ensure_image(dir: &Path, size_mb: u32) -> Result<std::path::PathBuf, DriverError> {
+    let img = dir.join(IMAGE);
+    if img.exists() {
+        return Ok(img);
+    }
+    let tmp = dir.join(format!("{IMAGE}.tmp"));
+    let f = File::create(&tmp)?;
+    f.set_len(size_mb as u64 * 1024 * 1024)?;
+    drop(f);
+    let out = Command::new("mkfs.ext4")
+        .args([
+            "-q",
+            "-F",
+            "-m",
+            "0",
+            "-E",
+            "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0",
+        ])
+        .arg(&tmp)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .output()
+        .map_err(|e| DriverError::Launch(format!("running mkfs.ext4 (install e2fsprogs): {e}")))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(DriverError::Launch(format!(
+            "formatting the sandbox disk failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    std::fs::rename(&tmp, &img)?;
+    Ok(img)
+}
+
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LOOP_SET_FD: libc::c_ulong = 0x4C00;
+const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
+const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+#[repr(C)]
+struct LoopInfo64 {
+    device: u64,
+    inode: u64,
+    rdevice: u64,
+    offset: u64,
+    sizelimit: u64,
+    number: u32,
+    encrypt_type: u32,
+    encrypt_key_size: u32,
+    flags: u32,
+    file_name: [u8; 64],
+    crypt_name: [u8; 64],
+    encrypt_key: [u8; 32],
+    init: [u64; 2],
+}
+
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+fn info() -> LoopInfo64 {
+    // SAFETY: an all-zero loop_info64 is valid.
+    let mut i: LoopInfo64 = unsafe { std::mem::zeroed() };
+    i.flags = LO_FLAGS_AUTOCLEAR;
+    i
+}
+
+/// Attaches `image` to a free loop device (auto-clear) and returns the device's path with an
+/// open handle on it: the device clears itself at its last close, so the handle must stay open
+/// until the mount holds the device.
+fn attach(image: &Path) -> std::io::Result<(std::path::PathBuf, File)> {
+    let backing = OpenOptions::new().read(true).write(true).open(image)?;
+    let ctl = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/loop-control")?;
+    for _ in 0..64 {
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number.
+        let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let dev = std::path::PathBuf::from(format!("/dev/loop{n}"));
+        if !dev.exists() {
+            // Containers often have only a few nodes pre-made.
+            let devno = libc::makedev(7, n as u32);
+            // SAFETY: mknod of a block device node with a valid path.
+            let c = std::ffi::CString::new(dev.as_os_str().as_encoded_bytes())
+                .map_err(std::io::Error::other)?;
+            unsafe { libc::mknod(c.as_ptr(), libc::S_IFBLK | 0o660, devno) };
+        }
+        let loopf = match OpenOptions::new().read(true).write(true).open(&dev) {
+            Ok(f) => f,
+            Err(_) => continue,
+        };
+        let cfg = LoopConfig {
+            fd: backing.as_raw_fd() as u32,
+            block_size: 0,
+            info: info(),
+            reserved: [0; 8],
+        };
+        // SAFETY: LOOP_CONFIGURE with a loop_config we own.
+        let r = unsafe { libc::ioctl(loopf.as_raw_fd(), LOOP_CONFIGURE, &cfg) };
+        if r == 0 {
+            return Ok((dev, loopf));
+        }
+        let err = std::io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EBUSY) => continue, // taken meanwhile by someone else
+            Some(libc::EINVAL) | Some(libc::ENOTTY) => {
+                // Kernels before 5.8: two steps.
+                // SAFETY: LOOP_SET_FD with an open descriptor, then LOOP_SET_STATUS64.
+                unsafe {
+                    if libc::ioctl(loopf.as_raw_fd(), LOOP_SET_FD, backing.as_raw_fd()) != 0 {
+                        let e = std::io::Error::last_os_error();
+                        if e.raw_os_error() == Some(libc::EBUSY) {
+                            continue;
+                        }
+                        return Err(e);
+                    }
+                    let i = info();
+                    if libc::ioctl(loopf.as_raw_fd(), LOOP_SET_STATUS64, &i) != 0 {
+                        let e = std::io::Error::last_os_error();
+                        libc::ioctl(loopf.as_raw_fd(), LOOP_CLR_FD, 0);
+                        return Err(e);
+                    }
+                }
+                return Ok((dev, loopf));
+            }
+            _ => return Err(err),
+        }
+    }
+    Err(std::io::Error::other("no free loop device"))
+}
+
+/// Mounts `image` on `target` (in the calling process's mount namespace).
+pub fn mount_image(image: &Path, target: &Path) -> Result<(), String> {
+    use nix::mount::{mount, MsFlags};
+    std::fs::create_dir_all(target).map_err(|e| format!("creating {}: {e}", target.display()))?;
+    let (dev, handle) = attach(image)
+        .map_err(|e| format!("attaching {} to a loop device: {e}", image.display()))?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    let r = mount(
+        Some(dev.as_path()),
+        target,
+        Some("ext4"),
+        flags,
+        None::<&str>,
+    )
+    .map_err(|e| format!("mounting the sandbox disk: {e}"));
+    // From here the mount holds the device; when the mount goes (with the sandbox's mount
+    // namespace) the device detaches by itself. On failure this close detaches it at once.
+    drop(handle);
+    r
+}
