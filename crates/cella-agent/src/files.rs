@@ -64,12 +64,61 @@ fn normalize(path: &str) -> PathBuf {
     out
 }
 
+/// Where `path` really leads (symlinks resolved), or where its nearest existing ancestor does,
+/// with the rest appended: a symlink such as `/tmp/p -> /proc/1` cannot hide the agent's entry.
+fn resolved(path: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut cur = path.to_path_buf();
+    loop {
+        if let Ok(c) = std::fs::canonicalize(&cur) {
+            let mut out = c;
+            for part in rest.iter().rev() {
+                out.push(part);
+            }
+            return out;
+        }
+        match (cur.file_name().map(|n| n.to_os_string()), cur.parent()) {
+            (Some(name), Some(parent)) => {
+                rest.push(name);
+                cur = parent.to_path_buf();
+            }
+            _ => return normalize(&path.display().to_string()),
+        }
+    }
+}
+
 /// The agent's own process in /proc: its descriptors and links lead to the host (its binary)
 /// and must never be opened or listed through the files API.
 fn is_agent_proc(p: &Path) -> bool {
-    ["/proc/1", "/proc/self", "/proc/thread-self"]
+    if ["/proc/self", "/proc/thread-self"]
         .iter()
         .any(|a| p.starts_with(a))
+    {
+        return true;
+    }
+    // /proc/<pid> of the agent itself (PID 1) or of any of its threads.
+    let Ok(rest) = p.strip_prefix("/proc") else {
+        return false;
+    };
+    let Some(first) = rest.components().next() else {
+        return false;
+    };
+    let Some(n) = first
+        .as_os_str()
+        .to_str()
+        .and_then(|s| s.parse::<u32>().ok())
+    else {
+        return false;
+    };
+    if n == 1 || n == std::process::id() {
+        return true;
+    }
+    std::fs::read_dir("/proc/self/task")
+        .map(|rd| {
+            rd.flatten()
+                .any(|t| t.file_name().to_str() == Some(&n.to_string()))
+        })
+        .unwrap_or(false)
 }
 
 // The error is the answer itself, sent at once; it is never passed further.
@@ -82,7 +131,7 @@ pub(crate) fn check(path: &str) -> Result<PathBuf, Response> {
             format!("path must be absolute: {path:?}"),
         ));
     }
-    if is_agent_proc(&normalize(path)) {
+    if is_agent_proc(&normalize(path)) || is_agent_proc(&resolved(Path::new(path))) {
         return Err(error(
             ErrorKind::BadRequest,
             format!("{path} is not accessible through the files API"),
@@ -493,6 +542,15 @@ mod tests {
         assert!(!is_agent_proc(&normalize("/proc/10/status")));
         assert!(!is_agent_proc(&normalize("/proc/1234")));
         assert!(check("/proc/thread-self/root").is_err());
+        // Through a symlink, too.
+        let dir = std::env::temp_dir().join(format!("cella-resolve-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let link = dir.join("p");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("/proc/self", &link).unwrap();
+        assert!(check(&format!("{}/fd", link.display())).is_err());
+        assert!(check(&format!("{}/missing/child", link.display())).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

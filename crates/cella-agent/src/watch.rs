@@ -147,11 +147,24 @@ pub async fn watch(
                         moved_from.insert(ev.cookie, (full, is_dir));
                     } else if ev.mask.contains(AddWatchFlags::IN_MOVED_TO) {
                         match moved_from.remove(&ev.cookie) {
-                            Some((from, _)) => out.push(event("rename", &full, Some(&from), is_dir)),
-                            None => out.push(event("create", &full, None, is_dir)),
-                        }
-                        if is_dir && recursive {
-                            add_tree(&ino, &full, true, &mut wds);
+                            Some((from, _)) => {
+                                out.push(event("rename", &full, Some(&from), is_dir));
+                                if is_dir {
+                                    // Its watches follow it: name them by the new path.
+                                    for p in wds.values_mut() {
+                                        if let Ok(rest) = p.strip_prefix(&from) {
+                                            *p = full.join(rest);
+                                        }
+                                    }
+                                }
+                            }
+                            None => {
+                                out.push(event("create", &full, None, is_dir));
+                                if is_dir && recursive {
+                                    add_tree(&ino, &full, true, &mut wds);
+                                    out.extend(existing(&full));
+                                }
+                            }
                         }
                     } else if ev.mask.contains(AddWatchFlags::IN_DELETE_SELF) && dir == p {
                         out.push(event("delete", &p, None, true));
@@ -159,6 +172,15 @@ pub async fn watch(
                 }
                 for (_, (from, is_dir)) in moved_from {
                     out.push(event("delete", &from, None, is_dir));
+                    if is_dir {
+                        // Moved out of the watched tree: stop following it.
+                        let gone: Vec<WatchDescriptor> =
+                            wds.iter().filter(|(_, p)| p.starts_with(&from)).map(|(wd, _)| *wd).collect();
+                        for wd in gone {
+                            let _ = ino.rm_watch(wd);
+                            wds.remove(&wd);
+                        }
+                    }
                 }
                 for r in out {
                     proto::write_json(stream, &r).await?;

@@ -870,7 +870,7 @@ async fn shell(client: &Client, id: &str, root: bool, command: Option<String>) -
     let mut winch =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok();
     let mut buf = vec![0u8; 8192];
-    let mut code = 0u8;
+    let mut code: Option<u8> = None;
     loop {
         tokio::select! {
             n = stdin.read(&mut buf) => match n {
@@ -887,7 +887,7 @@ async fn shell(client: &Client, id: &str, root: bool, command: Option<String>) -
                 Some(Ok(Message::Text(t))) => {
                     if let Ok(v) = serde_json::from_str::<serde_json::Value>(t.as_str()) {
                         if let Some(c) = v["exit"]["exit_code"].as_i64() {
-                            code = (c & 0xff) as u8;
+                            code = Some((c & 0xff) as u8);
                         }
                     }
                 }
@@ -902,5 +902,12 @@ async fn shell(client: &Client, id: &str, root: bool, command: Option<String>) -
         }
     }
     let _ = tx.close().await;
-    ExitCode::from(code)
+    drop(_raw);
+    match code {
+        Some(c) => ExitCode::from(c),
+        None => {
+            eprintln!("\r\ncella: the terminal closed without an exit status");
+            ExitCode::from(1)
+        }
+    }
 }

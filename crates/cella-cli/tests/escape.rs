@@ -245,6 +245,22 @@ fn files_api_escape_attempts() {
         "delete the root through ..",
         s.req("DELETE", &f("?path=/..&recursive=true"), Some(KEY), None),
     );
+    s.exec(
+        &id,
+        json!({ "command": "ln -s /proc/1 /tmp/agent; ln -s /proc/self /tmp/me", "user": "root" }),
+    );
+    attempt(
+        "list the agent's descriptors through a symlink",
+        s.get(&f("/list?path=/tmp/agent/fd")),
+    );
+    attempt(
+        "stat the runtime binary through a symlink",
+        s.get(&f("/stat?path=/tmp/agent/exe")),
+    );
+    attempt(
+        "watch the agent through a symlink",
+        s.get(&f("/watch?path=/tmp/me/fd")),
+    );
     println!("{attempts} attempts, {contained} contained");
     assert!(failures.is_empty(), "escaped:\n{}", failures.join("\n"));
     // The sandbox is intact after all that.

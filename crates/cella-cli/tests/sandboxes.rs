@@ -343,8 +343,14 @@ fn destroy_leaves_nothing_on_the_host() {
     assert!(!s.data_dir().join("run").join(format!("{id}.sock")).exists());
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&id));
-    let loops = std::process::Command::new("losetup").arg("-a").output().unwrap();
-    assert!(!String::from_utf8_lossy(&loops.stdout).contains(&id), "a loop device is left");
+    let loops = std::process::Command::new("losetup")
+        .arg("-a")
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&loops.stdout).contains(&id),
+        "a loop device is left"
+    );
 }
 
 #[test]

@@ -171,6 +171,9 @@ fn signal_number(v: &serde_json::Value) -> Option<i32> {
             .ok()
             .filter(|n| nix::sys::signal::Signal::try_from(*n).is_ok());
     }
+    if let Some(n) = v.as_str().and_then(|s| s.parse::<i32>().ok()) {
+        return nix::sys::signal::Signal::try_from(n).ok().map(|s| s as i32);
+    }
     let name = v.as_str()?.to_ascii_uppercase();
     let name = name.strip_prefix("SIG").unwrap_or(&name);
     nix::sys::signal::Signal::iterator()

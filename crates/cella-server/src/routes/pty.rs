@@ -35,9 +35,16 @@ pub async fn pty(
     auth: Auth,
     Path(id): Path<String>,
     QueryPairs(q): QueryPairs,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     auth.require(Scope::SandboxesExec)?;
+    let ws = ws.map_err(|e| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("this route needs a WebSocket upgrade: {e}"),
+        )
+        .with_details(json!({ "field": "upgrade" }))
+    })?;
     let (mut cols, mut rows, mut command, mut user, mut cwd) = (80u16, 24u16, None, None, None);
     for (k, v) in q {
         let size = |v: &str, f: &str| {
@@ -80,11 +87,21 @@ pub async fn pty(
         ));
     }
     let handle = handle_of(&row).ok_or_else(ApiError::internal)?;
-    let shell = "if [ -x /bin/bash ]; then exec /bin/bash -l; else exec /bin/sh -l; fi".to_string();
+    // Chosen by sh, so that a template without bash still gets a shell.
+    let login = vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        "if [ -x /bin/bash ]; then exec /bin/bash -l; else exec /bin/sh -l; fi".to_string(),
+    ];
     let mut env = std::collections::BTreeMap::new();
     env.insert("TERM".to_string(), "xterm-256color".to_string());
+    let (command, argv) = match command {
+        Some(c) => (Some(c), None),
+        None => (None, Some(login)),
+    };
     let req = ExecRequest {
-        command: Some(command.unwrap_or(shell)),
+        command,
+        argv,
         env: Some(env),
         cwd,
         user,
