@@ -176,7 +176,14 @@ fn open_safe(path: &Path, flags: i32, mode: u32) -> std::io::Result<std::fs::Fil
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: a descriptor the kernel just gave us.
-    Ok(unsafe { std::fs::File::from_raw_fd(fd as i32) })
+    let file = unsafe { std::fs::File::from_raw_fd(fd as i32) };
+    // What was opened, not what was named: a symlink swapped after `check` cannot lead here.
+    if let Ok(real) = std::fs::read_link(format!("/proc/self/fd/{fd}")) {
+        if is_agent_proc(&real) {
+            return Err(std::io::Error::from_raw_os_error(libc::EACCES));
+        }
+    }
+    Ok(file)
 }
 
 fn info_of(path: &Path, meta: &std::fs::Metadata) -> FileInfo {
@@ -257,6 +264,9 @@ pub async fn list(path: String, recursive: bool, limit: usize) -> Response {
                 if entries.len() >= limit {
                     truncated = true;
                     break;
+                }
+                if is_agent_proc(&e.path()) {
+                    continue;
                 }
                 if recursive && m.is_dir() {
                     stack.push(e.path());

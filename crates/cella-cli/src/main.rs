@@ -871,13 +871,15 @@ async fn shell(client: &Client, id: &str, root: bool, command: Option<String>) -
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok();
     let mut buf = vec![0u8; 8192];
     let mut code: Option<u8> = None;
+    let mut stdin_open = true;
     loop {
         tokio::select! {
-            n = stdin.read(&mut buf) => match n {
+            n = stdin.read(&mut buf), if stdin_open => match n {
                 Ok(n) if n > 0 => {
                     if tx.send(Message::Binary(buf[..n].to_vec().into())).await.is_err() { break; }
                 }
-                _ => break,
+                // Input is over; the program may still be running: wait for its exit.
+                _ => stdin_open = false,
             },
             msg = rx.next() => match msg {
                 Some(Ok(Message::Binary(b))) => {

@@ -261,6 +261,35 @@ fn files_api_escape_attempts() {
         "watch the agent through a symlink",
         s.get(&f("/watch?path=/tmp/me/fd")),
     );
+    // A recursive listing of /proc must not walk into the agent's entries.
+    let all = s.get(&f("/list?path=/proc&recursive=true&limit=10000"));
+    let leaked: Vec<String> = all
+        .data()
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| e["path"].as_str())
+                .filter(|p| p.starts_with("/proc/1/") || p.starts_with("/proc/self/"))
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    attempt(
+        "walk into the agent with a recursive listing of /proc",
+        if leaked.is_empty() {
+            common::R {
+                status: 400,
+                headers: Default::default(),
+                body: json!({ "error": {} }),
+            }
+        } else {
+            common::R {
+                status: 200,
+                headers: Default::default(),
+                body: json!(leaked),
+            }
+        },
+    );
     println!("{attempts} attempts, {contained} contained");
     assert!(failures.is_empty(), "escaped:\n{}", failures.join("\n"));
     // The sandbox is intact after all that.

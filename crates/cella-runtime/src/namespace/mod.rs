@@ -95,7 +95,11 @@ impl NamespaceDriver {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         // A sandbox made before disk quotas keeps its plain writable layer.
         let legacy = dir.join("upper").exists() && !dir.join(crate::disk::IMAGE).exists();
-        let disk = if self.disk_quota && !legacy {
+        let image = dir.join(crate::disk::IMAGE);
+        let disk = if image.exists() {
+            // Its files live there, whatever the setting is now.
+            Some(image)
+        } else if self.disk_quota && !legacy {
             Some(crate::disk::ensure_image(&dir, spec.disk_size_mb)?)
         } else {
             None

@@ -1,0 +1,573 @@
+//! `cella-bench`: one run that starts its own server on a temporary data dir, measures every
+//! figure through the real HTTP API, runs the peers (`runc run`, `bwrap --unshare-all`) in the
+//! same run, and prints a table (`--json FILE` writes the figures). It builds nothing: it runs
+//! the `cella` binary that sits beside it (build both with `cargo build --release`).
+
+use clap::Parser;
+use reqwest::blocking::Client;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const KEY: &str = "cella_bench_admin_key_0123456789";
+
+#[derive(Parser)]
+#[command(about = "Benchmark Cella against runc and bubblewrap on this host")]
+struct Args {
+    /// A short run (under two minutes) with fewer samples.
+    #[arg(long)]
+    quick: bool,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// The cella binary (default: beside this one).
+    #[arg(long)]
+    cella: Option<PathBuf>,
+}
+
+struct Server {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+    http: Client,
+}
+
+impl Server {
+    fn start(bin: &Path) -> Server {
+        let dir = tempfile::Builder::new()
+            .prefix("cella-bench-")
+            .tempdir()
+            .expect("temp dir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = dir.path().join("config.toml");
+        // No rate limits: the bench measures the server, not its throttle.
+        std::fs::write(&cfg, "[rate_limits]\nread = { per_second = 0.0, burst = 1 }\nlifecycle = { per_second = 0.0, burst = 1 }\nexec = { per_second = 0.0, burst = 1 }\n").unwrap();
+        let child = Command::new(bin)
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--config",
+            ])
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .env("CELLA_BOOTSTRAP_KEY", KEY)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting cella serve");
+        let http = Client::builder()
+            .timeout(Duration::from_secs(300))
+            .pool_max_idle_per_host(64)
+            .build()
+            .unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        for _ in 0..1500 {
+            if http
+                .get(format!("{url}/healthz"))
+                .send()
+                .map(|r| r.status().is_success())
+                .unwrap_or(false)
+            {
+                return Server {
+                    child,
+                    url,
+                    _dir: dir,
+                    http,
+                };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the server did not start");
+    }
+
+    fn call(&self, key: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut rb = self
+            .http
+            .request(method.parse().unwrap(), format!("{}{}", self.url, path))
+            .bearer_auth(key);
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        match rb.send() {
+            Ok(r) => {
+                let st = r.status().as_u16();
+                (st, r.json().unwrap_or(Value::Null))
+            }
+            Err(e) => (0, json!({ "error": e.to_string() })),
+        }
+    }
+
+    fn create(&self, key: &str) -> Result<String, String> {
+        let (st, v) = self.call(
+            key,
+            "POST",
+            "/api/v1/sandboxes",
+            Some(json!({ "size": "xs", "idle_timeout_sec": 0 })),
+        );
+        if st == 201 {
+            Ok(v["data"]["id"].as_str().unwrap_or_default().to_string())
+        } else {
+            Err(format!("HTTP {st}: {v}"))
+        }
+    }
+
+    fn exec_true(&self, id: &str) {
+        let (st, v) = self.call(
+            KEY,
+            "POST",
+            &format!("/api/v1/sandboxes/{id}/exec"),
+            Some(json!({ "argv": ["true"] })),
+        );
+        assert!(
+            st == 200 && v["data"]["exit_code"] == 0,
+            "exec failed: {st} {v}"
+        );
+    }
+
+    fn destroy(&self, key: &str, id: &str) {
+        self.call(key, "DELETE", &format!("/api/v1/sandboxes/{id}"), None);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Sandboxes outlive their server by design: the bench destroys its own before this.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+struct Series {
+    name: &'static str,
+    samples: Vec<f64>,
+    target: &'static str,
+}
+
+impl Series {
+    fn sorted(&self) -> Vec<f64> {
+        let mut v = self.samples.clone();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v
+    }
+    fn p(&self, q: f64) -> f64 {
+        pct(&self.sorted(), q)
+    }
+}
+
+fn timed(n: usize, mut f: impl FnMut()) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            ms(t.elapsed())
+        })
+        .collect()
+}
+
+/// Installs a Debian package when its program is missing (the bench's setup).
+fn ensure_program(program: &str, package: &str) -> bool {
+    let have = |p: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {p}")])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    if have(program) {
+        return true;
+    }
+    eprintln!("installing {package} for the peer measurement...");
+    let _ = Command::new("apt-get")
+        .args(["install", "-y", "-qq", package])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status();
+    have(program)
+}
+
+fn bwrap_peer(n: usize) -> Option<Vec<f64>> {
+    if !ensure_program("bwrap", "bubblewrap") {
+        return None;
+    }
+    let mut args: Vec<String> = [
+        "--unshare-all",
+        "--die-with-parent",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for d in ["bin", "sbin", "lib", "lib64"] {
+        if let Ok(t) = std::fs::read_link(format!("/{d}")) {
+            args.extend(["--symlink".into(), t.display().to_string(), format!("/{d}")]);
+        }
+    }
+    args.push("true".into());
+    let ok = Command::new("bwrap")
+        .args(&args)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    ok.then(|| {
+        timed(n, || {
+            Command::new("bwrap").args(&args).status().unwrap();
+        })
+    })
+}
+
+fn runc_peer(n: usize) -> Option<Vec<f64>> {
+    if !ensure_program("runc", "runc") {
+        return None;
+    }
+    let bundle = tempfile::Builder::new()
+        .prefix("cella-bench-runc-")
+        .tempdir()
+        .ok()?;
+    let rootfs = bundle.path().join("rootfs");
+    for d in ["usr", "proc", "dev", "sys", "tmp", "etc"] {
+        std::fs::create_dir_all(rootfs.join(d)).ok()?;
+    }
+    for d in ["bin", "sbin", "lib", "lib64"] {
+        if let Ok(t) = std::fs::read_link(format!("/{d}")) {
+            let _ = std::os::unix::fs::symlink(t, rootfs.join(d));
+        }
+    }
+    Command::new("runc")
+        .arg("spec")
+        .current_dir(bundle.path())
+        .status()
+        .ok()?;
+    let spec_path = bundle.path().join("config.json");
+    let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&spec_path).ok()?).ok()?;
+    spec["process"]["terminal"] = json!(false);
+    spec["process"]["args"] = json!(["true"]);
+    spec["root"]["readonly"] = json!(true);
+    spec["mounts"].as_array_mut()?.push(json!({
+        "destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]
+    }));
+    // The same limits as a `small` sandbox.
+    spec["linux"]["resources"] = json!({
+        "memory": { "limit": 4096u64 * 1024 * 1024 },
+        "cpu": { "quota": 200000, "period": 100000 },
+        "pids": { "limit": 2048 }
+    });
+    std::fs::write(&spec_path, serde_json::to_vec_pretty(&spec).ok()?).ok()?;
+    let run = |i: usize| {
+        Command::new("runc")
+            .args(["run", "--bundle"])
+            .arg(bundle.path())
+            .arg(format!("cella-bench-{}-{i}", std::process::id()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    if !run(usize::MAX) {
+        return None;
+    }
+    let mut i = 0;
+    Some(timed(n, || {
+        i += 1;
+        run(i);
+    }))
+}
+
+fn main() {
+    let args = Args::parse();
+    let bin = args
+        .cella
+        .clone()
+        .unwrap_or_else(|| std::env::current_exe().unwrap().with_file_name("cella"));
+    assert!(
+        bin.exists(),
+        "no cella binary at {}: build it with `cargo build --release`",
+        bin.display()
+    );
+    let q = args.quick;
+    let n = if q { 10 } else { 50 };
+    let s = Server::start(&bin);
+    let mut series: Vec<Series> = Vec::new();
+
+    // Create (wait) then a first `exec true`, cold (there is no warm pool yet); destroy.
+    let mut create = Vec::new();
+    let mut destroy = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        let id = s.create(KEY).expect("create");
+        s.exec_true(&id);
+        create.push(ms(t.elapsed()));
+        let t = Instant::now();
+        s.destroy(KEY, &id);
+        destroy.push(ms(t.elapsed()));
+    }
+    series.push(Series {
+        name: "create_exec_cold_ms",
+        samples: create,
+        target: "p50 <= 40",
+    });
+    series.push(Series {
+        name: "destroy_ms",
+        samples: destroy,
+        target: "p50 <= 20",
+    });
+
+    let id = s.create(KEY).expect("create");
+    series.push(Series {
+        name: "exec_rtt_ms",
+        samples: timed(if q { 50 } else { 300 }, || s.exec_true(&id)),
+        target: "p50 <= 2",
+    });
+    let (mut pause, mut resume) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let t = Instant::now();
+        s.call(KEY, "POST", &format!("/api/v1/sandboxes/{id}/pause"), None);
+        pause.push(ms(t.elapsed()));
+        let t = Instant::now();
+        s.call(KEY, "POST", &format!("/api/v1/sandboxes/{id}/resume"), None);
+        resume.push(ms(t.elapsed()));
+    }
+    series.push(Series {
+        name: "pause_ms",
+        samples: pause,
+        target: "p50 <= 10",
+    });
+    series.push(Series {
+        name: "resume_ms",
+        samples: resume,
+        target: "p50 <= 10",
+    });
+
+    // GET requests per second at 32 concurrent connections.
+    let count = Arc::new(AtomicU64::new(0));
+    let secs = if q { 2 } else { 5 };
+    let until = Instant::now() + Duration::from_secs(secs);
+    std::thread::scope(|sc| {
+        for _ in 0..32 {
+            let count = count.clone();
+            let (url, id) = (s.url.clone(), id.clone());
+            sc.spawn(move || {
+                let c = Client::new();
+                while Instant::now() < until {
+                    if c.get(format!("{url}/api/v1/sandboxes/{id}"))
+                        .bearer_auth(KEY)
+                        .send()
+                        .is_ok()
+                    {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    let rps = count.load(Ordering::Relaxed) as f64 / secs as f64;
+
+    // Upload and download of one big file.
+    let mb: u64 = if q { 50 } else { 200 };
+    let payload = vec![0x5au8; (mb * 1024 * 1024) as usize];
+    let t = Instant::now();
+    let up = s
+        .http
+        .put(format!(
+            "{}/api/v1/sandboxes/{id}/files?path=/home/user/big",
+            s.url
+        ))
+        .bearer_auth(KEY)
+        .body(payload)
+        .send()
+        .unwrap();
+    assert!(up.status().is_success());
+    let upload = mb as f64 / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let mut down = s
+        .http
+        .get(format!(
+            "{}/api/v1/sandboxes/{id}/files?path=/home/user/big",
+            s.url
+        ))
+        .bearer_auth(KEY)
+        .send()
+        .unwrap();
+    let got = std::io::copy(&mut down, &mut std::io::sink()).unwrap();
+    assert_eq!(got, mb * 1024 * 1024);
+    let download = mb as f64 / t.elapsed().as_secs_f64();
+    s.destroy(KEY, &id);
+
+    // Host memory per idle sandbox (its cgroup holds the agent and everything inside), and
+    // how many idle sandboxes the host holds (spread over workspaces: plan caps are per tenant).
+    let idle_n = if q { 20 } else { 100 };
+    let density_max: usize = if q { 100 } else { 1000 };
+    let mut keys = Vec::new();
+    for i in 0..density_max.div_ceil(500) {
+        let (_, ws) = s.call(
+            KEY,
+            "POST",
+            "/api/v1/workspaces",
+            Some(json!({ "name": format!("bench{i}"), "plan": "enterprise" })),
+        );
+        let ws_id = ws["data"]["id"].as_str().unwrap().to_string();
+        let (_, k) = s.call(
+            KEY,
+            "POST",
+            "/api/v1/api-keys",
+            Some(json!({ "workspace_id": ws_id, "name": "bench", "scopes": ["admin"] })),
+        );
+        keys.push(k["data"]["key"].as_str().unwrap().to_string());
+    }
+    let mut made: Vec<(String, String)> = Vec::new();
+    let mut stop_reason = None;
+    while made.len() < density_max {
+        let key = keys[made.len() / 500].clone();
+        match s.create(&key) {
+            Ok(id) => made.push((key, id)),
+            Err(e) => {
+                stop_reason = Some(e);
+                break;
+            }
+        }
+        if made.len() == idle_n {
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    }
+    let sample: Vec<f64> = made
+        .iter()
+        .take(idle_n)
+        .filter_map(|(k, id)| {
+            s.call(k, "GET", &format!("/api/v1/sandboxes/{id}/usage"), None)
+                .1["data"]["memory_mib_now"]
+                .as_f64()
+        })
+        .collect();
+    let idle_mib = sample.iter().sum::<f64>() / sample.len().max(1) as f64;
+    let density = made.len();
+    std::thread::scope(|sc| {
+        for chunk in made.chunks(made.len().div_ceil(8).max(1)) {
+            let s = &s;
+            sc.spawn(move || {
+                for (k, id) in chunk {
+                    s.destroy(k, id);
+                }
+            });
+        }
+    });
+
+    let runc = runc_peer(n);
+    let bwrap = bwrap_peer(n);
+    if let Some(r) = &runc {
+        series.push(Series {
+            name: "peer_runc_ms",
+            samples: r.clone(),
+            target: "",
+        });
+    }
+    if let Some(b) = &bwrap {
+        series.push(Series {
+            name: "peer_bwrap_ms",
+            samples: b.clone(),
+            target: "",
+        });
+    }
+
+    println!(
+        "\n{:<22} {:>9} {:>9} {:>9}   {}",
+        "figure", "p50", "p90", "p99", "target"
+    );
+    for x in &series {
+        println!(
+            "{:<22} {:>9.2} {:>9.2} {:>9.2}   {}",
+            x.name,
+            x.p(0.5),
+            x.p(0.9),
+            x.p(0.99),
+            x.target
+        );
+    }
+    let find = |name: &str| series.iter().find(|x| x.name == name);
+    let cold = find("create_exec_cold_ms")
+        .map(|x| x.p(0.5))
+        .unwrap_or(f64::NAN);
+    for (peer, label) in [
+        ("peer_runc_ms", "runc run"),
+        ("peer_bwrap_ms", "bwrap --unshare-all"),
+    ] {
+        if let Some(p) = find(peer) {
+            println!(
+                "create+exec vs {label}: {:.2}x ({cold:.1} ms vs {:.1} ms)",
+                cold / p.p(0.5),
+                p.p(0.5)
+            );
+        }
+    }
+    println!("api_get_rps            {rps:.0}   (target >= 10000)");
+    println!("upload_mb_s            {upload:.0}   download_mb_s {download:.0}   (target >= 300)");
+    println!(
+        "idle_sandbox_host_mib  {idle_mib:.1}   (over {} sandboxes; target <= 8)",
+        sample.len()
+    );
+    println!(
+        "density_sandboxes      {density}{}",
+        stop_reason
+            .as_deref()
+            .map(|r| format!("   (stopped: {r})"))
+            .unwrap_or_default()
+    );
+    println!("not measured yet (feature missing): warm pool, fork, code cell");
+
+    if let Some(path) = args.json {
+        let p = |name: &str, q: f64| {
+            find(name)
+                .map(|x| json!((x.p(q) * 100.0).round() / 100.0))
+                .unwrap_or(Value::Null)
+        };
+        let out = json!({
+            "create_exec_warm_ms_p50": null,
+            "create_exec_warm_ms_p99": null,
+            "create_exec_cold_ms_p50": p("create_exec_cold_ms", 0.5),
+            "create_exec_cold_ms_p99": p("create_exec_cold_ms", 0.99),
+            "exec_rtt_ms_p50": p("exec_rtt_ms", 0.5),
+            "exec_rtt_ms_p99": p("exec_rtt_ms", 0.99),
+            "destroy_ms_p50": p("destroy_ms", 0.5),
+            "pause_ms_p50": p("pause_ms", 0.5),
+            "resume_ms_p50": p("resume_ms", 0.5),
+            "fork_100mib_ms_p50": null,
+            "idle_sandbox_host_mib": (idle_mib * 10.0).round() / 10.0,
+            "density_sandboxes": density,
+            "code_cell_ms_p50": null,
+            "api_get_rps": rps.round(),
+            "upload_mb_s": upload.round(),
+            "download_mb_s": download.round(),
+            "peer_runc_ms_p50": p("peer_runc_ms", 0.5),
+            "peer_bwrap_ms_p50": p("peer_bwrap_ms", 0.5),
+            "quick": q,
+        });
+        std::fs::write(&path, serde_json::to_vec_pretty(&out).unwrap()).expect("writing the JSON");
+        println!("figures written to {}", path.display());
+    }
+}
