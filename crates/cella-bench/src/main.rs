@@ -36,6 +36,8 @@ struct Server {
 }
 
 impl Server {
+    // The child is killed and waited for in `Drop`.
+    #[allow(clippy::zombie_processes)]
     fn start(bin: &Path) -> Server {
         let dir = tempfile::Builder::new()
             .prefix("cella-bench-")
@@ -144,6 +146,15 @@ impl Drop for Server {
         // Sandboxes outlive their server by design: the bench destroys its own before this.
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The server's own (now empty) cgroup parent, `cella/<instance>`, in every hierarchy.
+        if let Ok(instance) = std::fs::read_to_string(self._dir.path().join("data/instance-id")) {
+            let roots = std::fs::read_dir("/sys/fs/cgroup")
+                .map(|rd| rd.flatten().map(|e| e.path()).collect())
+                .unwrap_or_else(|_| Vec::new());
+            for root in roots.into_iter().chain([PathBuf::from("/sys/fs/cgroup")]) {
+                let _ = std::fs::remove_dir(root.join("cella").join(instance.trim()));
+            }
+        }
     }
 }
 
@@ -496,8 +507,8 @@ fn main() {
     }
 
     println!(
-        "\n{:<22} {:>9} {:>9} {:>9}   {}",
-        "figure", "p50", "p90", "p99", "target"
+        "\n{:<22} {:>9} {:>9} {:>9}   target",
+        "figure", "p50", "p90", "p99"
     );
     for x in &series {
         println!(
