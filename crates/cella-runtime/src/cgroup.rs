@@ -25,12 +25,28 @@ pub struct Limits {
 /// CFS period used for CPU quotas: quota = vCPUs x period.
 pub const CPU_PERIOD_US: u64 = 100_000;
 
+/// The cgroup v1 controllers a sandbox uses. Only these hierarchies get its cgroup: on v1 each
+/// hierarchy a process joins is a separate, slow migration (a boot spent most of its time there).
+const V1_CONTROLLERS: [&str; 5] = ["memory", "cpu", "cpuacct", "pids", "freezer"];
+
+fn v1_controllers() -> Option<Vec<String>> {
+    (!hierarchies::is_cgroup2_unified_mode())
+        .then(|| V1_CONTROLLERS.iter().map(|s| s.to_string()).collect())
+}
+
 fn load(path: &str) -> Cgroup {
-    Cgroup::load(hierarchies::auto(), path)
+    match v1_controllers() {
+        Some(c) => Cgroup::load_with_specified_controllers(hierarchies::auto(), path, c),
+        None => Cgroup::load(hierarchies::auto(), path),
+    }
 }
 
 pub fn create(path: &str, limits: Limits) -> Result<(), DriverError> {
-    CgroupBuilder::new(path)
+    let mut builder = CgroupBuilder::new(path);
+    if let Some(c) = v1_controllers() {
+        builder = builder.set_specified_controllers(c);
+    }
+    builder
         .memory()
         .memory_hard_limit(limits.memory_mb as i64 * 1024 * 1024)
         .done()

@@ -28,14 +28,26 @@ pub fn launcher_main() -> i32 {
 }
 
 fn run() -> Result<i32, String> {
+    // First line: the cgroup to join. The server sends it at once and prepares the rest (the
+    // disk image) while this process joins (a slow step on cgroup v1); then the configuration.
+    let t0 = std::time::Instant::now();
+    close_inherited_fds();
+    let mut stdin = std::io::BufReader::new(std::io::stdin());
+    let mut cgroup = String::new();
+    std::io::BufRead::read_line(&mut stdin, &mut cgroup)
+        .map_err(|e| format!("reading the cgroup: {e}"))?;
+    let cgroup = cgroup.trim().to_string();
+    crate::cgroup::join(&cgroup, std::process::id()).map_err(|e| e.to_string())?;
+    let t_join = t0.elapsed();
     let mut text = String::new();
-    std::io::stdin()
+    stdin
         .read_to_string(&mut text)
         .map_err(|e| format!("reading the launch configuration: {e}"))?;
     let cfg: LaunchConfig = serde_json::from_str(&text)
         .map_err(|e| format!("parsing the launch configuration: {e}"))?;
-    close_inherited_fds();
-    crate::cgroup::join(&cfg.cgroup, std::process::id()).map_err(|e| e.to_string())?;
+    if cfg.cgroup != cgroup {
+        return Err("the launch configuration names another cgroup".into());
+    }
     let (ready_r, ready_w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
     let flags = CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWUTS
@@ -44,6 +56,7 @@ fn run() -> Result<i32, String> {
         | CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWCGROUP;
     unshare(flags).map_err(|e| format!("unshare: {e}"))?;
+    let t_unshare = t0.elapsed();
     // SAFETY: the launcher is single-threaded.
     match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
         ForkResult::Child => {
@@ -59,6 +72,12 @@ fn run() -> Result<i32, String> {
             let mut f = std::fs::File::from(ready_r);
             let _ = f.read_to_string(&mut msg);
             if msg == "ok" {
+                eprintln!(
+                    "cella-launch: join={:.2}ms unshare={:.2}ms child-setup={:.2}ms",
+                    t_join.as_secs_f64() * 1e3,
+                    (t_unshare - t_join).as_secs_f64() * 1e3,
+                    (t0.elapsed() - t_unshare).as_secs_f64() * 1e3
+                );
                 Ok(child.as_raw())
             } else {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
@@ -83,10 +102,14 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd) -> String {
     let _ = nix::unistd::setsid();
     let ops = mounts::plan(cfg);
     let (pivot, before) = ops.split_last().expect("plan ends with a pivot");
+    // How long each step takes goes to the setup log (init.log), for profiling boots.
+    let mut timings = Vec::new();
     for op in before {
+        let t = std::time::Instant::now();
         if let Err(e) = mounts::apply(op) {
             return fail(&mut ready, e);
         }
+        timings.push((mounts::label(op), t.elapsed()));
     }
     if let Err(e) = nix::unistd::sethostname(&cfg.hostname) {
         return fail(&mut ready, format!("sethostname: {e}"));
@@ -105,6 +128,18 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd) -> String {
     if let Err(e) = mounts::apply(pivot) {
         return fail(&mut ready, e);
     }
+    let mut by_kind: Vec<(&str, f64)> = Vec::new();
+    for (k, d) in timings {
+        match by_kind.iter_mut().find(|(n, _)| *n == k) {
+            Some((_, ms)) => *ms += d.as_secs_f64() * 1e3,
+            None => by_kind.push((k, d.as_secs_f64() * 1e3)),
+        }
+    }
+    let summary: Vec<String> = by_kind
+        .iter()
+        .map(|(k, ms)| format!("{k}={ms:.2}ms"))
+        .collect();
+    eprintln!("cella-init: setup {}", summary.join(" "));
     // Standard output went to the launcher's pipe to the server; nothing inside may hold it.
     if let Ok(null) = std::fs::OpenOptions::new()
         .read(true)

@@ -131,20 +131,25 @@ impl NamespaceDriver {
     }
 
     fn launch(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError> {
-        let cfg = self.prepare(spec)?;
+        let t0 = std::time::Instant::now();
+        let cgroup_path = self.cgroup_path(&spec.id);
         cgroup::create(
-            &cfg.cgroup,
+            &cgroup_path,
             Limits {
                 cpus: spec.cpu_count,
                 memory_mb: spec.memory_mb,
                 pids_max: spec.pids_max,
             },
         )?;
+        let t_cgroup = t0.elapsed();
         let dir = self.sandbox_dir(&spec.id);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(dir.join("init.log"))?;
+        use std::io::Write;
         use std::os::unix::process::CommandExt;
         let mut child = Command::new(&self.agent_exe)
             .arg0("cella")
@@ -158,11 +163,32 @@ impl NamespaceDriver {
             .map_err(|e| {
                 DriverError::Launch(format!("starting {}: {e}", self.agent_exe.display()))
             })?;
-        if let Some(mut stdin) = child.stdin.take() {
-            use std::io::Write;
-            stdin.write_all(&serde_json::to_vec(&cfg).map_err(std::io::Error::other)?)?;
-        }
+        let mut stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| DriverError::Launch("no launcher stdin".into()))?;
+        // The launcher joins its cgroup (slow on cgroup v1) while the disk image is made here.
+        stdin.write_all(format!("{cgroup_path}\n").as_bytes())?;
+        stdin.flush()?;
+        let cfg = match self.prepare(spec) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
+        let t_prepare = t0.elapsed();
+        stdin.write_all(&serde_json::to_vec(&cfg).map_err(std::io::Error::other)?)?;
+        drop(stdin);
         let out = child.wait_with_output()?;
+        tracing::debug!(
+            sandbox = spec.id,
+            cgroup_ms = t_cgroup.as_secs_f64() * 1e3,
+            prepare_ms = (t_prepare - t_cgroup).as_secs_f64() * 1e3,
+            launch_ms = (t0.elapsed() - t_prepare).as_secs_f64() * 1e3,
+            "boot phases"
+        );
         let answer: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|_| {
             let log = std::fs::read_to_string(dir.join("init.log")).unwrap_or_default();
             DriverError::Launch(format!("launcher gave no answer; its log: {}", log.trim()))

@@ -185,6 +185,25 @@ fn err(what: &str, target: &Path, e: impl std::fmt::Display) -> String {
     format!("{what} {}: {e}", target.display())
 }
 
+/// A short name of an operation's kind, for timing logs.
+pub fn label(op: &MountOp) -> &'static str {
+    match op {
+        MountOp::MakePrivate => "private",
+        MountOp::Disk { .. } => "disk",
+        MountOp::PrepareUpper { .. } => "upper",
+        MountOp::Overlay { .. } => "overlay",
+        MountOp::Bind { .. } => "bind",
+        MountOp::Proc { .. } => "proc",
+        MountOp::Sysfs { .. } => "sysfs",
+        MountOp::Tmpfs { .. } => "tmpfs",
+        MountOp::Devpts { .. } => "devpts",
+        MountOp::Mask { .. } => "mask",
+        MountOp::ReadOnly { .. } => "readonly",
+        MountOp::Symlink { .. } => "symlink",
+        MountOp::PivotRoot { .. } => "pivot",
+    }
+}
+
 pub fn apply(op: &MountOp) -> Result<(), String> {
     const NONE: Option<&str> = None;
     match op {
