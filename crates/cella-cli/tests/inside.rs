@@ -1,28 +1,10 @@
 //! Working inside a sandbox through the API: streamed exec and the files routes.
 
 mod common;
-use common::{Server, KEY};
+use common::{sse, Server, KEY};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
-
-/// Parses a server-sent-event body into (event, data) pairs; data is JSON.
-fn sse(text: &str) -> Vec<(String, Value)> {
-    text.split("\n\n")
-        .filter_map(|block| {
-            let mut name = None;
-            let mut data = String::new();
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("event:") {
-                    name = Some(v.trim().to_string());
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    data.push_str(v.strip_prefix(' ').unwrap_or(v));
-                }
-            }
-            Some((name?, serde_json::from_str(&data).ok()?))
-        })
-        .collect()
-}
 
 fn stream_exec(s: &Server, id: &str, body: Value) -> (u16, Vec<(String, Value)>) {
     let r = s.raw(

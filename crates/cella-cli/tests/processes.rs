@@ -2,26 +2,9 @@
 //! buffer, take signals and stdin, are listed with their exit code, and die with the sandbox.
 
 mod common;
-use common::{Server, KEY};
+use common::{sse, Server, KEY};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-
-fn sse(text: &str) -> Vec<(String, Value)> {
-    text.split("\n\n")
-        .filter_map(|block| {
-            let mut name = None;
-            let mut data = String::new();
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("event:") {
-                    name = Some(v.trim().to_string());
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    data.push_str(v.strip_prefix(' ').unwrap_or(v));
-                }
-            }
-            Some((name?, serde_json::from_str(&data).ok()?))
-        })
-        .collect()
-}
 
 fn wait_exited(s: &Server, id: &str, pid: i64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -88,36 +88,13 @@ impl Client {
         if let Some(b) = body {
             req = req.json(b);
         }
-        let res = req.send().await.map_err(|source| Error::Connect {
-            server: self.base.clone(),
-            source,
-        })?;
-        let status = res.status().as_u16();
-        let request_id = res
-            .headers()
-            .get("x-request-id")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
-        let bytes = res
+        let res = req.send().await.map_err(self.connect_err())?;
+        let bytes = self
+            .check(res)
+            .await?
             .bytes()
             .await
             .map_err(|e| Error::Decode(e.to_string()))?;
-        if status >= 400 {
-            return Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
-                Ok(e) => Error::Api {
-                    status,
-                    code: e.error.code,
-                    message: e.error.message,
-                    details: e.error.details,
-                    request_id,
-                },
-                Err(_) => Error::Decode(format!(
-                    "HTTP {status}: {}",
-                    String::from_utf8_lossy(&bytes)
-                )),
-            });
-        }
         serde_json::from_slice(&bytes).map_err(|e| Error::Decode(e.to_string()))
     }
 

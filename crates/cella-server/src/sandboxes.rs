@@ -451,6 +451,30 @@ pub(crate) async fn mark_gone(
     }
 }
 
+/// The sandbox `id` of the caller's workspace (404 otherwise), counted as activity, which must
+/// be running (409 `SANDBOX_NOT_RUNNING` otherwise, and it is not woken), with its handle.
+pub async fn running(
+    state: &AppState,
+    auth: &Auth,
+    id: &str,
+) -> Result<(SandboxRow, SandboxHandle), ApiError> {
+    let row = state
+        .store
+        .sandbox(id)
+        .await?
+        .filter(|r| r.workspace_id == auth.workspace_id)
+        .ok_or_else(|| ApiError::not_found("sandbox"))?;
+    state.activity.touch(id);
+    if state_of(&row) != SandboxState::Running {
+        return Err(ApiError::new(
+            ErrorCode::SandboxNotRunning,
+            format!("sandbox is {}, not running", row.state),
+        ));
+    }
+    let handle = handle_of(&row).ok_or_else(ApiError::internal)?;
+    Ok((row, handle))
+}
+
 /// Checks an exec request against a running sandbox and turns it into the agent's spec.
 /// `output_cap` bounds each stream (None for a streamed exec, which keeps nothing).
 pub fn exec_spec(

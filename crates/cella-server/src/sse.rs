@@ -82,6 +82,50 @@ impl OutputEncoder {
     }
 }
 
+/// How a command whose output was streamed ended: its exit, nothing (the listener left, or
+/// the process goes on), or an error to report.
+pub type Outcome = Result<Option<cella_runtime::ExitInfo>, crate::error::ApiError>;
+
+/// The SSE stream of a command's output: `stdout`/`stderr` events as they come, then one `exit`
+/// (or `error`) event from `done`.
+pub fn output_stream(
+    events: tokio::sync::mpsc::Receiver<ExecEvent>,
+    done: tokio::sync::oneshot::Receiver<Outcome>,
+) -> impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>> {
+    let start = (events, Some(done), OutputEncoder::default());
+    futures_util::stream::unfold(start, |(mut rx, mut done, mut enc)| async move {
+        loop {
+            if let Some(ev) = enc.pending.pop_front() {
+                return Some((Ok(ev), (rx, done, enc)));
+            }
+            if let Some(out) = rx.recv().await {
+                enc.push(out);
+                continue;
+            }
+            // Output is over: what was held back, then the exit (or error).
+            let done_rx = done.take()?;
+            enc.finish();
+            let last = match done_rx.await {
+                Ok(Ok(Some(info))) => event(
+                    "exit",
+                    &json!({ "exit_code": info.exit_code, "duration_ms": info.duration_ms, "timed_out": info.timed_out }),
+                ),
+                Ok(Err(e)) => event(
+                    "error",
+                    &json!({ "error": { "code": e.code.as_str(), "message": e.message, "details": e.details } }),
+                ),
+                Ok(Ok(None)) | Err(_) => {
+                    if enc.pending.is_empty() {
+                        return None;
+                    }
+                    continue;
+                }
+            };
+            enc.pending.push_back(last);
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -353,3 +353,21 @@ impl Drop for Server {
         janitor(&self.data_dir());
     }
 }
+
+/// Parses a server-sent-event body into (event, data) pairs; every data is JSON.
+pub fn sse(text: &str) -> Vec<(String, Value)> {
+    text.split("\n\n")
+        .filter_map(|block| {
+            let mut name = None;
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    name = Some(v.trim().to_string());
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                }
+            }
+            Some((name?, serde_json::from_str(&data).ok()?))
+        })
+        .collect()
+}

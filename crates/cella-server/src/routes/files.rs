@@ -5,7 +5,6 @@
 use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::extract::{ApiBody, QueryPairs};
-use crate::sandboxes::{handle_of, state_of};
 use crate::util::rfc3339;
 use crate::AppState;
 use axum::body::{Body, Bytes};
@@ -17,7 +16,7 @@ use cella_agent::client::{AgentClient, ClientError, WriteError};
 use cella_agent::proto::{ErrorKind, FileInfo, Request, Response as AgentResponse};
 use cella_runtime::rootfs::USER_UID;
 use cella_types::{
-    Data, Deleted, ErrorCode, FileEntry, FileList, MkdirRequest, MoveRequest, SandboxState, Scope,
+    Data, Deleted, ErrorCode, FileEntry, FileList, MkdirRequest, MoveRequest, Scope,
 };
 use futures_util::StreamExt;
 use serde_json::json;
@@ -46,20 +45,7 @@ fn entry(i: FileInfo) -> FileEntry {
 
 /// The agent of a running sandbox of the caller's workspace (404 / 409 otherwise).
 async fn agent(state: &AppState, auth: &Auth, id: &str) -> Result<AgentClient, ApiError> {
-    let row = state
-        .store
-        .sandbox(id)
-        .await?
-        .filter(|r| r.workspace_id == auth.workspace_id)
-        .ok_or_else(|| ApiError::not_found("sandbox"))?;
-    state.activity.touch(id);
-    if state_of(&row) != SandboxState::Running {
-        return Err(ApiError::new(
-            ErrorCode::SandboxNotRunning,
-            format!("sandbox is {}, not running", row.state),
-        ));
-    }
-    let handle = handle_of(&row).ok_or_else(ApiError::internal)?;
+    let (_, handle) = crate::sandboxes::running(state, auth, id).await?;
     Ok(state.driver.agent(&handle))
 }
 

@@ -3,8 +3,8 @@
 use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::extract::{ApiBody, QueryPairs};
-use crate::sandboxes::{exec_spec, handle_of, state_of};
-use crate::sse::{self, OutputEncoder};
+use crate::sandboxes::exec_spec;
+use crate::sse;
 use crate::util::rfc3339;
 use crate::AppState;
 use axum::body::Bytes;
@@ -14,12 +14,9 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Json;
 use cella_agent::client::{AgentClient, ClientError};
 use cella_agent::proto::{ErrorKind, ProcessInfo, Request, Response as AgentResponse};
-use cella_runtime::SandboxHandle;
 use cella_types::{
-    Data, ErrorCode, ExecExit, ExecRequest, ExecUser, List, Process, SandboxState, Scope,
-    SignalRequest, StartProcess,
+    Data, ErrorCode, ExecRequest, ExecUser, List, Process, Scope, SignalRequest, StartProcess,
 };
-use serde_json::json;
 use std::sync::Arc;
 
 fn wire(p: ProcessInfo) -> Process {
@@ -41,28 +38,7 @@ fn wire(p: ProcessInfo) -> Process {
     }
 }
 
-/// The running sandbox (of the caller's workspace) and its handle.
-async fn running(
-    state: &AppState,
-    auth: &Auth,
-    id: &str,
-) -> Result<(cella_store::SandboxRow, SandboxHandle), ApiError> {
-    let row = state
-        .store
-        .sandbox(id)
-        .await?
-        .filter(|r| r.workspace_id == auth.workspace_id)
-        .ok_or_else(|| ApiError::not_found("sandbox"))?;
-    state.activity.touch(id);
-    if state_of(&row) != SandboxState::Running {
-        return Err(ApiError::new(
-            ErrorCode::SandboxNotRunning,
-            format!("sandbox is {}, not running", row.state),
-        ));
-    }
-    let handle = handle_of(&row).ok_or_else(ApiError::internal)?;
-    Ok((row, handle))
-}
+use crate::sandboxes::running;
 
 fn agent_error(e: ClientError) -> ApiError {
     match e {
@@ -280,44 +256,13 @@ pub async fn output(
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let busy = state.activity.busy(&id);
     tokio::spawn(async move {
-        let r = agent.follow(pid, from_start, ev_tx).await;
+        let r = agent
+            .follow(pid, from_start, ev_tx)
+            .await
+            .map_err(agent_error);
         let _ = done_tx.send(r);
         drop(busy);
     });
-    let start = (ev_rx, Some(done_rx), OutputEncoder::default());
-    let stream = futures_util::stream::unfold(start, |(mut rx, mut done, mut enc)| async move {
-        loop {
-            if let Some(ev) = enc.pending.pop_front() {
-                return Some((Ok(ev), (rx, done, enc)));
-            }
-            if let Some(out) = rx.recv().await {
-                enc.push(out);
-                continue;
-            }
-            let done_rx = done.take()?;
-            enc.finish();
-            let last = match done_rx.await {
-                Ok(Ok(Some(info))) => sse::event(
-                    "exit",
-                    &serde_json::to_value(ExecExit {
-                        exit_code: info.exit_code,
-                        duration_ms: info.duration_ms,
-                        timed_out: false,
-                    })
-                    .unwrap_or_default(),
-                ),
-                Ok(Ok(None)) => return None,
-                Ok(Err(e)) => {
-                    let e = agent_error(e);
-                    sse::event(
-                        "error",
-                        &json!({ "error": { "code": e.code.as_str(), "message": e.message, "details": e.details } }),
-                    )
-                }
-                Err(_) => return None,
-            };
-            enc.pending.push_back(last);
-        }
-    });
+    let stream = sse::output_stream(ev_rx, done_rx);
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }

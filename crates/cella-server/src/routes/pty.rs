@@ -8,14 +8,14 @@
 use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::extract::QueryPairs;
-use crate::sandboxes::{exec_spec, handle_of, state_of};
+use crate::sandboxes::exec_spec;
 use crate::AppState;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::response::Response;
 use cella_agent::client::{ClientError, PtyEvent};
 use cella_agent::proto::ErrorKind;
-use cella_types::{ErrorCode, ExecRequest, ExecUser, SandboxState, Scope};
+use cella_types::{ErrorCode, ExecRequest, ExecUser, Scope};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use std::sync::Arc;
@@ -73,20 +73,7 @@ pub async fn pty(
             }
         }
     }
-    let row = state
-        .store
-        .sandbox(&id)
-        .await?
-        .filter(|r| r.workspace_id == auth.workspace_id)
-        .ok_or_else(|| ApiError::not_found("sandbox"))?;
-    state.activity.touch(&id);
-    if state_of(&row) != SandboxState::Running {
-        return Err(ApiError::new(
-            ErrorCode::SandboxNotRunning,
-            format!("sandbox is {}, not running", row.state),
-        ));
-    }
-    let handle = handle_of(&row).ok_or_else(ApiError::internal)?;
+    let (row, handle) = crate::sandboxes::running(&state, &auth, &id).await?;
     // Chosen by sh, so that a template without bash still gets a shell.
     let login = vec![
         "/bin/sh".to_string(),

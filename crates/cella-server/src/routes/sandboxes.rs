@@ -3,7 +3,7 @@ use crate::error::ApiError;
 use crate::extract::{cursor_for, ApiBody, Page, QueryPairs};
 use crate::lifecycle;
 use crate::sandboxes as svc;
-use crate::sse::{self, OutputEncoder};
+use crate::sse;
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -11,10 +11,9 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Json;
 use cella_store::{SandboxFilter, SandboxRow};
 use cella_types::{
-    CreateSandbox, Data, ExecExit, ExecRequest, ExecResult, List, Sandbox, SandboxState, Scope,
-    SetTimeout, Usage,
+    CreateSandbox, Data, ExecRequest, ExecResult, List, Sandbox, SandboxState, Scope, SetTimeout,
+    Usage,
 };
-use serde_json::json;
 use std::sync::Arc;
 
 /// The sandbox, if it exists and belongs to the caller's workspace; else 404.
@@ -261,7 +260,7 @@ pub async fn exec_stream(
     let st = state.clone();
     tokio::spawn(async move {
         let outcome = match st.driver.exec(&handle, spec, ev_tx).await {
-            Ok(info) => Ok(info),
+            Ok(info) => Ok(Some(info)),
             // The client hung up: the agent has killed the command; nobody is listening.
             Err(cella_runtime::DriverError::ClientGone) => return,
             Err(e) => Err(svc::exec_failure(&st, &id, &handle, e).await),
@@ -269,40 +268,6 @@ pub async fn exec_stream(
         let _ = done_tx.send(outcome);
         drop(busy);
     });
-    let start = (ev_rx, Some(done_rx), OutputEncoder::default());
-    let stream = futures_util::stream::unfold(start, |(mut rx, mut done, mut enc)| async move {
-        loop {
-            if let Some(ev) = enc.pending.pop_front() {
-                return Some((Ok(ev), (rx, done, enc)));
-            }
-            if let Some(out) = rx.recv().await {
-                enc.push(out);
-                continue;
-            }
-            // Output is over: flush what was held back, then the exit (or error) event.
-            let done_rx = done.take()?;
-            enc.finish();
-            let last = match done_rx.await {
-                Ok(Ok(info)) => sse::event(
-                    "exit",
-                    &serde_json::to_value(ExecExit {
-                        exit_code: info.exit_code,
-                        duration_ms: info.duration_ms,
-                        timed_out: info.timed_out,
-                    })
-                    .unwrap_or_default(),
-                ),
-                Ok(Err(e)) => sse::event(
-                    "error",
-                    &json!({ "error": { "code": e.code.as_str(), "message": e.message, "details": e.details } }),
-                ),
-                Err(_) => sse::event(
-                    "error",
-                    &json!({ "error": { "code": "INTERNAL", "message": "the command ended without an exit status", "details": null } }),
-                ),
-            };
-            enc.pending.push_back(last);
-        }
-    });
+    let stream = sse::output_stream(ev_rx, done_rx);
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
