@@ -9,6 +9,7 @@
 //! - a seccomp filter refusing, with `EPERM`, the calls Docker's default profile refuses to a
 //!   container without `CAP_SYS_ADMIN` (kernel modules, kexec, bpf, perf, keyrings, userfaultfd,
 //!   clocks, swap, reboot, every way to mount, new namespaces, `open_by_handle_at`, io_uring, ...),
+//!   `socket` for `AF_VSOCK` (not confined by network namespaces),
 //!   and `clone3` with `ENOSYS` so that libc falls back to `clone`, whose namespace flags the
 //!   filter can see.
 //!
@@ -166,6 +167,19 @@ impl Jail {
             .map_err(f)?;
         for alias in aliases(libc::SYS_clone as i64) {
             rules.insert(alias, clone_rules.clone());
+        }
+        // vsock sockets are not confined by network namespaces: on a VM host they reach the
+        // hypervisor's services. Refuse that address family (as Docker's profile does).
+        let vsock = SeccompRule::new(vec![SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            libc::AF_VSOCK as u64,
+        )
+        .map_err(f)?])
+        .map_err(f)?;
+        for alias in aliases(libc::SYS_socket as i64) {
+            rules.insert(alias, vec![vsock.clone()]);
         }
         let deny = SeccompFilter::new(
             rules,

@@ -98,6 +98,7 @@ fn escape_suite() {
         py("set the clock", true, "expect(sc(227, 0, 0), errno.EPERM, errno.EFAULT)"),
         sh("set the date", true, "date -s @0 >/dev/null 2>&1 && echo ESCAPED || echo CONTAINED"),
         py("open a raw socket", true, "expect_oserror(lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP), errno.EPERM)"),
+        py("reach the hypervisor over vsock", true, "expect_oserror(lambda: socket.socket(40, socket.SOCK_STREAM), errno.EPERM)"),
         py("reach the server's API port on loopback", true,
            &format!("expect_oserror(lambda: socket.create_connection(('127.0.0.1', {port}), timeout=2), errno.ECONNREFUSED)")),
         py("reach the cloud metadata address", true,
