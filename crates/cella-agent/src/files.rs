@@ -87,38 +87,12 @@ fn resolved(path: &Path) -> PathBuf {
     }
 }
 
-/// The agent's own process in /proc: its descriptors and links lead to the host (its binary)
-/// and must never be opened or listed through the files API.
+/// Paths the files API refuses, however they are reached.
 fn is_agent_proc(p: &Path) -> bool {
-    if ["/proc/self", "/proc/thread-self"]
-        .iter()
-        .any(|a| p.starts_with(a))
-    {
-        return true;
-    }
-    // /proc/<pid> of the agent itself (PID 1) or of any of its threads.
-    let Ok(rest) = p.strip_prefix("/proc") else {
-        return false;
-    };
-    let Some(first) = rest.components().next() else {
-        return false;
-    };
-    let Some(n) = first
-        .as_os_str()
-        .to_str()
-        .and_then(|s| s.parse::<u32>().ok())
-    else {
-        return false;
-    };
-    if n == 1 || n == std::process::id() {
-        return true;
-    }
-    std::fs::read_dir("/proc/self/task")
-        .map(|rd| {
-            rd.flatten()
-                .any(|t| t.file_name().to_str() == Some(&n.to_string()))
-        })
-        .unwrap_or(false)
+    // The files API serves no kernel file system at all: the agent holds privileges (it could
+    // read /proc/kmsg, kallsyms, other processes' pagemap, its own links to the host). Commands
+    // run through exec see /proc and /sys as a sandbox's processes do.
+    p.starts_with("/proc") || p.starts_with("/sys")
 }
 
 // The error is the answer itself, sent at once; it is never passed further.
@@ -295,7 +269,8 @@ fn chown_new_dirs(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
     }
     for d in missing.into_iter().rev() {
         std::fs::create_dir(&d)?;
-        std::os::unix::fs::chown(&d, Some(uid), Some(gid))?;
+        // lchown: if the new directory was swapped for a link meanwhile, the link is not followed.
+        std::os::unix::fs::lchown(&d, Some(uid), Some(gid))?;
     }
     Ok(())
 }
@@ -512,10 +487,11 @@ pub async fn write(
     let tmp3 = tmp.clone();
     let finished = match outcome {
         Ok(()) => blocking(move || -> std::io::Result<()> {
+            // On the open file, not by name: the name may have been swapped for a link.
+            file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
             file.sync_all()?;
             drop(file);
-            std::fs::set_permissions(&tmp3, std::fs::Permissions::from_mode(mode))?;
-            std::os::unix::fs::chown(&tmp3, Some(uid), Some(gid))?;
             std::fs::rename(&tmp3, &p)
         })
         .await
@@ -549,8 +525,9 @@ mod tests {
         assert_eq!(normalize("/a/../../b/./c"), Path::new("/b/c"));
         assert!(is_agent_proc(&normalize("/tmp/../proc/1/fd/2")));
         assert!(is_agent_proc(&normalize("/proc/self/exe")));
-        assert!(!is_agent_proc(&normalize("/proc/10/status")));
-        assert!(!is_agent_proc(&normalize("/proc/1234")));
+        assert!(is_agent_proc(&normalize("/proc/kmsg")));
+        assert!(is_agent_proc(&normalize("/sys/kernel")));
+        assert!(!is_agent_proc(&normalize("/process")));
         assert!(check("/proc/thread-self/root").is_err());
         // Through a symlink, too.
         let dir = std::env::temp_dir().join(format!("cella-resolve-{}", std::process::id()));

@@ -224,6 +224,11 @@ impl Jail {
                 return Err(err());
             }
         }
+        // The filters first: no moment of what follows runs unfiltered (a child traced during its
+        // setup could otherwise be made to call what the filter refuses). Nothing below is refused.
+        seccompiler::apply_filter(&self.deny).map_err(|e| std::io::Error::other(e.to_string()))?;
+        seccompiler::apply_filter(&self.no_clone3)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
         for cap in &self.drop_from_bounding {
             // A capability the kernel does not know cannot be dropped; that is fine.
             let _ = caps::drop(None, CapSet::Bounding, *cap);
@@ -244,9 +249,6 @@ impl Jail {
             caps::set(None, CapSet::Effective, &self.root_caps).map_err(io)?;
             caps::set(None, CapSet::Permitted, &self.root_caps).map_err(io)?;
         }
-        seccompiler::apply_filter(&self.deny).map_err(|e| std::io::Error::other(e.to_string()))?;
-        seccompiler::apply_filter(&self.no_clone3)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
         Ok(())
     }
 }

@@ -88,6 +88,14 @@ pub async fn run(
     };
     let pty = openpty(Some(&ws), None).map_err(std::io::Error::from)?;
     let (master, slave) = (pty.master, pty.slave);
+    // No other command the agent starts may inherit this terminal.
+    for fd in [&master, &slave] {
+        nix::fcntl::fcntl(
+            fd.as_raw_fd(),
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .map_err(std::io::Error::from)?;
+    }
     let mut cmd = std::process::Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..])
         .env_clear()

@@ -325,3 +325,61 @@ fn a_cpu_spinner_gets_its_vcpus_and_no_more() {
         "{cpu} CPU seconds in {wall:.1} s on 1 vCPU"
     );
 }
+
+/// What a sandbox's root leaves in its writable layer must never lead a privileged boot step
+/// to the host's files, and the sandbox's device nodes must be its own.
+#[test]
+fn planted_links_and_device_nodes_never_reach_the_host() {
+    use std::os::unix::fs::MetadataExt;
+    let s = Server::start();
+    let victim_dir = s.dir.path().join("victim");
+    std::fs::create_dir_all(&victim_dir).unwrap();
+    let victim = victim_dir.join("file");
+    std::fs::write(&victim, "original").unwrap();
+    let (v, vd) = (
+        victim.display().to_string(),
+        victim_dir.display().to_string(),
+    );
+    // Links where the boot writes /etc/hosts and /etc/hostname...
+    let a = s.create(json!({ "size": "xs" }));
+    s.exec(&a, json!({ "command": format!("rm -f /etc/hosts /etc/hostname; ln -s {v} /etc/hosts; ln -s {vd} /etc/hostname"), "user": "root" }));
+    // ...and /etc itself replaced by a link to a host directory.
+    let b = s.create(json!({ "size": "xs" }));
+    s.exec(&b, json!({ "command": format!("mv /etc /etc.old && /usr/bin/ln -s {vd} /etc"), "user": "root" }));
+    for id in [&a, &b] {
+        assert_eq!(
+            s.post(&format!("/api/v1/sandboxes/{id}/stop"), json!({}))
+                .status,
+            200
+        );
+        let r = s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}));
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "original",
+        "a boot wrote through a planted link"
+    );
+    assert_eq!(
+        std::fs::read_dir(&victim_dir).unwrap().count(),
+        1,
+        "a boot created files in a host directory"
+    );
+    assert_eq!(s.sh(&a, "cat /etc/hostname")["stdout"], format!("{a}\n"));
+    assert_eq!(
+        s.sh(&a, "stat -c %F /etc/hosts")["stdout"],
+        "regular file\n"
+    );
+
+    // The sandbox's /dev/null is its own node: changing it changes nothing on the host.
+    let before = std::fs::metadata("/dev/null").unwrap();
+    let r = s.exec(&a, json!({ "command": "chmod 600 /dev/null && chown 1000 /dev/null && stat -c '%a %u' /dev/null", "user": "root" }));
+    assert_eq!(r["stdout"], "600 1000\n", "{r}");
+    let after = std::fs::metadata("/dev/null").unwrap();
+    assert_eq!(
+        (after.mode(), after.uid()),
+        (before.mode(), before.uid()),
+        "the host's /dev/null changed"
+    );
+    assert_eq!(s.sh(&b, "echo x > /dev/null && echo ok")["stdout"], "ok\n");
+}

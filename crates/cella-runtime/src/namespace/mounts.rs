@@ -54,6 +54,12 @@ pub enum MountOp {
     Mask {
         target: PathBuf,
     },
+    /// A character device node of its own, mode 0666.
+    DevNode {
+        target: PathBuf,
+        major: u32,
+        minor: u32,
+    },
     /// Make a path read-only (bind it onto itself, then remount). Skipped when absent.
     ReadOnly {
         target: PathBuf,
@@ -92,8 +98,16 @@ pub const READ_ONLY: &[&str] = &[
     "proc/sysrq-trigger",
 ];
 
-/// Device nodes bound from the host into a sandbox's `/dev`.
-pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+/// Device nodes made in a sandbox's `/dev`: its own nodes (made with mknod, not bound from the
+/// host, whose nodes the sandbox's root could otherwise chmod or chown for everyone).
+pub const DEVICES: &[(&str, u32, u32)] = &[
+    ("null", 1, 3),
+    ("zero", 1, 5),
+    ("full", 1, 7),
+    ("random", 1, 8),
+    ("urandom", 1, 9),
+    ("tty", 5, 0),
+];
 
 fn inside(root: &Path, p: &Path) -> PathBuf {
     root.join(p.strip_prefix("/").unwrap_or(p))
@@ -144,12 +158,11 @@ pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
         data: "mode=755,size=65536k".into(),
         flags: MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME,
     });
-    for d in DEVICES {
-        ops.push(MountOp::Bind {
-            src: Path::new("/dev").join(d),
-            target: r.join("dev").join(d),
-            readonly: false,
-            file: true,
+    for (name, major, minor) in DEVICES {
+        ops.push(MountOp::DevNode {
+            target: r.join("dev").join(name),
+            major: *major,
+            minor: *minor,
         });
     }
     ops.push(MountOp::Devpts {
@@ -185,6 +198,20 @@ fn err(what: &str, target: &Path, e: impl std::fmt::Display) -> String {
     format!("{what} {}: {e}", target.display())
 }
 
+/// Creates `p` anew, never through a link, with `data` and mode 0644.
+fn write_new(p: &Path, data: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(p)
+        .map_err(|e| err("creating", p, e))?;
+    f.write_all(data).map_err(|e| err("writing", p, e))
+}
+
 /// A short name of an operation's kind, for timing logs.
 pub fn label(op: &MountOp) -> &'static str {
     match op {
@@ -197,6 +224,7 @@ pub fn label(op: &MountOp) -> &'static str {
         MountOp::Sysfs { .. } => "sysfs",
         MountOp::Tmpfs { .. } => "tmpfs",
         MountOp::Devpts { .. } => "devpts",
+        MountOp::DevNode { .. } => "devnode",
         MountOp::Mask { .. } => "mask",
         MountOp::ReadOnly { .. } => "readonly",
         MountOp::Symlink { .. } => "symlink",
@@ -324,16 +352,51 @@ pub fn apply(op: &MountOp) -> Result<(), String> {
             work,
             hostname,
         } => {
-            use std::os::unix::fs::PermissionsExt;
-            let etc = upper.join("etc");
-            for d in [upper, work, &etc] {
+            // The upper layer belongs to the sandbox, whose root may have left symlinks where
+            // these entries go. No sandbox process runs during boot (no race): whatever stands in
+            // the way is removed, never followed, and the files are made anew with O_NOFOLLOW.
+            for d in [upper, work] {
                 std::fs::create_dir_all(d).map_err(|e| err("creating", d, e))?;
             }
-            let _ = std::fs::set_permissions(&etc, std::fs::Permissions::from_mode(0o755));
-            std::fs::write(etc.join("hostname"), format!("{hostname}\n"))
-                .map_err(|e| err("writing", &etc, e))?;
-            std::fs::write(etc.join("hosts"), crate::rootfs::hosts_file(hostname))
-                .map_err(|e| err("writing", &etc, e))
+            let etc = upper.join("etc");
+            match std::fs::symlink_metadata(&etc) {
+                Ok(m) if m.is_dir() => {} // the sandbox's own /etc changes: kept
+                Ok(_) => std::fs::remove_file(&etc).map_err(|e| err("removing", &etc, e))?,
+                Err(_) => {}
+            }
+            if std::fs::symlink_metadata(&etc).is_err() {
+                std::fs::create_dir(&etc).map_err(|e| err("creating", &etc, e))?;
+            }
+            let hosts = crate::rootfs::hosts_file(hostname);
+            for (name, text) in [("hostname", format!("{hostname}\n")), ("hosts", hosts)] {
+                let f = etc.join(name);
+                match std::fs::symlink_metadata(&f) {
+                    Ok(m) if m.is_dir() => {
+                        std::fs::remove_dir_all(&f).map_err(|e| err("removing", &f, e))?
+                    }
+                    Ok(_) => std::fs::remove_file(&f).map_err(|e| err("removing", &f, e))?,
+                    Err(_) => {}
+                }
+                write_new(&f, text.as_bytes())?;
+            }
+            Ok(())
+        }
+        MountOp::DevNode {
+            target,
+            major,
+            minor,
+        } => {
+            use std::os::unix::fs::PermissionsExt;
+            nix::sys::stat::mknod(
+                target.as_path(),
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o666),
+                nix::sys::stat::makedev(*major as u64, *minor as u64),
+            )
+            .map_err(|e| err("making device", target, e))?;
+            // mknod is subject to the umask.
+            std::fs::set_permissions(target, std::fs::Permissions::from_mode(0o666))
+                .map_err(|e| err("chmod", target, e))
         }
         MountOp::Mask { target } => match std::fs::symlink_metadata(target) {
             Err(_) => Ok(()),
@@ -449,7 +512,7 @@ mod tests {
     }
 
     #[test]
-    fn only_template_binds_and_device_nodes_come_from_the_host() {
+    fn only_template_binds_come_from_the_host_and_devices_are_made() {
         let ops = plan(&cfg());
         let binds: Vec<_> = ops
             .iter()
@@ -464,22 +527,24 @@ mod tests {
             })
             .collect();
         assert_eq!(
-            binds[0],
-            (
+            binds,
+            vec![(
                 "/usr".into(),
                 "/data/sandboxes/sbtest/rootfs/usr".into(),
                 true
-            )
+            )]
         );
-        for (src, target, _) in &binds[1..] {
-            assert!(src.starts_with("/dev"), "unexpected host path {src:?}");
-            assert!(target.starts_with("/data/sandboxes/sbtest/rootfs/dev"));
-        }
+        let nodes: Vec<_> = ops
+            .iter()
+            .filter(|o| matches!(o, MountOp::DevNode { .. }))
+            .collect();
+        assert_eq!(nodes.len(), DEVICES.len());
         // Every target lies inside the sandbox's root.
         for op in &ops {
             if let MountOp::Bind { target, .. }
             | MountOp::Tmpfs { target, .. }
-            | MountOp::Proc { target } = op
+            | MountOp::Proc { target }
+            | MountOp::DevNode { target, .. } = op
             {
                 assert!(target.starts_with("/data/sandboxes/sbtest/rootfs"));
             }
