@@ -491,6 +491,18 @@ fn cgroup_limits_follow_the_size() {
     assert!(cpu == "200000" || cpu.starts_with("200000 "), "{cpu}");
     let pids = cgroup_value(&id, ("pids", "pids.max"), "pids.max").expect("pids limit");
     assert_eq!(pids, "2048");
+    // No swap beyond memory: memory+swap equals memory on v1, swap is 0 on v2 (where the kernel
+    // accounts swap at all).
+    if let Some(swap) = cgroup_value(
+        &id,
+        ("memory", "memory.memsw.limit_in_bytes"),
+        "memory.swap.max",
+    ) {
+        assert!(
+            swap == (4096u64 * 1024 * 1024).to_string() || swap == "0",
+            "{swap}"
+        );
+    }
     // Inside, the sandbox sees its cgroup as the root of its own cgroup namespace.
     let cg = s.sh(&id, "cat /proc/self/cgroup");
     for line in cg["stdout"].as_str().unwrap().lines() {

@@ -59,6 +59,16 @@ pub fn create(path: &str, limits: Limits) -> Result<(), DriverError> {
         .done()
         .build(hierarchies::auto())
         .map_err(|e| DriverError::Cgroup(format!("creating {path}: {e}")))?;
+    // No swap: a sandbox must not push its memory out to the host's swap. Where the kernel has no
+    // swap accounting (no such file), there is nothing to limit.
+    if let Some(mem) = load(path).controller_of::<MemController>() {
+        let bytes = limits.memory_mb as i64 * 1024 * 1024;
+        let _ = mem.set_memswap_limit(if hierarchies::is_cgroup2_unified_mode() {
+            0
+        } else {
+            bytes
+        });
+    }
     Ok(())
 }
 
