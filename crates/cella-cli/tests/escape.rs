@@ -19,6 +19,14 @@ def sc(nr, *args):
     return 0 if r >= 0 else ctypes.get_errno()
 def expect(err, *codes):
     print("CONTAINED" if err in codes else "ESCAPED errno=%d (%s)" % (err, os.strerror(err)))
+def expect_no_connection(host, port, family=socket.AF_INET):
+    try:
+        c = socket.socket(family, socket.SOCK_STREAM)
+        c.settimeout(2)
+        c.connect((host, port))
+        print("ESCAPED: connected to %s:%s" % (host, port))
+    except OSError:
+        print("CONTAINED")
 def expect_oserror(fn, *codes):
     try:
         fn()
@@ -68,6 +76,22 @@ fn escape_suite() {
     let server_pid = s.server_pid();
     let port = s.port;
     let host_hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    // The neighbour also listens on TCP; its address is on its eth0.
+    s.exec(&neighbour, json!({ "command": "python3 -c \"import socket,time; s=socket.socket(); s.bind(('0.0.0.0', 9000)); s.listen(); time.sleep(60)\" >/dev/null 2>&1 &" }));
+    let neighbour_addr = s.sh(&neighbour, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1")["stdout"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .to_string();
+    let gateway = s.sh(&id, "ip route | awk '/default/ {print $3}'")["stdout"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(!neighbour_addr.is_empty() && !gateway.is_empty(), "sandboxes have no network");
+    // A service on every address of the host, so a connection attempt has something to reach.
+    let host_service = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let host_port = host_service.local_addr().unwrap().port();
 
     let attempts = vec![
         sh("read the host's /root", true, "if [ -z \"$(ls -A /root)\" ]; then echo CONTAINED; else echo ESCAPED; ls -A /root; fi"),
@@ -101,8 +125,14 @@ fn escape_suite() {
         py("reach the hypervisor over vsock", true, "expect_oserror(lambda: socket.socket(40, socket.SOCK_STREAM), errno.EPERM)"),
         py("reach the server's API port on loopback", true,
            &format!("expect_oserror(lambda: socket.create_connection(('127.0.0.1', {port}), timeout=2), errno.ECONNREFUSED)")),
-        py("reach the cloud metadata address", true,
-           "expect_oserror(lambda: socket.create_connection(('169.254.169.254', 80), timeout=2), errno.ENETUNREACH, errno.EHOSTUNREACH)"),
+        py("reach the cloud metadata address", true, "expect_no_connection('169.254.169.254', 80)"),
+        py("reach the server's API port through the host's address", true, &format!("expect_no_connection('{gateway}', {port})")),
+        py("reach a host service through the sandbox's gateway", true, &format!("expect_no_connection('{gateway}', {host_port})")),
+        py("reach another sandbox over the network", true, &format!("expect_no_connection('{neighbour_addr}', 9000)")),
+        py("reach the host over IPv6 link-local", true, "expect_no_connection('fe80::1', 22, socket.AF_INET6)"),
+        sh("take another address (spoofing)", true, "ip addr add 10.200.255.250/32 dev eth0 2>/dev/null && echo ESCAPED || echo CONTAINED"),
+        sh("reroute its traffic", true, "ip route add 10.99.0.0/16 dev eth0 2>/dev/null && echo ESCAPED || echo CONTAINED"),
+        sh("change its firewall", true, "nft flush ruleset 2>/dev/null && echo ESCAPED || echo CONTAINED"),
         py("reach another sandbox's socket", true,
            "expect_oserror(lambda: socket.socket(socket.AF_UNIX).connect('\\0cella-neighbour'), errno.ECONNREFUSED)"),
         py("ptrace the sandbox's init", true, "expect(sc(101, 16, 1, 0, 0), errno.EPERM)"),

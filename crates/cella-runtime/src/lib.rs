@@ -6,6 +6,7 @@
 
 pub mod cgroup;
 pub mod disk;
+pub mod firewall;
 pub mod namespace;
 pub mod rootfs;
 
@@ -27,6 +28,9 @@ pub struct SandboxSpec {
     pub memory_mb: u32,
     pub disk_size_mb: u32,
     pub pids_max: u32,
+    /// The sandbox's egress rules; None gives it loopback only (no interface at all).
+    #[serde(default)]
+    pub network: Option<firewall::EgressRules>,
 }
 
 /// What the driver needs to find a running sandbox again, also after a server restart.
@@ -40,6 +44,9 @@ pub struct SandboxHandle {
     pub start_time: u64,
     pub socket: PathBuf,
     pub cgroup: String,
+    /// Its network interface, when it has one.
+    #[serde(default)]
+    pub net: Option<namespace::net::NetInfo>,
 }
 
 /// Resource figures read from a sandbox's cgroup (since its current boot).
@@ -72,6 +79,8 @@ pub enum DriverError {
     Agent(String),
     #[error("the client went away before the command ended")]
     ClientGone,
+    #[error("network setup failed: {0}")]
+    Network(String),
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
 }

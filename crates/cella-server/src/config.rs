@@ -20,6 +20,26 @@ pub struct Config {
     pub rate_limits: crate::ratelimit::RateLimitConfig,
     pub files: FilesConfig,
     pub disk: DiskConfig,
+    pub network: NetworkConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetworkConfig {
+    /// Give sandboxes a network interface behind the egress firewall (needs `nft`; without
+    /// it, or when off, sandboxes have loopback only).
+    pub enabled: bool,
+    /// The subnet sandboxes' /30 links are cut from (IPv4 CIDR, at most /30).
+    pub subnet: String,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig {
+            enabled: true,
+            subnet: "10.200.0.0/16".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -86,6 +106,7 @@ impl Default for Config {
             rate_limits: Default::default(),
             files: FilesConfig::default(),
             disk: DiskConfig::default(),
+            network: NetworkConfig::default(),
         }
     }
 }

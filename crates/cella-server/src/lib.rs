@@ -11,6 +11,7 @@ pub mod config;
 pub mod error;
 pub mod extract;
 pub mod lifecycle;
+pub mod network;
 pub mod openapi;
 pub mod ratelimit;
 pub mod routes;
@@ -43,6 +44,8 @@ pub struct AppState {
     pub locks: sandboxes::Locks,
     pub activity: lifecycle::Activity,
     pub limiter: ratelimit::Limiter,
+    /// Resolvers sandboxes use, when sandboxes have a network (None: loopback only).
+    pub network: Option<Vec<std::net::Ipv4Addr>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +66,8 @@ pub enum ServeError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("configuration: {0}")]
+    Config(String),
     #[error("serving: {0}")]
     Serve(std::io::Error),
     #[error("writing the bootstrap key: {0}")]
@@ -304,8 +309,34 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
         path: dir.clone(),
         source,
     })?;
-    let driver =
+    let mut driver =
         NamespaceDriver::new(&dir, agent_exe, &instance)?.with_disk_quota(config.disk.quota);
+    let mut network = None;
+    if config.network.enabled {
+        let (subnet, prefix) = match cella_types::Destination::parse(&config.network.subnet) {
+            Ok(cella_types::Destination::Net(a, p)) if p <= 30 => (a, p),
+            _ => {
+                return Err(ServeError::Config(format!(
+                    "network.subnet {:?} is not an IPv4 CIDR of /30 or larger",
+                    config.network.subnet
+                )))
+            }
+        };
+        match cella_runtime::firewall::Firewall::detect(&instance) {
+            Some(fw) => {
+                driver = driver.with_network(subnet, prefix, fw)?;
+                let resolv = image
+                    .layers
+                    .iter()
+                    .find_map(|l| std::fs::read_to_string(l.join("etc/resolv.conf")).ok())
+                    .unwrap_or_default();
+                network = Some(network::resolvers(&resolv));
+            }
+            None => tracing::warn!(
+                "nft is not available: sandboxes get loopback only (install nftables for networking)"
+            ),
+        }
+    }
     let catalog = Catalog::new(
         vec![TemplateEntry {
             id: "base".into(),
@@ -325,6 +356,7 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
         locks: Default::default(),
         activity: Default::default(),
         limiter,
+        network,
     });
     Ok((state, lock))
 }

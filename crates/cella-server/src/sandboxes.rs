@@ -82,6 +82,7 @@ pub fn to_wire(row: &SandboxRow) -> Sandbox {
         started_at: row.started_at.map(rfc3339),
         destroyed_at: row.destroyed_at.map(rfc3339),
         state_reason: row.state_reason.clone(),
+        network: serde_json::from_str(&row.network).unwrap_or_default(),
     }
 }
 
@@ -205,6 +206,8 @@ async fn admit(state: &AppState, auth: &Auth, req: &CreateSandbox) -> Result<San
     check_map("metadata", &metadata, false)?;
     let env = req.env.clone().unwrap_or_default();
     check_map("env", &env, true)?;
+    let network = req.network.clone().unwrap_or_default();
+    crate::network::check(&network).await?;
     let (cpus, mem, disk) = size.shape();
     Ok(SandboxRow {
         seq: 0,
@@ -242,6 +245,7 @@ async fn admit(state: &AppState, auth: &Auth, req: &CreateSandbox) -> Result<San
         last_activity_at: None,
         cpu_ns: 0,
         memory_mib_ms: 0,
+        network: serde_json::to_string(&network).unwrap_or_else(|_| "{}".into()),
     })
 }
 
@@ -329,6 +333,13 @@ pub(crate) async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                 memory_mb: row.memory_mb as u32,
                 disk_size_mb: row.disk_size_mb as u32,
                 pids_max: (row.cpu_count as u32 * 1024).max(1024),
+                network: match &state.network {
+                    Some(dns) => {
+                        let policy = serde_json::from_str(&row.network).unwrap_or_default();
+                        Some(crate::network::rules(&policy, dns).await)
+                    }
+                    None => None,
+                },
             };
             state.driver.create(&spec).await
         }

@@ -77,6 +77,7 @@ pub struct SandboxRow {
     pub last_activity_at: Option<i64>,
     pub cpu_ns: i64,
     pub memory_mib_ms: i64,
+    pub network: String,
 }
 
 /// States that hold a slot of a workspace's plan cap.
@@ -276,7 +277,7 @@ impl Store {
         cpu_count, memory_mb, disk_size_mb, ready, ready_at, timeout_sec, always_on, persistent, \
         idle_timeout_sec, metadata, env, created_at, started_at, destroyed_at, total_runtime_sec, \
         running_ms, running_since, timeout_at, state_reason, runtime, compute_rate, paused_ms, \
-        paused_since, last_activity_at, cpu_ns, memory_mib_ms";
+        paused_since, last_activity_at, cpu_ns, memory_mib_ms, network";
 
     /// Inserts a sandbox unless its workspace already holds `cap` sandboxes in a capped state.
     /// One statement, so concurrent creates can never overshoot the cap. Returns false at the cap.
@@ -284,8 +285,8 @@ impl Store {
         let q = format!(
             "INSERT INTO sandboxes (id, workspace_id, owner_id, template_id, state, size, cpu_count, memory_mb, \
              disk_size_mb, ready, timeout_sec, always_on, persistent, idle_timeout_sec, metadata, env, created_at, \
-             compute_rate) \
-             SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
+             compute_rate, network) \
+             SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
              WHERE (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ?"
         );
         let r = sqlx::query(&q)
@@ -307,6 +308,7 @@ impl Store {
             .bind(&s.env)
             .bind(s.created_at)
             .bind(s.compute_rate)
+            .bind(&s.network)
             .bind(&s.workspace_id)
             .bind(cap as i64)
             .execute(&self.pool)
@@ -483,6 +485,7 @@ mod tests {
             last_activity_at: None,
             cpu_ns: 0,
             memory_mib_ms: 0,
+            network: "{}".into(),
         }
     }
 

@@ -443,6 +443,8 @@ pub struct Sandbox {
     /// Why the sandbox is in its state when the server put it there (a failure, a timer, or
     /// processes that died), else null.
     pub state_reason: Option<String>,
+    /// The sandbox's egress policy, as given at create (defaults filled in).
+    pub network: NetworkPolicy,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
@@ -462,6 +464,105 @@ pub struct CreateSandbox {
     pub env: Option<BTreeMap<String, String>>,
     /// Answer once the sandbox is running and ready (default true).
     pub wait: Option<bool>,
+    /// Where the sandbox may connect to (default: the internet, but no private ranges).
+    pub network: Option<NetworkPolicy>,
+}
+
+/// Whether a sandbox may open connections to destinations its lists do not name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Egress {
+    /// The internet (public addresses); private, link-local and host addresses stay closed.
+    #[default]
+    Allow,
+    /// Nothing but what `allow` names.
+    Deny,
+}
+
+/// A sandbox's egress policy. `deny` wins over `allow`; `allow` may open private ranges.
+/// Entries are IPv4 addresses, IPv4 CIDRs or domain names (resolved when the sandbox boots).
+/// Other sandboxes, the host itself and inbound connections are never reachable, whatever
+/// the lists say.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkPolicy {
+    #[serde(default)]
+    pub egress: Egress,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+/// One entry of an allow or deny list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// An IPv4 network (a plain address is a /32).
+    Net(std::net::Ipv4Addr, u8),
+    /// A domain name, looked up when the sandbox boots.
+    Domain(String),
+}
+
+impl Destination {
+    /// Parses an entry; the error says what is wrong with it.
+    pub fn parse(text: &str) -> Result<Destination, String> {
+        let t = text.trim();
+        if t.contains(':') {
+            return Err(format!("{text:?}: IPv6 is not supported (sandboxes have IPv4 only)"));
+        }
+        let (addr, prefix) = match t.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (t, None),
+        };
+        if let Ok(ip) = addr.parse::<std::net::Ipv4Addr>() {
+            let prefix = match prefix {
+                None => 32,
+                Some(p) => match p.parse::<u8>() {
+                    Ok(n) if n <= 32 => n,
+                    _ => return Err(format!("{text:?}: the prefix length must be 0-32")),
+                },
+            };
+            // Normalise to the network address, as a firewall would read it.
+            let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
+            return Ok(Destination::Net((u32::from(ip) & mask).into(), prefix));
+        }
+        if prefix.is_some() || !is_domain(t) {
+            return Err(format!("{text:?} is neither an IPv4 address, a CIDR nor a domain name"));
+        }
+        Ok(Destination::Domain(t.trim_end_matches('.').to_ascii_lowercase()))
+    }
+}
+
+fn is_domain(t: &str) -> bool {
+    let t = t.trim_end_matches('.');
+    !t.is_empty()
+        && t.len() <= 253
+        && t.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
+        && !t.split('.').next_back().unwrap_or("").chars().all(|c| c.is_ascii_digit())
+}
+
+impl NetworkPolicy {
+    /// At most this many entries per list.
+    pub const MAX_ENTRIES: usize = 64;
+
+    /// Checks every entry; the error names the field (`network.allow`) and the problem.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        for (field, list) in [("network.allow", &self.allow), ("network.deny", &self.deny)] {
+            if list.len() > Self::MAX_ENTRIES {
+                return Err((field, format!("at most {} entries", Self::MAX_ENTRIES)));
+            }
+            for e in list {
+                Destination::parse(e).map_err(|m| (field, m))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Who a command runs as inside the sandbox.

@@ -338,6 +338,7 @@ fn janitor(data: &Path) {
     }
     // The server's own cgroup parent, `cella/<instance>`, in every hierarchy.
     if let Ok(instance) = std::fs::read_to_string(data.join("instance-id")) {
+        remove_firewall_chains(instance.trim());
         let roots = std::fs::read_dir("/sys/fs/cgroup")
             .map(|rd| rd.flatten().map(|e| e.path()).collect())
             .unwrap_or_else(|_| Vec::new());
@@ -370,4 +371,60 @@ pub fn sse(text: &str) -> Vec<(String, Value)> {
             Some((name?, serde_json::from_str(&data).ok()?))
         })
         .collect()
+}
+
+/// Names of the firewall chains of server `instance` (`sb_<instance>_<sandbox id>`).
+pub fn firewall_chains(instance: &str) -> Vec<String> {
+    let out = Command::new("nft")
+        .args(["-j", "list", "chains", "inet"])
+        .output();
+    let Ok(out) = out else { return Vec::new() };
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let prefix = format!("sb_{instance}_");
+    v["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|o| o.get("chain"))
+        .filter(|c| c["table"] == "cella")
+        .filter_map(|c| c["name"].as_str())
+        .filter(|n| n.starts_with(&prefix))
+        .map(String::from)
+        .collect()
+}
+
+/// Removes what a killed test server left in the firewall (its map entries and chains).
+fn remove_firewall_chains(instance: &str) {
+    let chains = firewall_chains(instance);
+    if chains.is_empty() {
+        return;
+    }
+    let out = Command::new("nft")
+        .args(["-j", "list", "map", "inet", "cella", "sandboxes"])
+        .output();
+    let mut script = String::new();
+    if let Ok(out) = out {
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        for m in v["nftables"].as_array().into_iter().flatten() {
+            for e in m["map"]["elem"].as_array().into_iter().flatten() {
+                if let (Some(k), Some(t)) = (e[0].as_str(), e[1]["jump"]["target"].as_str()) {
+                    if chains.iter().any(|c| c == t) {
+                        script += &format!("delete element inet cella sandboxes {{ \"{k}\" }}\n");
+                    }
+                }
+            }
+        }
+    }
+    for c in &chains {
+        script += &format!("delete chain inet cella {c}\n");
+    }
+    if let Ok(mut child) = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+    {
+        use std::io::Write;
+        let _ = child.stdin.take().unwrap().write_all(script.as_bytes());
+        let _ = child.wait();
+    }
 }

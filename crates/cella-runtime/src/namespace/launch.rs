@@ -16,8 +16,11 @@ use std::os::fd::{AsRawFd, OwnedFd};
 /// Entry point of `cella __sandbox-init`. Returns the process exit code.
 pub fn launcher_main() -> i32 {
     match run() {
-        Ok(pid) => {
-            println!("{}", serde_json::json!({ "ok": true, "pid": pid }));
+        Ok((pid, net)) => {
+            println!(
+                "{}",
+                serde_json::json!({ "ok": true, "pid": pid, "net": net })
+            );
             0
         }
         Err(e) => {
@@ -27,7 +30,7 @@ pub fn launcher_main() -> i32 {
     }
 }
 
-fn run() -> Result<i32, String> {
+fn run() -> Result<(i32, Option<super::net::NetInfo>), String> {
     // First line: the cgroup to join. The server sends it at once and prepares the rest (the
     // disk image) while this process joins (a slow step on cgroup v1); then the configuration.
     let t0 = std::time::Instant::now();
@@ -49,6 +52,10 @@ fn run() -> Result<i32, String> {
         return Err("the launch configuration names another cgroup".into());
     }
     let (ready_r, ready_w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
+    let host_ns = match cfg.network {
+        Some(_) => Some(super::net::HostNs::open()?),
+        None => None,
+    };
     let flags = CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWUTS
         | CloneFlags::CLONE_NEWIPC
@@ -57,6 +64,12 @@ fn run() -> Result<i32, String> {
         | CloneFlags::CLONE_NEWCGROUP;
     unshare(flags).map_err(|e| format!("unshare: {e}"))?;
     let t_unshare = t0.elapsed();
+    let net = match (&cfg.network, &host_ns) {
+        (Some(plan), Some(host)) => Some(super::net::setup_inside(host, plan)?),
+        _ => None,
+    };
+    drop(host_ns);
+    let t_net = t0.elapsed();
     // SAFETY: the launcher is single-threaded.
     match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
         ForkResult::Child => {
@@ -73,12 +86,13 @@ fn run() -> Result<i32, String> {
             let _ = f.read_to_string(&mut msg);
             if msg == "ok" {
                 eprintln!(
-                    "cella-launch: join={:.2}ms unshare={:.2}ms child-setup={:.2}ms",
+                    "cella-launch: join={:.2}ms unshare={:.2}ms net={:.2}ms child-setup={:.2}ms",
                     t_join.as_secs_f64() * 1e3,
                     (t_unshare - t_join).as_secs_f64() * 1e3,
-                    (t0.elapsed() - t_unshare).as_secs_f64() * 1e3
+                    (t_net - t_unshare).as_secs_f64() * 1e3,
+                    (t0.elapsed() - t_net).as_secs_f64() * 1e3
                 );
-                Ok(child.as_raw())
+                Ok((child.as_raw(), net))
             } else {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
                 let _ = nix::sys::wait::waitpid(child, None);

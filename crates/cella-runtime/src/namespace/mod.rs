@@ -7,6 +7,7 @@
 
 mod launch;
 pub mod mounts;
+pub mod net;
 
 pub use launch::launcher_main;
 
@@ -44,6 +45,9 @@ pub struct LaunchConfig {
     pub disk: Option<PathBuf>,
     #[serde(default)]
     pub disk_mount: PathBuf,
+    /// Make a veth pair (see [`net`]); None: loopback only.
+    #[serde(default)]
+    pub network: Option<net::NetLaunch>,
 }
 
 #[derive(Clone)]
@@ -52,6 +56,16 @@ pub struct NamespaceDriver {
     agent_exe: PathBuf,
     cgroup_parent: String,
     disk_quota: bool,
+    net: Option<Network>,
+}
+
+/// The sandbox network: its subnet, the firewall, and a guess at the next free slot.
+#[derive(Clone)]
+struct Network {
+    subnet: std::net::Ipv4Addr,
+    prefix: u8,
+    firewall: crate::firewall::Firewall,
+    next_slot: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl NamespaceDriver {
@@ -68,7 +82,37 @@ impl NamespaceDriver {
             agent_exe,
             cgroup_parent: format!("cella/{instance}"),
             disk_quota: false,
+            net: None,
         })
+    }
+
+    /// Gives sandboxes whose spec asks for it a network interface in `subnet/prefix`, behind
+    /// `firewall` (whose base rules this installs).
+    pub fn with_network(
+        mut self,
+        subnet: std::net::Ipv4Addr,
+        prefix: u8,
+        firewall: crate::firewall::Firewall,
+    ) -> Result<Self, DriverError> {
+        if net::capacity(prefix) == 0 {
+            return Err(DriverError::Network(format!(
+                "sandbox subnet /{prefix} is too small"
+            )));
+        }
+        firewall.install_base()?;
+        let next = net::host_slots().into_iter().max().map_or(0, |s| s + 1);
+        self.net = Some(Network {
+            subnet,
+            prefix,
+            firewall,
+            next_slot: std::sync::Arc::new(next.into()),
+        });
+        Ok(self)
+    }
+
+    /// Whether sandboxes get a network interface.
+    pub fn has_network(&self) -> bool {
+        self.net.is_some()
     }
 
     /// Gives every new sandbox a file system of exactly its `disk_size_mb` (see [`crate::disk`]).
@@ -124,6 +168,15 @@ impl NamespaceDriver {
             cgroup: self.cgroup_path(&spec.id),
             disk,
             disk_mount,
+            network: match (&self.net, &spec.network) {
+                (Some(n), Some(_)) => Some(net::NetLaunch {
+                    subnet: n.subnet,
+                    prefix: n.prefix,
+                    first_slot: n.next_slot.load(std::sync::atomic::Ordering::Relaxed)
+                        % net::capacity(n.prefix),
+                }),
+                _ => None,
+            },
         };
         let json = serde_json::to_vec_pretty(&cfg).map_err(std::io::Error::other)?;
         std::fs::write(dir.join("launch.json"), json)?;
@@ -207,13 +260,40 @@ impl NamespaceDriver {
             as i32;
         let start_time = process_start_time(pid)
             .ok_or_else(|| DriverError::Launch("sandbox init died at start".into()))?;
-        Ok(SandboxHandle {
+        let mut handle = SandboxHandle {
             id: spec.id.clone(),
             pid,
             start_time,
             socket: cfg.socket,
             cgroup: cfg.cgroup,
-        })
+            net: None,
+        };
+        if let (Some(n), Some(rules)) = (&self.net, &spec.network) {
+            let t = std::time::Instant::now();
+            let info: Option<net::NetInfo> = serde_json::from_value(answer["net"].clone()).ok();
+            let res = match info {
+                None => Err(DriverError::Network("the launcher made no interface".into())),
+                Some(info) => {
+                    n.next_slot
+                        .store(info.slot + 1, std::sync::atomic::Ordering::Relaxed);
+                    let r = net::host_up(&info)
+                        .map_err(|e| DriverError::Network(format!("host end: {e}")))
+                        .and_then(|_| n.firewall.install(&spec.id, &info.iface, rules));
+                    handle.net = Some(info);
+                    r
+                }
+            };
+            if let Err(e) = res {
+                let _ = self.remove(&spec.id, Some(&handle), true);
+                return Err(e);
+            }
+            tracing::debug!(
+                sandbox = spec.id,
+                firewall_ms = t.elapsed().as_secs_f64() * 1e3,
+                "network up"
+            );
+        }
+        Ok(handle)
     }
 
     /// Ends the sandbox's processes and drops its cgroup and socket; with `keep_files`, its
@@ -224,8 +304,20 @@ impl NamespaceDriver {
         handle: Option<&SandboxHandle>,
         keep_files: bool,
     ) -> Result<(), DriverError> {
+        let alive = handle.is_some_and(|h| process_start_time(h.pid) == Some(h.start_time));
+        if let Some(n) = &self.net {
+            // Rules go first, while the sandbox still holds its interface name: a dead
+            // sandbox's name may already belong to another one, so then the map is searched.
+            let iface = handle
+                .filter(|_| alive)
+                .and_then(|h| h.net.as_ref())
+                .map(|i| i.iface.as_str());
+            if let Err(e) = n.firewall.remove(id, iface) {
+                tracing::warn!(sandbox = id, "removing firewall rules: {e}");
+            }
+        }
         if let Some(h) = handle {
-            if process_start_time(h.pid) == Some(h.start_time) {
+            if alive {
                 // PID 1 of a PID namespace takes every process of the namespace with it.
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(h.pid),
@@ -396,6 +488,9 @@ impl Driver for NamespaceDriver {
             })
             .unwrap_or_default();
         ids.extend(cgroup::children(&self.cgroup_parent));
+        if let Some(n) = &self.net {
+            ids.extend(n.firewall.own_chains().unwrap_or_default());
+        }
         ids.sort();
         ids.dedup();
         ids

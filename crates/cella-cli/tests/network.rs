@@ -1,0 +1,336 @@
+//! Sandbox networking: a veth pair and NAT to the outside, the egress policy both ways, what a
+//! sandbox never reaches, and rules and interfaces that go with the sandbox (also after a
+//! `kill -9` of the server).
+//!
+//! "The internet" is a stand-in: this machine reaches no public host, so the test makes a host
+//! of its own, a network namespace routed from this host with a public-style address
+//! (198.51.100.1), and on the same host the addresses a sandbox must not reach: a metadata
+//! address (169.254.169.254) and a private one (10.99.0.1). Each listens on TCP port 8080.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const PUBLIC: &str = "198.51.100.1:8080";
+const METADATA: &str = "169.254.169.254:8080";
+const PRIVATE: &str = "10.99.0.1:8080";
+
+/// The tests here share the outside host's fixed addresses, so they take turns.
+static TURN: Mutex<()> = Mutex::new(());
+
+fn ip(args: &str) {
+    let st = Command::new("ip")
+        .args(args.split_whitespace())
+        .status()
+        .unwrap();
+    assert!(st.success(), "ip {args} failed");
+}
+
+/// The stand-in for the internet: a namespace with its own addresses and a TCP listener.
+struct Outside {
+    ns: String,
+    server: Child,
+}
+
+impl Outside {
+    fn start() -> Outside {
+        let ns = "cella-test-outside".to_string();
+        // Whatever an earlier, killed run left.
+        ip_quiet(&["netns", "del", &ns]);
+        ip_quiet(&["link", "del", "ctout0"]);
+        ip(&format!("netns add {ns}"));
+        ip(&format!("link add ctout0 type veth peer name eth0 netns {ns}"));
+        ip("addr add 198.51.100.254/24 dev ctout0");
+        ip("link set ctout0 up");
+        for a in ["198.51.100.1/24", "169.254.169.254/32", "10.99.0.1/32"] {
+            ip(&format!("-n {ns} addr add {a} dev eth0"));
+        }
+        ip(&format!("-n {ns} link set eth0 up"));
+        ip(&format!("-n {ns} link set lo up"));
+        ip(&format!("-n {ns} route add default via 198.51.100.254"));
+        for a in ["169.254.169.254/32", "10.99.0.1/32"] {
+            ip(&format!("route replace {a} via 198.51.100.1"));
+        }
+        let server = Command::new("ip")
+            .args(["netns", "exec", &ns, "python3", "-c"])
+            .arg(
+                "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+                 s.bind(('0.0.0.0',8080))\ns.listen(64)\nwhile True:\n c,_=s.accept()\n c.sendall(b'outside\\n')\n c.close()\n",
+            )
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let o = Outside { ns, server };
+        // The host itself reaches all three: what the sandboxes cannot reach is their doing.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for t in [PUBLIC, METADATA, PRIVATE] {
+            while std::net::TcpStream::connect_timeout(&t.parse().unwrap(), Duration::from_millis(200))
+                .is_err()
+            {
+                assert!(Instant::now() < deadline, "the outside host does not listen on {t}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        o
+    }
+
+    /// Whether the outside host can open a TCP connection to `target`.
+    fn connects(&self, target: &str) -> bool {
+        let (host, port) = target.split_once(':').unwrap();
+        Command::new("ip")
+            .args(["netns", "exec", &self.ns, "timeout", "2", "bash", "-c"])
+            .arg(format!("exec 3<>/dev/tcp/{host}/{port}"))
+            .status()
+            .unwrap()
+            .success()
+    }
+}
+
+/// `ip` for cleaning up: what is already gone is fine.
+fn ip_quiet(args: &[&str]) {
+    let _ = Command::new("ip")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        ip_quiet(&["netns", "del", &self.ns]);
+        ip_quiet(&["link", "del", "ctout0"]);
+        for a in ["169.254.169.254/32", "10.99.0.1/32"] {
+            ip_quiet(&["route", "del", a]);
+        }
+    }
+}
+
+/// Which of `targets` (`ip:port`) sandbox `id` can open a TCP connection to, tried at once.
+fn reach(s: &Server, id: &str, targets: &[&str]) -> Vec<bool> {
+    let mut script = String::new();
+    for (i, t) in targets.iter().enumerate() {
+        let (host, port) = t.split_once(':').unwrap();
+        script += &format!(
+            "(timeout 2 bash -c 'exec 3<>/dev/tcp/{host}/{port}' 2>/dev/null && echo {i}) &\n"
+        );
+    }
+    script += "wait\n";
+    let out = s.sh(id, &script);
+    let ok: Vec<usize> = out["stdout"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    (0..targets.len()).map(|i| ok.contains(&i)).collect()
+}
+
+/// The sandbox's address and its gateway (the host end of its link).
+fn addresses(s: &Server, id: &str) -> (String, String) {
+    let out = s.sh(
+        id,
+        "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1; ip route | awk '/default/ {print $3}'",
+    );
+    let text = out["stdout"].as_str().unwrap().to_string();
+    let mut lines = text.lines();
+    (
+        lines.next().expect("eth0 has an address").to_string(),
+        lines.next().expect("a default route").to_string(),
+    )
+}
+
+/// Starts a TCP listener on port 9000 inside a sandbox and waits until the host reaches it.
+fn listen_inside(s: &Server, id: &str, addr: &str) {
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        json!({ "command": "python3 -c \"import socket\ns=socket.socket()\ns.bind(('0.0.0.0',9000))\ns.listen(8)\nwhile True: s.accept()[0].close()\"" }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let target = format!("{addr}:9000");
+    while std::net::TcpStream::connect_timeout(&target.parse().unwrap(), Duration::from_millis(200))
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "nothing listens on {target}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn instance(s: &Server) -> String {
+    std::fs::read_to_string(s.data_dir().join("instance-id"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+fn has_chain(s: &Server, id: &str) -> bool {
+    firewall_chains(&instance(s)).contains(&format!("sb_{}_{id}", instance(s)))
+}
+
+/// The host interface at the other end of the sandbox's eth0.
+fn host_iface(s: &Server, id: &str) -> String {
+    let out = s.sh(id, "cat /sys/class/net/eth0/iflink");
+    let index = out["stdout"].as_str().unwrap().trim().to_string();
+    for e in std::fs::read_dir("/sys/class/net").unwrap().flatten() {
+        if std::fs::read_to_string(e.path().join("ifindex")).unwrap_or_default().trim() == index {
+            return e.file_name().into_string().unwrap();
+        }
+    }
+    panic!("no host interface has index {index}");
+}
+
+fn iface_exists(name: &str) -> bool {
+    std::path::Path::new("/sys/class/net").join(name).exists()
+}
+
+#[test]
+fn by_default_a_sandbox_reaches_the_internet_and_nothing_private() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let outside = Outside::start();
+    let s = Server::start();
+    let a = s.create(json!({ "size": "xs" }));
+    // Even a list that opens every private range does not open other sandboxes.
+    let b = s.create(json!({ "size": "xs", "network": { "allow": ["10.0.0.0/8"] } }));
+    let (a_addr, gateway) = addresses(&s, &a);
+    let (b_addr, _) = addresses(&s, &b);
+    assert_ne!(a_addr, b_addr);
+    listen_inside(&s, &b, &b_addr);
+    listen_inside(&s, &a, &a_addr);
+
+    // The host's own services, whichever address they are reached by: a listener on every
+    // address of the host, and the API port.
+    let host_listener = TcpListener::bind("0.0.0.0:0").unwrap();
+    let host_port = host_listener.local_addr().unwrap().port();
+    let host_addr = {
+        let out = Command::new("ip")
+            .args(["-4", "-o", "route", "get", "198.51.100.1"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let i = words.iter().position(|w| *w == "src").unwrap();
+        words[i + 1].to_string()
+    };
+    let on_gateway = format!("{gateway}:{host_port}");
+    let on_host = format!("{host_addr}:{host_port}");
+    let api = format!("{gateway}:{}", s.port);
+    let to_b = format!("{b_addr}:9000");
+    let to_a = format!("{a_addr}:9000");
+
+    let got = reach(&s, &a, &[PUBLIC, METADATA, PRIVATE, &on_gateway, &on_host, &api, &to_b]);
+    assert_eq!(
+        got,
+        [true, false, false, false, false, false, false],
+        "from a default sandbox: [internet, metadata, private, host via gateway, host, API port, other sandbox]"
+    );
+    // b's allow list opens the private range, still not its neighbour or the host.
+    let got = reach(&s, &b, &[PUBLIC, PRIVATE, METADATA, &to_a, &on_gateway]);
+    assert_eq!(got, [true, true, false, false, false]);
+
+    // No inbound connection from outside; the host itself reaches a sandbox (the preview path).
+    assert!(!outside.connects(&to_b), "the outside reached into a sandbox");
+    assert!(std::net::TcpStream::connect_timeout(&to_b.parse().unwrap(), Duration::from_secs(2)).is_ok());
+
+    // The outside sees the host's address, not the sandbox's (NAT).
+    let who = s.sh(&a, "python3 -c \"import socket; c=socket.create_connection(('198.51.100.1',8080),2); print(c.recv(100).decode().strip(), c.getsockname()[0])\"");
+    assert_eq!(who["exit_code"], 0, "{who}");
+    assert!(who["stdout"].as_str().unwrap().starts_with("outside "), "{who}");
+
+    // No IPv6 inside at all.
+    let v6 = s.sh(&a, "ip -6 addr show | grep -c inet6 || true");
+    assert_eq!(v6["stdout"].as_str().unwrap().trim(), "0", "{v6}");
+    drop(host_listener);
+}
+
+#[test]
+fn egress_policies_allow_and_deny_both_ways() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let _outside = Outside::start();
+    let s = Server::start();
+    let cases: Vec<(Value, [bool; 3])> = vec![
+        // [internet, private 10.99.0.1, metadata]
+        (json!({ "egress": "deny" }), [false, false, false]),
+        (json!({ "egress": "deny", "allow": ["198.51.100.0/24"] }), [true, false, false]),
+        (json!({ "allow": ["10.99.0.1"] }), [true, true, false]),
+        (json!({ "deny": ["198.51.100.1"] }), [false, false, false]),
+        // deny wins over allow
+        (json!({ "egress": "deny", "allow": ["198.51.100.1", "10.99.0.1"], "deny": ["198.51.100.0/24"] }), [false, true, false]),
+        (json!({ "allow": ["169.254.169.254/32"] }), [true, false, true]),
+    ];
+    for (policy, want) in cases {
+        let id = s.create(json!({ "size": "xs", "network": policy.clone() }));
+        let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+        let shown = &got.data()["network"];
+        assert_eq!(shown["egress"], policy.get("egress").cloned().unwrap_or(json!("allow")));
+        let reached = reach(&s, &id, &[PUBLIC, PRIVATE, METADATA]);
+        assert_eq!(reached, want, "policy {policy}");
+        s.delete(&format!("/api/v1/sandboxes/{id}"));
+    }
+
+    // Bad policies are refused with the field named, and create nothing.
+    let before = s.get("/api/v1/sandboxes").data().as_array().unwrap().len();
+    for (policy, field) in [
+        (json!({ "allow": ["fe80::1"] }), "network.allow"),
+        (json!({ "deny": ["10.0.0.0/40"] }), "network.deny"),
+        (json!({ "allow": ["not a host"] }), "network.allow"),
+        (json!({ "allow": ["no-such-host.invalid"] }), "network.allow"),
+    ] {
+        let r = s.post("/api/v1/sandboxes", json!({ "size": "xs", "network": policy }));
+        r.assert_error(400, "INVALID_REQUEST");
+        assert_eq!(r.body["error"]["details"]["field"], field, "{}", r.body);
+    }
+    for bad in [json!({ "egress": "maybe" }), json!({ "egress": "allow", "ports": [1] })] {
+        let r = s.post("/api/v1/sandboxes", json!({ "size": "xs", "network": bad }));
+        r.assert_error(400, "INVALID_REQUEST");
+    }
+    assert_eq!(s.get("/api/v1/sandboxes").data().as_array().unwrap().len(), before);
+}
+
+#[test]
+fn rules_and_interfaces_go_with_the_sandbox_also_after_a_crash() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let _outside = Outside::start();
+    let mut s = Server::start();
+
+    // Destroy takes the chain and both ends of the link.
+    let a = s.create(json!({ "size": "xs" }));
+    let iface = host_iface(&s, &a);
+    assert!(iface.starts_with("cv") && has_chain(&s, &a));
+    s.delete(&format!("/api/v1/sandboxes/{a}"));
+    assert!(!has_chain(&s, &a), "the chain outlived its sandbox");
+    assert!(!iface_exists(&iface), "{iface} outlived its sandbox");
+
+    // Stop drops them too; resume brings them back, with the same policy.
+    let b = s.create(json!({ "size": "xs", "network": { "egress": "deny", "allow": ["198.51.100.1"] } }));
+    let iface = host_iface(&s, &b);
+    assert_eq!(s.post(&format!("/api/v1/sandboxes/{b}/stop"), json!({})).status, 200);
+    assert!(!has_chain(&s, &b) && !iface_exists(&iface));
+    assert_eq!(s.post(&format!("/api/v1/sandboxes/{b}/resume"), json!({})).status, 200);
+    assert!(has_chain(&s, &b));
+    assert_eq!(reach(&s, &b, &[PUBLIC, PRIVATE]), [true, false]);
+
+    // kill -9 of the server while one sandbox dies too: after the restart the dead one has no
+    // rules left, the live one keeps its rules and its network.
+    let c = s.create(json!({ "size": "xs" }));
+    let c_iface = host_iface(&s, &c);
+    s.kill9();
+    for pid in sandbox_pids(&c) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
+    s.restart();
+    assert!(!has_chain(&s, &c), "a dead sandbox's chain survived the restart");
+    assert!(!iface_exists(&c_iface));
+    assert_eq!(s.get(&format!("/api/v1/sandboxes/{c}")).data()["state"], "stopped");
+    assert!(has_chain(&s, &b));
+    assert_eq!(reach(&s, &b, &[PUBLIC, PRIVATE]), [true, false]);
+    s.delete(&format!("/api/v1/sandboxes/{b}"));
+    s.delete(&format!("/api/v1/sandboxes/{c}"));
+    assert!(firewall_chains(&instance(&s)).is_empty());
+}

@@ -1,0 +1,286 @@
+//! A sandbox's network interface.
+//!
+//! Every sandbox gets a veth pair: `eth0` inside, `cv<slot>` on the host, and a /30 of the
+//! sandbox subnet (host end `.1`, sandbox end `.2` of the slot's block). The launcher makes the
+//! pair right after it unshared the network namespace (from inside, with the peer moved to the
+//! host's namespace in the same request) and configures `eth0`; the server then configures the
+//! host end ([`host_up`]) and installs the sandbox's firewall chain (see [`crate::firewall`]).
+//! The pair lives exactly as long as the sandbox's network namespace: when its last process
+//! ends, the kernel removes both ends, so a crash leaves no interface behind.
+//!
+//! Slots are shared by every server on the host: a slot is taken when its interface name exists,
+//! and the launcher moves on to the next slot when the kernel answers EEXIST.
+
+use netlink_packet_core::{
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL,
+    NLM_F_REQUEST,
+};
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo};
+use netlink_packet_route::link::LinkMessage;
+use netlink_packet_route::RouteNetlinkMessage;
+use serde::{Deserialize, Serialize};
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Host-side interface names start with this; firewall rules match on it.
+pub const IFACE_PREFIX: &str = "cv";
+
+/// What the launcher needs to make a sandbox's interface.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetLaunch {
+    /// The sandbox subnet (its network address and prefix length).
+    pub subnet: Ipv4Addr,
+    pub prefix: u8,
+    /// The slot to try first (the server's guess at a free one).
+    pub first_slot: u32,
+}
+
+/// A sandbox's interface and addresses, as made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetInfo {
+    pub slot: u32,
+    /// The host end's name.
+    pub iface: String,
+    pub host_addr: Ipv4Addr,
+    pub sandbox_addr: Ipv4Addr,
+}
+
+/// How many /30 slots a subnet of `prefix` holds.
+pub fn capacity(prefix: u8) -> u32 {
+    if prefix > 30 {
+        0
+    } else {
+        1u32 << (30 - prefix as u32)
+    }
+}
+
+/// The interface and addresses of `slot` in `subnet/prefix`.
+pub fn slot_info(subnet: Ipv4Addr, prefix: u8, slot: u32) -> Option<NetInfo> {
+    if slot >= capacity(prefix) {
+        return None;
+    }
+    let block = u32::from(subnet) + slot * 4;
+    Some(NetInfo {
+        slot,
+        iface: format!("{IFACE_PREFIX}{slot}"),
+        host_addr: (block + 1).into(),
+        sandbox_addr: (block + 2).into(),
+    })
+}
+
+/// Descriptors the launcher opens in the host's network namespace before it unshares.
+pub struct HostNs {
+    ns: OwnedFd,
+}
+
+impl HostNs {
+    pub fn open() -> Result<HostNs, String> {
+        let f = std::fs::File::open("/proc/self/ns/net")
+            .map_err(|e| format!("opening the host network namespace: {e}"))?;
+        Ok(HostNs { ns: f.into() })
+    }
+}
+
+/// Run in the launcher, inside the sandbox's fresh network namespace: makes the veth pair (peer
+/// in the host namespace), gives `eth0` its address and a default route through the host end.
+pub fn setup_inside(host: &HostNs, plan: &NetLaunch) -> Result<NetInfo, String> {
+    // No IPv6 inside: the firewall speaks IPv4, and a link-local address would be a way around it.
+    for k in ["default", "all"] {
+        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{k}/disable_ipv6"), "1");
+    }
+    let cap = capacity(plan.prefix);
+    if cap == 0 {
+        return Err(format!("sandbox subnet /{} is too small", plan.prefix));
+    }
+    let nl = Netlink::open()?;
+    let mut made = None;
+    for i in 0..cap.min(4096) {
+        let slot = (plan.first_slot + i) % cap;
+        let info = slot_info(plan.subnet, plan.prefix, slot).expect("slot below capacity");
+        match nl.add_veth("eth0", &info.iface, host.ns.as_raw_fd()) {
+            Ok(()) => {
+                made = Some(info);
+                break;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+            Err(e) => return Err(format!("making the veth pair: {e}")),
+        }
+    }
+    let info = made.ok_or("no free network slot in the sandbox subnet")?;
+    let sock = inet_socket().map_err(|e| format!("socket: {e}"))?;
+    set_addr(&sock, "eth0", info.sandbox_addr, 30).map_err(|e| format!("eth0 address: {e}"))?;
+    set_up(&sock, "eth0").map_err(|e| format!("eth0 up: {e}"))?;
+    default_route(&sock, info.host_addr).map_err(|e| format!("default route: {e}"))?;
+    Ok(info)
+}
+
+/// Run by the server (in the host namespace) once the launcher answered: no IPv6 on the host
+/// end, its address, up.
+pub fn host_up(info: &NetInfo) -> std::io::Result<()> {
+    let _ = std::fs::write(
+        format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", info.iface),
+        "1",
+    );
+    let sock = inet_socket()?;
+    set_addr(&sock, &info.iface, info.host_addr, 30)?;
+    set_up(&sock, &info.iface)
+}
+
+/// Interfaces on the host whose names are sandbox slots.
+pub fn host_slots() -> Vec<u32> {
+    std::fs::read_dir("/sys/class/net")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()?
+                        .strip_prefix(IFACE_PREFIX)?
+                        .parse()
+                        .ok()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A netlink route socket: the one request we need that no ioctl offers (making a veth pair).
+struct Netlink {
+    sock: netlink_sys::Socket,
+}
+
+impl Netlink {
+    fn open() -> Result<Netlink, String> {
+        let mut sock = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE)
+            .map_err(|e| format!("netlink socket: {e}"))?;
+        sock.bind_auto().map_err(|e| format!("netlink bind: {e}"))?;
+        sock.connect(&netlink_sys::SocketAddr::new(0, 0))
+            .map_err(|e| format!("netlink connect: {e}"))?;
+        Ok(Netlink { sock })
+    }
+
+    /// `ip link add NAME type veth peer name PEER netns FD`.
+    fn add_veth(&self, name: &str, peer: &str, peer_ns: RawFd) -> std::io::Result<()> {
+        let mut peer_msg = LinkMessage::default();
+        peer_msg.attributes.push(LinkAttribute::IfName(peer.into()));
+        peer_msg.attributes.push(LinkAttribute::NetNsFd(peer_ns));
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.into()));
+        msg.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Veth),
+            LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
+        ]));
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+        header.sequence_number = 1;
+        let mut req = NetlinkMessage::new(
+            header,
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(msg)),
+        );
+        req.finalize();
+        let mut buf = vec![0u8; req.buffer_len()];
+        req.serialize(&mut buf);
+        self.sock.send(&buf, 0)?;
+        let mut reply = vec![0u8; 8192];
+        let n = self.sock.recv(&mut &mut reply[..], 0)?;
+        let answer = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&reply[..n])
+            .map_err(std::io::Error::other)?;
+        match answer.payload {
+            NetlinkPayload::Error(e) => match e.code {
+                None => Ok(()),
+                Some(code) => Err(std::io::Error::from_raw_os_error(-code.get())),
+            },
+            other => Err(std::io::Error::other(format!(
+                "unexpected netlink answer {other:?}"
+            ))),
+        }
+    }
+}
+
+fn inet_socket() -> std::io::Result<OwnedFd> {
+    // SAFETY: a plain socket call; the descriptor is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn ifreq(name: &str) -> std::io::Result<libc::ifreq> {
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(std::io::Error::other("interface name too long"));
+    }
+    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (i, b) in name.bytes().enumerate() {
+        req.ifr_name[i] = b as libc::c_char;
+    }
+    Ok(req)
+}
+
+fn sockaddr_in(addr: Ipv4Addr) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(addr).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sockaddr_in and sockaddr have the same size; this is how the C API is used.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+fn ioctl(sock: &OwnedFd, req: libc::c_ulong, arg: *mut libc::c_void) -> std::io::Result<()> {
+    // SAFETY: the callers pass a pointer to a live struct of the type the request expects.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), req as _, arg) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn set_addr(sock: &OwnedFd, name: &str, addr: Ipv4Addr, prefix: u8) -> std::io::Result<()> {
+    let mut req = ifreq(name)?;
+    req.ifr_ifru.ifru_addr = sockaddr_in(addr);
+    ioctl(sock, libc::SIOCSIFADDR, &mut req as *mut _ as *mut _)?;
+    let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
+    req.ifr_ifru.ifru_netmask = sockaddr_in(mask.into());
+    ioctl(sock, libc::SIOCSIFNETMASK, &mut req as *mut _ as *mut _)
+}
+
+fn set_up(sock: &OwnedFd, name: &str) -> std::io::Result<()> {
+    let mut req = ifreq(name)?;
+    ioctl(sock, libc::SIOCGIFFLAGS, &mut req as *mut _ as *mut _)?;
+    // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
+    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    ioctl(sock, libc::SIOCSIFFLAGS, &mut req as *mut _ as *mut _)
+}
+
+fn default_route(sock: &OwnedFd, gateway: Ipv4Addr) -> std::io::Result<()> {
+    // SAFETY: rtentry is plain old data; all zeroes is a valid value.
+    let mut rt: libc::rtentry = unsafe { std::mem::zeroed() };
+    rt.rt_dst = sockaddr_in(Ipv4Addr::UNSPECIFIED);
+    rt.rt_genmask = sockaddr_in(Ipv4Addr::UNSPECIFIED);
+    rt.rt_gateway = sockaddr_in(gateway);
+    rt.rt_flags = libc::RTF_UP | libc::RTF_GATEWAY;
+    ioctl(sock, libc::SIOCADDRT, &mut rt as *mut _ as *mut _)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_disjoint_slash_30s() {
+        let net: Ipv4Addr = "10.200.0.0".parse().unwrap();
+        let a = slot_info(net, 16, 0).unwrap();
+        assert_eq!(a.iface, "cv0");
+        assert_eq!(a.host_addr, "10.200.0.1".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(a.sandbox_addr, "10.200.0.2".parse::<Ipv4Addr>().unwrap());
+        let b = slot_info(net, 16, 65).unwrap();
+        assert_eq!(b.host_addr, "10.200.1.5".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(capacity(16), 16384);
+        assert!(slot_info(net, 16, 16384).is_none());
+        assert_eq!(capacity(31), 0);
+    }
+}
