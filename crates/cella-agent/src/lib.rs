@@ -13,6 +13,7 @@
 pub mod client;
 mod files;
 pub mod harden;
+mod kernel;
 mod procs;
 pub mod proto;
 mod pty;

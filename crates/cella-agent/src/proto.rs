@@ -117,6 +117,13 @@ pub enum Request {
         cols: u16,
         rows: u16,
     },
+    /// A code interpreter operation for `language`'s kernel (see `kernel.rs`); `spec` gives
+    /// the user, environment and directory the kernel starts with if it has to. Answers `Code`.
+    Code {
+        language: String,
+        action: CodeOp,
+        spec: ExecSpec,
+    },
     /// Followed by `Data` frames and one `DataEnd`; the file is replaced only when all of it
     /// arrived (a broken upload leaves nothing behind). Parents are created.
     Write {
@@ -126,6 +133,35 @@ pub enum Request {
         mode: u32,
         max_bytes: u64,
     },
+}
+
+/// What to do with a language's kernel.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum CodeOp {
+    /// Run one cell in a context (made if missing).
+    Run {
+        context: String,
+        code: String,
+        timeout_ms: u64,
+    },
+    /// Make a context if it does not exist.
+    Create { context: String },
+    /// Forget one context.
+    Reset { context: String },
+    /// Forget every context of the language (the kernel ends).
+    ResetAll,
+    /// Report every kernel's state; starts nothing.
+    State,
+}
+
+/// One language's kernel as the agent knows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct KernelState {
+    pub language: String,
+    pub running: bool,
+    pub busy: bool,
+    pub contexts: Vec<String>,
 }
 
 /// What the node sends on a terminal connection besides input.
@@ -200,6 +236,10 @@ pub enum Response {
         pid: i32,
     },
     Exit(ExitInfo),
+    /// A kernel's answer (see `kernel.rs` for its fields).
+    Code {
+        answer: serde_json::Value,
+    },
     /// The request could not be carried out; `kind` is machine-readable.
     Error {
         kind: ErrorKind,

@@ -92,6 +92,7 @@ async fn run(
     let reaper = Arc::new(Reaper::default());
     let jail = Arc::new(Jail::new().map_err(std::io::Error::other)?);
     let procs = Arc::new(Procs::default());
+    let kernels = Arc::new(crate::kernel::Kernels::new());
     let mut sigchld = signal(SignalKind::child())?;
     let r = reaper.clone();
     tokio::spawn(async move {
@@ -104,11 +105,23 @@ async fn run(
     });
     loop {
         let (stream, _) = listener.accept().await?;
-        tokio::spawn(handle(stream, reaper.clone(), jail.clone(), procs.clone()));
+        tokio::spawn(handle(
+            stream,
+            reaper.clone(),
+            jail.clone(),
+            procs.clone(),
+            kernels.clone(),
+        ));
     }
 }
 
-async fn handle(mut stream: UnixStream, reaper: Arc<Reaper>, jail: Arc<Jail>, procs: Arc<Procs>) {
+async fn handle(
+    mut stream: UnixStream,
+    reaper: Arc<Reaper>,
+    jail: Arc<Jail>,
+    procs: Arc<Procs>,
+    kernels: Arc<crate::kernel::Kernels>,
+) {
     let req = match proto::read_frame(&mut stream).await {
         Ok(Some((FrameKind::Json, body))) => serde_json::from_slice::<Request>(&body),
         _ => return,
@@ -136,6 +149,14 @@ async fn handle(mut stream: UnixStream, reaper: Arc<Reaper>, jail: Arc<Jail>, pr
             proto::write_json(&mut stream, &procs.stdin(pid, data, close).await).await
         }
         Ok(Request::Follow { pid, from_start }) => procs.follow(&mut stream, pid, from_start).await,
+        Ok(Request::Code {
+            language,
+            action,
+            spec,
+        }) => {
+            let answer = kernels.call(language, action, spec, jail).await;
+            proto::write_json(&mut stream, &answer).await
+        }
         Ok(Request::Activity) => proto::write_json(&mut stream, &procs.activity()).await,
         Ok(Request::Watch { path, recursive }) => {
             crate::watch::watch(&mut stream, path, recursive).await

@@ -52,6 +52,9 @@ enum Command {
     /// Move files in and out of a sandbox.
     #[command(subcommand)]
     Files(FilesCmd),
+    /// Run code in a sandbox's persistent interpreter.
+    #[command(subcommand)]
+    Code(CodeCmd),
     /// List the processes started through the API in a sandbox.
     Ps {
         id: String,
@@ -70,6 +73,27 @@ enum Command {
     },
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit,
+}
+
+#[derive(Subcommand)]
+enum CodeCmd {
+    /// Run one cell (from FILE, or standard input with `-`); prints its output and result.
+    Run {
+        id: String,
+        /// The cell's source: a file, or `-` for standard input.
+        file: String,
+        /// python (default) or javascript (js).
+        #[arg(long, short)]
+        language: Option<String>,
+        /// The context the cell runs in (default `default`).
+        #[arg(long, short)]
+        context: Option<String>,
+        /// Seconds before the cell is interrupted (at most 300).
+        #[arg(long)]
+        timeout: Option<f64>,
+        #[command(flatten)]
+        conn: Conn,
+    },
 }
 
 #[derive(Subcommand)]
@@ -277,6 +301,14 @@ async fn run(cmd: Command) -> ExitCode {
         Command::Templates { conn } => report(templates(&conn).await, &conn),
         Command::Sandbox(sc) => sandbox(sc).await,
         Command::Files(fc) => files(fc).await,
+        Command::Code(CodeCmd::Run {
+            id,
+            file,
+            language,
+            context,
+            timeout,
+            conn,
+        }) => code_run(id, file, language, context, timeout, conn).await,
         Command::Ps { id, conn } => {
             let r = client(&conn).list_processes(&id).await.map(|l| {
                 let mut t = format!(
@@ -356,6 +388,68 @@ fn client(conn: &Conn) -> Client {
             .map(|s| s.trim().to_string())
     });
     Client::new(&conn.server, key)
+}
+
+async fn code_run(
+    id: String,
+    file: String,
+    language: Option<String>,
+    context: Option<String>,
+    timeout: Option<f64>,
+    conn: Conn,
+) -> ExitCode {
+    let code = if file == "-" {
+        let mut s = String::new();
+        if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut s) {
+            eprintln!("cella: reading standard input: {e}");
+            return ExitCode::from(2);
+        }
+        s
+    } else {
+        match std::fs::read_to_string(&file) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("cella: {file}: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    };
+    let req = cella_types::CodeRunRequest {
+        code,
+        language,
+        context,
+        timeout,
+    };
+    let r = match client(&conn).run_code(&id, &req).await {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    if conn.json {
+        println!("{}", to_json(&r));
+    } else {
+        use std::io::Write;
+        print!("{}", r.stdout);
+        let _ = std::io::stdout().flush();
+        eprint!("{}", r.stderr);
+        if let Some(v) = &r.result {
+            println!("{v}");
+        }
+        for o in &r.outputs {
+            println!("[{} output, {} bytes]", o.mime, o.data.len());
+        }
+        if let Some(e) = &r.error {
+            if e.traceback.is_empty() {
+                eprintln!("{}: {}", e.name, e.value);
+            } else {
+                eprintln!("{}", e.traceback.trim_end());
+            }
+        }
+    }
+    if r.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }
 
 /// Prints an error the way a user can act on it; returns the exit code.

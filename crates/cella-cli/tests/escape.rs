@@ -96,6 +96,7 @@ fn escape_suite() {
     let attempts = vec![
         sh("read the host's /root", true, "if [ -z \"$(ls -A /root)\" ]; then echo CONTAINED; else echo ESCAPED; ls -A /root; fi"),
         sh("read /etc/shadow", true, "cat /etc/shadow 2>/dev/null && echo ESCAPED || echo CONTAINED"),
+        sh("read the host's TLS private keys", true, "[ -z \"$(ls -A /etc/ssl/private 2>/dev/null)\" ] && echo CONTAINED || echo ESCAPED"),
         sh("find the server's data directory", true, &format!("test -e '{data}' && echo ESCAPED || echo CONTAINED")),
         sh("find the server's database anywhere", true, "f=$(find / -xdev -name cella.db 2>/dev/null); [ -z \"$f\" ] && echo CONTAINED || echo ESCAPED $f"),
         sh("walk out through /proc/1/root", true, &format!("test -e '/proc/1/root{data}' && echo ESCAPED || echo CONTAINED")),

@@ -147,6 +147,20 @@ impl Client {
         .await
     }
 
+    /// Runs one cell in the sandbox's code interpreter.
+    pub async fn run_code(
+        &self,
+        id: &str,
+        req: &cella_types::CodeRunRequest,
+    ) -> Result<cella_types::CodeResult, Error> {
+        self.data(
+            Method::POST,
+            &format!("/api/v1/sandboxes/{id}/code/run"),
+            Some(req),
+        )
+        .await
+    }
+
     pub async fn pause(&self, id: &str) -> Result<Sandbox, Error> {
         self.data::<(), _>(Method::POST, &format!("/api/v1/sandboxes/{id}/pause"), None)
             .await

@@ -46,6 +46,7 @@ const ETC_COPY: &[&str] = &[
     "debian_version",
     "environment",
     "ethertypes",
+    "fonts",
     "gai.conf",
     "host.conf",
     "inputrc",
@@ -59,6 +60,7 @@ const ETC_COPY: &[&str] = &[
     "magic",
     "magic.mime",
     "mailcap",
+    "matplotlibrc",
     "mime.types",
     "networks",
     "os-release",
@@ -87,7 +89,10 @@ pub fn ensure_base(data_dir: &Path) -> Result<TemplateImage, DriverError> {
 
 /// [`ensure_base`] with another directory standing for the host's root (for tests).
 pub fn ensure_base_from(data_dir: &Path, host: &Path) -> Result<TemplateImage, DriverError> {
-    let dir = data_dir.join("templates").join("base").join(BASE_VERSION);
+    // The copied `/etc` follows the host's packages: installing one (new alternatives links, a
+    // new ld.so.cache) makes a new image beside the old, which booted sandboxes keep using.
+    let version = format!("{BASE_VERSION}-{:016x}", etc_fingerprint(host));
+    let dir = data_dir.join("templates").join("base").join(&version);
     let root = dir.join("rootfs");
     if !root.join(".cella-complete").exists() {
         fs::create_dir_all(&dir)?;
@@ -95,7 +100,7 @@ pub fn ensure_base_from(data_dir: &Path, host: &Path) -> Result<TemplateImage, D
         let _ = fs::remove_dir_all(&tmp);
         build_base(&tmp, host)
             .map_err(|e| DriverError::Image(format!("building the base image: {e}")))?;
-        fs::write(tmp.join(".cella-complete"), BASE_VERSION)?;
+        fs::write(tmp.join(".cella-complete"), &version)?;
         let _ = fs::remove_dir_all(&root);
         fs::rename(&tmp, &root)?;
     }
@@ -118,10 +123,28 @@ pub fn ensure_base_from(data_dir: &Path, host: &Path) -> Result<TemplateImage, D
     }
     Ok(TemplateImage {
         template_id: "base".into(),
-        version: BASE_VERSION.into(),
+        version,
         layers: vec![root],
         binds,
     })
+}
+
+/// A digest of the size and modification time of every host file the base image copies.
+fn etc_fingerprint(host: &Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    use std::os::unix::fs::MetadataExt;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for name in ETC_COPY {
+        if let Ok(m) = fs::symlink_metadata(host.join("etc").join(name)) {
+            (name, m.size(), m.mtime(), m.mtime_nsec()).hash(&mut h);
+        }
+    }
+    for candidate in ["run/systemd/resolve/resolv.conf", "etc/resolv.conf"] {
+        if let Ok(m) = fs::metadata(host.join(candidate)) {
+            (candidate, m.size(), m.mtime(), m.mtime_nsec()).hash(&mut h);
+        }
+    }
+    h.finish()
 }
 
 fn mkdir(root: &Path, rel: &str, mode: u32) -> std::io::Result<PathBuf> {
@@ -234,10 +257,20 @@ fn resolv_conf(host: &Path) -> String {
 }
 
 /// Copies a file, symlink or directory tree, keeping links as links and modes as they are.
-/// Special files are skipped, and so is anything the host does not let us read.
+/// Special files are skipped, and so is anything that is not public on the host: a file every
+/// user may read, a directory every user may list (so `/etc/ssl/private` stays out).
 fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
     let meta = fs::symlink_metadata(src)?;
     let ft = meta.file_type();
+    let mode = meta.permissions().mode();
+    let public = if ft.is_dir() {
+        mode & 0o005 == 0o005
+    } else {
+        mode & 0o004 != 0
+    };
+    if !ft.is_symlink() && !public {
+        return Ok(());
+    }
     if ft.is_symlink() {
         symlink(fs::read_link(src)?, dst)?;
     } else if ft.is_dir() {
@@ -276,6 +309,11 @@ mod tests {
         fs::create_dir_all(r.join("lib64")).unwrap();
         fs::create_dir_all(r.join("etc/ssl/certs")).unwrap();
         fs::write(r.join("etc/ssl/certs/ca.pem"), "CERT").unwrap();
+        fs::create_dir_all(r.join("etc/ssl/private")).unwrap();
+        fs::write(r.join("etc/ssl/private/host.key"), "KEY").unwrap();
+        fs::set_permissions(r.join("etc/ssl/private"), fs::Permissions::from_mode(0o710)).unwrap();
+        fs::write(r.join("etc/ssl/certs/secret.pem"), "S").unwrap();
+        fs::set_permissions(r.join("etc/ssl/certs/secret.pem"), fs::Permissions::from_mode(0o640)).unwrap();
         fs::write(r.join("etc/shadow"), "root:secret").unwrap();
         fs::write(
             r.join("etc/passwd"),
@@ -295,6 +333,9 @@ mod tests {
         let img = ensure_base_from(data.path(), host.path()).unwrap();
         let root = &img.layers[0];
         assert!(root.join("etc/ssl/certs/ca.pem").exists());
+        // Only what every host user may read is copied.
+        assert!(!root.join("etc/ssl/private").exists());
+        assert!(!root.join("etc/ssl/certs/secret.pem").exists());
         assert!(!root.join("etc/shadow").exists());
         let passwd = fs::read_to_string(root.join("etc/passwd")).unwrap();
         assert!(passwd.contains("user:x:1000:1000:user:/home/user:/bin/bash"));
@@ -327,5 +368,13 @@ mod tests {
         let b = ensure_base_from(data.path(), host.path()).unwrap();
         assert_eq!(a, b);
         assert!(b.layers[0].join("etc/marker").exists());
+        // A package installed on the host (a new alternatives link) makes a new image.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        fs::create_dir_all(host.path().join("etc/alternatives")).unwrap();
+        symlink("/usr/lib/x", host.path().join("etc/alternatives/libx")).unwrap();
+        let c = ensure_base_from(data.path(), host.path()).unwrap();
+        assert_ne!(c.layers, b.layers);
+        assert!(c.layers[0].join("etc/alternatives/libx").is_symlink());
+        assert!(!c.layers[0].join("etc/marker").exists());
     }
 }

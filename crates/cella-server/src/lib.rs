@@ -196,6 +196,21 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(procs::output),
         )
         .route("/api/v1/sandboxes/{id}/pty", get(routes::pty::pty))
+        .route(
+            "/api/v1/sandboxes/{id}/code",
+            post(routes::code::run)
+                .get(routes::code::state_of)
+                .delete(routes::code::reset_all),
+        )
+        .route("/api/v1/sandboxes/{id}/code/run", post(routes::code::run))
+        .route(
+            "/api/v1/sandboxes/{id}/code/contexts",
+            get(routes::code::contexts).post(routes::code::create_context),
+        )
+        .route(
+            "/api/v1/sandboxes/{id}/code/contexts/{context}",
+            axum::routing::delete(routes::code::reset_context),
+        )
         .route("/api/v1/sandboxes/{id}/files/list", get(files::list))
         .route("/api/v1/sandboxes/{id}/files/stat", get(files::stat))
         .route("/api/v1/sandboxes/{id}/files/watch", get(files::watch))

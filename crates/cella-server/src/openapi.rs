@@ -62,6 +62,12 @@ impl Modify for BearerAuth {
         processes::stdin,
         processes::output,
         crate::routes::pty::pty,
+        crate::routes::code::run,
+        crate::routes::code::state_of,
+        crate::routes::code::contexts,
+        crate::routes::code::create_context,
+        crate::routes::code::reset_context,
+        crate::routes::code::reset_all,
     ),
     components(schemas(cella_types::ErrorBody, cella_types::ErrorInfo)),
     modifiers(&BearerAuth)

@@ -735,3 +735,95 @@ pub struct SignalRequest {
     #[schema(value_type = Object)]
     pub signal: serde_json::Value,
 }
+
+/// `POST /api/v1/sandboxes/{id}/code/run` (and its alias `POST .../code`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CodeRunRequest {
+    pub code: String,
+    /// `python` (default) or `javascript` (`js`, `node` are accepted too).
+    pub language: Option<String>,
+    /// The namespace the cell runs in (default `default`); made on first use.
+    pub context: Option<String>,
+    /// Seconds (default and cap 300). A cell past it is interrupted; the context survives.
+    pub timeout: Option<f64>,
+}
+
+/// One rich output of a cell (an image, HTML, JSON, ...). Binary data is base64.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CodeOutput {
+    pub mime: String,
+    pub data: String,
+}
+
+/// What a cell raised.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CodeError {
+    pub name: String,
+    pub value: String,
+    pub traceback: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CodeResult {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+    /// The value of the cell's last expression as the language's REPL shows it, else null.
+    pub result: Option<String>,
+    pub language: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<CodeError>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<CodeOutput>,
+    /// The interpreter had to be restarted (every context of the language was lost).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restarted: bool,
+}
+
+/// One language's interpreter, as `GET .../code` reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct KernelInfo {
+    pub language: String,
+    pub running: bool,
+    pub busy: bool,
+    pub contexts: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CodeState {
+    pub kernels: Vec<KernelInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CodeContext {
+    pub name: String,
+    pub language: String,
+}
+
+/// `POST .../code/contexts`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateCodeContext {
+    pub language: Option<String>,
+    /// Its name (default `default`).
+    pub context: Option<String>,
+}
+
+/// The answer to a context create or reset.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CodeContextChange {
+    pub name: String,
+    pub language: String,
+    /// Create: it was made now (false: it existed). Reset: it existed.
+    pub changed: bool,
+}
+
+/// The language a request names, in its canonical spelling, or None when unknown.
+pub fn code_language(given: Option<&str>) -> Option<&'static str> {
+    match given.unwrap_or("python").to_ascii_lowercase().as_str() {
+        "python" | "python3" | "py" => Some("python"),
+        "javascript" | "js" | "node" | "nodejs" => Some("javascript"),
+        _ => None,
+    }
+}

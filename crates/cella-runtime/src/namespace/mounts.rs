@@ -470,6 +470,7 @@ mod tests {
             cgroup: "cella/x/sbtest".into(),
             disk: None,
             disk_mount: "/data/sandboxes/sbtest/disk".into(),
+            network: None,
         }
     }
 

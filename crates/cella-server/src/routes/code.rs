@@ -1,0 +1,300 @@
+//! The code interpreter: persistent Python and JavaScript contexts (the agent's `kernel.rs`).
+
+use crate::auth::Auth;
+use crate::error::ApiError;
+use crate::extract::{ApiBody, QueryPairs};
+use crate::sandboxes::{exec_spec, running};
+use crate::AppState;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use cella_agent::client::ClientError;
+use cella_agent::proto::{CodeOp, ErrorKind, Request, Response as AgentResponse};
+use cella_store::SandboxRow;
+use cella_types::{
+    code_language, CodeContext, CodeContextChange, CodeResult, CodeRunRequest, CodeState, Data,
+    ErrorCode, ExecRequest, KernelInfo, List, Scope,
+};
+use serde_json::Value;
+use std::sync::Arc;
+
+/// A cell's timeout: the default and the cap, in seconds.
+pub const MAX_CELL_TIMEOUT_SEC: f64 = 300.0;
+
+fn language(given: Option<&str>) -> Result<&'static str, ApiError> {
+    code_language(given).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::UnknownLanguage,
+            format!(
+                "unknown language {:?}: use python or javascript",
+                given.unwrap_or_default()
+            ),
+        )
+        .with_details(serde_json::json!({ "field": "language" }))
+    })
+}
+
+fn context_name(given: Option<&str>) -> Result<String, ApiError> {
+    let name = given.unwrap_or("default");
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+    if !ok {
+        return Err(ApiError::invalid(
+            "context",
+            "context names are 1-64 letters, digits, '_', '.' or '-'",
+        ));
+    }
+    Ok(name.to_string())
+}
+
+fn language_query(q: &QueryPairs) -> Result<&'static str, ApiError> {
+    let given = q.0.iter().find(|(k, _)| k == "language").map(|(_, v)| v.as_str());
+    language(given)
+}
+
+/// Sends one interpreter operation to the sandbox's agent.
+async fn call(
+    state: &AppState,
+    row: &SandboxRow,
+    lang: &str,
+    op: CodeOp,
+) -> Result<Value, ApiError> {
+    // The kernel starts, if it must, as the sandbox's user with the sandbox's environment.
+    let (handle, spec) = exec_spec(
+        row,
+        ExecRequest {
+            argv: Some(vec!["kernel".into()]),
+            ..Default::default()
+        },
+        None,
+    )?;
+    let req = Request::Code {
+        language: lang.to_string(),
+        action: op,
+        spec,
+    };
+    match state.driver.agent(&handle).call(&req).await {
+        Ok(AgentResponse::Code { answer }) => Ok(answer),
+        Ok(_) => Err(ApiError::internal()),
+        Err(ClientError::Refused { kind, message }) => Err(match kind {
+            ErrorKind::Conflict => ApiError::new(ErrorCode::Conflict, message),
+            ErrorKind::BadRequest => ApiError::invalid("language", message),
+            _ => {
+                tracing::warn!(sandbox = row.id, "code interpreter: {message}");
+                ApiError::internal()
+            }
+        }),
+        Err(e) => {
+            tracing::warn!(sandbox = row.id, "code interpreter: {e}");
+            Err(ApiError::unavailable("the sandbox's agent did not answer"))
+        }
+    }
+}
+
+fn result(lang: &str, a: Value) -> CodeResult {
+    let text = |k: &str| a[k].as_str().unwrap_or_default().to_string();
+    CodeResult {
+        ok: a["ok"].as_bool().unwrap_or(false),
+        stdout: text("stdout"),
+        stderr: text("stderr"),
+        result: a["result"].as_str().map(String::from),
+        language: lang.to_string(),
+        error: serde_json::from_value(a["error"].clone()).ok(),
+        outputs: serde_json::from_value(a["outputs"].clone()).unwrap_or_default(),
+        restarted: a["restarted"].as_bool().unwrap_or(false),
+    }
+}
+
+/// Run one cell in a persistent context. Scope `sandboxes:exec`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/code/run", tag = "code", security(("bearer" = [])),
+    params(("id" = String, Path)), request_body = CodeRunRequest,
+    responses((status = 200, body = Data<CodeResult>), (status = 400, body = cella_types::ErrorBody),
+              (status = 409, body = cella_types::ErrorBody)))]
+pub async fn run(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: ApiBody,
+) -> Result<Json<Data<CodeResult>>, ApiError> {
+    auth.require(Scope::SandboxesExec)?;
+    let req: CodeRunRequest = body.json()?;
+    let lang = language(req.language.as_deref())?;
+    let context = context_name(req.context.as_deref())?;
+    let timeout = match req.timeout {
+        None => MAX_CELL_TIMEOUT_SEC,
+        Some(t) if t.is_finite() && t > 0.0 => t.min(MAX_CELL_TIMEOUT_SEC),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "timeout",
+                "timeout must be a positive number of seconds",
+            ))
+        }
+    };
+    let (row, _) = running(&state, &auth, &id).await?;
+    let op = CodeOp::Run {
+        context,
+        code: req.code,
+        timeout_ms: (timeout * 1000.0) as u64,
+    };
+    let answer = call(&state, &row, lang, op).await?;
+    state.activity.touch(&id);
+    Ok(Json(Data {
+        data: result(lang, answer),
+    }))
+}
+
+/// The interpreter's state: which kernels run, their contexts, busy or idle. Never starts a
+/// kernel. Scope `sandboxes:read`.
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/code", tag = "code", security(("bearer" = [])),
+    params(("id" = String, Path)),
+    responses((status = 200, body = Data<CodeState>), (status = 409, body = cella_types::ErrorBody)))]
+pub async fn state_of(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Data<CodeState>>, ApiError> {
+    auth.require(Scope::SandboxesRead)?;
+    let (row, _) = running(&state, &auth, &id).await?;
+    let answer = call(&state, &row, "python", CodeOp::State).await?;
+    let kernels: Vec<KernelInfo> =
+        serde_json::from_value(answer["kernels"].clone()).map_err(|_| ApiError::internal())?;
+    Ok(Json(Data {
+        data: CodeState { kernels },
+    }))
+}
+
+/// The contexts that exist for a language (`language`, default python). Scope `sandboxes:read`.
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/code/contexts", tag = "code", security(("bearer" = [])),
+    params(("id" = String, Path), ("language" = Option<String>, Query)),
+    responses((status = 200, body = List<CodeContext>), (status = 409, body = cella_types::ErrorBody)))]
+pub async fn contexts(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+    q: QueryPairs,
+) -> Result<Json<List<CodeContext>>, ApiError> {
+    auth.require(Scope::SandboxesRead)?;
+    let lang = language_query(&q)?;
+    let (row, _) = running(&state, &auth, &id).await?;
+    let answer = call(&state, &row, lang, CodeOp::State).await?;
+    let kernels: Vec<KernelInfo> =
+        serde_json::from_value(answer["kernels"].clone()).map_err(|_| ApiError::internal())?;
+    let data = kernels
+        .into_iter()
+        .filter(|k| k.language == lang)
+        .flat_map(|k| k.contexts)
+        .map(|name| CodeContext {
+            name,
+            language: lang.to_string(),
+        })
+        .collect();
+    Ok(Json(List {
+        data,
+        next_cursor: None,
+    }))
+}
+
+/// Create a context, or reuse the one of that name. 201 when made, 200 when it existed.
+/// Scope `sandboxes:exec`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/code/contexts", tag = "code", security(("bearer" = [])),
+    params(("id" = String, Path)), request_body = cella_types::CreateCodeContext,
+    responses((status = 201, body = Data<CodeContextChange>), (status = 200, body = Data<CodeContextChange>),
+              (status = 400, body = cella_types::ErrorBody), (status = 409, body = cella_types::ErrorBody)))]
+pub async fn create_context(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: ApiBody,
+) -> Result<(StatusCode, Json<Data<CodeContextChange>>), ApiError> {
+    auth.require(Scope::SandboxesExec)?;
+    let req: cella_types::CreateCodeContext = body.json()?;
+    let lang = language(req.language.as_deref())?;
+    let name = context_name(req.context.as_deref())?;
+    let (row, _) = running(&state, &auth, &id).await?;
+    let answer = call(
+        &state,
+        &row,
+        lang,
+        CodeOp::Create {
+            context: name.clone(),
+        },
+    )
+    .await?;
+    if answer["ok"] != Value::Bool(true) {
+        tracing::warn!(sandbox = id, "context create: {answer}");
+        return Err(ApiError::internal());
+    }
+    let created = answer["created"].as_bool().unwrap_or(false);
+    Ok((
+        if created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        },
+        Json(Data {
+            data: CodeContextChange {
+                name,
+                language: lang.to_string(),
+                changed: created,
+            },
+        }),
+    ))
+}
+
+/// Reset one context: its variables, imports and definitions are forgotten. Scope `sandboxes:exec`.
+#[utoipa::path(delete, path = "/api/v1/sandboxes/{id}/code/contexts/{context}", tag = "code", security(("bearer" = [])),
+    params(("id" = String, Path), ("context" = String, Path), ("language" = Option<String>, Query)),
+    responses((status = 200, body = Data<CodeContextChange>), (status = 409, body = cella_types::ErrorBody)))]
+pub async fn reset_context(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path((id, context)): Path<(String, String)>,
+    q: QueryPairs,
+) -> Result<Json<Data<CodeContextChange>>, ApiError> {
+    auth.require(Scope::SandboxesExec)?;
+    let lang = language_query(&q)?;
+    let name = context_name(Some(&context))?;
+    let (row, _) = running(&state, &auth, &id).await?;
+    let answer = call(
+        &state,
+        &row,
+        lang,
+        CodeOp::Reset {
+            context: name.clone(),
+        },
+    )
+    .await?;
+    Ok(Json(Data {
+        data: CodeContextChange {
+            name,
+            language: lang.to_string(),
+            changed: answer["existed"].as_bool().unwrap_or(false),
+        },
+    }))
+}
+
+/// Reset every context of a language (`language`, default python): its kernel ends and starts
+/// afresh on the next cell. Scope `sandboxes:exec`.
+#[utoipa::path(delete, path = "/api/v1/sandboxes/{id}/code", tag = "code", security(("bearer" = [])),
+    params(("id" = String, Path), ("language" = Option<String>, Query)),
+    responses((status = 200, body = Data<CodeState>), (status = 409, body = cella_types::ErrorBody)))]
+pub async fn reset_all(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+    q: QueryPairs,
+) -> Result<Json<Data<CodeState>>, ApiError> {
+    auth.require(Scope::SandboxesExec)?;
+    let lang = language_query(&q)?;
+    let (row, _) = running(&state, &auth, &id).await?;
+    call(&state, &row, lang, CodeOp::ResetAll).await?;
+    let answer = call(&state, &row, lang, CodeOp::State).await?;
+    let kernels: Vec<KernelInfo> =
+        serde_json::from_value(answer["kernels"].clone()).map_err(|_| ApiError::internal())?;
+    Ok(Json(Data {
+        data: CodeState { kernels },
+    }))
+}
