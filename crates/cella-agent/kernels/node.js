@@ -52,7 +52,7 @@ function send(obj) {
 
 // ---- Output capture: while a cell runs, writes to process.stdout/stderr (console included) are
 // collected in `cap`; otherwise they go to the real streams.
-const CAP = 16 << 20; // bytes kept per stream
+const CAP = 4 << 20; // bytes kept per stream (the answer must fit one agent frame)
 let cap = null; // { out: [Buffer], err: [Buffer], sizes, outputs: [{mime, data}] }
 for (const [stream, key] of [[process.stdout, 'out'], [process.stderr, 'err']]) {
   const write = stream.write.bind(stream);

@@ -25,7 +25,7 @@ Limits: a cell blocked in C code that does not return to Python on a signal (os.
 subprocess call, some extension loops) is interrupted only when that call returns; a cell can
 still end the process (os._exit, os.kill, exhausting memory); threads and processes a cell starts
 keep running afterwards, and what they print later goes to the driver's own stdout/stderr.
-Captured output beyond 16 MiB per stream is cut (and says so).
+Captured output beyond 4 MiB per stream is cut (and says so).
 """
 import ast
 import base64
@@ -62,7 +62,7 @@ os.close(_null)
 _SAVED_OUT, _SAVED_ERR = os.dup(1), os.dup(2)
 _REAL_STDOUT, _REAL_STDERR = sys.stdout, sys.stderr
 _DRIVER = (lambda: 0).__code__.co_filename  # frames from this file are hidden in tracebacks
-_CAP = 16 << 20  # captured bytes kept per stream
+_CAP = 4 << 20  # captured bytes kept per stream (the answer must fit one agent frame)
 _CO_COROUTINE = 0x80  # inspect.CO_COROUTINE: code compiled with a top-level await
 _FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
 sys.path[0] = ""  # import user modules from the working directory, as the REPL does

@@ -20,7 +20,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::sync::Mutex;
 
@@ -231,7 +231,9 @@ impl Kernels {
             k.input.write_all(&line).await?;
             loop {
                 let mut answer = String::new();
-                if k.answers.read_line(&mut answer).await? == 0 {
+                // One answer fits one agent frame; a longer line is no answer of the driver's.
+                let limit = crate::proto::MAX_FRAME as u64;
+                if (&mut k.answers).take(limit).read_line(&mut answer).await? == 0 {
                     return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
                 }
                 // Answers to requests whose caller went away are skipped.

@@ -95,7 +95,8 @@ fn template_catalog_has_exactly_the_seed_shape() {
     );
     assert_eq!(base["default_size"], "small");
     assert_eq!(base["product"], "sandbox");
-    assert_eq!(base["readiness"], "fast_ready");
+    // This server keeps no warm pool (tests/pool.rs covers `fast_ready`).
+    assert_eq!(base["readiness"], "cold_boot_only");
     let sizes = base["sizes"].as_array().unwrap();
     let names: Vec<&str> = sizes.iter().map(|s| s["size"].as_str().unwrap()).collect();
     assert_eq!(names, ["xs", "small", "medium", "large", "xl"]);

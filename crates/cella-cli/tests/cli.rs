@@ -24,7 +24,7 @@ fn cli_creates_runs_lists_and_destroys() {
     let t = cella(&s, &["templates"]);
     assert!(t.status.success());
     assert!(
-        text(&t).contains("base") && text(&t).contains("fast_ready"),
+        text(&t).contains("base") && text(&t).contains("cold_boot_only"),
         "{}",
         text(&t)
     );

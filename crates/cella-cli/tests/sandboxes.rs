@@ -281,9 +281,9 @@ fn the_host_is_not_visible_inside() {
         .as_str()
         .unwrap()
         .contains("serve"));
-    // Its own network namespace: only loopback.
+    // Its own network namespace: loopback and its own end of its link, none of the host's.
     let net = s.sh(&id, "ls /sys/class/net");
-    assert_eq!(net["stdout"], "lo\n");
+    assert_eq!(net["stdout"], "eth0\nlo\n");
 }
 
 #[test]

@@ -181,3 +181,66 @@ pub fn mount_image(image: &Path, target: &Path) -> Result<(), String> {
     drop(handle);
     r
 }
+
+/// Copies a sparse image: only the extents that hold data are read and written (`SEEK_DATA` /
+/// `SEEK_HOLE` with `copy_file_range`, which the kernel may do without a trip through user
+/// space, or as a reflink where the file system shares extents). Returns the bytes copied.
+///
+/// Why not a reflink alone: the common host file system (ext4) has none; why not `cp`: one
+/// process less per copy, and the data-only walk is the same.
+pub fn copy_sparse(src: &Path, dst: &Path) -> std::io::Result<u64> {
+    let from = File::open(src)?;
+    let len = from.metadata()?.len();
+    let tmp = dst.with_extension("img.part");
+    let to = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?;
+    to.set_len(len)?;
+    let (fd_in, fd_out) = (from.as_raw_fd(), to.as_raw_fd());
+    let mut copied = 0u64;
+    let mut pos: i64 = 0;
+    while (pos as u64) < len {
+        // SAFETY: plain lseek calls on descriptors we own.
+        let data = unsafe { libc::lseek(fd_in, pos, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // no data after pos
+            }
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd_in, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut off_in = data;
+        let mut off_out = data;
+        while off_in < hole {
+            let want = (hole - off_in) as usize;
+            // SAFETY: offsets are ours; the kernel copies between our two descriptors.
+            let n = unsafe {
+                libc::copy_file_range(fd_in, &mut off_in, fd_out, &mut off_out, want, 0)
+            };
+            if n < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if n == 0 {
+                break;
+            }
+            copied += n as u64;
+        }
+        pos = hole;
+    }
+    drop(to);
+    std::fs::rename(&tmp, dst)?;
+    Ok(copied)
+}
+
+/// Bytes a file really occupies on the host (its allocated blocks).
+pub fn allocated_bytes(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).map(|m| m.blocks() * 512).unwrap_or(0)
+}

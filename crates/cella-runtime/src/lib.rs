@@ -31,6 +31,19 @@ pub struct SandboxSpec {
     /// The sandbox's egress rules; None gives it loopback only (no interface at all).
     #[serde(default)]
     pub network: Option<firewall::EgressRules>,
+    /// Start from this snapshot's files (see [`Driver::snapshot`]) when the sandbox has no
+    /// writable layer yet.
+    #[serde(default)]
+    pub snapshot: Option<String>,
+}
+
+/// A snapshot as the driver took it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// Bytes it occupies on the host.
+    pub size_bytes: u64,
+    /// How long the sandbox's processes were frozen for it (0 when they were not running).
+    pub paused_us: u64,
 }
 
 /// What the driver needs to find a running sandbox again, also after a server restart.
@@ -81,6 +94,8 @@ pub enum DriverError {
     ClientGone,
     #[error("network setup failed: {0}")]
     Network(String),
+    #[error("{0}")]
+    Unsupported(String),
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -117,6 +132,26 @@ pub trait Driver: Send + Sync + 'static {
     /// Removes every trace of a sandbox: processes, mounts, cgroups, namespaces, files.
     /// Works with or without a handle (a create that failed half way has none) and is idempotent.
     async fn destroy(&self, id: &str, handle: Option<&SandboxHandle>) -> Result<(), DriverError>;
+
+    /// Takes a consistent copy of a sandbox's writable layer as snapshot `snapshot_id`: a running
+    /// sandbox is frozen for the instant it needs (its file system synced, its layer copied);
+    /// a paused one stays paused; a stopped one (no handle) is copied at rest.
+    async fn snapshot(
+        &self,
+        id: &str,
+        handle: Option<&SandboxHandle>,
+        snapshot_id: &str,
+    ) -> Result<SnapshotInfo, DriverError>;
+
+    /// Removes a snapshot's files. Idempotent.
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), DriverError>;
+
+    /// Replaces a running sandbox's egress rules.
+    async fn update_network(
+        &self,
+        handle: &SandboxHandle,
+        rules: &firewall::EgressRules,
+    ) -> Result<(), DriverError>;
 
     /// A client for the sandbox's agent (files, and the other requests the agent serves).
     fn agent(&self, handle: &SandboxHandle) -> cella_agent::client::AgentClient;

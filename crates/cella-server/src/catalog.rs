@@ -20,6 +20,8 @@ pub struct Catalog {
     pub templates: Vec<TemplateEntry>,
     sizes: SizesConfig,
     host_memory_mb: u64,
+    /// The warm pool, whose ready sandboxes make a size `fast_ready`.
+    pub pool: std::sync::Arc<crate::pool::Pool>,
 }
 
 impl Catalog {
@@ -28,19 +30,17 @@ impl Catalog {
             templates,
             sizes,
             host_memory_mb,
+            pool: Default::default(),
         }
     }
 
-    pub fn get(&self, id: &str) -> Option<&TemplateEntry> {
-        self.templates.iter().find(|t| t.id == id)
+    pub fn templates(&self) -> impl Iterator<Item = &TemplateEntry> {
+        self.templates.iter()
     }
 
-    /// Readiness of one size of a template, as it stands now.
-    ///
-    /// `missing`: disabled by the server's config, or more memory than the host has (unless
-    /// overcommit is allowed). `fast_ready`: the template's image is on this host, so a create
-    /// only mounts an overlay and starts an init. `cold_boot_only`: the image must be made first.
-    pub fn readiness(&self, t: &TemplateEntry, size: Size) -> Readiness {
+    /// `missing` when a size cannot start at all (see [`Catalog::readiness`]), else
+    /// `cold_boot_only`: the pool is not asked.
+    pub fn available(&self, t: &TemplateEntry, size: Size) -> Readiness {
         if self.sizes.disabled.contains(&size) {
             return Readiness::Missing;
         }
@@ -51,10 +51,27 @@ impl Catalog {
         {
             return Readiness::Missing;
         }
-        if t.image.is_some() {
-            Readiness::FastReady
-        } else {
-            Readiness::ColdBootOnly
+        if t.image.is_none() {
+            return Readiness::Missing;
+        }
+        Readiness::ColdBootOnly
+    }
+
+    pub fn get(&self, id: &str) -> Option<&TemplateEntry> {
+        self.templates.iter().find(|t| t.id == id)
+    }
+
+    /// Readiness of one size of a template, as it stands now.
+    ///
+    /// `missing`: disabled by the server's config, or more memory than the host has (unless
+    /// overcommit is allowed), or the template's image is not on this host. `fast_ready`: a
+    /// warm pool sandbox of that size waits now, so a create only claims it.
+    /// `cold_boot_only`: a create boots a sandbox (tens of milliseconds here).
+    pub fn readiness(&self, t: &TemplateEntry, size: Size) -> Readiness {
+        match self.available(t, size) {
+            Readiness::Missing => Readiness::Missing,
+            _ if self.pool.ready(&t.id, size) > 0 => Readiness::FastReady,
+            _ => Readiness::ColdBootOnly,
         }
     }
 
@@ -133,12 +150,11 @@ mod tests {
         let c = Catalog::new(vec![entry(true)], cfg, 20_000);
         let t = &c.templates[0];
         assert_eq!(c.readiness(t, Size::Xs), Readiness::Missing);
-        assert_eq!(c.readiness(t, Size::Small), Readiness::FastReady);
+        assert_eq!(c.readiness(t, Size::Small), Readiness::ColdBootOnly);
         assert_eq!(c.readiness(t, Size::Xl), Readiness::Missing);
-        assert_eq!(
-            c.readiness(&entry(false), Size::Small),
-            Readiness::ColdBootOnly
-        );
+        assert_eq!(c.readiness(&entry(false), Size::Small), Readiness::Missing);
+        c.pool.claimed("base", Size::Small); // never below zero
+        assert_eq!(c.readiness(t, Size::Small), Readiness::ColdBootOnly);
     }
 
     #[test]

@@ -21,6 +21,28 @@ pub struct Config {
     pub files: FilesConfig,
     pub disk: DiskConfig,
     pub network: NetworkConfig,
+    pub pool: PoolConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Sandboxes kept booted ahead per template and size (0: no pool).
+    pub default: u32,
+    /// Per size overrides, e.g. `small = 4`.
+    pub sizes: std::collections::BTreeMap<String, u32>,
+    /// Least time between two pool boots, to bound the background load of refilling.
+    pub boot_interval_ms: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            default: 1,
+            sizes: [("small".to_string(), 2)].into_iter().collect(),
+            boot_interval_ms: 0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -107,6 +129,7 @@ impl Default for Config {
             files: FilesConfig::default(),
             disk: DiskConfig::default(),
             network: NetworkConfig::default(),
+            pool: PoolConfig::default(),
         }
     }
 }

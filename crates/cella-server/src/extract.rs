@@ -81,6 +81,11 @@ impl ApiBody {
     pub fn json<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
         parse_json(&self.0)
     }
+
+    /// No body at all (a bare POST).
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|b| b.is_ascii_whitespace())
+    }
 }
 
 impl<S: Send + Sync> FromRequest<S> for ApiBody {

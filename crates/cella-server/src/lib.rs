@@ -12,6 +12,7 @@ pub mod error;
 pub mod extract;
 pub mod lifecycle;
 pub mod network;
+pub mod pool;
 pub mod openapi;
 pub mod ratelimit;
 pub mod routes;
@@ -46,6 +47,12 @@ pub struct AppState {
     pub limiter: ratelimit::Limiter,
     /// Resolvers sandboxes use, when sandboxes have a network (None: loopback only).
     pub network: Option<Vec<std::net::Ipv4Addr>>,
+}
+
+impl AppState {
+    pub fn pool(&self) -> &pool::Pool {
+        &self.catalog.pool
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -203,6 +210,16 @@ pub fn router(state: Arc<AppState>) -> Router {
                 .delete(routes::code::reset_all),
         )
         .route("/api/v1/sandboxes/{id}/code/run", post(routes::code::run))
+        .route(
+            "/api/v1/sandboxes/{id}/snapshots",
+            post(routes::snapshots::create),
+        )
+        .route("/api/v1/sandboxes/{id}/fork", post(routes::snapshots::fork))
+        .route("/api/v1/snapshots", get(routes::snapshots::list))
+        .route(
+            "/api/v1/snapshots/{id}",
+            get(routes::snapshots::get).delete(routes::snapshots::delete),
+        )
         .route(
             "/api/v1/sandboxes/{id}/code/contexts",
             get(routes::code::contexts).post(routes::code::create_context),
@@ -383,6 +400,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let (state, _lock) = build_state(config).await?;
     sandboxes::reconcile(&state).await?;
     lifecycle::spawn_timers(state.clone());
+    pool::spawn(state.clone());
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| ServeError::Listen {

@@ -260,7 +260,8 @@ pub fn usage(state: &AppState, row: &SandboxRow) -> Usage {
     let running_ms = row.running_ms + row.running_since.map(|s| (now - s).max(0)).unwrap_or(0);
     let paused_ms = row.paused_ms + row.paused_since.map(|s| (now - s).max(0)).unwrap_or(0);
     let live = handle_of(row).and_then(|h| state.driver.usage(&h));
-    let cpu_ns = row.cpu_ns as u64 + live.map(|u| u.cpu_ns).unwrap_or(0);
+    // A sandbox claimed from the warm pool starts from a negative baseline (its waiting time).
+    let cpu_ns = (row.cpu_ns + live.map(|u| u.cpu_ns as i64).unwrap_or(0)).max(0) as u64;
     Usage {
         sandbox_id: row.id.clone(),
         state: state_of(row),

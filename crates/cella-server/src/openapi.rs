@@ -68,6 +68,11 @@ impl Modify for BearerAuth {
         crate::routes::code::create_context,
         crate::routes::code::reset_context,
         crate::routes::code::reset_all,
+        crate::routes::snapshots::create,
+        crate::routes::snapshots::list,
+        crate::routes::snapshots::get,
+        crate::routes::snapshots::delete,
+        crate::routes::snapshots::fork,
     ),
     components(schemas(cella_types::ErrorBody, cella_types::ErrorInfo)),
     modifiers(&BearerAuth)

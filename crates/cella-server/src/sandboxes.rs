@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, OwnedMutexGuard};
 /// Workspaces made on or after 2026-10-11 (UTC) get a 30-minute idle timeout when none is given.
 const IDLE_DEFAULT_FROM_MS: i64 = 1_791_676_800_000;
 const IDLE_DEFAULT_SEC: u32 = 1800;
-const DEFAULT_TIMEOUT_SEC: u32 = 3600;
+pub(crate) const DEFAULT_TIMEOUT_SEC: u32 = 3600;
 const MAX_TIMEOUT_SEC: u32 = 86_400;
 const DEFAULT_TEMPLATE: &str = "base";
 const MAX_METADATA: usize = 64;
@@ -99,7 +99,11 @@ pub(crate) fn stop_clock(row: &mut SandboxRow, now: i64) {
     }
 }
 
-fn check_map(field: &str, m: &BTreeMap<String, String>, env: bool) -> Result<(), ApiError> {
+pub(crate) fn check_map(
+    field: &str,
+    m: &BTreeMap<String, String>,
+    env: bool,
+) -> Result<(), ApiError> {
     if m.len() > MAX_METADATA {
         return Err(ApiError::invalid(
             field,
@@ -133,10 +137,34 @@ fn check_map(field: &str, m: &BTreeMap<String, String>, env: bool) -> Result<(),
 
 /// Checks a create request and turns it into a new row (not yet stored).
 async fn admit(state: &AppState, auth: &Auth, req: &CreateSandbox) -> Result<SandboxRow, ApiError> {
-    let template_id = req
-        .template_id
-        .clone()
-        .unwrap_or_else(|| DEFAULT_TEMPLATE.to_string());
+    let snapshot = match &req.snapshot_id {
+        None => None,
+        Some(sid) => {
+            let snap = state
+                .store
+                .snapshot(sid)
+                .await?
+                .filter(|s| s.workspace_id == auth.workspace_id && !s.internal)
+                .ok_or_else(|| ApiError::not_found("snapshot"))?;
+            if req.template_id.as_ref().is_some_and(|t| *t != snap.template_id) {
+                return Err(ApiError::invalid(
+                    "template_id",
+                    format!(
+                        "snapshot {sid} is of template {}; leave template_id out or give that one",
+                        snap.template_id
+                    ),
+                ));
+            }
+            Some(snap)
+        }
+    };
+    let template_id = match &snapshot {
+        Some(s) => s.template_id.clone(),
+        None => req
+            .template_id
+            .clone()
+            .unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
+    };
     let template = state
         .catalog
         .get(&template_id)
@@ -170,8 +198,20 @@ async fn admit(state: &AppState, auth: &Auth, req: &CreateSandbox) -> Result<San
         }
         size
     } else {
-        req.size.unwrap_or(template.default_size)
+        let snap_size = snapshot.as_ref().and_then(|s| Size::parse(&s.size));
+        req.size.or(snap_size).unwrap_or(template.default_size)
     };
+    if let Some(snap) = &snapshot {
+        if snap.size != size.as_str() {
+            return Err(ApiError::invalid(
+                "size",
+                format!(
+                    "snapshot {} holds the disk of a {} sandbox and starts only as {}",
+                    snap.id, snap.size, snap.size
+                ),
+            ));
+        }
+    }
     if state.catalog.readiness(template, size) == Readiness::Missing {
         return Err(ApiError::new(
             ErrorCode::SizeUnavailable,
@@ -246,6 +286,7 @@ async fn admit(state: &AppState, auth: &Auth, req: &CreateSandbox) -> Result<San
         cpu_ns: 0,
         memory_mib_ms: 0,
         network: serde_json::to_string(&network).unwrap_or_else(|_| "{}".into()),
+        snapshot_id: snapshot.map(|s| s.id),
     })
 }
 
@@ -264,16 +305,23 @@ pub async fn create(
     let cap = cella_types::Plan::parse(&workspace.plan)
         .unwrap_or(cella_types::Plan::Developer)
         .concurrency_cap();
+    // The fast path: a sandbox of the warm pool, already running.
+    if req.wait.unwrap_or(true) && row.snapshot_id.is_none() {
+        match crate::pool::claim(state, &row, cap).await? {
+            Some(Ok(claimed)) => {
+                if state_of(&claimed) == SandboxState::Error {
+                    return Err(ApiError::unavailable("the sandbox failed to start").with_details(
+                        json!({ "sandbox_id": claimed.id, "reason": claimed.state_reason }),
+                    ));
+                }
+                return Ok(to_wire(&claimed));
+            }
+            Some(Err(())) => return Err(at_cap(cap, &workspace.plan)),
+            None => {}
+        }
+    }
     if !state.store.insert_sandbox_capped(&row, cap).await? {
-        let mut e = ApiError::new(
-            ErrorCode::ConcurrencyLimit,
-            format!(
-                "workspace holds its plan's cap of {cap} concurrent sandboxes; destroy one first"
-            ),
-        )
-        .with_details(json!({ "limit": cap, "plan": workspace.plan }));
-        e.retry_after = Some(5);
-        return Err(e);
+        return Err(at_cap(cap, &workspace.plan));
     }
     // Boot in a task of its own: a client that hangs up must not leave a half-made sandbox.
     let id = row.id.clone();
@@ -300,8 +348,18 @@ pub async fn create(
     Ok(to_wire(&row))
 }
 
+fn at_cap(cap: u32, plan: &str) -> ApiError {
+    let mut e = ApiError::new(
+        ErrorCode::ConcurrencyLimit,
+        format!("workspace holds its plan's cap of {cap} concurrent sandboxes; destroy one first"),
+    )
+    .with_details(json!({ "limit": cap, "plan": plan }));
+    e.retry_after = Some(5);
+    e
+}
+
 /// Starts a sandbox that is in `provisioning`; records `running` or `error`.
-async fn boot(state: &AppState, id: &str) {
+pub(crate) async fn boot(state: &AppState, id: &str) {
     let _guard = state.locks.lock(id).await;
     let Ok(Some(mut row)) = state.store.sandbox(id).await else {
         return;
@@ -340,6 +398,7 @@ pub(crate) async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                     }
                     None => None,
                 },
+                snapshot: row.snapshot_id.clone(),
             };
             state.driver.create(&spec).await
         }
@@ -638,6 +697,14 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
                 }
             },
             (_, None) => mark_gone(state, &row.id, None, "sandbox has no runtime record").await,
+        }
+    }
+    // A fork the server did not finish left its internal snapshot.
+    for snap in state.store.internal_snapshots().await? {
+        if let Err(e) = state.driver.delete_snapshot(&snap).await {
+            tracing::error!(snapshot = snap, "removing an unfinished fork's snapshot: {e}");
+        } else {
+            state.store.delete_snapshot(&snap).await?;
         }
     }
     for id in state.driver.leftovers() {

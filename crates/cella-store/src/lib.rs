@@ -18,6 +18,33 @@ pub enum StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+/// The internal workspace that owns the warm pool's sandboxes until they are claimed.
+pub const POOL_WORKSPACE: &str = "wspool";
+
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct SnapshotRow {
+    pub seq: i64,
+    pub id: String,
+    pub workspace_id: String,
+    pub sandbox_id: String,
+    pub template_id: String,
+    pub size: String,
+    pub created_at: i64,
+    pub size_bytes: i64,
+    pub internal: bool,
+}
+
+/// What a claim on the warm pool found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// This sandbox is now the caller's (stored with a fresh `seq`, so it lists as the newest).
+    Claimed(SandboxRow),
+    /// No ready sandbox of that template and size.
+    Empty,
+    /// The workspace is at its plan's cap.
+    AtCap,
+}
+
 #[derive(Debug, Clone, PartialEq, FromRow)]
 pub struct WorkspaceRow {
     pub id: String,
@@ -78,6 +105,8 @@ pub struct SandboxRow {
     pub cpu_ns: i64,
     pub memory_mib_ms: i64,
     pub network: String,
+    /// The snapshot its files came from, if any.
+    pub snapshot_id: Option<String>,
 }
 
 /// States that hold a slot of a workspace's plan cap.
@@ -164,8 +193,11 @@ impl Store {
         after_seq: Option<i64>,
     ) -> Result<Vec<(i64, WorkspaceRow)>> {
         let rows: Vec<(i64, String)> =
-            sqlx::query_as("SELECT seq, id FROM workspaces WHERE seq > ? ORDER BY seq LIMIT ?")
+            sqlx::query_as(
+                "SELECT seq, id FROM workspaces WHERE seq > ? AND id != ? ORDER BY seq LIMIT ?",
+            )
                 .bind(after_seq.unwrap_or(0))
+                .bind(POOL_WORKSPACE)
                 .bind(limit as i64)
                 .fetch_all(&self.pool)
                 .await?;
@@ -277,7 +309,7 @@ impl Store {
         cpu_count, memory_mb, disk_size_mb, ready, ready_at, timeout_sec, always_on, persistent, \
         idle_timeout_sec, metadata, env, created_at, started_at, destroyed_at, total_runtime_sec, \
         running_ms, running_since, timeout_at, state_reason, runtime, compute_rate, paused_ms, \
-        paused_since, last_activity_at, cpu_ns, memory_mib_ms, network";
+        paused_since, last_activity_at, cpu_ns, memory_mib_ms, network, snapshot_id";
 
     /// Inserts a sandbox unless its workspace already holds `cap` sandboxes in a capped state.
     /// One statement, so concurrent creates can never overshoot the cap. Returns false at the cap.
@@ -285,8 +317,8 @@ impl Store {
         let q = format!(
             "INSERT INTO sandboxes (id, workspace_id, owner_id, template_id, state, size, cpu_count, memory_mb, \
              disk_size_mb, ready, timeout_sec, always_on, persistent, idle_timeout_sec, metadata, env, created_at, \
-             compute_rate, network) \
-             SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
+             compute_rate, network, snapshot_id) \
+             SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
              WHERE (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ?"
         );
         let r = sqlx::query(&q)
@@ -309,11 +341,220 @@ impl Store {
             .bind(s.created_at)
             .bind(s.compute_rate)
             .bind(&s.network)
+            .bind(&s.snapshot_id)
             .bind(&s.workspace_id)
             .bind(cap as i64)
             .execute(&self.pool)
             .await?;
         Ok(r.rows_affected() == 1)
+    }
+
+    /// Takes a ready pool sandbox of `template` and `size` for `new.workspace_id`, unless that
+    /// workspace is at `cap`. The row becomes `new` but for what the running sandbox fixes: its
+    /// id, runtime record and resource figures. One statement reserves it (two concurrent
+    /// claims never get the same sandbox, and the cap is never overshot); a transaction then
+    /// stores it again under a new `seq`.
+    pub async fn claim_pooled(&self, new: &SandboxRow, cap: u32) -> Result<Claim> {
+        let q = format!(
+            "UPDATE sandboxes SET workspace_id = ? WHERE id = ( \
+               SELECT id FROM sandboxes WHERE workspace_id = ? AND template_id = ? AND size = ? \
+               AND state = 'running' AND ready = 1 ORDER BY seq LIMIT 1) \
+             AND (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ? \
+             RETURNING id"
+        );
+        let id: Option<String> = sqlx::query_scalar(&q)
+            .bind(&new.workspace_id)
+            .bind(POOL_WORKSPACE)
+            .bind(&new.template_id)
+            .bind(&new.size)
+            .bind(&new.workspace_id)
+            .bind(cap as i64)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(id) = id else {
+            let ready: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND template_id = ? \
+                 AND size = ? AND state = 'running' AND ready = 1",
+            )
+            .bind(POOL_WORKSPACE)
+            .bind(&new.template_id)
+            .bind(&new.size)
+            .fetch_one(&self.pool)
+            .await?;
+            return Ok(if ready == 0 { Claim::Empty } else { Claim::AtCap });
+        };
+        let mut tx = self.pool.begin().await?;
+        // Writing first takes the write lock at once (a read first could not be upgraded).
+        let q = format!("DELETE FROM sandboxes WHERE id = ? RETURNING {}", Self::SANDBOX_COLS);
+        let old: SandboxRow = sqlx::query_as(&q).bind(&id).fetch_one(&mut *tx).await?;
+        let row = SandboxRow {
+            seq: 0,
+            id: old.id.clone(),
+            template_id: old.template_id.clone(),
+            size: old.size.clone(),
+            cpu_count: old.cpu_count,
+            memory_mb: old.memory_mb,
+            disk_size_mb: old.disk_size_mb,
+            state: old.state.clone(),
+            ready: old.ready,
+            runtime: old.runtime.clone(),
+            ..new.clone()
+        };
+        let cols = &Self::SANDBOX_COLS["seq, ".len()..];
+        let marks = vec!["?"; cols.split(',').count()].join(", ");
+        let q = format!("INSERT INTO sandboxes ({cols}) VALUES ({marks})");
+        sqlx::query(&q)
+            .bind(&row.id)
+            .bind(&row.workspace_id)
+            .bind(&row.owner_id)
+            .bind(&row.template_id)
+            .bind(&row.state)
+            .bind(&row.size)
+            .bind(row.cpu_count)
+            .bind(row.memory_mb)
+            .bind(row.disk_size_mb)
+            .bind(row.ready)
+            .bind(row.ready_at)
+            .bind(row.timeout_sec)
+            .bind(row.always_on)
+            .bind(row.persistent)
+            .bind(row.idle_timeout_sec)
+            .bind(&row.metadata)
+            .bind(&row.env)
+            .bind(row.created_at)
+            .bind(row.started_at)
+            .bind(row.destroyed_at)
+            .bind(row.total_runtime_sec)
+            .bind(row.running_ms)
+            .bind(row.running_since)
+            .bind(row.timeout_at)
+            .bind(&row.state_reason)
+            .bind(&row.runtime)
+            .bind(row.compute_rate)
+            .bind(row.paused_ms)
+            .bind(row.paused_since)
+            .bind(row.last_activity_at)
+            .bind(row.cpu_ns)
+            .bind(row.memory_mib_ms)
+            .bind(&row.network)
+            .bind(&row.snapshot_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(match self.sandbox(&id).await? {
+            Some(r) => Claim::Claimed(r),
+            None => Claim::Empty,
+        })
+    }
+
+    // -- snapshots ------------------------------------------------------------------------------
+
+    pub async fn insert_snapshot(&self, s: &SnapshotRow) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO snapshots (id, workspace_id, sandbox_id, template_id, size, created_at, size_bytes, internal) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&s.id)
+        .bind(&s.workspace_id)
+        .bind(&s.sandbox_id)
+        .bind(&s.template_id)
+        .bind(&s.size)
+        .bind(s.created_at)
+        .bind(s.size_bytes)
+        .bind(s.internal)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn snapshot(&self, id: &str) -> Result<Option<SnapshotRow>> {
+        Ok(sqlx::query_as(
+            "SELECT seq, id, workspace_id, sandbox_id, template_id, size, created_at, size_bytes, internal \
+             FROM snapshots WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// A workspace's snapshots, newest first, after the cursor `before_seq`.
+    pub async fn list_snapshots(
+        &self,
+        workspace_id: &str,
+        limit: u32,
+        before_seq: Option<i64>,
+    ) -> Result<Vec<SnapshotRow>> {
+        Ok(sqlx::query_as(
+            "SELECT seq, id, workspace_id, sandbox_id, template_id, size, created_at, size_bytes, internal \
+             FROM snapshots WHERE workspace_id = ? AND internal = 0 AND seq < ? ORDER BY seq DESC LIMIT ?",
+        )
+        .bind(workspace_id)
+        .bind(before_seq.unwrap_or(i64::MAX))
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Internal snapshots left by a fork the server did not finish (a crash).
+    pub async fn internal_snapshots(&self) -> Result<Vec<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT id FROM snapshots WHERE internal = 1")
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Sandboxes still waiting for their first boot from a snapshot (which copies its files).
+    pub async fn booting_from_snapshot(&self, id: &str) -> Result<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sandboxes WHERE snapshot_id = ? AND state = 'provisioning'",
+        )
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    pub async fn delete_snapshot(&self, id: &str) -> Result<()> {
+        sqlx::query("DELETE FROM snapshots WHERE id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Removes a sandbox row for good (the pool's own sandboxes leave no record).
+    pub async fn delete_sandbox(&self, id: &str) -> Result<()> {
+        sqlx::query("DELETE FROM sandboxes WHERE id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Pool sandboxes of a template and size that are booting or ready: (booting, ready).
+    pub async fn pool_counts(&self, template: &str, size: &str) -> Result<(i64, i64)> {
+        let (booting, ready): (i64, i64) = sqlx::query_as(
+            "SELECT COALESCE(SUM(state = 'provisioning'), 0), COALESCE(SUM(state = 'running' AND ready = 1), 0) \
+             FROM sandboxes WHERE workspace_id = ? AND template_id = ? AND size = ?",
+        )
+        .bind(POOL_WORKSPACE)
+        .bind(template)
+        .bind(size)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((booting, ready))
+    }
+
+    /// Sandboxes left in the pool (to trim it when its configured size shrinks).
+    pub async fn pool_rows(&self) -> Result<Vec<SandboxRow>> {
+        let q = format!(
+            "SELECT {} FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES} ORDER BY seq",
+            Self::SANDBOX_COLS
+        );
+        Ok(sqlx::query_as(&q)
+            .bind(POOL_WORKSPACE)
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     pub async fn sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
@@ -486,6 +727,7 @@ mod tests {
             cpu_ns: 0,
             memory_mib_ms: 0,
             network: "{}".into(),
+            snapshot_id: None,
         }
     }
 

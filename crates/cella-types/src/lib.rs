@@ -466,6 +466,8 @@ pub struct CreateSandbox {
     pub wait: Option<bool>,
     /// Where the sandbox may connect to (default: the internet, but no private ranges).
     pub network: Option<NetworkPolicy>,
+    /// Start from this snapshot's files (instead of `template_id`, whose template it implies).
+    pub snapshot_id: Option<String>,
 }
 
 /// Whether a sandbox may open connections to destinations its lists do not name.
@@ -826,4 +828,47 @@ pub fn code_language(given: Option<&str>) -> Option<&'static str> {
         "javascript" | "js" | "node" | "nodejs" => Some("javascript"),
         _ => None,
     }
+}
+
+/// A snapshot of a sandbox's files (`POST .../snapshots`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Snapshot {
+    pub id: String,
+    pub sandbox_id: String,
+    pub template_id: String,
+    /// The size of the sandbox it was taken of; sandboxes made from it have that size.
+    pub size: Size,
+    pub created_at: String,
+    /// Bytes the snapshot occupies on the host.
+    pub size_bytes: u64,
+}
+
+/// `POST /api/v1/sandboxes/{id}/fork`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// 1-10 (default 1).
+    pub count: Option<u32>,
+    /// Merged over the source's metadata.
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// What a fork copied, beside the new sandboxes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ForkInfo {
+    pub source_id: String,
+    /// How long the source's processes were frozen for the copy, in milliseconds.
+    pub source_paused_ms: f64,
+    /// Always true: each new sandbox starts with the source's files as they were.
+    pub filesystem_copied: bool,
+    /// False on the namespace backend: running processes and memory do not carry over (the
+    /// new sandboxes start fresh on the copied files).
+    pub processes_copied: bool,
+}
+
+/// The answer to a fork: `{"data": [sandbox, ...], "fork": {...}}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ForkResult {
+    pub data: Vec<Sandbox>,
+    pub fork: ForkInfo,
 }

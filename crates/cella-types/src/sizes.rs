@@ -59,6 +59,11 @@ impl Size {
         }
     }
 
+    /// The size named `s` (`xs` ... `xl`).
+    pub fn parse(s: &str) -> Option<Size> {
+        ALL_SIZES.into_iter().find(|z| z.as_str() == s)
+    }
+
     /// The size whose contract has exactly this shape, if any.
     pub fn from_shape(vcpus: u32, memory_mb: u32, disk_size_mb: u32) -> Option<Size> {
         ALL_SIZES

@@ -77,6 +77,12 @@ impl Server {
             .prefix("cella-test-")
             .tempdir()
             .unwrap();
+        // No warm pool unless a test asks for one: every test's server would boot sandboxes.
+        let config = if config.contains("[pool]") {
+            config.to_string()
+        } else {
+            format!("{config}\n[pool]\ndefault = 0\nsizes = {{}}\n")
+        };
         std::fs::write(dir.path().join("config.toml"), config).unwrap();
         let port = free_port();
         let mut s = Server {

@@ -15,12 +15,13 @@ use crate::cgroup::{self, Limits};
 use crate::rootfs::Bind;
 use crate::{
     Driver, DriverError, ExecEvent, ExecSpec, ExitInfo, Probe, ResourceUsage, SandboxHandle,
-    SandboxSpec,
+    SandboxSpec, SnapshotInfo,
 };
 use async_trait::async_trait;
 use cella_agent::client::{AgentClient, ClientError};
 use cella_agent::proto::ErrorKind;
 use serde::{Deserialize, Serialize};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -129,6 +130,69 @@ impl NamespaceDriver {
         self.data_dir.join("run").join(format!("{id}.sock"))
     }
 
+    fn snapshot_image(&self, snapshot_id: &str) -> PathBuf {
+        self.data_dir
+            .join("snapshots")
+            .join(snapshot_id)
+            .join(crate::disk::IMAGE)
+    }
+
+    /// The snapshot copy itself (blocking): freeze, sync, copy, thaw.
+    fn take_snapshot(
+        &self,
+        id: &str,
+        handle: Option<&SandboxHandle>,
+        snapshot_id: &str,
+    ) -> Result<SnapshotInfo, DriverError> {
+        let src = self.sandbox_dir(id).join(crate::disk::IMAGE);
+        if !src.exists() {
+            return Err(DriverError::Unsupported(
+                "snapshots need the sandbox's files in a disk image ([disk] quota = true)".into(),
+            ));
+        }
+        let dir = self.data_dir.join("snapshots").join(snapshot_id);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        let dst = dir.join(crate::disk::IMAGE);
+        let live = handle.filter(|h| process_start_time(h.pid) == Some(h.start_time));
+        let mut paused_us = 0;
+        let res = match live {
+            None => crate::disk::copy_sparse(&src, &dst).map(|_| ()),
+            Some(h) => {
+                let was_frozen = cgroup::is_frozen(&h.cgroup);
+                let t = std::time::Instant::now();
+                if !was_frozen {
+                    cgroup::freeze(&h.cgroup)?;
+                }
+                // Everything the sandbox wrote reaches its image: sync its root file system
+                // (the overlay passes it on to the disk's ext4, which writes through the loop
+                // device into the image file).
+                let res = std::fs::File::open(format!("/proc/{}/root", h.pid))
+                    .and_then(|root| {
+                        // SAFETY: syncfs on a descriptor we own.
+                        if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    })
+                    .and_then(|_| crate::disk::copy_sparse(&src, &dst).map(|_| ()));
+                if !was_frozen {
+                    let _ = cgroup::thaw(&h.cgroup);
+                    paused_us = t.elapsed().as_micros() as u64;
+                }
+                res
+            }
+        };
+        if let Err(e) = res {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e.into());
+        }
+        Ok(SnapshotInfo {
+            size_bytes: crate::disk::allocated_bytes(&dst),
+            paused_us,
+        })
+    }
+
     pub fn cgroup_path(&self, id: &str) -> String {
         format!("{}/{id}", self.cgroup_parent)
     }
@@ -140,6 +204,13 @@ impl NamespaceDriver {
         // A sandbox made before disk quotas keeps its plain writable layer.
         let legacy = dir.join("upper").exists() && !dir.join(crate::disk::IMAGE).exists();
         let image = dir.join(crate::disk::IMAGE);
+        if let (Some(snap), false, false) = (&spec.snapshot, image.exists(), legacy) {
+            let src = self.snapshot_image(snap);
+            if !src.exists() {
+                return Err(DriverError::Image(format!("snapshot {snap} has no files on this host")));
+            }
+            crate::disk::copy_sparse(&src, &image)?;
+        }
         let disk = if image.exists() {
             // Its files live there, whatever the setting is now.
             Some(image)
@@ -458,6 +529,46 @@ impl Driver for NamespaceDriver {
 
     async fn unpause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
         cgroup::thaw(&handle.cgroup)
+    }
+
+    async fn snapshot(
+        &self,
+        id: &str,
+        handle: Option<&SandboxHandle>,
+        snapshot_id: &str,
+    ) -> Result<SnapshotInfo, DriverError> {
+        let this = self.clone();
+        let (id, handle, snap) = (id.to_string(), handle.cloned(), snapshot_id.to_string());
+        tokio::task::spawn_blocking(move || this.take_snapshot(&id, handle.as_ref(), &snap))
+            .await
+            .map_err(|e| DriverError::Launch(e.to_string()))?
+    }
+
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), DriverError> {
+        let dir = self.data_dir.join("snapshots").join(snapshot_id);
+        match tokio::fs::remove_dir_all(&dir).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    async fn update_network(
+        &self,
+        handle: &SandboxHandle,
+        rules: &crate::firewall::EgressRules,
+    ) -> Result<(), DriverError> {
+        let (Some(n), Some(info)) = (&self.net, &handle.net) else {
+            return Ok(()); // loopback only: nothing to filter
+        };
+        let (fw, id, iface, rules) = (
+            n.firewall.clone(),
+            handle.id.clone(),
+            info.iface.clone(),
+            rules.clone(),
+        );
+        tokio::task::spawn_blocking(move || fw.install(&id, &iface, &rules))
+            .await
+            .map_err(|e| DriverError::Network(e.to_string()))?
     }
 
     fn agent(&self, handle: &SandboxHandle) -> AgentClient {

@@ -5,6 +5,7 @@ pub mod keys;
 pub mod meta;
 pub mod code;
 pub mod processes;
+pub mod snapshots;
 pub mod pty;
 pub mod sandboxes;
 pub mod templates;

@@ -1,0 +1,110 @@
+//! The warm pool: readiness that follows it, creates that take it, refills, plan caps, and
+//! pool sandboxes that stay out of every workspace.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+fn readiness(s: &Server, size: &str) -> String {
+    let t = s.get("/api/v1/templates/base");
+    let sizes = t.data()["sizes"].as_array().unwrap().clone();
+    sizes
+        .iter()
+        .find(|z| z["size"] == size)
+        .map(|z| z["state"].as_str().unwrap().to_string())
+        .unwrap()
+}
+
+fn wait_for(s: &Server, size: &str, state: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while readiness(s, size) != state {
+        assert!(Instant::now() < deadline, "{size} never became {state}: {}", s.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn readiness_follows_the_pool_as_it_drains_and_refills() {
+    // One xs sandbox ahead, and at least 1.5 s between pool boots so the drained state is seen.
+    let s = Server::start_with("[pool]\ndefault = 0\nsizes = { xs = 1 }\nboot_interval_ms = 1500\n");
+    wait_for(&s, "xs", "fast_ready");
+    // Sizes without a pool must boot: cold.
+    assert_eq!(readiness(&s, "small"), "cold_boot_only");
+    assert_eq!(readiness(&s, "medium"), "cold_boot_only");
+
+    // The create takes the pool sandbox: it is running at once, with the request's settings.
+    let r = s.post(
+        "/api/v1/sandboxes",
+        json!({ "size": "xs", "metadata": { "run": "7" }, "timeout_sec": 120, "persistent": false, "env": { "FROM": "req" } }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let sb = r.data().clone();
+    let id = sb["id"].as_str().unwrap().to_string();
+    assert_eq!(sb["state"], "running");
+    assert_eq!(sb["ready"], true);
+    assert_eq!(sb["metadata"], json!({ "run": "7" }));
+    assert_eq!(sb["timeout_sec"], 120);
+    assert_eq!(sb["persistent"], false);
+    assert!(sb["timeout_remaining_ms"].as_i64().unwrap() > 110_000);
+    assert_eq!(sb["total_runtime_sec"], Value::Null);
+    // Drained now; the refill waits for its interval.
+    assert_eq!(readiness(&s, "xs"), "cold_boot_only");
+    // It is the caller's sandbox in every way.
+    assert_eq!(s.sh(&id, "echo $FROM; hostname")["stdout"], format!("req\n{id}\n"));
+    let list = s.get("/api/v1/sandboxes");
+    assert_eq!(list.data()[0]["id"], id.as_str(), "the claimed sandbox lists as the newest");
+    let usage = s.get(&format!("/api/v1/sandboxes/{id}/usage"));
+    assert!(usage.data()["running_sec"].as_f64().expect(&usage.body.to_string()) < 5.0, "{}", usage.body);
+
+    // Refilled in the background.
+    wait_for(&s, "xs", "fast_ready");
+    // A create while the pool is empty still works (cold).
+    let a = s.create(json!({ "size": "xs" }));
+    let b = s.create(json!({ "size": "xs" }));
+    assert_ne!(a, b);
+    for x in [&id, &a, &b] {
+        assert_eq!(s.sh(x, "echo ok")["stdout"], "ok\n");
+    }
+}
+
+#[test]
+fn pool_sandboxes_belong_to_no_workspace_and_respect_caps_and_policies() {
+    let s = Server::start_with("[pool]\ndefault = 0\nsizes = { xs = 2 }\n");
+    wait_for(&s, "xs", "fast_ready");
+    // Nobody sees the pool: not in the sandbox list, not as a workspace.
+    assert!(s.get("/api/v1/sandboxes").data().as_array().unwrap().is_empty());
+    let ws = s.get("/api/v1/workspaces");
+    assert!(ws.data().as_array().unwrap().iter().all(|w| !w["name"].as_str().unwrap().contains("pool")), "{}", ws.body);
+
+    // A developer workspace at its cap gets no pool sandbox either.
+    let (_, key) = s.workspace_key("developer", &["sandboxes:read", "sandboxes:write", "sandboxes:exec"]);
+    let mut mine = Vec::new();
+    for _ in 0..10 {
+        mine.push(s.create_as(&key, json!({ "size": "xs" })));
+    }
+    let r = s.req("POST", "/api/v1/sandboxes", Some(&key), Some(&json!({ "size": "xs" })));
+    r.assert_error(429, "CONCURRENCY_LIMIT");
+    assert_eq!(s.req("GET", "/api/v1/sandboxes", Some(&key), None).data().as_array().unwrap().len(), 10);
+
+    // A claimed sandbox gets the egress policy the request names.
+    wait_for(&s, "xs", "fast_ready");
+    let id = s.create(json!({ "size": "xs", "network": { "egress": "deny" } }));
+    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(got.data()["network"]["egress"], "deny");
+    let instance = std::fs::read_to_string(s.data_dir().join("instance-id")).unwrap();
+    let out = std::process::Command::new("nft")
+        .args(["list", "chain", "inet", "cella", &format!("sb_{}_{id}", instance.trim())])
+        .output()
+        .unwrap();
+    let chain = String::from_utf8_lossy(&out.stdout);
+    assert!(!chain.contains("@closed"), "the default policy's rules are still in place: {chain}");
+
+    // Pool sandboxes survive a restart and are claimed after it.
+    let mut s = s;
+    s.restart();
+    wait_for(&s, "xs", "fast_ready");
+    let after = s.create(json!({ "size": "xs" }));
+    assert_eq!(s.sh(&after, "echo ok")["stdout"], "ok\n");
+}

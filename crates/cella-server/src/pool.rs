@@ -1,0 +1,255 @@
+//! The warm pool: sandboxes booted ahead, per template and size, so a create takes the fast path
+//! (claim a running sandbox: one database statement and no boot).
+//!
+//! Pool sandboxes are ordinary sandbox rows owned by the internal workspace
+//! [`cella_store::POOL_WORKSPACE`]: they survive restarts like any sandbox, belong to no user's
+//! workspace (so never count toward a plan cap), have no timers (`always_on`) and the default
+//! egress policy. A claim gives the row to the caller's workspace with the request's settings;
+//! a non-default egress policy is installed on the spot. The refill task tops the pool up one
+//! boot at a time, woken by every claim and every few seconds.
+//!
+//! Readiness (`GET /api/v1/templates`) reads [`Pool::ready`]: `fast_ready` only where a ready
+//! pool sandbox waits now.
+
+use crate::sandboxes::{boot_locked, state_of};
+use crate::AppState;
+use cella_store::{SandboxRow, POOL_WORKSPACE};
+use cella_types::{Readiness, SandboxState, Size, ALL_SIZES};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Default)]
+pub struct Pool {
+    /// Ready pool sandboxes per (template, size), as last counted.
+    ready: Mutex<HashMap<(String, Size), i64>>,
+    wake: tokio::sync::Notify,
+    last_boot: Mutex<Option<tokio::time::Instant>>,
+}
+
+impl Pool {
+    /// How many ready sandboxes of `template` and `size` wait now.
+    pub fn ready(&self, template: &str, size: Size) -> i64 {
+        *self
+            .ready
+            .lock()
+            .expect("pool lock")
+            .get(&(template.to_string(), size))
+            .unwrap_or(&0)
+    }
+
+    fn set(&self, template: &str, size: Size, n: i64) {
+        self.ready
+            .lock()
+            .expect("pool lock")
+            .insert((template.to_string(), size), n);
+    }
+
+    /// One sandbox left the pool: count it at once (readiness must not lag) and refill.
+    pub fn claimed(&self, template: &str, size: Size) {
+        let mut m = self.ready.lock().expect("pool lock");
+        let n = m.entry((template.to_string(), size)).or_insert(0);
+        *n = (*n - 1).max(0);
+        drop(m);
+        self.wake.notify_one();
+    }
+
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+}
+
+/// How many pool sandboxes the config asks for, per template and size.
+fn target(state: &AppState, size: Size) -> i64 {
+    let cfg = &state.config.pool;
+    cfg.sizes
+        .get(size.as_str())
+        .copied()
+        .unwrap_or(cfg.default) as i64
+}
+
+/// Starts the refill task.
+pub fn spawn(state: Arc<AppState>) {
+    tokio::spawn(async move {
+        loop {
+            if let Err(e) = refill(&state).await {
+                tracing::warn!("warm pool: {e}");
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(5), state.pool().wake.notified()).await;
+        }
+    });
+}
+
+/// Boots pool sandboxes until every (template, size) has its target, one at a time; removes
+/// pool sandboxes beyond the target (after a config change) and ones that died.
+async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::StoreError> {
+    for t in state.catalog.templates() {
+        for size in ALL_SIZES {
+            let want = if state.catalog.available(t, size) == Readiness::Missing {
+                0
+            } else {
+                target(state, size)
+            };
+            loop {
+                let (booting, ready) = state.store.pool_counts(&t.id, size.as_str()).await?;
+                state.pool().set(&t.id, size, ready);
+                if booting + ready >= want {
+                    if ready > want {
+                        trim(state, &t.id, size, ready - want).await?;
+                    }
+                    break;
+                }
+                let interval = Duration::from_millis(state.config.pool.boot_interval_ms);
+                let last = *state.pool().last_boot.lock().expect("pool lock");
+                if let Some(last) = last {
+                    tokio::time::sleep_until(last + interval).await;
+                }
+                *state.pool().last_boot.lock().expect("pool lock") = Some(tokio::time::Instant::now());
+                if !boot_one(state, &t.id, size).await? {
+                    break; // it failed to boot: try again at the next round
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn boot_one(state: &Arc<AppState>, template: &str, size: Size) -> Result<bool, cella_store::StoreError> {
+    let (cpus, mem, disk) = size.shape();
+    let now = crate::util::now_ms();
+    let mut row = SandboxRow {
+        seq: 0,
+        id: crate::util::new_id("sb"),
+        workspace_id: POOL_WORKSPACE.into(),
+        owner_id: "pool".into(),
+        template_id: template.into(),
+        state: SandboxState::Provisioning.as_str().into(),
+        size: size.as_str().into(),
+        cpu_count: cpus as i64,
+        memory_mb: mem as i64,
+        disk_size_mb: disk as i64,
+        ready: false,
+        ready_at: None,
+        timeout_sec: crate::sandboxes::DEFAULT_TIMEOUT_SEC as i64,
+        always_on: true,
+        persistent: false,
+        idle_timeout_sec: 0,
+        metadata: "{}".into(),
+        env: "{}".into(),
+        created_at: now,
+        started_at: None,
+        destroyed_at: None,
+        total_runtime_sec: None,
+        running_ms: 0,
+        running_since: None,
+        timeout_at: None,
+        state_reason: None,
+        runtime: None,
+        compute_rate: 0.0,
+        paused_ms: 0,
+        paused_since: None,
+        last_activity_at: None,
+        cpu_ns: 0,
+        memory_mib_ms: 0,
+        network: "{}".into(),
+        snapshot_id: None,
+    };
+    if !state.store.insert_sandbox_capped(&row, u32::MAX).await? {
+        return Ok(false);
+    }
+    let _guard = state.locks.lock(&row.id).await;
+    boot_locked(state, &mut row).await;
+    let ok = state_of(&row) == SandboxState::Running;
+    if !ok {
+        tracing::warn!(sandbox = row.id, "warm pool sandbox failed to boot: {:?}", row.state_reason);
+        discard(state, &row).await?;
+    } else {
+        state.pool().set(template, size, state.pool().ready(template, size) + 1);
+    }
+    Ok(ok)
+}
+
+async fn trim(state: &Arc<AppState>, template: &str, size: Size, n: i64) -> Result<(), cella_store::StoreError> {
+    let rows = state.store.pool_rows().await?;
+    for r in rows
+        .into_iter()
+        .filter(|r| r.template_id == template && r.size == size.as_str())
+        .take(n as usize)
+    {
+        let _guard = state.locks.lock(&r.id).await;
+        if let Some(row) = state.store.sandbox(&r.id).await? {
+            if row.workspace_id == POOL_WORKSPACE {
+                discard(state, &row).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes a pool sandbox from the host and the store (the caller holds its lock).
+async fn discard(state: &AppState, row: &SandboxRow) -> Result<(), cella_store::StoreError> {
+    let handle = crate::sandboxes::handle_of(row);
+    if let Err(e) = state.driver.destroy(&row.id, handle.as_ref()).await {
+        tracing::warn!(sandbox = row.id, "removing a pool sandbox: {e}");
+        return Ok(());
+    }
+    state.store.delete_sandbox(&row.id).await
+}
+
+/// Gives the caller a ready pool sandbox with the settings of `new` (as made by `admit`).
+/// `Ok(None)`: none waits, the caller boots one. The egress policy, when not the default, is
+/// installed before the sandbox is handed out.
+pub async fn claim(
+    state: &AppState,
+    new: &SandboxRow,
+    cap: u32,
+) -> Result<Option<Result<SandboxRow, ()>>, cella_store::StoreError> {
+    let Some(size) = Size::parse(&new.size) else {
+        return Ok(None);
+    };
+    if state.pool().ready(&new.template_id, size) == 0 {
+        return Ok(None);
+    }
+    let now = crate::util::now_ms();
+    let mut want = new.clone();
+    want.ready_at = Some(now);
+    want.started_at = Some(now);
+    want.running_since = Some(now);
+    want.last_activity_at = Some(now);
+    want.timeout_at = (!want.always_on).then_some(now + want.timeout_sec * 1000);
+    let mut row = match state.store.claim_pooled(&want, cap).await? {
+        cella_store::Claim::Claimed(r) => r,
+        cella_store::Claim::Empty => {
+            state.pool().wake();
+            return Ok(None);
+        }
+        cella_store::Claim::AtCap => return Ok(Some(Err(()))),
+    };
+    state.pool().claimed(&row.template_id, size);
+    let _guard = state.locks.lock(&row.id).await;
+    let handle = crate::sandboxes::handle_of(&row);
+    // Bill from now: the CPU time the sandbox spent waiting in the pool is not the caller's.
+    if let Some(u) = handle.as_ref().and_then(|h| state.driver.usage(h)) {
+        row.cpu_ns = -(u.cpu_ns as i64);
+    }
+    let policy: cella_types::NetworkPolicy = serde_json::from_str(&row.network).unwrap_or_default();
+    if policy != cella_types::NetworkPolicy::default() {
+        if let (Some(dns), Some(h)) = (&state.network, &handle) {
+            let rules = crate::network::rules(&policy, dns).await;
+            if let Err(e) = state.driver.update_network(h, &rules).await {
+                tracing::error!(sandbox = row.id, "installing the egress policy: {e}");
+                row.state_reason = Some(format!("failed to start: {e}"));
+                let _ = state.driver.destroy(&row.id, Some(h)).await;
+                row.state = SandboxState::Error.as_str().into();
+                row.ready = false;
+                row.runtime = None;
+                row.timeout_at = None;
+                state.store.update_sandbox(&row).await?;
+                return Ok(Some(Ok(row)));
+            }
+        }
+    }
+    state.activity.touch(&row.id);
+    state.store.update_sandbox(&row).await?;
+    Ok(Some(Ok(row)))
+}

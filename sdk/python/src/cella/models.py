@@ -1,0 +1,477 @@
+"""Typed views of what the server answers. Each keeps the raw JSON object in ``raw``, so a
+field this SDK does not know yet is still at hand."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+
+_TIME = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:?\d{2})?$"
+)
+
+
+def parse_time(value: Any) -> Optional[datetime]:
+    """An RFC 3339 time as an aware ``datetime`` (None stays None)."""
+    if value is None or isinstance(value, datetime):
+        return value
+    m = _TIME.match(str(value).strip())
+    if not m:
+        raise ValueError(f"not an RFC 3339 time: {value!r}")
+    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
+    frac = m.group(7) or ""
+    micro = int((frac + "000000")[:6]) if frac else 0
+    tz = m.group(8)
+    if tz is None or tz in ("Z", "z"):
+        tzinfo = timezone.utc
+    else:
+        sign = 1 if tz[0] == "+" else -1
+        digits = tz[1:].replace(":", "")
+        tzinfo = timezone(sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:])))
+    return datetime(year, month, day, hour, minute, second, micro, tzinfo=tzinfo)
+
+
+def _str_map(value: Any) -> Dict[str, str]:
+    return {str(k): str(v) for k, v in (value or {}).items()}
+
+
+# --------------------------------------------------------------------------- sandboxes
+
+
+@dataclass
+class NetworkPolicy:
+    """A sandbox's egress policy: ``egress`` is ``"allow"`` (public internet open) or
+    ``"deny"`` (only ``allow`` open); ``deny`` wins over ``allow``."""
+
+    egress: str = "allow"
+    allow: List[str] = field(default_factory=list)
+    deny: List[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: Optional[Mapping[str, Any]]) -> "NetworkPolicy":
+        d = d or {}
+        return cls(egress=d.get("egress", "allow"), allow=list(d.get("allow") or []), deny=list(d.get("deny") or []))
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"egress": self.egress, "allow": list(self.allow), "deny": list(self.deny)}
+
+
+@dataclass
+class SandboxInfo:
+    """A sandbox as the server describes it (``GET /api/v1/sandboxes/{id}``)."""
+
+    id: str
+    state: str
+    template_id: str
+    size: str
+    cpu_count: int
+    memory_mb: int
+    disk_size_mb: int
+    ready: bool
+    timeout_sec: int
+    timeout_remaining_ms: Optional[int]
+    always_on: bool
+    persistent: bool
+    idle_timeout_sec: int
+    metadata: Dict[str, str]
+    created_at: Optional[datetime]
+    started_at: Optional[datetime]
+    ready_at: Optional[datetime]
+    destroyed_at: Optional[datetime]
+    total_runtime_sec: Optional[int]
+    tenant_id: Optional[str] = None
+    owner_id: Optional[str] = None
+    preview_url: Optional[str] = None
+    state_reason: Optional[str] = None
+    network: Optional[NetworkPolicy] = None
+    resource_contract: Dict[str, Any] = field(default_factory=dict)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SandboxInfo":
+        return cls(
+            id=d["id"],
+            state=d.get("state", ""),
+            template_id=d.get("template_id", ""),
+            size=d.get("size", ""),
+            cpu_count=int(d.get("cpu_count") or 0),
+            memory_mb=int(d.get("memory_mb") or 0),
+            disk_size_mb=int(d.get("disk_size_mb") or 0),
+            ready=bool(d.get("ready", False)),
+            timeout_sec=int(d.get("timeout_sec") or 0),
+            timeout_remaining_ms=d.get("timeout_remaining_ms"),
+            always_on=bool(d.get("always_on", False)),
+            persistent=bool(d.get("persistent", True)),
+            idle_timeout_sec=int(d.get("idle_timeout_sec") or 0),
+            metadata=_str_map(d.get("metadata")),
+            created_at=parse_time(d.get("created_at")),
+            started_at=parse_time(d.get("started_at")),
+            ready_at=parse_time(d.get("ready_at")),
+            destroyed_at=parse_time(d.get("destroyed_at")),
+            total_runtime_sec=d.get("total_runtime_sec"),
+            tenant_id=d.get("tenant_id"),
+            owner_id=d.get("owner_id"),
+            preview_url=d.get("preview_url"),
+            state_reason=d.get("state_reason"),
+            network=NetworkPolicy.from_dict(d["network"]) if isinstance(d.get("network"), Mapping) else None,
+            resource_contract=dict(d.get("resource_contract") or {}),
+            raw=dict(d),
+        )
+
+    @property
+    def is_running(self) -> bool:
+        return self.state == "running"
+
+
+@dataclass
+class SandboxUsage:
+    """What a sandbox used (``GET .../usage``)."""
+
+    sandbox_id: str
+    state: str
+    running_sec: float
+    paused_sec: float
+    billed_sec: int
+    cpu_sec: float
+    memory_mib_sec: float
+    memory_mib_now: Optional[float]
+    measured_at: Optional[datetime]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SandboxUsage":
+        return cls(
+            sandbox_id=d.get("sandbox_id", ""),
+            state=d.get("state", ""),
+            running_sec=float(d.get("running_sec") or 0.0),
+            paused_sec=float(d.get("paused_sec") or 0.0),
+            billed_sec=int(d.get("billed_sec") or 0),
+            cpu_sec=float(d.get("cpu_sec") or 0.0),
+            memory_mib_sec=float(d.get("memory_mib_sec") or 0.0),
+            memory_mib_now=None if d.get("memory_mib_now") is None else float(d["memory_mib_now"]),
+            measured_at=parse_time(d.get("measured_at")),
+            raw=dict(d),
+        )
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@dataclass
+class CommandResult:
+    """A finished command: exit code (128 + N when signal N killed it) and its output."""
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    duration_ms: int = 0
+    timed_out: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CommandResult":
+        return cls(
+            exit_code=int(d.get("exit_code", -1)),
+            stdout=d.get("stdout") or "",
+            stderr=d.get("stderr") or "",
+            duration_ms=int(d.get("duration_ms") or 0),
+            timed_out=bool(d.get("timed_out", False)),
+            stdout_truncated=bool(d.get("stdout_truncated", False)),
+            stderr_truncated=bool(d.get("stderr_truncated", False)),
+        )
+
+
+@dataclass
+class ProcessInfo:
+    """A background process (``GET .../processes/{pid}``)."""
+
+    pid: int
+    argv: List[str]
+    state: str
+    user: str = "user"
+    cwd: str = ""
+    tag: Optional[str] = None
+    exit_code: Optional[int] = None
+    started_at: Optional[datetime] = None
+    ended_at: Optional[datetime] = None
+    output_dropped_bytes: int = 0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def is_running(self) -> bool:
+        return self.state == "running"
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ProcessInfo":
+        return cls(
+            pid=int(d["pid"]),
+            argv=list(d.get("argv") or []),
+            state=d.get("state", ""),
+            user=d.get("user", "user"),
+            cwd=d.get("cwd", ""),
+            tag=d.get("tag"),
+            exit_code=d.get("exit_code"),
+            started_at=parse_time(d.get("started_at")),
+            ended_at=parse_time(d.get("ended_at")),
+            output_dropped_bytes=int(d.get("output_dropped_bytes") or 0),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class OutputChunk:
+    """A piece of a command's output: ``stream`` is ``"stdout"`` or ``"stderr"``."""
+
+    stream: str
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------- files
+
+
+@dataclass
+class EntryInfo:
+    """A file, directory or link inside a sandbox."""
+
+    name: str
+    path: str
+    type: str
+    size: int
+    mode: str
+    modified_at: Optional[datetime]
+    uid: Optional[int] = None
+    gid: Optional[int] = None
+    symlink_target: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        return self.type == "file"
+
+    @property
+    def is_symlink(self) -> bool:
+        return self.type == "symlink"
+
+    @property
+    def permissions(self) -> int:
+        """``mode`` as an integer (``"0644"`` -> ``0o644``)."""
+        return int(self.mode, 8) if self.mode else 0
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "EntryInfo":
+        return cls(
+            name=d.get("name", ""),
+            path=d.get("path", ""),
+            type=d.get("type", ""),
+            size=int(d.get("size") or 0),
+            mode=str(d.get("mode") or ""),
+            modified_at=parse_time(d.get("modified_at")),
+            uid=d.get("uid"),
+            gid=d.get("gid"),
+            symlink_target=d.get("symlink_target"),
+            raw=dict(d),
+        )
+
+
+class EntryList(List[EntryInfo]):
+    """A directory listing; ``truncated`` is true when the server had more entries than
+    ``limit``."""
+
+    def __init__(self, entries: Iterable[EntryInfo] = (), truncated: bool = False) -> None:
+        super().__init__(entries)
+        self.truncated = truncated
+
+
+@dataclass
+class FilesystemEvent:
+    """One change seen by a watch: ``type`` is ``create``, ``modify``, ``delete`` or
+    ``rename`` (then ``from_path`` is where the entry was)."""
+
+    type: str
+    path: str
+    is_dir: bool = False
+    from_path: Optional[str] = None
+
+    @classmethod
+    def from_sse(cls, event: str, d: Mapping[str, Any]) -> "FilesystemEvent":
+        return cls(type=event, path=d.get("path", ""), is_dir=bool(d.get("dir", False)), from_path=d.get("from"))
+
+
+# --------------------------------------------------------------------------- code interpreter
+
+_TEXT_MIMES = ("text/", "application/json", "application/javascript", "image/svg+xml")
+
+
+@dataclass
+class Output:
+    """A rich output of a cell. ``data`` is text for text formats (HTML, JSON, SVG,
+    markdown) and base64 for binary ones (PNG, JPEG)."""
+
+    mime: str
+    data: str
+
+    @property
+    def is_binary(self) -> bool:
+        return not self.mime.startswith(_TEXT_MIMES)
+
+    @property
+    def bytes(self) -> bytes:
+        """The output's bytes: base64 decoded for binary formats, UTF-8 for text ones."""
+        if self.is_binary:
+            return base64.b64decode(self.data)
+        return self.data.encode("utf-8")
+
+    @property
+    def text(self) -> Optional[str]:
+        return None if self.is_binary else self.data
+
+
+@dataclass
+class ExecutionError:
+    """What a cell raised: the exception's ``name`` and ``value`` and its ``traceback``."""
+
+    name: str
+    value: str
+    traceback: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.value}"
+
+
+@dataclass
+class Execution:
+    """The result of one cell of the code interpreter."""
+
+    ok: bool
+    stdout: str = ""
+    stderr: str = ""
+    result: Optional[str] = None
+    language: str = "python"
+    error: Optional[ExecutionError] = None
+    outputs: List[Output] = field(default_factory=list)
+    restarted: bool = False
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Execution":
+        err = d.get("error")
+        return cls(
+            ok=bool(d.get("ok", False)),
+            stdout=d.get("stdout") or "",
+            stderr=d.get("stderr") or "",
+            result=d.get("result"),
+            language=d.get("language") or "python",
+            error=ExecutionError(err.get("name", ""), err.get("value", ""), err.get("traceback", "")) if err else None,
+            outputs=[Output(o.get("mime", ""), o.get("data", "")) for o in d.get("outputs") or []],
+            restarted=bool(d.get("restarted", False)),
+        )
+
+    @property
+    def text(self) -> Optional[str]:
+        """The value of the cell's last expression, as the REPL shows it."""
+        return self.result
+
+    def output(self, mime: str) -> Optional[Output]:
+        """The first output of that MIME type."""
+        for out in self.outputs:
+            if out.mime == mime:
+                return out
+        return None
+
+    def _bytes(self, mime: str) -> Optional["bytes"]:
+        out = self.output(mime)
+        return out.bytes if out else None
+
+    def _text(self, mime: str) -> Optional[str]:
+        out = self.output(mime)
+        return out.data if out else None
+
+    @property
+    def png(self) -> Optional["bytes"]:
+        return self._bytes("image/png")
+
+    @property
+    def jpeg(self) -> Optional["bytes"]:
+        return self._bytes("image/jpeg")
+
+    @property
+    def svg(self) -> Optional[str]:
+        return self._text("image/svg+xml")
+
+    @property
+    def html(self) -> Optional[str]:
+        return self._text("text/html")
+
+    @property
+    def markdown(self) -> Optional[str]:
+        return self._text("text/markdown")
+
+    @property
+    def json(self) -> Any:
+        """The first ``application/json`` output, parsed (None when there is none)."""
+        data = self._text("application/json")
+        return None if data is None else json.loads(data)
+
+    @property
+    def images(self) -> List[Output]:
+        return [o for o in self.outputs if o.mime.startswith("image/")]
+
+    def raise_error(self) -> None:
+        """Raise :class:`ExecutionFailed` if the cell raised."""
+        if self.error is not None:
+            raise ExecutionFailed(self)
+
+
+class ExecutionFailed(Exception):
+    """Raised by :meth:`Execution.raise_error` for a cell that raised."""
+
+    def __init__(self, execution: Execution) -> None:
+        assert execution.error is not None
+        super().__init__(f"{execution.error.name}: {execution.error.value}\n{execution.error.traceback}")
+        self.execution = execution
+
+
+@dataclass
+class CodeContext:
+    """A named namespace of the interpreter of one language."""
+
+    name: str
+    language: str
+
+
+@dataclass
+class KernelInfo:
+    """One language's interpreter in a sandbox."""
+
+    language: str
+    running: bool
+    busy: bool
+    contexts: List[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "KernelInfo":
+        return cls(
+            language=d.get("language", ""),
+            running=bool(d.get("running", False)),
+            busy=bool(d.get("busy", False)),
+            contexts=list(d.get("contexts") or []),
+        )
+
+
+NetworkArg = Union[NetworkPolicy, Mapping[str, Any], None]

@@ -1,0 +1,714 @@
+"""The blocking client: :class:`Sandbox` and what hangs off it (commands, files, code)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+import httpx
+
+from ._common import (
+    Callback,
+    Command,
+    OutputCollector,
+    code_body,
+    code_http_timeout,
+    command_body,
+    create_body,
+    exec_http_timeout,
+    file_mode,
+    sandbox_path,
+    seg,
+    signal_value,
+    stream_error,
+    whole_seconds,
+)
+from ._config import ConnectionConfig
+from ._sse import KEEPALIVE, KeepAlive, LineSplitter, SSEDecoder, SSEEvent
+from ._transport import SyncTransport, _wrap_transport_error
+from .errors import CellaError, CellaTimeoutError, CommandExitError, ConflictError, NotFoundError, UnavailableError
+from .models import (
+    CodeContext,
+    CommandResult,
+    EntryInfo,
+    EntryList,
+    Execution,
+    FilesystemEvent,
+    KernelInfo,
+    NetworkArg,
+    OutputChunk,
+    ProcessInfo,
+    SandboxInfo,
+    SandboxUsage,
+)
+
+__all__ = ["Sandbox", "Commands", "CommandHandle", "Files", "WatchHandle", "CodeInterpreter"]
+
+
+def _sse_events(resp: httpx.Response) -> Iterator[Union[SSEEvent, KeepAlive]]:
+    """The events of a streamed answer, and :data:`KEEPALIVE` for each comment line."""
+    lines = LineSplitter()
+    decoder = SSEDecoder()
+    try:
+        for chunk in resp.iter_bytes():
+            for line in lines.feed(chunk):
+                ev = decoder.feed(line)
+                if ev is not None:
+                    yield ev
+    except httpx.TransportError as exc:
+        raise _wrap_transport_error(exc) from exc
+    for line in lines.flush():
+        ev = decoder.feed(line)
+        if ev is not None:
+            yield ev
+    last = decoder.flush()
+    if last is not None:
+        yield last
+
+
+def _connection(server: Optional[str], api_key: Optional[str], max_retries: Optional[int], request_timeout: Optional[float], headers: Optional[Dict[str, str]]) -> ConnectionConfig:
+    return ConnectionConfig.resolve(server=server, api_key=api_key, max_retries=max_retries, request_timeout=request_timeout, headers=headers)
+
+
+class Sandbox:
+    """A sandbox on a Cella server, driven with blocking calls.
+
+    Make one with :meth:`create` (or attach to one with :meth:`connect`); used as a context
+    manager, it is destroyed when the block ends::
+
+        with Sandbox.create() as sb:
+            print(sb.commands.run("echo hi").stdout)
+    """
+
+    def __init__(self, info: SandboxInfo, transport: SyncTransport) -> None:
+        self._info = info
+        self._transport = transport
+        self.commands = Commands(self)
+        self.files = Files(self)
+        self.code = CodeInterpreter(self)
+
+    # ------------------------------------------------------------------ making and finding
+
+    @classmethod
+    def create(
+        cls,
+        template: Optional[str] = None,
+        size: Optional[str] = None,
+        timeout: Optional[float] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        network: NetworkArg = None,
+        *,
+        idle_timeout: Optional[float] = None,
+        persistent: Optional[bool] = None,
+        always_on: Optional[bool] = None,
+        wait: bool = True,
+        extra: Optional[Mapping[str, Any]] = None,
+        server: Optional[str] = None,
+        api_key: Optional[str] = None,
+        max_retries: Optional[int] = None,
+        request_timeout: Optional[float] = None,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> "Sandbox":
+        """Create a sandbox and (unless ``wait=False``) wait until it runs.
+
+        ``template`` defaults to the server's ``base``, ``size`` to the template's default;
+        ``timeout`` is the active-session timeout in seconds (default 3600); ``network`` is
+        the egress policy (``{"egress": "deny", "allow": [...]}`` or a
+        :class:`~cella.NetworkPolicy`). ``extra`` adds raw fields to the request body.
+        """
+        body = create_body(
+            template=template, size=size, timeout=timeout, metadata=metadata, env=env, network=network,
+            idle_timeout=idle_timeout, persistent=persistent, always_on=always_on, wait=wait, extra=extra,
+        )
+        transport = SyncTransport(_connection(server, api_key, max_retries, request_timeout, headers))
+        try:
+            data = transport.data("POST", "/sandboxes", json=body)
+        except BaseException:
+            transport.close()
+            raise
+        return cls(SandboxInfo.from_dict(data), transport)
+
+    @classmethod
+    def connect(
+        cls,
+        sandbox_id: str,
+        *,
+        resume: bool = False,
+        server: Optional[str] = None,
+        api_key: Optional[str] = None,
+        max_retries: Optional[int] = None,
+        request_timeout: Optional[float] = None,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> "Sandbox":
+        """Attach to an existing sandbox. Its state is left as it is, unless ``resume=True``
+        and it is ``paused`` or ``stopped``: then it is resumed."""
+        transport = SyncTransport(_connection(server, api_key, max_retries, request_timeout, headers))
+        try:
+            sandbox = cls(SandboxInfo.from_dict(transport.data("GET", sandbox_path(sandbox_id))), transport)
+            if resume and sandbox.state in ("paused", "stopped"):
+                sandbox.resume()
+        except BaseException:
+            transport.close()
+            raise
+        return sandbox
+
+    @classmethod
+    def list(
+        cls,
+        state: Optional[str] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        *,
+        limit: Optional[int] = None,
+        server: Optional[str] = None,
+        api_key: Optional[str] = None,
+        max_retries: Optional[int] = None,
+        request_timeout: Optional[float] = None,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> List[SandboxInfo]:
+        """The workspace's sandboxes, newest first, in every state (destroyed ones too)
+        unless ``state`` picks one; ``metadata`` keeps those whose metadata has every entry
+        given. Pages are followed until the end, or until ``limit`` sandboxes are found."""
+        transport = SyncTransport(_connection(server, api_key, max_retries, request_timeout, headers))
+        try:
+            found: List[SandboxInfo] = []
+            cursor: Optional[str] = None
+            while True:
+                params = _list_params(state, metadata, limit, len(found), cursor)
+                page = transport.request("GET", "/sandboxes", params=params).json()
+                found.extend(SandboxInfo.from_dict(d) for d in page.get("data") or [])
+                cursor = page.get("next_cursor")
+                if not cursor or (limit is not None and len(found) >= limit):
+                    break
+            return found[:limit] if limit is not None else found
+        finally:
+            transport.close()
+
+    # ------------------------------------------------------------------ what it is
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    sandbox_id = id
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The sandbox as last seen (updated by every call that answers it; see
+        :meth:`refresh`)."""
+        return self._info
+
+    @property
+    def state(self) -> str:
+        return self._info.state
+
+    @property
+    def connection(self) -> ConnectionConfig:
+        return self._transport.config
+
+    def refresh(self) -> SandboxInfo:
+        """Read the sandbox again from the server."""
+        return self._set(self._transport.data("GET", sandbox_path(self.id)))
+
+    get_info = refresh
+
+    def is_running(self) -> bool:
+        return self.refresh().state == "running"
+
+    def wait_ready(self, timeout: float = 60.0, interval: float = 0.1) -> SandboxInfo:
+        """Poll until the sandbox runs (after ``create(wait=False)``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.refresh()
+            if info.state == "running" and info.ready:
+                return info
+            if info.state in ("error", "destroyed", "stopped"):
+                raise UnavailableError(
+                    f"sandbox {self.id} is {info.state}" + (f": {info.state_reason}" if info.state_reason else ""),
+                    details={"sandbox_id": self.id, "state": info.state},
+                )
+            if time.monotonic() >= deadline:
+                raise CellaTimeoutError(f"sandbox {self.id} was not running after {timeout} s (state {info.state})")
+            time.sleep(interval)
+
+    def _set(self, data: Mapping[str, Any]) -> SandboxInfo:
+        self._info = SandboxInfo.from_dict(data)
+        return self._info
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def pause(self) -> SandboxInfo:
+        """Freeze every process (memory kept). Only from ``running``."""
+        return self._set(self._transport.data("POST", sandbox_path(self.id, "pause")))
+
+    def resume(self) -> SandboxInfo:
+        """Thaw a paused sandbox, or boot a stopped one again on its kept files."""
+        return self._set(self._transport.data("POST", sandbox_path(self.id, "resume")))
+
+    def stop(self) -> SandboxInfo:
+        """End every process and keep the files (persistent sandboxes only)."""
+        return self._set(self._transport.data("POST", sandbox_path(self.id, "stop")))
+
+    def kill(self) -> SandboxInfo:
+        """Destroy the sandbox (idempotent). Its files are gone."""
+        return self._set(self._transport.data("DELETE", sandbox_path(self.id)))
+
+    destroy = kill
+
+    def set_timeout(self, timeout: float) -> SandboxInfo:
+        """Set the active-session timeout, in seconds; on a running sandbox the timer
+        restarts from now."""
+        body = {"timeout_sec": whole_seconds(timeout, "timeout")}
+        return self._set(self._transport.data("POST", sandbox_path(self.id, "timeout"), json=body))
+
+    def usage(self) -> SandboxUsage:
+        return SandboxUsage.from_dict(self._transport.data("GET", sandbox_path(self.id, "usage")))
+
+    def fork(self, count: int = 1, metadata: Optional[Mapping[str, str]] = None) -> List["Sandbox"]:
+        """Copies of this sandbox (``POST .../fork``), each a new :class:`Sandbox`."""
+        body: Dict[str, Any] = {"count": count}
+        if metadata is not None:
+            body["metadata"] = dict(metadata)
+        data = self._transport.data("POST", sandbox_path(self.id, "fork"), json=body)
+        items = data if isinstance(data, list) else [data]
+        return [Sandbox(SandboxInfo.from_dict(d), SyncTransport(self._transport.config)) for d in items]
+
+    def expose(self, port: int) -> str:
+        """Make a port inside the sandbox reachable through the server's preview proxy;
+        answers its URL."""
+        data = self._transport.data("POST", sandbox_path(self.id, "expose"), json={"port": int(port)})
+        return data["url"] if isinstance(data, Mapping) else str(data)
+
+    def run_code(self, code: str, language: Optional[str] = None, context: Optional[str] = None, timeout: Optional[float] = None) -> Execution:
+        """Run a cell in the sandbox's code interpreter (see :class:`CodeInterpreter`)."""
+        return self.code.run(code, language=language, context=context, timeout=timeout)
+
+    # ------------------------------------------------------------------ the client
+
+    def close(self) -> None:
+        """Close the HTTP connections (the sandbox itself is left as it is)."""
+        self._transport.close()
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.kill()
+        except NotFoundError:
+            pass
+        finally:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, state={self.state!r})"
+
+
+def _list_params(state: Optional[str], metadata: Optional[Mapping[str, str]], limit: Optional[int], have: int, cursor: Optional[str]) -> List[Any]:
+    params: List[Any] = []
+    if state is not None:
+        params.append(("state", state))
+    for key, value in (metadata or {}).items():
+        params.append((f"metadata.{key}", value))
+    if limit is not None:
+        params.append(("limit", max(1, min(1000, limit - have))))
+    if cursor:
+        params.append(("cursor", cursor))
+    return params
+
+
+# ====================================================================== commands
+
+
+class Commands:
+    """Commands inside a sandbox: ``sandbox.commands``."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    @property
+    def _t(self) -> SyncTransport:
+        return self._sandbox._transport
+
+    def _path(self, *rest: str) -> str:
+        return sandbox_path(self._sandbox.id, *rest)
+
+    def run(
+        self,
+        cmd: Command,
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+        timeout: Optional[float] = None,
+        stdin: Union[str, bytes, None] = None,
+        on_stdout: Callback = None,
+        on_stderr: Callback = None,
+        check: bool = False,
+        background: bool = False,
+        tag: Optional[str] = None,
+    ) -> Any:
+        """Run a command to its end and answer a :class:`~cella.CommandResult`.
+
+        ``cmd`` is a shell line (run by ``bash -c``) or a list of arguments. ``user`` is
+        ``"user"`` (default) or ``"root"``; ``timeout`` is in seconds (the server's default
+        is 3600); ``stdin`` is text written to its standard input. With ``on_stdout`` or
+        ``on_stderr`` the output is streamed and each callback gets every piece of text as
+        it comes. ``check=True`` raises :class:`~cella.CommandExitError` for an exit code
+        other than 0. ``background=True`` is :meth:`start`.
+        """
+        if background:
+            handle = self.start(cmd, env=env, cwd=cwd, user=user, tag=tag)
+            if stdin is not None:
+                handle.send_stdin(stdin, close=True)
+            return handle
+        body = command_body(cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin)
+        if on_stdout is not None or on_stderr is not None:
+            result = self._run_streamed(body, timeout, on_stdout, on_stderr)
+        else:
+            data = self._t.data("POST", self._path("exec"), json=body, timeout=exec_http_timeout(timeout))
+            result = CommandResult.from_dict(data)
+        if check and not result.ok:
+            raise CommandExitError(result)
+        return result
+
+    def _run_streamed(self, body: Dict[str, Any], timeout: Optional[float], on_stdout: Callback, on_stderr: Callback) -> CommandResult:
+        with self._t.stream("POST", self._path("exec", "stream"), json=body, timeout=exec_http_timeout(timeout)) as resp:
+            collector = OutputCollector(resp.headers.get("x-request-id"))
+            for ev in _sse_events(resp):
+                if ev is KEEPALIVE:
+                    continue
+                assert isinstance(ev, SSEEvent)
+                chunk = collector.chunk(ev)
+                if chunk is not None:
+                    callback = on_stdout if chunk.stream == "stdout" else on_stderr
+                    if callback is not None:
+                        callback(chunk.text)
+                if collector.exit is not None:
+                    break
+        if collector.exit is None:
+            raise CellaError("the output stream ended before the command's exit", code="STREAM_ENDED", request_id=collector.request_id)
+        return collector.result()
+
+    def start(
+        self,
+        cmd: Command,
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+        tag: Optional[str] = None,
+    ) -> "CommandHandle":
+        """Start a background process (no timeout of its own) and answer its handle."""
+        body = command_body(cmd, env=env, cwd=cwd, user=user, tag=tag)
+        return CommandHandle(self._sandbox, ProcessInfo.from_dict(self._t.data("POST", self._path("processes"), json=body)))
+
+    def list(self) -> List[ProcessInfo]:
+        """The background processes started through the API (running, and the last ones
+        that exited)."""
+        return [ProcessInfo.from_dict(d) for d in self._t.data("GET", self._path("processes")) or []]
+
+    def get(self, pid: int) -> ProcessInfo:
+        return ProcessInfo.from_dict(self._t.data("GET", self._path("processes", seg(pid))))
+
+    def connect(self, pid: int) -> "CommandHandle":
+        """A handle on a background process started earlier."""
+        return CommandHandle(self._sandbox, self.get(pid))
+
+    def signal(self, pid: int, signal: Union[str, int, Any] = "TERM") -> ProcessInfo:
+        body = {"signal": signal_value(signal)}
+        return ProcessInfo.from_dict(self._t.data("POST", self._path("processes", seg(pid), "signal"), json=body))
+
+    def kill(self, pid: int) -> bool:
+        """SIGKILL a background process; False if it had exited already."""
+        try:
+            self.signal(pid, "KILL")
+        except ConflictError:
+            return False
+        return True
+
+    def send_stdin(self, pid: int, data: Union[str, bytes], close: bool = False) -> ProcessInfo:
+        """Write to a background process's standard input (``close=True`` closes it after)."""
+        content = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        params = {"close": "true"} if close else None
+        return ProcessInfo.from_dict(
+            self._t.data("POST", self._path("processes", seg(pid), "stdin"), params=params, content=content,
+                         headers={"Content-Type": "application/octet-stream"})
+        )
+
+
+class CommandHandle:
+    """A background process: iterate over it for its output, :meth:`wait` for its end."""
+
+    def __init__(self, sandbox: Sandbox, info: ProcessInfo) -> None:
+        self._sandbox = sandbox
+        self.info = info
+        self.pid = info.pid
+        self._result: Optional[CommandResult] = None
+
+    @property
+    def tag(self) -> Optional[str]:
+        return self.info.tag
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        """The exit code once known (after :meth:`wait`, the end of the output, or a
+        :meth:`refresh` that saw it exit)."""
+        if self._result is not None:
+            return self._result.exit_code
+        return self.info.exit_code if self.info.state == "exited" else None
+
+    def refresh(self) -> ProcessInfo:
+        self.info = self._sandbox.commands.get(self.pid)
+        return self.info
+
+    def signal(self, signal: Union[str, int, Any] = "TERM") -> ProcessInfo:
+        """Send a signal (a name like ``"TERM"``, a number, or a ``signal.Signals``)."""
+        return self._sandbox.commands.signal(self.pid, signal)
+
+    def kill(self) -> bool:
+        """SIGKILL the process; False if it had exited already."""
+        return self._sandbox.commands.kill(self.pid)
+
+    def send_stdin(self, data: Union[str, bytes], close: bool = False) -> ProcessInfo:
+        return self._sandbox.commands.send_stdin(self.pid, data, close=close)
+
+    def close_stdin(self) -> ProcessInfo:
+        return self._sandbox.commands.send_stdin(self.pid, b"", close=True)
+
+    def _follow(self, from_start: bool, timeout: Optional[float], collector: OutputCollector) -> Iterator[OutputChunk]:
+        path = sandbox_path(self._sandbox.id, "processes", seg(self.pid), "output")
+        params = {"from": "start" if from_start else "now"}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            with self._sandbox._transport.stream("GET", path, params=params, timeout=timeout) as resp:
+                collector.request_id = resp.headers.get("x-request-id")
+                for ev in _sse_events(resp):
+                    if isinstance(ev, SSEEvent):
+                        chunk = collector.chunk(ev)
+                        if chunk is not None:
+                            yield chunk
+                        if collector.exit is not None:
+                            self._result = collector.result()
+                            return
+                    if deadline is not None and time.monotonic() > deadline:
+                        break
+        except CellaTimeoutError:
+            pass
+        if collector.exit is None:
+            if deadline is not None:
+                raise CellaTimeoutError(f"process {self.pid} did not exit within {timeout} s")
+            raise CellaError("the output stream ended before the process exited", code="STREAM_ENDED", request_id=collector.request_id)
+
+    def output(self, from_start: bool = True, timeout: Optional[float] = None) -> Iterator[OutputChunk]:
+        """Follow the output until the process exits: what the buffer holds first (unless
+        ``from_start=False``), then each new piece as it comes."""
+        return self._follow(from_start, timeout, OutputCollector())
+
+    def __iter__(self) -> Iterator[OutputChunk]:
+        return self.output()
+
+    def wait(self, on_stdout: Callback = None, on_stderr: Callback = None, timeout: Optional[float] = None, check: bool = False) -> CommandResult:
+        """Wait for the process to exit and answer its result (output from the start of its
+        buffer). Raises :class:`~cella.CellaTimeoutError` after ``timeout`` seconds."""
+        collector = OutputCollector()
+        for chunk in self._follow(True, timeout, collector):
+            callback = on_stdout if chunk.stream == "stdout" else on_stderr
+            if callback is not None:
+                callback(chunk.text)
+        result = collector.result()
+        self._result = result
+        if check and not result.ok:
+            raise CommandExitError(result)
+        return result
+
+    def __repr__(self) -> str:
+        return f"CommandHandle(pid={self.pid}, sandbox={self._sandbox.id!r})"
+
+
+# ====================================================================== files
+
+
+class Files:
+    """The sandbox's filesystem: ``sandbox.files``. Paths are absolute paths inside it."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    @property
+    def _t(self) -> SyncTransport:
+        return self._sandbox._transport
+
+    def _path(self, *rest: str) -> str:
+        return sandbox_path(self._sandbox.id, "files", *rest)
+
+    def read(self, path: str, format: str = "text", *, encoding: str = "utf-8") -> Any:
+        """A file's content: ``format="text"`` (a str), ``"bytes"``, or ``"stream"`` (an
+        iterator of byte chunks, read as they come)."""
+        if format == "stream":
+            return self._read_stream(path)
+        if format not in ("text", "bytes"):
+            raise ValueError('format must be "text", "bytes" or "stream"')
+        data = self._t.request("GET", self._path(), params={"path": path}).content
+        return data if format == "bytes" else data.decode(encoding)
+
+    def _read_stream(self, path: str) -> Iterator[bytes]:
+        with self._t.stream("GET", self._path(), params={"path": path}) as resp:
+            try:
+                for chunk in resp.iter_bytes():
+                    yield chunk
+            except httpx.TransportError as exc:
+                raise _wrap_transport_error(exc) from exc
+
+    def write(self, path: str, data: Union[str, bytes, bytearray, BinaryIO], *, user: Optional[str] = None, mode: Union[int, str, None] = None) -> EntryInfo:
+        """Write a file (whole or nothing; missing parents are made). ``data`` is text,
+        bytes or a binary file object; ``mode`` like ``0o755``; ``user`` owns it."""
+        content: Any = data.encode("utf-8") if isinstance(data, str) else data
+        params = {"path": path, "user": user, "mode": file_mode(mode)}
+        return EntryInfo.from_dict(
+            self._t.data("PUT", self._path(), params=params, content=content, headers={"Content-Type": "application/octet-stream"})
+        )
+
+    def list(self, path: str, recursive: bool = False, limit: Optional[int] = None) -> EntryList:
+        """A directory's entries (the whole tree with ``recursive=True``), sorted by path."""
+        params = {"path": path, "recursive": recursive or None, "limit": limit}
+        page = self._t.request("GET", self._path("list"), params=params).json()
+        return EntryList((EntryInfo.from_dict(d) for d in page.get("data") or []), bool(page.get("truncated", False)))
+
+    def stat(self, path: str) -> EntryInfo:
+        """One path's entry (a symlink is described, not followed)."""
+        return EntryInfo.from_dict(self._t.data("GET", self._path("stat"), params={"path": path}))
+
+    get_info = stat
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+        except NotFoundError:
+            return False
+        return True
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Remove a file, a link or an empty directory (any directory with ``recursive``)."""
+        self._t.request("DELETE", self._path(), params={"path": path, "recursive": recursive or None})
+
+    def make_dir(self, path: str) -> EntryInfo:
+        """Make a directory and its missing parents (fine if it exists)."""
+        return EntryInfo.from_dict(self._t.data("POST", self._path("mkdir"), json={"path": path}))
+
+    def rename(self, src: str, dst: str) -> EntryInfo:
+        """Move ``src`` to ``dst`` (replacing a file there); answers the entry at ``dst``."""
+        return EntryInfo.from_dict(self._t.data("POST", self._path("move"), json={"from": src, "to": dst}))
+
+    move = rename
+
+    def watch(self, path: str, recursive: bool = False, timeout: Optional[float] = None) -> "WatchHandle":
+        """Follow the changes in a directory. The watch is in place when this returns;
+        iterate over the handle for :class:`~cella.FilesystemEvent` s. With ``timeout``,
+        iteration ends once no event came for that many seconds. Close it (or use it as a
+        context manager) when done."""
+        params = {"path": path, "recursive": recursive or None}
+        cm = self._t.stream("GET", self._path("watch"), params=params, timeout=timeout)
+        resp = cm.__enter__()
+        return WatchHandle(cm, resp, timeout)
+
+
+class WatchHandle:
+    """An open watch on a directory; iterate for events."""
+
+    def __init__(self, cm: Any, resp: httpx.Response, timeout: Optional[float]) -> None:
+        self._cm = cm
+        self._resp = resp
+        self._timeout = timeout
+        self._events = _sse_events(resp)
+        self.closed = False
+
+    def __iter__(self) -> Iterator[FilesystemEvent]:
+        last = time.monotonic()
+        while not self.closed:
+            try:
+                ev = next(self._events)
+            except StopIteration:
+                return
+            except CellaTimeoutError:
+                return
+            if isinstance(ev, SSEEvent) and ev.event in ("create", "modify", "delete", "rename"):
+                last = time.monotonic()
+                yield FilesystemEvent.from_sse(ev.event, ev.json() or {})
+            elif isinstance(ev, SSEEvent) and ev.event == "error":
+                raise stream_error(ev, self._resp.headers.get("x-request-id"))
+            elif self._timeout is not None and time.monotonic() - last > self._timeout:
+                return
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self._events.close()
+            finally:
+                self._cm.__exit__(None, None, None)
+
+    def __enter__(self) -> "WatchHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# ====================================================================== code interpreter
+
+
+class CodeInterpreter:
+    """Persistent Python and JavaScript interpreters: ``sandbox.code``. Variables, imports
+    and definitions live on between cells of one context."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    @property
+    def _t(self) -> SyncTransport:
+        return self._sandbox._transport
+
+    def _path(self, *rest: str) -> str:
+        return sandbox_path(self._sandbox.id, "code", *rest)
+
+    def run(self, code: str, language: Optional[str] = None, context: Optional[str] = None, timeout: Optional[float] = None) -> Execution:
+        """Run a cell. ``language`` is ``"python"`` (default) or ``"javascript"``;
+        ``context`` names the namespace (default ``"default"``); ``timeout`` in seconds
+        (capped at 300 by the server) interrupts the cell, the context survives."""
+        data = self._t.data("POST", self._path("run"), json=code_body(code, language, context, timeout), timeout=code_http_timeout(timeout))
+        return Execution.from_dict(data)
+
+    def state(self) -> List[KernelInfo]:
+        """Which interpreters run, their contexts, busy or idle."""
+        data = self._t.data("GET", self._path())
+        return [KernelInfo.from_dict(k) for k in (data or {}).get("kernels") or []]
+
+    def contexts(self, language: Optional[str] = None) -> List[CodeContext]:
+        data = self._t.data("GET", self._path("contexts"), params={"language": language})
+        return [CodeContext(d["name"], d["language"]) for d in data or []]
+
+    def create_context(self, name: Optional[str] = None, language: Optional[str] = None) -> CodeContext:
+        body: Dict[str, Any] = {}
+        if name is not None:
+            body["context"] = name
+        if language is not None:
+            body["language"] = language
+        data = self._t.data("POST", self._path("contexts"), json=body)
+        return CodeContext(data["name"], data["language"])
+
+    def reset_context(self, name: str, language: Optional[str] = None) -> bool:
+        """Forget a context's variables; True if it existed."""
+        data = self._t.data("DELETE", self._path("contexts", seg(name)), params={"language": language})
+        return bool(data.get("changed"))
+
+    def reset(self, language: Optional[str] = None) -> List[KernelInfo]:
+        """End a language's interpreter, and every context of it, for a fresh start."""
+        data = self._t.data("DELETE", self._path(), params={"language": language})
+        return [KernelInfo.from_dict(k) for k in (data or {}).get("kernels") or []]

@@ -1,0 +1,269 @@
+// Commands: run to the end (exec, streamed exec) or start in the background (processes).
+
+import { ConflictError } from './errors.js';
+import { compact, camelize } from './convert.js';
+import { outputEvents } from './sse.js';
+
+/** Client-side slack over a command's own timeout before the SDK stops waiting. */
+const SLACK_MS = 30_000;
+const DEFAULT_EXEC_TIMEOUT_SEC = 3600;
+
+function commandFields(cmd) {
+  if (Array.isArray(cmd)) return { argv: cmd.map(String) };
+  if (typeof cmd === 'string') return { command: cmd };
+  throw new TypeError('a command is a shell line (string) or an argv array');
+}
+
+function execBody(cmd, opts) {
+  return compact({
+    ...commandFields(cmd),
+    env: opts.env,
+    cwd: opts.cwd,
+    user: opts.user,
+    stdin: opts.stdin,
+    timeout_sec: opts.timeoutSec,
+  });
+}
+
+function commandResult(d, extra = {}) {
+  return {
+    exitCode: d.exit_code,
+    stdout: d.stdout ?? '',
+    stderr: d.stderr ?? '',
+    durationMs: d.duration_ms ?? null,
+    timedOut: Boolean(d.timed_out),
+    stdoutTruncated: Boolean(d.stdout_truncated),
+    stderrTruncated: Boolean(d.stderr_truncated),
+    ...extra,
+  };
+}
+
+function processInfo(raw) {
+  return camelize(raw);
+}
+
+/**
+ * Reads an output stream to its exit, calling the callbacks, and returns a CommandResult.
+ * @param {Response} res
+ */
+async function collect(res, { onStdout, onStderr } = {}) {
+  let stdout = '';
+  let stderr = '';
+  const events = outputEvents(res);
+  for (;;) {
+    const { value, done } = await events.next();
+    if (done) {
+      return commandResult({ ...value, stdout, stderr });
+    }
+    if (value.type === 'stdout') {
+      stdout += value.data;
+      if (onStdout) await onStdout(value.data);
+    } else {
+      stderr += value.data;
+      if (onStderr) await onStderr(value.data);
+    }
+  }
+}
+
+/** Commands run in a sandbox: `sandbox.commands`. */
+export class Commands {
+  /** @param {import('./sandbox.js').Sandbox} sandbox */
+  constructor(sandbox) {
+    this._sandbox = sandbox;
+  }
+
+  /**
+   * Runs a command to its end. With `onStdout`/`onStderr` the output is streamed to them as it
+   * comes (`POST .../exec/stream`); without, one request answers it all (`POST .../exec`).
+   * With `background: true` it starts the command and returns its CommandHandle (see start()).
+   * A non-zero exit code is not an error: read `exitCode`.
+   */
+  async run(cmd, opts = {}) {
+    if (opts.background) return this.start(cmd, opts);
+    const body = execBody(cmd, opts);
+    const timeoutMs =
+      opts.requestTimeoutMs !== undefined
+        ? opts.requestTimeoutMs
+        : (opts.timeoutSec ?? DEFAULT_EXEC_TIMEOUT_SEC) * 1000 + SLACK_MS;
+    if (!opts.onStdout && !opts.onStderr) {
+      const r = await this._sandbox._request('POST', '/exec', { json: body, signal: opts.signal, timeoutMs });
+      return commandResult(r.data);
+    }
+    const res = await this._sandbox._request('POST', '/exec/stream', {
+      json: body,
+      signal: opts.signal,
+      timeoutMs,
+      as: 'response',
+    });
+    return collect(res, opts);
+  }
+
+  /**
+   * Starts a command in the background (`POST .../processes`) and returns its handle at once.
+   * `onStdout`/`onStderr` follow its output from the start.
+   */
+  async start(cmd, opts = {}) {
+    const body = compact({
+      ...commandFields(cmd),
+      env: opts.env,
+      cwd: opts.cwd,
+      user: opts.user,
+      tag: opts.tag,
+      // Not fields of this route: passed on so that the server says so (400).
+      stdin: opts.stdin,
+      timeout_sec: opts.timeoutSec,
+    });
+    const r = await this._sandbox._request('POST', '/processes', { json: body, signal: opts.signal });
+    const handle = new CommandHandle(this._sandbox, processInfo(r.data));
+    if (opts.onStdout || opts.onStderr) handle._follow(opts);
+    return handle;
+  }
+
+  /** Attaches to a background process by pid. */
+  async connect(pid, opts = {}) {
+    const r = await this._sandbox._request('GET', `/processes/${encodeURIComponent(pid)}`);
+    const handle = new CommandHandle(this._sandbox, processInfo(r.data));
+    if (opts.onStdout || opts.onStderr) handle._follow(opts);
+    return handle;
+  }
+
+  /** The background processes: those running and the last 64 that exited. */
+  async list() {
+    const r = await this._sandbox._request('GET', '/processes');
+    return r.data.map(processInfo);
+  }
+
+  /**
+   * Sends a signal (default `SIGKILL`) to a background process. Returns false if it had
+   * already exited.
+   */
+  async kill(pid, signal = 'SIGKILL') {
+    try {
+      await this._sandbox._request('POST', `/processes/${encodeURIComponent(pid)}/signal`, { json: { signal } });
+      return true;
+    } catch (e) {
+      if (e instanceof ConflictError) return false;
+      throw e;
+    }
+  }
+
+  /** Writes to a background process's standard input; `close: true` closes it afterwards. */
+  async sendStdin(pid, data, opts = {}) {
+    const r = await this._sandbox._request('POST', `/processes/${encodeURIComponent(pid)}/stdin`, {
+      body: typeof data === 'string' ? new TextEncoder().encode(data) : data,
+      headers: { 'content-type': 'application/octet-stream' },
+      query: opts.close ? { close: 'true' } : undefined,
+    });
+    return processInfo(r.data);
+  }
+}
+
+/** A background process. Async-iterate it for its output (from the start). */
+export class CommandHandle {
+  constructor(sandbox, info) {
+    this._sandbox = sandbox;
+    /** The process as last read. */
+    this.info = info;
+    this._result = null;
+    this._following = null;
+  }
+
+  /** Its pid inside the sandbox. */
+  get pid() {
+    return this.info.pid;
+  }
+
+  get tag() {
+    return this.info.tag ?? null;
+  }
+
+  /** Its exit code once it is known to have exited, else null. */
+  get exitCode() {
+    return this._result?.exitCode ?? this.info.exitCode ?? null;
+  }
+
+  _path(suffix = '') {
+    return `/processes/${encodeURIComponent(this.pid)}${suffix}`;
+  }
+
+  /** Reads the process again (state, exit code). */
+  async refresh() {
+    const r = await this._sandbox._request('GET', this._path());
+    this.info = processInfo(r.data);
+    return this.info;
+  }
+
+  async _open(from, signal) {
+    return this._sandbox._request('GET', this._path('/output'), {
+      query: { from },
+      signal,
+      as: 'response',
+    });
+  }
+
+  _follow(opts) {
+    const run = async () => {
+      const res = await this._open('start', opts.signal);
+      const result = await collect(res, opts);
+      this._result = result;
+      return result;
+    };
+    this._following = run();
+    // Failures surface from wait(); none goes unhandled meanwhile.
+    this._following.catch(() => {});
+  }
+
+  /**
+   * Follows the output (`GET .../processes/{pid}/output`, SSE) and yields
+   * `{type: 'stdout'|'stderr', data, bytes}` until the process exits; then `exitCode` is set.
+   * `from: 'now'` skips what was written before.
+   */
+  async *output(opts = {}) {
+    const res = await this._open(opts.from ?? 'start', opts.signal);
+    const events = outputEvents(res);
+    try {
+      for (;;) {
+        const { value, done } = await events.next();
+        if (done) {
+          this._result = commandResult({ ...value, stdout: undefined, stderr: undefined });
+          return;
+        }
+        yield value;
+      }
+    } finally {
+      await events.return(undefined);
+    }
+  }
+
+  [Symbol.asyncIterator]() {
+    return this.output()[Symbol.asyncIterator]();
+  }
+
+  /**
+   * Waits for the process to exit and returns its CommandResult, with the output its buffer
+   * still holds (the last 1 MiB). Callbacks given here (or at start) get the output as it comes.
+   */
+  async wait(opts = {}) {
+    if (this._following) return this._following;
+    const res = await this._open('start', opts.signal);
+    const result = await collect(res, opts);
+    this._result = result;
+    return result;
+  }
+
+  /** Sends a signal (default `SIGKILL`). Returns false if the process had already exited. */
+  async kill(signal = 'SIGKILL') {
+    return this._sandbox.commands.kill(this.pid, signal);
+  }
+
+  /** Writes to its standard input; `close: true` closes it afterwards. */
+  async sendStdin(data, opts = {}) {
+    this.info = await this._sandbox.commands.sendStdin(this.pid, data, opts);
+    return this.info;
+  }
+
+  /** Closes its standard input (a program reading to the end then sees it). */
+  async closeStdin() {
+    return this.sendStdin(new Uint8Array(0), { close: true });
+  }
+}

@@ -1,0 +1,28 @@
+// @cella/sdk: the JavaScript SDK of Cella, a self-hosted sandbox platform.
+
+export { Sandbox } from './sandbox.js';
+export { Commands, CommandHandle } from './commands.js';
+export { Files, WatchHandle } from './files.js';
+export { CodeInterpreter, Execution } from './code.js';
+export { ConnectionConfig, DEFAULT_SERVER } from './http.js';
+export {
+  CellaError,
+  InvalidRequestError,
+  UnknownLanguageError,
+  SizeUnavailableError,
+  AuthenticationError,
+  InsufficientFundsError,
+  PermissionDeniedError,
+  NotFoundError,
+  MethodNotAllowedError,
+  ConflictError,
+  SandboxNotRunningError,
+  PayloadTooLargeError,
+  RangeNotSatisfiableError,
+  RateLimitedError,
+  ConcurrencyLimitError,
+  InternalServerError,
+  UnavailableError,
+  ConnectionError,
+  TimeoutError,
+} from './errors.js';

@@ -1,0 +1,207 @@
+// The Sandbox class: create, connect, list, and everything done to one sandbox.
+
+import { ConnectionConfig, connectionOptions, request } from './http.js';
+import { NotFoundError } from './errors.js';
+import { camelize, compact, sandboxInfo } from './convert.js';
+import { Commands } from './commands.js';
+import { Files } from './files.js';
+import { CodeInterpreter } from './code.js';
+
+const CREATE_TIMEOUT_MS = 120_000;
+
+function createBody(opts) {
+  return compact({
+    template_id: opts.template,
+    size: opts.size,
+    cpu_count: opts.cpuCount,
+    memory_mb: opts.memoryMb,
+    disk_size_mb: opts.diskSizeMb,
+    timeout_sec: opts.timeoutSec,
+    idle_timeout_sec: opts.idleTimeoutSec,
+    persistent: opts.persistent,
+    always_on: opts.alwaysOn,
+    metadata: opts.metadata,
+    env: opts.env,
+    network: opts.network,
+    wait: opts.wait,
+  });
+}
+
+/** A Cella sandbox. Make one with `Sandbox.create()` or `Sandbox.connect(id)`. */
+export class Sandbox {
+  /**
+   * Wraps a sandbox the caller knows, without a request. Prefer `Sandbox.create()` and
+   * `Sandbox.connect()`, which read it from the server.
+   * @param {{id: string} & Record<string, any>} info  a SandboxInfo, or just `{id}`
+   * @param {object|ConnectionConfig} [opts]  connection options
+   */
+  constructor(info, opts = {}) {
+    if (!info || typeof info.id !== 'string') throw new TypeError('a sandbox needs an id');
+    /** @type {ConnectionConfig} */
+    this.config = opts instanceof ConnectionConfig ? opts : new ConnectionConfig(opts);
+    this._info = { ...info, sandboxId: info.id };
+    /** Commands: run to the end, or start in the background. */
+    this.commands = new Commands(this);
+    /** The sandbox's filesystem. */
+    this.files = new Files(this);
+    /** The code interpreter's contexts and kernels (runCode() runs a cell). */
+    this.code = new CodeInterpreter(this);
+  }
+
+  /** The sandbox's id. */
+  get id() {
+    return this._info.id;
+  }
+
+  /** Alias of `id`. */
+  get sandboxId() {
+    return this._info.id;
+  }
+
+  /** The sandbox as last read from the server (see refresh()). */
+  get info() {
+    return this._info;
+  }
+
+  /** Its state as last read: provisioning, running, paused, stopped, destroyed or error. */
+  get state() {
+    return this._info.state;
+  }
+
+  /** @internal A request on this sandbox's own routes. */
+  _request(method, subpath, opts = {}) {
+    return request(this.config, method, `/sandboxes/${encodeURIComponent(this.id)}${subpath}`, opts);
+  }
+
+  _update(raw) {
+    this._info = sandboxInfo(raw);
+    return this._info;
+  }
+
+  /**
+   * Creates a sandbox and waits until it runs (unless `wait: false`).
+   * `Sandbox.create()`, `Sandbox.create({template, size, ...})` or `Sandbox.create('base', {...})`.
+   */
+  static async create(templateOrOpts, maybeOpts) {
+    let opts;
+    if (typeof templateOrOpts === 'string') opts = { ...(maybeOpts ?? {}), template: templateOrOpts };
+    else opts = { ...(templateOrOpts ?? {}) };
+    const config = new ConnectionConfig(connectionOptions(opts));
+    const r = await request(config, 'POST', '/sandboxes', {
+      json: createBody(opts),
+      signal: opts.signal,
+      timeoutMs: opts.requestTimeoutMs ?? Math.max(config.requestTimeoutMs, CREATE_TIMEOUT_MS),
+    });
+    return new Sandbox(sandboxInfo(r.data), config);
+  }
+
+  /**
+   * Connects to an existing sandbox. A paused or stopped one is resumed first, unless
+   * `resume: false`.
+   */
+  static async connect(sandboxId, opts = {}) {
+    const config = new ConnectionConfig(connectionOptions(opts));
+    const sb = new Sandbox({ id: sandboxId }, config);
+    await sb.refresh();
+    if (opts.resume !== false && (sb.state === 'paused' || sb.state === 'stopped')) await sb.resume();
+    return sb;
+  }
+
+  /**
+   * Lists the workspace's sandboxes, newest first, in every state (destroyed ones included),
+   * following every page. Filters: `state`, `metadata` (every entry must match).
+   * @returns {Promise<object[]>} SandboxInfo objects
+   */
+  static async list(opts = {}) {
+    const config = new ConnectionConfig(connectionOptions(opts));
+    const query = { state: opts.state, limit: opts.limit };
+    for (const [k, v] of Object.entries(opts.metadata ?? {})) query[`metadata.${k}`] = v;
+    const out = [];
+    let cursor;
+    for (;;) {
+      const r = await request(config, 'GET', '/sandboxes', { query: { ...query, cursor }, signal: opts.signal });
+      out.push(...r.data.map(sandboxInfo));
+      if (!r.next_cursor || r.data.length === 0) return out;
+      cursor = r.next_cursor;
+    }
+  }
+
+  /** Destroys a sandbox by id; returns its SandboxInfo, now destroyed. */
+  static async kill(sandboxId, opts = {}) {
+    return new Sandbox({ id: sandboxId }, connectionOptions(opts)).kill();
+  }
+
+  /** Reads the sandbox again; returns its SandboxInfo. */
+  async refresh() {
+    const r = await this._request('GET', '');
+    return this._update(r.data);
+  }
+
+  /** Alias of refresh(). */
+  async getInfo() {
+    return this.refresh();
+  }
+
+  /** Freezes every process (memory kept). */
+  async pause() {
+    const r = await this._request('POST', '/pause');
+    return this._update(r.data);
+  }
+
+  /** Thaws a paused sandbox, or boots a stopped one again on its kept files. */
+  async resume() {
+    const r = await this._request('POST', '/resume', { timeoutMs: Math.max(this.config.requestTimeoutMs, CREATE_TIMEOUT_MS) });
+    return this._update(r.data);
+  }
+
+  /** Ends every process and keeps the files (persistent sandboxes); resume() boots it again. */
+  async stop() {
+    const r = await this._request('POST', '/stop');
+    return this._update(r.data);
+  }
+
+  /** Destroys the sandbox (idempotent); returns its SandboxInfo, now destroyed. */
+  async kill() {
+    const r = await this._request('DELETE', '');
+    return this._update(r.data);
+  }
+
+  /** Sets the active-session timeout; on a running sandbox the timer starts again from now. */
+  async setTimeout(timeoutSec) {
+    const r = await this._request('POST', '/timeout', { json: { timeout_sec: timeoutSec } });
+    return this._update(r.data);
+  }
+
+  /** Running, paused and billed time, CPU and memory used. */
+  async usage() {
+    const r = await this._request('GET', '/usage');
+    return camelize(r.data);
+  }
+
+  /** Forks the sandbox into `count` (1-10) new ones; returns them. */
+  async fork(opts = {}) {
+    const r = await this._request('POST', '/fork', { json: compact({ count: opts.count, metadata: opts.metadata }) });
+    const list = Array.isArray(r.data) ? r.data : [r.data];
+    return list.map((raw) => new Sandbox(sandboxInfo(raw), this.config));
+  }
+
+  /** Exposes a port of the sandbox through the server's preview proxy; returns its URL. */
+  async expose(port) {
+    const r = await this._request('POST', '/expose', { json: { port } });
+    return r.data.url;
+  }
+
+  /** Runs a cell of code in a persistent context; see `sandbox.code.run()`. */
+  async runCode(code, opts = {}) {
+    return this.code.run(code, opts);
+  }
+
+  /** `await using sb = await Sandbox.create()` destroys it at the end of the scope. */
+  async [Symbol.asyncDispose ?? Symbol.for('Symbol.asyncDispose')]() {
+    try {
+      await this.kill();
+    } catch (e) {
+      if (!(e instanceof NotFoundError)) throw e;
+    }
+  }
+}
