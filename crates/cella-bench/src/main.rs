@@ -50,7 +50,8 @@ impl Server {
             .port();
         let cfg = dir.path().join("config.toml");
         // No rate limits: the bench measures the server, not its throttle.
-        std::fs::write(&cfg, "[rate_limits]\nread = { per_second = 0.0, burst = 1 }\nlifecycle = { per_second = 0.0, burst = 1 }\nexec = { per_second = 0.0, burst = 1 }\n").unwrap();
+        // A warm pool for `small` only: cold creates are measured on `xs`.
+        std::fs::write(&cfg, "[rate_limits]\nread = { per_second = 0.0, burst = 1 }\nlifecycle = { per_second = 0.0, burst = 1 }\nexec = { per_second = 0.0, burst = 1 }\n[pool]\ndefault = 0\nsizes = { small = 2 }\n").unwrap();
         let child = Command::new(bin)
             .args([
                 "serve",
@@ -110,11 +111,15 @@ impl Server {
     }
 
     fn create(&self, key: &str) -> Result<String, String> {
+        self.create_size(key, "xs")
+    }
+
+    fn create_size(&self, key: &str, size: &str) -> Result<String, String> {
         let (st, v) = self.call(
             key,
             "POST",
             "/api/v1/sandboxes",
-            Some(json!({ "size": "xs", "idle_timeout_sec": 0 })),
+            Some(json!({ "size": size, "idle_timeout_sec": 0 })),
         );
         if st == 201 {
             Ok(v["data"]["id"].as_str().unwrap_or_default().to_string())
@@ -327,7 +332,7 @@ fn main() {
     let s = Server::start(&bin);
     let mut series: Vec<Series> = Vec::new();
 
-    // Create (wait) then a first `exec true`, cold (there is no warm pool yet); destroy.
+    // Create (wait) then a first `exec true`, cold (no pool for xs); destroy.
     let mut create = Vec::new();
     let mut destroy = Vec::new();
     for _ in 0..n {
@@ -350,7 +355,85 @@ fn main() {
         target: "p50 <= 20",
     });
 
+    // The same from the warm pool (size small): wait until a pool sandbox is ready, then time.
+    let fast_ready = || {
+        let (_, t) = s.call(KEY, "GET", "/api/v1/templates/base", None);
+        t["data"]["sizes"]
+            .as_array()
+            .and_then(|a| a.iter().find(|z| z["size"] == "small"))
+            .map(|z| z["state"] == "fast_ready")
+            .unwrap_or(false)
+    };
+    let mut warm = Vec::new();
+    for _ in 0..n {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !fast_ready() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let t = Instant::now();
+        let id = s.create_size(KEY, "small").expect("create");
+        s.exec_true(&id);
+        warm.push(ms(t.elapsed()));
+        s.destroy(KEY, &id);
+    }
+    series.push(Series {
+        name: "create_exec_warm_ms",
+        samples: warm,
+        target: "p50 <= 10, p99 <= 30",
+    });
+
     let id = s.create(KEY).expect("create");
+    // A warm `1+1` cell (the kernel started by a first cell).
+    let cell = || {
+        let (st, v) = s.call(
+            KEY,
+            "POST",
+            &format!("/api/v1/sandboxes/{id}/code/run"),
+            Some(json!({ "code": "1+1" })),
+        );
+        assert!(st == 200 && v["data"]["result"] == "2", "code cell: {st} {v}");
+    };
+    cell();
+    series.push(Series {
+        name: "code_cell_ms",
+        samples: timed(if q { 30 } else { 200 }, cell),
+        target: "p50 <= 5",
+    });
+    // Fork of a sandbox with 100 MiB of changed files (one copy per fork, source keeps running).
+    let src = s.create(KEY).expect("create");
+    let (st, v) = s.call(
+        KEY,
+        "POST",
+        &format!("/api/v1/sandboxes/{src}/exec"),
+        Some(json!({ "command": "head -c 104857600 /dev/urandom > /home/user/changed" })),
+    );
+    assert!(st == 200 && v["data"]["exit_code"] == 0, "writing 100 MiB: {v}");
+    let (mut fork, mut fork_pause) = (Vec::new(), Vec::new());
+    for _ in 0..(if q { 5 } else { 20 }) {
+        let t = Instant::now();
+        let (st, v) = s.call(
+            KEY,
+            "POST",
+            &format!("/api/v1/sandboxes/{src}/fork"),
+            Some(json!({ "count": 1 })),
+        );
+        fork.push(ms(t.elapsed()));
+        assert_eq!(st, 201, "fork: {v}");
+        fork_pause.push(v["fork"]["source_paused_ms"].as_f64().unwrap_or(f64::NAN));
+        let child = v["data"][0]["id"].as_str().unwrap_or_default().to_string();
+        s.destroy(KEY, &child);
+    }
+    s.destroy(KEY, &src);
+    series.push(Series {
+        name: "fork_100mib_ms",
+        samples: fork,
+        target: "p50 <= 150",
+    });
+    series.push(Series {
+        name: "fork_source_paused_ms",
+        samples: fork_pause,
+        target: "",
+    });
     series.push(Series {
         name: "exec_rtt_ms",
         samples: timed(if q { 50 } else { 300 }, || s.exec_true(&id)),
@@ -521,19 +604,22 @@ fn main() {
         );
     }
     let find = |name: &str| series.iter().find(|x| x.name == name);
-    let cold = find("create_exec_cold_ms")
-        .map(|x| x.p(0.5))
-        .unwrap_or(f64::NAN);
-    for (peer, label) in [
-        ("peer_runc_ms", "runc run"),
-        ("peer_bwrap_ms", "bwrap --unshare-all"),
+    for (ours, what) in [
+        ("create_exec_cold_ms", "cold create+exec"),
+        ("create_exec_warm_ms", "warm create+exec"),
     ] {
-        if let Some(p) = find(peer) {
-            println!(
-                "create+exec vs {label}: {:.2}x ({cold:.1} ms vs {:.1} ms)",
-                cold / p.p(0.5),
-                p.p(0.5)
-            );
+        let mine = find(ours).map(|x| x.p(0.5)).unwrap_or(f64::NAN);
+        for (peer, label) in [
+            ("peer_runc_ms", "runc run"),
+            ("peer_bwrap_ms", "bwrap --unshare-all"),
+        ] {
+            if let Some(p) = find(peer) {
+                println!(
+                    "{what} vs {label}: {:.2}x ({mine:.1} ms vs {:.1} ms)",
+                    mine / p.p(0.5),
+                    p.p(0.5)
+                );
+            }
         }
     }
     println!("api_get_rps            {rps:.0}   (target >= 10000)");
@@ -549,7 +635,6 @@ fn main() {
             .map(|r| format!("   (stopped: {r})"))
             .unwrap_or_default()
     );
-    println!("not measured yet (feature missing): warm pool, fork, code cell");
 
     if let Some(path) = args.json {
         let p = |name: &str, q: f64| {
@@ -558,8 +643,8 @@ fn main() {
                 .unwrap_or(Value::Null)
         };
         let out = json!({
-            "create_exec_warm_ms_p50": null,
-            "create_exec_warm_ms_p99": null,
+            "create_exec_warm_ms_p50": p("create_exec_warm_ms", 0.5),
+            "create_exec_warm_ms_p99": p("create_exec_warm_ms", 0.99),
             "create_exec_cold_ms_p50": p("create_exec_cold_ms", 0.5),
             "create_exec_cold_ms_p99": p("create_exec_cold_ms", 0.99),
             "exec_rtt_ms_p50": p("exec_rtt_ms", 0.5),
@@ -567,10 +652,10 @@ fn main() {
             "destroy_ms_p50": p("destroy_ms", 0.5),
             "pause_ms_p50": p("pause_ms", 0.5),
             "resume_ms_p50": p("resume_ms", 0.5),
-            "fork_100mib_ms_p50": null,
+            "fork_100mib_ms_p50": p("fork_100mib_ms", 0.5),
             "idle_sandbox_host_mib": (idle_mib * 10.0).round() / 10.0,
             "density_sandboxes": density,
-            "code_cell_ms_p50": null,
+            "code_cell_ms_p50": p("code_cell_ms", 0.5),
             "api_get_rps": rps.round(),
             "upload_mb_s": upload.round(),
             "download_mb_s": download.round(),

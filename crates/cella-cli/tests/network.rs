@@ -171,7 +171,20 @@ fn instance(s: &Server) -> String {
 }
 
 fn has_chain(s: &Server, id: &str) -> bool {
-    firewall_chains(&instance(s)).contains(&format!("sb_{}_{id}", instance(s)))
+    let prefix = format!("sb_{}_{id}_", instance(s));
+    firewall_chains(&instance(s)).iter().any(|c| c.starts_with(&prefix))
+}
+
+/// Rules of a gone boot are removed just after the answer: wait for that (at most 5 s).
+fn chain_goes(s: &Server, id: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while has_chain(s, id) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
 }
 
 /// The host interface at the other end of the sandbox's eth0.
@@ -304,14 +317,14 @@ fn rules_and_interfaces_go_with_the_sandbox_also_after_a_crash() {
     let iface = host_iface(&s, &a);
     assert!(iface.starts_with("cv") && has_chain(&s, &a));
     s.delete(&format!("/api/v1/sandboxes/{a}"));
-    assert!(!has_chain(&s, &a), "the chain outlived its sandbox");
+    assert!(chain_goes(&s, &a), "the chain outlived its sandbox");
     assert!(!iface_exists(&iface), "{iface} outlived its sandbox");
 
     // Stop drops them too; resume brings them back, with the same policy.
     let b = s.create(json!({ "size": "xs", "network": { "egress": "deny", "allow": ["198.51.100.1"] } }));
     let iface = host_iface(&s, &b);
     assert_eq!(s.post(&format!("/api/v1/sandboxes/{b}/stop"), json!({})).status, 200);
-    assert!(!has_chain(&s, &b) && !iface_exists(&iface));
+    assert!(chain_goes(&s, &b) && !iface_exists(&iface));
     assert_eq!(s.post(&format!("/api/v1/sandboxes/{b}/resume"), json!({})).status, 200);
     assert!(has_chain(&s, &b));
     assert_eq!(reach(&s, &b, &[PUBLIC, PRIVATE]), [true, false]);
@@ -325,12 +338,13 @@ fn rules_and_interfaces_go_with_the_sandbox_also_after_a_crash() {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
     }
     s.restart();
-    assert!(!has_chain(&s, &c), "a dead sandbox's chain survived the restart");
+    assert!(chain_goes(&s, &c), "a dead sandbox's chain survived the restart");
     assert!(!iface_exists(&c_iface));
     assert_eq!(s.get(&format!("/api/v1/sandboxes/{c}")).data()["state"], "stopped");
     assert!(has_chain(&s, &b));
     assert_eq!(reach(&s, &b, &[PUBLIC, PRIVATE]), [true, false]);
     s.delete(&format!("/api/v1/sandboxes/{b}"));
     s.delete(&format!("/api/v1/sandboxes/{c}"));
+    assert!(chain_goes(&s, &b) && chain_goes(&s, &c));
     assert!(firewall_chains(&instance(&s)).is_empty());
 }

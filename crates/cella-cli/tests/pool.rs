@@ -94,8 +94,13 @@ fn pool_sandboxes_belong_to_no_workspace_and_respect_caps_and_policies() {
     let got = s.get(&format!("/api/v1/sandboxes/{id}"));
     assert_eq!(got.data()["network"]["egress"], "deny");
     let instance = std::fs::read_to_string(s.data_dir().join("instance-id")).unwrap();
+    let prefix = format!("sb_{}_{id}_", instance.trim());
+    let chain_name = firewall_chains(instance.trim())
+        .into_iter()
+        .find(|c| c.starts_with(&prefix))
+        .expect("the claimed sandbox has a chain");
     let out = std::process::Command::new("nft")
-        .args(["list", "chain", "inet", "cella", &format!("sb_{}_{id}", instance.trim())])
+        .args(["list", "chain", "inet", "cella", &chain_name])
         .output()
         .unwrap();
     let chain = String::from_utf8_lossy(&out.stdout);

@@ -2,8 +2,12 @@
 //!
 //! One table, `inet cella`, is shared by every Cella server on the host (their sandboxes share
 //! the `cv*` interfaces and the subnet's slots). Its base chains are the same for every server
-//! and are rewritten at each start; each sandbox has its own chain, `sb_<instance>_<id>`,
-//! reached through the verdict map `sandboxes` (host interface -> jump to the chain):
+//! and are rewritten at each start; each boot of a sandbox has its own chain,
+//! `sb_<instance>_<id>_<ifindex>`, reached through the verdict map `by_iif` (host interface
+//! index -> jump to the chain). Interface indexes are not reused by the kernel, so an entry
+//! left for a gone interface can never apply to a new one: removing a boot's rules can happen
+//! after its processes are gone, off the request's path (deleting nftables objects waits for an
+//! RCU grace period, about 10 ms a transaction here).
 //!
 //! - forward: traffic *to* a sandbox is dropped unless it answers a connection the sandbox
 //!   opened (no inbound, no sandbox-to-sandbox); traffic *from* a sandbox goes to `egress`.
@@ -78,8 +82,8 @@ impl Firewall {
         })
     }
 
-    fn chain(&self, id: &str) -> String {
-        format!("sb_{}_{id}", self.instance)
+    fn chain(&self, id: &str, ifindex: u32) -> String {
+        format!("sb_{}_{id}_{ifindex}", self.instance)
     }
 
     /// Writes the shared table's base chains (idempotent; kept sandbox chains stay) and turns
@@ -89,7 +93,7 @@ impl Firewall {
         let closed = CLOSED_RANGES.join(", ");
         let script = format!(
             r#"add table inet cella
-add map inet cella sandboxes {{ type ifname : verdict; }}
+add map inet cella by_iif {{ type iface_index : verdict; }}
 add set inet cella closed {{ type ipv4_addr; flags interval; }}
 flush set inet cella closed
 add element inet cella closed {{ {closed} }}
@@ -98,7 +102,7 @@ flush chain inet cella egress
 add rule inet cella egress meta nfproto ipv6 drop
 add rule inet cella egress ct state established,related accept
 add rule inet cella egress ct state invalid drop
-add rule inet cella egress iifname vmap @sandboxes
+add rule inet cella egress iif vmap @by_iif
 add rule inet cella egress drop
 add chain inet cella forward {{ type filter hook forward priority -10; policy accept; }}
 flush chain inet cella forward
@@ -121,24 +125,14 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
         Ok(())
     }
 
-    /// Installs (or replaces) the chain of sandbox `id`, whose host interface is `iface`.
-    pub fn install(&self, id: &str, iface: &str, rules: &EgressRules) -> Result<(), DriverError> {
-        let script = self.chain_script(id, iface, rules);
-        match nft(&script) {
-            Ok(()) => Ok(()),
-            Err(_) => {
-                // A map entry left for this interface name by a sandbox whose rules were not
-                // removed: drop it and try once more.
-                let _ = nft(&format!(
-                    "delete element inet cella sandboxes {{ \"{iface}\" }}\n"
-                ));
-                nft(&script)
-            }
-        }
+    /// Installs (or replaces) the chain of sandbox `id`'s boot whose host interface has index
+    /// `ifindex`.
+    pub fn install(&self, id: &str, ifindex: u32, rules: &EgressRules) -> Result<(), DriverError> {
+        nft(&self.chain_script(id, ifindex, rules))
     }
 
-    fn chain_script(&self, id: &str, iface: &str, rules: &EgressRules) -> String {
-        let c = self.chain(id);
+    fn chain_script(&self, id: &str, ifindex: u32, rules: &EgressRules) -> String {
+        let c = self.chain(id, ifindex);
         let mut s = format!("add chain inet cella {c}\nflush chain inet cella {c}\n");
         let list = |nets: &[Net]| {
             nets.iter()
@@ -170,31 +164,35 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
             s += &format!("add rule inet cella {c} meta nfproto ipv4 accept\n");
         }
         s += &format!("add rule inet cella {c} drop\n");
-        s += &format!("add element inet cella sandboxes {{ \"{iface}\" : jump {c} }}\n");
+        s += &format!("add element inet cella by_iif {{ {ifindex} : jump {c} }}\n");
         s
     }
 
-    /// Removes the chain of sandbox `id` and the map entries that lead to it. Idempotent.
-    pub fn remove(&self, id: &str, iface: Option<&str>) -> Result<(), DriverError> {
-        let c = self.chain(id);
-        if let Some(iface) = iface {
-            // The usual case: one batch.
-            let fast = format!(
-                "delete element inet cella sandboxes {{ \"{iface}\" }}\nflush chain inet cella {c}\ndelete chain inet cella {c}\n"
-            );
-            if nft(&fast).is_ok() {
-                return Ok(());
-            }
+    /// Removes the rules of one boot of sandbox `id` (one batch). Idempotent.
+    pub fn remove_boot(&self, id: &str, ifindex: u32) -> Result<(), DriverError> {
+        let c = self.chain(id, ifindex);
+        let batch = format!(
+            "delete element inet cella by_iif {{ {ifindex} }}\nflush chain inet cella {c}\ndelete chain inet cella {c}\n"
+        );
+        if nft(&batch).is_ok() {
+            return Ok(());
         }
-        // Look the entries up (the interface is unknown, or the entry was already gone).
+        self.remove_all(id) // part of it was gone already
+    }
+
+    /// Removes every chain of sandbox `id` and the map entries that lead to them. Idempotent.
+    pub fn remove_all(&self, id: &str) -> Result<(), DriverError> {
+        let prefix = format!("sb_{}_{id}_", self.instance);
         let mut script = String::new();
         for (key, target) in self.map_entries()? {
-            if target == c {
-                script += &format!("delete element inet cella sandboxes {{ \"{key}\" }}\n");
+            if target.starts_with(&prefix) {
+                script += &format!("delete element inet cella by_iif {{ {key} }}\n");
             }
         }
-        if self.own_chains()?.iter().any(|x| x == id) {
-            script += &format!("flush chain inet cella {c}\ndelete chain inet cella {c}\n");
+        for c in self.chains()? {
+            if c.starts_with(&prefix) {
+                script += &format!("flush chain inet cella {c}\ndelete chain inet cella {c}\n");
+            }
         }
         if script.is_empty() {
             return Ok(());
@@ -202,25 +200,39 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
         nft(&script)
     }
 
-    /// Ids of this server's sandboxes that have a chain.
-    pub fn own_chains(&self) -> Result<Vec<String>, DriverError> {
-        let prefix = format!("sb_{}_", self.instance);
+    fn chains(&self) -> Result<Vec<String>, DriverError> {
         let v = nft_json(&["list", "chains", "inet"])?;
         Ok(items(&v, "chain")
             .filter(|c| c["table"] == "cella")
-            .filter_map(|c| c["name"].as_str()?.strip_prefix(&prefix).map(String::from))
+            .filter_map(|c| c["name"].as_str().map(String::from))
             .collect())
     }
 
-    /// The verdict map's entries: (interface, chain it jumps to).
+    /// Ids of this server's sandboxes that have a chain.
+    pub fn own_chains(&self) -> Result<Vec<String>, DriverError> {
+        let prefix = format!("sb_{}_", self.instance);
+        Ok(self
+            .chains()?
+            .iter()
+            .filter_map(|c| c.strip_prefix(&prefix))
+            .filter_map(|rest| rest.rsplit_once('_').map(|(id, _)| id.to_string()))
+            .collect())
+    }
+
+    /// The verdict map's entries: (key as nft prints it, chain it jumps to). The key is the
+    /// interface's name while it exists, else its index.
     fn map_entries(&self) -> Result<Vec<(String, String)>, DriverError> {
-        let v = nft_json(&["list", "map", "inet", "cella", "sandboxes"])?;
+        let v = nft_json(&["list", "map", "inet", "cella", "by_iif"])?;
         let mut out = Vec::new();
         for m in items(&v, "map") {
             for e in m["elem"].as_array().into_iter().flatten() {
-                // [key, {"jump": {"target": chain}}]
-                if let (Some(k), Some(t)) = (e[0].as_str(), e[1]["jump"]["target"].as_str()) {
-                    out.push((k.to_string(), t.to_string()));
+                let key = match &e[0] {
+                    serde_json::Value::String(name) => format!("\"{name}\""),
+                    serde_json::Value::Number(n) => n.to_string(),
+                    _ => continue,
+                };
+                if let Some(t) = e[1]["jump"]["target"].as_str() {
+                    out.push((key, t.to_string()));
                 }
             }
         }
@@ -290,15 +302,15 @@ mod tests {
             deny: vec![Net("1.2.3.4".parse().unwrap(), 32)],
             dns: vec!["10.255.255.53".parse().unwrap()],
         };
-        let s = fw.chain_script("sabc", "cv7", &rules);
+        let s = fw.chain_script("sabc", 17, &rules);
         let deny = s.find("1.2.3.4/32 } drop").unwrap();
         let allow = s.find("10.1.0.0/16 } accept").unwrap();
         let closed = s.find("@closed drop").unwrap();
         assert!(deny < allow && allow < closed);
-        assert!(s.contains("\"cv7\" : jump sb_i1_sabc"));
-        assert!(s.trim_end().ends_with("jump sb_i1_sabc }"));
+        assert!(s.contains("{ 17 : jump sb_i1_sabc_17 }"));
+        assert!(s.trim_end().ends_with("jump sb_i1_sabc_17 }"));
         let closed_rules = EgressRules::default();
-        let s = fw.chain_script("sabc", "cv7", &closed_rules);
+        let s = fw.chain_script("sabc", 17, &closed_rules);
         assert!(!s.contains("accept"), "egress deny with no allow list opens nothing: {s}");
     }
 }

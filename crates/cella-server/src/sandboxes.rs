@@ -673,6 +673,7 @@ pub async fn exec_failure(
 pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> {
     let live = state.store.live_sandboxes().await?;
     let mut keep = std::collections::HashSet::new();
+    let mut running = std::collections::HashSet::new();
     for row in live {
         let st = state_of(&row);
         // Whatever happens below, a persistent sandbox past provisioning keeps its files.
@@ -689,6 +690,7 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
                 Probe::Alive => {
                     tracing::info!(sandbox = row.id, state = row.state, "sandbox found again");
                     keep.insert(row.id.clone());
+                    running.insert(row.id.clone());
                 }
                 Probe::Gone(reason) => {
                     tracing::warn!(sandbox = row.id, "sandbox is gone: {reason}");
@@ -708,14 +710,22 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
         }
     }
     for id in state.driver.leftovers() {
-        if !keep.contains(&id) {
+        if running.contains(&id) {
+            continue;
+        }
+        // A stopped sandbox keeps its files; everything else of it (a cgroup, firewall rules
+        // of an earlier boot) goes, as does all of a sandbox that is not live.
+        let res = if keep.contains(&id) {
+            state.driver.stop(&id, None).await
+        } else {
             tracing::info!(
                 sandbox = id,
                 "clearing leftovers of a sandbox that is not live"
             );
-            if let Err(e) = state.driver.destroy(&id, None).await {
-                tracing::error!(sandbox = id, "clearing leftovers: {e}");
-            }
+            state.driver.destroy(&id, None).await
+        };
+        if let Err(e) = res {
+            tracing::error!(sandbox = id, "clearing leftovers: {e}");
         }
     }
     Ok(())

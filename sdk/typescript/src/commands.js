@@ -50,18 +50,24 @@ async function collect(res, { onStdout, onStderr } = {}) {
   let stdout = '';
   let stderr = '';
   const events = outputEvents(res);
-  for (;;) {
-    const { value, done } = await events.next();
-    if (done) {
-      return commandResult({ ...value, stdout, stderr });
+  try {
+    for (;;) {
+      const { value, done } = await events.next();
+      if (done) {
+        return commandResult({ ...value, stdout, stderr });
+      }
+      if (value.type === 'stdout') {
+        stdout += value.data;
+        if (onStdout) await onStdout(value.data);
+      } else {
+        stderr += value.data;
+        if (onStderr) await onStderr(value.data);
+      }
     }
-    if (value.type === 'stdout') {
-      stdout += value.data;
-      if (onStdout) await onStdout(value.data);
-    } else {
-      stderr += value.data;
-      if (onStderr) await onStderr(value.data);
-    }
+  } finally {
+    // A callback that threw leaves the stream open: close it (for a streamed exec, the server
+    // then ends the command).
+    await events.return(undefined);
   }
 }
 

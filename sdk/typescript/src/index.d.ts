@@ -325,6 +325,8 @@ export declare class Commands {
 }
 
 export declare class CommandHandle implements AsyncIterable<OutputChunk> {
+  /** Wraps a process by pid without a request; prefer `commands.start()` / `commands.connect()`. */
+  constructor(sandbox: Sandbox, info: { pid: number } & Partial<ProcessInfo>);
   readonly pid: number;
   readonly tag: string | null;
   /** The process as last read. */

@@ -23,7 +23,8 @@ export async function* parseSSE(body) {
       try {
         chunk = await reader.read();
       } catch (e) {
-        if (e?.name === 'AbortError') throw e;
+        // fetch reports a broken connection as a TypeError; an abort comes as its reason.
+        if (!(e instanceof TypeError)) throw e;
         throw new ConnectionError(`the event stream broke off: ${e?.cause?.message ?? e?.message ?? e}`, {
           code: 'CONNECTION',
           cause: e,

@@ -62,7 +62,7 @@ describe('commands.run', () => {
   });
 
   it('errors: a paused sandbox, a relative cwd, a missing cwd, a timeout out of range', async () => {
-    await assert.rejects(paused.commands.run('true'), (e) => e instanceof SandboxNotRunningError && e.status === 409 && e.requestId);
+    await assert.rejects(paused.commands.run('true'), (e) => e instanceof SandboxNotRunningError && e.status === 409 && Boolean(e.requestId));
     await assert.rejects(sb.commands.run('true', { cwd: 'relative' }), (e) => e instanceof InvalidRequestError && e.field === 'cwd');
     await assert.rejects(sb.commands.run('true', { cwd: '/no/such/dir' }), (e) => e instanceof InvalidRequestError && e.field === 'cwd');
     await assert.rejects(sb.commands.run('true', { timeoutSec: 0 }), (e) => e instanceof InvalidRequestError && e.field === 'timeout_sec');
@@ -75,7 +75,6 @@ describe('commands.run', () => {
 describe('commands.run with callbacks (streamed exec)', () => {
   it('streams stdout and stderr as they come, then returns the result', async () => {
     const events = [];
-    const started = Date.now();
     let firstAt = null;
     const r = await sb.commands.run('echo one; sleep 0.4; echo two >&2; sleep 0.4; echo three; exit 4', {
       onStdout: (d) => {
@@ -89,8 +88,9 @@ describe('commands.run with callbacks (streamed exec)', () => {
       ['err', 'two\n'],
       ['out', 'three\n'],
     ]);
-    // The first line came before the command ended.
-    assert.ok(firstAt - started < 600, `first output after ${firstAt - started} ms`);
+    // The first line came while the command still ran (it sleeps 0.8 s after it).
+    const doneAt = Date.now();
+    assert.ok(doneAt - firstAt >= 500, `first output only ${doneAt - firstAt} ms before the end`);
     assert.equal(r.exitCode, 4);
     assert.equal(r.stdout, 'one\nthree\n');
     assert.equal(r.stderr, 'two\n');
@@ -137,7 +137,21 @@ describe('commands.run with callbacks (streamed exec)', () => {
       signal: ctrl.signal,
       onStdout: () => ctrl.abort(new Error('enough')),
     });
-    await assert.rejects(p, /enough/);
+    await assert.rejects(p, (e) => e.message === 'enough');
+  });
+
+  it('a callback that throws ends the stream, and the server ends the command', async () => {
+    await sb.files.remove('/tmp/late').catch(() => {});
+    await assert.rejects(
+      sb.commands.run('echo go; sleep 1; touch /tmp/late', {
+        onStdout: () => {
+          throw new Error('callback failed');
+        },
+      }),
+      /callback failed/,
+    );
+    await sleepMs(1500);
+    assert.equal(await sb.files.exists('/tmp/late'), false);
   });
 });
 

@@ -71,6 +71,20 @@ describe('Sandbox.create', () => {
     }
   });
 
+  it('wait: false answers at once; the sandbox comes up by itself', async () => {
+    const sb = await make({ wait: false });
+    try {
+      assert.ok(['provisioning', 'running'].includes(sb.state), sb.state);
+      for (let i = 0; i < 100 && sb.state !== 'running'; i++) {
+        await new Promise((r) => setTimeout(r, 50));
+        await sb.refresh();
+      }
+      assert.equal(sb.state, 'running');
+    } finally {
+      await sb.kill();
+    }
+  });
+
   it('reads CELLA_SERVER and CELLA_API_KEY', async () => {
     const saved = [process.env.CELLA_SERVER, process.env.CELLA_API_KEY];
     process.env.CELLA_SERVER = srv.url;

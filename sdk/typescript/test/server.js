@@ -2,12 +2,15 @@
 // a free port, a temporary data directory, a random bootstrap key. stop() destroys every
 // sandbox still alive, stops the server (SIGTERM) and removes the data directory.
 
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdtempSync, rmSync, writeFileSync, readFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const CLEANUP = fileURLToPath(new URL('./cleanup.js', import.meta.url));
 
 export const CELLA_BIN = process.env.CELLA_BIN || '/tmp/cella-sdk-ts';
 
@@ -43,12 +46,12 @@ export async function startServer(opts = {}) {
   for (let attempt = 0; ; attempt++) {
     const port = await freePort();
     url = `http://127.0.0.1:${port}`;
-    const { openSync } = await import('node:fs');
     const fd = openSync(logPath, 'a');
     child = spawn(CELLA_BIN, ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', join(dir, 'data'), '--config', cfg], {
       env: { ...process.env, CELLA_BOOTSTRAP_KEY: key },
       stdio: ['ignore', fd, fd],
     });
+    closeSync(fd);
     let exited = false;
     child.on('exit', () => {
       exited = true;
@@ -75,8 +78,15 @@ export async function startServer(opts = {}) {
     rmSync(dir, { recursive: true, force: true });
     throw new Error(`the cella server did not start:\n${log.slice(-4000)}`);
   }
-  const killOnExit = () => child.kill('SIGKILL');
+  // Should this process die before stop() (an uncaught error, SIGINT, SIGTERM), a synchronous
+  // helper still destroys the sandboxes, stops the server and removes its directory.
+  const killOnExit = () => {
+    spawnSync(process.execPath, [CLEANUP, url, key, String(child.pid), dir], { stdio: 'ignore', timeout: 60_000 });
+  };
   process.on('exit', killOnExit);
+  for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
+    if (process.listenerCount(sig) === 0) process.once(sig, () => process.exit(128 + (sig === 'SIGINT' ? 2 : sig === 'SIGTERM' ? 15 : 1)));
+  }
 
   const auth = { authorization: `Bearer ${key}` };
   async function destroyAll() {

@@ -406,23 +406,29 @@ fn remove_firewall_chains(instance: &str) {
         return;
     }
     let out = Command::new("nft")
-        .args(["-j", "list", "map", "inet", "cella", "sandboxes"])
+        .args(["-j", "list", "map", "inet", "cella", "by_iif"])
         .output();
     let mut script = String::new();
     if let Ok(out) = out {
         let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
         for m in v["nftables"].as_array().into_iter().flatten() {
             for e in m["map"]["elem"].as_array().into_iter().flatten() {
-                if let (Some(k), Some(t)) = (e[0].as_str(), e[1]["jump"]["target"].as_str()) {
+                // The key is the interface's name while it exists, else its index.
+                let key = match &e[0] {
+                    Value::String(k) => format!("\"{k}\""),
+                    Value::Number(n) => n.to_string(),
+                    _ => continue,
+                };
+                if let Some(t) = e[1]["jump"]["target"].as_str() {
                     if chains.iter().any(|c| c == t) {
-                        script += &format!("delete element inet cella sandboxes {{ \"{k}\" }}\n");
+                        script += &format!("delete element inet cella by_iif {{ {key} }}\n");
                     }
                 }
             }
         }
     }
     for c in &chains {
-        script += &format!("delete chain inet cella {c}\n");
+        script += &format!("flush chain inet cella {c}\ndelete chain inet cella {c}\n");
     }
     if let Ok(mut child) = Command::new("nft")
         .args(["-f", "-"])

@@ -344,12 +344,15 @@ impl NamespaceDriver {
             let info: Option<net::NetInfo> = serde_json::from_value(answer["net"].clone()).ok();
             let res = match info {
                 None => Err(DriverError::Network("the launcher made no interface".into())),
-                Some(info) => {
+                Some(mut info) => {
                     n.next_slot
                         .store(info.slot + 1, std::sync::atomic::Ordering::Relaxed);
                     let r = net::host_up(&info)
                         .map_err(|e| DriverError::Network(format!("host end: {e}")))
-                        .and_then(|_| n.firewall.install(&spec.id, &info.iface, rules));
+                        .and_then(|ifindex| {
+                            info.ifindex = ifindex;
+                            n.firewall.install(&spec.id, ifindex, rules)
+                        });
                     handle.net = Some(info);
                     r
                 }
@@ -377,14 +380,24 @@ impl NamespaceDriver {
     ) -> Result<(), DriverError> {
         let alive = handle.is_some_and(|h| process_start_time(h.pid) == Some(h.start_time));
         if let Some(n) = &self.net {
-            // Rules go first, while the sandbox still holds its interface name: a dead
-            // sandbox's name may already belong to another one, so then the map is searched.
-            let iface = handle
-                .filter(|_| alive)
-                .and_then(|h| h.net.as_ref())
-                .map(|i| i.iface.as_str());
-            if let Err(e) = n.firewall.remove(id, iface) {
-                tracing::warn!(sandbox = id, "removing firewall rules: {e}");
+            let boot = handle.and_then(|h| h.net.as_ref()).filter(|i| i.ifindex != 0);
+            let (fw, id2) = (n.firewall.clone(), id.to_string());
+            match boot {
+                // The boot's own chain and entry: they can never apply to another interface,
+                // so they go after the response (deleting takes an RCU grace period).
+                Some(info) => {
+                    let ifindex = info.ifindex;
+                    std::thread::spawn(move || {
+                        if let Err(e) = fw.remove_boot(&id2, ifindex) {
+                            tracing::warn!(sandbox = id2, "removing firewall rules: {e}");
+                        }
+                    });
+                }
+                None => {
+                    if let Err(e) = fw.remove_all(id) {
+                        tracing::warn!(sandbox = id, "removing firewall rules: {e}");
+                    }
+                }
             }
         }
         if let Some(h) = handle {
@@ -560,13 +573,13 @@ impl Driver for NamespaceDriver {
         let (Some(n), Some(info)) = (&self.net, &handle.net) else {
             return Ok(()); // loopback only: nothing to filter
         };
-        let (fw, id, iface, rules) = (
+        let (fw, id, ifindex, rules) = (
             n.firewall.clone(),
             handle.id.clone(),
-            info.iface.clone(),
+            info.ifindex,
             rules.clone(),
         );
-        tokio::task::spawn_blocking(move || fw.install(&id, &iface, &rules))
+        tokio::task::spawn_blocking(move || fw.install(&id, ifindex, &rules))
             .await
             .map_err(|e| DriverError::Network(e.to_string()))?
     }

@@ -43,6 +43,9 @@ pub struct NetInfo {
     pub iface: String,
     pub host_addr: Ipv4Addr,
     pub sandbox_addr: Ipv4Addr,
+    /// The host end's interface index (set by [`host_up`]; never reused by the kernel).
+    #[serde(default)]
+    pub ifindex: u32,
 }
 
 /// How many /30 slots a subnet of `prefix` holds.
@@ -65,6 +68,7 @@ pub fn slot_info(subnet: Ipv4Addr, prefix: u8, slot: u32) -> Option<NetInfo> {
         iface: format!("{IFACE_PREFIX}{slot}"),
         host_addr: (block + 1).into(),
         sandbox_addr: (block + 2).into(),
+        ifindex: 0,
     })
 }
 
@@ -115,15 +119,21 @@ pub fn setup_inside(host: &HostNs, plan: &NetLaunch) -> Result<NetInfo, String> 
 }
 
 /// Run by the server (in the host namespace) once the launcher answered: no IPv6 on the host
-/// end, its address, up.
-pub fn host_up(info: &NetInfo) -> std::io::Result<()> {
+/// end, its address, up. Returns the host end's interface index.
+pub fn host_up(info: &NetInfo) -> std::io::Result<u32> {
     let _ = std::fs::write(
         format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", info.iface),
         "1",
     );
     let sock = inet_socket()?;
     set_addr(&sock, &info.iface, info.host_addr, 30)?;
-    set_up(&sock, &info.iface)
+    set_up(&sock, &info.iface)?;
+    let name = std::ffi::CString::new(info.iface.as_str()).map_err(std::io::Error::other)?;
+    // SAFETY: a plain lookup with a NUL-terminated name.
+    match unsafe { libc::if_nametoindex(name.as_ptr()) } {
+        0 => Err(std::io::Error::last_os_error()),
+        i => Ok(i),
+    }
 }
 
 /// Interfaces on the host whose names are sandbox slots.

@@ -186,6 +186,7 @@ class AsyncSandbox:
         metadata: Optional[Mapping[str, str]] = None,
         *,
         limit: Optional[int] = None,
+        page_size: Optional[int] = None,
         server: Optional[str] = None,
         api_key: Optional[str] = None,
         max_retries: Optional[int] = None,
@@ -197,7 +198,7 @@ class AsyncSandbox:
             found: List[SandboxInfo] = []
             cursor: Optional[str] = None
             while True:
-                params = _list_params(state, metadata, limit, len(found), cursor)
+                params = _list_params(state, metadata, limit, len(found), cursor, page_size)
                 page = (await transport.request("GET", "/sandboxes", params=params)).json()
                 found.extend(SandboxInfo.from_dict(d) for d in page.get("data") or [])
                 cursor = page.get("next_cursor")

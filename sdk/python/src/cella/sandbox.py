@@ -160,6 +160,7 @@ class Sandbox:
         metadata: Optional[Mapping[str, str]] = None,
         *,
         limit: Optional[int] = None,
+        page_size: Optional[int] = None,
         server: Optional[str] = None,
         api_key: Optional[str] = None,
         max_retries: Optional[int] = None,
@@ -168,13 +169,14 @@ class Sandbox:
     ) -> List[SandboxInfo]:
         """The workspace's sandboxes, newest first, in every state (destroyed ones too)
         unless ``state`` picks one; ``metadata`` keeps those whose metadata has every entry
-        given. Pages are followed until the end, or until ``limit`` sandboxes are found."""
+        given. Pages (of ``page_size``, at most 1000) are followed until the end, or until
+        ``limit`` sandboxes are found."""
         transport = SyncTransport(_connection(server, api_key, max_retries, request_timeout, headers))
         try:
             found: List[SandboxInfo] = []
             cursor: Optional[str] = None
             while True:
-                params = _list_params(state, metadata, limit, len(found), cursor)
+                params = _list_params(state, metadata, limit, len(found), cursor, page_size)
                 page = transport.request("GET", "/sandboxes", params=params).json()
                 found.extend(SandboxInfo.from_dict(d) for d in page.get("data") or [])
                 cursor = page.get("next_cursor")
@@ -304,14 +306,17 @@ class Sandbox:
         return f"Sandbox(id={self.id!r}, state={self.state!r})"
 
 
-def _list_params(state: Optional[str], metadata: Optional[Mapping[str, str]], limit: Optional[int], have: int, cursor: Optional[str]) -> List[Any]:
+def _list_params(state: Optional[str], metadata: Optional[Mapping[str, str]], limit: Optional[int], have: int, cursor: Optional[str], page_size: Optional[int]) -> List[Any]:
     params: List[Any] = []
     if state is not None:
         params.append(("state", state))
     for key, value in (metadata or {}).items():
         params.append((f"metadata.{key}", value))
+    size = page_size
     if limit is not None:
-        params.append(("limit", max(1, min(1000, limit - have))))
+        size = min(size or 1000, limit - have)
+    if size is not None:
+        params.append(("limit", max(1, min(1000, size))))
     if cursor:
         params.append(("cursor", cursor))
     return params
