@@ -22,6 +22,27 @@ pub struct Config {
     pub disk: DiskConfig,
     pub network: NetworkConfig,
     pub pool: PoolConfig,
+    pub preview: PreviewConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PreviewConfig {
+    /// Previews answer at `<port>-<sandbox id>.<domain>` (default `localhost`, whose subdomains
+    /// resolve to loopback in browsers and curl).
+    pub domain: String,
+    /// How users reach this server (`http://host:port`), for the URLs the API hands out;
+    /// empty: the listen address (`localhost` for an unspecified one).
+    pub base_url: String,
+}
+
+impl Default for PreviewConfig {
+    fn default() -> Self {
+        PreviewConfig {
+            domain: "localhost".into(),
+            base_url: String::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -130,6 +151,7 @@ impl Default for Config {
             disk: DiskConfig::default(),
             network: NetworkConfig::default(),
             pool: PoolConfig::default(),
+            preview: PreviewConfig::default(),
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod extract;
 pub mod lifecycle;
 pub mod network;
 pub mod pool;
+pub mod preview;
 pub mod openapi;
 pub mod ratelimit;
 pub mod routes;
@@ -47,11 +48,28 @@ pub struct AppState {
     pub limiter: ratelimit::Limiter,
     /// Resolvers sandboxes use, when sandboxes have a network (None: loopback only).
     pub network: Option<Vec<std::net::Ipv4Addr>>,
+    /// Signs preview tokens (kept in the store, so tokens survive restarts).
+    pub preview_secret: String,
 }
 
 impl AppState {
     pub fn pool(&self) -> &pool::Pool {
         &self.catalog.pool
+    }
+
+    /// How users reach this server, e.g. `http://localhost:7070`.
+    pub fn public_base(&self) -> String {
+        let b = self.config.preview.base_url.trim_end_matches('/');
+        if !b.is_empty() {
+            return b.to_string();
+        }
+        let l = self.config.listen;
+        let host = if l.ip().is_unspecified() {
+            "localhost".to_string()
+        } else {
+            l.ip().to_string()
+        };
+        format!("http://{host}:{}", l.port())
     }
 }
 
@@ -215,6 +233,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(routes::snapshots::create),
         )
         .route("/api/v1/sandboxes/{id}/fork", post(routes::snapshots::fork))
+        .route("/api/v1/sandboxes/{id}/expose", post(sb::expose))
         .route("/api/v1/snapshots", get(routes::snapshots::list))
         .route(
             "/api/v1/snapshots/{id}",
@@ -248,6 +267,11 @@ pub fn router(state: Arc<AppState>) -> Router {
             |_: Box<dyn std::any::Any + Send>| ApiError::internal().into_response(),
         ))
         .layer(axum::middleware::from_fn(request_context))
+        // Outermost: preview traffic goes to the sandbox as it is (no API layers).
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            preview::dispatch,
+        ))
         .with_state(state)
 }
 
@@ -380,6 +404,14 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
         catalog::host_memory_mb(),
     );
     let limiter = ratelimit::Limiter::new(config.rate_limits.clone());
+    let preview_secret = match store.meta_get("preview_secret").await? {
+        Some(s) => s,
+        None => {
+            let s = util::new_key_secret();
+            store.meta_set("preview_secret", &s).await?;
+            s
+        }
+    };
     let state = Arc::new(AppState {
         config,
         store,
@@ -389,6 +421,7 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
         activity: Default::default(),
         limiter,
         network,
+        preview_secret,
     });
     Ok((state, lock))
 }
@@ -398,6 +431,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     become_subreaper();
     let listen = config.listen;
     let (state, _lock) = build_state(config).await?;
+    let _ = preview::BASE.set(state.public_base());
     sandboxes::reconcile(&state).await?;
     lifecycle::spawn_timers(state.clone());
     pool::spawn(state.clone());

@@ -73,6 +73,7 @@ impl Modify for BearerAuth {
         crate::routes::snapshots::get,
         crate::routes::snapshots::delete,
         crate::routes::snapshots::fork,
+        crate::routes::sandboxes::expose,
     ),
     components(schemas(cella_types::ErrorBody, cella_types::ErrorInfo)),
     modifiers(&BearerAuth)

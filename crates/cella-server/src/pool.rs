@@ -153,6 +153,8 @@ async fn boot_one(state: &Arc<AppState>, template: &str, size: Size) -> Result<b
         memory_mib_ms: 0,
         network: "{}".into(),
         snapshot_id: None,
+        preview_public: true,
+        auto_resume: false,
     };
     if !state.store.insert_sandbox_capped(&row, u32::MAX).await? {
         return Ok(false);

@@ -70,7 +70,9 @@ pub fn to_wire(row: &SandboxRow) -> Sandbox {
         disk_size_mb: row.disk_size_mb as u32,
         ready: row.ready,
         ready_at: row.ready_at.map(rfc3339),
-        preview_url: None,
+        preview_url: (!state.is_terminal())
+            .then(|| crate::preview::sandbox_base(&row.id))
+            .flatten(),
         timeout_sec: row.timeout_sec as u32,
         timeout_remaining_ms,
         always_on: row.always_on,
@@ -83,6 +85,10 @@ pub fn to_wire(row: &SandboxRow) -> Sandbox {
         destroyed_at: row.destroyed_at.map(rfc3339),
         state_reason: row.state_reason.clone(),
         network: serde_json::from_str(&row.network).unwrap_or_default(),
+        preview: cella_types::PreviewSettings {
+            public: row.preview_public,
+        },
+        auto_resume: row.auto_resume,
     }
 }
 
@@ -287,6 +293,8 @@ async fn admit(state: &AppState, auth: &Auth, req: &CreateSandbox) -> Result<San
         memory_mib_ms: 0,
         network: serde_json::to_string(&network).unwrap_or_else(|_| "{}".into()),
         snapshot_id: snapshot.map(|s| s.id),
+        preview_public: req.preview.as_ref().map(|p| p.public).unwrap_or(true),
+        auto_resume: req.auto_resume.unwrap_or(false),
     })
 }
 

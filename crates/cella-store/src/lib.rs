@@ -107,6 +107,10 @@ pub struct SandboxRow {
     pub network: String,
     /// The snapshot its files came from, if any.
     pub snapshot_id: Option<String>,
+    /// Preview URLs answer without a token.
+    pub preview_public: bool,
+    /// Preview traffic resumes the sandbox when it is paused.
+    pub auto_resume: bool,
 }
 
 /// States that hold a slot of a workspace's plan cap.
@@ -309,7 +313,8 @@ impl Store {
         cpu_count, memory_mb, disk_size_mb, ready, ready_at, timeout_sec, always_on, persistent, \
         idle_timeout_sec, metadata, env, created_at, started_at, destroyed_at, total_runtime_sec, \
         running_ms, running_since, timeout_at, state_reason, runtime, compute_rate, paused_ms, \
-        paused_since, last_activity_at, cpu_ns, memory_mib_ms, network, snapshot_id";
+        paused_since, last_activity_at, cpu_ns, memory_mib_ms, network, snapshot_id, preview_public, \
+        auto_resume";
 
     /// Inserts a sandbox unless its workspace already holds `cap` sandboxes in a capped state.
     /// One statement, so concurrent creates can never overshoot the cap. Returns false at the cap.
@@ -317,8 +322,8 @@ impl Store {
         let q = format!(
             "INSERT INTO sandboxes (id, workspace_id, owner_id, template_id, state, size, cpu_count, memory_mb, \
              disk_size_mb, ready, timeout_sec, always_on, persistent, idle_timeout_sec, metadata, env, created_at, \
-             compute_rate, network, snapshot_id) \
-             SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
+             compute_rate, network, snapshot_id, preview_public, auto_resume) \
+             SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
              WHERE (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ?"
         );
         let r = sqlx::query(&q)
@@ -342,6 +347,8 @@ impl Store {
             .bind(s.compute_rate)
             .bind(&s.network)
             .bind(&s.snapshot_id)
+            .bind(s.preview_public)
+            .bind(s.auto_resume)
             .bind(&s.workspace_id)
             .bind(cap as i64)
             .execute(&self.pool)
@@ -438,6 +445,8 @@ impl Store {
             .bind(row.memory_mib_ms)
             .bind(&row.network)
             .bind(&row.snapshot_id)
+            .bind(row.preview_public)
+            .bind(row.auto_resume)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
@@ -728,6 +737,8 @@ mod tests {
             memory_mib_ms: 0,
             network: "{}".into(),
             snapshot_id: None,
+            preview_public: true,
+            auto_resume: false,
         }
     }
 

@@ -445,6 +445,44 @@ pub struct Sandbox {
     pub state_reason: Option<String>,
     /// The sandbox's egress policy, as given at create (defaults filled in).
     pub network: NetworkPolicy,
+    /// Who may open its preview URLs.
+    pub preview: PreviewSettings,
+    /// Preview traffic resumes it when it is paused.
+    pub auto_resume: bool,
+}
+
+/// Preview access of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewSettings {
+    /// true (default): anyone with the URL. false: a preview token is needed (header
+    /// `x-cella-preview-token`, or the signed URL that `expose` answers).
+    pub public: bool,
+}
+
+impl Default for PreviewSettings {
+    fn default() -> Self {
+        PreviewSettings { public: true }
+    }
+}
+
+/// `POST /api/v1/sandboxes/{id}/expose`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExposeRequest {
+    pub port: u32,
+}
+
+/// Where a sandbox's port is reachable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Exposed {
+    pub port: u16,
+    /// The host-name form (`<port>-<id>.<preview domain>`), signed when the preview is private.
+    pub url: String,
+    /// The path form (`/preview/<id>/<port>/`), signed when the preview is private.
+    pub path_url: String,
+    /// The preview token, when the preview is private.
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
@@ -468,6 +506,10 @@ pub struct CreateSandbox {
     pub network: Option<NetworkPolicy>,
     /// Start from this snapshot's files (instead of `template_id`, whose template it implies).
     pub snapshot_id: Option<String>,
+    /// Preview access (default public).
+    pub preview: Option<PreviewSettings>,
+    /// Preview traffic resumes the sandbox when it is paused (default false: 409).
+    pub auto_resume: Option<bool>,
 }
 
 /// Whether a sandbox may open connections to destinations its lists do not name.

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import Server
+
 
 from cella import (
     CellaTimeoutError,

@@ -28,7 +28,8 @@ def limited() -> Iterator[Server]:
     try:
         yield srv
     finally:
-        stop_server(srv)
+        left = stop_server(srv)
+        assert not left, f"the tests left sandboxes behind: {left}"
 
 
 def _drain(srv: Server) -> RateLimitedError:

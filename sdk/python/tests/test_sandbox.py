@@ -3,7 +3,6 @@ client's configuration and errors."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import httpx
@@ -438,16 +437,29 @@ def test_fork_errors(server: Server, sandbox: Sandbox) -> None:
 
 
 def test_expose(server: Server, sandbox: Sandbox) -> None:
-    server_proc = sandbox.commands.start("python3 -m http.server 8000 --bind 0.0.0.0", tag="web")
+    sandbox.files.write("/home/user/site/index.html", "hello through the preview")
+    web = sandbox.commands.start("python3 -m http.server 8000 --bind 0.0.0.0", cwd="/home/user/site", tag="web")
     try:
-        url = sandbox.expose(8000)
-    except UnknownRouteError as exc:
-        skip_if_route_missing(exc, EXPOSE)
-        raise
+        try:
+            url = sandbox.expose(8000)
+        except UnknownRouteError as exc:
+            skip_if_route_missing(exc, EXPOSE)
+            raise
+        assert isinstance(url, str) and url.startswith(("http://", "https://")) and "8000" in url
+        info = sandbox.expose_info(8000)
+        assert isinstance(info, cella.ExposedPort) and info.port == 8000 and info.url.startswith(("http://", "https://"))
+        # the contract: the proxy sends Host: <port>-<id>.<preview domain> to that port inside
+        target = httpx.URL(info.url)
+        assert target.host.startswith(f"8000-{sandbox.id}.")
+        deadline = time.monotonic() + 20
+        while True:
+            r = httpx.get(server.url + target.raw_path.decode(), headers={"Host": target.netloc.decode()}, timeout=10)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # the web server inside is still starting
+        assert r.status_code == 200 and "hello through the preview" in r.text
     finally:
-        server_proc.kill()
-    assert isinstance(url, str) and url.startswith(("http://", "https://"))
-    assert "8000" in url
+        web.kill()
 
 
 def test_expose_errors(server: Server, sandbox: Sandbox) -> None:

@@ -349,7 +349,12 @@ describe('fork', () => {
           assert.ok(f instanceof Sandbox);
           assert.notEqual(f.id, sb.id);
           assert.equal(f.info.metadata.forked, 'yes');
-          if (f.state !== 'running') await Sandbox.connect(f.id, opts);
+          for (let i = 0; i < 300 && f.state === 'provisioning'; i++) {
+            await new Promise((r) => setTimeout(r, 100));
+            await f.refresh();
+          }
+          if (f.state !== 'running') await f.resume();
+          assert.equal(f.state, 'running');
           assert.equal(await f.files.read('/home/user/parent.txt'), 'from the parent');
         }
       } finally {
@@ -360,7 +365,7 @@ describe('fork', () => {
     }
   });
 
-  it('errors: a count out of range, a paused sandbox, an unknown id', async (t) => {
+  it('errors: a count out of range, a destroyed sandbox, an unknown id', async (t) => {
     const sb = await make();
     try {
       try {
@@ -398,7 +403,7 @@ describe('expose', () => {
     }
   });
 
-  it('errors: a port out of range, a paused sandbox, an unknown id', async (t) => {
+  it('errors: a port out of range, a destroyed sandbox, an unknown id', async (t) => {
     const sb = await make();
     try {
       try {
@@ -409,7 +414,7 @@ describe('expose', () => {
         assert.ok(e instanceof InvalidRequestError, `${e}`);
       }
       await assert.rejects(new Sandbox({ id: 'sbnosuchsandbox00000' }, opts).expose(8000), NotFoundError);
-      await sb.pause();
+      await sb.kill();
       await assert.rejects(sb.expose(8000), (e) => e instanceof SandboxNotRunningError || e instanceof ConflictError);
     } finally {
       await sb.kill();

@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 const CLEANUP = fileURLToPath(new URL('./cleanup.js', import.meta.url));
 
 export const CELLA_BIN = process.env.CELLA_BIN || '/tmp/cella-sdk-ts';
+const NO_POOL = '[pool]\ndefault = 0\nsizes = {}\n\n';
 
 function freePort() {
   return new Promise((resolve, reject) => {
@@ -38,7 +39,11 @@ export async function startServer(opts = {}) {
   }
   const dir = mkdtempSync(join(tmpdir(), 'cella-sdk-ts-'));
   const cfg = join(dir, 'config.toml');
-  writeFileSync(cfg, opts.config ?? '');
+  // No warm pool: its sandboxes belong to no workspace, so the API could not destroy them
+  // before the server stops. A server that does not know `[pool]` refuses it: then none.
+  let withPool = !/^\s*\[pool\]/m.test(opts.config ?? '');
+  const writeConfig = () => writeFileSync(cfg, (withPool ? NO_POOL : '') + (opts.config ?? ''));
+  writeConfig();
   const logPath = join(dir, 'server.log');
   const key = `test_${randomBytes(16).toString('hex')}`;
   let child;
@@ -75,6 +80,11 @@ export async function startServer(opts = {}) {
     const log = readFileSync(logPath, 'utf8');
     // Someone took the port between the probe and the bind: try another one.
     if (attempt < 3 && /Address already in use/.test(log)) continue;
+    if (attempt < 3 && withPool && /unknown field `pool`/.test(log)) {
+      withPool = false;
+      writeConfig();
+      continue;
+    }
     rmSync(dir, { recursive: true, force: true });
     throw new Error(`the cella server did not start:\n${log.slice(-4000)}`);
   }

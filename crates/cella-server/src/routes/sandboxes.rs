@@ -271,3 +271,40 @@ pub async fn exec_stream(
     let stream = sse::output_stream(ev_rx, done_rx);
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
+
+/// The URLs at which a port of the sandbox is reachable through the preview proxy (signed
+/// when the sandbox's preview is private). Any port can be previewed; this only hands out its
+/// addresses. Scope `sandboxes:write`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/expose", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = String, Path)), request_body = cella_types::ExposeRequest,
+    responses((status = 200, body = Data<cella_types::Exposed>), (status = 400, body = cella_types::ErrorBody),
+              (status = 404, body = cella_types::ErrorBody)))]
+pub async fn expose(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: ApiBody,
+) -> Result<Json<Data<cella_types::Exposed>>, ApiError> {
+    auth.require(cella_types::Scope::SandboxesWrite)?;
+    let req: cella_types::ExposeRequest = body.json()?;
+    let port = u16::try_from(req.port)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| ApiError::invalid("port", "port must be from 1 to 65535"))?;
+    let row = find(&state, &auth, &id).await?;
+    if svc::state_of(&row).is_terminal() {
+        return Err(ApiError::new(
+            cella_types::ErrorCode::Conflict,
+            format!("sandbox is {}", row.state),
+        ));
+    }
+    let (url, path_url, token) = crate::preview::urls(&state, &id, port, row.preview_public);
+    Ok(Json(Data {
+        data: cella_types::Exposed {
+            port,
+            url,
+            path_url,
+            token,
+        },
+    }))
+}

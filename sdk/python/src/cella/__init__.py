@@ -50,6 +50,7 @@ from .models import (
     Execution,
     ExecutionError,
     ExecutionFailed,
+    ExposedPort,
     FilesystemEvent,
     KernelInfo,
     NetworkPolicy,
@@ -92,6 +93,7 @@ __all__ = [
     "ExecutionError",
     "ExecutionFailed",
     "Output",
+    "ExposedPort",
     "CodeContext",
     "KernelInfo",
     # errors

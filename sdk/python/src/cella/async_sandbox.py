@@ -36,6 +36,7 @@ from .models import (
     EntryInfo,
     EntryList,
     Execution,
+    ExposedPort,
     FilesystemEvent,
     KernelInfo,
     NetworkArg,
@@ -287,8 +288,11 @@ class AsyncSandbox:
         return [AsyncSandbox(SandboxInfo.from_dict(d), AsyncTransport(self._transport.config)) for d in items]
 
     async def expose(self, port: int) -> str:
+        return (await self.expose_info(port)).url
+
+    async def expose_info(self, port: int) -> ExposedPort:
         data = await self._transport.data("POST", sandbox_path(self.id, "expose"), json={"port": int(port)})
-        return data["url"] if isinstance(data, Mapping) else str(data)
+        return ExposedPort.from_dict(data if isinstance(data, Mapping) else {"port": port, "url": str(data)})
 
     async def run_code(self, code: str, language: Optional[str] = None, context: Optional[str] = None, timeout: Optional[float] = None) -> Execution:
         return await self.code.run(code, language=language, context=context, timeout=timeout)

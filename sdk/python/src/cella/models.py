@@ -158,6 +158,24 @@ class SandboxUsage:
         )
 
 
+@dataclass
+class ExposedPort:
+    """Where a port inside a sandbox is reachable through the server's preview proxy:
+    ``url`` (host-name form) and ``path_url`` (path form), signed with ``token`` when the
+    sandbox's preview is private."""
+
+    port: int
+    url: str
+    path_url: Optional[str] = None
+    token: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ExposedPort":
+        return cls(port=int(d.get("port") or 0), url=d.get("url") or "", path_url=d.get("path_url"),
+                   token=d.get("token"), raw=dict(d))
+
+
 # --------------------------------------------------------------------------- commands
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, BinaryIO, Dict, Iterator, List, Mapping, Optional, Union
 
 import httpx
 
@@ -33,6 +33,7 @@ from .models import (
     EntryInfo,
     EntryList,
     Execution,
+    ExposedPort,
     FilesystemEvent,
     KernelInfo,
     NetworkArg,
@@ -276,10 +277,14 @@ class Sandbox:
         return [Sandbox(SandboxInfo.from_dict(d), SyncTransport(self._transport.config)) for d in items]
 
     def expose(self, port: int) -> str:
-        """Make a port inside the sandbox reachable through the server's preview proxy;
-        answers its URL."""
+        """The URL at which a port inside the sandbox is reachable through the server's
+        preview proxy (see :meth:`expose_info` for its other forms)."""
+        return self.expose_info(port).url
+
+    def expose_info(self, port: int) -> ExposedPort:
+        """Every address of a port inside the sandbox (``POST .../expose``)."""
         data = self._transport.data("POST", sandbox_path(self.id, "expose"), json={"port": int(port)})
-        return data["url"] if isinstance(data, Mapping) else str(data)
+        return ExposedPort.from_dict(data if isinstance(data, Mapping) else {"port": port, "url": str(data)})
 
     def run_code(self, code: str, language: Optional[str] = None, context: Optional[str] = None, timeout: Optional[float] = None) -> Execution:
         """Run a cell in the sandbox's code interpreter (see :class:`CodeInterpreter`)."""
