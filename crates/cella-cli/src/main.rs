@@ -55,6 +55,42 @@ enum Command {
     /// Run code in a sandbox's persistent interpreter.
     #[command(subcommand)]
     Code(CodeCmd),
+    /// One-shot run: a fresh sandbox, files in, the command, artifacts out, sandbox destroyed.
+    Run {
+        /// Template (default base).
+        #[arg(long, short)]
+        template: Option<String>,
+        /// Size (xs, small, medium, large, xl).
+        #[arg(long)]
+        size: Option<cella_types::Size>,
+        /// Copy a local file in: LOCAL:REMOTE (REMOTE relative to the working directory).
+        #[arg(long = "file", short = 'f', value_name = "LOCAL:REMOTE")]
+        files: Vec<String>,
+        /// Keep files matching GLOB (`**` spans directories) as artifacts.
+        #[arg(long = "artifact", short = 'a', value_name = "GLOB")]
+        artifacts: Vec<String>,
+        /// Download the artifacts into DIR (default: the current directory).
+        #[arg(long, value_name = "DIR")]
+        download: Option<PathBuf>,
+        /// Seconds before the command is killed.
+        #[arg(long)]
+        timeout: Option<u32>,
+        /// Environment variables, KEY=VALUE.
+        #[arg(long = "env", short = 'e', value_parser = parse_kv)]
+        env: Vec<(String, String)>,
+        /// The command and its arguments (after `--`).
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Print the preview URLs of a port of a sandbox.
+    Expose {
+        id: String,
+        port: u16,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// List the processes started through the API in a sandbox.
     Ps {
         id: String,
@@ -301,6 +337,27 @@ async fn run(cmd: Command) -> ExitCode {
         Command::Templates { conn } => report(templates(&conn).await, &conn),
         Command::Sandbox(sc) => sandbox(sc).await,
         Command::Files(fc) => files(fc).await,
+        Command::Run {
+            template,
+            size,
+            files,
+            artifacts,
+            download,
+            timeout,
+            env,
+            argv,
+            conn,
+        } => one_shot(template, size, files, artifacts, download, timeout, env, argv, conn).await,
+        Command::Expose { id, port, conn } => {
+            let r = client(&conn).expose(&id, port).await.map(|e| {
+                let mut t = format!("{}\n{}\n", e.url, e.path_url);
+                if let Some(tok) = &e.token {
+                    t += &format!("token: {tok}\n");
+                }
+                (t, to_json(&e))
+            });
+            report(r, &conn)
+        }
         Command::Code(CodeCmd::Run {
             id,
             file,
@@ -388,6 +445,86 @@ fn client(conn: &Conn) -> Client {
             .map(|s| s.trim().to_string())
     });
     Client::new(&conn.server, key)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn one_shot(
+    template: Option<String>,
+    size: Option<cella_types::Size>,
+    files: Vec<String>,
+    artifacts: Vec<String>,
+    download: Option<PathBuf>,
+    timeout: Option<u32>,
+    env: Vec<(String, String)>,
+    argv: Vec<String>,
+    conn: Conn,
+) -> ExitCode {
+    use base64::Engine;
+    let mut run_files = Vec::new();
+    for f in &files {
+        let Some((local, remote)) = f.split_once(':') else {
+            eprintln!("cella: --file takes LOCAL:REMOTE, got {f}");
+            return ExitCode::from(2);
+        };
+        match std::fs::read(local) {
+            Ok(bytes) => run_files.push(cella_types::RunFile {
+                path: remote.to_string(),
+                content: base64::engine::general_purpose::STANDARD.encode(bytes),
+                encoding: Some("base64".into()),
+            }),
+            Err(e) => {
+                eprintln!("cella: {local}: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let req = cella_types::RunRequest {
+        template_id: template,
+        size,
+        env: (!env.is_empty()).then(|| env.into_iter().collect()),
+        files: run_files,
+        argv: Some(argv),
+        timeout_sec: timeout,
+        artifacts,
+        ..Default::default()
+    };
+    let c = client(&conn);
+    let r = match c.run(&req).await {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    if conn.json {
+        println!("{}", to_json(&r));
+    } else {
+        use std::io::Write;
+        print!("{}", r.stdout);
+        let _ = std::io::stdout().flush();
+        eprint!("{}", r.stderr);
+        if r.timed_out {
+            eprintln!("cella: the command timed out");
+        }
+    }
+    if !r.artifacts.is_empty() {
+        let dir = download.unwrap_or_else(|| PathBuf::from("."));
+        for a in &r.artifacts {
+            let name = a.path.rsplit('/').next().unwrap_or(&a.id).to_string();
+            let dest = dir.join(&name);
+            let res = async {
+                let mut res = c.download_artifact(&a.id).await.map_err(|e| e.to_string())?;
+                let mut f = std::fs::File::create(&dest).map_err(|e| e.to_string())?;
+                while let Some(chunk) = res.chunk().await.map_err(|e| e.to_string())? {
+                    std::io::Write::write_all(&mut f, &chunk).map_err(|e| e.to_string())?;
+                }
+                Ok::<_, String>(())
+            }
+            .await;
+            match res {
+                Ok(()) => eprintln!("cella: artifact {} -> {}", a.path, dest.display()),
+                Err(e) => eprintln!("cella: artifact {}: {e}", a.path),
+            }
+        }
+    }
+    ExitCode::from(r.exit_code.clamp(0, 255) as u8)
 }
 
 async fn code_run(

@@ -317,6 +317,32 @@ impl Client {
         Ok(d.data)
     }
 
+    /// A one-shot run: create, write files, run, collect artifacts, destroy.
+    pub async fn run(&self, req: &cella_types::RunRequest) -> Result<cella_types::RunResult, Error> {
+        self.data(Method::POST, "/api/v1/sandboxes/run", Some(req))
+            .await
+    }
+
+    /// The URLs of a sandbox's port through the preview proxy.
+    pub async fn expose(&self, id: &str, port: u16) -> Result<cella_types::Exposed, Error> {
+        self.data(
+            Method::POST,
+            &format!("/api/v1/sandboxes/{id}/expose"),
+            Some(&serde_json::json!({ "port": port })),
+        )
+        .await
+    }
+
+    /// Starts the download of an artifact.
+    pub async fn download_artifact(&self, id: &str) -> Result<reqwest::Response, Error> {
+        let res = self
+            .authed(Method::GET, &format!("/api/v1/artifacts/{id}"))
+            .send()
+            .await
+            .map_err(self.connect_err())?;
+        self.check(res).await
+    }
+
     /// Starts a download; read the bytes from the response (`chunk()` or `bytes_stream()`).
     pub async fn download(&self, id: &str, path: &str) -> Result<reqwest::Response, Error> {
         let res = self

@@ -23,6 +23,28 @@ pub struct Config {
     pub network: NetworkConfig,
     pub pool: PoolConfig,
     pub preview: PreviewConfig,
+    pub artifacts: ArtifactsConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArtifactsConfig {
+    /// Hours an artifact is kept (default 24).
+    pub retention_hours: u64,
+    /// Bytes one run (or collect call) may keep (default 500 MiB); files past it are left out.
+    pub max_bytes: u64,
+    /// Files one run (or collect call) may keep (default 1000).
+    pub max_files: usize,
+}
+
+impl Default for ArtifactsConfig {
+    fn default() -> Self {
+        ArtifactsConfig {
+            retention_hours: 24,
+            max_bytes: 500 * 1024 * 1024,
+            max_files: 1000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -152,6 +174,7 @@ impl Default for Config {
             network: NetworkConfig::default(),
             pool: PoolConfig::default(),
             preview: PreviewConfig::default(),
+            artifacts: ArtifactsConfig::default(),
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod pool;
 pub mod preview;
 pub mod openapi;
 pub mod ratelimit;
+pub mod runs;
 pub mod routes;
 pub mod sandboxes;
 pub mod sse;
@@ -234,6 +235,16 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/api/v1/sandboxes/{id}/fork", post(routes::snapshots::fork))
         .route("/api/v1/sandboxes/{id}/expose", post(sb::expose))
+        .route("/api/v1/sandboxes/run", post(routes::artifacts::run))
+        .route(
+            "/api/v1/sandboxes/{id}/artifacts",
+            post(routes::artifacts::collect),
+        )
+        .route("/api/v1/artifacts", get(routes::artifacts::list))
+        .route(
+            "/api/v1/artifacts/{id}",
+            get(routes::artifacts::download).delete(routes::artifacts::delete),
+        )
         .route("/api/v1/snapshots", get(routes::snapshots::list))
         .route(
             "/api/v1/snapshots/{id}",

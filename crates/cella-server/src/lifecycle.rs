@@ -295,6 +295,7 @@ pub fn spawn_timers(state: Arc<AppState>) {
             }
             if n.is_multiple_of(LIVENESS_TICKS) {
                 check_liveness(&state).await;
+                crate::runs::expire(&state).await;
             }
             if n.is_multiple_of(ACTIVITY_FLUSH_TICKS) {
                 let _ = state

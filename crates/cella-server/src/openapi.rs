@@ -74,6 +74,11 @@ impl Modify for BearerAuth {
         crate::routes::snapshots::delete,
         crate::routes::snapshots::fork,
         crate::routes::sandboxes::expose,
+        crate::routes::artifacts::run,
+        crate::routes::artifacts::collect,
+        crate::routes::artifacts::list,
+        crate::routes::artifacts::download,
+        crate::routes::artifacts::delete,
     ),
     components(schemas(cella_types::ErrorBody, cella_types::ErrorInfo)),
     modifiers(&BearerAuth)

@@ -4,7 +4,7 @@ use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::util::{new_id, now_ms, rfc3339};
 use crate::AppState;
-use cella_runtime::rootfs::USER_UID;
+pub(crate) use cella_runtime::rootfs::USER_UID;
 use cella_runtime::{
     base_env, DriverError, ExecEvent, ExecSpec, Probe, SandboxHandle, SandboxSpec,
 };

@@ -914,3 +914,72 @@ pub struct ForkResult {
     pub data: Vec<Sandbox>,
     pub fork: ForkInfo,
 }
+
+/// A file written into a one-shot run's sandbox before the command.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunFile {
+    /// Absolute, or relative to the command's working directory.
+    pub path: String,
+    pub content: String,
+    /// `utf8` (default) or `base64`.
+    pub encoding: Option<String>,
+}
+
+/// `POST /api/v1/sandboxes/run`: create, write files, run, collect artifacts, destroy.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    pub template_id: Option<String>,
+    pub size: Option<Size>,
+    pub env: Option<BTreeMap<String, String>>,
+    pub metadata: Option<BTreeMap<String, String>>,
+    pub network: Option<NetworkPolicy>,
+    #[serde(default)]
+    pub files: Vec<RunFile>,
+    pub command: Option<String>,
+    pub argv: Option<Vec<String>>,
+    pub cwd: Option<String>,
+    pub user: Option<ExecUser>,
+    pub stdin: Option<String>,
+    /// 1-86400, default 3600: the command is killed after it (and the sandbox destroyed).
+    pub timeout_sec: Option<u32>,
+    /// Globs (`**` spans directories), relative to the working directory or absolute; the
+    /// matching files are kept by the server after the sandbox is gone.
+    #[serde(default)]
+    pub artifacts: Vec<String>,
+}
+
+/// A file kept by the server (collected from a sandbox).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Artifact {
+    pub id: String,
+    pub sandbox_id: String,
+    /// Where it was inside the sandbox.
+    pub path: String,
+    pub size: u64,
+    /// `GET` it for the bytes.
+    pub url: String,
+    pub created_at: String,
+    /// When the server deletes it.
+    pub expires_at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RunResult {
+    pub exit_code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub duration_ms: u64,
+    pub timed_out: bool,
+    pub sandbox_id: String,
+    pub artifacts: Vec<Artifact>,
+}
+
+/// `POST /api/v1/sandboxes/{id}/artifacts`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CollectRequest {
+    /// Paths or globs inside the sandbox.
+    pub paths: Vec<String>,
+}

@@ -3,6 +3,7 @@
 pub mod files;
 pub mod keys;
 pub mod meta;
+pub mod artifacts;
 pub mod code;
 pub mod processes;
 pub mod snapshots;

@@ -41,7 +41,7 @@ def _timeout(seconds: Optional[float]) -> httpx.Timeout:
     return httpx.Timeout(seconds, connect=CONNECT_TIMEOUT if seconds is None else min(CONNECT_TIMEOUT, seconds))
 
 
-def _params(params: Params) -> Optional[List[Tuple[str, str]]]:
+def _params(params: Params) -> Any:
     if params is None:
         return None
     items = params.items() if isinstance(params, Mapping) else params

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from typing import Any, AsyncIterator, BinaryIO, Dict, Generator, List, Mapping, Optional, Union
+from typing import Any, AsyncGenerator, AsyncIterator, BinaryIO, Dict, Generator, List, Mapping, Optional, Union
 
 import httpx
 
@@ -50,7 +50,7 @@ from .sandbox import _list_params
 __all__ = ["AsyncSandbox", "AsyncCommands", "AsyncCommandHandle", "AsyncFiles", "AsyncWatchHandle", "AsyncCodeInterpreter"]
 
 
-async def _sse_events(resp: httpx.Response) -> AsyncIterator[Union[SSEEvent, KeepAlive]]:
+async def _sse_events(resp: httpx.Response) -> AsyncGenerator[Union[SSEEvent, KeepAlive], None]:
     lines = LineSplitter()
     decoder = SSEDecoder()
     try:

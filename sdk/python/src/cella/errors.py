@@ -265,7 +265,9 @@ def error_from_envelope(
     if not isinstance(err, Mapping):
         return _fallback(status, str(envelope), request_id, retry_after)
     code = err.get("code") if isinstance(err.get("code"), str) else None
-    message = err.get("message") if isinstance(err.get("message"), str) else (code or "error")
+    message = err.get("message")
+    if not isinstance(message, str):
+        message = code or "error"
     details = err.get("details")
     cls = _BY_CODE.get(code or "") or _BY_STATUS.get(status or 0, CellaError)
     if cls is NotFoundError and status == 404 and _UNKNOWN_ROUTE.search(message or ""):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, BinaryIO, Dict, Iterator, List, Mapping, Optional, Union
+from typing import Any, BinaryIO, Dict, Generator, Iterator, List, Mapping, Optional, Union
 
 import httpx
 
@@ -46,7 +46,7 @@ from .models import (
 __all__ = ["Sandbox", "Commands", "CommandHandle", "Files", "WatchHandle", "CodeInterpreter"]
 
 
-def _sse_events(resp: httpx.Response) -> Iterator[Union[SSEEvent, KeepAlive]]:
+def _sse_events(resp: httpx.Response) -> Generator[Union[SSEEvent, KeepAlive], None, None]:
     """The events of a streamed answer, and :data:`KEEPALIVE` for each comment line."""
     lines = LineSplitter()
     decoder = SSEDecoder()
