@@ -84,6 +84,9 @@ enum Command {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Build custom templates.
+    #[command(subcommand)]
+    Template(TemplateCmd),
     /// Print the preview URLs of a port of a sandbox.
     Expose {
         id: String,
@@ -109,6 +112,18 @@ enum Command {
     },
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit,
+}
+
+#[derive(Subcommand)]
+enum TemplateCmd {
+    /// Build a template from a spec (JSON, or TOML when the name ends in .toml); shows each
+    /// step and the build log as it goes. `copy` steps may name local files (relative to the
+    /// spec), which are sent with the spec.
+    Build {
+        file: PathBuf,
+        #[command(flatten)]
+        conn: Conn,
+    },
 }
 
 #[derive(Subcommand)]
@@ -348,6 +363,7 @@ async fn run(cmd: Command) -> ExitCode {
             argv,
             conn,
         } => one_shot(template, size, files, artifacts, download, timeout, env, argv, conn).await,
+        Command::Template(TemplateCmd::Build { file, conn }) => template_build(file, conn).await,
         Command::Expose { id, port, conn } => {
             let r = client(&conn).expose(&id, port).await.map(|e| {
                 let mut t = format!("{}\n{}\n", e.url, e.path_url);
@@ -445,6 +461,99 @@ fn client(conn: &Conn) -> Client {
             .map(|s| s.trim().to_string())
     });
     Client::new(&conn.server, key)
+}
+
+async fn template_build(file: PathBuf, conn: Conn) -> ExitCode {
+    use base64::Engine;
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("cella: {}: {e}", file.display());
+            return ExitCode::from(2);
+        }
+    };
+    let parsed: Result<cella_types::TemplateSpec, String> =
+        if file.extension().is_some_and(|e| e == "toml") {
+            toml::from_str(&text).map_err(|e| e.to_string())
+        } else {
+            serde_json::from_str(&text).map_err(|e| e.to_string())
+        };
+    let mut spec = match parsed {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cella: {}: {e}", file.display());
+            return ExitCode::from(2);
+        }
+    };
+    // Local files named by copy steps travel with the spec.
+    let dir = file.parent().map(PathBuf::from).unwrap_or_default();
+    for step in &spec.steps {
+        if let cella_types::TemplateStep::Copy(c) = step {
+            if !spec.files.contains_key(&c.src) {
+                match std::fs::read(dir.join(&c.src)) {
+                    Ok(bytes) => {
+                        spec.files.insert(
+                            c.src.clone(),
+                            cella_types::InlineFile {
+                                content: base64::engine::general_purpose::STANDARD.encode(bytes),
+                                encoding: Some("base64".into()),
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        eprintln!("cella: copy step: {}: {e}", dir.join(&c.src).display());
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+        }
+    }
+    let c = client(&conn);
+    let build = match c.build_template(&spec).await {
+        Ok(b) => b,
+        Err(e) => return fail(e),
+    };
+    eprintln!("cella: build {} of template {}", build.id, build.template_id);
+    let mut offset = 0u64;
+    let mut shown: Vec<String> = Vec::new();
+    loop {
+        let b = match c.template_build(&build.template_id, &build.id, offset).await {
+            Ok(b) => b,
+            Err(e) => return fail(e),
+        };
+        use std::io::Write;
+        print!("{}", b.log);
+        let _ = std::io::stdout().flush();
+        offset = b.log_offset + b.log.len() as u64;
+        for s in &b.steps {
+            let line = format!(
+                "[{}/{}] {} {}{}",
+                s.index + 1,
+                b.steps.len(),
+                s.kind,
+                s.state,
+                s.duration_ms.map(|d| format!(" ({d} ms)")).unwrap_or_default()
+            );
+            if matches!(s.state.as_str(), "done" | "cached" | "failed") && !shown.contains(&line) {
+                eprintln!("{line}");
+                shown.push(line);
+            }
+        }
+        match b.state.as_str() {
+            "ready" => {
+                if conn.json {
+                    println!("{}", to_json(&b));
+                }
+                eprintln!("cella: template {} is ready", b.template_id);
+                return ExitCode::SUCCESS;
+            }
+            "failed" => {
+                eprintln!("cella: build failed: {}", b.error.unwrap_or_default());
+                return ExitCode::from(1);
+            }
+            _ => tokio::time::sleep(std::time::Duration::from_millis(300)).await,
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

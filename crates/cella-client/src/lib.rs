@@ -117,6 +117,30 @@ impl Client {
             .await
     }
 
+    /// Starts a custom template build.
+    pub async fn build_template(
+        &self,
+        spec: &cella_types::TemplateSpec,
+    ) -> Result<cella_types::TemplateBuild, Error> {
+        self.data(Method::POST, "/api/v1/templates", Some(spec))
+            .await
+    }
+
+    /// A build's state, and its log after `log_offset` bytes.
+    pub async fn template_build(
+        &self,
+        template: &str,
+        build: &str,
+        log_offset: u64,
+    ) -> Result<cella_types::TemplateBuild, Error> {
+        self.data::<(), _>(
+            Method::GET,
+            &format!("/api/v1/templates/{template}/builds/{build}?log_offset={log_offset}"),
+            None,
+        )
+        .await
+    }
+
     pub async fn create_sandbox(&self, req: &CreateSandbox) -> Result<Sandbox, Error> {
         self.data(Method::POST, "/api/v1/sandboxes", Some(req))
             .await

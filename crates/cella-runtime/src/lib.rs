@@ -35,6 +35,10 @@ pub struct SandboxSpec {
     /// writable layer yet.
     #[serde(default)]
     pub snapshot: Option<String>,
+    /// Keep the writable layer as a plain directory (no disk image), so that
+    /// [`Driver::export_layer`] can turn it into a template layer.
+    #[serde(default)]
+    pub plain_layer: bool,
 }
 
 /// A snapshot as the driver took it.
@@ -142,6 +146,11 @@ pub trait Driver: Send + Sync + 'static {
         handle: Option<&SandboxHandle>,
         snapshot_id: &str,
     ) -> Result<SnapshotInfo, DriverError>;
+
+    /// Moves the writable layer of a stopped sandbox (booted with `plain_layer`) to `dest`,
+    /// where it serves as a read-only layer of a template (whiteouts and opaque directories
+    /// included, as overlayfs wrote them).
+    async fn export_layer(&self, id: &str, dest: &std::path::Path) -> Result<(), DriverError>;
 
     /// Removes a snapshot's files. Idempotent.
     async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), DriverError>;

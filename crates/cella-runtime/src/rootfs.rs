@@ -25,6 +25,11 @@ pub struct Bind {
     /// Absolute path inside the sandbox.
     pub dst: PathBuf,
     pub readonly: bool,
+    /// The host directory is the bottom layer of an overlay of its own: the sandbox (and a
+    /// template's build steps) can change what it sees there, in its own writable layer, and
+    /// template layers' files under `dst` stack over it. The host directory is never written.
+    #[serde(default)]
+    pub layered: bool,
 }
 
 /// A ready template image: a lower directory and the host directories bound over it.
@@ -108,6 +113,7 @@ pub fn ensure_base_from(data_dir: &Path, host: &Path) -> Result<TemplateImage, D
         src: host.join("usr"),
         dst: "/usr".into(),
         readonly: true,
+        layered: true,
     }];
     for d in PROGRAM_DIRS {
         let p = host.join(d);
@@ -117,6 +123,7 @@ pub fn ensure_base_from(data_dir: &Path, host: &Path) -> Result<TemplateImage, D
                     src: p,
                     dst: Path::new("/").join(d),
                     readonly: true,
+                    layered: true,
                 });
             }
         }

@@ -12,12 +12,29 @@ pub struct TemplateEntry {
     pub id: String,
     pub name: String,
     pub default_size: Size,
-    /// None while the image is not materialized on this host.
+    /// None while the image is not materialized on this host (a custom template being built).
     pub image: Option<TemplateImage>,
+    /// The workspace that built it; None for the built-in templates, which every workspace sees.
+    pub workspace_id: Option<String>,
+    pub defaults: TemplateDefaults,
+}
+
+/// What a custom template's steps leave for its sandboxes.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TemplateDefaults {
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    pub workdir: Option<String>,
+    pub user: Option<cella_types::ExecUser>,
+    pub start: Option<String>,
+    pub ready: Option<cella_types::ReadyCheck>,
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub warm: u32,
 }
 
 pub struct Catalog {
-    pub templates: Vec<TemplateEntry>,
+    templates: std::sync::RwLock<Vec<TemplateEntry>>,
     sizes: SizesConfig,
     host_memory_mb: u64,
     /// The warm pool, whose ready sandboxes make a size `fast_ready`.
@@ -27,15 +44,37 @@ pub struct Catalog {
 impl Catalog {
     pub fn new(templates: Vec<TemplateEntry>, sizes: SizesConfig, host_memory_mb: u64) -> Self {
         Catalog {
-            templates,
+            templates: std::sync::RwLock::new(templates),
             sizes,
             host_memory_mb,
             pool: Default::default(),
         }
     }
 
-    pub fn templates(&self) -> impl Iterator<Item = &TemplateEntry> {
-        self.templates.iter()
+    pub fn templates(&self) -> Vec<TemplateEntry> {
+        self.templates.read().expect("catalog lock").clone()
+    }
+
+    /// A template a workspace may use: a built-in one, or one it built.
+    pub fn visible(&self, id: &str, workspace_id: &str) -> Option<TemplateEntry> {
+        self.get(id)
+            .filter(|t| t.workspace_id.as_deref().is_none_or(|w| w == workspace_id))
+    }
+
+    /// Adds a template, or replaces the one with its id.
+    pub fn put(&self, t: TemplateEntry) {
+        let mut all = self.templates.write().expect("catalog lock");
+        match all.iter_mut().find(|x| x.id == t.id) {
+            Some(x) => *x = t,
+            None => all.push(t),
+        }
+    }
+
+    pub fn remove(&self, id: &str) {
+        self.templates
+            .write()
+            .expect("catalog lock")
+            .retain(|t| t.id != id);
     }
 
     /// `missing` when a size cannot start at all (see [`Catalog::readiness`]), else
@@ -57,8 +96,14 @@ impl Catalog {
         Readiness::ColdBootOnly
     }
 
-    pub fn get(&self, id: &str) -> Option<&TemplateEntry> {
-        self.templates.iter().find(|t| t.id == id)
+    /// Any template by id (the server's own view).
+    pub fn get(&self, id: &str) -> Option<TemplateEntry> {
+        self.templates
+            .read()
+            .expect("catalog lock")
+            .iter()
+            .find(|t| t.id == id)
+            .cloned()
     }
 
     /// Readiness of one size of a template, as it stands now.
@@ -97,8 +142,14 @@ impl Catalog {
         }
     }
 
-    pub fn catalog(&self) -> TemplateCatalog {
-        let data: Vec<Template> = self.templates.iter().map(|t| self.entry(t)).collect();
+    /// The catalog as workspace `workspace_id` sees it.
+    pub fn catalog(&self, workspace_id: &str) -> TemplateCatalog {
+        let data: Vec<Template> = self
+            .templates()
+            .iter()
+            .filter(|t| t.workspace_id.as_deref().is_none_or(|w| w == workspace_id))
+            .map(|t| self.entry(t))
+            .collect();
         let templates = data.iter().map(Template::without_contracts).collect();
         TemplateCatalog {
             data,
@@ -138,6 +189,8 @@ mod tests {
                 layers: vec![],
                 binds: vec![],
             }),
+            workspace_id: None,
+            defaults: Default::default(),
         }
     }
 
@@ -148,7 +201,7 @@ mod tests {
             allow_overcommit: false,
         };
         let c = Catalog::new(vec![entry(true)], cfg, 20_000);
-        let t = &c.templates[0];
+        let t = &c.templates()[0];
         assert_eq!(c.readiness(t, Size::Xs), Readiness::Missing);
         assert_eq!(c.readiness(t, Size::Small), Readiness::ColdBootOnly);
         assert_eq!(c.readiness(t, Size::Xl), Readiness::Missing);
@@ -160,7 +213,7 @@ mod tests {
     #[test]
     fn catalog_lists_contracts_only_under_data() {
         let c = Catalog::new(vec![entry(true)], SizesConfig::default(), 0);
-        let cat = c.catalog();
+        let cat = c.catalog("ws1");
         assert!(cat.data[0]
             .sizes
             .iter()

@@ -6,6 +6,7 @@
 //! and every failure becomes the error envelope in `error`.
 
 pub mod auth;
+pub mod builds;
 pub mod catalog;
 pub mod config;
 pub mod error;
@@ -51,6 +52,8 @@ pub struct AppState {
     pub network: Option<Vec<std::net::Ipv4Addr>>,
     /// Signs preview tokens (kept in the store, so tokens survive restarts).
     pub preview_secret: String,
+    /// Template builds that run now.
+    pub builds: builds::Builds,
 }
 
 impl AppState {
@@ -192,8 +195,18 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/api/v1/api-keys", post(keys::create).get(keys::list))
         .route("/api/v1/api-keys/{id}", axum::routing::delete(keys::revoke))
-        .route("/api/v1/templates", get(templates::list))
-        .route("/api/v1/templates/{id}", get(templates::get))
+        .route(
+            "/api/v1/templates",
+            get(templates::list).post(templates::build),
+        )
+        .route(
+            "/api/v1/templates/{id}",
+            get(templates::get).delete(templates::delete),
+        )
+        .route(
+            "/api/v1/templates/{id}/builds/{build_id}",
+            get(templates::build_status),
+        )
         .route("/api/v1/sandboxes", post(sb::create).get(sb::list))
         .route("/api/v1/sandboxes/{id}", get(sb::get).delete(sb::destroy))
         .route("/api/v1/sandboxes/{id}/exec", post(sb::exec))
@@ -410,6 +423,8 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
             name: "Cella Base".into(),
             default_size: Size::Small,
             image: Some(image),
+            workspace_id: None,
+            defaults: Default::default(),
         }],
         config.sizes.clone(),
         catalog::host_memory_mb(),
@@ -433,7 +448,9 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
         limiter,
         network,
         preview_secret,
+        builds: Default::default(),
     });
+    builds::restore(&state).await?;
     Ok((state, lock))
 }
 

@@ -84,9 +84,17 @@ pub fn spawn(state: Arc<AppState>) {
 /// pool sandboxes beyond the target (after a config change) and ones that died.
 async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::StoreError> {
     for t in state.catalog.templates() {
+        let t = &t;
         for size in ALL_SIZES {
             let want = if state.catalog.available(t, size) == Readiness::Missing {
                 0
+            } else if t.workspace_id.is_some() {
+                // A custom template: its own `warm`, in its default size.
+                if size == t.default_size {
+                    t.defaults.warm as i64
+                } else {
+                    0
+                }
             } else {
                 target(state, size)
             };

@@ -173,8 +173,9 @@ async fn admit(state: &AppState, auth: &Auth, req: &CreateSandbox) -> Result<San
     };
     let template = state
         .catalog
-        .get(&template_id)
+        .visible(&template_id, &auth.workspace_id)
         .ok_or_else(|| ApiError::not_found("template"))?;
+    let template = &template;
     let compat = [
         ("cpu_count", req.cpu_count),
         ("memory_mb", req.memory_mb),
@@ -250,7 +251,9 @@ async fn admit(state: &AppState, auth: &Auth, req: &CreateSandbox) -> Result<San
     };
     let metadata = req.metadata.clone().unwrap_or_default();
     check_map("metadata", &metadata, false)?;
-    let env = req.env.clone().unwrap_or_default();
+    // The template's environment, under the request's own.
+    let mut env = template.defaults.env.clone();
+    env.extend(req.env.clone().unwrap_or_default());
     check_map("env", &env, true)?;
     let network = req.network.clone().unwrap_or_default();
     crate::network::check(&network).await?;
@@ -407,9 +410,27 @@ pub(crate) async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                     None => None,
                 },
                 snapshot: row.snapshot_id.clone(),
+                plain_layer: false,
             };
             state.driver.create(&spec).await
         }
+    };
+    // A template app starts with its sandbox, which is ready only once the app is.
+    let result = match result {
+        Ok(handle) => match start_template_app(state, row, &handle).await {
+            Ok(()) => Ok(handle),
+            Err(reason) => {
+                // A sandbox booted again on kept files keeps them; a new one is cleared.
+                let keep = row.persistent && row.started_at.is_some();
+                let _ = if keep {
+                    state.driver.stop(&row.id, Some(&handle)).await
+                } else {
+                    state.driver.destroy(&row.id, Some(&handle)).await
+                };
+                Err(DriverError::Launch(reason))
+            }
+        },
+        Err(e) => Err(e),
     };
     let now = now_ms();
     match result {
@@ -553,6 +574,112 @@ pub async fn running(
     Ok((row, handle))
 }
 
+/// Starts the template's app (`start`) in a new sandbox and waits until its readiness check
+/// passes (a command that exits 0, or a port that accepts connections).
+async fn start_template_app(
+    state: &AppState,
+    row: &SandboxRow,
+    handle: &SandboxHandle,
+) -> Result<(), String> {
+    let Some(t) = state.catalog.get(&row.template_id) else {
+        return Ok(());
+    };
+    let Some(start) = t.defaults.start.clone() else {
+        return Ok(());
+    };
+    let req = template_defaults(
+        state,
+        row,
+        ExecRequest {
+            command: Some(start),
+            ..Default::default()
+        },
+    );
+    let mut boot_row = row.clone();
+    boot_row.state = SandboxState::Running.as_str().into();
+    boot_row.runtime = serde_json::to_string(handle).ok();
+    let (_, spec) = exec_spec(&boot_row, req, None).map_err(|e| e.message)?;
+    let agent = state.driver.agent(handle);
+    match agent
+        .call(&cella_agent::proto::Request::Spawn {
+            spec,
+            tag: Some("template-app".into()),
+        })
+        .await
+    {
+        Ok(cella_agent::proto::Response::Started { .. }) => {}
+        Ok(other) => return Err(format!("the template's start command did not start: {other:?}")),
+        Err(e) => return Err(format!("the template's start command did not start: {e}")),
+    }
+    let ready = t.defaults.ready.clone().unwrap_or(cella_types::ReadyCheck {
+        command: None,
+        port: t.defaults.port,
+        timeout_sec: None,
+    });
+    let deadline = std::time::Instant::now()
+        + std::time::Duration::from_secs(ready.timeout_sec.unwrap_or(60).max(1) as u64);
+    let addr = handle.net.as_ref().map(|n| n.sandbox_addr);
+    loop {
+        let ok = if let Some(cmd) = &ready.command {
+            let check = template_defaults(
+                state,
+                &boot_row,
+                ExecRequest {
+                    command: Some(cmd.clone()),
+                    timeout_sec: Some(10),
+                    ..Default::default()
+                },
+            );
+            match exec_spec(&boot_row, check, Some(64 * 1024)) {
+                Ok((h, spec)) => {
+                    let (tx, mut rx) = mpsc::channel(16);
+                    let drain = async { while rx.recv().await.is_some() {} };
+                    let (r, _) = tokio::join!(state.driver.exec(&h, spec, tx), drain);
+                    r.map(|i| i.exit_code == 0).unwrap_or(false)
+                }
+                Err(_) => false,
+            }
+        } else if let Some(port) = ready.port {
+            match addr {
+                Some(a) => tokio::time::timeout(
+                    std::time::Duration::from_millis(500),
+                    tokio::net::TcpStream::connect((a, port)),
+                )
+                .await
+                .map(|r| r.is_ok())
+                .unwrap_or(false),
+                None => true, // no network to check through: the app is taken at its word
+            }
+        } else {
+            true
+        };
+        if ok {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "the template's app was not ready after {} s",
+                ready.timeout_sec.unwrap_or(60)
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Fills in what the sandbox's template sets for commands (working directory and user) where
+/// the request leaves it open.
+pub fn template_defaults(state: &AppState, row: &SandboxRow, mut req: ExecRequest) -> ExecRequest {
+    if let Some(t) = state.catalog.get(&row.template_id) {
+        if req.cwd.is_none() {
+            req.cwd = t.defaults.workdir.clone();
+        }
+        if req.user.is_none() {
+            req.user = t.defaults.user;
+        }
+    }
+    req
+}
+
 /// Checks an exec request against a running sandbox and turns it into the agent's spec.
 /// `output_cap` bounds each stream (None for a streamed exec, which keeps nothing).
 pub fn exec_spec(
@@ -618,6 +745,7 @@ pub async fn exec(
     row: &SandboxRow,
     req: ExecRequest,
 ) -> Result<ExecResult, ApiError> {
+    let req = template_defaults(state, row, req);
     let (handle, spec) = exec_spec(row, req, Some(state.config.exec.output_cap_bytes))?;
     // A running command is activity for the idle timer for as long as it runs.
     let _busy = state.activity.busy(&row.id);

@@ -46,6 +46,30 @@ pub struct ArtifactRow {
     pub expires_at: i64,
 }
 
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct TemplateRow {
+    pub id: String,
+    pub workspace_id: String,
+    pub name: String,
+    pub spec: String,
+    pub image: Option<String>,
+    pub defaults: Option<String>,
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct BuildRow {
+    pub id: String,
+    pub template_id: String,
+    pub workspace_id: String,
+    pub state: String,
+    pub steps: String,
+    pub log: String,
+    pub error: Option<String>,
+    pub created_at: i64,
+    pub finished_at: Option<i64>,
+}
+
 /// What a claim on the warm pool found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Claim {
@@ -466,6 +490,136 @@ impl Store {
             Some(r) => Claim::Claimed(r),
             None => Claim::Empty,
         })
+    }
+
+    // -- templates ------------------------------------------------------------------------------
+
+    /// Adds a template, or replaces the spec of one of the same workspace (a rebuild keeps its
+    /// image until the new build is ready).
+    pub async fn upsert_template(&self, t: &TemplateRow) -> Result<bool> {
+        let r = sqlx::query(
+            "INSERT INTO templates (id, workspace_id, name, spec, image, defaults, created_at) \
+             VALUES (?, ?, ?, ?, NULL, NULL, ?) \
+             ON CONFLICT(id) DO UPDATE SET name = excluded.name, spec = excluded.spec \
+             WHERE templates.workspace_id = excluded.workspace_id",
+        )
+        .bind(&t.id)
+        .bind(&t.workspace_id)
+        .bind(&t.name)
+        .bind(&t.spec)
+        .bind(t.created_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    pub async fn set_template_image(&self, id: &str, image: &str, defaults: &str) -> Result<()> {
+        sqlx::query("UPDATE templates SET image = ?, defaults = ? WHERE id = ?")
+            .bind(image)
+            .bind(defaults)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn templates(&self) -> Result<Vec<TemplateRow>> {
+        Ok(sqlx::query_as(
+            "SELECT id, workspace_id, name, spec, image, defaults, created_at FROM templates ORDER BY seq",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub async fn template(&self, id: &str) -> Result<Option<TemplateRow>> {
+        Ok(sqlx::query_as(
+            "SELECT id, workspace_id, name, spec, image, defaults, created_at FROM templates WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    pub async fn delete_template(&self, id: &str) -> Result<()> {
+        sqlx::query("DELETE FROM templates WHERE id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        sqlx::query("DELETE FROM template_builds WHERE template_id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Live sandboxes (pool ones included) and snapshots that use a template.
+    pub async fn template_users(&self, id: &str) -> Result<(i64, i64)> {
+        let q = format!(
+            "SELECT (SELECT COUNT(*) FROM sandboxes WHERE template_id = ? AND workspace_id != ? \
+               AND state IN {CAPPED_STATES} OR (template_id = ? AND state = 'stopped')), \
+             (SELECT COUNT(*) FROM snapshots WHERE template_id = ?)"
+        );
+        Ok(sqlx::query_as(&q)
+            .bind(id)
+            .bind(POOL_WORKSPACE)
+            .bind(id)
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    pub async fn insert_build(&self, b: &BuildRow) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO template_builds (id, template_id, workspace_id, state, steps, log, error, created_at, finished_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&b.id)
+        .bind(&b.template_id)
+        .bind(&b.workspace_id)
+        .bind(&b.state)
+        .bind(&b.steps)
+        .bind(&b.log)
+        .bind(&b.error)
+        .bind(b.created_at)
+        .bind(b.finished_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn update_build(&self, b: &BuildRow) -> Result<()> {
+        sqlx::query(
+            "UPDATE template_builds SET state = ?, steps = ?, log = ?, error = ?, finished_at = ? WHERE id = ?",
+        )
+        .bind(&b.state)
+        .bind(&b.steps)
+        .bind(&b.log)
+        .bind(&b.error)
+        .bind(b.finished_at)
+        .bind(&b.id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn build(&self, id: &str) -> Result<Option<BuildRow>> {
+        Ok(sqlx::query_as(
+            "SELECT id, template_id, workspace_id, state, steps, log, error, created_at, finished_at \
+             FROM template_builds WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Builds that were running when the server stopped.
+    pub async fn unfinished_builds(&self) -> Result<Vec<BuildRow>> {
+        Ok(sqlx::query_as(
+            "SELECT id, template_id, workspace_id, state, steps, log, error, created_at, finished_at \
+             FROM template_builds WHERE state IN ('queued', 'building')",
+        )
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     // -- artifacts ------------------------------------------------------------------------------

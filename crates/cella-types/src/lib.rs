@@ -916,7 +916,7 @@ pub struct ForkResult {
 }
 
 /// A file written into a one-shot run's sandbox before the command.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunFile {
     /// Absolute, or relative to the command's working directory.
@@ -982,4 +982,119 @@ pub struct RunResult {
 pub struct CollectRequest {
     /// Paths or globs inside the sandbox.
     pub paths: Vec<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Custom templates
+// ---------------------------------------------------------------------------------------------
+
+/// One build step of a template spec; exactly one field is set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "lowercase")]
+pub enum TemplateStep {
+    /// A shell command (`bash -c`), run in a sandbox; what it changes becomes a layer.
+    Run(String),
+    /// Copies a file given in the spec's `files` to `dest` (absolute, or relative to `workdir`).
+    Copy(CopyStep),
+    /// Environment variables for later steps and for the template's sandboxes.
+    Env(BTreeMap<String, String>),
+    /// The working directory of later steps and of commands in the template's sandboxes.
+    Workdir(String),
+    /// `user` or `root`: who runs later steps (and, by default, the template's commands).
+    User(ExecUser),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CopyStep {
+    /// A key of the spec's `files`.
+    pub src: String,
+    pub dest: String,
+    /// Permission bits, default 0o644 (`"0755"` style strings are accepted too).
+    pub mode: Option<u32>,
+}
+
+/// What makes a template's sandbox ready once its `start` command runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadyCheck {
+    /// A command that exits 0 once the app is ready.
+    pub command: Option<String>,
+    /// A port inside the sandbox that accepts connections once the app is ready.
+    pub port: Option<u16>,
+    /// Seconds to wait (default 60).
+    pub timeout_sec: Option<u32>,
+}
+
+/// `POST /api/v1/templates`: a template built from a base and ordered steps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateSpec {
+    /// The template's id (lowercase letters, digits and `-`, starting with a letter).
+    pub id: String,
+    pub name: Option<String>,
+    /// The template to build on (default `base`).
+    pub from: Option<String>,
+    /// An OCI image reference to build on instead of `from`.
+    pub image: Option<String>,
+    /// Registry credentials for `image`.
+    pub registry_auth: Option<RegistryAuth>,
+    #[serde(default)]
+    pub steps: Vec<TemplateStep>,
+    /// Files for `copy` steps: name -> content (`utf8`, or base64 with `encoding`).
+    #[serde(default)]
+    pub files: BTreeMap<String, InlineFile>,
+    /// A command started (in the background) when a sandbox of this template boots.
+    pub start: Option<String>,
+    /// When the started app is ready (default: at once).
+    pub ready: Option<ReadyCheck>,
+    /// The port the app serves (its preview), also the default readiness check.
+    pub port: Option<u16>,
+    pub default_size: Option<Size>,
+    /// Sandboxes of this template kept booted ahead (in its default size; default 0).
+    pub warm: Option<u32>,
+}
+
+/// A file's content inside a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InlineFile {
+    pub content: String,
+    /// `utf8` (default) or `base64`.
+    pub encoding: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryAuth {
+    pub username: String,
+    pub password: String,
+}
+
+/// One step of a build as it went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BuildStep {
+    pub index: usize,
+    /// `image`, `run`, `copy`, `env`, `workdir` or `user`.
+    pub kind: String,
+    /// `pending`, `running`, `done`, `cached` or `failed`.
+    pub state: String,
+    pub duration_ms: Option<u64>,
+}
+
+/// A template build (`POST /api/v1/templates` answers it with 202).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TemplateBuild {
+    pub id: String,
+    pub template_id: String,
+    /// `queued`, `building`, `ready` or `failed`.
+    pub state: String,
+    pub steps: Vec<BuildStep>,
+    /// Output of the build so far (from `log_offset` when given).
+    pub log: String,
+    /// Bytes of log before `log`.
+    pub log_offset: u64,
+    pub error: Option<String>,
+    pub created_at: String,
+    pub finished_at: Option<String>,
 }

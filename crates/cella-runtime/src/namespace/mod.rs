@@ -214,7 +214,7 @@ impl NamespaceDriver {
         let disk = if image.exists() {
             // Its files live there, whatever the setting is now.
             Some(image)
-        } else if self.disk_quota && !legacy {
+        } else if self.disk_quota && !legacy && !spec.plain_layer {
             Some(crate::disk::ensure_image(&dir, spec.disk_size_mb)?)
         } else {
             None
@@ -555,6 +555,49 @@ impl Driver for NamespaceDriver {
         tokio::task::spawn_blocking(move || this.take_snapshot(&id, handle.as_ref(), &snap))
             .await
             .map_err(|e| DriverError::Launch(e.to_string()))?
+    }
+
+    async fn export_layer(&self, id: &str, dest: &Path) -> Result<(), DriverError> {
+        let dir = self.sandbox_dir(id);
+        let upper = dir.join("upper");
+        if !upper.is_dir() {
+            return Err(DriverError::Unsupported(format!(
+                "sandbox {id} has no plain writable layer to export"
+            )));
+        }
+        // What the sandbox changed under a layered bind (/usr) goes to that place in the layer.
+        let binds: Vec<crate::rootfs::Bind> = std::fs::read(dir.join("launch.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<LaunchConfig>(&b).ok())
+            .map(|c| c.binds)
+            .unwrap_or_default();
+        if let Some(parent) = dest.parent() {
+            tokio::fs::create_dir_all(parent).await?;
+        }
+        tokio::fs::rename(&upper, dest).await?;
+        for b in binds.iter().filter(|b| b.layered) {
+            let from = dir
+                .join("binds")
+                .join(mounts::bind_name(&b.dst))
+                .join("upper");
+            if !from.is_dir() || std::fs::read_dir(&from)?.next().is_none() {
+                continue;
+            }
+            let to = dest.join(b.dst.strip_prefix("/").unwrap_or(&b.dst));
+            if let Ok(m) = std::fs::symlink_metadata(&to) {
+                // The mount point the overlay made in the root layer: replaced by the changes.
+                if m.is_dir() {
+                    std::fs::remove_dir_all(&to)?;
+                } else {
+                    std::fs::remove_file(&to)?;
+                }
+            }
+            if let Some(p) = to.parent() {
+                std::fs::create_dir_all(p)?;
+            }
+            std::fs::rename(&from, &to)?;
+        }
+        Ok(())
     }
 
     async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), DriverError> {

@@ -23,6 +23,10 @@ pub enum MountOp {
         work: PathBuf,
         hostname: String,
     },
+    /// Directories beside the upper layer (outside the sandbox's view), made if missing.
+    MakeDirs {
+        dirs: Vec<PathBuf>,
+    },
     Overlay {
         lower: Vec<PathBuf>,
         upper: PathBuf,
@@ -134,12 +138,33 @@ pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
         target: r.clone(),
     }]);
     for b in &cfg.binds {
-        ops.push(MountOp::Bind {
-            src: b.src.clone(),
-            target: inside(r, &b.dst),
-            readonly: b.readonly,
-            file: false,
-        });
+        if b.layered {
+            // An overlay of its own: the template layers' files under `dst` over the host's.
+            let (upper, work) = bind_layer(cfg, &b.dst);
+            let mut lower: Vec<PathBuf> = cfg
+                .layers
+                .iter()
+                .map(|l| inside(l, &b.dst))
+                .filter(|p| p.is_dir())
+                .collect();
+            lower.push(b.src.clone());
+            ops.push(MountOp::MakeDirs {
+                dirs: vec![upper.clone(), work.clone()],
+            });
+            ops.push(MountOp::Overlay {
+                lower,
+                upper,
+                work,
+                target: inside(r, &b.dst),
+            });
+        } else {
+            ops.push(MountOp::Bind {
+                src: b.src.clone(),
+                target: inside(r, &b.dst),
+                readonly: b.readonly,
+                file: false,
+            });
+        }
     }
     ops.push(MountOp::Proc {
         target: r.join("proc"),
@@ -217,7 +242,7 @@ pub fn label(op: &MountOp) -> &'static str {
     match op {
         MountOp::MakePrivate => "private",
         MountOp::Disk { .. } => "disk",
-        MountOp::PrepareUpper { .. } => "upper",
+        MountOp::PrepareUpper { .. } | MountOp::MakeDirs { .. } => "upper",
         MountOp::Overlay { .. } => "overlay",
         MountOp::Bind { .. } => "bind",
         MountOp::Proc { .. } => "proc",
@@ -232,9 +257,28 @@ pub fn label(op: &MountOp) -> &'static str {
     }
 }
 
+/// The upper and work directories of a layered bind at `dst`, beside the sandbox's own upper
+/// layer (`<layer>/binds/<name>/{upper,work}`).
+pub fn bind_layer(cfg: &LaunchConfig, dst: &Path) -> (PathBuf, PathBuf) {
+    let root = cfg.upper.parent().unwrap_or(Path::new("/")).to_path_buf();
+    let dir = root.join("binds").join(bind_name(dst));
+    (dir.join("upper"), dir.join("work"))
+}
+
+/// `/usr/local` -> `usr_local`.
+pub fn bind_name(dst: &Path) -> String {
+    dst.to_string_lossy().trim_matches('/').replace('/', "_")
+}
+
 pub fn apply(op: &MountOp) -> Result<(), String> {
     const NONE: Option<&str> = None;
     match op {
+        MountOp::MakeDirs { dirs } => {
+            for d in dirs {
+                std::fs::create_dir_all(d).map_err(|e| err("creating", d, e))?;
+            }
+            Ok(())
+        }
         MountOp::MakePrivate => mount(NONE, "/", NONE, MsFlags::MS_REC | MsFlags::MS_PRIVATE, NONE)
             .map_err(|e| format!("making / private: {e}")),
         MountOp::Overlay {
@@ -461,11 +505,20 @@ mod tests {
             upper: "/data/sandboxes/sbtest/upper".into(),
             work: "/data/sandboxes/sbtest/work".into(),
             rootfs: "/data/sandboxes/sbtest/rootfs".into(),
-            binds: vec![Bind {
-                src: "/usr".into(),
-                dst: "/usr".into(),
-                readonly: true,
-            }],
+            binds: vec![
+                Bind {
+                    src: "/usr".into(),
+                    dst: "/usr".into(),
+                    readonly: true,
+                    layered: false,
+                },
+                Bind {
+                    src: "/opt/host-lib".into(),
+                    dst: "/usr/lib/extra".into(),
+                    readonly: true,
+                    layered: true,
+                },
+            ],
             socket: "/data/run/sbtest.sock".into(),
             cgroup: "cella/x/sbtest".into(),
             disk: None,
@@ -534,6 +587,31 @@ mod tests {
                 "/data/sandboxes/sbtest/rootfs/usr".into(),
                 true
             )]
+        );
+        // A layered bind is an overlay whose bottom layer is the host directory, with its
+        // upper and work directories beside the sandbox's own upper layer.
+        let layered = ops
+            .iter()
+            .find_map(|o| match o {
+                MountOp::Overlay {
+                    lower,
+                    upper,
+                    work,
+                    target,
+                } if target == Path::new("/data/sandboxes/sbtest/rootfs/usr/lib/extra") => {
+                    Some((lower.clone(), upper.clone(), work.clone()))
+                }
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(layered.0.last().unwrap(), Path::new("/opt/host-lib"));
+        assert_eq!(
+            layered.1,
+            Path::new("/data/sandboxes/sbtest/binds/usr_lib_extra/upper")
+        );
+        assert_eq!(
+            layered.2,
+            Path::new("/data/sandboxes/sbtest/binds/usr_lib_extra/work")
         );
         let nodes: Vec<_> = ops
             .iter()

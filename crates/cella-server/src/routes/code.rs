@@ -66,14 +66,15 @@ async fn call(
     op: CodeOp,
 ) -> Result<Value, ApiError> {
     // The kernel starts, if it must, as the sandbox's user with the sandbox's environment.
-    let (handle, spec) = exec_spec(
+    let req = crate::sandboxes::template_defaults(
+        state,
         row,
         ExecRequest {
             argv: Some(vec!["kernel".into()]),
             ..Default::default()
         },
-        None,
-    )?;
+    );
+    let (handle, spec) = exec_spec(row, req, None)?;
     let req = Request::Code {
         language: lang.to_string(),
         action: op,

@@ -96,6 +96,7 @@ pub async fn start(
         user: req.user,
         ..Default::default()
     };
+    let exec = crate::sandboxes::template_defaults(&state, &row, exec);
     let (_, spec) = exec_spec(&row, exec, None)?;
     let agent = state.driver.agent(&handle);
     let pid = match call(&agent, &Request::Spawn { spec, tag }).await? {

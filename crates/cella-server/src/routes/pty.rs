@@ -94,6 +94,7 @@ pub async fn pty(
         user,
         ..Default::default()
     };
+    let req = crate::sandboxes::template_defaults(&state, &row, req);
     let (_, spec) = exec_spec(&row, req, None)?;
     let (_pid, mut writer, mut reader) = state
         .driver

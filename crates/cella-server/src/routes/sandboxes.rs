@@ -253,6 +253,7 @@ pub async fn exec_stream(
             format!("sandbox is {}, not running", row.state),
         ));
     }
+    let req = svc::template_defaults(&state, &row, req);
     let (handle, spec) = svc::exec_spec(&row, req, None)?;
     let (ev_tx, ev_rx) = tokio::sync::mpsc::channel(64);
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();

@@ -9,8 +9,8 @@ use std::sync::Arc;
 /// The catalog of templates, sizes, readiness and resource contracts. Any valid key.
 #[utoipa::path(get, path = "/api/v1/templates", tag = "templates", security(("bearer" = [])),
     responses((status = 200, body = TemplateCatalog), (status = 401, body = cella_types::ErrorBody)))]
-pub async fn list(State(state): State<Arc<AppState>>, _auth: Auth) -> Json<TemplateCatalog> {
-    Json(state.catalog.catalog())
+pub async fn list(State(state): State<Arc<AppState>>, auth: Auth) -> Json<TemplateCatalog> {
+    Json(state.catalog.catalog(&auth.workspace_id))
 }
 
 /// One template, with its sizes and contracts.
@@ -19,14 +19,84 @@ pub async fn list(State(state): State<Arc<AppState>>, _auth: Auth) -> Json<Templ
     responses((status = 200, body = Data<Template>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn get(
     State(state): State<Arc<AppState>>,
-    _auth: Auth,
+    auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Template>>, ApiError> {
     let t = state
         .catalog
-        .get(&id)
+        .visible(&id, &auth.workspace_id)
         .ok_or_else(|| ApiError::not_found("template"))?;
     Ok(Json(Data {
-        data: state.catalog.entry(t),
+        data: state.catalog.entry(&t),
+    }))
+}
+
+/// Build a custom template from a base and ordered steps (see `builds.rs`); answers 202 with
+/// the build, whose state and log `GET .../builds/{build_id}` reads while it runs. Posting the
+/// spec of an existing template of the workspace rebuilds it (unchanged leading steps come
+/// from the layer cache). Scope `templates:write`.
+#[utoipa::path(post, path = "/api/v1/templates", tag = "templates", security(("bearer" = [])),
+    request_body = cella_types::TemplateSpec,
+    responses((status = 202, body = Data<cella_types::TemplateBuild>), (status = 400, body = cella_types::ErrorBody),
+              (status = 409, body = cella_types::ErrorBody)))]
+pub async fn build(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    body: crate::extract::ApiBody,
+) -> Result<(axum::http::StatusCode, Json<Data<cella_types::TemplateBuild>>), ApiError> {
+    auth.require(cella_types::Scope::TemplatesWrite)?;
+    let spec: cella_types::TemplateSpec = body.json()?;
+    let b = crate::builds::start(&state, &auth, spec).await?;
+    Ok((axum::http::StatusCode::ACCEPTED, Json(Data { data: b })))
+}
+
+/// A build's state, steps and log (`log_offset`: only the log after that many bytes). Any
+/// valid key of the template's workspace.
+#[utoipa::path(get, path = "/api/v1/templates/{id}/builds/{build_id}", tag = "templates", security(("bearer" = [])),
+    params(("id" = String, Path), ("build_id" = String, Path), ("log_offset" = Option<u64>, Query)),
+    responses((status = 200, body = Data<cella_types::TemplateBuild>), (status = 404, body = cella_types::ErrorBody)))]
+pub async fn build_status(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path((id, build_id)): Path<(String, String)>,
+    q: crate::extract::QueryPairs,
+) -> Result<Json<Data<cella_types::TemplateBuild>>, ApiError> {
+    let mut offset = 0usize;
+    for (k, v) in &q.0 {
+        match k.as_str() {
+            "log_offset" => {
+                offset = v
+                    .parse()
+                    .map_err(|_| ApiError::invalid("log_offset", "log_offset is a byte count"))?
+            }
+            other => return Err(ApiError::invalid(other, format!("unknown query parameter {other}"))),
+        }
+    }
+    let b = state
+        .builds
+        .get(&state, &build_id)
+        .await?
+        .filter(|b| b.template_id == id && b.workspace_id == auth.workspace_id)
+        .ok_or_else(|| ApiError::not_found("build"))?;
+    Ok(Json(Data {
+        data: crate::builds::wire(&b, offset),
+    }))
+}
+
+/// Delete a custom template: refused with 409 while sandboxes or snapshots use it; layers no
+/// other template uses are removed. Scope `templates:write`.
+#[utoipa::path(delete, path = "/api/v1/templates/{id}", tag = "templates", security(("bearer" = [])),
+    params(("id" = String, Path)),
+    responses((status = 200, body = Data<Template>), (status = 404, body = cella_types::ErrorBody),
+              (status = 409, body = cella_types::ErrorBody)))]
+pub async fn delete(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Data<Template>>, ApiError> {
+    auth.require(cella_types::Scope::TemplatesWrite)?;
+    let t = crate::builds::delete(&state, &auth, &id).await?;
+    Ok(Json(Data {
+        data: state.catalog.entry(&t),
     }))
 }

@@ -1,0 +1,645 @@
+//! Custom templates: a base and ordered steps, each `run` or `copy` step run in a real sandbox
+//! and frozen as a read-only layer.
+//!
+//! A layer is the writable layer of the step's sandbox (an overlay upper directory, whiteouts
+//! and opaque directories included), moved to `DATA/layers/<key>/root` once the step succeeded.
+//! The key is a digest of everything the result depends on: the base image's version, every
+//! earlier step, the environment, working directory and user in force, and a copied file's
+//! bytes; so a rebuild reuses the leading steps that did not change (`cached`), and a changed
+//! step rebuilds it and everything after it. `env`, `workdir` and `user` steps make no layer:
+//! they shape the later steps and the template's sandboxes.
+//!
+//! A build runs in a task of its own; its log and step states are kept in memory while it runs
+//! (readable at once) and written to the store at every step and at its end.
+
+use crate::auth::Auth;
+use crate::catalog::{TemplateDefaults, TemplateEntry};
+use crate::error::ApiError;
+use crate::util::{new_id, now_ms, rfc3339};
+use crate::AppState;
+use cella_runtime::rootfs::{TemplateImage, USER_UID};
+use cella_runtime::{ExecEvent, ExecSpec, SandboxSpec};
+use cella_store::{BuildRow, TemplateRow};
+use cella_types::{
+    BuildStep, ErrorCode, ExecUser, InlineFile, Size, TemplateBuild, TemplateSpec, TemplateStep,
+};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+
+/// A `run` step may take this long.
+const STEP_TIMEOUT_MS: u64 = 30 * 60 * 1000;
+/// The build log keeps at most this much (the rest is cut in the middle).
+const MAX_LOG: usize = 4 * 1024 * 1024;
+
+/// Builds that are running now.
+#[derive(Default)]
+pub struct Builds {
+    live: Mutex<HashMap<String, Arc<Mutex<Progress>>>>,
+}
+
+#[derive(Clone)]
+struct Progress {
+    state: String,
+    steps: Vec<BuildStep>,
+    log: String,
+    error: Option<String>,
+}
+
+impl Progress {
+    fn say(&mut self, text: &str) {
+        if self.log.len() + text.len() <= MAX_LOG {
+            self.log.push_str(text);
+        }
+    }
+}
+
+fn valid_template_id(id: &str) -> bool {
+    let b = id.as_bytes();
+    !b.is_empty()
+        && b.len() <= 40
+        && b[0].is_ascii_lowercase()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+fn kind(step: &TemplateStep) -> &'static str {
+    match step {
+        TemplateStep::Run(_) => "run",
+        TemplateStep::Copy(_) => "copy",
+        TemplateStep::Env(_) => "env",
+        TemplateStep::Workdir(_) => "workdir",
+        TemplateStep::User(_) => "user",
+    }
+}
+
+fn decode(name: &str, f: &InlineFile) -> Result<Vec<u8>, ApiError> {
+    use base64::Engine;
+    match f.encoding.as_deref().unwrap_or("utf8") {
+        "utf8" | "utf-8" => Ok(f.content.clone().into_bytes()),
+        "base64" => base64::engine::general_purpose::STANDARD
+            .decode(f.content.trim())
+            .map_err(|e| ApiError::invalid(&format!("files.{name}"), format!("not base64: {e}"))),
+        other => Err(ApiError::invalid(
+            &format!("files.{name}.encoding"),
+            format!("encoding {other:?}: use utf8 or base64"),
+        )),
+    }
+}
+
+pub fn wire(b: &BuildRow, log_offset: usize) -> TemplateBuild {
+    let start = log_offset.min(b.log.len());
+    let start = (start..=b.log.len()).find(|i| b.log.is_char_boundary(*i)).unwrap_or(b.log.len());
+    TemplateBuild {
+        id: b.id.clone(),
+        template_id: b.template_id.clone(),
+        state: b.state.clone(),
+        steps: serde_json::from_str(&b.steps).unwrap_or_default(),
+        log: b.log[start..].to_string(),
+        log_offset: start as u64,
+        error: b.error.clone(),
+        created_at: rfc3339(b.created_at),
+        finished_at: b.finished_at.map(rfc3339),
+    }
+}
+
+impl Builds {
+    /// A build as it stands now (memory while it runs, else the store).
+    pub async fn get(&self, state: &AppState, id: &str) -> Result<Option<BuildRow>, ApiError> {
+        let Some(mut row) = state.store.build(id).await? else {
+            return Ok(None);
+        };
+        let live = self.live.lock().expect("builds lock").get(id).cloned();
+        if let Some(p) = live {
+            let p = p.lock().expect("build lock").clone();
+            row.state = p.state;
+            row.steps = serde_json::to_string(&p.steps).unwrap_or_default();
+            row.log = p.log;
+            row.error = p.error;
+        }
+        Ok(Some(row))
+    }
+}
+
+/// Checks a spec and starts its build; answers the build as queued.
+pub async fn start(
+    state: &Arc<AppState>,
+    auth: &Auth,
+    spec: TemplateSpec,
+) -> Result<TemplateBuild, ApiError> {
+    if !valid_template_id(&spec.id) {
+        return Err(ApiError::invalid(
+            "id",
+            "template ids are 1-40 lowercase letters, digits or '-', starting with a letter",
+        ));
+    }
+    if let Some(existing) = state.catalog.get(&spec.id) {
+        match &existing.workspace_id {
+            None => {
+                return Err(ApiError::new(
+                    ErrorCode::Conflict,
+                    format!("{} is a built-in template", spec.id),
+                ))
+            }
+            Some(w) if *w != auth.workspace_id => {
+                return Err(ApiError::new(
+                    ErrorCode::Conflict,
+                    format!("the template id {} is taken", spec.id),
+                ))
+            }
+            _ => {}
+        }
+    }
+    if spec.image.is_some() {
+        return Err(ApiError::invalid(
+            "image",
+            "templates from OCI images are not supported by this server yet; use \"from\"",
+        ));
+    }
+    let from = spec.from.clone().unwrap_or_else(|| "base".into());
+    if from == spec.id {
+        return Err(ApiError::invalid("from", "a template cannot build on itself"));
+    }
+    let base = state
+        .catalog
+        .visible(&from, &auth.workspace_id)
+        .ok_or_else(|| ApiError::not_found("template"))?;
+    if base.image.is_none() {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("template {from} is not built (yet)"),
+        ));
+    }
+    let mut files = BTreeMap::new();
+    for (name, f) in &spec.files {
+        files.insert(name.clone(), decode(name, f)?);
+    }
+    for (i, step) in spec.steps.iter().enumerate() {
+        let field = format!("steps[{i}]");
+        match step {
+            TemplateStep::Copy(c) => {
+                if !files.contains_key(&c.src) {
+                    return Err(ApiError::invalid(
+                        &format!("{field}.copy.src"),
+                        format!("{:?} is not one of the spec's files", c.src),
+                    ));
+                }
+                if c.dest.is_empty() {
+                    return Err(ApiError::invalid(&format!("{field}.copy.dest"), "dest is empty"));
+                }
+            }
+            TemplateStep::Workdir(w) if !w.starts_with('/') => {
+                return Err(ApiError::invalid(&format!("{field}.workdir"), "workdir must be absolute"))
+            }
+            TemplateStep::Run(c) if c.trim().is_empty() => {
+                return Err(ApiError::invalid(&format!("{field}.run"), "the command is empty"))
+            }
+            _ => {}
+        }
+    }
+    if spec.warm.is_some_and(|w| w > 10) {
+        return Err(ApiError::invalid("warm", "warm is at most 10"));
+    }
+    let now = now_ms();
+    let trow = TemplateRow {
+        id: spec.id.clone(),
+        workspace_id: auth.workspace_id.clone(),
+        name: spec.name.clone().unwrap_or_else(|| spec.id.clone()),
+        spec: serde_json::to_string(&spec).unwrap_or_default(),
+        image: None,
+        defaults: None,
+        created_at: now,
+    };
+    if !state.store.upsert_template(&trow).await? {
+        return Err(ApiError::new(ErrorCode::Conflict, format!("the template id {} is taken", spec.id)));
+    }
+    if state.catalog.get(&spec.id).is_none() {
+        state.catalog.put(TemplateEntry {
+            id: spec.id.clone(),
+            name: trow.name.clone(),
+            default_size: spec.default_size.unwrap_or(base.default_size),
+            image: None,
+            workspace_id: Some(auth.workspace_id.clone()),
+            defaults: TemplateDefaults::default(),
+        });
+    }
+    let steps: Vec<BuildStep> = spec
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| BuildStep {
+            index: i,
+            kind: kind(s).into(),
+            state: "pending".into(),
+            duration_ms: None,
+        })
+        .collect();
+    let build = BuildRow {
+        id: new_id("bld"),
+        template_id: spec.id.clone(),
+        workspace_id: auth.workspace_id.clone(),
+        state: "queued".into(),
+        steps: serde_json::to_string(&steps).unwrap_or_default(),
+        log: String::new(),
+        error: None,
+        created_at: now,
+        finished_at: None,
+    };
+    state.store.insert_build(&build).await?;
+    let progress = Arc::new(Mutex::new(Progress {
+        state: "queued".into(),
+        steps,
+        log: String::new(),
+        error: None,
+    }));
+    state
+        .builds
+        .live
+        .lock()
+        .expect("builds lock")
+        .insert(build.id.clone(), progress.clone());
+    let (st, b) = (state.clone(), build.clone());
+    tokio::spawn(async move {
+        let outcome = run(&st, &b, &spec, &base, files, &progress).await;
+        let mut p = progress.lock().expect("build lock").clone();
+        let mut row = b.clone();
+        match outcome {
+            Ok(()) => p.state = "ready".into(),
+            Err(e) => {
+                p.say(&format!("build failed: {e}\n"));
+                p.state = "failed".into();
+                p.error = Some(e);
+            }
+        }
+        row.state = p.state;
+        row.steps = serde_json::to_string(&p.steps).unwrap_or_default();
+        row.log = p.log;
+        row.error = p.error;
+        row.finished_at = Some(now_ms());
+        if let Err(e) = st.store.update_build(&row).await {
+            tracing::error!(build = row.id, "recording the build: {e}");
+        }
+        st.builds.live.lock().expect("builds lock").remove(&row.id);
+    });
+    Ok(wire(&build, 0))
+}
+
+/// Layers live here, one directory per key.
+fn layer_dir(state: &AppState, key: &str) -> PathBuf {
+    state.config.data_dir.join("layers").join(key)
+}
+
+async fn run(
+    state: &Arc<AppState>,
+    build: &BuildRow,
+    spec: &TemplateSpec,
+    base: &TemplateEntry,
+    files: BTreeMap<String, Vec<u8>>,
+    progress: &Arc<Mutex<Progress>>,
+) -> Result<(), String> {
+    let base_image = base.image.clone().ok_or("the base template has no image")?;
+    let set = |f: &dyn Fn(&mut Progress)| f(&mut progress.lock().expect("build lock"));
+    set(&|p| {
+        p.state = "building".into();
+        p.say(&format!("building {} from {}\n", spec.id, base.id));
+    });
+    let mut layers = base_image.layers.clone();
+    let mut defaults = base.defaults.clone();
+    defaults.start = None;
+    defaults.ready = None;
+    defaults.port = None;
+    defaults.warm = 0;
+    let mut key = Sha256::new();
+    key.update(base_image.version.as_bytes());
+    for l in &base_image.layers {
+        key.update(l.to_string_lossy().as_bytes());
+    }
+    let mut cache_hits = 0;
+    for (i, step) in spec.steps.iter().enumerate() {
+        let started = std::time::Instant::now();
+        set(&|p| {
+            p.steps[i].state = "running".into();
+            p.say(&format!("step {} ({}): {}\n", i + 1, kind(step), describe(step)));
+        });
+        key.update(serde_json::to_vec(step).unwrap_or_default());
+        key.update(serde_json::to_vec(&(&defaults.env, &defaults.workdir, &defaults.user)).unwrap_or_default());
+        let outcome: Result<&str, String> = match step {
+            TemplateStep::Env(m) => {
+                defaults.env.extend(m.clone());
+                Ok("done")
+            }
+            TemplateStep::Workdir(w) => {
+                defaults.workdir = Some(w.clone());
+                Ok("done")
+            }
+            TemplateStep::User(u) => {
+                defaults.user = Some(*u);
+                Ok("done")
+            }
+            TemplateStep::Run(_) | TemplateStep::Copy(_) => {
+                if let TemplateStep::Copy(c) = step {
+                    key.update(Sha256::digest(&files[&c.src]));
+                }
+                let k = hex::encode(&key.clone().finalize()[..16]);
+                let dir = layer_dir(state, &k);
+                if dir.join("complete").exists() {
+                    cache_hits += 1;
+                    layers.insert(0, dir.join("root"));
+                    Ok("cached")
+                } else {
+                    run_step(state, &layers, &base_image, step, &defaults, &files, progress, &dir)
+                        .await
+                        .map(|_| {
+                            layers.insert(0, dir.join("root"));
+                            "done"
+                        })
+                }
+            }
+        };
+        let ms = started.elapsed().as_millis() as u64;
+        match outcome {
+            Ok(s) => set(&|p| {
+                p.steps[i].state = s.into();
+                p.steps[i].duration_ms = Some(ms);
+                if s == "cached" {
+                    p.say("  (cached)\n");
+                }
+            }),
+            Err(e) => {
+                set(&|p| {
+                    p.steps[i].state = "failed".into();
+                    p.steps[i].duration_ms = Some(ms);
+                });
+                return Err(format!("step {} ({}) failed: {e}", i + 1, kind(step)));
+            }
+        }
+        // The log and step states so far, in the store too.
+        let p = progress.lock().expect("build lock").clone();
+        let mut row = build.clone();
+        row.state = p.state;
+        row.steps = serde_json::to_string(&p.steps).unwrap_or_default();
+        row.log = p.log;
+        let _ = state.store.update_build(&row).await;
+    }
+    defaults.start = spec.start.clone();
+    defaults.ready = spec.ready.clone();
+    defaults.port = spec.port;
+    defaults.warm = spec.warm.unwrap_or(0);
+    let image = TemplateImage {
+        template_id: spec.id.clone(),
+        version: build.id.clone(),
+        layers,
+        binds: base_image.binds.clone(),
+    };
+    state
+        .store
+        .set_template_image(
+            &spec.id,
+            &serde_json::to_string(&image).unwrap_or_default(),
+            &serde_json::to_string(&defaults).unwrap_or_default(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    state.catalog.put(TemplateEntry {
+        id: spec.id.clone(),
+        name: spec.name.clone().unwrap_or_else(|| spec.id.clone()),
+        default_size: spec.default_size.unwrap_or(base.default_size),
+        image: Some(image),
+        workspace_id: Some(build.workspace_id.clone()),
+        defaults,
+    });
+    state.pool().wake();
+    set(&|p| p.say(&format!("template {} is ready ({cache_hits} cached layer(s))\n", spec.id)));
+    Ok(())
+}
+
+fn describe(step: &TemplateStep) -> String {
+    match step {
+        TemplateStep::Run(c) => c.lines().next().unwrap_or("").chars().take(200).collect(),
+        TemplateStep::Copy(c) => format!("{} -> {}", c.src, c.dest),
+        TemplateStep::Env(m) => m.keys().cloned().collect::<Vec<_>>().join(", "),
+        TemplateStep::Workdir(w) => w.clone(),
+        TemplateStep::User(u) => format!("{u:?}").to_lowercase(),
+    }
+}
+
+/// Runs one `run` or `copy` step in a sandbox on `layers` and keeps what it changed as the
+/// layer `dir`.
+#[allow(clippy::too_many_arguments)]
+async fn run_step(
+    state: &Arc<AppState>,
+    layers: &[PathBuf],
+    base: &TemplateImage,
+    step: &TemplateStep,
+    defaults: &TemplateDefaults,
+    files: &BTreeMap<String, Vec<u8>>,
+    progress: &Arc<Mutex<Progress>>,
+    dir: &std::path::Path,
+) -> Result<(), String> {
+    let id = new_id("bld");
+    let (cpus, mem, disk) = Size::Small.shape();
+    let spec = SandboxSpec {
+        id: id.clone(),
+        hostname: "build".into(),
+        image: TemplateImage {
+            template_id: base.template_id.clone(),
+            version: base.version.clone(),
+            layers: layers.to_vec(),
+            binds: base.binds.clone(),
+        },
+        cpu_count: cpus,
+        memory_mb: mem,
+        disk_size_mb: disk,
+        pids_max: 4096,
+        network: match &state.network {
+            Some(dns) => Some(crate::network::rules(&Default::default(), dns).await),
+            None => None,
+        },
+        snapshot: None,
+        plain_layer: true,
+    };
+    let handle = state
+        .driver
+        .create(&spec)
+        .await
+        .map_err(|e| format!("starting the build sandbox: {e}"))?;
+    let (uid, home, name) = match defaults.user.unwrap_or(ExecUser::Root) {
+        ExecUser::User => (USER_UID, "/home/user", "user"),
+        ExecUser::Root => (0, "/root", "root"),
+    };
+    let cwd = defaults.workdir.clone().unwrap_or_else(|| home.to_string());
+    let result: Result<(), String> = async {
+        match step {
+            TemplateStep::Run(cmd) => {
+                let mut env = cella_runtime::base_env(home, name);
+                env.extend(defaults.env.clone());
+                // The working directory may not exist yet: make it first.
+                let script = format!("mkdir -p {} && cd {} && {cmd}", shell_quote(&cwd), shell_quote(&cwd));
+                let exec = ExecSpec {
+                    argv: vec!["/bin/bash".into(), "-c".into(), script],
+                    env,
+                    cwd: "/".into(),
+                    uid,
+                    gid: uid,
+                    stdin: None,
+                    timeout_ms: STEP_TIMEOUT_MS,
+                    output_cap: None,
+                };
+                let (tx, mut rx) = mpsc::channel(64);
+                let p2 = progress.clone();
+                let log = async move {
+                    while let Some(ev) = rx.recv().await {
+                        let bytes = match ev {
+                            ExecEvent::Stdout(b) | ExecEvent::Stderr(b) => b,
+                        };
+                        p2.lock().expect("build lock").say(&String::from_utf8_lossy(&bytes));
+                    }
+                };
+                let (r, _) = tokio::join!(state.driver.exec(&handle, exec, tx), log);
+                let info = r.map_err(|e| e.to_string())?;
+                if info.timed_out {
+                    return Err("the command ran past its 30 minute limit".into());
+                }
+                if info.exit_code != 0 {
+                    return Err(format!("the command exited with {}", info.exit_code));
+                }
+                Ok(())
+            }
+            TemplateStep::Copy(c) => {
+                let dest = if c.dest.starts_with('/') {
+                    c.dest.clone()
+                } else {
+                    format!("{}/{}", cwd.trim_end_matches('/'), c.dest)
+                };
+                let bytes = files[&c.src].clone();
+                let chunks = futures_util::stream::iter(vec![Ok::<_, std::io::Error>(bytes)]);
+                state
+                    .driver
+                    .agent(&handle)
+                    .write_file(&dest, uid, uid, c.mode.unwrap_or(0o644), u64::MAX, chunks)
+                    .await
+                    .map_err(|e| match e {
+                        cella_agent::client::WriteError::Agent(a) => a.to_string(),
+                        _ => "writing the file failed".to_string(),
+                    })?;
+                progress
+                    .lock()
+                    .expect("build lock")
+                    .say(&format!("  copied {} to {dest}\n", c.src));
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+    .await;
+    let kept = match &result {
+        Ok(()) => {
+            let stopped = state.driver.stop(&id, Some(&handle)).await;
+            let tmp = dir.join("root.part");
+            let _ = tokio::fs::remove_dir_all(&tmp).await;
+            match stopped {
+                Ok(()) => state
+                    .driver
+                    .export_layer(&id, &tmp)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+            .and_then(|_| {
+                let _ = std::fs::remove_dir_all(dir.join("root"));
+                std::fs::rename(&tmp, dir.join("root"))
+                    .and_then(|_| std::fs::write(dir.join("complete"), b""))
+                    .map_err(|e| e.to_string())
+            })
+        }
+        Err(_) => Ok(()),
+    };
+    let _ = state.driver.destroy(&id, Some(&handle)).await;
+    result?;
+    kept.map_err(|e| format!("keeping the layer: {e}"))
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// At start: custom templates back into the catalog; builds the server did not finish fail.
+pub async fn restore(state: &AppState) -> Result<(), cella_store::StoreError> {
+    for t in state.store.templates().await? {
+        let spec: TemplateSpec = serde_json::from_str(&t.spec).unwrap_or_default();
+        let image: Option<TemplateImage> = t.image.as_deref().and_then(|i| serde_json::from_str(i).ok());
+        let defaults: TemplateDefaults = t
+            .defaults
+            .as_deref()
+            .and_then(|d| serde_json::from_str(d).ok())
+            .unwrap_or_default();
+        state.catalog.put(TemplateEntry {
+            id: t.id.clone(),
+            name: t.name.clone(),
+            default_size: spec.default_size.unwrap_or(Size::Small),
+            image,
+            workspace_id: Some(t.workspace_id.clone()),
+            defaults,
+        });
+    }
+    for mut b in state.store.unfinished_builds().await? {
+        b.state = "failed".into();
+        b.error = Some("the server stopped during the build".into());
+        b.finished_at = Some(now_ms());
+        state.store.update_build(&b).await?;
+    }
+    Ok(())
+}
+
+/// Deletes a custom template when nothing uses it, with the layers no other template uses.
+pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateEntry, ApiError> {
+    let t = state
+        .catalog
+        .visible(id, &auth.workspace_id)
+        .ok_or_else(|| ApiError::not_found("template"))?;
+    if t.workspace_id.is_none() {
+        return Err(ApiError::new(ErrorCode::Conflict, format!("{id} is a built-in template")));
+    }
+    let (sandboxes, snapshots) = state.store.template_users(id).await?;
+    if sandboxes > 0 || snapshots > 0 {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("template {id} is in use by {sandboxes} sandbox(es) and {snapshots} snapshot(s); destroy or delete them first"),
+        )
+        .with_details(serde_json::json!({ "sandboxes": sandboxes, "snapshots": snapshots })));
+    }
+    // Templates built on this one keep working (their images list the layers they use), so
+    // only layers no other template lists go.
+    let others: Vec<PathBuf> = state
+        .catalog
+        .templates()
+        .iter()
+        .filter(|o| o.id != id)
+        .filter_map(|o| o.image.as_ref())
+        .flat_map(|i| i.layers.clone())
+        .collect();
+    // Pool sandboxes of this template go first.
+    for r in state.store.pool_rows().await? {
+        if r.template_id == id {
+            let _g = state.locks.lock(&r.id).await;
+            let h = crate::sandboxes::handle_of(&r);
+            let _ = state.driver.destroy(&r.id, h.as_ref()).await;
+            let _ = state.store.delete_sandbox(&r.id).await;
+        }
+    }
+    state.catalog.remove(id);
+    state.store.delete_template(id).await?;
+    let layers_root = state.config.data_dir.join("layers");
+    if let Some(image) = &t.image {
+        for l in &image.layers {
+            if l.starts_with(&layers_root) && !others.contains(l) {
+                if let Some(dir) = l.parent() {
+                    let _ = tokio::fs::remove_dir_all(dir).await;
+                }
+            }
+        }
+    }
+    Ok(t)
+}
