@@ -97,6 +97,9 @@ fn is_agent_proc(p: &Path) -> bool {
 
 // The error is the answer itself, sent at once; it is never passed further.
 #[allow(clippy::result_large_err)]
+/// Uploads are written to a file of this name beside the target, then renamed over it.
+pub(crate) const UPLOAD_PREFIX: &str = ".cella-upload-";
+
 /// Paths must be absolute; `.` and `..` are resolved by the kernel inside the sandbox.
 pub(crate) fn check(path: &str) -> Result<PathBuf, Response> {
     if !path.starts_with('/') || path.contains('\0') {
@@ -442,7 +445,7 @@ pub async fn write(
         return proto::write_json(stream, &error(ErrorKind::BadRequest, "cannot write /")).await;
     };
     let tmp = parent.join(format!(
-        ".cella-upload-{}-{}",
+        "{UPLOAD_PREFIX}{}-{}",
         std::process::id(),
         rand_suffix()
     ));

@@ -79,6 +79,48 @@ fn existing(dir: &Path) -> Vec<Response> {
     out
 }
 
+/// The agent's own upload files (written beside the target, then renamed over it) are not the
+/// user's business: their create and modify are dropped, and the rename that lands one is the
+/// target's `create`.
+fn uploads_as_files(events: Vec<Response>) -> Vec<Response> {
+    let is_tmp = |p: &str| {
+        Path::new(p)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(crate::files::UPLOAD_PREFIX))
+    };
+    events
+        .into_iter()
+        .filter_map(|r| match r {
+            Response::FsEvent {
+                event,
+                path,
+                from,
+                dir,
+            } => {
+                if event == "rename" && from.as_deref().is_some_and(is_tmp) {
+                    Some(Response::FsEvent {
+                        event: "create".into(),
+                        path,
+                        from: None,
+                        dir,
+                    })
+                } else if is_tmp(&path) {
+                    None
+                } else {
+                    Some(Response::FsEvent {
+                        event,
+                        path,
+                        from,
+                        dir,
+                    })
+                }
+            }
+            other => Some(other),
+        })
+        .collect()
+}
+
 fn event(kind: &str, path: &Path, from: Option<&Path>, dir: bool) -> Response {
     Response::FsEvent {
         event: kind.to_string(),
@@ -182,7 +224,7 @@ pub async fn watch(
                         }
                     }
                 }
-                for r in out {
+                for r in uploads_as_files(out) {
                     proto::write_json(stream, &r).await?;
                 }
             }

@@ -560,6 +560,15 @@ fn watch_reports_create_modify_rename_and_delete() {
         .send()
         .unwrap();
     assert_eq!(res.status().as_u16(), 200);
+    // An upload through the API shows as the file it makes (not the agent's temporary file).
+    let up = s.raw(
+        "PUT",
+        &format!("/api/v1/sandboxes/{id}/files?path=/home/user/w/up.txt"),
+        Some(KEY),
+        Some(b"uploaded".to_vec()),
+        &[],
+    );
+    assert_eq!(up.status, 200);
     let script = "cd /home/user/w && echo a > f.txt && echo b >> f.txt && mv f.txt g.txt && mkdir sub && sleep 0.3 && echo c > sub/inner && rm g.txt && mv sub/inner /tmp/out";
     assert_eq!(s.sh(&id, script)["exit_code"], 0);
     let mut text = String::new();
@@ -582,6 +591,7 @@ fn watch_reports_create_modify_rename_and_delete() {
     assert_eq!(
         events,
         [
+            "create /home/user/w/up.txt",
             "create /home/user/w/f.txt",
             "modify /home/user/w/f.txt",
             "rename /home/user/w/f.txt -> /home/user/w/g.txt",
