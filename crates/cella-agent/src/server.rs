@@ -222,7 +222,13 @@ pub(crate) fn command(
     jail: &Arc<Jail>,
     pipe_stdin: bool,
 ) -> std::process::Command {
-    let mut cmd = std::process::Command::new(&spec.argv[0]);
+    // Images without bash (Alpine, distroless with a shell) still run shell command lines.
+    let program = if spec.argv[0] == "/bin/bash" && !std::path::Path::new("/bin/bash").exists() {
+        "/bin/sh"
+    } else {
+        spec.argv[0].as_str()
+    };
+    let mut cmd = std::process::Command::new(program);
     cmd.args(&spec.argv[1..])
         .env_clear()
         .envs(&spec.env)

@@ -152,26 +152,47 @@ pub async fn start(
             _ => {}
         }
     }
-    if spec.image.is_some() {
-        return Err(ApiError::invalid(
-            "image",
-            "templates from OCI images are not supported by this server yet; use \"from\"",
-        ));
-    }
-    let from = spec.from.clone().unwrap_or_else(|| "base".into());
-    if from == spec.id {
-        return Err(ApiError::invalid("from", "a template cannot build on itself"));
-    }
-    let base = state
-        .catalog
-        .visible(&from, &auth.workspace_id)
-        .ok_or_else(|| ApiError::not_found("template"))?;
-    if base.image.is_none() {
-        return Err(ApiError::new(
-            ErrorCode::Conflict,
-            format!("template {from} is not built (yet)"),
-        ));
-    }
+    let base = match &spec.image {
+        Some(image) => {
+            if spec.from.is_some() {
+                return Err(ApiError::invalid("from", "give from or image, not both"));
+            }
+            if image.parse::<oci_client::Reference>().is_err() {
+                return Err(ApiError::invalid("image", format!("{image:?} is not an image reference")));
+            }
+            // The image's layers are pulled by the build; it starts from nothing.
+            TemplateEntry {
+                id: String::new(),
+                name: image.clone(),
+                default_size: Size::Small,
+                image: Some(TemplateImage {
+                    template_id: String::new(),
+                    version: String::new(),
+                    layers: Vec::new(),
+                    binds: Vec::new(),
+                }),
+                workspace_id: None,
+                defaults: TemplateDefaults::default(),
+            }
+        }
+        None => {
+            let from = spec.from.clone().unwrap_or_else(|| "base".into());
+            if from == spec.id {
+                return Err(ApiError::invalid("from", "a template cannot build on itself"));
+            }
+            let base = state
+                .catalog
+                .visible(&from, &auth.workspace_id)
+                .ok_or_else(|| ApiError::not_found("template"))?;
+            if base.image.is_none() {
+                return Err(ApiError::new(
+                    ErrorCode::Conflict,
+                    format!("template {from} is not built (yet)"),
+                ));
+            }
+            base
+        }
+    };
     let mut files = BTreeMap::new();
     for (name, f) in &spec.files {
         files.insert(name.clone(), decode(name, f)?);
@@ -225,13 +246,17 @@ pub async fn start(
             defaults: TemplateDefaults::default(),
         });
     }
-    let steps: Vec<BuildStep> = spec
-        .steps
-        .iter()
+    let kinds = spec
+        .image
+        .as_ref()
+        .map(|_| "image")
+        .into_iter()
+        .chain(spec.steps.iter().map(kind));
+    let steps: Vec<BuildStep> = kinds
         .enumerate()
-        .map(|(i, s)| BuildStep {
+        .map(|(i, k)| BuildStep {
             index: i,
-            kind: kind(s).into(),
+            kind: k.into(),
             state: "pending".into(),
             duration_ms: None,
         })
@@ -299,14 +324,68 @@ async fn run(
     files: BTreeMap<String, Vec<u8>>,
     progress: &Arc<Mutex<Progress>>,
 ) -> Result<(), String> {
-    let base_image = base.image.clone().ok_or("the base template has no image")?;
+    let mut base_image = base.image.clone().ok_or("the base template has no image")?;
+    let mut base_defaults = base.defaults.clone();
     let set = |f: &dyn Fn(&mut Progress)| f(&mut progress.lock().expect("build lock"));
     set(&|p| {
         p.state = "building".into();
-        p.say(&format!("building {} from {}\n", spec.id, base.id));
+        p.say(&format!(
+            "building {} from {}\n",
+            spec.id,
+            spec.image.as_deref().unwrap_or(&base.id)
+        ));
     });
+    // Steps after an image's pseudo-step are one further in the step list.
+    let off = usize::from(spec.image.is_some());
+    if let Some(image) = &spec.image {
+        let started = std::time::Instant::now();
+        set(&|p| {
+            p.steps[0].state = "running".into();
+            p.say(&format!("step 1 (image): {image}\n"));
+        });
+        let layers_root = state.config.data_dir.join("layers");
+        tokio::fs::create_dir_all(&layers_root).await.map_err(|e| e.to_string())?;
+        let p2 = progress.clone();
+        let pulled = crate::oci::pull(image, spec.registry_auth.as_ref(), &layers_root, |line| {
+            p2.lock().expect("build lock").say(&line)
+        })
+        .await;
+        let pulled = match pulled {
+            Ok(p) => p,
+            Err(e) => {
+                set(&|p| p.steps[0].state = "failed".into());
+                return Err(format!("step 1 (image) failed: {e}"));
+            }
+        };
+        let resolvers: String = state
+            .network
+            .as_ref()
+            .map(|r| r.iter().map(|a| format!("nameserver {a}\n")).collect())
+            .filter(|s: &String| !s.is_empty())
+            .unwrap_or_else(|| "nameserver 1.1.1.1\n".into());
+        let skeleton = crate::oci::skeleton(&layers_root, &resolvers)?;
+        let mut layers = vec![skeleton];
+        layers.extend(pulled.layers.clone());
+        base_image = TemplateImage {
+            template_id: spec.id.clone(),
+            version: pulled.digest.clone(),
+            layers,
+            binds: Vec::new(),
+        };
+        base_defaults = TemplateDefaults {
+            env: pulled.defaults.env.clone(),
+            workdir: pulled.defaults.workdir.clone(),
+            user: pulled.defaults.user,
+            ..Default::default()
+        };
+        let ms = started.elapsed().as_millis() as u64;
+        set(&|p| {
+            p.steps[0].state = "done".into();
+            p.steps[0].duration_ms = Some(ms);
+        });
+    }
     let mut layers = base_image.layers.clone();
-    let mut defaults = base.defaults.clone();
+    let mut defaults = base_defaults;
     defaults.start = None;
     defaults.ready = None;
     defaults.port = None;
@@ -317,7 +396,8 @@ async fn run(
         key.update(l.to_string_lossy().as_bytes());
     }
     let mut cache_hits = 0;
-    for (i, step) in spec.steps.iter().enumerate() {
+    for (n, step) in spec.steps.iter().enumerate() {
+        let i = n + off;
         let started = std::time::Instant::now();
         set(&|p| {
             p.steps[i].state = "running".into();

@@ -13,6 +13,7 @@ pub mod error;
 pub mod extract;
 pub mod lifecycle;
 pub mod network;
+pub mod oci;
 pub mod pool;
 pub mod preview;
 pub mod openapi;
