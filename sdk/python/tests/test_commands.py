@@ -206,14 +206,17 @@ def test_kill_and_signal(shared: Sandbox) -> None:
     time.sleep(0.3)
     h.signal("usr1")
     assert h.wait(timeout=30).stdout == "got usr1\n"
-    h = shared.commands.start("sleep 1000")
+    # a process that ignores SIGTERM: signalled by number, it keeps running
+    h = shared.commands.start("trap '' TERM; sleep 1000")
     try:
         with pytest.raises(InvalidRequestError) as ei:
             h.signal("NOT_A_SIGNAL")
         assert ei.value.field == "signal"
         assert h.signal(15).state == "running"
+        time.sleep(0.2)
+        assert h.refresh().state == "running"
     finally:
-        h.kill()
+        assert h.kill() is True
 
 
 def test_wait_timeout(shared: Sandbox) -> None:

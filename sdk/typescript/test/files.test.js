@@ -114,11 +114,11 @@ describe('files.write and files.read', () => {
     await assert.rejects(sb.files.read('/etc/hostname', { format: 'yaml' }), TypeError);
   });
 
-  it('write errors: a relative path, a directory in the way, a read-only place, a paused sandbox', async () => {
+  it('write errors: a relative path, a directory in the way, a kernel interface, a paused sandbox', async () => {
     await assert.rejects(sb.files.write('relative.txt', 'x'), (e) => e instanceof InvalidRequestError && e.field === 'path');
     await sb.files.makeDir(`${home}/adir`);
     await assert.rejects(sb.files.write(`${home}/adir`, 'x'), ConflictError);
-    await assert.rejects(sb.files.write('/usr/bin/nope', 'x'), ConflictError);
+    await assert.rejects(sb.files.write('/sys/kernel/nope', 'x'), InvalidRequestError);
     await assert.rejects(paused.files.write('/tmp/x', 'x'), SandboxNotRunningError);
     await assert.rejects(sb.files.write(`${home}/bad-mode`, 'x', { mode: 'rwx' }), InvalidRequestError);
     await assert.rejects(sb.files.write(`${home}/bad`, 42), TypeError);
