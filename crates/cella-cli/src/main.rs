@@ -509,6 +509,37 @@ async fn template_build(file: PathBuf, conn: Conn) -> ExitCode {
         }
     }
     let c = client(&conn);
+    // A local image (an OCI layout directory, an OCI archive or a `docker save` tarball) is
+    // uploaded first and named by the reference the server gives it.
+    if let Some(image) = spec.image.clone() {
+        let local = ["oci:", "oci-archive:", "docker-archive:"]
+            .iter()
+            .find_map(|p| image.strip_prefix(p).map(|rest| (*p, rest.to_string())));
+        if let Some((kind, path)) = local {
+            let path = dir.join(path.split(':').next().unwrap_or(&path));
+            let body = if kind == "oci:" {
+                let mut b = tar::Builder::new(Vec::new());
+                if let Err(e) = b.append_dir_all(".", &path) {
+                    eprintln!("cella: {}: {e}", path.display());
+                    return ExitCode::from(2);
+                }
+                reqwest::Body::from(b.into_inner().unwrap_or_default())
+            } else {
+                match tokio::fs::File::open(&path).await {
+                    Ok(f) => reqwest::Body::from(f),
+                    Err(e) => {
+                        eprintln!("cella: {}: {e}", path.display());
+                        return ExitCode::from(2);
+                    }
+                }
+            };
+            eprintln!("cella: uploading {}", path.display());
+            match c.import_image(&spec.id, body).await {
+                Ok(reference) => spec.image = Some(reference),
+                Err(e) => return fail(e),
+            }
+        }
+    }
     let build = match c.build_template(&spec).await {
         Ok(b) => b,
         Err(e) => return fail(e),

@@ -279,3 +279,48 @@ fn templates_come_from_images_in_a_real_registry() {
     s.post("/api/v1/templates", json!({ "id": "bad", "image": format!("{}/x:y", reg.addr), "from": "base" }))
         .assert_error(400, "INVALID_REQUEST");
 }
+
+#[test]
+fn templates_come_from_local_layouts_and_archives_through_the_cli() {
+    if !(have("skopeo") && Path::new("/bin/busybox").exists()) {
+        eprintln!("skopeo or busybox-static missing: skipped (.ci/run installs them)");
+        return;
+    }
+    let s = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    build_layout(&dir.path().join("layout"), false);
+    for (target, file) in [("docker-archive", "saved.tar"), ("oci-archive", "oci.tar")] {
+        let out = Command::new("skopeo")
+            .args(["copy", "--quiet"])
+            .arg(format!("oci:{}:v1", dir.path().join("layout").display()))
+            .arg(format!("{target}:{}:test/tiny:v1", dir.path().join(file).display()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "skopeo: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    for (id, image) in [
+        ("from-layout", "oci:layout"),
+        ("from-docker-save", "docker-archive:saved.tar"),
+        ("from-oci-archive", "oci-archive:oci.tar"),
+    ] {
+        let spec = dir.path().join(format!("{id}.json"));
+        std::fs::write(&spec, serde_json::to_vec(&json!({ "id": id, "image": image, "steps": [{ "run": "echo step > /data/step.txt" }] })).unwrap()).unwrap();
+        let out = Command::new(bin())
+            .args(["template", "build"])
+            .arg(&spec)
+            .env("CELLA_SERVER", &s.url)
+            .env("CELLA_API_KEY", KEY)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{id}: {err}");
+        assert!(err.contains("uploading"), "{err}");
+        check_image_sandbox(&s, id);
+    }
+    // Not an image archive: refused, and nothing is left behind.
+    let r = s.raw("POST", "/api/v1/images", Some(KEY), Some(b"not a tar at all".to_vec()), &[]);
+    r.assert_error(400, "INVALID_REQUEST");
+    let left: Vec<_> = std::fs::read_dir(s.data_dir().join("images")).unwrap().flatten().filter(|e| !e.path().extension().is_some_and(|x| x == "json")).collect();
+    assert!(left.is_empty(), "{left:?}");
+    s.post("/api/v1/templates", json!({ "id": "nope", "image": "upload:imgnosuch" })).assert_error(404, "NOT_FOUND");
+}

@@ -117,6 +117,25 @@ impl Client {
             .await
     }
 
+    /// Imports an image archive (an OCI layout or `docker save` tar); answers its reference
+    /// (`upload:<id>`) for a template spec's `image`.
+    pub async fn import_image(&self, name: &str, archive: reqwest::Body) -> Result<String, Error> {
+        let res = self
+            .authed(Method::POST, "/api/v1/images")
+            .query(&[("name", name)])
+            .header("content-type", "application/x-tar")
+            .body(archive)
+            .send()
+            .await
+            .map_err(self.connect_err())?;
+        let res = self.check(res).await?;
+        let v: serde_json::Value = res.json().await.map_err(|e| Error::Decode(e.to_string()))?;
+        v["data"]["reference"]
+            .as_str()
+            .map(String::from)
+            .ok_or_else(|| Error::Decode("no reference in the answer".into()))
+    }
+
     /// Starts a custom template build.
     pub async fn build_template(
         &self,

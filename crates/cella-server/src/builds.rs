@@ -157,7 +157,11 @@ pub async fn start(
             if spec.from.is_some() {
                 return Err(ApiError::invalid("from", "give from or image, not both"));
             }
-            if image.parse::<oci_client::Reference>().is_err() {
+            if let Some(up) = image.strip_prefix("upload:") {
+                if crate::images::get(state, &auth.workspace_id, up).is_none() {
+                    return Err(ApiError::not_found("image"));
+                }
+            } else if image.parse::<oci_client::Reference>().is_err() {
                 return Err(ApiError::invalid("image", format!("{image:?} is not an image reference")));
             }
             // The image's layers are pulled by the build; it starts from nothing.
@@ -346,10 +350,25 @@ async fn run(
         let layers_root = state.config.data_dir.join("layers");
         tokio::fs::create_dir_all(&layers_root).await.map_err(|e| e.to_string())?;
         let p2 = progress.clone();
-        let pulled = crate::oci::pull(image, spec.registry_auth.as_ref(), &layers_root, |line| {
-            p2.lock().expect("build lock").say(&line)
-        })
-        .await;
+        let pulled = match image.strip_prefix("upload:") {
+            Some(up) => crate::images::get(state, &build.workspace_id, up)
+                .map(|i| crate::oci::Pulled {
+                    digest: i.digest.clone(),
+                    layers: i.layer_dirs.clone(),
+                    defaults: crate::oci::ImageDefaults {
+                        env: i.env.clone(),
+                        workdir: i.workdir.clone(),
+                        user: i.user,
+                    },
+                })
+                .ok_or_else(|| format!("no imported image {up}")),
+            None => {
+                crate::oci::pull(image, spec.registry_auth.as_ref(), &layers_root, |line| {
+                    p2.lock().expect("build lock").say(&line)
+                })
+                .await
+            }
+        };
         let pulled = match pulled {
             Ok(p) => p,
             Err(e) => {

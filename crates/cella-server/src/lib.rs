@@ -11,6 +11,7 @@ pub mod catalog;
 pub mod config;
 pub mod error;
 pub mod extract;
+pub mod images;
 pub mod lifecycle;
 pub mod network;
 pub mod oci;
@@ -208,6 +209,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/api/v1/templates/{id}/builds/{build_id}",
             get(templates::build_status),
         )
+        .route("/api/v1/images", post(templates::import_image))
         .route("/api/v1/sandboxes", post(sb::create).get(sb::list))
         .route("/api/v1/sandboxes/{id}", get(sb::get).delete(sb::destroy))
         .route("/api/v1/sandboxes/{id}/exec", post(sb::exec))

@@ -14,6 +14,7 @@ use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::secrets::RegistryAuth as Auth;
 use oci_client::{Client, Reference};
 use std::collections::BTreeMap;
+use sha2::Digest;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -99,6 +100,96 @@ pub async fn pull(
     Ok(Pulled {
         digest,
         layers,
+        defaults: defaults_of(&config),
+    })
+}
+
+/// Imports an image from an archive on this host: an OCI layout (`oci-layout`, `index.json`,
+/// `blobs/`) or a `docker save` tarball (`manifest.json`), as a tar file. Its layers go to the
+/// layer store like pulled ones; `work` is an empty scratch directory.
+pub fn import_archive(archive: &Path, layers_root: &Path, work: &Path) -> Result<Pulled, String> {
+    let f = std::fs::File::open(archive).map_err(|e| e.to_string())?;
+    let mut a = tar::Archive::new(f);
+    a.set_preserve_permissions(false);
+    a.unpack(work).map_err(|e| format!("reading the archive: {e}"))?;
+    std::fs::create_dir_all(layers_root).map_err(|e| e.to_string())?;
+    let json = |p: &Path| -> Result<serde_json::Value, String> {
+        let b = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", p.display()))
+    };
+    let blob = |digest: &str| -> Result<PathBuf, String> {
+        let (algo, hex) = digest.split_once(':').ok_or("a digest without an algorithm")?;
+        if algo != "sha256" || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(format!("unsupported digest {digest}"));
+        }
+        Ok(work.join("blobs").join(algo).join(hex))
+    };
+    // (layer file, media type, digest) bottom first, the config, and the image's digest.
+    let (layers, config, digest): (Vec<(PathBuf, String, String)>, String, String) =
+        if work.join("oci-layout").exists() {
+            let index = json(&work.join("index.json"))?;
+            let mut desc = index["manifests"][0].clone();
+            // An index inside: this machine's platform, else the first entry.
+            while desc["mediaType"].as_str().is_some_and(|m| m.contains("index") || m.contains("manifest.list")) {
+                let inner = json(&blob(desc["digest"].as_str().unwrap_or(""))?)?;
+                let list = inner["manifests"].as_array().cloned().unwrap_or_default();
+                desc = list
+                    .iter()
+                    .find(|m| m["platform"]["architecture"] == std::env::consts::ARCH.replace("x86_64", "amd64").replace("aarch64", "arm64").as_str() && m["platform"]["os"] == "linux")
+                    .or(list.first())
+                    .cloned()
+                    .ok_or("an empty image index")?;
+            }
+            let digest = desc["digest"].as_str().ok_or("no manifest in index.json")?.to_string();
+            let manifest = json(&blob(&digest)?)?;
+            let config = std::fs::read_to_string(blob(manifest["config"]["digest"].as_str().unwrap_or(""))?)
+                .map_err(|e| e.to_string())?;
+            let layers = manifest["layers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|l| {
+                    let d = l["digest"].as_str().unwrap_or("").to_string();
+                    Ok((blob(&d)?, l["mediaType"].as_str().unwrap_or("").to_string(), d))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            (layers, config, digest)
+        } else if work.join("manifest.json").exists() {
+            let m = json(&work.join("manifest.json"))?;
+            let first = &m[0];
+            let rel = |p: &str| -> Result<PathBuf, String> {
+                let p = Path::new(p);
+                if p.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+                    return Err(format!("{} leaves the archive", p.display()));
+                }
+                Ok(work.join(p))
+            };
+            let cfg_path = rel(first["Config"].as_str().ok_or("manifest.json names no config")?)?;
+            let config = std::fs::read_to_string(&cfg_path).map_err(|e| e.to_string())?;
+            let mut layers = Vec::new();
+            for l in first["Layers"].as_array().into_iter().flatten() {
+                let p = rel(l.as_str().unwrap_or(""))?;
+                let bytes = std::fs::read(&p).map_err(|e| e.to_string())?;
+                let d = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&bytes)));
+                layers.push((p, String::new(), d));
+            }
+            let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(config.as_bytes())));
+            (layers, config, digest)
+        } else {
+            return Err("not an OCI layout nor a docker save archive".into());
+        };
+    let mut out = Vec::new();
+    for (file, media, d) in layers {
+        let dir = layers_root.join(format!("oci-{}", d.replace(':', "-")));
+        if !dir.join("complete").exists() {
+            unpack(&file, &media, &dir)?;
+        }
+        out.push(dir.join("root"));
+    }
+    out.reverse();
+    Ok(Pulled {
+        digest,
+        layers: out,
         defaults: defaults_of(&config),
     })
 }

@@ -39,6 +39,7 @@ impl Modify for BearerAuth {
         templates::build,
         templates::build_status,
         templates::delete,
+        templates::import_image,
         sandboxes::create,
         sandboxes::list,
         sandboxes::get,

@@ -100,3 +100,28 @@ pub async fn delete(
         data: state.catalog.entry(&t),
     }))
 }
+
+/// Import an image from an archive (an OCI layout or a `docker save` tarball, as a tar body),
+/// for templates to build on with `"image": "upload:<id>"` (the CLI does this for
+/// `oci-archive:`, `oci:` and `docker-archive:` images). Scope `templates:write`.
+#[utoipa::path(post, path = "/api/v1/images", tag = "templates", security(("bearer" = [])),
+    params(("name" = Option<String>, Query)),
+    request_body(content = Vec<u8>, content_type = "application/x-tar"),
+    responses((status = 201, body = Data<crate::images::ImportedImage>), (status = 400, body = cella_types::ErrorBody)))]
+pub async fn import_image(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    q: crate::extract::QueryPairs,
+    body: axum::body::Body,
+) -> Result<(axum::http::StatusCode, Json<Data<crate::images::ImportedImage>>), ApiError> {
+    auth.require(cella_types::Scope::TemplatesWrite)?;
+    let mut name = String::from("uploaded");
+    for (k, v) in &q.0 {
+        match k.as_str() {
+            "name" => name = v.clone(),
+            other => return Err(ApiError::invalid(other, format!("unknown query parameter {other}"))),
+        }
+    }
+    let img = crate::images::import(&state, &auth, &name, body).await?;
+    Ok((axum::http::StatusCode::CREATED, Json(Data { data: img })))
+}

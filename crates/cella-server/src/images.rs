@@ -1,0 +1,126 @@
+//! Images imported from archives (`POST /api/v1/images`), for templates to build on with
+//! `"image": "upload:<id>"`. The layers go to the layer store; what a template needs to know of
+//! the image is kept as `DATA/images/<id>.json`.
+
+use crate::auth::Auth;
+use crate::error::ApiError;
+use crate::AppState;
+use cella_types::ErrorCode;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use tokio::io::AsyncWriteExt;
+
+/// Archives larger than this are refused.
+pub const MAX_ARCHIVE: u64 = 8 << 30;
+
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ImportedImage {
+    pub id: String,
+    /// What a template spec names as its `image`.
+    pub reference: String,
+    pub name: String,
+    pub digest: String,
+    pub layers: usize,
+    #[serde(skip)]
+    pub workspace_id: String,
+    #[serde(skip)]
+    pub layer_dirs: Vec<PathBuf>,
+    #[serde(skip)]
+    pub env: std::collections::BTreeMap<String, String>,
+    #[serde(skip)]
+    pub workdir: Option<String>,
+    #[serde(skip)]
+    pub user: Option<cella_types::ExecUser>,
+}
+
+/// The record kept on disk (the skipped fields included).
+#[derive(Serialize, Deserialize)]
+struct Record {
+    id: String,
+    name: String,
+    digest: String,
+    workspace_id: String,
+    layer_dirs: Vec<PathBuf>,
+    env: std::collections::BTreeMap<String, String>,
+    workdir: Option<String>,
+    user: Option<cella_types::ExecUser>,
+}
+
+fn dir(state: &AppState) -> PathBuf {
+    state.config.data_dir.join("images")
+}
+
+pub async fn import(
+    state: &AppState,
+    auth: &Auth,
+    name: &str,
+    body: axum::body::Body,
+) -> Result<ImportedImage, ApiError> {
+    let images = dir(state);
+    tokio::fs::create_dir_all(&images).await.map_err(|_| ApiError::internal())?;
+    let id = crate::util::new_id("img");
+    let tar = images.join(format!("{id}.tar"));
+    let mut f = tokio::fs::File::create(&tar).await.map_err(|_| ApiError::internal())?;
+    let mut stream = body.into_data_stream();
+    let mut total = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::invalid("body", format!("reading the upload: {e}")))?;
+        total += chunk.len() as u64;
+        if total > MAX_ARCHIVE {
+            let _ = tokio::fs::remove_file(&tar).await;
+            return Err(ApiError::new(ErrorCode::PayloadTooLarge, "the archive is over 8 GiB"));
+        }
+        f.write_all(&chunk).await.map_err(|_| ApiError::internal())?;
+    }
+    f.flush().await.map_err(|_| ApiError::internal())?;
+    drop(f);
+    let work = images.join(format!("{id}.work"));
+    let layers_root = state.config.data_dir.join("layers");
+    let (t2, w2) = (tar.clone(), work.clone());
+    let res = tokio::task::spawn_blocking(move || crate::oci::import_archive(&t2, &layers_root, &w2))
+        .await
+        .map_err(|_| ApiError::internal())?;
+    let _ = tokio::fs::remove_file(&tar).await;
+    let _ = tokio::fs::remove_dir_all(&work).await;
+    let pulled = res.map_err(|e| ApiError::invalid("body", e))?;
+    let rec = Record {
+        id: id.clone(),
+        name: name.to_string(),
+        digest: pulled.digest.clone(),
+        workspace_id: auth.workspace_id.clone(),
+        layer_dirs: pulled.layers.clone(),
+        env: pulled.defaults.env.clone(),
+        workdir: pulled.defaults.workdir.clone(),
+        user: pulled.defaults.user,
+    };
+    tokio::fs::write(images.join(format!("{id}.json")), serde_json::to_vec(&rec).unwrap_or_default())
+        .await
+        .map_err(|_| ApiError::internal())?;
+    Ok(to_image(rec))
+}
+
+fn to_image(r: Record) -> ImportedImage {
+    ImportedImage {
+        reference: format!("upload:{}", r.id),
+        layers: r.layer_dirs.len(),
+        id: r.id,
+        name: r.name,
+        digest: r.digest,
+        workspace_id: r.workspace_id,
+        layer_dirs: r.layer_dirs,
+        env: r.env,
+        workdir: r.workdir,
+        user: r.user,
+    }
+}
+
+/// An imported image of the workspace, by id.
+pub fn get(state: &AppState, workspace_id: &str, id: &str) -> Option<ImportedImage> {
+    if !id.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return None;
+    }
+    let b = std::fs::read(dir(state).join(format!("{id}.json"))).ok()?;
+    let r: Record = serde_json::from_slice(&b).ok()?;
+    (r.workspace_id == workspace_id).then(|| to_image(r))
+}
