@@ -20,6 +20,13 @@ class H(http.server.SimpleHTTPRequestHandler):
         body = ("%d %s" % (n, h.hexdigest())).encode()
         self.send_response(200); self.send_header("content-length", str(len(body))); self.end_headers(); self.wfile.write(body)
     def do_GET(self):
+        if self.path == "/stream":
+            self.send_response(200); self.send_header("transfer-encoding", "chunked"); self.end_headers()
+            for part in (b"first\n", b"second\n"):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part)); self.wfile.flush()
+                import time; time.sleep(1.5)
+            self.wfile.write(b"0\r\n\r\n"); self.wfile.flush()
+            return
         if self.path != "/ws":
             return super().do_GET()
         key = self.headers["Sec-WebSocket-Key"]
@@ -119,6 +126,16 @@ fn both_preview_forms_reach_the_app_with_http1_http2_and_big_uploads() {
     let r = h2.get(format!("{path_url}hello.txt")).send().unwrap();
     assert_eq!(r.version(), reqwest::Version::HTTP_2);
     assert_eq!(r.text().unwrap(), "plain-text\n");
+    // A streamed response arrives as the app writes it, not when it ends.
+    let t = Instant::now();
+    let mut r = c.get(format!("{path_url}stream")).send().unwrap();
+    let mut first = [0u8; 6];
+    std::io::Read::read_exact(&mut r, &mut first).unwrap();
+    assert_eq!(&first, b"first\n");
+    assert!(t.elapsed() < Duration::from_millis(1400), "the first chunk waited for the end");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut r, &mut rest).unwrap();
+    assert_eq!(rest, "second\n");
     // A 64 MiB upload streams through (far past the API's body limit).
     let body: Vec<u8> = (0..64u32 << 20).map(|i| (i % 251) as u8).collect();
     use sha2::Digest;
