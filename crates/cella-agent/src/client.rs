@@ -374,6 +374,16 @@ impl PtyReader {
 impl AgentClient {
     /// Starts `spec` on a new terminal of `cols` x `rows`; returns its pid and the two halves.
     /// Dropping the writer hangs the terminal up.
+    /// A byte stream to `port` on the sandbox's own loopback (see `Request::Connect`).
+    pub async fn connect_port(&self, port: u16) -> Result<UnixStream, ClientError> {
+        let mut s = self.connect().await?;
+        proto::write_json(&mut s, &Request::Connect { port }).await?;
+        match Self::answer(&mut s).await? {
+            Response::Connected => Ok(s),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
     pub async fn open_pty(
         &self,
         spec: ExecSpec,

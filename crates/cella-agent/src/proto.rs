@@ -124,6 +124,12 @@ pub enum Request {
         action: CodeOp,
         spec: ExecSpec,
     },
+    /// Opens a TCP connection to `port` on the sandbox's own loopback; answers `Connected`,
+    /// after which the connection carries the raw bytes both ways (the preview proxy's way to an
+    /// app that listens on 127.0.0.1 only).
+    Connect {
+        port: u16,
+    },
     /// Followed by `Data` frames and one `DataEnd`; the file is replaced only when all of it
     /// arrived (a broken upload leaves nothing behind). Parents are created.
     Write {
@@ -236,6 +242,8 @@ pub enum Response {
         pid: i32,
     },
     Exit(ExitInfo),
+    /// A `Connect` reached its port; raw bytes follow.
+    Connected,
     /// A kernel's answer (see `kernel.rs` for its fields).
     Code {
         answer: serde_json::Value,

@@ -157,6 +157,24 @@ async fn handle(
             let answer = kernels.call(language, action, spec, jail).await;
             proto::write_json(&mut stream, &answer).await
         }
+        Ok(Request::Connect { port }) => {
+            match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                Ok(mut tcp) => match proto::write_json(&mut stream, &Response::Connected).await {
+                    Ok(()) => tokio::io::copy_bidirectional(&mut stream, &mut tcp)
+                        .await
+                        .map(|_| ())
+                        .map_err(proto::ProtoError::from),
+                    Err(e) => Err(e),
+                },
+                Err(e) => {
+                    let msg = Response::Error {
+                        kind: ErrorKind::NotFound,
+                        message: format!("nothing accepts connections on port {port}: {e}"),
+                    };
+                    proto::write_json(&mut stream, &msg).await
+                }
+            }
+        }
         Ok(Request::Activity) => proto::write_json(&mut stream, &procs.activity()).await,
         Ok(Request::Watch { path, recursive }) => {
             crate::watch::watch(&mut stream, path, recursive).await

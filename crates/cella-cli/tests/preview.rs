@@ -144,6 +144,21 @@ fn both_preview_forms_reach_the_app_with_http1_http2_and_big_uploads() {
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().unwrap(), want);
 
+    // An app bound to the sandbox's loopback only is reached too (through the agent).
+    s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        json!({ "command": "cd /tmp/www && exec python3 -m http.server 8600 --bind 127.0.0.1" }),
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = c.get(format!("{}/preview/{id}/8600/hello.txt", s.url)).send().unwrap();
+        if r.status() == 200 {
+            assert_eq!(r.text().unwrap(), "plain-text\n");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the loopback-only app was never reached");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // Nothing on the port: 502 with a page that says so; no such sandbox: 404.
     let r = c.get(format!("{}/preview/{id}/8001/", s.url)).send().unwrap();
     assert_eq!(r.status(), 502);

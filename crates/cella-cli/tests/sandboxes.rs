@@ -177,13 +177,16 @@ fn exec_takes_argv_stdin_env_cwd_user_and_passes_exit_codes() {
         .contains("no-such-program"));
     // The unprivileged user cannot write where root owns.
     assert_ne!(s.sh(&id, "touch /etc/x")["exit_code"], 0);
-    // /usr is the host's, read-only even for root.
-    let ro = s.exec(
+    // /usr: the user cannot write it; root changes only its own sandbox's view, never the host's.
+    assert_ne!(s.sh(&id, "touch /usr/bin/evil")["exit_code"], 0);
+    let own = s.exec(
         &id,
-        json!({ "command": "touch /usr/bin/evil", "user": "root" }),
+        json!({ "command": "echo mine > /usr/bin/cella-test-evil && cat /usr/bin/cella-test-evil", "user": "root" }),
     );
-    assert_ne!(ro["exit_code"], 0);
-    assert!(ro["stderr"].as_str().unwrap().contains("Read-only"));
+    assert_eq!(own["stdout"], "mine\n", "{own}");
+    assert!(!std::path::Path::new("/usr/bin/cella-test-evil").exists());
+    let other = s.create(json!({ "size": "xs" }));
+    assert_ne!(s.sh(&other, "test -e /usr/bin/cella-test-evil")["exit_code"], 0);
 
     let p = format!("/api/v1/sandboxes/{id}/exec");
     let bad_cwd = s.post(&p, json!({ "command": "pwd", "cwd": "/does/not/exist" }));

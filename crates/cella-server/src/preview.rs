@@ -220,26 +220,39 @@ async fn proxy(state: &Arc<AppState>, t: Target, req: Request) -> Response {
         Ok(Some(r)) => r,
         _ => return page(StatusCode::NOT_FOUND, "No such sandbox", "This sandbox is gone."),
     };
-    let Some(addr) = handle_of(&row).and_then(|h| h.net).map(|n| n.sandbox_addr) else {
-        return page(StatusCode::BAD_GATEWAY, "No network", "This sandbox has no network interface (the server runs without sandbox networking), so its ports cannot be previewed.");
+    let Some(handle) = handle_of(&row) else {
+        return page(StatusCode::NOT_FOUND, "No such sandbox", "This sandbox is gone.");
     };
     state.activity.touch(&row.id);
-    let stream = match tokio::time::timeout(
-        Duration::from_secs(3),
-        tokio::net::TcpStream::connect((addr, t.port)),
-    )
-    .await
-    {
-        Ok(Ok(s)) => s,
-        _ => {
-            return page(
-                StatusCode::BAD_GATEWAY,
-                "Nothing listens on this port",
-                &format!("No program in sandbox {} accepts connections on port {} (yet). Start the app, listening on 0.0.0.0:{}, and reload.", row.id, t.port, t.port),
-            )
-        }
+    // Straight to the sandbox's address when the app listens there; else through the agent,
+    // which reaches the sandbox's own loopback (an app bound to 127.0.0.1 only, or a sandbox
+    // without a network interface).
+    let direct = match handle.net.as_ref().map(|n| n.sandbox_addr) {
+        Some(addr) => tokio::time::timeout(
+            Duration::from_secs(3),
+            tokio::net::TcpStream::connect((addr, t.port)),
+        )
+        .await
+        .ok()
+        .and_then(|r| r.ok()),
+        None => None,
     };
-    let _ = stream.set_nodelay(true);
+    let stream: Box<dyn Conn> = match direct {
+        Some(s) => {
+            let _ = s.set_nodelay(true);
+            Box::new(s)
+        }
+        None => match state.driver.agent(&handle).connect_port(t.port).await {
+            Ok(s) => Box::new(s),
+            Err(_) => {
+                return page(
+                    StatusCode::BAD_GATEWAY,
+                    "Nothing listens on this port",
+                    &format!("No program in sandbox {} accepts connections on port {} (yet). Start the app and reload.", row.id, t.port),
+                )
+            }
+        },
+    };
     let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
         Ok(x) => x,
         Err(e) => {
@@ -305,6 +318,10 @@ async fn proxy(state: &Arc<AppState>, t: Target, req: Request) -> Response {
     }
     Response::from_parts(rparts, Body::new(rbody))
 }
+
+/// A connection to the app: TCP to the sandbox, or the agent's relay.
+trait Conn: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Conn for T {}
 
 fn is_upgrade(h: &HeaderMap) -> bool {
     h.get(header::CONNECTION)
