@@ -2,7 +2,8 @@
 //!
 //! The built-in `base` template needs no download: its root is a small directory tree made once
 //! under the data dir (a synthesized `/etc`, empty mount points, the host's `/bin`-style symlinks)
-//! plus the host's `/usr` (and any real library directories) bound in read-only. Nothing private
+//! plus the host's `/usr` (and any real library directories) as the bottom, never-written layer of
+//! an overlay of its own (a sandbox's changes there stay in its own writable layer). Nothing private
 //! of the host is copied: `/etc` is built from a list of public configuration files, never from
 //! `shadow`, keys or the host's users.
 
@@ -356,7 +357,7 @@ mod tests {
         assert!(!fs::read_to_string(root.join("etc/resolv.conf"))
             .unwrap()
             .contains("127.0.0.53"));
-        // /usr and real library dirs are bound read-only; symlinked ones are not bound.
+        // /usr and real library dirs are layered binds; symlinked ones are not bound.
         assert!(img.binds.iter().all(|b| b.readonly));
         let dsts: Vec<_> = img.binds.iter().map(|b| b.dst.clone()).collect();
         assert_eq!(dsts, vec![PathBuf::from("/usr"), PathBuf::from("/lib64")]);

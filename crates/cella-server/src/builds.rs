@@ -232,7 +232,12 @@ pub async fn start(
         id: spec.id.clone(),
         workspace_id: auth.workspace_id.clone(),
         name: spec.name.clone().unwrap_or_else(|| spec.id.clone()),
-        spec: serde_json::to_string(&spec).unwrap_or_default(),
+        // Registry credentials are used for this build only, never stored.
+        spec: serde_json::to_string(&TemplateSpec {
+            registry_auth: None,
+            ..spec.clone()
+        })
+        .unwrap_or_default(),
         image: None,
         defaults: None,
         created_at: now,
@@ -409,7 +414,9 @@ async fn run(
     defaults.ready = None;
     defaults.port = None;
     defaults.warm = 0;
+    // Layers are never shared across workspaces: what a step made may be private to its owner.
     let mut key = Sha256::new();
+    key.update(build.workspace_id.as_bytes());
     key.update(base_image.version.as_bytes());
     for l in &base_image.layers {
         key.update(l.to_string_lossy().as_bytes());
@@ -501,6 +508,9 @@ async fn run(
         )
         .await
         .map_err(|e| e.to_string())?;
+    if state.store.template(&spec.id).await.ok().flatten().is_none() {
+        return Err("the template was deleted during its build".into());
+    }
     state.catalog.put(TemplateEntry {
         id: spec.id.clone(),
         name: spec.name.clone().unwrap_or_else(|| spec.id.clone()),

@@ -124,6 +124,12 @@ async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::StoreError> {
 
 async fn boot_one(state: &Arc<AppState>, template: &str, size: Size) -> Result<bool, cella_store::StoreError> {
     let (cpus, mem, disk) = size.shape();
+    // A template app in the pool starts with the template's environment.
+    let env = state
+        .catalog
+        .get(template)
+        .map(|t| t.defaults.env)
+        .unwrap_or_default();
     let now = crate::util::now_ms();
     let mut row = SandboxRow {
         seq: 0,
@@ -143,7 +149,7 @@ async fn boot_one(state: &Arc<AppState>, template: &str, size: Size) -> Result<b
         persistent: false,
         idle_timeout_sec: 0,
         metadata: "{}".into(),
-        env: "{}".into(),
+        env: serde_json::to_string(&env).unwrap_or_else(|_| "{}".into()),
         created_at: now,
         started_at: None,
         destroyed_at: None,

@@ -1010,7 +1010,7 @@ pub struct CopyStep {
     /// A key of the spec's `files`.
     pub src: String,
     pub dest: String,
-    /// Permission bits, default 0o644 (`"0755"` style strings are accepted too).
+    /// Permission bits as a number, default 0o644 (420); JSON has no octal: 0o755 is 493.
     pub mode: Option<u32>,
 }
 

@@ -32,6 +32,8 @@ pub enum MountOp {
         upper: PathBuf,
         work: PathBuf,
         target: PathBuf,
+        /// nosuid and nodev (the layered binds: the host's files never count as set-uid there).
+        restricted: bool,
     },
     Bind {
         src: PathBuf,
@@ -136,6 +138,7 @@ pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
         upper: cfg.upper.clone(),
         work: cfg.work.clone(),
         target: r.clone(),
+        restricted: false,
     }]);
     for b in &cfg.binds {
         if b.layered {
@@ -156,6 +159,7 @@ pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
                 upper,
                 work,
                 target: inside(r, &b.dst),
+                restricted: true,
             });
         } else {
             ops.push(MountOp::Bind {
@@ -286,6 +290,7 @@ pub fn apply(op: &MountOp) -> Result<(), String> {
             upper,
             work,
             target,
+            restricted,
         } => {
             let all: Vec<&Path> = lower
                 .iter()
@@ -305,11 +310,16 @@ pub fn apply(op: &MountOp) -> Result<(), String> {
                 upper.display(),
                 work.display()
             );
+            let flags = if *restricted {
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV
+            } else {
+                MsFlags::empty()
+            };
             mount(
                 Some("overlay"),
                 target,
                 Some("overlay"),
-                MsFlags::empty(),
+                flags,
                 Some(data.as_str()),
             )
             .map_err(|e| err("mounting overlay on", target, e))
@@ -598,6 +608,7 @@ mod tests {
                     upper,
                     work,
                     target,
+                    restricted: true,
                 } if target == Path::new("/data/sandboxes/sbtest/rootfs/usr/lib/extra") => {
                     Some((lower.clone(), upper.clone(), work.clone()))
                 }
