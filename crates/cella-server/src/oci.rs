@@ -403,6 +403,8 @@ mod tests {
                 let mut h = tar::Header::new_gnu();
                 h.set_size(data.len() as u64);
                 h.set_mode(0o644);
+                h.set_uid(0);
+                h.set_gid(0);
                 h.set_cksum();
                 b.append_data(&mut h, path, data).unwrap();
             };

@@ -225,7 +225,9 @@ def test_processes(server: Server, shared: Sandbox) -> None:
             assert await h2.kill() is True
             assert (await h2.wait(timeout=30)).exit_code == 137
             late = await sb.commands.start("echo a; sleep 1; echo b")
-            await asyncio.sleep(0.5)
+            first = late.output()
+            assert (await first.__anext__()).text == "a\n"
+            await first.aclose()
             assert "".join([c.text async for c in late.output(from_start=False)]) == "b\n"
             with pytest.raises(NotFoundError):
                 await sb.commands.connect(999_999)

@@ -172,7 +172,9 @@ def test_start_options(shared: Sandbox) -> None:
 
 def test_output_from_now(shared: Sandbox) -> None:
     h = shared.commands.start("echo early; sleep 1; echo late")
-    time.sleep(0.5)
+    first = h.output()
+    assert next(first).text == "early\n"
+    first.close()
     text = "".join(c.text for c in h.output(from_start=False))
     assert text == "late\n"
     assert h.exit_code == 0
@@ -202,12 +204,17 @@ def test_kill_and_signal(shared: Sandbox) -> None:
     h = shared.commands.start("sleep 1000")
     assert h.signal(signal.SIGTERM).pid == h.pid
     assert h.wait(timeout=30).exit_code == 128 + signal.SIGTERM
-    h = shared.commands.start("trap 'echo got usr1; exit 0' USR1; while true; do sleep 0.05; done")
-    time.sleep(0.3)
+    h = shared.commands.start("trap 'echo got usr1; exit 0' USR1; echo ready; while true; do sleep 0.05; done")
+    out = h.output()
+    assert next(out).text == "ready\n"  # the trap is set
+    out.close()
     h.signal("usr1")
-    assert h.wait(timeout=30).stdout == "got usr1\n"
+    assert h.wait(timeout=30).stdout == "ready\ngot usr1\n"
     # a process that ignores SIGTERM: signalled by number, it keeps running
-    h = shared.commands.start("trap '' TERM; sleep 1000")
+    h = shared.commands.start("trap '' TERM; echo ready; sleep 1000")
+    out = h.output()
+    assert next(out).text == "ready\n"  # the trap is set
+    out.close()
     try:
         with pytest.raises(InvalidRequestError) as ei:
             h.signal("NOT_A_SIGNAL")

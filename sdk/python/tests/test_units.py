@@ -65,3 +65,95 @@ def test_outputs() -> None:
     ]})
     assert ex.png == png and ex.html == "<b>x</b>" and ex.json is None and ex.svg is None
     assert Output("text/html", "é").bytes == "é".encode() and Output("image/png", "").is_binary
+
+
+class _DroppingServer:
+    """An HTTP server that answers the first request of each connection, keeps the
+    connection open without `Connection: close`, and drops it unanswered when the next
+    request comes: what a server does when it closes a kept-alive connection late."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.answered: list = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _read_request(self, conn) -> bytes:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return b""
+            data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(rest) < length:
+            rest += conn.recv(65536)
+        return head.split(b"\r\n")[0]
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    def _connection(self, conn) -> None:
+        with conn:
+            line = self._read_request(conn)
+            if not line:
+                return
+            self.answered.append(line.decode())
+            body = b'{"data": {"id": "sbfake", "state": "running"}}'
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            conn.recv(65536)  # the next request on this connection: dropped unanswered
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_request_on_a_dropped_connection_is_sent_again() -> None:
+    from cella import Sandbox
+
+    srv = _DroppingServer()
+    try:
+        sb = Sandbox.connect("sbfake", server=srv.url, api_key="k")  # GET: answered
+        assert sb.refresh().state == "running"  # GET on the kept connection: dropped, sent again
+        assert sb.pause().state == "running"  # POST that failed at once: sent again
+        assert srv.answered == ["GET /api/v1/sandboxes/sbfake HTTP/1.1"] * 2 + ["POST /api/v1/sandboxes/sbfake/pause HTTP/1.1"]
+        sb.close()
+    finally:
+        srv.close()
+
+
+def test_async_request_on_a_dropped_connection_is_sent_again() -> None:
+    import asyncio
+
+    from cella import AsyncSandbox
+
+    srv = _DroppingServer()
+
+    async def main() -> None:
+        sb = await AsyncSandbox.connect("sbfake", server=srv.url, api_key="k")
+        assert (await sb.refresh()).state == "running"
+        assert (await sb.kill()).state == "running"
+        await sb.close()
+
+    try:
+        asyncio.run(main())
+        assert len(srv.answered) == 3
+    finally:
+        srv.close()

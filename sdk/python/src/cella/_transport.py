@@ -34,6 +34,21 @@ DEFAULT: Any = _Default()
 CONNECT_TIMEOUT = 10.0
 UPLOAD_CHUNK = 256 * 1024
 
+# A kept-alive connection the server closed after its previous answer (as it does when it
+# answered before reading a request's body: 401, 403, 404, 429, ...) fails the next request
+# sent on it at once, before the server saw anything. Such a request is sent once more on a
+# new connection: always for idempotent methods, and for the others only when it failed
+# within STALE_CONNECTION_WINDOW seconds (a request that ran longer may have had effects).
+STALE_CONNECTION_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+STALE_CONNECTION_WINDOW = 1.0
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+
+
+def _resend_after(exc: Exception, method: str, started: float, body: "_Body", resent: bool) -> bool:
+    if resent or not body.replayable or not isinstance(exc, STALE_CONNECTION_ERRORS):
+        return False
+    return method.upper() in IDEMPOTENT or time.monotonic() - started < STALE_CONNECTION_WINDOW
+
 Params = Union[Mapping[str, Any], Sequence[Tuple[str, Any]], None]
 
 
@@ -174,12 +189,17 @@ class SyncTransport:
     def _send(self, method: str, path: str, *, params: Params, json: Any, content: Any, headers: Optional[Dict[str, str]], timeout: Any, stream: bool) -> httpx.Response:
         body = _Body(content)
         attempt = 0
+        resent = False
         while True:
             body.rewind()
             request = self._build(method, path, params, json, body, headers, timeout)
+            started = time.monotonic()
             try:
                 resp = self.client.send(request, stream=stream)
             except httpx.TransportError as exc:
+                if _resend_after(exc, method, started, body, resent):
+                    resent = True
+                    continue
                 raise _wrap_transport_error(exc) from exc
             if resp.status_code < 400:
                 return resp
@@ -244,12 +264,17 @@ class AsyncTransport:
     async def _send(self, method: str, path: str, *, params: Params, json: Any, content: Any, headers: Optional[Dict[str, str]], timeout: Any, stream: bool) -> httpx.Response:
         body = _Body(content)
         attempt = 0
+        resent = False
         while True:
             body.rewind()
             request = self._build(method, path, params, json, body, headers, timeout)
+            started = time.monotonic()
             try:
                 resp = await self.client.send(request, stream=stream)
             except httpx.TransportError as exc:
+                if _resend_after(exc, method, started, body, resent):
+                    resent = True
+                    continue
                 raise _wrap_transport_error(exc) from exc
             if resp.status_code < 400:
                 return resp
