@@ -138,6 +138,11 @@ impl Procs {
         };
         match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig) {
             Ok(()) => Response::Process(p.info.clone()),
+            // It exited a moment ago and is not reaped (recorded) yet.
+            Err(nix::errno::Errno::ESRCH) => Response::Error {
+                kind: ErrorKind::Conflict,
+                message: format!("process {pid} has exited"),
+            },
             Err(e) => Response::Error {
                 kind: ErrorKind::Internal,
                 message: format!("signal {pid}: {e}"),

@@ -26,7 +26,7 @@ pub mod sse;
 pub mod util;
 
 use axum::extract::{DefaultBodyLimit, Request};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -305,6 +305,27 @@ pub fn router(state: Arc<AppState>) -> Router {
 #[derive(Clone)]
 pub struct RequestId(pub String);
 
+/// A request body stream that notes when it was read to its end.
+struct BodyEnd {
+    inner: axum::body::BodyDataStream,
+    done: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl futures_util::Stream for BodyEnd {
+    type Item = Result<axum::body::Bytes, axum::Error>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_next(cx);
+        if let std::task::Poll::Ready(None) = r {
+            self.done.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    }
+}
+
 fn valid_request_id(v: &HeaderValue) -> Option<String> {
     let b = v.as_bytes();
     ((1..=128).contains(&b.len()) && b.iter().all(|c| (0x20..=0x7e).contains(c)))
@@ -322,7 +343,30 @@ async fn request_context(mut req: Request, next: Next) -> Response {
     req.extensions_mut().insert(RequestId(id.clone()));
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let started = std::time::Instant::now();
+    // A request body the handler does not read to its end leaves the connection unusable for
+    // the next request: then the answer says `Connection: close` (else a keep-alive client
+    // would send its next request into a connection the server is dropping).
+    let has_body = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > 0)
+        || req.headers().contains_key(header::TRANSFER_ENCODING);
+    let read_to_end = Arc::new(std::sync::atomic::AtomicBool::new(!has_body));
+    if has_body {
+        let (parts, body) = req.into_parts();
+        let tracked = BodyEnd {
+            inner: body.into_data_stream(),
+            done: read_to_end.clone(),
+        };
+        req = Request::from_parts(parts, axum::body::Body::from_stream(tracked));
+    }
     let mut res = next.run(req).await;
+    if !read_to_end.load(std::sync::atomic::Ordering::Relaxed) {
+        res.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     let status = res.status();
     if status.as_u16() >= 400 && res.extensions().get::<Enveloped>().is_none() {
         let mut fixed = error::for_status(status).into_response();

@@ -233,7 +233,14 @@ pub async fn claim(
     want.running_since = Some(now);
     want.last_activity_at = Some(now);
     want.timeout_at = (!want.always_on).then_some(now + want.timeout_sec * 1000);
-    let mut row = match state.store.claim_pooled(&want, cap).await? {
+    // Bill from now: the CPU time the sandbox spent waiting in the pool is not the caller's.
+    let baseline = |old: &SandboxRow| {
+        crate::sandboxes::handle_of(old)
+            .and_then(|h| state.driver.usage(&h))
+            .map(|u| -(u.cpu_ns as i64))
+            .unwrap_or(0)
+    };
+    let mut row = match state.store.claim_pooled(&want, cap, baseline).await? {
         cella_store::Claim::Claimed(r) => r,
         cella_store::Claim::Empty => {
             state.pool().wake();
@@ -244,10 +251,6 @@ pub async fn claim(
     state.pool().claimed(&row.template_id, size);
     let _guard = state.locks.lock(&row.id).await;
     let handle = crate::sandboxes::handle_of(&row);
-    // Bill from now: the CPU time the sandbox spent waiting in the pool is not the caller's.
-    if let Some(u) = handle.as_ref().and_then(|h| state.driver.usage(h)) {
-        row.cpu_ns = -(u.cpu_ns as i64);
-    }
     let policy: cella_types::NetworkPolicy = serde_json::from_str(&row.network).unwrap_or_default();
     if policy != cella_types::NetworkPolicy::default() {
         if let (Some(dns), Some(h)) = (&state.network, &handle) {
@@ -266,6 +269,5 @@ pub async fn claim(
         }
     }
     state.activity.touch(&row.id);
-    state.store.update_sandbox(&row).await?;
     Ok(Some(Ok(row)))
 }

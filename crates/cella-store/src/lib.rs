@@ -397,7 +397,15 @@ impl Store {
     /// id, runtime record and resource figures. One statement reserves it (two concurrent
     /// claims never get the same sandbox, and the cap is never overshot); a transaction then
     /// stores it again under a new `seq`.
-    pub async fn claim_pooled(&self, new: &SandboxRow, cap: u32) -> Result<Claim> {
+    pub async fn claim_pooled(
+        &self,
+        new: &SandboxRow,
+        cap: u32,
+        cpu_baseline: impl FnOnce(&SandboxRow) -> i64,
+    ) -> Result<Claim> {
+        // One transaction (one sync to disk): its first statement writes, so it holds the write
+        // lock from the start.
+        let mut tx = self.pool.begin().await?;
         let q = format!(
             "UPDATE sandboxes SET workspace_id = ? WHERE id = ( \
                SELECT id FROM sandboxes WHERE workspace_id = ? AND template_id = ? AND size = ? \
@@ -412,9 +420,10 @@ impl Store {
             .bind(&new.size)
             .bind(&new.workspace_id)
             .bind(cap as i64)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *tx)
             .await?;
         let Some(id) = id else {
+            tx.rollback().await?;
             let ready: i64 = sqlx::query_scalar(
                 "SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND template_id = ? \
                  AND size = ? AND state = 'running' AND ready = 1",
@@ -426,8 +435,6 @@ impl Store {
             .await?;
             return Ok(if ready == 0 { Claim::Empty } else { Claim::AtCap });
         };
-        let mut tx = self.pool.begin().await?;
-        // Writing first takes the write lock at once (a read first could not be upgraded).
         let q = format!("DELETE FROM sandboxes WHERE id = ? RETURNING {}", Self::SANDBOX_COLS);
         let old: SandboxRow = sqlx::query_as(&q).bind(&id).fetch_one(&mut *tx).await?;
         let row = SandboxRow {
@@ -441,6 +448,7 @@ impl Store {
             state: old.state.clone(),
             ready: old.ready,
             runtime: old.runtime.clone(),
+            cpu_ns: cpu_baseline(&old),
             ..new.clone()
         };
         let cols = &Self::SANDBOX_COLS["seq, ".len()..];
