@@ -85,8 +85,9 @@ def test_read_and_write_errors(shared: Sandbox, d: str) -> None:
         shared.files.read(f"{d}/x", format="yaml")
     with pytest.raises(ConflictError):
         shared.files.write(d, "a directory is in the way")
+    shared.files.write(f"{d}/plain", "a file")
     with pytest.raises(ConflictError):
-        shared.files.write("/usr/bin/x", "read-only")
+        shared.files.write(f"{d}/plain/child", "a file is in the way")
     with pytest.raises(InvalidRequestError):
         shared.files.write("/sys/x", "refused")
     with pytest.raises(InvalidRequestError):
@@ -160,7 +161,7 @@ def test_make_dir(shared: Sandbox, d: str) -> None:
     with pytest.raises(ConflictError):
         shared.files.make_dir(f"{d}/file")
     with pytest.raises(ConflictError):
-        shared.files.make_dir("/usr/lib/cella-test")
+        shared.files.make_dir(f"{d}/file/below")
     with pytest.raises(InvalidRequestError):
         shared.files.make_dir("relative")
 
