@@ -166,7 +166,11 @@ impl Kernels {
                     .get(lang)
                     .is_some_and(|k| k.contexts.contains(context));
                 let r = self
-                    .ask(slot, json!({ "op": "reset", "context": context }), Duration::from_secs(30))
+                    .ask(
+                        slot,
+                        json!({ "op": "reset", "context": context }),
+                        Duration::from_secs(30),
+                    )
                     .await;
                 self.note(lang, |k| {
                     k.contexts.remove(context);
@@ -220,7 +224,12 @@ impl Kernels {
 
     /// Sends one request and waits for its answer; on a dead or hung kernel, kills it and
     /// answers with what happened (as an `Err` carrying the response to give).
-    async fn ask(&self, slot: &mut Slot, mut request: Value, wait: Duration) -> Result<Value, Response> {
+    async fn ask(
+        &self,
+        slot: &mut Slot,
+        mut request: Value,
+        wait: Duration,
+    ) -> Result<Value, Response> {
         let k = slot.kernel.as_mut().expect("a kernel runs");
         k.next_id += 1;
         let id = k.next_id;
@@ -270,6 +279,7 @@ impl Kernels {
 }
 
 /// Starts the kernel of `lang` with the user, environment and directory of `spec`.
+#[allow(clippy::result_large_err)] // the error is the answer as it goes on the wire
 fn start(lang: &str, spec: &ExecSpec, jail: &Arc<Jail>) -> Result<Kernel, Response> {
     let (file, source, program) = match lang {
         "python" => ("kernel.py", PYTHON, "python3"),
@@ -292,10 +302,11 @@ fn start(lang: &str, spec: &ExecSpec, jail: &Arc<Jail>) -> Result<Kernel, Respon
     spec.argv = vec![program.into(), path.display().to_string()];
     spec.env.insert("PYTHONUNBUFFERED".into(), "1".into());
     spec.env.insert("MPLBACKEND".into(), "Agg".into());
-    let (answers_r, answers_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Response::Error {
-        kind: ErrorKind::Internal,
-        message: format!("pipe: {e}"),
-    })?;
+    let (answers_r, answers_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Response::Error {
+            kind: ErrorKind::Internal,
+            message: format!("pipe: {e}"),
+        })?;
     let mut cmd = command(&spec, jail, true);
     let w = answers_w.as_raw_fd();
     // SAFETY: between fork and exec only system calls.
@@ -327,7 +338,8 @@ fn start(lang: &str, spec: &ExecSpec, jail: &Arc<Jail>) -> Result<Kernel, Respon
         .take()
         .and_then(|s| pipe::Sender::from_owned_fd(OwnedFd::from(s)).ok());
     // SAFETY: answers_r is ours alone; ownership moves into the new OwnedFd.
-    let answers_fd = unsafe { OwnedFd::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(answers_r)) };
+    let answers_fd =
+        unsafe { OwnedFd::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(answers_r)) };
     let answers = pipe::Receiver::from_owned_fd(answers_fd).ok();
     drop(child); // the agent's reaper collects it
     match (input, answers) {

@@ -391,7 +391,10 @@ fn main() {
             &format!("/api/v1/sandboxes/{id}/code/run"),
             Some(json!({ "code": "1+1" })),
         );
-        assert!(st == 200 && v["data"]["result"] == "2", "code cell: {st} {v}");
+        assert!(
+            st == 200 && v["data"]["result"] == "2",
+            "code cell: {st} {v}"
+        );
     };
     cell();
     series.push(Series {
@@ -407,7 +410,10 @@ fn main() {
         &format!("/api/v1/sandboxes/{src}/exec"),
         Some(json!({ "command": "head -c 104857600 /dev/urandom > /home/user/changed" })),
     );
-    assert!(st == 200 && v["data"]["exit_code"] == 0, "writing 100 MiB: {v}");
+    assert!(
+        st == 200 && v["data"]["exit_code"] == 0,
+        "writing 100 MiB: {v}"
+    );
     let (mut fork, mut fork_pause) = (Vec::new(), Vec::new());
     for _ in 0..(if q { 5 } else { 20 }) {
         let t = Instant::now();

@@ -362,7 +362,12 @@ async fn run(cmd: Command) -> ExitCode {
             env,
             argv,
             conn,
-        } => one_shot(template, size, files, artifacts, download, timeout, env, argv, conn).await,
+        } => {
+            one_shot(
+                template, size, files, artifacts, download, timeout, env, argv, conn,
+            )
+            .await
+        }
         Command::Template(TemplateCmd::Build { file, conn }) => template_build(file, conn).await,
         Command::Expose { id, port, conn } => {
             let r = client(&conn).expose(&id, port).await.map(|e| {
@@ -544,11 +549,17 @@ async fn template_build(file: PathBuf, conn: Conn) -> ExitCode {
         Ok(b) => b,
         Err(e) => return fail(e),
     };
-    eprintln!("cella: build {} of template {}", build.id, build.template_id);
+    eprintln!(
+        "cella: build {} of template {}",
+        build.id, build.template_id
+    );
     let mut offset = 0u64;
     let mut shown: Vec<String> = Vec::new();
     loop {
-        let b = match c.template_build(&build.template_id, &build.id, offset).await {
+        let b = match c
+            .template_build(&build.template_id, &build.id, offset)
+            .await
+        {
             Ok(b) => b,
             Err(e) => return fail(e),
         };
@@ -563,7 +574,9 @@ async fn template_build(file: PathBuf, conn: Conn) -> ExitCode {
                 b.steps.len(),
                 s.kind,
                 s.state,
-                s.duration_ms.map(|d| format!(" ({d} ms)")).unwrap_or_default()
+                s.duration_ms
+                    .map(|d| format!(" ({d} ms)"))
+                    .unwrap_or_default()
             );
             if matches!(s.state.as_str(), "done" | "cached" | "failed") && !shown.contains(&line) {
                 eprintln!("{line}");
@@ -650,7 +663,10 @@ async fn one_shot(
             let name = a.path.rsplit('/').next().unwrap_or(&a.id).to_string();
             let dest = dir.join(&name);
             let res = async {
-                let mut res = c.download_artifact(&a.id).await.map_err(|e| e.to_string())?;
+                let mut res = c
+                    .download_artifact(&a.id)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 let mut f = std::fs::File::create(&dest).map_err(|e| e.to_string())?;
                 while let Some(chunk) = res.chunk().await.map_err(|e| e.to_string())? {
                     std::io::Write::write_all(&mut f, &chunk).map_err(|e| e.to_string())?;

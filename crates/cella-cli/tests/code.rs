@@ -48,7 +48,10 @@ fn the_seed_example_and_state_that_persists_per_context() {
     assert_eq!(other["error"]["name"], "NameError");
     run(&s, &id, json!({ "code": "total = 7", "context": "other" }));
     assert_eq!(py(&s, &id, "total")["result"], "45");
-    assert_eq!(run(&s, &id, json!({ "code": "total", "context": "other" }))["result"], "7");
+    assert_eq!(
+        run(&s, &id, json!({ "code": "total", "context": "other" }))["result"],
+        "7"
+    );
 
     // An exception, then a cell that works, in the same context.
     let r = py(&s, &id, "x = 1\n1/0");
@@ -91,7 +94,10 @@ fn timeouts_interrupt_and_the_context_survives() {
     assert_eq!(r["restarted"], true, "{r}");
     assert!(r["error"]["value"].as_str().unwrap().contains("restarted"));
     let r = py(&s, &id, "kept");
-    assert_eq!(r["error"]["name"], "NameError", "a restarted kernel starts empty: {r}");
+    assert_eq!(
+        r["error"]["name"], "NameError",
+        "a restarted kernel starts empty: {r}"
+    );
     assert_eq!(py(&s, &id, "1 + 1")["result"], "2");
 
     // The timeout is capped at 300 s; nonsense is refused.
@@ -102,7 +108,10 @@ fn timeouts_interrupt_and_the_context_survives() {
         );
         r.assert_error(400, "INVALID_REQUEST");
     }
-    assert_eq!(run(&s, &id, json!({ "code": "2", "timeout": 100000 }))["result"], "2");
+    assert_eq!(
+        run(&s, &id, json!({ "code": "2", "timeout": 100000 }))["result"],
+        "2"
+    );
 }
 
 #[test]
@@ -129,7 +138,11 @@ fn javascript_keeps_declarations_and_awaits_at_top_level() {
     assert_eq!(r["error"]["value"], "bad thing");
     assert_eq!(js("inc(1)")["result"], "2");
     // An endless loop is interrupted at its timeout and the context survives.
-    let r = run(&s, &id, json!({ "code": "while (true) {}", "language": "js", "timeout": 1 }));
+    let r = run(
+        &s,
+        &id,
+        json!({ "code": "while (true) {}", "language": "js", "timeout": 1 }),
+    );
     assert_eq!(r["error"]["name"], "TimeoutError", "{r}");
     assert_eq!(js("n")["result"], "10");
     assert_eq!(js("require('fs').existsSync('/tmp')")["result"], "true");
@@ -168,28 +181,53 @@ fn contexts_state_and_resets() {
     run(&s, &id, json!({ "code": "a = 1", "context": "work" }));
     run(&s, &id, json!({ "code": "b = 2" }));
     let list = s.get(&format!("{base}/contexts?language=python"));
-    let mut names: Vec<&str> = list.data().as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    let mut names: Vec<&str> = list
+        .data()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
     names.sort();
     assert_eq!(names, ["default", "work"]);
     let st = s.get(&base);
     let python = &st.data()["kernels"][0];
-    assert_eq!((python["language"].as_str(), python["running"].as_bool(), python["busy"].as_bool()), (Some("python"), Some(true), Some(false)));
-    assert!(s.get(&format!("{base}/contexts?language=javascript")).data().as_array().unwrap().is_empty());
-    s.get(&format!("{base}/contexts?language=fortran")).assert_error(400, "UNKNOWN_LANGUAGE");
+    assert_eq!(
+        (
+            python["language"].as_str(),
+            python["running"].as_bool(),
+            python["busy"].as_bool()
+        ),
+        (Some("python"), Some(true), Some(false))
+    );
+    assert!(s
+        .get(&format!("{base}/contexts?language=javascript"))
+        .data()
+        .as_array()
+        .unwrap()
+        .is_empty());
+    s.get(&format!("{base}/contexts?language=fortran"))
+        .assert_error(400, "UNKNOWN_LANGUAGE");
 
     // Reset one context: its names are gone, the other context keeps its own.
     let r = s.delete(&format!("{base}/contexts/work?language=python"));
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.data()["changed"], true);
-    assert_eq!(run(&s, &id, json!({ "code": "a", "context": "work" }))["error"]["name"], "NameError");
+    assert_eq!(
+        run(&s, &id, json!({ "code": "a", "context": "work" }))["error"]["name"],
+        "NameError"
+    );
     assert_eq!(py(&s, &id, "b")["result"], "2");
     // Reset every context of the language.
     let r = s.delete(&format!("{base}?language=python"));
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.data()["kernels"][0]["running"], false);
     assert_eq!(py(&s, &id, "b")["error"]["name"], "NameError");
-    s.post(&format!("{base}/contexts"), json!({ "context": "bad name!" }))
-        .assert_error(400, "INVALID_REQUEST");
+    s.post(
+        &format!("{base}/contexts"),
+        json!({ "context": "bad name!" }),
+    )
+    .assert_error(400, "INVALID_REQUEST");
 }
 
 #[test]
@@ -197,7 +235,11 @@ fn a_paused_sandbox_is_not_woken_and_scopes_hold() {
     let s = Server::start();
     let id = s.create(json!({ "size": "xs" }));
     py(&s, &id, "v = 5");
-    assert_eq!(s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({})).status, 200);
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}))
+            .status,
+        200
+    );
     let base = format!("/api/v1/sandboxes/{id}/code");
     for r in [
         s.post(&format!("{base}/run"), json!({ "code": "v" })),
@@ -210,18 +252,33 @@ fn a_paused_sandbox_is_not_woken_and_scopes_hold() {
     ] {
         r.assert_error(409, "SANDBOX_NOT_RUNNING");
     }
-    assert_eq!(s.get(&format!("/api/v1/sandboxes/{id}")).data()["state"], "paused");
-    assert_eq!(s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({})).status, 200);
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{id}")).data()["state"],
+        "paused"
+    );
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}))
+            .status,
+        200
+    );
     // Memory was kept: the context is as it was.
     assert_eq!(py(&s, &id, "v")["result"], "5");
 
     let (_, reader) = s.workspace_key("enterprise", &["sandboxes:read", "sandboxes:write"]);
     let mine = s.create_as(&reader, json!({ "size": "xs" }));
     let as_reader = |m: &str, p: &str, b: Option<&Value>| s.req(m, p, Some(&reader), b);
-    assert_eq!(as_reader("GET", &format!("/api/v1/sandboxes/{mine}/code"), None).status, 200);
-    as_reader("POST", &format!("/api/v1/sandboxes/{mine}/code/run"), Some(&json!({ "code": "1" })))
+    assert_eq!(
+        as_reader("GET", &format!("/api/v1/sandboxes/{mine}/code"), None).status,
+        200
+    );
+    as_reader(
+        "POST",
+        &format!("/api/v1/sandboxes/{mine}/code/run"),
+        Some(&json!({ "code": "1" })),
+    )
+    .assert_error(403, "FORBIDDEN");
+    as_reader("DELETE", &format!("/api/v1/sandboxes/{mine}/code"), None)
         .assert_error(403, "FORBIDDEN");
-    as_reader("DELETE", &format!("/api/v1/sandboxes/{mine}/code"), None).assert_error(403, "FORBIDDEN");
     // Another workspace's sandbox does not exist for this key.
     as_reader("GET", &format!("/api/v1/sandboxes/{id}/code"), None).assert_error(404, "NOT_FOUND");
 }
@@ -236,13 +293,19 @@ fn rich_outputs_from_display_and_matplotlib() {
         "class Page:\n    def _repr_html_(self):\n        return '<b>hi</b>'\n    def __repr__(self):\n        return 'Page()'\nPage()",
     );
     assert_eq!(r["result"], "Page()");
-    assert_eq!(r["outputs"], json!([{ "mime": "text/html", "data": "<b>hi</b>" }]));
+    assert_eq!(
+        r["outputs"],
+        json!([{ "mime": "text/html", "data": "<b>hi</b>" }])
+    );
     let r = py(&s, &id, "display({'a': 1})\n3");
     assert_eq!(r["result"], "3");
     assert_eq!(r["outputs"].as_array().unwrap().len(), 1, "{r}");
 
     // Matplotlib, where the template has it (the CI host installs python3-matplotlib).
-    let has = s.sh(&id, "python3 -c 'import matplotlib' 2>/dev/null && echo yes");
+    let has = s.sh(
+        &id,
+        "python3 -c 'import matplotlib' 2>/dev/null && echo yes",
+    );
     if has["stdout"] != "yes\n" {
         eprintln!("matplotlib is not installed: the figure check is skipped");
         return;
@@ -288,13 +351,21 @@ fn the_cli_runs_a_cell_from_a_file_or_stdin() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
         child.wait_with_output().unwrap()
     };
     let out = cli(&["code", "run", &id, file.to_str().unwrap()], "");
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "side\n40\n");
-    let out = cli(&["code", "run", &id, "-", "--language", "js"], "[1, 2].map(x => x * 3)");
+    let out = cli(
+        &["code", "run", &id, "-", "--language", "js"],
+        "[1, 2].map(x => x * 3)",
+    );
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "[ 3, 6 ]\n");
     let out = cli(&["code", "run", &id, "-"], "x / 0");

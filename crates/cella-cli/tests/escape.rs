@@ -78,7 +78,10 @@ fn escape_suite() {
     let host_hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     // The neighbour also listens on TCP; its address is on its eth0.
     s.exec(&neighbour, json!({ "command": "python3 -c \"import socket,time; s=socket.socket(); s.bind(('0.0.0.0', 9000)); s.listen(); time.sleep(60)\" >/dev/null 2>&1 &" }));
-    let neighbour_addr = s.sh(&neighbour, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1")["stdout"]
+    let neighbour_addr = s.sh(
+        &neighbour,
+        "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1",
+    )["stdout"]
         .as_str()
         .unwrap()
         .trim()
@@ -88,7 +91,10 @@ fn escape_suite() {
         .unwrap()
         .trim()
         .to_string();
-    assert!(!neighbour_addr.is_empty() && !gateway.is_empty(), "sandboxes have no network");
+    assert!(
+        !neighbour_addr.is_empty() && !gateway.is_empty(),
+        "sandboxes have no network"
+    );
     // A service on every address of the host, so a connection attempt has something to reach.
     let host_service = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
     let host_port = host_service.local_addr().unwrap().port();

@@ -45,7 +45,8 @@ fn tar_of(entries: &[(&str, Option<&[u8]>, u32)]) -> Vec<u8> {
             Some(c) if c.starts_with(b"->") => {
                 h.set_entry_type(tar::EntryType::Symlink);
                 h.set_size(0);
-                b.append_link(&mut h, path, std::str::from_utf8(&c[2..]).unwrap()).unwrap();
+                b.append_link(&mut h, path, std::str::from_utf8(&c[2..]).unwrap())
+                    .unwrap();
             }
             Some(c) => {
                 h.set_size(c.len() as u64);
@@ -135,7 +136,11 @@ fn build_layout(dir: &Path, index: bool) {
     };
     let mut top = top;
     top["annotations"] = json!({ "org.opencontainers.image.ref.name": "v1" });
-    std::fs::write(dir.join("index.json"), serde_json::to_vec(&json!({ "schemaVersion": 2, "manifests": [top] })).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("index.json"),
+        serde_json::to_vec(&json!({ "schemaVersion": 2, "manifests": [top] })).unwrap(),
+    )
+    .unwrap();
     std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
 }
 
@@ -149,7 +154,11 @@ impl Registry {
     /// A registry on loopback; with `auth`, basic auth with user `cella`, password `secret`.
     fn start(auth: bool) -> Registry {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let mut cfg = format!(
             "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
             dir.path().join("data").display()
@@ -164,7 +173,10 @@ impl Registry {
                 .status()
                 .unwrap();
             assert!(st.success());
-            cfg += &format!("auth:\n  htpasswd:\n    realm: test\n    path: {}\n", pw.display());
+            cfg += &format!(
+                "auth:\n  htpasswd:\n    realm: test\n    path: {}\n",
+                pw.display()
+            );
         }
         std::fs::write(dir.path().join("config.yml"), cfg).unwrap();
         let child = Command::new("docker-registry")
@@ -180,7 +192,11 @@ impl Registry {
             assert!(Instant::now() < deadline, "the registry did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
-        Registry { child, addr, _dir: dir }
+        Registry {
+            child,
+            addr,
+            _dir: dir,
+        }
     }
 
     fn push(&self, layout: &Path, name: &str, extra: &[&str], creds: bool) {
@@ -193,7 +209,11 @@ impl Registry {
         cmd.arg(format!("oci:{}:v1", layout.display()));
         cmd.arg(format!("docker://{}/{name}", self.addr));
         let out = cmd.output().unwrap();
-        assert!(out.status.success(), "skopeo: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "skopeo: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
@@ -207,7 +227,10 @@ impl Drop for Registry {
 fn build(s: &Server, spec: Value) -> Value {
     let r = s.post("/api/v1/templates", spec);
     assert_eq!(r.status, 202, "{}", r.body);
-    let (t, b) = (r.data()["template_id"].as_str().unwrap().to_string(), r.data()["id"].as_str().unwrap().to_string());
+    let (t, b) = (
+        r.data()["template_id"].as_str().unwrap().to_string(),
+        r.data()["id"].as_str().unwrap().to_string(),
+    );
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let r = s.get(&format!("/api/v1/templates/{t}/builds/{b}"));
@@ -223,7 +246,10 @@ fn build(s: &Server, spec: Value) -> Value {
 /// A sandbox of the template sees the image as its layers say.
 fn check_image_sandbox(s: &Server, template: &str) {
     let id = s.create(json!({ "template_id": template, "size": "xs" }));
-    let r = s.sh(&id, "pwd; echo $GREETING; cat /etc/kept.txt; echo; ls /etc; ls /data; cat /data/step.txt");
+    let r = s.sh(
+        &id,
+        "pwd; echo $GREETING; cat /etc/kept.txt; echo; ls /etc; ls /data; cat /data/step.txt",
+    );
     assert_eq!(r["exit_code"], 0, "{r}");
     assert_eq!(
         r["stdout"],
@@ -235,7 +261,11 @@ fn check_image_sandbox(s: &Server, template: &str) {
 
 #[test]
 fn templates_come_from_images_in_a_real_registry() {
-    if !(have("docker-registry") && have("skopeo") && have("htpasswd") && Path::new("/bin/busybox").exists()) {
+    if !(have("docker-registry")
+        && have("skopeo")
+        && have("htpasswd")
+        && Path::new("/bin/busybox").exists())
+    {
         eprintln!("docker-registry, skopeo, htpasswd or busybox-static missing: skipped (.ci/run installs them)");
         return;
     }
@@ -247,19 +277,37 @@ fn templates_come_from_images_in_a_real_registry() {
     build_layout(&multi, true);
     let reg = Registry::start(false);
     reg.push(&plain, "test/tiny:v1", &[], false);
-    reg.push(&plain, "test/tiny:zstd", &["--dest-compress-format", "zstd", "--dest-compress"], false);
+    reg.push(
+        &plain,
+        "test/tiny:zstd",
+        &["--dest-compress-format", "zstd", "--dest-compress"],
+        false,
+    );
     reg.push(&multi, "test/multi:v1", &["--all"], false);
     let step = json!([{ "run": "echo step > /data/step.txt" }]);
 
-    for (id, image) in [("tiny-gzip", "test/tiny:v1"), ("tiny-zstd", "test/tiny:zstd"), ("tiny-index", "test/multi:v1")] {
-        let b = build(&s, json!({ "id": id, "image": format!("{}/{image}", reg.addr), "steps": step }));
+    for (id, image) in [
+        ("tiny-gzip", "test/tiny:v1"),
+        ("tiny-zstd", "test/tiny:zstd"),
+        ("tiny-index", "test/multi:v1"),
+    ] {
+        let b = build(
+            &s,
+            json!({ "id": id, "image": format!("{}/{image}", reg.addr), "steps": step }),
+        );
         assert_eq!(b["state"], "ready", "{b}");
         assert_eq!(b["steps"][0]["kind"], "image");
         check_image_sandbox(&s, id);
     }
     // The same layers again come from the layer store.
-    let again = build(&s, json!({ "id": "tiny-again", "image": format!("{}/test/tiny:v1", reg.addr) }));
-    assert!(again["log"].as_str().unwrap().contains("(cached)"), "{again}");
+    let again = build(
+        &s,
+        json!({ "id": "tiny-again", "image": format!("{}/test/tiny:v1", reg.addr) }),
+    );
+    assert!(
+        again["log"].as_str().unwrap().contains("(cached)"),
+        "{again}"
+    );
 
     // Basic auth: refused without credentials, pulled with them.
     let private = Registry::start(true);
@@ -275,9 +323,16 @@ fn templates_come_from_images_in_a_real_registry() {
     check_image_sandbox(&s, "private-ok");
 
     // A reference that is no reference is refused before any build.
-    s.post("/api/v1/templates", json!({ "id": "bad", "image": "UPPER CASE!" })).assert_error(400, "INVALID_REQUEST");
-    s.post("/api/v1/templates", json!({ "id": "bad", "image": format!("{}/x:y", reg.addr), "from": "base" }))
-        .assert_error(400, "INVALID_REQUEST");
+    s.post(
+        "/api/v1/templates",
+        json!({ "id": "bad", "image": "UPPER CASE!" }),
+    )
+    .assert_error(400, "INVALID_REQUEST");
+    s.post(
+        "/api/v1/templates",
+        json!({ "id": "bad", "image": format!("{}/x:y", reg.addr), "from": "base" }),
+    )
+    .assert_error(400, "INVALID_REQUEST");
 }
 
 #[test]
@@ -293,10 +348,17 @@ fn templates_come_from_local_layouts_and_archives_through_the_cli() {
         let out = Command::new("skopeo")
             .args(["copy", "--quiet"])
             .arg(format!("oci:{}:v1", dir.path().join("layout").display()))
-            .arg(format!("{target}:{}:test/tiny:v1", dir.path().join(file).display()))
+            .arg(format!(
+                "{target}:{}:test/tiny:v1",
+                dir.path().join(file).display()
+            ))
             .output()
             .unwrap();
-        assert!(out.status.success(), "skopeo: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "skopeo: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     for (id, image) in [
         ("from-layout", "oci:layout"),
@@ -318,9 +380,23 @@ fn templates_come_from_local_layouts_and_archives_through_the_cli() {
         check_image_sandbox(&s, id);
     }
     // Not an image archive: refused, and nothing is left behind.
-    let r = s.raw("POST", "/api/v1/images", Some(KEY), Some(b"not a tar at all".to_vec()), &[]);
+    let r = s.raw(
+        "POST",
+        "/api/v1/images",
+        Some(KEY),
+        Some(b"not a tar at all".to_vec()),
+        &[],
+    );
     r.assert_error(400, "INVALID_REQUEST");
-    let left: Vec<_> = std::fs::read_dir(s.data_dir().join("images")).unwrap().flatten().filter(|e| !e.path().extension().is_some_and(|x| x == "json")).collect();
+    let left: Vec<_> = std::fs::read_dir(s.data_dir().join("images"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_none_or(|x| x != "json"))
+        .collect();
     assert!(left.is_empty(), "{left:?}");
-    s.post("/api/v1/templates", json!({ "id": "nope", "image": "upload:imgnosuch" })).assert_error(404, "NOT_FOUND");
+    s.post(
+        "/api/v1/templates",
+        json!({ "id": "nope", "image": "upload:imgnosuch" }),
+    )
+    .assert_error(404, "NOT_FOUND");
 }

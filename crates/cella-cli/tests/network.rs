@@ -44,7 +44,9 @@ impl Outside {
         ip_quiet(&["netns", "del", &ns]);
         ip_quiet(&["link", "del", "ctout0"]);
         ip(&format!("netns add {ns}"));
-        ip(&format!("link add ctout0 type veth peer name eth0 netns {ns}"));
+        ip(&format!(
+            "link add ctout0 type veth peer name eth0 netns {ns}"
+        ));
         ip("addr add 198.51.100.254/24 dev ctout0");
         ip("link set ctout0 up");
         for a in ["198.51.100.1/24", "169.254.169.254/32", "10.99.0.1/32"] {
@@ -69,10 +71,16 @@ impl Outside {
         // The host itself reaches all three: what the sandboxes cannot reach is their doing.
         let deadline = Instant::now() + Duration::from_secs(10);
         for t in [PUBLIC, METADATA, PRIVATE] {
-            while std::net::TcpStream::connect_timeout(&t.parse().unwrap(), Duration::from_millis(200))
-                .is_err()
+            while std::net::TcpStream::connect_timeout(
+                &t.parse().unwrap(),
+                Duration::from_millis(200),
+            )
+            .is_err()
             {
-                assert!(Instant::now() < deadline, "the outside host does not listen on {t}");
+                assert!(
+                    Instant::now() < deadline,
+                    "the outside host does not listen on {t}"
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
@@ -172,7 +180,9 @@ fn instance(s: &Server) -> String {
 
 fn has_chain(s: &Server, id: &str) -> bool {
     let prefix = format!("sb_{}_{id}_", instance(s));
-    firewall_chains(&instance(s)).iter().any(|c| c.starts_with(&prefix))
+    firewall_chains(&instance(s))
+        .iter()
+        .any(|c| c.starts_with(&prefix))
 }
 
 /// Rules of a gone boot are removed just after the answer: wait for that (at most 5 s).
@@ -192,7 +202,11 @@ fn host_iface(s: &Server, id: &str) -> String {
     let out = s.sh(id, "cat /sys/class/net/eth0/iflink");
     let index = out["stdout"].as_str().unwrap().trim().to_string();
     for e in std::fs::read_dir("/sys/class/net").unwrap().flatten() {
-        if std::fs::read_to_string(e.path().join("ifindex")).unwrap_or_default().trim() == index {
+        if std::fs::read_to_string(e.path().join("ifindex"))
+            .unwrap_or_default()
+            .trim()
+            == index
+        {
             return e.file_name().into_string().unwrap();
         }
     }
@@ -237,7 +251,19 @@ fn by_default_a_sandbox_reaches_the_internet_and_nothing_private() {
     let to_b = format!("{b_addr}:9000");
     let to_a = format!("{a_addr}:9000");
 
-    let got = reach(&s, &a, &[PUBLIC, METADATA, PRIVATE, &on_gateway, &on_host, &api, &to_b]);
+    let got = reach(
+        &s,
+        &a,
+        &[
+            PUBLIC,
+            METADATA,
+            PRIVATE,
+            &on_gateway,
+            &on_host,
+            &api,
+            &to_b,
+        ],
+    );
     assert_eq!(
         got,
         [true, false, false, false, false, false, false],
@@ -248,13 +274,22 @@ fn by_default_a_sandbox_reaches_the_internet_and_nothing_private() {
     assert_eq!(got, [true, true, false, false, false]);
 
     // No inbound connection from outside; the host itself reaches a sandbox (the preview path).
-    assert!(!outside.connects(&to_b), "the outside reached into a sandbox");
-    assert!(std::net::TcpStream::connect_timeout(&to_b.parse().unwrap(), Duration::from_secs(2)).is_ok());
+    assert!(
+        !outside.connects(&to_b),
+        "the outside reached into a sandbox"
+    );
+    assert!(
+        std::net::TcpStream::connect_timeout(&to_b.parse().unwrap(), Duration::from_secs(2))
+            .is_ok()
+    );
 
     // The outside sees the host's address, not the sandbox's (NAT).
     let who = s.sh(&a, "python3 -c \"import socket; c=socket.create_connection(('198.51.100.1',8080),2); print(c.recv(100).decode().strip(), c.getsockname()[0])\"");
     assert_eq!(who["exit_code"], 0, "{who}");
-    assert!(who["stdout"].as_str().unwrap().starts_with("outside "), "{who}");
+    assert!(
+        who["stdout"].as_str().unwrap().starts_with("outside "),
+        "{who}"
+    );
 
     // No IPv6 inside at all.
     let v6 = s.sh(&a, "ip -6 addr show | grep -c inet6 || true");
@@ -270,18 +305,30 @@ fn egress_policies_allow_and_deny_both_ways() {
     let cases: Vec<(Value, [bool; 3])> = vec![
         // [internet, private 10.99.0.1, metadata]
         (json!({ "egress": "deny" }), [false, false, false]),
-        (json!({ "egress": "deny", "allow": ["198.51.100.0/24"] }), [true, false, false]),
+        (
+            json!({ "egress": "deny", "allow": ["198.51.100.0/24"] }),
+            [true, false, false],
+        ),
         (json!({ "allow": ["10.99.0.1"] }), [true, true, false]),
         (json!({ "deny": ["198.51.100.1"] }), [false, false, false]),
         // deny wins over allow
-        (json!({ "egress": "deny", "allow": ["198.51.100.1", "10.99.0.1"], "deny": ["198.51.100.0/24"] }), [false, true, false]),
-        (json!({ "allow": ["169.254.169.254/32"] }), [true, false, true]),
+        (
+            json!({ "egress": "deny", "allow": ["198.51.100.1", "10.99.0.1"], "deny": ["198.51.100.0/24"] }),
+            [false, true, false],
+        ),
+        (
+            json!({ "allow": ["169.254.169.254/32"] }),
+            [true, false, true],
+        ),
     ];
     for (policy, want) in cases {
         let id = s.create(json!({ "size": "xs", "network": policy.clone() }));
         let got = s.get(&format!("/api/v1/sandboxes/{id}"));
         let shown = &got.data()["network"];
-        assert_eq!(shown["egress"], policy.get("egress").cloned().unwrap_or(json!("allow")));
+        assert_eq!(
+            shown["egress"],
+            policy.get("egress").cloned().unwrap_or(json!("allow"))
+        );
         let reached = reach(&s, &id, &[PUBLIC, PRIVATE, METADATA]);
         assert_eq!(reached, want, "policy {policy}");
         s.delete(&format!("/api/v1/sandboxes/{id}"));
@@ -293,17 +340,29 @@ fn egress_policies_allow_and_deny_both_ways() {
         (json!({ "allow": ["fe80::1"] }), "network.allow"),
         (json!({ "deny": ["10.0.0.0/40"] }), "network.deny"),
         (json!({ "allow": ["not a host"] }), "network.allow"),
-        (json!({ "allow": ["no-such-host.invalid"] }), "network.allow"),
+        (
+            json!({ "allow": ["no-such-host.invalid"] }),
+            "network.allow",
+        ),
     ] {
-        let r = s.post("/api/v1/sandboxes", json!({ "size": "xs", "network": policy }));
+        let r = s.post(
+            "/api/v1/sandboxes",
+            json!({ "size": "xs", "network": policy }),
+        );
         r.assert_error(400, "INVALID_REQUEST");
         assert_eq!(r.body["error"]["details"]["field"], field, "{}", r.body);
     }
-    for bad in [json!({ "egress": "maybe" }), json!({ "egress": "allow", "ports": [1] })] {
+    for bad in [
+        json!({ "egress": "maybe" }),
+        json!({ "egress": "allow", "ports": [1] }),
+    ] {
         let r = s.post("/api/v1/sandboxes", json!({ "size": "xs", "network": bad }));
         r.assert_error(400, "INVALID_REQUEST");
     }
-    assert_eq!(s.get("/api/v1/sandboxes").data().as_array().unwrap().len(), before);
+    assert_eq!(
+        s.get("/api/v1/sandboxes").data().as_array().unwrap().len(),
+        before
+    );
 }
 
 #[test]
@@ -321,11 +380,21 @@ fn rules_and_interfaces_go_with_the_sandbox_also_after_a_crash() {
     assert!(!iface_exists(&iface), "{iface} outlived its sandbox");
 
     // Stop drops them too; resume brings them back, with the same policy.
-    let b = s.create(json!({ "size": "xs", "network": { "egress": "deny", "allow": ["198.51.100.1"] } }));
+    let b = s.create(
+        json!({ "size": "xs", "network": { "egress": "deny", "allow": ["198.51.100.1"] } }),
+    );
     let iface = host_iface(&s, &b);
-    assert_eq!(s.post(&format!("/api/v1/sandboxes/{b}/stop"), json!({})).status, 200);
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{b}/stop"), json!({}))
+            .status,
+        200
+    );
     assert!(chain_goes(&s, &b) && !iface_exists(&iface));
-    assert_eq!(s.post(&format!("/api/v1/sandboxes/{b}/resume"), json!({})).status, 200);
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{b}/resume"), json!({}))
+            .status,
+        200
+    );
     assert!(has_chain(&s, &b));
     assert_eq!(reach(&s, &b, &[PUBLIC, PRIVATE]), [true, false]);
 
@@ -335,12 +404,21 @@ fn rules_and_interfaces_go_with_the_sandbox_also_after_a_crash() {
     let c_iface = host_iface(&s, &c);
     s.kill9();
     for pid in sandbox_pids(&c) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
     s.restart();
-    assert!(chain_goes(&s, &c), "a dead sandbox's chain survived the restart");
+    assert!(
+        chain_goes(&s, &c),
+        "a dead sandbox's chain survived the restart"
+    );
     assert!(!iface_exists(&c_iface));
-    assert_eq!(s.get(&format!("/api/v1/sandboxes/{c}")).data()["state"], "stopped");
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{c}")).data()["state"],
+        "stopped"
+    );
     assert!(has_chain(&s, &b));
     assert_eq!(reach(&s, &b, &[PUBLIC, PRIVATE]), [true, false]);
     s.delete(&format!("/api/v1/sandboxes/{b}"));

@@ -20,7 +20,11 @@ fn readiness(s: &Server, size: &str) -> String {
 fn wait_for(s: &Server, size: &str, state: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while readiness(s, size) != state {
-        assert!(Instant::now() < deadline, "{size} never became {state}: {}", s.log());
+        assert!(
+            Instant::now() < deadline,
+            "{size} never became {state}: {}",
+            s.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -28,7 +32,8 @@ fn wait_for(s: &Server, size: &str, state: &str) {
 #[test]
 fn readiness_follows_the_pool_as_it_drains_and_refills() {
     // One xs sandbox ahead, and at least 1.5 s between pool boots so the drained state is seen.
-    let s = Server::start_with("[pool]\ndefault = 0\nsizes = { xs = 1 }\nboot_interval_ms = 1500\n");
+    let s =
+        Server::start_with("[pool]\ndefault = 0\nsizes = { xs = 1 }\nboot_interval_ms = 1500\n");
     wait_for(&s, "xs", "fast_ready");
     // Sizes without a pool must boot: cold.
     assert_eq!(readiness(&s, "small"), "cold_boot_only");
@@ -52,11 +57,25 @@ fn readiness_follows_the_pool_as_it_drains_and_refills() {
     // Drained now; the refill waits for its interval.
     assert_eq!(readiness(&s, "xs"), "cold_boot_only");
     // It is the caller's sandbox in every way.
-    assert_eq!(s.sh(&id, "echo $FROM; hostname")["stdout"], format!("req\n{id}\n"));
+    assert_eq!(
+        s.sh(&id, "echo $FROM; hostname")["stdout"],
+        format!("req\n{id}\n")
+    );
     let list = s.get("/api/v1/sandboxes");
-    assert_eq!(list.data()[0]["id"], id.as_str(), "the claimed sandbox lists as the newest");
+    assert_eq!(
+        list.data()[0]["id"],
+        id.as_str(),
+        "the claimed sandbox lists as the newest"
+    );
     let usage = s.get(&format!("/api/v1/sandboxes/{id}/usage"));
-    assert!(usage.data()["running_sec"].as_f64().expect(&usage.body.to_string()) < 5.0, "{}", usage.body);
+    assert!(
+        usage.data()["running_sec"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{}", usage.body))
+            < 5.0,
+        "{}",
+        usage.body
+    );
 
     // Refilled in the background.
     wait_for(&s, "xs", "fast_ready");
@@ -74,19 +93,47 @@ fn pool_sandboxes_belong_to_no_workspace_and_respect_caps_and_policies() {
     let s = Server::start_with("[pool]\ndefault = 0\nsizes = { xs = 2 }\n");
     wait_for(&s, "xs", "fast_ready");
     // Nobody sees the pool: not in the sandbox list, not as a workspace.
-    assert!(s.get("/api/v1/sandboxes").data().as_array().unwrap().is_empty());
+    assert!(s
+        .get("/api/v1/sandboxes")
+        .data()
+        .as_array()
+        .unwrap()
+        .is_empty());
     let ws = s.get("/api/v1/workspaces");
-    assert!(ws.data().as_array().unwrap().iter().all(|w| !w["name"].as_str().unwrap().contains("pool")), "{}", ws.body);
+    assert!(
+        ws.data()
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|w| !w["name"].as_str().unwrap().contains("pool")),
+        "{}",
+        ws.body
+    );
 
     // A developer workspace at its cap gets no pool sandbox either.
-    let (_, key) = s.workspace_key("developer", &["sandboxes:read", "sandboxes:write", "sandboxes:exec"]);
+    let (_, key) = s.workspace_key(
+        "developer",
+        &["sandboxes:read", "sandboxes:write", "sandboxes:exec"],
+    );
     let mut mine = Vec::new();
     for _ in 0..10 {
         mine.push(s.create_as(&key, json!({ "size": "xs" })));
     }
-    let r = s.req("POST", "/api/v1/sandboxes", Some(&key), Some(&json!({ "size": "xs" })));
+    let r = s.req(
+        "POST",
+        "/api/v1/sandboxes",
+        Some(&key),
+        Some(&json!({ "size": "xs" })),
+    );
     r.assert_error(429, "CONCURRENCY_LIMIT");
-    assert_eq!(s.req("GET", "/api/v1/sandboxes", Some(&key), None).data().as_array().unwrap().len(), 10);
+    assert_eq!(
+        s.req("GET", "/api/v1/sandboxes", Some(&key), None)
+            .data()
+            .as_array()
+            .unwrap()
+            .len(),
+        10
+    );
 
     // A claimed sandbox gets the egress policy the request names.
     wait_for(&s, "xs", "fast_ready");
@@ -104,7 +151,10 @@ fn pool_sandboxes_belong_to_no_workspace_and_respect_caps_and_policies() {
         .output()
         .unwrap();
     let chain = String::from_utf8_lossy(&out.stdout);
-    assert!(!chain.contains("@closed"), "the default policy's rules are still in place: {chain}");
+    assert!(
+        !chain.contains("@closed"),
+        "the default policy's rules are still in place: {chain}"
+    );
 
     // Pool sandboxes survive a restart and are claimed after it.
     let mut s = s;

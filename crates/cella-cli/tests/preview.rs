@@ -60,7 +60,10 @@ fn start_app(s: &Server, id: &str, port: u16) {
         json!({ "command": "mkdir -p /tmp/www && cat > /tmp/app.py && echo plain-text > /tmp/www/hello.txt", "stdin": APP }),
     );
     assert_eq!(w["exit_code"], 0, "{w}");
-    let w = s.exec(id, json!({ "command": "cat > /tmp/www/index.html", "stdin": PAGE }));
+    let w = s.exec(
+        id,
+        json!({ "command": "cat > /tmp/www/index.html", "stdin": PAGE }),
+    );
     assert_eq!(w["exit_code"], 0, "{w}");
     let r = s.post(
         &format!("/api/v1/sandboxes/{id}/processes"),
@@ -70,7 +73,9 @@ fn start_app(s: &Server, id: &str, port: u16) {
     // Wait until it answers through the proxy.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let r = http().get(format!("{}/preview/{id}/{port}/hello.txt", s.url)).send();
+        let r = http()
+            .get(format!("{}/preview/{id}/{port}/hello.txt", s.url))
+            .send();
         if r.map(|r| r.status().as_u16() == 200).unwrap_or(false) {
             return;
         }
@@ -87,7 +92,10 @@ fn http() -> reqwest::blocking::Client {
 }
 
 fn expose(s: &Server, id: &str, port: u16) -> Value {
-    let r = s.post(&format!("/api/v1/sandboxes/{id}/expose"), json!({ "port": port }));
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/expose"),
+        json!({ "port": port }),
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     r.data().clone()
 }
@@ -117,12 +125,22 @@ fn both_preview_forms_reach_the_app_with_http1_http2_and_big_uploads() {
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().unwrap(), "plain-text\n");
     // Path form, and the app's own 404 passes through untouched (no API envelope).
-    assert_eq!(c.get(format!("{path_url}hello.txt")).send().unwrap().text().unwrap(), "plain-text\n");
+    assert_eq!(
+        c.get(format!("{path_url}hello.txt"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap(),
+        "plain-text\n"
+    );
     let r = c.get(format!("{path_url}nope")).send().unwrap();
     assert_eq!(r.status(), 404);
     assert!(!r.text().unwrap().contains("\"error\""));
     // HTTP/2 from the client (cleartext, prior knowledge).
-    let h2 = reqwest::blocking::Client::builder().http2_prior_knowledge().build().unwrap();
+    let h2 = reqwest::blocking::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
     let r = h2.get(format!("{path_url}hello.txt")).send().unwrap();
     assert_eq!(r.version(), reqwest::Version::HTTP_2);
     assert_eq!(r.text().unwrap(), "plain-text\n");
@@ -132,15 +150,26 @@ fn both_preview_forms_reach_the_app_with_http1_http2_and_big_uploads() {
     let mut first = [0u8; 6];
     std::io::Read::read_exact(&mut r, &mut first).unwrap();
     assert_eq!(&first, b"first\n");
-    assert!(t.elapsed() < Duration::from_millis(1400), "the first chunk waited for the end");
+    assert!(
+        t.elapsed() < Duration::from_millis(1400),
+        "the first chunk waited for the end"
+    );
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut r, &mut rest).unwrap();
     assert_eq!(rest, "second\n");
     // A 64 MiB upload streams through (far past the API's body limit).
     let body: Vec<u8> = (0..64u32 << 20).map(|i| (i % 251) as u8).collect();
     use sha2::Digest;
-    let want = format!("{} {}", body.len(), hex::encode(sha2::Sha256::digest(&body)));
-    let r = c.post(format!("{path_url}upload")).body(body).send().unwrap();
+    let want = format!(
+        "{} {}",
+        body.len(),
+        hex::encode(sha2::Sha256::digest(&body))
+    );
+    let r = c
+        .post(format!("{path_url}upload"))
+        .body(body)
+        .send()
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().unwrap(), want);
 
@@ -151,22 +180,42 @@ fn both_preview_forms_reach_the_app_with_http1_http2_and_big_uploads() {
     );
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let r = c.get(format!("{}/preview/{id}/8600/hello.txt", s.url)).send().unwrap();
+        let r = c
+            .get(format!("{}/preview/{id}/8600/hello.txt", s.url))
+            .send()
+            .unwrap();
         if r.status() == 200 {
             assert_eq!(r.text().unwrap(), "plain-text\n");
             break;
         }
-        assert!(Instant::now() < deadline, "the loopback-only app was never reached");
+        assert!(
+            Instant::now() < deadline,
+            "the loopback-only app was never reached"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     // Nothing on the port: 502 with a page that says so; no such sandbox: 404.
-    let r = c.get(format!("{}/preview/{id}/8001/", s.url)).send().unwrap();
+    let r = c
+        .get(format!("{}/preview/{id}/8001/", s.url))
+        .send()
+        .unwrap();
     assert_eq!(r.status(), 502);
     assert!(r.text().unwrap().contains("Nothing listens on this port"));
-    let r = c.get(format!("{}/preview/sbnosuch/8000/", s.url)).send().unwrap();
+    let r = c
+        .get(format!("{}/preview/sbnosuch/8000/", s.url))
+        .send()
+        .unwrap();
     assert_eq!(r.status(), 404);
-    s.post(&format!("/api/v1/sandboxes/{id}/expose"), json!({ "port": 0 })).assert_error(400, "INVALID_REQUEST");
-    s.post(&format!("/api/v1/sandboxes/{id}/expose"), json!({ "port": 70000 })).assert_error(400, "INVALID_REQUEST");
+    s.post(
+        &format!("/api/v1/sandboxes/{id}/expose"),
+        json!({ "port": 0 }),
+    )
+    .assert_error(400, "INVALID_REQUEST");
+    s.post(
+        &format!("/api/v1/sandboxes/{id}/expose"),
+        json!({ "port": 70000 }),
+    )
+    .assert_error(400, "INVALID_REQUEST");
     // Preview traffic counts as activity, API routes still work beside it.
     assert_eq!(s.get("/healthz").status, 200);
 }
@@ -197,7 +246,10 @@ fn a_websocket_echo_works_through_the_proxy() {
 fn a_private_preview_needs_its_token_and_a_paused_sandbox_is_resumed_only_when_allowed() {
     let s = Server::start();
     let id = s.create(json!({ "size": "xs", "preview": { "public": false } }));
-    assert_eq!(s.get(&format!("/api/v1/sandboxes/{id}")).data()["preview"]["public"], false);
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{id}")).data()["preview"]["public"],
+        false
+    );
     start_app_private(&s, &id, 8200);
     let e = expose(&s, &id, 8200);
     let token = e["token"].as_str().unwrap().to_string();
@@ -206,17 +258,34 @@ fn a_private_preview_needs_its_token_and_a_paused_sandbox_is_resumed_only_when_a
     let r = c.get(&bare).send().unwrap();
     assert_eq!(r.status(), 401);
     assert!(r.text().unwrap().contains("Preview token needed"));
-    let r = c.get(&bare).header("x-cella-preview-token", "0".repeat(32)).send().unwrap();
+    let r = c
+        .get(&bare)
+        .header("x-cella-preview-token", "0".repeat(32))
+        .send()
+        .unwrap();
     assert_eq!(r.status(), 403);
-    let r = c.get(&bare).header("x-cella-preview-token", &token).send().unwrap();
+    let r = c
+        .get(&bare)
+        .header("x-cella-preview-token", &token)
+        .send()
+        .unwrap();
     assert_eq!(r.status(), 200);
     // The signed URL works and leaves a cookie, so the page's own links work without the token.
     let signed = e["path_url"].as_str().unwrap();
     assert!(signed.ends_with(&format!("?cella_preview_token={token}")));
     let r = c.get(signed).send().unwrap();
     assert_eq!(r.status(), 200);
-    let cookie = r.headers().get("set-cookie").unwrap().to_str().unwrap().to_string();
-    assert!(cookie.starts_with(&format!("cella_preview_token={token}")), "{cookie}");
+    let cookie = r
+        .headers()
+        .get("set-cookie")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        cookie.starts_with(&format!("cella_preview_token={token}")),
+        "{cookie}"
+    );
     let pair = cookie.split(';').next().unwrap();
     let r = c.get(&bare).header("cookie", pair).send().unwrap();
     assert_eq!(r.status(), 200);
@@ -230,19 +299,40 @@ fn a_private_preview_needs_its_token_and_a_paused_sandbox_is_resumed_only_when_a
     assert_eq!(r.status(), 403);
 
     // Paused, and not allowed to resume: 409, and it stays paused.
-    assert_eq!(s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({})).status, 200);
-    let r = c.get(&bare).header("x-cella-preview-token", &token).send().unwrap();
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}))
+            .status,
+        200
+    );
+    let r = c
+        .get(&bare)
+        .header("x-cella-preview-token", &token)
+        .send()
+        .unwrap();
     assert_eq!(r.status(), 409);
-    assert_eq!(s.get(&format!("/api/v1/sandboxes/{id}")).data()["state"], "paused");
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{id}")).data()["state"],
+        "paused"
+    );
 
     // Allowed: preview traffic resumes it, and the app (frozen, not stopped) answers.
     let auto = s.create(json!({ "size": "xs", "auto_resume": true }));
     start_app(&s, &auto, 8300);
-    assert_eq!(s.post(&format!("/api/v1/sandboxes/{auto}/pause"), json!({})).status, 200);
-    let r = c.get(format!("{}/preview/{auto}/8300/hello.txt", s.url)).send().unwrap();
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{auto}/pause"), json!({}))
+            .status,
+        200
+    );
+    let r = c
+        .get(format!("{}/preview/{auto}/8300/hello.txt", s.url))
+        .send()
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().unwrap(), "plain-text\n");
-    assert_eq!(s.get(&format!("/api/v1/sandboxes/{auto}")).data()["state"], "running");
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{auto}")).data()["state"],
+        "running"
+    );
 }
 
 /// Like `start_app`, for a private preview (the readiness probe sends the token).
@@ -272,9 +362,13 @@ fn start_app_private(s: &Server, id: &str, port: u16) {
 
 #[test]
 fn a_browser_renders_a_page_served_inside_a_sandbox() {
-    let chromium = ["chromium", "chromium-browser"]
-        .into_iter()
-        .find(|c| std::process::Command::new(c).arg("--version").output().map(|o| o.status.success()).unwrap_or(false));
+    let chromium = ["chromium", "chromium-browser"].into_iter().find(|c| {
+        std::process::Command::new(c)
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    });
     let Some(chromium) = chromium else {
         eprintln!("chromium is not installed: the browser test is skipped (.ci/run installs it)");
         return;

@@ -18,7 +18,10 @@ fn download(url: &str) -> (u16, Vec<u8>) {
 }
 
 fn sandbox_state(s: &Server, id: &str) -> String {
-    s.get(&format!("/api/v1/sandboxes/{id}")).data()["state"].as_str().unwrap().to_string()
+    s.get(&format!("/api/v1/sandboxes/{id}")).data()["state"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
@@ -55,7 +58,10 @@ fn a_run_writes_files_runs_collects_artifacts_and_destroys_its_sandbox() {
     let arts = d["artifacts"].as_array().unwrap();
     let mut paths: Vec<&str> = arts.iter().map(|a| a["path"].as_str().unwrap()).collect();
     paths.sort();
-    assert_eq!(paths, ["/home/user/out/deep/blob.bin", "/home/user/out/sum.txt"]);
+    assert_eq!(
+        paths,
+        ["/home/user/out/deep/blob.bin", "/home/user/out/sum.txt"]
+    );
     for a in arts {
         assert_eq!(a["sandbox_id"], sb.as_str());
         let (st, bytes) = download(a["url"].as_str().unwrap());
@@ -72,10 +78,17 @@ fn a_run_writes_files_runs_collects_artifacts_and_destroys_its_sandbox() {
     // Another workspace sees none of it.
     let (_, other) = s.workspace_key("developer", &["sandboxes:read"]);
     let a0 = arts[0]["id"].as_str().unwrap();
-    s.req("GET", &format!("/api/v1/artifacts/{a0}"), Some(&other), None).assert_error(404, "NOT_FOUND");
+    s.req(
+        "GET",
+        &format!("/api/v1/artifacts/{a0}"),
+        Some(&other),
+        None,
+    )
+    .assert_error(404, "NOT_FOUND");
     // Deleted on request.
     assert_eq!(s.delete(&format!("/api/v1/artifacts/{a0}")).status, 200);
-    s.get(&format!("/api/v1/artifacts/{a0}")).assert_error(404, "NOT_FOUND");
+    s.get(&format!("/api/v1/artifacts/{a0}"))
+        .assert_error(404, "NOT_FOUND");
 
     // Bad input changes nothing: no sandbox is made.
     let before = s.get("/api/v1/sandboxes").data().as_array().unwrap().len();
@@ -86,12 +99,21 @@ fn a_run_writes_files_runs_collects_artifacts_and_destroys_its_sandbox() {
         json!({ "command": "true", "files": [{ "path": "x", "content": "a", "encoding": "rot13" }] }),
         json!({ "command": "true", "unknown": 1 }),
     ] {
-        s.post("/api/v1/sandboxes/run", bad).assert_error(400, "INVALID_REQUEST");
+        s.post("/api/v1/sandboxes/run", bad)
+            .assert_error(400, "INVALID_REQUEST");
     }
-    assert_eq!(s.get("/api/v1/sandboxes").data().as_array().unwrap().len(), before);
+    assert_eq!(
+        s.get("/api/v1/sandboxes").data().as_array().unwrap().len(),
+        before
+    );
     let (_, reader) = s.workspace_key("enterprise", &["sandboxes:read", "sandboxes:write"]);
-    s.req("POST", "/api/v1/sandboxes/run", Some(&reader), Some(&json!({ "command": "true" })))
-        .assert_error(403, "FORBIDDEN");
+    s.req(
+        "POST",
+        "/api/v1/sandboxes/run",
+        Some(&reader),
+        Some(&json!({ "command": "true" })),
+    )
+    .assert_error(403, "FORBIDDEN");
 }
 
 #[test]
@@ -127,7 +149,10 @@ fn a_run_that_times_out_or_whose_client_hangs_up_leaves_no_sandbox() {
             assert!(sandbox_pids(id).is_empty());
             break;
         }
-        assert!(Instant::now() < deadline, "the run's sandbox was left: {rows:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the run's sandbox was left: {rows:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -137,11 +162,18 @@ fn artifacts_from_a_live_sandbox_expire_after_their_retention() {
     let s = Server::start_with("[artifacts]\nretention_hours = 0\n");
     let id = s.create(json!({ "size": "xs" }));
     s.sh(&id, "mkdir -p /home/user/res && echo one > /home/user/res/a.log && echo two > /home/user/res/b.log");
-    let r = s.post(&format!("/api/v1/sandboxes/{id}/artifacts"), json!({ "paths": ["res/*.log"] }));
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/artifacts"),
+        json!({ "paths": ["res/*.log"] }),
+    );
     assert_eq!(r.status, 201, "{}", r.body);
     let arts = r.data().as_array().unwrap().clone();
     assert_eq!(arts.len(), 2);
-    s.post(&format!("/api/v1/sandboxes/{id}/artifacts"), json!({ "paths": [] })).assert_error(400, "INVALID_REQUEST");
+    s.post(
+        &format!("/api/v1/sandboxes/{id}/artifacts"),
+        json!({ "paths": [] }),
+    )
+    .assert_error(400, "INVALID_REQUEST");
     // Retention 0: the timer deletes them within a few seconds.
     let deadline = Instant::now() + Duration::from_secs(10);
     for a in &arts {
@@ -151,7 +183,10 @@ fn artifacts_from_a_live_sandbox_expire_after_their_retention() {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    assert!(std::fs::read_dir(s.data_dir().join("artifacts")).unwrap().next().is_none());
+    assert!(std::fs::read_dir(s.data_dir().join("artifacts"))
+        .unwrap()
+        .next()
+        .is_none());
 }
 
 #[test]
@@ -194,5 +229,9 @@ fn the_cli_runs_one_shot_and_downloads_artifacts() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains(&format!("8080-{id}.localhost")) && text.contains(&format!("/preview/{id}/8080/")), "{text}");
+    assert!(
+        text.contains(&format!("8080-{id}.localhost"))
+            && text.contains(&format!("/preview/{id}/8080/")),
+        "{text}"
+    );
 }

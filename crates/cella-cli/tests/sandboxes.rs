@@ -186,7 +186,10 @@ fn exec_takes_argv_stdin_env_cwd_user_and_passes_exit_codes() {
     assert_eq!(own["stdout"], "mine\n", "{own}");
     assert!(!std::path::Path::new("/usr/bin/cella-test-evil").exists());
     let other = s.create(json!({ "size": "xs" }));
-    assert_ne!(s.sh(&other, "test -e /usr/bin/cella-test-evil")["exit_code"], 0);
+    assert_ne!(
+        s.sh(&other, "test -e /usr/bin/cella-test-evil")["exit_code"],
+        0
+    );
 
     let p = format!("/api/v1/sandboxes/{id}/exec");
     let bad_cwd = s.post(&p, json!({ "command": "pwd", "cwd": "/does/not/exist" }));

@@ -28,7 +28,10 @@ fn a_snapshot_keeps_the_files_of_its_instant() {
     let a = s.create(json!({ "size": "xs" }));
     write(&s, &a, "/home/user/note.txt", "v1");
     // 20 MiB of data written by a process and not yet synced by anyone.
-    let r = s.sh(&a, "head -c 20971520 /dev/urandom > /home/user/blob && sha256sum /home/user/blob | cut -c1-64");
+    let r = s.sh(
+        &a,
+        "head -c 20971520 /dev/urandom > /home/user/blob && sha256sum /home/user/blob | cut -c1-64",
+    );
     let blob_sum = r["stdout"].as_str().unwrap().trim().to_string();
 
     let snap = s.post(&format!("/api/v1/sandboxes/{a}/snapshots"), json!({}));
@@ -42,7 +45,10 @@ fn a_snapshot_keeps_the_files_of_its_instant() {
     assert!(snap["created_at"].as_str().unwrap().ends_with('Z'));
 
     // The source runs on and changes its files.
-    assert_eq!(s.get(&format!("/api/v1/sandboxes/{a}")).data()["state"], "running");
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{a}")).data()["state"],
+        "running"
+    );
     write(&s, &a, "/home/user/note.txt", "v2");
     s.sh(&a, "rm /home/user/blob");
 
@@ -63,26 +69,72 @@ fn a_snapshot_keeps_the_files_of_its_instant() {
     // Listed and readable in its workspace only.
     let list = s.get("/api/v1/snapshots");
     assert_eq!(list.data()[0]["id"], snap_id.as_str());
-    assert_eq!(s.get(&format!("/api/v1/snapshots/{snap_id}")).data()["id"], snap_id.as_str());
+    assert_eq!(
+        s.get(&format!("/api/v1/snapshots/{snap_id}")).data()["id"],
+        snap_id.as_str()
+    );
     let (_, other) = s.workspace_key("developer", &["sandboxes:read", "sandboxes:write"]);
-    s.req("GET", &format!("/api/v1/snapshots/{snap_id}"), Some(&other), None).assert_error(404, "NOT_FOUND");
-    s.req("POST", "/api/v1/sandboxes", Some(&other), Some(&json!({ "snapshot_id": snap_id })))
-        .assert_error(404, "NOT_FOUND");
-    s.req("POST", &format!("/api/v1/sandboxes/{a}/snapshots"), Some(&other), None).assert_error(404, "NOT_FOUND");
+    s.req(
+        "GET",
+        &format!("/api/v1/snapshots/{snap_id}"),
+        Some(&other),
+        None,
+    )
+    .assert_error(404, "NOT_FOUND");
+    s.req(
+        "POST",
+        "/api/v1/sandboxes",
+        Some(&other),
+        Some(&json!({ "snapshot_id": snap_id })),
+    )
+    .assert_error(404, "NOT_FOUND");
+    s.req(
+        "POST",
+        &format!("/api/v1/sandboxes/{a}/snapshots"),
+        Some(&other),
+        None,
+    )
+    .assert_error(404, "NOT_FOUND");
 
     // Bad creates from a snapshot change nothing.
-    s.post("/api/v1/sandboxes", json!({ "snapshot_id": snap_id, "size": "small" }))
-        .assert_error(400, "INVALID_REQUEST");
-    s.post("/api/v1/sandboxes", json!({ "snapshot_id": snap_id, "template_id": "other" }))
-        .assert_error(400, "INVALID_REQUEST");
-    s.post("/api/v1/sandboxes", json!({ "snapshot_id": "snapnope" })).assert_error(404, "NOT_FOUND");
+    s.post(
+        "/api/v1/sandboxes",
+        json!({ "snapshot_id": snap_id, "size": "small" }),
+    )
+    .assert_error(400, "INVALID_REQUEST");
+    s.post(
+        "/api/v1/sandboxes",
+        json!({ "snapshot_id": snap_id, "template_id": "other" }),
+    )
+    .assert_error(400, "INVALID_REQUEST");
+    s.post("/api/v1/sandboxes", json!({ "snapshot_id": "snapnope" }))
+        .assert_error(404, "NOT_FOUND");
 
     // Paused: the snapshot leaves it paused. Stopped: its kept files are copied.
-    assert_eq!(s.post(&format!("/api/v1/sandboxes/{a}/pause"), json!({})).status, 200);
-    assert_eq!(s.post(&format!("/api/v1/sandboxes/{a}/snapshots"), json!({})).status, 201);
-    assert_eq!(s.get(&format!("/api/v1/sandboxes/{a}")).data()["state"], "paused");
-    assert_eq!(s.post(&format!("/api/v1/sandboxes/{a}/resume"), json!({})).status, 200);
-    assert_eq!(s.post(&format!("/api/v1/sandboxes/{a}/stop"), json!({})).status, 200);
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{a}/pause"), json!({}))
+            .status,
+        200
+    );
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{a}/snapshots"), json!({}))
+            .status,
+        201
+    );
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{a}")).data()["state"],
+        "paused"
+    );
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{a}/resume"), json!({}))
+            .status,
+        200
+    );
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{a}/stop"), json!({}))
+            .status,
+        200
+    );
     let stopped = s.post(&format!("/api/v1/sandboxes/{a}/snapshots"), json!({}));
     assert_eq!(stopped.status, 201, "{}", stopped.body);
     let c = s.create(json!({ "snapshot_id": stopped.data()["id"] }));
@@ -91,14 +143,17 @@ fn a_snapshot_keeps_the_files_of_its_instant() {
     // Deleting a snapshot never touches sandboxes made from it (they have their own copy).
     let d = s.delete(&format!("/api/v1/snapshots/{snap_id}"));
     assert_eq!(d.status, 200, "{}", d.body);
-    s.get(&format!("/api/v1/snapshots/{snap_id}")).assert_error(404, "NOT_FOUND");
+    s.get(&format!("/api/v1/snapshots/{snap_id}"))
+        .assert_error(404, "NOT_FOUND");
     assert_eq!(read(&s, &b, "/home/user/note.txt"), "b");
-    s.post("/api/v1/sandboxes", json!({ "snapshot_id": snap_id })).assert_error(404, "NOT_FOUND");
+    s.post("/api/v1/sandboxes", json!({ "snapshot_id": snap_id }))
+        .assert_error(404, "NOT_FOUND");
     assert!(!s.data_dir().join("snapshots").join(&snap_id).exists());
 
     // A destroyed sandbox has nothing to copy.
     s.delete(&format!("/api/v1/sandboxes/{b}"));
-    s.post(&format!("/api/v1/sandboxes/{b}/snapshots"), json!({})).assert_error(409, "CONFLICT");
+    s.post(&format!("/api/v1/sandboxes/{b}/snapshots"), json!({}))
+        .assert_error(409, "CONFLICT");
 }
 
 #[test]
@@ -107,7 +162,10 @@ fn a_snapshot_being_used_by_a_booting_sandbox_cannot_be_deleted() {
     let a = s.create(json!({ "size": "xs" }));
     let snap = s.post(&format!("/api/v1/sandboxes/{a}/snapshots"), json!({}));
     let snap_id = snap.data()["id"].as_str().unwrap().to_string();
-    let r = s.post("/api/v1/sandboxes", json!({ "snapshot_id": snap_id, "wait": false }));
+    let r = s.post(
+        "/api/v1/sandboxes",
+        json!({ "snapshot_id": snap_id, "wait": false }),
+    );
     assert_eq!(r.status, 202, "{}", r.body);
     let b = r.data()["id"].as_str().unwrap().to_string();
     // While b is provisioning the snapshot is refused; once b runs, deleting it is fine.
@@ -120,7 +178,10 @@ fn a_snapshot_being_used_by_a_booting_sandbox_cannot_be_deleted() {
         assert!(std::time::Instant::now() < deadline);
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert_eq!(s.get(&format!("/api/v1/sandboxes/{b}")).data()["state"], "running");
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{b}")).data()["state"],
+        "running"
+    );
     let d = s.delete(&format!("/api/v1/snapshots/{snap_id}"));
     assert!(d.status == 200 || d.status == 404, "{}", d.body);
     assert_eq!(s.sh(&b, "echo ok")["stdout"], "ok\n");
@@ -129,25 +190,40 @@ fn a_snapshot_being_used_by_a_booting_sandbox_cannot_be_deleted() {
 #[test]
 fn a_fork_gives_independent_copies_and_the_source_runs_on() {
     let s = Server::start();
-    let a = s.create(json!({ "size": "xs", "metadata": { "team": "x" }, "env": { "ROLE": "src" } }));
+    let a =
+        s.create(json!({ "size": "xs", "metadata": { "team": "x" }, "env": { "ROLE": "src" } }));
     write(&s, &a, "/home/user/state.txt", "orig");
     // A process in the source: the forks do not get it (namespace backend).
-    let p = s.post(&format!("/api/v1/sandboxes/{a}/processes"), json!({ "command": "sleep 300" }));
+    let p = s.post(
+        &format!("/api/v1/sandboxes/{a}/processes"),
+        json!({ "command": "sleep 300" }),
+    );
     assert_eq!(p.status, 201);
 
-    let r = s.post(&format!("/api/v1/sandboxes/{a}/fork"), json!({ "count": 3, "metadata": { "fork": "yes" } }));
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{a}/fork"),
+        json!({ "count": 3, "metadata": { "fork": "yes" } }),
+    );
     assert_eq!(r.status, 201, "{}", r.body);
     let info = &r.body["fork"];
     assert_eq!(info["source_id"], a.as_str());
     assert_eq!(info["filesystem_copied"], true);
     assert_eq!(info["processes_copied"], false);
-    assert!(info["source_paused_ms"].as_f64().unwrap() < 5000.0, "{info}");
-    let kids: Vec<String> = r.body["data"].as_array().unwrap().iter().map(|k| {
-        assert_eq!(k["state"], "running", "{k}");
-        assert_eq!(k["metadata"], json!({ "team": "x", "fork": "yes" }));
-        assert_eq!(k["size"], "xs");
-        k["id"].as_str().unwrap().to_string()
-    }).collect();
+    assert!(
+        info["source_paused_ms"].as_f64().unwrap() < 5000.0,
+        "{info}"
+    );
+    let kids: Vec<String> = r.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| {
+            assert_eq!(k["state"], "running", "{k}");
+            assert_eq!(k["metadata"], json!({ "team": "x", "fork": "yes" }));
+            assert_eq!(k["size"], "xs");
+            k["id"].as_str().unwrap().to_string()
+        })
+        .collect();
     assert_eq!(kids.len(), 3);
     let mut all = kids.clone();
     all.push(a.clone());
@@ -158,7 +234,11 @@ fn a_fork_gives_independent_copies_and_the_source_runs_on() {
     // Each copy starts with the source's files, then goes its own way.
     for (i, k) in kids.iter().enumerate() {
         assert_eq!(read(&s, k, "/home/user/state.txt"), "orig");
-        assert_eq!(s.sh(k, "echo $ROLE")["stdout"], "src\n", "the env carries over");
+        assert_eq!(
+            s.sh(k, "echo $ROLE")["stdout"],
+            "src\n",
+            "the env carries over"
+        );
         assert_eq!(s.sh(k, "pgrep -x sleep || echo none")["stdout"], "none\n");
         write(&s, k, "/home/user/state.txt", &format!("kid{i}"));
     }
@@ -166,31 +246,84 @@ fn a_fork_gives_independent_copies_and_the_source_runs_on() {
         assert_eq!(read(&s, k, "/home/user/state.txt"), format!("kid{i}"));
     }
     assert_eq!(read(&s, &a, "/home/user/state.txt"), "orig");
-    assert_eq!(s.get(&format!("/api/v1/sandboxes/{a}")).data()["state"], "running");
-    assert_ne!(s.sh(&a, "pgrep -x sleep || echo none")["stdout"], "none\n", "the source's process runs on");
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{a}")).data()["state"],
+        "running"
+    );
+    assert_ne!(
+        s.sh(&a, "pgrep -x sleep || echo none")["stdout"],
+        "none\n",
+        "the source's process runs on"
+    );
     // The fork's internal snapshot is gone, and not listed.
-    assert!(s.get("/api/v1/snapshots").data().as_array().unwrap().is_empty());
-    let left: Vec<_> = std::fs::read_dir(s.data_dir().join("snapshots")).map(|d| d.flatten().collect()).unwrap_or_default();
+    assert!(s
+        .get("/api/v1/snapshots")
+        .data()
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let left: Vec<_> = std::fs::read_dir(s.data_dir().join("snapshots"))
+        .map(|d| d.flatten().collect())
+        .unwrap_or_default();
     assert!(left.is_empty(), "{left:?}");
 
     // A paused source stays paused; a fork with no body makes one.
-    assert_eq!(s.post(&format!("/api/v1/sandboxes/{a}/pause"), json!({})).status, 200);
-    let r = s.raw("POST", &format!("/api/v1/sandboxes/{a}/fork"), Some(KEY), None, &[]);
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{a}/pause"), json!({}))
+            .status,
+        200
+    );
+    let r = s.raw(
+        "POST",
+        &format!("/api/v1/sandboxes/{a}/fork"),
+        Some(KEY),
+        None,
+        &[],
+    );
     assert_eq!(r.status, 201, "{}", r.body);
     assert_eq!(r.body["data"].as_array().unwrap().len(), 1);
-    assert_eq!(s.get(&format!("/api/v1/sandboxes/{a}")).data()["state"], "paused");
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{a}")).data()["state"],
+        "paused"
+    );
 
     // Bad counts, and forks past the plan cap, make nothing.
-    for bad in [json!({ "count": 0 }), json!({ "count": 11 }), json!({ "count": 2, "extra": 1 })] {
-        s.post(&format!("/api/v1/sandboxes/{a}/fork"), bad).assert_error(400, "INVALID_REQUEST");
+    for bad in [
+        json!({ "count": 0 }),
+        json!({ "count": 11 }),
+        json!({ "count": 2, "extra": 1 }),
+    ] {
+        s.post(&format!("/api/v1/sandboxes/{a}/fork"), bad)
+            .assert_error(400, "INVALID_REQUEST");
     }
-    let (_, dev) = s.workspace_key("developer", &["sandboxes:read", "sandboxes:write", "sandboxes:exec"]);
+    let (_, dev) = s.workspace_key(
+        "developer",
+        &["sandboxes:read", "sandboxes:write", "sandboxes:exec"],
+    );
     let mut mine = Vec::new();
     for _ in 0..9 {
         mine.push(s.create_as(&dev, json!({ "size": "xs" })));
     }
-    let r = s.req("POST", &format!("/api/v1/sandboxes/{}/fork", mine[0]), Some(&dev), Some(&json!({ "count": 3 })));
+    let r = s.req(
+        "POST",
+        &format!("/api/v1/sandboxes/{}/fork", mine[0]),
+        Some(&dev),
+        Some(&json!({ "count": 3 })),
+    );
     r.assert_error(429, "CONCURRENCY_LIMIT");
-    assert_eq!(s.req("GET", "/api/v1/sandboxes", Some(&dev), None).data().as_array().unwrap().len(), 9);
-    s.req("POST", &format!("/api/v1/sandboxes/{a}/fork"), Some(&dev), Some(&json!({}))).assert_error(404, "NOT_FOUND");
+    assert_eq!(
+        s.req("GET", "/api/v1/sandboxes", Some(&dev), None)
+            .data()
+            .as_array()
+            .unwrap()
+            .len(),
+        9
+    );
+    s.req(
+        "POST",
+        &format!("/api/v1/sandboxes/{a}/fork"),
+        Some(&dev),
+        Some(&json!({})),
+    )
+    .assert_error(404, "NOT_FOUND");
 }

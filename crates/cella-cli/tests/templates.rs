@@ -11,13 +11,22 @@ use std::time::{Duration, Instant};
 fn wait_build(s: &Server, key: &str, template: &str, build: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let r = s.req("GET", &format!("/api/v1/templates/{template}/builds/{build}"), Some(key), None);
+        let r = s.req(
+            "GET",
+            &format!("/api/v1/templates/{template}/builds/{build}"),
+            Some(key),
+            None,
+        );
         assert_eq!(r.status, 200, "{}", r.body);
         let st = r.data()["state"].as_str().unwrap().to_string();
         if st == "ready" || st == "failed" {
             return r.data().clone();
         }
-        assert!(Instant::now() < deadline, "the build did not end: {}", r.body);
+        assert!(
+            Instant::now() < deadline,
+            "the build did not end: {}",
+            r.body
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -64,19 +73,35 @@ fn a_template_builds_from_steps_rebuilds_from_cache_and_serves_its_app_at_once()
     assert_eq!(b["state"], "ready", "{b}");
     assert_eq!(states(&b), ["done", "done", "done", "done", "done"]);
     let log = b["log"].as_str().unwrap();
-    assert!(log.contains("step-output") && log.contains("index.html"), "{log}");
+    assert!(
+        log.contains("step-output") && log.contains("index.html"),
+        "{log}"
+    );
 
     // In the catalog of its workspace, not in another's.
     let t = s.get("/api/v1/templates/webapp");
     assert_eq!(t.data()["name"], "Web app");
     assert_eq!(t.data()["default_size"], "xs");
-    let (_, other) = s.workspace_key("developer", &["sandboxes:read", "sandboxes:write", "templates:write"]);
-    s.req("GET", "/api/v1/templates/webapp", Some(&other), None).assert_error(404, "NOT_FOUND");
-    let ids: Vec<String> = s.req("GET", "/api/v1/templates", Some(&other), None).body["data"]
-        .as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_string()).collect();
-    assert_eq!(ids, ["base"]);
-    s.req("POST", "/api/v1/sandboxes", Some(&other), Some(&json!({ "template_id": "webapp" })))
+    let (_, other) = s.workspace_key(
+        "developer",
+        &["sandboxes:read", "sandboxes:write", "templates:write"],
+    );
+    s.req("GET", "/api/v1/templates/webapp", Some(&other), None)
         .assert_error(404, "NOT_FOUND");
+    let ids: Vec<String> = s.req("GET", "/api/v1/templates", Some(&other), None).body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["base"]);
+    s.req(
+        "POST",
+        "/api/v1/sandboxes",
+        Some(&other),
+        Some(&json!({ "template_id": "webapp" })),
+    )
+    .assert_error(404, "NOT_FOUND");
 
     // A sandbox of it: the steps' files (a file one step made and a later one removed is gone),
     // environment and working directory, and its app answering through the preview at once.
@@ -87,21 +112,42 @@ fn a_template_builds_from_steps_rebuilds_from_cache_and_serves_its_app_at_once()
     assert_eq!(page.status(), 200);
     assert_eq!(page.text().unwrap(), "<h1>the app</h1>");
     // The template's files are read-only layers: a sandbox's changes stay in the sandbox.
-    s.sh(&id, "echo changed > /opt/app/index.html 2>/dev/null || sudo true; true");
+    s.sh(
+        &id,
+        "echo changed > /opt/app/index.html 2>/dev/null || sudo true; true",
+    );
     let id2 = s.create(json!({ "template_id": "webapp" }));
-    assert_eq!(s.sh(&id2, "cat /opt/app/index.html")["stdout"], "<h1>the app</h1>");
+    assert_eq!(
+        s.sh(&id2, "cat /opt/app/index.html")["stdout"],
+        "<h1>the app</h1>"
+    );
 
     // Rebuilt unchanged: every layer from the cache. Changed last step: only it runs again.
     let t0 = Instant::now();
     let again = build(&s, KEY, &app_spec("rm /opt/app/built.txt && ls /opt/app"));
-    assert_eq!(states(&again), ["cached", "done", "done", "cached", "cached"]);
+    assert_eq!(
+        states(&again),
+        ["cached", "done", "done", "cached", "cached"]
+    );
     assert!(t0.elapsed() < Duration::from_secs(10));
-    let changed = build(&s, KEY, &app_spec("rm /opt/app/built.txt && echo v2 > /opt/app/version"));
-    assert_eq!(states(&changed), ["cached", "done", "done", "cached", "done"]);
+    let changed = build(
+        &s,
+        KEY,
+        &app_spec("rm /opt/app/built.txt && echo v2 > /opt/app/version"),
+    );
+    assert_eq!(
+        states(&changed),
+        ["cached", "done", "done", "cached", "done"]
+    );
     let id3 = s.create(json!({ "template_id": "webapp" }));
     assert_eq!(s.sh(&id3, "cat /opt/app/version")["stdout"], "v2\n");
     // A template id of another workspace is taken.
-    let r = s.req("POST", "/api/v1/templates", Some(&other), Some(&app_spec("true")));
+    let r = s.req(
+        "POST",
+        "/api/v1/templates",
+        Some(&other),
+        Some(&app_spec("true")),
+    );
     r.assert_error(409, "CONFLICT");
 }
 
@@ -116,25 +162,48 @@ fn a_failing_step_fails_the_build_with_its_output() {
     assert_eq!(b["state"], "failed");
     assert_eq!(states(&b), ["done", "failed", "pending"]);
     assert!(b["error"].as_str().unwrap().contains("step 2"), "{b}");
-    assert!(b["error"].as_str().unwrap().contains("exited with 3"), "{b}");
+    assert!(
+        b["error"].as_str().unwrap().contains("exited with 3"),
+        "{b}"
+    );
     let log = b["log"].as_str().unwrap();
-    assert!(log.contains("before-the-failure") && !log.contains("never\n"), "{log}");
+    assert!(
+        log.contains("before-the-failure") && !log.contains("never\n"),
+        "{log}"
+    );
     // Not startable: every size is missing.
     let t = s.get("/api/v1/templates/broken");
     assert_eq!(t.data()["readiness"], "missing");
-    s.post("/api/v1/sandboxes", json!({ "template_id": "broken" })).assert_error(400, "SIZE_UNAVAILABLE");
+    s.post("/api/v1/sandboxes", json!({ "template_id": "broken" }))
+        .assert_error(400, "SIZE_UNAVAILABLE");
     // The log can be read from an offset (for a client following it).
     let full = b["log"].as_str().unwrap().len();
-    let r = s.get(&format!("/api/v1/templates/broken/builds/{}?log_offset={}", b["id"].as_str().unwrap(), full - 5));
+    let r = s.get(&format!(
+        "/api/v1/templates/broken/builds/{}?log_offset={}",
+        b["id"].as_str().unwrap(),
+        full - 5
+    ));
     assert_eq!(r.data()["log"].as_str().unwrap().len(), 5);
 
     // Bad specs change nothing.
     for (spec, field) in [
         (json!({ "id": "Bad_Id" }), "id"),
-        (json!({ "id": "ok", "steps": [ { "copy": { "src": "nope", "dest": "/x" } } ] }), "steps[0].copy.src"),
-        (json!({ "id": "ok", "steps": [ { "workdir": "relative" } ] }), "steps[0].workdir"),
-        (json!({ "id": "ok", "steps": [ { "teleport": "x" } ] }), "steps"),
-        (json!({ "id": "ok", "files": { "a": { "content": "%%", "encoding": "base64" } } }), "files.a"),
+        (
+            json!({ "id": "ok", "steps": [ { "copy": { "src": "nope", "dest": "/x" } } ] }),
+            "steps[0].copy.src",
+        ),
+        (
+            json!({ "id": "ok", "steps": [ { "workdir": "relative" } ] }),
+            "steps[0].workdir",
+        ),
+        (
+            json!({ "id": "ok", "steps": [ { "teleport": "x" } ] }),
+            "steps",
+        ),
+        (
+            json!({ "id": "ok", "files": { "a": { "content": "%%", "encoding": "base64" } } }),
+            "files.a",
+        ),
     ] {
         let r = s.post("/api/v1/templates", spec.clone());
         r.assert_error(400, "INVALID_REQUEST");
@@ -142,10 +211,18 @@ fn a_failing_step_fails_the_build_with_its_output() {
             assert_eq!(r.body["error"]["details"]["field"], field, "{spec}");
         }
     }
-    s.post("/api/v1/templates", json!({ "id": "base" })).assert_error(409, "CONFLICT");
-    s.post("/api/v1/templates", json!({ "id": "ok", "from": "nosuch" })).assert_error(404, "NOT_FOUND");
+    s.post("/api/v1/templates", json!({ "id": "base" }))
+        .assert_error(409, "CONFLICT");
+    s.post("/api/v1/templates", json!({ "id": "ok", "from": "nosuch" }))
+        .assert_error(404, "NOT_FOUND");
     let (_, reader) = s.workspace_key("enterprise", &["sandboxes:read", "sandboxes:write"]);
-    s.req("POST", "/api/v1/templates", Some(&reader), Some(&json!({ "id": "x" }))).assert_error(403, "FORBIDDEN");
+    s.req(
+        "POST",
+        "/api/v1/templates",
+        Some(&reader),
+        Some(&json!({ "id": "x" })),
+    )
+    .assert_error(403, "FORBIDDEN");
     s.get("/api/v1/templates/ok").assert_error(404, "NOT_FOUND");
 }
 
@@ -162,11 +239,20 @@ fn a_template_in_use_is_not_deleted_and_its_warm_pool_makes_it_fast_ready() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let t = s.get("/api/v1/templates/tools");
-        let xs = t.data()["sizes"].as_array().unwrap().iter().find(|z| z["size"] == "xs").unwrap()["state"].clone();
+        let xs = t.data()["sizes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|z| z["size"] == "xs")
+            .unwrap()["state"]
+            .clone();
         if xs == "fast_ready" {
             break;
         }
-        assert!(Instant::now() < deadline, "the template's pool never filled");
+        assert!(
+            Instant::now() < deadline,
+            "the template's pool never filled"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let small = s.get("/api/v1/templates/tools").data()["sizes"][1]["state"].clone();
@@ -189,16 +275,22 @@ fn a_template_in_use_is_not_deleted_and_its_warm_pool_makes_it_fast_ready() {
     let layers = s.data_dir().join("layers");
     assert_eq!(std::fs::read_dir(&layers).unwrap().count(), 1);
     assert_eq!(s.delete("/api/v1/templates/tools").status, 200);
-    s.get("/api/v1/templates/tools").assert_error(404, "NOT_FOUND");
+    s.get("/api/v1/templates/tools")
+        .assert_error(404, "NOT_FOUND");
     assert_eq!(std::fs::read_dir(&layers).unwrap().count(), 0);
-    s.delete("/api/v1/templates/base").assert_error(409, "CONFLICT");
+    s.delete("/api/v1/templates/base")
+        .assert_error(409, "CONFLICT");
 }
 
 #[test]
 fn the_cli_builds_a_template_with_a_local_file_and_shows_its_steps() {
     let s = Server::start();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("hello.sh"), "#!/bin/sh\necho hello from the template\n").unwrap();
+    std::fs::write(
+        dir.path().join("hello.sh"),
+        "#!/bin/sh\necho hello from the template\n",
+    )
+    .unwrap();
     std::fs::write(
         dir.path().join("cella.toml"),
         "id = \"hello\"\n[[steps]]\ncopy = { src = \"hello.sh\", dest = \"/usr/local/bin/hello\", mode = 493 }\n[[steps]]\nrun = \"hello\"\n",
@@ -211,10 +303,16 @@ fn the_cli_builds_a_template_with_a_local_file_and_shows_its_steps() {
         .env("CELLA_API_KEY", KEY)
         .output()
         .unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("hello from the template"), "{stdout}");
-    assert!(stderr.contains("[1/2] copy done") && stderr.contains("[2/2] run done"), "{stderr}");
+    assert!(
+        stderr.contains("[1/2] copy done") && stderr.contains("[2/2] run done"),
+        "{stderr}"
+    );
     assert!(stderr.contains("template hello is ready"), "{stderr}");
     let id = s.create(json!({ "template_id": "hello", "size": "xs" }));
     assert_eq!(s.sh(&id, "hello")["stdout"], "hello from the template\n");

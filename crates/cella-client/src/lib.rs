@@ -361,7 +361,10 @@ impl Client {
     }
 
     /// A one-shot run: create, write files, run, collect artifacts, destroy.
-    pub async fn run(&self, req: &cella_types::RunRequest) -> Result<cella_types::RunResult, Error> {
+    pub async fn run(
+        &self,
+        req: &cella_types::RunRequest,
+    ) -> Result<cella_types::RunResult, Error> {
         self.data(Method::POST, "/api/v1/sandboxes/run", Some(req))
             .await
     }

@@ -221,9 +221,8 @@ pub fn copy_sparse(src: &Path, dst: &Path) -> std::io::Result<u64> {
         while off_in < hole {
             let want = (hole - off_in) as usize;
             // SAFETY: offsets are ours; the kernel copies between our two descriptors.
-            let n = unsafe {
-                libc::copy_file_range(fd_in, &mut off_in, fd_out, &mut off_out, want, 0)
-            };
+            let n =
+                unsafe { libc::copy_file_range(fd_in, &mut off_in, fd_out, &mut off_out, want, 0) };
             if n < 0 {
                 return Err(std::io::Error::last_os_error());
             }

@@ -240,7 +240,10 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
     }
 }
 
-fn items<'a>(v: &'a serde_json::Value, kind: &'a str) -> impl Iterator<Item = &'a serde_json::Value> {
+fn items<'a>(
+    v: &'a serde_json::Value,
+    kind: &'a str,
+) -> impl Iterator<Item = &'a serde_json::Value> {
     v["nftables"]
         .as_array()
         .into_iter()
@@ -311,6 +314,9 @@ mod tests {
         assert!(s.trim_end().ends_with("jump sb_i1_sabc_17 }"));
         let closed_rules = EgressRules::default();
         let s = fw.chain_script("sabc", 17, &closed_rules);
-        assert!(!s.contains("accept"), "egress deny with no allow list opens nothing: {s}");
+        assert!(
+            !s.contains("accept"),
+            "egress deny with no allow list opens nothing: {s}"
+        );
     }
 }

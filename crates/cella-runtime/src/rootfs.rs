@@ -321,7 +321,11 @@ mod tests {
         fs::write(r.join("etc/ssl/private/host.key"), "KEY").unwrap();
         fs::set_permissions(r.join("etc/ssl/private"), fs::Permissions::from_mode(0o710)).unwrap();
         fs::write(r.join("etc/ssl/certs/secret.pem"), "S").unwrap();
-        fs::set_permissions(r.join("etc/ssl/certs/secret.pem"), fs::Permissions::from_mode(0o640)).unwrap();
+        fs::set_permissions(
+            r.join("etc/ssl/certs/secret.pem"),
+            fs::Permissions::from_mode(0o640),
+        )
+        .unwrap();
         fs::write(r.join("etc/shadow"), "root:secret").unwrap();
         fs::write(
             r.join("etc/passwd"),

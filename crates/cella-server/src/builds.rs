@@ -91,7 +91,9 @@ fn decode(name: &str, f: &InlineFile) -> Result<Vec<u8>, ApiError> {
 
 pub fn wire(b: &BuildRow, log_offset: usize) -> TemplateBuild {
     let start = log_offset.min(b.log.len());
-    let start = (start..=b.log.len()).find(|i| b.log.is_char_boundary(*i)).unwrap_or(b.log.len());
+    let start = (start..=b.log.len())
+        .find(|i| b.log.is_char_boundary(*i))
+        .unwrap_or(b.log.len());
     TemplateBuild {
         id: b.id.clone(),
         template_id: b.template_id.clone(),
@@ -162,7 +164,10 @@ pub async fn start(
                     return Err(ApiError::not_found("image"));
                 }
             } else if image.parse::<oci_client::Reference>().is_err() {
-                return Err(ApiError::invalid("image", format!("{image:?} is not an image reference")));
+                return Err(ApiError::invalid(
+                    "image",
+                    format!("{image:?} is not an image reference"),
+                ));
             }
             // The image's layers are pulled by the build; it starts from nothing.
             TemplateEntry {
@@ -182,7 +187,10 @@ pub async fn start(
         None => {
             let from = spec.from.clone().unwrap_or_else(|| "base".into());
             if from == spec.id {
-                return Err(ApiError::invalid("from", "a template cannot build on itself"));
+                return Err(ApiError::invalid(
+                    "from",
+                    "a template cannot build on itself",
+                ));
             }
             let base = state
                 .catalog
@@ -212,14 +220,23 @@ pub async fn start(
                     ));
                 }
                 if c.dest.is_empty() {
-                    return Err(ApiError::invalid(&format!("{field}.copy.dest"), "dest is empty"));
+                    return Err(ApiError::invalid(
+                        &format!("{field}.copy.dest"),
+                        "dest is empty",
+                    ));
                 }
             }
             TemplateStep::Workdir(w) if !w.starts_with('/') => {
-                return Err(ApiError::invalid(&format!("{field}.workdir"), "workdir must be absolute"))
+                return Err(ApiError::invalid(
+                    &format!("{field}.workdir"),
+                    "workdir must be absolute",
+                ))
             }
             TemplateStep::Run(c) if c.trim().is_empty() => {
-                return Err(ApiError::invalid(&format!("{field}.run"), "the command is empty"))
+                return Err(ApiError::invalid(
+                    &format!("{field}.run"),
+                    "the command is empty",
+                ))
             }
             _ => {}
         }
@@ -243,7 +260,10 @@ pub async fn start(
         created_at: now,
     };
     if !state.store.upsert_template(&trow).await? {
-        return Err(ApiError::new(ErrorCode::Conflict, format!("the template id {} is taken", spec.id)));
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("the template id {} is taken", spec.id),
+        ));
     }
     if state.catalog.get(&spec.id).is_none() {
         state.catalog.put(TemplateEntry {
@@ -353,7 +373,9 @@ async fn run(
             p.say(&format!("step 1 (image): {image}\n"));
         });
         let layers_root = state.config.data_dir.join("layers");
-        tokio::fs::create_dir_all(&layers_root).await.map_err(|e| e.to_string())?;
+        tokio::fs::create_dir_all(&layers_root)
+            .await
+            .map_err(|e| e.to_string())?;
         let p2 = progress.clone();
         let pulled = match image.strip_prefix("upload:") {
             Some(up) => crate::images::get(state, &build.workspace_id, up)
@@ -427,10 +449,18 @@ async fn run(
         let started = std::time::Instant::now();
         set(&|p| {
             p.steps[i].state = "running".into();
-            p.say(&format!("step {} ({}): {}\n", i + 1, kind(step), describe(step)));
+            p.say(&format!(
+                "step {} ({}): {}\n",
+                i + 1,
+                kind(step),
+                describe(step)
+            ));
         });
         key.update(serde_json::to_vec(step).unwrap_or_default());
-        key.update(serde_json::to_vec(&(&defaults.env, &defaults.workdir, &defaults.user)).unwrap_or_default());
+        key.update(
+            serde_json::to_vec(&(&defaults.env, &defaults.workdir, &defaults.user))
+                .unwrap_or_default(),
+        );
         let outcome: Result<&str, String> = match step {
             TemplateStep::Env(m) => {
                 defaults.env.extend(m.clone());
@@ -455,12 +485,21 @@ async fn run(
                     layers.insert(0, dir.join("root"));
                     Ok("cached")
                 } else {
-                    run_step(state, &layers, &base_image, step, &defaults, &files, progress, &dir)
-                        .await
-                        .map(|_| {
-                            layers.insert(0, dir.join("root"));
-                            "done"
-                        })
+                    run_step(
+                        state,
+                        &layers,
+                        &base_image,
+                        step,
+                        &defaults,
+                        &files,
+                        progress,
+                        &dir,
+                    )
+                    .await
+                    .map(|_| {
+                        layers.insert(0, dir.join("root"));
+                        "done"
+                    })
                 }
             }
         };
@@ -508,7 +547,14 @@ async fn run(
         )
         .await
         .map_err(|e| e.to_string())?;
-    if state.store.template(&spec.id).await.ok().flatten().is_none() {
+    if state
+        .store
+        .template(&spec.id)
+        .await
+        .ok()
+        .flatten()
+        .is_none()
+    {
         return Err("the template was deleted during its build".into());
     }
     state.catalog.put(TemplateEntry {
@@ -520,7 +566,12 @@ async fn run(
         defaults,
     });
     state.pool().wake();
-    set(&|p| p.say(&format!("template {} is ready ({cache_hits} cached layer(s))\n", spec.id)));
+    set(&|p| {
+        p.say(&format!(
+            "template {} is ready ({cache_hits} cached layer(s))\n",
+            spec.id
+        ))
+    });
     Ok(())
 }
 
@@ -585,7 +636,11 @@ async fn run_step(
                 let mut env = cella_runtime::base_env(home, name);
                 env.extend(defaults.env.clone());
                 // The working directory may not exist yet: make it first.
-                let script = format!("mkdir -p {} && cd {} && {cmd}", shell_quote(&cwd), shell_quote(&cwd));
+                let script = format!(
+                    "mkdir -p {} && cd {} && {cmd}",
+                    shell_quote(&cwd),
+                    shell_quote(&cwd)
+                );
                 let exec = ExecSpec {
                     argv: vec!["/bin/bash".into(), "-c".into(), script],
                     env,
@@ -603,7 +658,9 @@ async fn run_step(
                         let bytes = match ev {
                             ExecEvent::Stdout(b) | ExecEvent::Stderr(b) => b,
                         };
-                        p2.lock().expect("build lock").say(&String::from_utf8_lossy(&bytes));
+                        p2.lock()
+                            .expect("build lock")
+                            .say(&String::from_utf8_lossy(&bytes));
                     }
                 };
                 let (r, _) = tokio::join!(state.driver.exec(&handle, exec, tx), log);
@@ -678,7 +735,10 @@ fn shell_quote(s: &str) -> String {
 pub async fn restore(state: &AppState) -> Result<(), cella_store::StoreError> {
     for t in state.store.templates().await? {
         let spec: TemplateSpec = serde_json::from_str(&t.spec).unwrap_or_default();
-        let image: Option<TemplateImage> = t.image.as_deref().and_then(|i| serde_json::from_str(i).ok());
+        let image: Option<TemplateImage> = t
+            .image
+            .as_deref()
+            .and_then(|i| serde_json::from_str(i).ok());
         let defaults: TemplateDefaults = t
             .defaults
             .as_deref()
@@ -709,7 +769,10 @@ pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateE
         .visible(id, &auth.workspace_id)
         .ok_or_else(|| ApiError::not_found("template"))?;
     if t.workspace_id.is_none() {
-        return Err(ApiError::new(ErrorCode::Conflict, format!("{id} is a built-in template")));
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("{id} is a built-in template"),
+        ));
     }
     let (sandboxes, snapshots) = state.store.template_users(id).await?;
     if sandboxes > 0 || snapshots > 0 {

@@ -58,29 +58,40 @@ pub async fn import(
     body: axum::body::Body,
 ) -> Result<ImportedImage, ApiError> {
     let images = dir(state);
-    tokio::fs::create_dir_all(&images).await.map_err(|_| ApiError::internal())?;
+    tokio::fs::create_dir_all(&images)
+        .await
+        .map_err(|_| ApiError::internal())?;
     let id = crate::util::new_id("img");
     let tar = images.join(format!("{id}.tar"));
-    let mut f = tokio::fs::File::create(&tar).await.map_err(|_| ApiError::internal())?;
+    let mut f = tokio::fs::File::create(&tar)
+        .await
+        .map_err(|_| ApiError::internal())?;
     let mut stream = body.into_data_stream();
     let mut total = 0u64;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::invalid("body", format!("reading the upload: {e}")))?;
+        let chunk =
+            chunk.map_err(|e| ApiError::invalid("body", format!("reading the upload: {e}")))?;
         total += chunk.len() as u64;
         if total > MAX_ARCHIVE {
             let _ = tokio::fs::remove_file(&tar).await;
-            return Err(ApiError::new(ErrorCode::PayloadTooLarge, "the archive is over 8 GiB"));
+            return Err(ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                "the archive is over 8 GiB",
+            ));
         }
-        f.write_all(&chunk).await.map_err(|_| ApiError::internal())?;
+        f.write_all(&chunk)
+            .await
+            .map_err(|_| ApiError::internal())?;
     }
     f.flush().await.map_err(|_| ApiError::internal())?;
     drop(f);
     let work = images.join(format!("{id}.work"));
     let layers_root = state.config.data_dir.join("layers");
     let (t2, w2) = (tar.clone(), work.clone());
-    let res = tokio::task::spawn_blocking(move || crate::oci::import_archive(&t2, &layers_root, &w2))
-        .await
-        .map_err(|_| ApiError::internal())?;
+    let res =
+        tokio::task::spawn_blocking(move || crate::oci::import_archive(&t2, &layers_root, &w2))
+            .await
+            .map_err(|_| ApiError::internal())?;
     let _ = tokio::fs::remove_file(&tar).await;
     let _ = tokio::fs::remove_dir_all(&work).await;
     let pulled = res.map_err(|e| ApiError::invalid("body", e))?;
@@ -94,9 +105,12 @@ pub async fn import(
         workdir: pulled.defaults.workdir.clone(),
         user: pulled.defaults.user,
     };
-    tokio::fs::write(images.join(format!("{id}.json")), serde_json::to_vec(&rec).unwrap_or_default())
-        .await
-        .map_err(|_| ApiError::internal())?;
+    tokio::fs::write(
+        images.join(format!("{id}.json")),
+        serde_json::to_vec(&rec).unwrap_or_default(),
+    )
+    .await
+    .map_err(|_| ApiError::internal())?;
     Ok(to_image(rec))
 }
 

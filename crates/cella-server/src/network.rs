@@ -14,7 +14,10 @@ pub async fn check(policy: &NetworkPolicy) -> Result<(), ApiError> {
     policy
         .validate()
         .map_err(|(field, msg)| ApiError::invalid(field, msg))?;
-    for (field, list) in [("network.allow", &policy.allow), ("network.deny", &policy.deny)] {
+    for (field, list) in [
+        ("network.allow", &policy.allow),
+        ("network.deny", &policy.deny),
+    ] {
         for entry in list {
             if let Ok(Destination::Domain(d)) = Destination::parse(entry) {
                 if lookup(&d).await.is_empty() {
@@ -37,7 +40,10 @@ pub async fn rules(policy: &NetworkPolicy, dns: &[Ipv4Addr]) -> EgressRules {
         dns: dns.to_vec(),
         ..Default::default()
     };
-    for (list, into) in [(&policy.allow, &mut out.allow), (&policy.deny, &mut out.deny)] {
+    for (list, into) in [
+        (&policy.allow, &mut out.allow),
+        (&policy.deny, &mut out.deny),
+    ] {
         for entry in list {
             match Destination::parse(entry) {
                 Ok(Destination::Net(a, p)) => into.push(Net(a, p)),
@@ -94,7 +100,10 @@ mod tests {
         assert!(!r.open);
         assert_eq!(
             r.allow,
-            vec![Net("10.0.0.0".parse().unwrap(), 8), Net("127.0.0.1".parse().unwrap(), 32)]
+            vec![
+                Net("10.0.0.0".parse().unwrap(), 8),
+                Net("127.0.0.1".parse().unwrap(), 32)
+            ]
         );
         assert_eq!(r.deny, vec![Net("192.0.2.7".parse().unwrap(), 32)]);
     }
@@ -102,13 +111,40 @@ mod tests {
     #[tokio::test]
     async fn bad_entries_name_their_field() {
         for (p, field) in [
-            (NetworkPolicy { allow: vec!["::1".into()], ..Default::default() }, "network.allow"),
-            (NetworkPolicy { deny: vec!["1.2.3.4/33".into()], ..Default::default() }, "network.deny"),
-            (NetworkPolicy { deny: vec!["no such.example".into()], ..Default::default() }, "network.deny"),
-            (NetworkPolicy { allow: vec!["nonexistent.invalid".into()], ..Default::default() }, "network.allow"),
+            (
+                NetworkPolicy {
+                    allow: vec!["::1".into()],
+                    ..Default::default()
+                },
+                "network.allow",
+            ),
+            (
+                NetworkPolicy {
+                    deny: vec!["1.2.3.4/33".into()],
+                    ..Default::default()
+                },
+                "network.deny",
+            ),
+            (
+                NetworkPolicy {
+                    deny: vec!["no such.example".into()],
+                    ..Default::default()
+                },
+                "network.deny",
+            ),
+            (
+                NetworkPolicy {
+                    allow: vec!["nonexistent.invalid".into()],
+                    ..Default::default()
+                },
+                "network.allow",
+            ),
         ] {
             let e = check(&p).await.unwrap_err();
-            let d = e.details.as_ref().and_then(|d| d["field"].as_str().map(String::from));
+            let d = e
+                .details
+                .as_ref()
+                .and_then(|d| d["field"].as_str().map(String::from));
             assert_eq!(d.as_deref(), Some(field), "{p:?}");
         }
     }

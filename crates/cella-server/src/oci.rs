@@ -13,8 +13,8 @@ use cella_types::{ExecUser, RegistryAuth};
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::secrets::RegistryAuth as Auth;
 use oci_client::{Client, Reference};
-use std::collections::BTreeMap;
 use sha2::Digest;
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -40,7 +40,10 @@ fn registry_host(reference: &Reference) -> String {
 
 /// Registries on this machine's loopback speak plain HTTP; every other one HTTPS.
 fn protocol_for(registry: &str) -> ClientProtocol {
-    let host = registry.rsplit_once(':').map(|(h, _)| h).unwrap_or(registry);
+    let host = registry
+        .rsplit_once(':')
+        .map(|(h, _)| h)
+        .unwrap_or(registry);
     if host == "localhost" || host.starts_with("127.") || host == "[::1]" {
         ClientProtocol::HttpsExcept(vec![registry.to_string()])
     } else {
@@ -70,7 +73,10 @@ pub async fn pull(
         .pull_manifest_and_config(&reference, &auth)
         .await
         .map_err(|e| format!("pulling {image}: {e}"))?;
-    log(format!("  image {image} ({digest}), {} layer(s)\n", manifest.layers.len()));
+    log(format!(
+        "  image {image} ({digest}), {} layer(s)\n",
+        manifest.layers.len()
+    ));
     let mut layers = Vec::new();
     for layer in &manifest.layers {
         let name = format!("oci-{}", layer.digest.replace(':', "-"));
@@ -92,7 +98,10 @@ pub async fn pull(
                 .await
                 .map_err(|e| e.to_string())??;
             let _ = tokio::fs::remove_file(&tmp).await;
-            log(format!("  layer {} unpacked ({size} files)\n", short(&layer.digest)));
+            log(format!(
+                "  layer {} unpacked ({size} files)\n",
+                short(&layer.digest)
+            ));
         }
         layers.push(dir.join("root"));
     }
@@ -111,14 +120,17 @@ pub fn import_archive(archive: &Path, layers_root: &Path, work: &Path) -> Result
     let f = std::fs::File::open(archive).map_err(|e| e.to_string())?;
     let mut a = tar::Archive::new(f);
     a.set_preserve_permissions(false);
-    a.unpack(work).map_err(|e| format!("reading the archive: {e}"))?;
+    a.unpack(work)
+        .map_err(|e| format!("reading the archive: {e}"))?;
     std::fs::create_dir_all(layers_root).map_err(|e| e.to_string())?;
     let json = |p: &Path| -> Result<serde_json::Value, String> {
         let b = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
         serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", p.display()))
     };
     let blob = |digest: &str| -> Result<PathBuf, String> {
-        let (algo, hex) = digest.split_once(':').ok_or("a digest without an algorithm")?;
+        let (algo, hex) = digest
+            .split_once(':')
+            .ok_or("a digest without an algorithm")?;
         if algo != "sha256" || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
             return Err(format!("unsupported digest {digest}"));
         }
@@ -130,27 +142,45 @@ pub fn import_archive(archive: &Path, layers_root: &Path, work: &Path) -> Result
             let index = json(&work.join("index.json"))?;
             let mut desc = index["manifests"][0].clone();
             // An index inside: this machine's platform, else the first entry.
-            while desc["mediaType"].as_str().is_some_and(|m| m.contains("index") || m.contains("manifest.list")) {
+            while desc["mediaType"]
+                .as_str()
+                .is_some_and(|m| m.contains("index") || m.contains("manifest.list"))
+            {
                 let inner = json(&blob(desc["digest"].as_str().unwrap_or(""))?)?;
                 let list = inner["manifests"].as_array().cloned().unwrap_or_default();
                 desc = list
                     .iter()
-                    .find(|m| m["platform"]["architecture"] == std::env::consts::ARCH.replace("x86_64", "amd64").replace("aarch64", "arm64").as_str() && m["platform"]["os"] == "linux")
+                    .find(|m| {
+                        m["platform"]["architecture"]
+                            == std::env::consts::ARCH
+                                .replace("x86_64", "amd64")
+                                .replace("aarch64", "arm64")
+                                .as_str()
+                            && m["platform"]["os"] == "linux"
+                    })
                     .or(list.first())
                     .cloned()
                     .ok_or("an empty image index")?;
             }
-            let digest = desc["digest"].as_str().ok_or("no manifest in index.json")?.to_string();
+            let digest = desc["digest"]
+                .as_str()
+                .ok_or("no manifest in index.json")?
+                .to_string();
             let manifest = json(&blob(&digest)?)?;
-            let config = std::fs::read_to_string(blob(manifest["config"]["digest"].as_str().unwrap_or(""))?)
-                .map_err(|e| e.to_string())?;
+            let config =
+                std::fs::read_to_string(blob(manifest["config"]["digest"].as_str().unwrap_or(""))?)
+                    .map_err(|e| e.to_string())?;
             let layers = manifest["layers"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .map(|l| {
                     let d = l["digest"].as_str().unwrap_or("").to_string();
-                    Ok((blob(&d)?, l["mediaType"].as_str().unwrap_or("").to_string(), d))
+                    Ok((
+                        blob(&d)?,
+                        l["mediaType"].as_str().unwrap_or("").to_string(),
+                        d,
+                    ))
                 })
                 .collect::<Result<Vec<_>, String>>()?;
             (layers, config, digest)
@@ -159,12 +189,16 @@ pub fn import_archive(archive: &Path, layers_root: &Path, work: &Path) -> Result
             let first = &m[0];
             let rel = |p: &str| -> Result<PathBuf, String> {
                 let p = Path::new(p);
-                if p.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+                if p.components()
+                    .any(|c| !matches!(c, std::path::Component::Normal(_)))
+                {
                     return Err(format!("{} leaves the archive", p.display()));
                 }
                 Ok(work.join(p))
             };
-            let cfg_path = rel(first["Config"].as_str().ok_or("manifest.json names no config")?)?;
+            let cfg_path = rel(first["Config"]
+                .as_str()
+                .ok_or("manifest.json names no config")?)?;
             let config = std::fs::read_to_string(&cfg_path).map_err(|e| e.to_string())?;
             let mut layers = Vec::new();
             for l in first["Layers"].as_array().into_iter().flatten() {
@@ -173,7 +207,10 @@ pub fn import_archive(archive: &Path, layers_root: &Path, work: &Path) -> Result
                 let d = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&bytes)));
                 layers.push((p, String::new(), d));
             }
-            let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(config.as_bytes())));
+            let digest = format!(
+                "sha256:{}",
+                hex::encode(sha2::Sha256::digest(config.as_bytes()))
+            );
             (layers, config, digest)
         } else {
             return Err("not an OCI layout nor a docker save archive".into());
@@ -295,7 +332,10 @@ fn safe_join(root: &Path, rel: &Path) -> Result<PathBuf, String> {
     for c in out.strip_prefix(root).unwrap_or(Path::new("")).components() {
         p.push(c);
         if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
-            return Err(format!("layer entry {} goes through a symlink", rel.display()));
+            return Err(format!(
+                "layer entry {} goes through a symlink",
+                rel.display()
+            ));
         }
     }
     Ok(out)
@@ -378,18 +418,31 @@ mod tests {
 
     #[test]
     fn loopback_registries_speak_http() {
-        assert!(matches!(protocol_for("127.0.0.1:5000"), ClientProtocol::HttpsExcept(v) if v == ["127.0.0.1:5000"]));
-        assert!(matches!(protocol_for("localhost:5000"), ClientProtocol::HttpsExcept(_)));
-        assert!(matches!(protocol_for("registry.example.com"), ClientProtocol::Https));
+        assert!(
+            matches!(protocol_for("127.0.0.1:5000"), ClientProtocol::HttpsExcept(v) if v == ["127.0.0.1:5000"])
+        );
+        assert!(matches!(
+            protocol_for("localhost:5000"),
+            ClientProtocol::HttpsExcept(_)
+        ));
+        assert!(matches!(
+            protocol_for("registry.example.com"),
+            ClientProtocol::Https
+        ));
     }
 
     #[test]
     fn image_config_gives_env_workdir_and_user() {
-        let d = defaults_of(r#"{"config":{"Env":["PATH=/usr/bin","A=b=c"],"WorkingDir":"/srv","User":"1000"}}"#);
+        let d = defaults_of(
+            r#"{"config":{"Env":["PATH=/usr/bin","A=b=c"],"WorkingDir":"/srv","User":"1000"}}"#,
+        );
         assert_eq!(d.env["A"], "b=c");
         assert_eq!(d.workdir.as_deref(), Some("/srv"));
         assert_eq!(d.user, Some(ExecUser::User));
-        assert_eq!(defaults_of(r#"{"config":{"User":"root"}}"#).user, Some(ExecUser::Root));
+        assert_eq!(
+            defaults_of(r#"{"config":{"User":"root"}}"#).user,
+            Some(ExecUser::Root)
+        );
         assert_eq!(defaults_of("{}"), ImageDefaults::default());
     }
 
@@ -414,7 +467,10 @@ mod tests {
             b.finish().unwrap();
         }
         let out = dir.path().join("l1");
-        assert_eq!(unpack(&blob, "application/vnd.oci.image.layer.v1.tar", &out).unwrap(), 3);
+        assert_eq!(
+            unpack(&blob, "application/vnd.oci.image.layer.v1.tar", &out).unwrap(),
+            3
+        );
         let root = out.join("root");
         assert_eq!(std::fs::read(root.join("etc/app.conf")).unwrap(), b"x");
         use std::os::unix::fs::{FileTypeExt, MetadataExt};

@@ -62,10 +62,7 @@ impl Pool {
 /// How many pool sandboxes the config asks for, per template and size.
 fn target(state: &AppState, size: Size) -> i64 {
     let cfg = &state.config.pool;
-    cfg.sizes
-        .get(size.as_str())
-        .copied()
-        .unwrap_or(cfg.default) as i64
+    cfg.sizes.get(size.as_str()).copied().unwrap_or(cfg.default) as i64
 }
 
 /// Starts the refill task.
@@ -75,7 +72,8 @@ pub fn spawn(state: Arc<AppState>) {
             if let Err(e) = refill(&state).await {
                 tracing::warn!("warm pool: {e}");
             }
-            let _ = tokio::time::timeout(Duration::from_secs(5), state.pool().wake.notified()).await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), state.pool().wake.notified()).await;
         }
     });
 }
@@ -112,7 +110,8 @@ async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::StoreError> {
                 if let Some(last) = last {
                     tokio::time::sleep_until(last + interval).await;
                 }
-                *state.pool().last_boot.lock().expect("pool lock") = Some(tokio::time::Instant::now());
+                *state.pool().last_boot.lock().expect("pool lock") =
+                    Some(tokio::time::Instant::now());
                 if !boot_one(state, &t.id, size).await? {
                     break; // it failed to boot: try again at the next round
                 }
@@ -122,7 +121,11 @@ async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::StoreError> {
     Ok(())
 }
 
-async fn boot_one(state: &Arc<AppState>, template: &str, size: Size) -> Result<bool, cella_store::StoreError> {
+async fn boot_one(
+    state: &Arc<AppState>,
+    template: &str,
+    size: Size,
+) -> Result<bool, cella_store::StoreError> {
     let (cpus, mem, disk) = size.shape();
     // A template app in the pool starts with the template's environment.
     let env = state
@@ -132,43 +135,19 @@ async fn boot_one(state: &Arc<AppState>, template: &str, size: Size) -> Result<b
         .unwrap_or_default();
     let now = crate::util::now_ms();
     let mut row = SandboxRow {
-        seq: 0,
-        id: crate::util::new_id("sb"),
-        workspace_id: POOL_WORKSPACE.into(),
         owner_id: "pool".into(),
-        template_id: template.into(),
-        state: SandboxState::Provisioning.as_str().into(),
-        size: size.as_str().into(),
-        cpu_count: cpus as i64,
-        memory_mb: mem as i64,
-        disk_size_mb: disk as i64,
-        ready: false,
-        ready_at: None,
         timeout_sec: crate::sandboxes::DEFAULT_TIMEOUT_SEC as i64,
         always_on: true,
         persistent: false,
-        idle_timeout_sec: 0,
-        metadata: "{}".into(),
         env: serde_json::to_string(&env).unwrap_or_else(|_| "{}".into()),
-        created_at: now,
-        started_at: None,
-        destroyed_at: None,
-        total_runtime_sec: None,
-        running_ms: 0,
-        running_since: None,
-        timeout_at: None,
-        state_reason: None,
-        runtime: None,
-        compute_rate: 0.0,
-        paused_ms: 0,
-        paused_since: None,
-        last_activity_at: None,
-        cpu_ns: 0,
-        memory_mib_ms: 0,
-        network: "{}".into(),
-        snapshot_id: None,
-        preview_public: true,
-        auto_resume: false,
+        ..SandboxRow::new(
+            crate::util::new_id("sb"),
+            POOL_WORKSPACE.into(),
+            template.into(),
+            size.as_str(),
+            (cpus, mem, disk),
+            now,
+        )
     };
     if !state.store.insert_sandbox_capped(&row, u32::MAX).await? {
         return Ok(false);
@@ -177,15 +156,26 @@ async fn boot_one(state: &Arc<AppState>, template: &str, size: Size) -> Result<b
     boot_locked(state, &mut row).await;
     let ok = state_of(&row) == SandboxState::Running;
     if !ok {
-        tracing::warn!(sandbox = row.id, "warm pool sandbox failed to boot: {:?}", row.state_reason);
+        tracing::warn!(
+            sandbox = row.id,
+            "warm pool sandbox failed to boot: {:?}",
+            row.state_reason
+        );
         discard(state, &row).await?;
     } else {
-        state.pool().set(template, size, state.pool().ready(template, size) + 1);
+        state
+            .pool()
+            .set(template, size, state.pool().ready(template, size) + 1);
     }
     Ok(ok)
 }
 
-async fn trim(state: &Arc<AppState>, template: &str, size: Size, n: i64) -> Result<(), cella_store::StoreError> {
+async fn trim(
+    state: &Arc<AppState>,
+    template: &str,
+    size: Size,
+    n: i64,
+) -> Result<(), cella_store::StoreError> {
     let rows = state.store.pool_rows().await?;
     for r in rows
         .into_iter()
@@ -241,7 +231,7 @@ pub async fn claim(
             .unwrap_or(0)
     };
     let mut row = match state.store.claim_pooled(&want, cap, baseline).await? {
-        cella_store::Claim::Claimed(r) => r,
+        cella_store::Claim::Claimed(r) => *r,
         cella_store::Claim::Empty => {
             state.pool().wake();
             return Ok(None);

@@ -48,7 +48,8 @@ struct Target {
 fn valid_id(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 40
-        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
 }
 
 /// The preview a request is for, if any.
@@ -105,7 +106,11 @@ pub fn token(secret: &str, id: &str) -> String {
 }
 
 fn constant_time_eq(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
 }
 
 /// The token a request carries (header, cookie or query), and the query without it.
@@ -173,10 +178,18 @@ pub async fn dispatch(State(state): State<Arc<AppState>>, req: Request, next: Ne
 
 async fn proxy(state: &Arc<AppState>, t: Target, req: Request) -> Response {
     let Ok(Some(row)) = state.store.sandbox(&t.id).await else {
-        return page(StatusCode::NOT_FOUND, "No such sandbox", "This preview address names no sandbox.");
+        return page(
+            StatusCode::NOT_FOUND,
+            "No such sandbox",
+            "This preview address names no sandbox.",
+        );
     };
     if row.workspace_id == cella_store::POOL_WORKSPACE {
-        return page(StatusCode::NOT_FOUND, "No such sandbox", "This preview address names no sandbox.");
+        return page(
+            StatusCode::NOT_FOUND,
+            "No such sandbox",
+            "This preview address names no sandbox.",
+        );
     }
     let (given, path) = presented(req.headers(), &t.path);
     let mut set_cookie = None;
@@ -218,10 +231,20 @@ async fn proxy(state: &Arc<AppState>, t: Target, req: Request) -> Response {
     // After a resume the handle may be new.
     let row = match state.store.sandbox(&t.id).await {
         Ok(Some(r)) => r,
-        _ => return page(StatusCode::NOT_FOUND, "No such sandbox", "This sandbox is gone."),
+        _ => {
+            return page(
+                StatusCode::NOT_FOUND,
+                "No such sandbox",
+                "This sandbox is gone.",
+            )
+        }
     };
     let Some(handle) = handle_of(&row) else {
-        return page(StatusCode::NOT_FOUND, "No such sandbox", "This sandbox is gone.");
+        return page(
+            StatusCode::NOT_FOUND,
+            "No such sandbox",
+            "This sandbox is gone.",
+        );
     };
     state.activity.touch(&row.id);
     // Straight to the sandbox's address when the app listens there; else through the agent,
@@ -253,10 +276,15 @@ async fn proxy(state: &Arc<AppState>, t: Target, req: Request) -> Response {
             }
         },
     };
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+    {
         Ok(x) => x,
         Err(e) => {
-            return page(StatusCode::BAD_GATEWAY, "Bad gateway", &format!("The app's connection failed: {e}"))
+            return page(
+                StatusCode::BAD_GATEWAY,
+                "Bad gateway",
+                &format!("The app's connection failed: {e}"),
+            )
         }
     };
     tokio::spawn(async move {
@@ -269,7 +297,10 @@ async fn proxy(state: &Arc<AppState>, t: Target, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let mut out = axum::http::Request::builder()
         .method(parts.method.clone())
-        .uri(path.parse::<Uri>().unwrap_or_else(|_| Uri::from_static("/")))
+        .uri(
+            path.parse::<Uri>()
+                .unwrap_or_else(|_| Uri::from_static("/")),
+        )
         .version(axum::http::Version::HTTP_11);
     let headers = out.headers_mut().expect("builder has headers");
     copy_headers(&parts.headers, headers, upgrade);
@@ -291,12 +322,22 @@ async fn proxy(state: &Arc<AppState>, t: Target, req: Request) -> Response {
     }
     let out = match out.body(body) {
         Ok(r) => r,
-        Err(_) => return page(StatusCode::BAD_REQUEST, "Bad request", "The request could not be forwarded."),
+        Err(_) => {
+            return page(
+                StatusCode::BAD_REQUEST,
+                "Bad request",
+                "The request could not be forwarded.",
+            )
+        }
     };
     let mut res = match sender.send_request(out).await {
         Ok(r) => r,
         Err(e) => {
-            return page(StatusCode::BAD_GATEWAY, "Bad gateway", &format!("The app closed the connection: {e}"))
+            return page(
+                StatusCode::BAD_GATEWAY,
+                "Bad gateway",
+                &format!("The app closed the connection: {e}"),
+            )
         }
     };
     if res.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -312,7 +353,10 @@ async fn proxy(state: &Arc<AppState>, t: Target, req: Request) -> Response {
         }
     }
     let (mut rparts, rbody) = res.into_parts();
-    strip_hop_by_hop(&mut rparts.headers, rparts.status == StatusCode::SWITCHING_PROTOCOLS);
+    strip_hop_by_hop(
+        &mut rparts.headers,
+        rparts.status == StatusCode::SWITCHING_PROTOCOLS,
+    );
     if let Some(c) = set_cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
         rparts.headers.append(header::SET_COOKIE, c);
     }
@@ -326,7 +370,10 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Conn for T 
 fn is_upgrade(h: &HeaderMap) -> bool {
     h.get(header::CONNECTION)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")))
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+        })
         && h.contains_key(header::UPGRADE)
 }
 
@@ -376,7 +423,12 @@ pub fn sandbox_base(id: &str) -> Option<String> {
 }
 
 /// The URLs of port `port` of sandbox `id`: (host form, path form), signed when private.
-pub fn urls(state: &AppState, id: &str, port: u16, public: bool) -> (String, String, Option<String>) {
+pub fn urls(
+    state: &AppState,
+    id: &str,
+    port: u16,
+    public: bool,
+) -> (String, String, Option<String>) {
     let base = state.public_base();
     let (scheme, rest) = base.split_once("://").unwrap_or(("http", base.as_str()));
     let host_port = rest.trim_end_matches('/');
@@ -405,10 +457,16 @@ mod tests {
     fn both_forms_name_the_sandbox_and_port() {
         let u: Uri = "/index.html?a=1".parse().unwrap();
         let t = target("localhost", Some("8080-sbabc123.localhost:7070"), &u).unwrap();
-        assert_eq!((t.id.as_str(), t.port, t.path.as_str()), ("sbabc123", 8080, "/index.html?a=1"));
+        assert_eq!(
+            (t.id.as_str(), t.port, t.path.as_str()),
+            ("sbabc123", 8080, "/index.html?a=1")
+        );
         let u: Uri = "/preview/sbabc123/3000/static/app.js?v=2".parse().unwrap();
         let t = target("localhost", Some("127.0.0.1:7070"), &u).unwrap();
-        assert_eq!((t.id.as_str(), t.port, t.path.as_str()), ("sbabc123", 3000, "/static/app.js?v=2"));
+        assert_eq!(
+            (t.id.as_str(), t.port, t.path.as_str()),
+            ("sbabc123", 3000, "/static/app.js?v=2")
+        );
         assert_eq!(t.prefix.as_deref(), Some("/preview/sbabc123/3000"));
         let u: Uri = "/preview/sbabc123/3000".parse().unwrap();
         assert_eq!(target("localhost", None, &u).unwrap().path, "/");
@@ -426,7 +484,10 @@ mod tests {
         let mut h = HeaderMap::new();
         let (t, p) = presented(&h, "/a?x=1&cella_preview_token=abc&y=2");
         assert_eq!((t.as_deref(), p.as_str()), (Some("abc"), "/a?x=1&y=2"));
-        h.insert(header::COOKIE, HeaderValue::from_static("o=1; cella_preview_token=fromcookie"));
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("o=1; cella_preview_token=fromcookie"),
+        );
         assert_eq!(presented(&h, "/a").0.as_deref(), Some("fromcookie"));
         h.insert(TOKEN_HEADER, HeaderValue::from_static("fromheader"));
         assert_eq!(presented(&h, "/a").0.as_deref(), Some("fromheader"));

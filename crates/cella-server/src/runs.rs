@@ -48,13 +48,18 @@ fn decode_files(req: &RunRequest) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
     for (i, f) in req.files.iter().enumerate() {
         let field = format!("files[{i}]");
         if f.path.is_empty() || f.path.contains('\0') {
-            return Err(ApiError::invalid(&format!("{field}.path"), "path must not be empty"));
+            return Err(ApiError::invalid(
+                &format!("{field}.path"),
+                "path must not be empty",
+            ));
         }
         let bytes = match f.encoding.as_deref().unwrap_or("utf8") {
             "utf8" | "utf-8" => f.content.clone().into_bytes(),
             "base64" => base64::engine::general_purpose::STANDARD
                 .decode(f.content.trim())
-                .map_err(|e| ApiError::invalid(&format!("{field}.content"), format!("not base64: {e}")))?,
+                .map_err(|e| {
+                    ApiError::invalid(&format!("{field}.content"), format!("not base64: {e}"))
+                })?,
             other => {
                 return Err(ApiError::invalid(
                     &format!("{field}.encoding"),
@@ -69,7 +74,10 @@ fn decode_files(req: &RunRequest) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
 
 fn check_globs(globs: &[String], field: &str) -> Result<(), ApiError> {
     if globs.len() > MAX_GLOBS {
-        return Err(ApiError::invalid(field, format!("at most {MAX_GLOBS} entries")));
+        return Err(ApiError::invalid(
+            field,
+            format!("at most {MAX_GLOBS} entries"),
+        ));
     }
     if globs.iter().any(|g| g.is_empty() || g.contains('\0')) {
         return Err(ApiError::invalid(field, "entries must not be empty"));
@@ -89,13 +97,22 @@ impl Drop for HangUp {
 }
 
 /// Carries out a one-shot run.
-pub async fn run(state: &Arc<AppState>, auth: &Auth, req: RunRequest) -> Result<RunResult, ApiError> {
+pub async fn run(
+    state: &Arc<AppState>,
+    auth: &Auth,
+    req: RunRequest,
+) -> Result<RunResult, ApiError> {
     let files = decode_files(&req)?;
     check_globs(&req.artifacts, "artifacts")?;
     match (&req.command, &req.argv) {
         (Some(_), None) => {}
         (None, Some(a)) if !a.is_empty() => {}
-        (Some(_), Some(_)) => return Err(ApiError::invalid("command", "give command or argv, not both")),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "command",
+                "give command or argv, not both",
+            ))
+        }
         _ => return Err(ApiError::invalid("command", "command or argv is required")),
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -131,7 +148,11 @@ async fn run_task(
     let sb = sandboxes::create(state, auth, create).await?;
     let id = sb.id.clone();
     let work = async {
-        let row = state.store.sandbox(&id).await?.ok_or_else(ApiError::internal)?;
+        let row = state
+            .store
+            .sandbox(&id)
+            .await?
+            .ok_or_else(ApiError::internal)?;
         let user = req.user.unwrap_or_default();
         let (uid, home) = match user {
             ExecUser::User => (USER_UID, "/home/user"),
@@ -180,9 +201,22 @@ async fn run_task(
         Err(_) => "one-shot run ended early",
     };
     if let Err(e) = sandboxes::destroy(state, &id, Some(reason)).await {
-        tracing::error!(sandbox = id, "destroying a one-shot run's sandbox: {}", e.message);
+        tracing::error!(
+            sandbox = id,
+            "destroying a one-shot run's sandbox: {}",
+            e.message
+        );
     }
     outcome
+}
+
+/// The handle of a running sandbox (409 `SANDBOX_NOT_RUNNING` otherwise).
+fn running_handle(row: &SandboxRow) -> Result<cella_runtime::SandboxHandle, ApiError> {
+    let probe = ExecRequest {
+        argv: Some(vec!["true".into()]),
+        ..Default::default()
+    };
+    exec_spec(row, probe, None).map(|(h, _)| h)
 }
 
 async fn write_file(
@@ -192,14 +226,7 @@ async fn write_file(
     uid: u32,
     bytes: Vec<u8>,
 ) -> Result<(), ApiError> {
-    let (handle, _) = exec_spec(
-        row,
-        ExecRequest {
-            argv: Some(vec!["true".into()]),
-            ..Default::default()
-        },
-        None,
-    )?;
+    let handle = running_handle(row)?;
     let chunks = futures_util::stream::iter(vec![Ok::<_, std::io::Error>(bytes)]);
     let max = state.config.files.max_upload_bytes;
     match state
@@ -209,8 +236,13 @@ async fn write_file(
         .await
     {
         Ok(_) => Ok(()),
-        Err(WriteError::TooLarge) => Err(ApiError::new(ErrorCode::PayloadTooLarge, format!("{path} is over the upload limit"))),
-        Err(WriteError::Agent(e)) => Err(ApiError::invalid("files", format!("writing {path}: {e}"))),
+        Err(WriteError::TooLarge) => Err(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("{path} is over the upload limit"),
+        )),
+        Err(WriteError::Agent(e)) => {
+            Err(ApiError::invalid("files", format!("writing {path}: {e}")))
+        }
         Err(WriteError::Source(_)) => Err(ApiError::internal()),
     }
 }
@@ -255,17 +287,12 @@ pub async fn collect(
         .map(String::from)
         .collect();
     paths.dedup();
-    let (handle, _) = exec_spec(
-        row,
-        ExecRequest {
-            argv: Some(vec!["true".into()]),
-            ..Default::default()
-        },
-        None,
-    )?;
+    let handle = running_handle(row)?;
     let agent = state.driver.agent(&handle);
     let dir = artifact_dir(state);
-    tokio::fs::create_dir_all(&dir).await.map_err(|_| ApiError::internal())?;
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|_| ApiError::internal())?;
     let cfg = &state.config.artifacts;
     let mut budget = cfg.max_bytes;
     let now = now_ms();
@@ -275,12 +302,18 @@ pub async fn collect(
             continue; // gone, or not a plain file any more
         };
         if reader.size > budget {
-            tracing::warn!(sandbox = row.id, path, "artifact left out: over the size budget");
+            tracing::warn!(
+                sandbox = row.id,
+                path,
+                "artifact left out: over the size budget"
+            );
             continue;
         }
         let id = new_id("art");
         let part = dir.join(format!("{id}.part"));
-        let mut f = tokio::fs::File::create(&part).await.map_err(|_| ApiError::internal())?;
+        let mut f = tokio::fs::File::create(&part)
+            .await
+            .map_err(|_| ApiError::internal())?;
         let mut size = 0u64;
         let mut ok = true;
         while let Some(chunk) = reader.next_chunk().await {
@@ -303,7 +336,9 @@ pub async fn collect(
             continue;
         }
         drop(f);
-        tokio::fs::rename(&part, dir.join(&id)).await.map_err(|_| ApiError::internal())?;
+        tokio::fs::rename(&part, dir.join(&id))
+            .await
+            .map_err(|_| ApiError::internal())?;
         budget -= size;
         let a = ArtifactRow {
             seq: 0,

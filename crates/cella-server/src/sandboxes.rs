@@ -152,7 +152,11 @@ async fn admit(state: &AppState, auth: &Auth, req: &CreateSandbox) -> Result<San
                 .await?
                 .filter(|s| s.workspace_id == auth.workspace_id && !s.internal)
                 .ok_or_else(|| ApiError::not_found("snapshot"))?;
-            if req.template_id.as_ref().is_some_and(|t| *t != snap.template_id) {
+            if req
+                .template_id
+                .as_ref()
+                .is_some_and(|t| *t != snap.template_id)
+            {
                 return Err(ApiError::invalid(
                     "template_id",
                     format!(
@@ -259,45 +263,28 @@ async fn admit(state: &AppState, auth: &Auth, req: &CreateSandbox) -> Result<San
     crate::network::check(&network).await?;
     let (cpus, mem, disk) = size.shape();
     Ok(SandboxRow {
-        seq: 0,
-        id: new_id("sb"),
-        workspace_id: auth.workspace_id.clone(),
         owner_id: auth.key_id.clone(),
-        template_id,
-        state: SandboxState::Provisioning.as_str().into(),
-        size: size.as_str().into(),
-        cpu_count: cpus as i64,
-        memory_mb: mem as i64,
-        disk_size_mb: disk as i64,
-        ready: false,
-        ready_at: None,
         timeout_sec: timeout_sec as i64,
         always_on: req.always_on.unwrap_or(false),
         persistent: req.persistent.unwrap_or(true),
         idle_timeout_sec: idle_timeout_sec as i64,
         metadata: serde_json::to_string(&metadata).unwrap_or_else(|_| "{}".into()),
         env: serde_json::to_string(&env).unwrap_or_else(|_| "{}".into()),
-        created_at: now_ms(),
-        started_at: None,
-        destroyed_at: None,
-        total_runtime_sec: None,
-        running_ms: 0,
-        running_since: None,
-        timeout_at: None,
-        state_reason: None,
-        runtime: None,
         compute_rate: serde_json::from_str::<cella_types::WorkspaceSettings>(&workspace.settings)
             .map(|s| s.compute_rate)
             .unwrap_or(0.0),
-        paused_ms: 0,
-        paused_since: None,
-        last_activity_at: None,
-        cpu_ns: 0,
-        memory_mib_ms: 0,
         network: serde_json::to_string(&network).unwrap_or_else(|_| "{}".into()),
         snapshot_id: snapshot.map(|s| s.id),
         preview_public: req.preview.as_ref().map(|p| p.public).unwrap_or(true),
         auto_resume: req.auto_resume.unwrap_or(false),
+        ..SandboxRow::new(
+            new_id("sb"),
+            auth.workspace_id.clone(),
+            template_id,
+            size.as_str(),
+            (cpus, mem, disk),
+            now_ms(),
+        )
     })
 }
 
@@ -321,9 +308,11 @@ pub async fn create(
         match crate::pool::claim(state, &row, cap).await? {
             Some(Ok(claimed)) => {
                 if state_of(&claimed) == SandboxState::Error {
-                    return Err(ApiError::unavailable("the sandbox failed to start").with_details(
-                        json!({ "sandbox_id": claimed.id, "reason": claimed.state_reason }),
-                    ));
+                    return Err(
+                        ApiError::unavailable("the sandbox failed to start").with_details(
+                            json!({ "sandbox_id": claimed.id, "reason": claimed.state_reason }),
+                        ),
+                    );
                 }
                 return Ok(to_wire(&claimed));
             }
@@ -608,7 +597,11 @@ async fn start_template_app(
         .await
     {
         Ok(cella_agent::proto::Response::Started { .. }) => {}
-        Ok(other) => return Err(format!("the template's start command did not start: {other:?}")),
+        Ok(other) => {
+            return Err(format!(
+                "the template's start command did not start: {other:?}"
+            ))
+        }
         Err(e) => return Err(format!("the template's start command did not start: {e}")),
     }
     let ready = t.defaults.ready.clone().unwrap_or(cella_types::ReadyCheck {
@@ -840,7 +833,10 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
     // A fork the server did not finish left its internal snapshot.
     for snap in state.store.internal_snapshots().await? {
         if let Err(e) = state.driver.delete_snapshot(&snap).await {
-            tracing::error!(snapshot = snap, "removing an unfinished fork's snapshot: {e}");
+            tracing::error!(
+                snapshot = snap,
+                "removing an unfinished fork's snapshot: {e}"
+            );
         } else {
             state.store.delete_snapshot(&snap).await?;
         }

@@ -21,6 +21,60 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// The internal workspace that owns the warm pool's sandboxes until they are claimed.
 pub const POOL_WORKSPACE: &str = "wspool";
 
+impl SandboxRow {
+    /// A new sandbox in `provisioning` with the given shape, no clocks running, no runtime
+    /// record, default settings (timer 3600 s, persistent, idle timer off, public previews);
+    /// callers set what differs with struct update syntax.
+    pub fn new(
+        id: String,
+        workspace_id: String,
+        template_id: String,
+        size: &str,
+        (cpu_count, memory_mb, disk_size_mb): (u32, u32, u32),
+        created_at: i64,
+    ) -> SandboxRow {
+        SandboxRow {
+            seq: 0,
+            id,
+            workspace_id,
+            owner_id: String::new(),
+            template_id,
+            state: "provisioning".into(),
+            size: size.to_string(),
+            cpu_count: cpu_count as i64,
+            memory_mb: memory_mb as i64,
+            disk_size_mb: disk_size_mb as i64,
+            ready: false,
+            ready_at: None,
+            timeout_sec: 3600,
+            always_on: false,
+            persistent: true,
+            idle_timeout_sec: 0,
+            metadata: "{}".into(),
+            env: "{}".into(),
+            created_at,
+            started_at: None,
+            destroyed_at: None,
+            total_runtime_sec: None,
+            running_ms: 0,
+            running_since: None,
+            timeout_at: None,
+            state_reason: None,
+            runtime: None,
+            compute_rate: 0.0,
+            paused_ms: 0,
+            paused_since: None,
+            last_activity_at: None,
+            cpu_ns: 0,
+            memory_mib_ms: 0,
+            network: "{}".into(),
+            snapshot_id: None,
+            preview_public: true,
+            auto_resume: false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, FromRow)]
 pub struct SnapshotRow {
     pub seq: i64,
@@ -74,7 +128,7 @@ pub struct BuildRow {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Claim {
     /// This sandbox is now the caller's (stored with a fresh `seq`, so it lists as the newest).
-    Claimed(SandboxRow),
+    Claimed(Box<SandboxRow>),
     /// No ready sandbox of that template and size.
     Empty,
     /// The workspace is at its plan's cap.
@@ -232,15 +286,14 @@ impl Store {
         limit: u32,
         after_seq: Option<i64>,
     ) -> Result<Vec<(i64, WorkspaceRow)>> {
-        let rows: Vec<(i64, String)> =
-            sqlx::query_as(
-                "SELECT seq, id FROM workspaces WHERE seq > ? AND id != ? ORDER BY seq LIMIT ?",
-            )
-                .bind(after_seq.unwrap_or(0))
-                .bind(POOL_WORKSPACE)
-                .bind(limit as i64)
-                .fetch_all(&self.pool)
-                .await?;
+        let rows: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT seq, id FROM workspaces WHERE seq > ? AND id != ? ORDER BY seq LIMIT ?",
+        )
+        .bind(after_seq.unwrap_or(0))
+        .bind(POOL_WORKSPACE)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
         let mut out = Vec::with_capacity(rows.len());
         for (seq, id) in rows {
             if let Some(w) = self.workspace(&id).await? {
@@ -433,9 +486,16 @@ impl Store {
             .bind(&new.size)
             .fetch_one(&self.pool)
             .await?;
-            return Ok(if ready == 0 { Claim::Empty } else { Claim::AtCap });
+            return Ok(if ready == 0 {
+                Claim::Empty
+            } else {
+                Claim::AtCap
+            });
         };
-        let q = format!("DELETE FROM sandboxes WHERE id = ? RETURNING {}", Self::SANDBOX_COLS);
+        let q = format!(
+            "DELETE FROM sandboxes WHERE id = ? RETURNING {}",
+            Self::SANDBOX_COLS
+        );
         let old: SandboxRow = sqlx::query_as(&q).bind(&id).fetch_one(&mut *tx).await?;
         let row = SandboxRow {
             seq: 0,
@@ -495,7 +555,7 @@ impl Store {
             .await?;
         tx.commit().await?;
         Ok(match self.sandbox(&id).await? {
-            Some(r) => Claim::Claimed(r),
+            Some(r) => Claim::Claimed(Box::new(r)),
             None => Claim::Empty,
         })
     }

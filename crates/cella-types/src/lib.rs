@@ -552,7 +552,9 @@ impl Destination {
     pub fn parse(text: &str) -> Result<Destination, String> {
         let t = text.trim();
         if t.contains(':') {
-            return Err(format!("{text:?}: IPv6 is not supported (sandboxes have IPv4 only)"));
+            return Err(format!(
+                "{text:?}: IPv6 is not supported (sandboxes have IPv4 only)"
+            ));
         }
         let (addr, prefix) = match t.split_once('/') {
             Some((a, p)) => (a, Some(p)),
@@ -567,13 +569,21 @@ impl Destination {
                 },
             };
             // Normalise to the network address, as a firewall would read it.
-            let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
+            let mask = if prefix == 0 {
+                0
+            } else {
+                u32::MAX << (32 - prefix)
+            };
             return Ok(Destination::Net((u32::from(ip) & mask).into(), prefix));
         }
         if prefix.is_some() || !is_domain(t) {
-            return Err(format!("{text:?} is neither an IPv4 address, a CIDR nor a domain name"));
+            return Err(format!(
+                "{text:?} is neither an IPv4 address, a CIDR nor a domain name"
+            ));
         }
-        Ok(Destination::Domain(t.trim_end_matches('.').to_ascii_lowercase()))
+        Ok(Destination::Domain(
+            t.trim_end_matches('.').to_ascii_lowercase(),
+        ))
     }
 }
 
@@ -588,7 +598,12 @@ fn is_domain(t: &str) -> bool {
                 && !l.ends_with('-')
                 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
         })
-        && !t.split('.').next_back().unwrap_or("").chars().all(|c| c.is_ascii_digit())
+        && !t
+            .split('.')
+            .next_back()
+            .unwrap_or("")
+            .chars()
+            .all(|c| c.is_ascii_digit())
 }
 
 impl NetworkPolicy {

@@ -207,7 +207,9 @@ impl NamespaceDriver {
         if let (Some(snap), false, false) = (&spec.snapshot, image.exists(), legacy) {
             let src = self.snapshot_image(snap);
             if !src.exists() {
-                return Err(DriverError::Image(format!("snapshot {snap} has no files on this host")));
+                return Err(DriverError::Image(format!(
+                    "snapshot {snap} has no files on this host"
+                )));
             }
             crate::disk::copy_sparse(&src, &image)?;
         }
@@ -343,7 +345,9 @@ impl NamespaceDriver {
             let t = std::time::Instant::now();
             let info: Option<net::NetInfo> = serde_json::from_value(answer["net"].clone()).ok();
             let res = match info {
-                None => Err(DriverError::Network("the launcher made no interface".into())),
+                None => Err(DriverError::Network(
+                    "the launcher made no interface".into(),
+                )),
                 Some(mut info) => {
                     n.next_slot
                         .store(info.slot + 1, std::sync::atomic::Ordering::Relaxed);
@@ -380,7 +384,9 @@ impl NamespaceDriver {
     ) -> Result<(), DriverError> {
         let alive = handle.is_some_and(|h| process_start_time(h.pid) == Some(h.start_time));
         if let Some(n) = &self.net {
-            let boot = handle.and_then(|h| h.net.as_ref()).filter(|i| i.ifindex != 0);
+            let boot = handle
+                .and_then(|h| h.net.as_ref())
+                .filter(|i| i.ifindex != 0);
             let (fw, id2) = (n.firewall.clone(), id.to_string());
             match boot {
                 // The boot's own chain and entry: they can never apply to another interface,

@@ -15,8 +15,8 @@ use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL,
     NLM_F_REQUEST,
 };
-use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo};
 use netlink_packet_route::link::LinkMessage;
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo};
 use netlink_packet_route::RouteNetlinkMessage;
 use serde::{Deserialize, Serialize};
 use std::net::Ipv4Addr;
@@ -253,7 +253,11 @@ fn set_addr(sock: &OwnedFd, name: &str, addr: Ipv4Addr, prefix: u8) -> std::io::
     let mut req = ifreq(name)?;
     req.ifr_ifru.ifru_addr = sockaddr_in(addr);
     ioctl(sock, libc::SIOCSIFADDR, &mut req as *mut _ as *mut _)?;
-    let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
+    let mask = if prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - prefix)
+    };
     req.ifr_ifru.ifru_netmask = sockaddr_in(mask.into());
     ioctl(sock, libc::SIOCSIFNETMASK, &mut req as *mut _ as *mut _)
 }

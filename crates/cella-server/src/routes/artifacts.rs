@@ -76,22 +76,38 @@ pub async fn list(
     for (k, v) in pairs {
         match k.as_str() {
             "sandbox_id" => sandbox = Some(v),
-            other => return Err(ApiError::invalid(other, format!("unknown query parameter {other}"))),
+            other => {
+                return Err(ApiError::invalid(
+                    other,
+                    format!("unknown query parameter {other}"),
+                ))
+            }
         }
     }
     let rows = state
         .store
-        .list_artifacts(&auth.workspace_id, sandbox.as_deref(), page.limit + 1, page.cursor)
+        .list_artifacts(
+            &auth.workspace_id,
+            sandbox.as_deref(),
+            page.limit + 1,
+            page.cursor,
+        )
         .await?;
     let more = rows.len() > page.limit as usize;
     let rows = &rows[..rows.len().min(page.limit as usize)];
     Ok(Json(List {
         data: rows.iter().map(|a| runs::wire(&state, a)).collect(),
-        next_cursor: more.then(|| rows.last().map(|r| format!("c{}", r.seq))).flatten(),
+        next_cursor: more
+            .then(|| rows.last().map(|r| format!("c{}", r.seq)))
+            .flatten(),
     }))
 }
 
-async fn own(state: &AppState, auth: &Auth, id: &str) -> Result<cella_store::ArtifactRow, ApiError> {
+async fn own(
+    state: &AppState,
+    auth: &Auth,
+    id: &str,
+) -> Result<cella_store::ArtifactRow, ApiError> {
     state
         .store
         .artifact(id)
@@ -119,9 +135,20 @@ pub async fn download(
     let stream = tokio_util::io::ReaderStream::new(f);
     let mut res = Body::from_stream(stream).into_response();
     let h = res.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(a.size.max(0) as u64));
-    let name = a.path.rsplit('/').next().unwrap_or("artifact").replace(['"', '\\'], "_");
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(
+        header::CONTENT_LENGTH,
+        HeaderValue::from(a.size.max(0) as u64),
+    );
+    let name = a
+        .path
+        .rsplit('/')
+        .next()
+        .unwrap_or("artifact")
+        .replace(['"', '\\'], "_");
     if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{name}\"")) {
         h.insert(header::CONTENT_DISPOSITION, v);
     }

@@ -54,7 +54,10 @@ fn language_query(q: &QueryPairs) -> Result<&'static str, ApiError> {
     if let Some((k, _)) = q.0.iter().find(|(k, _)| k != "language") {
         return Err(ApiError::invalid(k, format!("unknown query parameter {k}")));
     }
-    let given = q.0.iter().find(|(k, _)| k == "language").map(|(_, v)| v.as_str());
+    let given =
+        q.0.iter()
+            .find(|(k, _)| k == "language")
+            .map(|(_, v)| v.as_str());
     language(given)
 }
 

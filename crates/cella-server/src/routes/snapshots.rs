@@ -182,7 +182,9 @@ pub async fn delete(
     if booting > 0 {
         return Err(ApiError::new(
             ErrorCode::Conflict,
-            format!("{booting} sandbox(es) are starting from this snapshot; delete it once they run"),
+            format!(
+                "{booting} sandbox(es) are starting from this snapshot; delete it once they run"
+            ),
         ));
     }
     state.store.delete_snapshot(&id).await?;
@@ -227,7 +229,10 @@ pub async fn fork(
     ) {
         return Err(ApiError::new(
             ErrorCode::Conflict,
-            format!("sandbox is {}: only a running, paused or stopped sandbox can be forked", source.state),
+            format!(
+                "sandbox is {}: only a running, paused or stopped sandbox can be forked",
+                source.state
+            ),
         ));
     }
     let workspace = state
@@ -283,29 +288,30 @@ async fn make_children(
     let mut ids: Vec<String> = Vec::new();
     for _ in 0..count {
         let child = SandboxRow {
-            seq: 0,
-            id: new_id("sb"),
             owner_id: key_id.to_string(),
-            state: SandboxState::Provisioning.as_str().into(),
-            ready: false,
-            ready_at: None,
+            timeout_sec: source.timeout_sec,
+            always_on: source.always_on,
+            persistent: source.persistent,
+            idle_timeout_sec: source.idle_timeout_sec,
             metadata: serde_json::to_string(&metadata).unwrap_or_else(|_| "{}".into()),
-            created_at: now,
-            started_at: None,
-            destroyed_at: None,
-            total_runtime_sec: None,
-            running_ms: 0,
-            running_since: None,
-            timeout_at: None,
-            state_reason: None,
-            runtime: None,
-            paused_ms: 0,
-            paused_since: None,
-            last_activity_at: None,
-            cpu_ns: 0,
-            memory_mib_ms: 0,
+            env: source.env.clone(),
+            compute_rate: source.compute_rate,
+            network: source.network.clone(),
             snapshot_id: Some(snap.id.clone()),
-            ..source.clone()
+            preview_public: source.preview_public,
+            auto_resume: source.auto_resume,
+            ..SandboxRow::new(
+                new_id("sb"),
+                source.workspace_id.clone(),
+                source.template_id.clone(),
+                &source.size,
+                (
+                    source.cpu_count as u32,
+                    source.memory_mb as u32,
+                    source.disk_size_mb as u32,
+                ),
+                now,
+            )
         };
         if !state.store.insert_sandbox_capped(&child, cap).await? {
             for made in &ids {
@@ -313,7 +319,9 @@ async fn make_children(
             }
             let mut e = ApiError::new(
                 ErrorCode::ConcurrencyLimit,
-                format!("forking {count} would pass the workspace's cap of {cap} concurrent sandboxes"),
+                format!(
+                    "forking {count} would pass the workspace's cap of {cap} concurrent sandboxes"
+                ),
             )
             .with_details(serde_json::json!({ "limit": cap, "count": count }));
             e.retry_after = Some(5);

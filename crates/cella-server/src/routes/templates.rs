@@ -43,7 +43,13 @@ pub async fn build(
     State(state): State<Arc<AppState>>,
     auth: Auth,
     body: crate::extract::ApiBody,
-) -> Result<(axum::http::StatusCode, Json<Data<cella_types::TemplateBuild>>), ApiError> {
+) -> Result<
+    (
+        axum::http::StatusCode,
+        Json<Data<cella_types::TemplateBuild>>,
+    ),
+    ApiError,
+> {
     auth.require(cella_types::Scope::TemplatesWrite)?;
     let spec: cella_types::TemplateSpec = body.json()?;
     let b = crate::builds::start(&state, &auth, spec).await?;
@@ -69,7 +75,12 @@ pub async fn build_status(
                     .parse()
                     .map_err(|_| ApiError::invalid("log_offset", "log_offset is a byte count"))?
             }
-            other => return Err(ApiError::invalid(other, format!("unknown query parameter {other}"))),
+            other => {
+                return Err(ApiError::invalid(
+                    other,
+                    format!("unknown query parameter {other}"),
+                ))
+            }
         }
     }
     let b = state
@@ -113,13 +124,24 @@ pub async fn import_image(
     auth: Auth,
     q: crate::extract::QueryPairs,
     body: axum::body::Body,
-) -> Result<(axum::http::StatusCode, Json<Data<crate::images::ImportedImage>>), ApiError> {
+) -> Result<
+    (
+        axum::http::StatusCode,
+        Json<Data<crate::images::ImportedImage>>,
+    ),
+    ApiError,
+> {
     auth.require(cella_types::Scope::TemplatesWrite)?;
     let mut name = String::from("uploaded");
     for (k, v) in &q.0 {
         match k.as_str() {
             "name" => name = v.clone(),
-            other => return Err(ApiError::invalid(other, format!("unknown query parameter {other}"))),
+            other => {
+                return Err(ApiError::invalid(
+                    other,
+                    format!("unknown query parameter {other}"),
+                ))
+            }
         }
     }
     let img = crate::images::import(&state, &auth, &name, body).await?;
