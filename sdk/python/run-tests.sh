@@ -3,7 +3,7 @@
 #
 #   CELLA_BIN=target/debug/cella sdk/python/run-tests.sh
 #
-# - CELLA_BIN: the server binary (default /tmp/cella-sdk-py). The tests start their own
+# - CELLA_BIN: the server binary (default target/debug/cella). The tests start their own
 #   servers (free port, temporary data directory, random key) and stop them at the end.
 #   Run as root, like the server itself.
 # - PYTHON: the interpreter (default python3; 3.9 or newer). A virtualenv is made in a
@@ -18,7 +18,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-python3}"
-export CELLA_BIN="${CELLA_BIN:-/tmp/cella-sdk-py}"
+export CELLA_BIN="${CELLA_BIN:-$repo/target/debug/cella}"
 export PYTHONDONTWRITEBYTECODE=1
 
 if [ "$(id -u)" != 0 ]; then

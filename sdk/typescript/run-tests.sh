@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Tests of the JavaScript SDK, for CI: `bash sdk/typescript/run-tests.sh`.
 #
-# Needs Node.js 20 or newer and a built server: CELLA_BIN (default /tmp/cella-sdk-ts). Every
+# Needs Node.js 20 or newer and a built server: CELLA_BIN (default target/debug/cella). Every
 # test file and the example start their own server from it (free port, temporary data
 # directory, random key) and destroy every sandbox they made. Downloads nothing.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
-export CELLA_BIN="${CELLA_BIN:-/tmp/cella-sdk-ts}"
+export CELLA_BIN="${CELLA_BIN:-$(cd "$(dirname "$0")/../.." && pwd)/target/debug/cella}"
 case "$CELLA_BIN" in /*) ;; *) CELLA_BIN="$PWD/$CELLA_BIN" ;; esac
 if [ ! -x "$CELLA_BIN" ]; then
     echo "run-tests.sh: no cella binary at $CELLA_BIN (set CELLA_BIN to target/debug/cella)" >&2

@@ -1,7 +1,7 @@
 """Start and stop a real Cella server for tests and examples.
 
 The binary is ``$CELLA_BIN`` (CI sets it to the freshly built ``target/debug/cella``), else
-``/tmp/cella-sdk-py``. The server listens on a free port of 127.0.0.1, keeps its state in a
+the workspace's ``target/debug/cella``. The server listens on a free port of 127.0.0.1, keeps its state in a
 temporary directory and has a random bootstrap (admin) key. :func:`stop_server` destroys
 every sandbox left (sandboxes outlive their server otherwise), stops the server with SIGTERM
 and removes its directory.
@@ -28,7 +28,8 @@ from typing import List
 
 import httpx
 
-DEFAULT_BIN = "/tmp/cella-sdk-py"
+# The workspace's debug build, from the repository root.
+DEFAULT_BIN = str(Path(__file__).resolve().parents[3] / "target" / "debug" / "cella")
 
 # Configurations tried in order: the first the server accepts is used. Servers that keep a
 # pool of pre-booted sandboxes get it turned off; older servers refuse `[pool]`.

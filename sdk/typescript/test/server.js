@@ -1,4 +1,4 @@
-// Starts a real Cella server for a test file: CELLA_BIN (CI's fresh build) or /tmp/cella-sdk-ts,
+// Starts a real Cella server for a test file: CELLA_BIN (CI's fresh build) or target/debug/cella,
 // a free port, a temporary data directory, a random bootstrap key. stop() destroys every
 // sandbox still alive, stops the server (SIGTERM) and removes the data directory.
 
@@ -12,7 +12,9 @@ import { fileURLToPath } from 'node:url';
 
 const CLEANUP = fileURLToPath(new URL('./cleanup.js', import.meta.url));
 
-export const CELLA_BIN = process.env.CELLA_BIN || '/tmp/cella-sdk-ts';
+// Default: the workspace's debug build.
+export const CELLA_BIN =
+  process.env.CELLA_BIN || fileURLToPath(new URL('../../../target/debug/cella', import.meta.url));
 const NO_POOL = '[pool]\ndefault = 0\nsizes = {}\n\n';
 
 function freePort() {
