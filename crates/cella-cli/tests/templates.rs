@@ -60,7 +60,7 @@ fn app_spec(last: &str) -> Value {
             { "run": last }
         ],
         "files": { "index.html": { "content": "<h1>the app</h1>" } },
-        "start": "python3 -m http.server 8000",
+        "start": "python3 -m http.server 8000 --bind 127.0.0.1",
         "port": 8000,
         "default_size": "xs"
     })

@@ -633,7 +633,9 @@ async fn start_template_app(
                 Err(_) => false,
             }
         } else if let Some(port) = ready.port {
-            match addr {
+            // On the sandbox's address, else on its own loopback through the agent (an app
+            // bound to 127.0.0.1 only is ready too, and previews reach it the same way).
+            let direct = match addr {
                 Some(a) => tokio::time::timeout(
                     std::time::Duration::from_millis(500),
                     tokio::net::TcpStream::connect((a, port)),
@@ -641,8 +643,9 @@ async fn start_template_app(
                 .await
                 .map(|r| r.is_ok())
                 .unwrap_or(false),
-                None => true, // no network to check through: the app is taken at its word
-            }
+                None => false,
+            };
+            direct || agent.connect_port(port).await.is_ok()
         } else {
             true
         };
