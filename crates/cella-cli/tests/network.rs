@@ -403,6 +403,17 @@ fn rules_and_interfaces_go_with_the_sandbox_also_after_a_crash() {
     let c = s.create(json!({ "size": "xs" }));
     let c_iface = host_iface(&s, &c);
     s.kill9();
+    // While the server is down, something flushes b's rules (a host firewall reload, say):
+    // the restart puts them back.
+    let b_chain = firewall_chains(&instance(&s))
+        .into_iter()
+        .find(|ch| ch.contains(&b))
+        .unwrap();
+    let st = Command::new("nft")
+        .args(["flush", "chain", "inet", "cella", &b_chain])
+        .status()
+        .unwrap();
+    assert!(st.success());
     for pid in sandbox_pids(&c) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),

@@ -215,8 +215,34 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
             .chains()?
             .iter()
             .filter_map(|c| c.strip_prefix(&prefix))
-            .filter_map(|rest| rest.rsplit_once('_').map(|(id, _)| id.to_string()))
+            // `<id>_<ifindex>`, or just `<id>` for a chain made before chains were per boot.
+            .map(|rest| rest.rsplit_once('_').map_or(rest, |(id, _)| id).to_string())
             .collect())
+    }
+
+    /// Removes the chains of sandbox `id` other than the one of interface `ifindex` (an earlier
+    /// boot's, or one named the way older versions named them), with their map entries.
+    pub fn remove_others(&self, id: &str, ifindex: u32) -> Result<(), DriverError> {
+        let keep = self.chain(id, ifindex);
+        let ours = |c: &str| {
+            let legacy = format!("sb_{}_{id}", self.instance);
+            c != keep && (c == legacy || c.starts_with(&format!("{legacy}_")))
+        };
+        let mut script = String::new();
+        for (key, target) in self.map_entries()? {
+            if ours(&target) {
+                script += &format!("delete element inet cella by_iif {{ {key} }}\n");
+            }
+        }
+        for c in self.chains()? {
+            if ours(&c) {
+                script += &format!("flush chain inet cella {c}\ndelete chain inet cella {c}\n");
+            }
+        }
+        if script.is_empty() {
+            return Ok(());
+        }
+        nft(&script)
     }
 
     /// The verdict map's entries: (key as nft prints it, chain it jumps to). The key is the

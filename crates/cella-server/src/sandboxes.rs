@@ -823,6 +823,18 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
                     tracing::info!(sandbox = row.id, state = row.state, "sandbox found again");
                     keep.insert(row.id.clone());
                     running.insert(row.id.clone());
+                    // Its firewall rules again: whatever happened to the host's ruleset while
+                    // the server was down (a flush, a reload, an older version's rules) heals.
+                    if let (Some(dns), Some(_)) = (&state.network, &h.net) {
+                        let policy = serde_json::from_str(&row.network).unwrap_or_default();
+                        let rules = crate::network::rules(&policy, dns).await;
+                        if let Err(e) = state.driver.update_network(&h, &rules).await {
+                            tracing::warn!(
+                                sandbox = row.id,
+                                "reinstalling its firewall rules: {e}"
+                            );
+                        }
+                    }
                 }
                 Probe::Gone(reason) => {
                     tracing::warn!(sandbox = row.id, "sandbox is gone: {reason}");

@@ -622,15 +622,24 @@ impl Driver for NamespaceDriver {
         let (Some(n), Some(info)) = (&self.net, &handle.net) else {
             return Ok(()); // loopback only: nothing to filter
         };
-        let (fw, id, ifindex, rules) = (
-            n.firewall.clone(),
-            handle.id.clone(),
-            info.ifindex,
-            rules.clone(),
-        );
-        tokio::task::spawn_blocking(move || fw.install(&id, ifindex, &rules))
-            .await
-            .map_err(|e| DriverError::Network(e.to_string()))?
+        let (fw, id, rules) = (n.firewall.clone(), handle.id.clone(), rules.clone());
+        let (recorded, iface) = (info.ifindex, info.iface.clone());
+        tokio::task::spawn_blocking(move || {
+            // A handle from before interface indexes were recorded: look it up, and clear
+            // what older versions left for this sandbox.
+            let ifindex = match recorded {
+                0 => net::ifindex(&iface)
+                    .map_err(|e| DriverError::Network(format!("{iface}: {e}")))?,
+                i => i,
+            };
+            fw.install(&id, ifindex, &rules)?;
+            if recorded == 0 {
+                fw.remove_others(&id, ifindex)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| DriverError::Network(e.to_string()))?
     }
 
     fn agent(&self, handle: &SandboxHandle) -> AgentClient {

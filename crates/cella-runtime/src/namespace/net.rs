@@ -128,7 +128,12 @@ pub fn host_up(info: &NetInfo) -> std::io::Result<u32> {
     let sock = inet_socket()?;
     set_addr(&sock, &info.iface, info.host_addr, 30)?;
     set_up(&sock, &info.iface)?;
-    let name = std::ffi::CString::new(info.iface.as_str()).map_err(std::io::Error::other)?;
+    ifindex(&info.iface)
+}
+
+/// The index of a host interface.
+pub fn ifindex(name: &str) -> std::io::Result<u32> {
+    let name = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
     // SAFETY: a plain lookup with a NUL-terminated name.
     match unsafe { libc::if_nametoindex(name.as_ptr()) } {
         0 => Err(std::io::Error::last_os_error()),
