@@ -19,6 +19,7 @@ from .async_sandbox import (
     AsyncSandbox,
     AsyncWatchHandle,
 )
+from .async_resources import AsyncArtifact, AsyncSnapshot, AsyncTemplate, AsyncTemplateBuildHandle
 from .errors import (
     AuthenticationError,
     CellaConnectionError,
@@ -38,11 +39,14 @@ from .errors import (
     RateLimitedError,
     SandboxNotRunningError,
     SizeUnavailableError,
+    TemplateBuildError,
     UnavailableError,
     UnknownLanguageError,
     UnknownRouteError,
 )
 from .models import (
+    ArtifactInfo,
+    BuildStep,
     CodeContext,
     CommandResult,
     EntryInfo,
@@ -58,8 +62,13 @@ from .models import (
     OutputChunk,
     ProcessInfo,
     SandboxInfo,
+    RunResult,
     SandboxUsage,
+    SnapshotInfo,
+    TemplateBuild,
+    TemplateInfo,
 )
+from .resources import Artifact, Snapshot, Template, TemplateBuildHandle
 from .sandbox import CodeInterpreter, CommandHandle, Commands, Files, Sandbox, WatchHandle
 
 __all__ = [
@@ -79,6 +88,15 @@ __all__ = [
     "AsyncWatchHandle",
     "CodeInterpreter",
     "AsyncCodeInterpreter",
+    # snapshots, artifacts, templates
+    "Snapshot",
+    "AsyncSnapshot",
+    "Artifact",
+    "AsyncArtifact",
+    "Template",
+    "AsyncTemplate",
+    "TemplateBuildHandle",
+    "AsyncTemplateBuildHandle",
     # data
     "SandboxInfo",
     "SandboxUsage",
@@ -96,6 +114,12 @@ __all__ = [
     "ExposedPort",
     "CodeContext",
     "KernelInfo",
+    "SnapshotInfo",
+    "RunResult",
+    "ArtifactInfo",
+    "TemplateInfo",
+    "TemplateBuild",
+    "BuildStep",
     # errors
     "CellaError",
     "InvalidRequestError",
@@ -118,4 +142,5 @@ __all__ = [
     "CellaTimeoutError",
     "CellaConnectionError",
     "CommandExitError",
+    "TemplateBuildError",
 ]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 from urllib.parse import quote
 
 from ._sse import SSEEvent, output_bytes
@@ -58,8 +59,11 @@ def create_body(
     always_on: Optional[bool],
     wait: bool,
     extra: Optional[Mapping[str, Any]],
+    snapshot_id: Optional[str] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
+    if snapshot_id is not None:
+        body["snapshot_id"] = snapshot_id
     if template is not None:
         body["template_id"] = template
     if size is not None:
@@ -117,6 +121,75 @@ def command_body(
     if tag is not None:
         body["tag"] = tag
     return body
+
+
+RunFiles = Union[Mapping[str, Union[str, bytes]], Sequence[Any], None]
+
+
+def run_files(files: RunFiles) -> List[Dict[str, Any]]:
+    """The ``files`` of a one-shot run: a mapping of path to content (text, or bytes sent as
+    base64), or a list of ``{"path", "content", "encoding"}`` objects or (path, content)
+    pairs."""
+    if files is None:
+        return []
+    items = files.items() if isinstance(files, Mapping) else files
+    out: List[Dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, Mapping):
+            out.append(dict(item))
+            continue
+        path, content = item
+        if isinstance(content, (bytes, bytearray)):
+            out.append({"path": str(path), "content": base64.b64encode(bytes(content)).decode("ascii"), "encoding": "base64"})
+        else:
+            out.append({"path": str(path), "content": str(content)})
+    return out
+
+
+def run_body(
+    cmd: Optional[Command],
+    *,
+    files: RunFiles,
+    artifacts: Optional[Sequence[str]],
+    template: Optional[str],
+    size: Optional[str],
+    env: Optional[Mapping[str, str]],
+    metadata: Optional[Mapping[str, str]],
+    network: NetworkArg,
+    cwd: Optional[str],
+    user: Optional[str],
+    timeout: Optional[float],
+    stdin: Union[str, bytes, None],
+) -> Dict[str, Any]:
+    """The body of a one-shot run. ``cmd=None`` sends no command (the server answers 400)."""
+    body = command_body(cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin) if cmd is not None else {}
+    if template is not None:
+        body["template_id"] = template
+    if size is not None:
+        body["size"] = size
+    if metadata is not None:
+        body["metadata"] = dict(metadata)
+    if cmd is None and env is not None:
+        body["env"] = dict(env)
+    net = network_body(network)
+    if net is not None:
+        body["network"] = net
+    if files:
+        body["files"] = run_files(files)
+    if artifacts:
+        body["artifacts"] = [str(a) for a in artifacts]
+    return body
+
+
+def run_http_timeout(timeout: Optional[float]) -> float:
+    """A one-shot run creates and destroys a sandbox around its command."""
+    return exec_http_timeout(timeout) + 120.0
+
+
+def next_log_offset(data: Mapping[str, Any]) -> int:
+    """Where the next poll of a build's log starts: its ``log_offset`` and the byte length of
+    ``log`` in UTF-8."""
+    return int(data.get("log_offset") or 0) + len((data.get("log") or "").encode("utf-8"))
 
 
 def exec_http_timeout(timeout: Optional[float]) -> float:

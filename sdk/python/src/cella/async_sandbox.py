@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from typing import Any, AsyncGenerator, AsyncIterator, BinaryIO, Dict, Generator, List, Mapping, Optional, Union
+from typing import Any, AsyncGenerator, AsyncIterator, BinaryIO, Dict, Generator, List, Mapping, Optional, Sequence, Union
 
 import httpx
 
@@ -17,7 +17,10 @@ from ._common import (
     code_body,
     code_http_timeout,
     command_body,
+    RunFiles,
     create_body,
+    run_body,
+    run_http_timeout,
     exec_http_timeout,
     file_mode,
     sandbox_path,
@@ -42,8 +45,11 @@ from .models import (
     NetworkArg,
     OutputChunk,
     ProcessInfo,
+    ArtifactInfo,
+    RunResult,
     SandboxInfo,
     SandboxUsage,
+    SnapshotInfo,
 )
 from .sandbox import _list_params
 
@@ -132,6 +138,7 @@ class AsyncSandbox:
         persistent: Optional[bool] = None,
         always_on: Optional[bool] = None,
         wait: bool = True,
+        snapshot_id: Optional[str] = None,
         extra: Optional[Mapping[str, Any]] = None,
         server: Optional[str] = None,
         api_key: Optional[str] = None,
@@ -144,6 +151,7 @@ class AsyncSandbox:
         body = create_body(
             template=template, size=size, timeout=timeout, metadata=metadata, env=env, network=network,
             idle_timeout=idle_timeout, persistent=persistent, always_on=always_on, wait=wait, extra=extra,
+            snapshot_id=snapshot_id,
         )
         config = _connection(server, api_key, max_retries, request_timeout, headers)
 
@@ -208,6 +216,50 @@ class AsyncSandbox:
             return found[:limit] if limit is not None else found
         finally:
             await transport.aclose()
+
+    @classmethod
+    async def run(
+        cls,
+        cmd: Optional[Command] = None,
+        *,
+        files: RunFiles = None,
+        artifacts: Optional[Sequence[str]] = None,
+        timeout: Optional[float] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+        stdin: Union[str, bytes, None] = None,
+        template: Optional[str] = None,
+        size: Optional[str] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        network: NetworkArg = None,
+        check: bool = False,
+        server: Optional[str] = None,
+        api_key: Optional[str] = None,
+        max_retries: Optional[int] = None,
+        request_timeout: Optional[float] = None,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> RunResult:
+        """A one-shot run (``POST /api/v1/sandboxes/run``): a sandbox is created, ``files``
+        written into it, ``cmd`` (a shell line or a list of arguments) run, the files matching
+        the ``artifacts`` globs kept, and the sandbox destroyed, in one request.
+
+        ``files`` maps paths (absolute, or relative to ``cwd``) to content (str, or bytes),
+        or is a list of ``{"path", "content", "encoding"}`` objects. ``timeout`` is the
+        command's, in seconds. Download the artifacts with :meth:`cella.Artifact.download`.
+        ``check=True`` raises :class:`~cella.CommandExitError` for an exit code other than 0.
+        """
+        body = run_body(cmd, files=files, artifacts=artifacts, template=template, size=size, env=env,
+                        metadata=metadata, network=network, cwd=cwd, user=user, timeout=timeout, stdin=stdin)
+        transport = AsyncTransport(_connection(server, api_key, max_retries, request_timeout, headers))
+        try:
+            data = await transport.data("POST", "/sandboxes/run", json=body, timeout=run_http_timeout(timeout))
+        finally:
+            await transport.aclose()
+        result = RunResult.from_dict(data)
+        if check and not result.ok:
+            raise CommandExitError(result.command_result())
+        return result
 
     # ------------------------------------------------------------------ what it is
 
@@ -278,6 +330,18 @@ class AsyncSandbox:
 
     async def usage(self) -> SandboxUsage:
         return SandboxUsage.from_dict(await self._transport.data("GET", sandbox_path(self.id, "usage")))
+
+    async def create_snapshot(self) -> SnapshotInfo:
+        """Copy the sandbox's files into a snapshot (``POST .../snapshots``), from which
+        ``create(snapshot_id=...)`` starts new sandboxes. A running sandbox is frozen only
+        while the copy is taken."""
+        return SnapshotInfo.from_dict(await self._transport.data("POST", sandbox_path(self.id, "snapshots")))
+
+    async def collect_artifacts(self, paths: Sequence[str]) -> List[ArtifactInfo]:
+        """Keep files of the running sandbox as artifacts (globs or paths, relative to
+        ``/home/user`` or absolute); they outlive the sandbox until they expire."""
+        data = await self._transport.data("POST", sandbox_path(self.id, "artifacts"), json={"paths": [str(p) for p in paths]})
+        return [ArtifactInfo.from_dict(d) for d in data or []]
 
     async def fork(self, count: int = 1, metadata: Optional[Mapping[str, str]] = None) -> List["AsyncSandbox"]:
         body: Dict[str, Any] = {"count": count}

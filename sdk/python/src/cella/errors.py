@@ -12,7 +12,7 @@ import re
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Type
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .models import CommandResult
+    from .models import CommandResult, TemplateBuild
 
 
 class CellaError(Exception):
@@ -203,6 +203,18 @@ class CommandExitError(CellaError):
     @property
     def exit_code(self) -> int:
         return self.result.exit_code
+
+
+class TemplateBuildError(CellaError):
+    """A template build waited for with ``check=True`` ended ``failed``; ``build`` is its
+    last state (``build.log`` holds the whole log)."""
+
+    default_code = "BUILD_FAILED"
+
+    def __init__(self, build: "TemplateBuild") -> None:
+        super().__init__(f"build {build.id} of template {build.template_id} failed: {build.error or 'no reason given'}",
+                         details={"template_id": build.template_id, "build_id": build.id})
+        self.build = build
 
 
 _BY_CODE: Dict[str, Type[CellaError]] = {

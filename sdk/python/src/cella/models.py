@@ -493,3 +493,181 @@ class KernelInfo:
 
 
 NetworkArg = Union[NetworkPolicy, Mapping[str, Any], None]
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+@dataclass
+class SnapshotInfo:
+    """A snapshot of a sandbox's files (``GET /api/v1/snapshots/{id}``)."""
+
+    id: str
+    sandbox_id: str
+    template_id: str
+    size: str
+    created_at: Optional[datetime]
+    size_bytes: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SnapshotInfo":
+        return cls(
+            id=d["id"],
+            sandbox_id=d.get("sandbox_id", ""),
+            template_id=d.get("template_id", ""),
+            size=d.get("size", ""),
+            created_at=parse_time(d.get("created_at")),
+            size_bytes=int(d.get("size_bytes") or 0),
+            raw=dict(d),
+        )
+
+
+# --------------------------------------------------------------------------- one-shot runs
+
+
+@dataclass
+class ArtifactInfo:
+    """A file kept from a sandbox (by a one-shot run, or ``collect_artifacts``), until
+    ``expires_at``; download it with :meth:`cella.Artifact.download`."""
+
+    id: str
+    sandbox_id: str
+    path: str
+    size: int
+    url: str
+    created_at: Optional[datetime]
+    expires_at: Optional[datetime]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ArtifactInfo":
+        return cls(
+            id=d["id"],
+            sandbox_id=d.get("sandbox_id", ""),
+            path=d.get("path", ""),
+            size=int(d.get("size") or 0),
+            url=d.get("url") or "",
+            created_at=parse_time(d.get("created_at")),
+            expires_at=parse_time(d.get("expires_at")),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class RunResult:
+    """A one-shot run (``POST /api/v1/sandboxes/run``): the command's result, the sandbox it
+    ran in (destroyed by now) and the artifacts kept."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_ms: int
+    timed_out: bool
+    sandbox_id: str
+    artifacts: List[ArtifactInfo] = field(default_factory=list)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RunResult":
+        return cls(
+            exit_code=int(d.get("exit_code", -1)),
+            stdout=d.get("stdout") or "",
+            stderr=d.get("stderr") or "",
+            duration_ms=int(d.get("duration_ms") or 0),
+            timed_out=bool(d.get("timed_out", False)),
+            sandbox_id=d.get("sandbox_id", ""),
+            artifacts=[ArtifactInfo.from_dict(a) for a in d.get("artifacts") or []],
+            raw=dict(d),
+        )
+
+    def command_result(self) -> CommandResult:
+        return CommandResult(self.exit_code, self.stdout, self.stderr, self.duration_ms, self.timed_out)
+
+
+# --------------------------------------------------------------------------- custom templates
+
+
+@dataclass
+class TemplateInfo:
+    """A template of the catalog (``GET /api/v1/templates/{id}``)."""
+
+    id: str
+    name: str
+    default_size: str
+    readiness: str
+    sizes: List[Dict[str, Any]] = field(default_factory=list)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TemplateInfo":
+        return cls(
+            id=d["id"],
+            name=d.get("name") or d["id"],
+            default_size=d.get("default_size", ""),
+            readiness=d.get("readiness", ""),
+            sizes=[dict(s) for s in d.get("sizes") or []],
+            raw=dict(d),
+        )
+
+
+@dataclass
+class BuildStep:
+    """One step of a template build: ``state`` is pending, running, done, cached or failed."""
+
+    index: int
+    kind: str
+    state: str
+    duration_ms: Optional[int] = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "BuildStep":
+        return cls(index=int(d.get("index") or 0), kind=d.get("kind", ""), state=d.get("state", ""),
+                   duration_ms=d.get("duration_ms"))
+
+
+@dataclass
+class TemplateBuild:
+    """A build of a custom template. ``log`` is the log from byte ``log_offset`` on."""
+
+    id: str
+    template_id: str
+    state: str
+    steps: List[BuildStep]
+    log: str
+    log_offset: int
+    error: Optional[str]
+    created_at: Optional[datetime]
+    finished_at: Optional[datetime]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("ready", "failed")
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "ready"
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TemplateBuild":
+        return cls(
+            id=d["id"],
+            template_id=d.get("template_id", ""),
+            state=d.get("state", ""),
+            steps=[BuildStep.from_dict(s) for s in d.get("steps") or []],
+            log=d.get("log") or "",
+            log_offset=int(d.get("log_offset") or 0),
+            error=d.get("error"),
+            created_at=parse_time(d.get("created_at")),
+            finished_at=parse_time(d.get("finished_at")),
+            raw=dict(d),
+        )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, BinaryIO, Dict, Generator, Iterator, List, Mapping, Optional, Union
+from typing import Any, BinaryIO, Dict, Generator, Iterator, List, Mapping, Optional, Sequence, Union
 
 import httpx
 
@@ -14,7 +14,10 @@ from ._common import (
     code_body,
     code_http_timeout,
     command_body,
+    RunFiles,
     create_body,
+    run_body,
+    run_http_timeout,
     exec_http_timeout,
     file_mode,
     sandbox_path,
@@ -39,8 +42,11 @@ from .models import (
     NetworkArg,
     OutputChunk,
     ProcessInfo,
+    ArtifactInfo,
+    RunResult,
     SandboxInfo,
     SandboxUsage,
+    SnapshotInfo,
 )
 
 __all__ = ["Sandbox", "Commands", "CommandHandle", "Files", "WatchHandle", "CodeInterpreter"]
@@ -104,6 +110,7 @@ class Sandbox:
         persistent: Optional[bool] = None,
         always_on: Optional[bool] = None,
         wait: bool = True,
+        snapshot_id: Optional[str] = None,
         extra: Optional[Mapping[str, Any]] = None,
         server: Optional[str] = None,
         api_key: Optional[str] = None,
@@ -121,6 +128,7 @@ class Sandbox:
         body = create_body(
             template=template, size=size, timeout=timeout, metadata=metadata, env=env, network=network,
             idle_timeout=idle_timeout, persistent=persistent, always_on=always_on, wait=wait, extra=extra,
+            snapshot_id=snapshot_id,
         )
         transport = SyncTransport(_connection(server, api_key, max_retries, request_timeout, headers))
         try:
@@ -186,6 +194,50 @@ class Sandbox:
             return found[:limit] if limit is not None else found
         finally:
             transport.close()
+
+    @classmethod
+    def run(
+        cls,
+        cmd: Optional[Command] = None,
+        *,
+        files: RunFiles = None,
+        artifacts: Optional[Sequence[str]] = None,
+        timeout: Optional[float] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+        stdin: Union[str, bytes, None] = None,
+        template: Optional[str] = None,
+        size: Optional[str] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        network: NetworkArg = None,
+        check: bool = False,
+        server: Optional[str] = None,
+        api_key: Optional[str] = None,
+        max_retries: Optional[int] = None,
+        request_timeout: Optional[float] = None,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> RunResult:
+        """A one-shot run (``POST /api/v1/sandboxes/run``): a sandbox is created, ``files``
+        written into it, ``cmd`` (a shell line or a list of arguments) run, the files matching
+        the ``artifacts`` globs kept, and the sandbox destroyed, in one request.
+
+        ``files`` maps paths (absolute, or relative to ``cwd``) to content (str, or bytes),
+        or is a list of ``{"path", "content", "encoding"}`` objects. ``timeout`` is the
+        command's, in seconds. Download the artifacts with :meth:`cella.Artifact.download`.
+        ``check=True`` raises :class:`~cella.CommandExitError` for an exit code other than 0.
+        """
+        body = run_body(cmd, files=files, artifacts=artifacts, template=template, size=size, env=env,
+                        metadata=metadata, network=network, cwd=cwd, user=user, timeout=timeout, stdin=stdin)
+        transport = SyncTransport(_connection(server, api_key, max_retries, request_timeout, headers))
+        try:
+            data = transport.data("POST", "/sandboxes/run", json=body, timeout=run_http_timeout(timeout))
+        finally:
+            transport.close()
+        result = RunResult.from_dict(data)
+        if check and not result.ok:
+            raise CommandExitError(result.command_result())
+        return result
 
     # ------------------------------------------------------------------ what it is
 
@@ -266,6 +318,18 @@ class Sandbox:
 
     def usage(self) -> SandboxUsage:
         return SandboxUsage.from_dict(self._transport.data("GET", sandbox_path(self.id, "usage")))
+
+    def create_snapshot(self) -> SnapshotInfo:
+        """Copy the sandbox's files into a snapshot (``POST .../snapshots``), from which
+        ``create(snapshot_id=...)`` starts new sandboxes. A running sandbox is frozen only
+        while the copy is taken."""
+        return SnapshotInfo.from_dict(self._transport.data("POST", sandbox_path(self.id, "snapshots")))
+
+    def collect_artifacts(self, paths: Sequence[str]) -> List[ArtifactInfo]:
+        """Keep files of the running sandbox as artifacts (globs or paths, relative to
+        ``/home/user`` or absolute); they outlive the sandbox until they expire."""
+        data = self._transport.data("POST", sandbox_path(self.id, "artifacts"), json={"paths": [str(p) for p in paths]})
+        return [ArtifactInfo.from_dict(d) for d in data or []]
 
     def fork(self, count: int = 1, metadata: Optional[Mapping[str, str]] = None) -> List["Sandbox"]:
         """Copies of this sandbox (``POST .../fork``), each a new :class:`Sandbox`."""
