@@ -16,6 +16,7 @@ const DATES = new Set([
   'measuredAt',
   'expiresAt',
   'lastUsedAt',
+  'finishedAt',
 ]);
 
 /** Converts an API object's keys to camelCase, deeply, and its times to Dates. */

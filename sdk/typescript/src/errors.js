@@ -69,6 +69,22 @@ export class ConnectionError extends CellaError {}
 /** The SDK gave up waiting for an answer (`requestTimeoutMs`). */
 export class TimeoutError extends CellaError {}
 
+/**
+ * A template build waited for with `check: true` ended `failed`; `build` is its last state
+ * (its `log` whole, `error` saying why).
+ */
+export class TemplateBuildError extends CellaError {
+  constructor(buildOrMessage, fields = {}) {
+    const build = buildOrMessage && typeof buildOrMessage === 'object' ? buildOrMessage : null;
+    const message = build
+      ? `build ${build.id} of template ${build.templateId} failed: ${build.error ?? 'no reason given'}`
+      : String(buildOrMessage);
+    super(message, { code: 'BUILD_FAILED', ...fields });
+    /** The failed build (null when made from a message). */
+    this.build = build;
+  }
+}
+
 const BY_CODE = {
   INVALID_REQUEST: [InvalidRequestError, 400],
   UNKNOWN_LANGUAGE: [UnknownLanguageError, 400],

@@ -82,6 +82,11 @@ export declare class InternalServerError extends CellaError {}
 export declare class UnavailableError extends CellaError {}
 export declare class ConnectionError extends CellaError {}
 export declare class TimeoutError extends CellaError {}
+/** A build waited for with `check: true` ended `failed` (code `BUILD_FAILED`). */
+export declare class TemplateBuildError extends CellaError {
+  constructor(build: TemplateBuildInfo | string, fields?: CellaErrorFields);
+  readonly build: TemplateBuildInfo | null;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Sandboxes
@@ -165,6 +170,8 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   cpuCount?: number;
   memoryMb?: number;
   diskSizeMb?: number;
+  /** Start from a snapshot's files (its template and size). */
+  snapshotId?: string;
   signal?: AbortSignal;
 }
 
@@ -213,6 +220,9 @@ export declare class Sandbox {
   static connect(sandboxId: string, opts?: SandboxConnectOptions): Promise<Sandbox>;
   /** The workspace's sandboxes, newest first, every page followed. */
   static list(opts?: SandboxListOptions): Promise<SandboxInfo[]>;
+  /** A one-shot run: create, write files, run, keep artifacts, destroy, in one request. */
+  static run(opts: SandboxRunOptions): Promise<RunResult>;
+  static run(command: string | string[], opts?: SandboxRunOptions): Promise<RunResult>;
   /** Destroys a sandbox by id. */
   static kill(sandboxId: string, opts?: ConnectionOptions): Promise<SandboxInfo>;
 
@@ -237,6 +247,10 @@ export declare class Sandbox {
   setTimeout(timeoutSec: number): Promise<SandboxInfo>;
   usage(): Promise<SandboxUsage>;
   fork(opts?: ForkOptions): Promise<Sandbox[]>;
+  /** Copies the sandbox's files into a snapshot. */
+  createSnapshot(): Promise<SnapshotInfo>;
+  /** Keeps files of the running sandbox (globs or paths) as artifacts. */
+  collectArtifacts(paths: string[]): Promise<ArtifactInfo[]>;
   /** Exposes a port through the preview proxy; resolves to its URL. */
   expose(port: number): Promise<string>;
   runCode(code: string, opts?: RunCodeOptions): Promise<Execution>;
@@ -481,4 +495,191 @@ export declare class CodeInterpreter {
   createContext(opts?: { language?: Language; context?: string }): Promise<{ name: string; language: string; created: boolean }>;
   resetContext(context: string, opts?: { language?: Language }): Promise<{ name: string; language: string; existed: boolean }>;
   reset(opts?: { language?: Language }): Promise<{ kernels: KernelInfo[] }>;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots, one-shot runs and artifacts, custom templates
+
+export interface SnapshotInfo {
+  id: string;
+  sandboxId: string;
+  templateId: string;
+  size: SandboxSize;
+  createdAt: Date;
+  /** Bytes the snapshot takes on the host. */
+  sizeBytes: number;
+  [field: string]: unknown;
+}
+
+export interface ListOptions extends ConnectionOptions {
+  /** Page size (1-1000); every page is fetched. */
+  limit?: number;
+  signal?: AbortSignal;
+}
+
+export declare class Snapshot {
+  static list(opts?: ListOptions): Promise<SnapshotInfo[]>;
+  static get(snapshotId: string, opts?: ConnectionOptions & { signal?: AbortSignal }): Promise<SnapshotInfo>;
+  static delete(snapshotId: string, opts?: ConnectionOptions & { signal?: AbortSignal }): Promise<SnapshotInfo>;
+}
+
+export type ArtifactFormat = 'bytes' | 'text' | 'blob' | 'stream';
+export interface DownloadOptions extends ConnectionOptions {
+  /** Default `bytes` (a Uint8Array). */
+  format?: ArtifactFormat;
+  signal?: AbortSignal;
+}
+
+export interface ArtifactInfo {
+  id: string;
+  sandboxId: string;
+  /** The file's absolute path in its sandbox. */
+  path: string;
+  size: number;
+  /** Where to download it with an API key. */
+  url: string;
+  createdAt: Date;
+  expiresAt: Date;
+  /** Downloads it (on the connection it was read with). */
+  read(opts?: { format?: 'bytes' }): Promise<Uint8Array>;
+  read(opts: { format: 'text' }): Promise<string>;
+  read(opts: { format: 'blob' }): Promise<Blob>;
+  read(opts: { format: 'stream' }): Promise<ReadableStream<Uint8Array>>;
+  [field: string]: unknown;
+}
+
+export declare class Artifact {
+  static list(opts?: ListOptions & { sandboxId?: string }): Promise<ArtifactInfo[]>;
+  static download(artifact: string | ArtifactInfo, opts?: DownloadOptions & { format?: 'bytes' }): Promise<Uint8Array>;
+  static download(artifact: string | ArtifactInfo, opts: DownloadOptions & { format: 'text' }): Promise<string>;
+  static download(artifact: string | ArtifactInfo, opts: DownloadOptions & { format: 'blob' }): Promise<Blob>;
+  static download(artifact: string | ArtifactInfo, opts: DownloadOptions & { format: 'stream' }): Promise<ReadableStream<Uint8Array>>;
+  static delete(artifact: string | ArtifactInfo, opts?: ConnectionOptions & { signal?: AbortSignal }): Promise<ArtifactInfo>;
+}
+
+export interface RunFile {
+  /** Absolute, or relative to `cwd`. */
+  path: string;
+  content: string;
+  encoding?: 'utf8' | 'base64';
+}
+
+export interface SandboxRunOptions extends ConnectionOptions {
+  /** A shell line; or `argv`. */
+  command?: string;
+  argv?: string[];
+  /** Written before the command: a list, or a map of path to text or bytes. */
+  files?: RunFile[] | Record<string, string | Uint8Array>;
+  /** Globs of files to keep (at most 64), relative to `cwd`. */
+  artifacts?: string[];
+  /** The command's timeout in seconds (default 3600). */
+  timeoutSec?: number;
+  env?: Record<string, string>;
+  cwd?: string;
+  user?: User;
+  stdin?: string;
+  template?: string;
+  size?: SandboxSize;
+  metadata?: Record<string, string>;
+  network?: NetworkPolicy;
+  /** Client-side limit in ms (default: timeoutSec plus margins). */
+  requestTimeoutMs?: number;
+  signal?: AbortSignal;
+}
+
+export interface RunResult {
+  exitCode: number;
+  stdout: string;
+  stderr: string;
+  durationMs: number;
+  timedOut: boolean;
+  /** The run's sandbox, destroyed by now. */
+  sandboxId: string;
+  artifacts: ArtifactInfo[];
+  [field: string]: unknown;
+}
+
+export interface TemplateSpec {
+  /** 1-40 lowercase letters, digits and `-`, starting with a letter. */
+  id: string;
+  name?: string;
+  from?: string;
+  image?: string;
+  steps?: Array<
+    | { run: string }
+    | { copy: { src: string; dest: string; mode?: number } }
+    | { env: Record<string, string> }
+    | { workdir: string }
+    | { user: User }
+  >;
+  files?: Record<string, { content: string; encoding?: 'utf8' | 'base64' }>;
+  start?: string;
+  port?: number;
+  ready?: { command?: string; port?: number; timeoutSec?: number; [field: string]: unknown };
+  default_size?: SandboxSize;
+  warm?: number;
+  [field: string]: unknown;
+}
+
+export interface TemplateInfo {
+  id: string;
+  name: string;
+  defaultSize: SandboxSize;
+  readiness: string;
+  sizes: Array<{ size: SandboxSize; state: string; resourceContract?: ResourceContract }>;
+  [field: string]: unknown;
+}
+
+export interface BuildStep {
+  index: number;
+  kind: 'run' | 'copy' | 'env' | 'workdir' | 'user' | 'image';
+  state: 'pending' | 'running' | 'done' | 'cached' | 'failed';
+  durationMs: number | null;
+}
+
+export interface TemplateBuildInfo {
+  id: string;
+  templateId: string;
+  state: 'queued' | 'building' | 'ready' | 'failed';
+  steps: BuildStep[];
+  log: string;
+  logOffset: number;
+  error: string | null;
+  createdAt: Date;
+  finishedAt: Date | null;
+  [field: string]: unknown;
+}
+
+export interface BuildWaitOptions {
+  /** Each new piece of the log as it comes. */
+  onLog?: (text: string) => void | Promise<void>;
+  /** Throw TemplateBuildError for a failed build. */
+  check?: boolean;
+  /** Default 30 minutes. */
+  timeoutMs?: number;
+  /** Poll interval (default 250). */
+  intervalMs?: number;
+  signal?: AbortSignal;
+}
+
+export declare class Template {
+  static build(spec: TemplateSpec, opts?: ConnectionOptions & { signal?: AbortSignal }): Promise<TemplateBuild>;
+  static get(templateId: string, opts?: ConnectionOptions & { signal?: AbortSignal }): Promise<TemplateInfo>;
+  static getBuild(templateId: string, buildId: string, opts?: ConnectionOptions & { signal?: AbortSignal }): Promise<TemplateBuildInfo>;
+  static delete(templateId: string, opts?: ConnectionOptions & { signal?: AbortSignal }): Promise<TemplateInfo>;
+}
+
+/** A template build in progress. */
+export declare class TemplateBuild {
+  constructor(raw: Record<string, unknown>, opts?: ConnectionOptions | ConnectionConfig);
+  readonly config: ConnectionConfig;
+  readonly id: string;
+  readonly templateId: string;
+  readonly state: TemplateBuildInfo['state'];
+  /** The build as last read, its `log` whole. */
+  readonly info: TemplateBuildInfo;
+  /** The whole log read so far. */
+  readonly log: string;
+  refresh(opts?: { onLog?: BuildWaitOptions['onLog']; signal?: AbortSignal }): Promise<TemplateBuildInfo>;
+  wait(opts?: BuildWaitOptions): Promise<TemplateBuildInfo>;
 }

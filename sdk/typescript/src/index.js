@@ -4,6 +4,7 @@ export { Sandbox } from './sandbox.js';
 export { Commands, CommandHandle } from './commands.js';
 export { Files, WatchHandle } from './files.js';
 export { CodeInterpreter, Execution } from './code.js';
+export { Snapshot, Artifact, Template, TemplateBuild } from './resources.js';
 export { ConnectionConfig, DEFAULT_SERVER } from './http.js';
 export {
   CellaError,
@@ -25,4 +26,5 @@ export {
   UnavailableError,
   ConnectionError,
   TimeoutError,
+  TemplateBuildError,
 } from './errors.js';

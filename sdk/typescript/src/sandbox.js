@@ -6,6 +6,7 @@ import { camelize, compact, sandboxInfo } from './convert.js';
 import { Commands } from './commands.js';
 import { Files } from './files.js';
 import { CodeInterpreter } from './code.js';
+import { artifactInfo } from './resources.js';
 
 const CREATE_TIMEOUT_MS = 120_000;
 
@@ -24,6 +25,36 @@ function createBody(opts) {
     env: opts.env,
     network: opts.network,
     wait: opts.wait,
+    snapshot_id: opts.snapshotId,
+  });
+}
+
+/** A one-shot run's `files`: an array of `{path, content, encoding}`, or a map of path to text or bytes. */
+function runFiles(files) {
+  if (files == null) return undefined;
+  if (Array.isArray(files)) return files;
+  return Object.entries(files).map(([path, content]) =>
+    typeof content === 'string'
+      ? { path, content }
+      : { path, content: Buffer.from(content).toString('base64'), encoding: 'base64' },
+  );
+}
+
+function runBody(opts) {
+  return compact({
+    command: opts.command,
+    argv: opts.argv,
+    template_id: opts.template,
+    size: opts.size,
+    env: opts.env,
+    metadata: opts.metadata,
+    network: opts.network,
+    files: runFiles(opts.files),
+    cwd: opts.cwd,
+    user: opts.user,
+    stdin: opts.stdin,
+    timeout_sec: opts.timeoutSec,
+    artifacts: opts.artifacts,
   });
 }
 
@@ -93,6 +124,28 @@ export class Sandbox {
       timeoutMs: opts.requestTimeoutMs ?? Math.max(config.requestTimeoutMs, CREATE_TIMEOUT_MS),
     });
     return new Sandbox(sandboxInfo(r.data), config);
+  }
+
+  /**
+   * A one-shot run: creates a sandbox, writes `files`, runs `command` (a shell line) or
+   * `argv`, keeps the files matching the `artifacts` globs, destroys the sandbox, in one
+   * request. `Sandbox.run({command, ...})`, or `Sandbox.run('make', {...})` / `Sandbox.run(['ls', '-l'], {...})`.
+   * Resolves to a RunResult whatever the exit code; each artifact has `read()`.
+   */
+  static async run(commandOrOpts, maybeOpts) {
+    let opts;
+    if (typeof commandOrOpts === 'string') opts = { ...(maybeOpts ?? {}), command: commandOrOpts };
+    else if (Array.isArray(commandOrOpts)) opts = { ...(maybeOpts ?? {}), argv: commandOrOpts };
+    else opts = { ...(commandOrOpts ?? {}) };
+    const config = new ConnectionConfig(connectionOptions(opts));
+    const r = await request(config, 'POST', '/sandboxes/run', {
+      json: runBody(opts),
+      signal: opts.signal,
+      timeoutMs: opts.requestTimeoutMs ?? ((opts.timeoutSec ?? 3600) + 30) * 1000 + CREATE_TIMEOUT_MS,
+    });
+    const result = camelize({ ...r.data, artifacts: [] });
+    result.artifacts = (r.data.artifacts ?? []).map((raw) => artifactInfo(raw, config));
+    return result;
   }
 
   /**
@@ -183,6 +236,21 @@ export class Sandbox {
     const r = await this._request('POST', '/fork', { json: compact({ count: opts.count, metadata: opts.metadata }) });
     const list = Array.isArray(r.data) ? r.data : [r.data];
     return list.map((raw) => new Sandbox(sandboxInfo(raw), this.config));
+  }
+
+  /**
+   * Copies the sandbox's files into a snapshot; `Sandbox.create({snapshotId})` starts new
+   * sandboxes from it. Returns the SnapshotInfo.
+   */
+  async createSnapshot() {
+    const r = await this._request('POST', '/snapshots');
+    return camelize(r.data);
+  }
+
+  /** Keeps files of the running sandbox (globs or paths) as artifacts; returns them. */
+  async collectArtifacts(paths) {
+    const r = await this._request('POST', '/artifacts', { json: { paths } });
+    return r.data.map((raw) => artifactInfo(raw, this.config));
   }
 
   /** Exposes a port of the sandbox through the server's preview proxy; returns its URL. */

@@ -26,7 +26,7 @@ describe('package', () => {
   });
 
   it('declares every method of the public classes', () => {
-    const classes = ['Sandbox', 'Commands', 'CommandHandle', 'Files', 'WatchHandle', 'CodeInterpreter'];
+    const classes = ['Sandbox', 'Commands', 'CommandHandle', 'Files', 'WatchHandle', 'CodeInterpreter', 'Snapshot', 'Artifact', 'Template', 'TemplateBuild'];
     for (const cls of classes) {
       const body = dts.slice(dts.indexOf(`export declare class ${cls} `));
       const end = body.indexOf('\n}\n');

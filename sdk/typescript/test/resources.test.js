@@ -1,0 +1,186 @@
+// Snapshots, one-shot runs with artifacts, and custom templates against a real server; an
+// error path for each.
+
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import {
+  Sandbox,
+  Snapshot,
+  Artifact,
+  Template,
+  TemplateBuild,
+  TemplateBuildError,
+  NotFoundError,
+  InvalidRequestError,
+  ConflictError,
+} from '../src/index.js';
+import { startServer } from './server.js';
+
+let srv;
+const home = '/home/user';
+const templateId = () => `sdk-tpl-${randomBytes(5).toString('hex')}`;
+
+before(async () => {
+  srv = await startServer();
+});
+
+after(async () => {
+  await srv?.stop();
+});
+
+describe('snapshots', () => {
+  it('snapshots a sandbox, starts another from it with the old files, deletes it', async () => {
+    const sb = await Sandbox.create({ ...srv.opts, size: 'xs' });
+    try {
+      await sb.files.write(`${home}/state.txt`, 'before\n');
+      const snap = await sb.createSnapshot();
+      assert.match(snap.id, /^snap/);
+      assert.equal(snap.sandboxId, sb.id);
+      assert.equal(snap.templateId, 'base');
+      assert.equal(snap.size, 'xs');
+      assert.ok(snap.createdAt instanceof Date);
+      assert.ok(snap.sizeBytes > 0);
+      await sb.files.write(`${home}/state.txt`, 'after\n');
+
+      assert.deepEqual(await Snapshot.get(snap.id, srv.opts), snap);
+      assert.ok((await Snapshot.list(srv.opts)).some((s) => s.id === snap.id));
+      const restored = await Sandbox.create({ ...srv.opts, snapshotId: snap.id });
+      try {
+        assert.notEqual(restored.id, sb.id);
+        assert.equal(restored.info.size, 'xs');
+        assert.equal(await restored.files.read(`${home}/state.txt`), 'before\n');
+      } finally {
+        await restored.kill();
+      }
+      assert.equal(await sb.files.read(`${home}/state.txt`), 'after\n');
+      assert.equal((await Snapshot.delete(snap.id, srv.opts)).id, snap.id);
+      await assert.rejects(Snapshot.get(snap.id, srv.opts), NotFoundError);
+      await assert.rejects(Sandbox.create({ ...srv.opts, snapshotId: snap.id }), NotFoundError);
+    } finally {
+      await sb.kill();
+    }
+  });
+
+  it('answers 404 for an unknown snapshot', async () => {
+    const ghost = 'snap000000000000000000';
+    await assert.rejects(Snapshot.get(ghost, srv.opts), (e) => e instanceof NotFoundError && e.status === 404);
+    await assert.rejects(Snapshot.delete(ghost, srv.opts), NotFoundError);
+    await assert.rejects(new Sandbox({ id: 'sb000000000000000000' }, srv.opts).createSnapshot(), NotFoundError);
+  });
+});
+
+describe('one-shot runs and artifacts', () => {
+  it('runs a command with files and downloads its artifacts after the run', async () => {
+    const r = await Sandbox.run({
+      ...srv.opts,
+      command: 'mkdir -p out && sort in.csv > out/sorted.csv && cp bin.dat out/ && wc -l < in.csv && echo $MODE >&2',
+      files: { 'in.csv': 'b,2\na,1\n', 'bin.dat': new Uint8Array([0, 1, 2, 255]) },
+      artifacts: ['out/*'],
+      env: { MODE: 'test' },
+      size: 'xs',
+      timeoutSec: 60,
+    });
+    assert.equal(r.exitCode, 0);
+    assert.equal(r.timedOut, false);
+    assert.equal(r.stdout, '2\n');
+    assert.equal(r.stderr, 'test\n');
+    assert.match(r.sandboxId, /^sb/);
+    assert.equal((await Sandbox.connect(r.sandboxId, srv.opts)).state, 'destroyed');
+    const byPath = Object.fromEntries(r.artifacts.map((a) => [a.path, a]));
+    const sorted = byPath[`${home}/out/sorted.csv`];
+    assert.match(sorted.id, /^art/);
+    assert.equal(sorted.size, 8);
+    assert.equal(sorted.sandboxId, r.sandboxId);
+    assert.ok(sorted.url.endsWith(`/api/v1/artifacts/${sorted.id}`));
+    assert.ok(sorted.expiresAt > sorted.createdAt);
+    assert.equal(await sorted.read({ format: 'text' }), 'a,1\nb,2\n');
+    assert.deepEqual(await Artifact.download(byPath[`${home}/out/bin.dat`], srv.opts), new Uint8Array([0, 1, 2, 255]));
+    assert.equal(await new Response(await Artifact.download(sorted.id, { ...srv.opts, format: 'stream' })).text(), 'a,1\nb,2\n');
+    const listed = await Artifact.list({ ...srv.opts, sandboxId: r.sandboxId });
+    assert.deepEqual(listed.map((a) => a.id).sort(), r.artifacts.map((a) => a.id).sort());
+    for (const a of r.artifacts) assert.equal((await Artifact.delete(a, srv.opts)).id, a.id);
+    await assert.rejects(Artifact.download(sorted, srv.opts), NotFoundError);
+  });
+
+  it('takes argv, and returns a failing exit code as a result', async () => {
+    const r = await Sandbox.run(['sh', '-c', 'echo oops >&2; exit 3'], { ...srv.opts, size: 'xs' });
+    assert.equal(r.exitCode, 3);
+    assert.equal(r.stderr, 'oops\n');
+    assert.deepEqual(r.artifacts, []);
+  });
+
+  it('collects artifacts from a running sandbox', async () => {
+    const sb = await Sandbox.create({ ...srv.opts, size: 'xs' });
+    try {
+      await sb.files.write(`${home}/res/a.json`, '{"a":1}');
+      const arts = await sb.collectArtifacts(['res/*.json']);
+      assert.deepEqual(arts.map((a) => a.path), [`${home}/res/a.json`]);
+      assert.equal(await arts[0].read({ format: 'text' }), '{"a":1}');
+      await assert.rejects(sb.collectArtifacts([]), InvalidRequestError);
+    } finally {
+      await sb.kill();
+    }
+  });
+
+  it('refuses a run without a command with InvalidRequestError', async () => {
+    await assert.rejects(
+      Sandbox.run({ ...srv.opts, files: { 'a.txt': 'x' } }),
+      (e) => e instanceof InvalidRequestError && e.status === 400 && e.field === 'command',
+    );
+    await assert.rejects(Artifact.download('art000000000000000000', srv.opts), NotFoundError);
+  });
+});
+
+describe('custom templates', () => {
+  it('builds a template, follows its log, starts a sandbox from it, deletes it', async () => {
+    const id = templateId();
+    const build = await Template.build({ id, steps: [{ run: 'echo hi > /opt/hi.txt' }] }, srv.opts);
+    assert.ok(build instanceof TemplateBuild);
+    assert.match(build.id, /^bld/);
+    assert.equal(build.templateId, id);
+    const pieces = [];
+    const done = await build.wait({ onLog: (t) => pieces.push(t), timeoutMs: 120_000, check: true });
+    try {
+      assert.equal(done.state, 'ready');
+      assert.equal(done.error, null);
+      assert.ok(done.finishedAt instanceof Date);
+      assert.equal(done.steps[0].kind, 'run');
+      assert.equal(pieces.join(''), done.log);
+      assert.match(done.log, new RegExp(`template ${id} is ready`));
+      assert.equal((await Template.getBuild(id, build.id, srv.opts)).log, done.log);
+      assert.equal((await Template.get(id, srv.opts)).id, id);
+      const sb = await Sandbox.create({ ...srv.opts, template: id, size: 'xs' });
+      try {
+        assert.equal(await sb.files.read('/opt/hi.txt'), 'hi\n');
+        await assert.rejects(Template.delete(id, srv.opts), ConflictError);
+      } finally {
+        await sb.kill();
+      }
+    } finally {
+      assert.equal((await Template.delete(id, srv.opts)).id, id);
+    }
+    await assert.rejects(Template.get(id, srv.opts), NotFoundError);
+  });
+
+  it('a failing step makes the build failed, with its output in the log', async () => {
+    const id = templateId();
+    const build = await Template.build({ id, steps: [{ run: 'echo going-wrong; exit 3' }] }, srv.opts);
+    try {
+      const done = await build.wait({ timeoutMs: 120_000 });
+      assert.equal(done.state, 'failed');
+      assert.match(done.error, /exited with 3/);
+      assert.match(done.log, /going-wrong/);
+      assert.equal(done.steps[0].state, 'failed');
+      await assert.rejects(build.wait({ check: true }), (e) => e instanceof TemplateBuildError && e.build.id === build.id);
+    } finally {
+      await Template.delete(id, srv.opts);
+    }
+  });
+
+  it('refuses a bad spec and unknown templates', async () => {
+    await assert.rejects(Template.build({ id: 'Not Valid' }, srv.opts), InvalidRequestError);
+    await assert.rejects(Template.delete('base', srv.opts), ConflictError);
+    await assert.rejects(Template.delete(templateId(), srv.opts), NotFoundError);
+  });
+});
