@@ -148,7 +148,17 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        // Sandboxes outlive their server by design: the bench destroys its own before this.
+        // Sandboxes outlive their server by design: the bench destroys its own before this, and
+        // a server stopped with SIGTERM removes its warm pool.
+        // SAFETY: a plain kill(2) of our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         // The server's own (now empty) cgroup parent, `cella/<instance>`, in every hierarchy.

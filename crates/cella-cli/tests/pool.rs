@@ -163,3 +163,44 @@ fn pool_sandboxes_belong_to_no_workspace_and_respect_caps_and_policies() {
     let after = s.create(json!({ "size": "xs" }));
     assert_eq!(s.sh(&after, "echo ok")["stdout"], "ok\n");
 }
+
+#[test]
+fn a_clean_stop_removes_the_pool_and_keeps_users_sandboxes() {
+    let mut s = Server::start_with("[pool]\ndefault = 0\nsizes = { xs = 2 }\n");
+    wait_for(&s, "xs", "fast_ready");
+    let mine = s.create(json!({ "size": "small" }));
+    let instance = std::fs::read_to_string(s.data_dir().join("instance-id")).unwrap();
+    let sandboxes_of_instance = || {
+        let mut n = 0;
+        if let Ok(rd) = std::fs::read_dir(format!("/sys/fs/cgroup/pids/cella/{}", instance.trim()))
+        {
+            for e in rd.flatten() {
+                if e.path().is_dir()
+                    && !std::fs::read_to_string(e.path().join("cgroup.procs"))
+                        .unwrap_or_default()
+                        .trim()
+                        .is_empty()
+                {
+                    n += 1;
+                }
+            }
+        }
+        n
+    };
+    if std::path::Path::new("/sys/fs/cgroup/pids/cella").exists() {
+        assert_eq!(
+            sandboxes_of_instance(),
+            3,
+            "two pool sandboxes and the user's"
+        );
+    }
+    s.stop();
+    // The user's sandbox runs on; the pool is gone.
+    assert!(!sandbox_pids(&mine).is_empty());
+    if std::path::Path::new("/sys/fs/cgroup/pids/cella").exists() {
+        assert_eq!(sandboxes_of_instance(), 1, "the pool outlived a clean stop");
+    }
+    s.restart();
+    assert_eq!(s.sh(&mine, "echo still here")["stdout"], "still here\n");
+    wait_for(&s, "xs", "fast_ready");
+}

@@ -522,10 +522,14 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         state.config.data_dir.display()
     );
     println!("cella: listening on http://{addr}");
-    axum::serve(listener, router(state))
+    axum::serve(listener, router(state.clone()))
         .with_graceful_shutdown(shutdown_signal())
         .await
-        .map_err(ServeError::Serve)
+        .map_err(ServeError::Serve)?;
+    // Users' sandboxes run on without the server; the warm pool is the server's own and is
+    // booted again at the next start, so a clean stop leaves none of it behind.
+    pool::drain(&state).await;
+    Ok(())
 }
 
 async fn shutdown_signal() {

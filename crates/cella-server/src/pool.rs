@@ -25,6 +25,8 @@ pub struct Pool {
     ready: Mutex<HashMap<(String, Size), i64>>,
     wake: tokio::sync::Notify,
     last_boot: Mutex<Option<tokio::time::Instant>>,
+    /// The server is stopping: no more pool boots.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Pool {
@@ -112,6 +114,13 @@ async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::StoreError> {
                 }
                 *state.pool().last_boot.lock().expect("pool lock") =
                     Some(tokio::time::Instant::now());
+                if state
+                    .pool()
+                    .stopping
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    return Ok(());
+                }
                 if !boot_one(state, &t.id, size).await? {
                     break; // it failed to boot: try again at the next round
                 }
@@ -190,6 +199,25 @@ async fn trim(
         }
     }
     Ok(())
+}
+
+/// Removes every pool sandbox (at a clean stop of the server).
+pub async fn drain(state: &AppState) {
+    state
+        .pool()
+        .stopping
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let Ok(rows) = state.store.pool_rows().await else {
+        return;
+    };
+    for r in rows {
+        let _guard = state.locks.lock(&r.id).await;
+        if let Ok(Some(row)) = state.store.sandbox(&r.id).await {
+            if row.workspace_id == POOL_WORKSPACE {
+                let _ = discard(state, &row).await;
+            }
+        }
+    }
 }
 
 /// Removes a pool sandbox from the host and the store (the caller holds its lock).

@@ -158,6 +158,22 @@ impl Server {
         }
     }
 
+    /// A clean stop (SIGTERM), waiting for the server to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     pub fn restart(&mut self) {
         self.kill9();
         self.spawn();
@@ -315,13 +331,38 @@ pub fn namespaces_in_use() -> std::collections::HashSet<String> {
 /// Kills what a test's server left running and removes its cgroups (sandboxes outlive their
 /// server by design, so a test must clear them itself).
 fn janitor(data: &Path) {
-    let ids: Vec<String> = std::fs::read_dir(data.join("sandboxes"))
+    // Twice: a launcher the killed server had already given its configuration finishes its
+    // sandbox a few milliseconds later.
+    clear(data);
+    std::thread::sleep(Duration::from_millis(300));
+    clear(data);
+}
+
+fn clear(data: &Path) {
+    let mut ids: Vec<String> = std::fs::read_dir(data.join("sandboxes"))
         .map(|rd| {
             rd.flatten()
                 .map(|e| e.file_name().to_string_lossy().to_string())
                 .collect()
         })
         .unwrap_or_default();
+    // And whatever has a cgroup under the server's instance (pool and build sandboxes too).
+    if let Ok(instance) = std::fs::read_to_string(data.join("instance-id")) {
+        let roots = std::fs::read_dir("/sys/fs/cgroup")
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_else(|_| Vec::new());
+        for root in roots.into_iter().chain([PathBuf::from("/sys/fs/cgroup")]) {
+            if let Ok(rd) = std::fs::read_dir(root.join("cella").join(instance.trim())) {
+                for e in rd.flatten() {
+                    if e.path().is_dir() {
+                        ids.push(e.file_name().to_string_lossy().to_string());
+                    }
+                }
+            }
+        }
+    }
+    ids.sort();
+    ids.dedup();
     for id in ids {
         for _ in 0..100 {
             let pids = sandbox_pids(&id);
