@@ -529,6 +529,9 @@ fn first_start_writes_a_bootstrap_key_once() {
         .tempdir()
         .unwrap();
     let data = dir.path().join("data");
+    // No warm pool: these servers are killed, and a pool would outlive them.
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "[pool]\ndefault = 0\nsizes = {}\n").unwrap();
     let start = || {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -544,6 +547,8 @@ fn first_start_writes_a_bootstrap_key_once() {
                 "--data-dir",
             ])
             .arg(&data)
+            .arg("--config")
+            .arg(&config)
             .env_remove("CELLA_BOOTSTRAP_KEY")
             .stdout(std::fs::File::create(&out).unwrap())
             .stderr(Stdio::null())

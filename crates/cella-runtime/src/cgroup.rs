@@ -208,6 +208,13 @@ pub fn exists(path: &str) -> bool {
     probe_dir(path).is_dir()
 }
 
+/// Removes the cgroup `path` (in every hierarchy) when it has no child cgroups left.
+pub fn remove_if_empty(path: &str) {
+    if exists(path) && children(path).is_empty() {
+        let _ = load(path).delete();
+    }
+}
+
 /// Names of the child cgroups of `parent`.
 pub fn children(parent: &str) -> Vec<String> {
     std::fs::read_dir(probe_dir(parent))

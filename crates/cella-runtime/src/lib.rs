@@ -171,6 +171,10 @@ pub trait Driver: Send + Sync + 'static {
     /// What the sandbox's processes use now, when it has any.
     fn usage(&self, handle: &SandboxHandle) -> Option<ResourceUsage>;
 
+    /// At a clean stop: removes what the driver keeps for itself when no sandbox of this server
+    /// is left (the cgroup parent).
+    fn tidy(&self) {}
+
     /// Ids of sandboxes that have anything left on this host (files or cgroups).
     fn leftovers(&self) -> Vec<String>;
 }

@@ -529,6 +529,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     // Users' sandboxes run on without the server; the warm pool is the server's own and is
     // booted again at the next start, so a clean stop leaves none of it behind.
     pool::drain(&state).await;
+    state.driver.tidy();
     Ok(())
 }
 

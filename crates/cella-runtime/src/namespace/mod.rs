@@ -661,6 +661,10 @@ impl Driver for NamespaceDriver {
         })
     }
 
+    fn tidy(&self) {
+        cgroup::remove_if_empty(&self.cgroup_parent);
+    }
+
     fn leftovers(&self) -> Vec<String> {
         let mut ids: Vec<String> = std::fs::read_dir(self.data_dir.join("sandboxes"))
             .map(|rd| {
