@@ -194,7 +194,7 @@ struct Series {
 impl Series {
     fn sorted(&self) -> Vec<f64> {
         let mut v = self.samples.clone();
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v.sort_by(|a, b| a.total_cmp(b));
         v
     }
     fn p(&self, q: f64) -> f64 {

@@ -235,3 +235,56 @@ fn the_cli_runs_one_shot_and_downloads_artifacts() {
         "{text}"
     );
 }
+
+#[test]
+fn artifact_and_expose_routes_refuse_bad_requests() {
+    let s = Server::start();
+    let id = s.create(json!({ "size": "xs" }));
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}))
+            .status,
+        200
+    );
+    s.post(
+        &format!("/api/v1/sandboxes/{id}/artifacts"),
+        json!({ "paths": ["*"] }),
+    )
+    .assert_error(409, "SANDBOX_NOT_RUNNING");
+    let r = s.get("/api/v1/artifacts?bogus=1");
+    r.assert_error(400, "INVALID_REQUEST");
+    assert_eq!(r.body["error"]["details"]["field"], "bogus");
+    s.get("/api/v1/artifacts/artnosuch")
+        .assert_error(404, "NOT_FOUND");
+    s.delete(&format!("/api/v1/sandboxes/{id}"));
+    s.post(
+        &format!("/api/v1/sandboxes/{id}/expose"),
+        json!({ "port": 8080 }),
+    )
+    .assert_error(409, "CONFLICT");
+    s.post("/api/v1/sandboxes/sbnosuch/expose", json!({ "port": 8080 }))
+        .assert_error(404, "NOT_FOUND");
+}
+
+#[test]
+fn a_bad_network_subnet_stops_the_server_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("c.toml"),
+        "[network]\nsubnet = \"10.0.0.0/31\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(dir.path().join("c.toml"))
+        .env("CELLA_BOOTSTRAP_KEY", KEY)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("network.subnet") && err.contains("10.0.0.0/31"),
+        "{err}"
+    );
+}

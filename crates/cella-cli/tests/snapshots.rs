@@ -327,3 +327,30 @@ fn a_fork_gives_independent_copies_and_the_source_runs_on() {
     )
     .assert_error(404, "NOT_FOUND");
 }
+
+#[test]
+fn snapshots_and_forks_refuse_what_they_cannot_copy() {
+    // Without disk images a sandbox's files are no image to copy: 409, with the reason.
+    let s = Server::start_with("[disk]\nquota = false\n");
+    let id = s.create(json!({ "size": "xs" }));
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/snapshots"), json!({}));
+    r.assert_error(409, "CONFLICT");
+    assert!(
+        r.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("disk image"),
+        "{}",
+        r.body
+    );
+    s.post(&format!("/api/v1/sandboxes/{id}/fork"), json!({}))
+        .assert_error(409, "CONFLICT");
+    assert!(
+        s.get("/api/v1/sandboxes").data().as_array().unwrap().len() == 1,
+        "a failed fork made nothing"
+    );
+    // A destroyed sandbox cannot be forked.
+    s.delete(&format!("/api/v1/sandboxes/{id}"));
+    s.post(&format!("/api/v1/sandboxes/{id}/fork"), json!({}))
+        .assert_error(409, "CONFLICT");
+}

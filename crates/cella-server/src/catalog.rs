@@ -55,6 +55,18 @@ impl Catalog {
         self.templates.read().expect("catalog lock").clone()
     }
 
+    /// The working directory and user a template sets for commands (on every exec: no clone of
+    /// the entry).
+    pub fn exec_defaults(&self, id: &str) -> (Option<String>, Option<cella_types::ExecUser>) {
+        self.templates
+            .read()
+            .expect("catalog lock")
+            .iter()
+            .find(|t| t.id == id)
+            .map(|t| (t.defaults.workdir.clone(), t.defaults.user))
+            .unwrap_or_default()
+    }
+
     /// A template a workspace may use: a built-in one, or one it built.
     pub fn visible(&self, id: &str, workspace_id: &str) -> Option<TemplateEntry> {
         self.get(id)

@@ -142,7 +142,38 @@ pub(crate) fn check_map(
 }
 
 /// Checks a create request and turns it into a new row (not yet stored).
-async fn admit(state: &AppState, auth: &Auth, req: &CreateSandbox) -> Result<SandboxRow, ApiError> {
+/// The caller's sandbox `id` (404 for another workspace's, and for the pool's).
+pub(crate) async fn owned(state: &AppState, auth: &Auth, id: &str) -> Result<SandboxRow, ApiError> {
+    state
+        .store
+        .sandbox(id)
+        .await?
+        .filter(|r| r.workspace_id == auth.workspace_id)
+        .ok_or_else(|| ApiError::not_found("sandbox"))
+}
+
+/// The caller's workspace and its plan's cap on concurrent sandboxes.
+pub(crate) async fn workspace_cap(
+    state: &AppState,
+    auth: &Auth,
+) -> Result<(cella_store::WorkspaceRow, u32), ApiError> {
+    let workspace = state
+        .store
+        .workspace(&auth.workspace_id)
+        .await?
+        .ok_or_else(ApiError::internal)?;
+    let cap = cella_types::Plan::parse(&workspace.plan)
+        .unwrap_or(cella_types::Plan::Developer)
+        .concurrency_cap();
+    Ok((workspace, cap))
+}
+
+async fn admit(
+    state: &AppState,
+    auth: &Auth,
+    req: &CreateSandbox,
+    workspace: &cella_store::WorkspaceRow,
+) -> Result<SandboxRow, ApiError> {
     let snapshot = match &req.snapshot_id {
         None => None,
         Some(sid) => {
@@ -237,11 +268,6 @@ async fn admit(state: &AppState, auth: &Auth, req: &CreateSandbox) -> Result<San
             "timeout_sec must be from 1 to 86400",
         ));
     }
-    let workspace = state
-        .store
-        .workspace(&auth.workspace_id)
-        .await?
-        .ok_or_else(ApiError::internal)?;
     let idle_timeout_sec = match req.idle_timeout_sec {
         Some(v) if v > MAX_TIMEOUT_SEC => {
             return Err(ApiError::invalid(
@@ -294,15 +320,8 @@ pub async fn create(
     auth: &Auth,
     req: CreateSandbox,
 ) -> Result<Sandbox, ApiError> {
-    let row = admit(state, auth, &req).await?;
-    let workspace = state
-        .store
-        .workspace(&auth.workspace_id)
-        .await?
-        .ok_or_else(ApiError::internal)?;
-    let cap = cella_types::Plan::parse(&workspace.plan)
-        .unwrap_or(cella_types::Plan::Developer)
-        .concurrency_cap();
+    let (workspace, cap) = workspace_cap(state, auth).await?;
+    let row = admit(state, auth, &req, &workspace).await?;
     // The fast path: a sandbox of the warm pool, already running.
     if req.wait.unwrap_or(true) && row.snapshot_id.is_none() {
         match crate::pool::claim(state, &row, cap).await? {
@@ -546,12 +565,7 @@ pub async fn running(
     auth: &Auth,
     id: &str,
 ) -> Result<(SandboxRow, SandboxHandle), ApiError> {
-    let row = state
-        .store
-        .sandbox(id)
-        .await?
-        .filter(|r| r.workspace_id == auth.workspace_id)
-        .ok_or_else(|| ApiError::not_found("sandbox"))?;
+    let row = owned(state, auth, id).await?;
     state.activity.touch(id);
     if state_of(&row) != SandboxState::Running {
         return Err(ApiError::new(
@@ -665,13 +679,15 @@ async fn start_template_app(
 /// Fills in what the sandbox's template sets for commands (working directory and user) where
 /// the request leaves it open.
 pub fn template_defaults(state: &AppState, row: &SandboxRow, mut req: ExecRequest) -> ExecRequest {
-    if let Some(t) = state.catalog.get(&row.template_id) {
-        if req.cwd.is_none() {
-            req.cwd = t.defaults.workdir.clone();
-        }
-        if req.user.is_none() {
-            req.user = t.defaults.user;
-        }
+    if req.cwd.is_some() && req.user.is_some() {
+        return req;
+    }
+    let (workdir, user) = state.catalog.exec_defaults(&row.template_id);
+    if req.cwd.is_none() {
+        req.cwd = workdir;
+    }
+    if req.user.is_none() {
+        req.user = user;
     }
     req
 }

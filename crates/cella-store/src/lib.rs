@@ -397,6 +397,14 @@ impl Store {
 
     // -- sandboxes ------------------------------------------------------------------------------
 
+    const SNAPSHOT_COLS: &'static str =
+        "seq, id, workspace_id, sandbox_id, template_id, size, created_at, size_bytes, internal";
+    const ARTIFACT_COLS: &'static str =
+        "seq, id, workspace_id, sandbox_id, path, size, created_at, expires_at";
+    const TEMPLATE_COLS: &'static str = "id, workspace_id, name, spec, image, defaults, created_at";
+    const BUILD_COLS: &'static str =
+        "id, template_id, workspace_id, state, steps, log, error, created_at, finished_at";
+
     const SANDBOX_COLS: &'static str =
         "seq, id, workspace_id, owner_id, template_id, state, size, \
         cpu_count, memory_mb, disk_size_mb, ready, ready_at, timeout_sec, always_on, persistent, \
@@ -592,17 +600,19 @@ impl Store {
     }
 
     pub async fn templates(&self) -> Result<Vec<TemplateRow>> {
-        Ok(sqlx::query_as(
-            "SELECT id, workspace_id, name, spec, image, defaults, created_at FROM templates ORDER BY seq",
-        )
+        Ok(sqlx::query_as(&format!(
+            "SELECT {} FROM templates ORDER BY seq",
+            Self::TEMPLATE_COLS
+        ))
         .fetch_all(&self.pool)
         .await?)
     }
 
     pub async fn template(&self, id: &str) -> Result<Option<TemplateRow>> {
-        Ok(sqlx::query_as(
-            "SELECT id, workspace_id, name, spec, image, defaults, created_at FROM templates WHERE id = ?",
-        )
+        Ok(sqlx::query_as(&format!(
+            "SELECT {} FROM templates WHERE id = ?",
+            Self::TEMPLATE_COLS
+        ))
         .bind(id)
         .fetch_optional(&self.pool)
         .await?)
@@ -671,10 +681,10 @@ impl Store {
     }
 
     pub async fn build(&self, id: &str) -> Result<Option<BuildRow>> {
-        Ok(sqlx::query_as(
-            "SELECT id, template_id, workspace_id, state, steps, log, error, created_at, finished_at \
-             FROM template_builds WHERE id = ?",
-        )
+        Ok(sqlx::query_as(&format!(
+            "SELECT {} FROM template_builds WHERE id = ?",
+            Self::BUILD_COLS
+        ))
         .bind(id)
         .fetch_optional(&self.pool)
         .await?)
@@ -682,10 +692,10 @@ impl Store {
 
     /// Builds that were running when the server stopped.
     pub async fn unfinished_builds(&self) -> Result<Vec<BuildRow>> {
-        Ok(sqlx::query_as(
-            "SELECT id, template_id, workspace_id, state, steps, log, error, created_at, finished_at \
-             FROM template_builds WHERE state IN ('queued', 'building')",
-        )
+        Ok(sqlx::query_as(&format!(
+            "SELECT {} FROM template_builds WHERE state IN ('queued', 'building')",
+            Self::BUILD_COLS
+        ))
         .fetch_all(&self.pool)
         .await?)
     }
@@ -710,9 +720,10 @@ impl Store {
     }
 
     pub async fn artifact(&self, id: &str) -> Result<Option<ArtifactRow>> {
-        Ok(sqlx::query_as(
-            "SELECT seq, id, workspace_id, sandbox_id, path, size, created_at, expires_at FROM artifacts WHERE id = ?",
-        )
+        Ok(sqlx::query_as(&format!(
+            "SELECT {} FROM artifacts WHERE id = ?",
+            Self::ARTIFACT_COLS
+        ))
         .bind(id)
         .fetch_optional(&self.pool)
         .await?)
@@ -726,9 +737,8 @@ impl Store {
         limit: u32,
         before_seq: Option<i64>,
     ) -> Result<Vec<ArtifactRow>> {
-        Ok(sqlx::query_as(
-            "SELECT seq, id, workspace_id, sandbox_id, path, size, created_at, expires_at FROM artifacts \
-             WHERE workspace_id = ? AND (? IS NULL OR sandbox_id = ?) AND seq < ? ORDER BY seq DESC LIMIT ?",
+        Ok(sqlx::query_as(&format!("SELECT {} FROM artifacts \
+             WHERE workspace_id = ? AND (? IS NULL OR sandbox_id = ?) AND seq < ? ORDER BY seq DESC LIMIT ?", Self::ARTIFACT_COLS),
         )
         .bind(workspace_id)
         .bind(sandbox_id)
@@ -778,10 +788,10 @@ impl Store {
     }
 
     pub async fn snapshot(&self, id: &str) -> Result<Option<SnapshotRow>> {
-        Ok(sqlx::query_as(
-            "SELECT seq, id, workspace_id, sandbox_id, template_id, size, created_at, size_bytes, internal \
-             FROM snapshots WHERE id = ?",
-        )
+        Ok(sqlx::query_as(&format!(
+            "SELECT {} FROM snapshots WHERE id = ?",
+            Self::SNAPSHOT_COLS
+        ))
         .bind(id)
         .fetch_optional(&self.pool)
         .await?)
@@ -794,9 +804,7 @@ impl Store {
         limit: u32,
         before_seq: Option<i64>,
     ) -> Result<Vec<SnapshotRow>> {
-        Ok(sqlx::query_as(
-            "SELECT seq, id, workspace_id, sandbox_id, template_id, size, created_at, size_bytes, internal \
-             FROM snapshots WHERE workspace_id = ? AND internal = 0 AND seq < ? ORDER BY seq DESC LIMIT ?",
+        Ok(sqlx::query_as(&format!("SELECT {} FROM snapshots WHERE workspace_id = ? AND internal = 0 AND seq < ? ORDER BY seq DESC LIMIT ?", Self::SNAPSHOT_COLS),
         )
         .bind(workspace_id)
         .bind(before_seq.unwrap_or(i64::MAX))

@@ -18,12 +18,8 @@ use std::sync::Arc;
 
 /// The sandbox, if it exists and belongs to the caller's workspace; else 404.
 async fn find(state: &AppState, auth: &Auth, id: &str) -> Result<SandboxRow, ApiError> {
-    state
-        .store
-        .sandbox(id)
-        .await?
-        .filter(|r| r.workspace_id == auth.workspace_id)
-        .ok_or_else(|| ApiError::not_found("sandbox"))
+    svc::owned(state, auth, id)
+        .await
         .inspect(|r| state.activity.touch(&r.id))
 }
 

@@ -85,15 +85,6 @@ async fn take(
     Ok((snap, info))
 }
 
-async fn own_sandbox(state: &AppState, auth: &Auth, id: &str) -> Result<SandboxRow, ApiError> {
-    state
-        .store
-        .sandbox(id)
-        .await?
-        .filter(|r| r.workspace_id == auth.workspace_id)
-        .ok_or_else(|| ApiError::not_found("sandbox"))
-}
-
 /// Snapshot a sandbox's files (running: frozen for the instant the copy takes; paused or
 /// stopped: copied as they are). Scope `sandboxes:write`.
 #[utoipa::path(post, path = "/api/v1/sandboxes/{id}/snapshots", tag = "snapshots", security(("bearer" = [])),
@@ -107,7 +98,7 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<Data<Snapshot>>), ApiError> {
     auth.require(Scope::SandboxesWrite)?;
     let _guard = state.locks.lock(&id).await;
-    let row = own_sandbox(&state, &auth, &id).await?;
+    let row = crate::sandboxes::owned(&state, &auth, &id).await?;
     let (snap, _) = take(&state, &row, false).await?;
     Ok((StatusCode::CREATED, Json(Data { data: wire(&snap) })))
 }
@@ -222,7 +213,7 @@ pub async fn fork(
         crate::sandboxes::check_map("metadata", m, false)?;
     }
     let guard = state.locks.lock(&id).await;
-    let source = own_sandbox(&state, &auth, &id).await?;
+    let source = crate::sandboxes::owned(&state, &auth, &id).await?;
     if !matches!(
         state_of(&source),
         SandboxState::Running | SandboxState::Paused | SandboxState::Stopped
@@ -235,14 +226,7 @@ pub async fn fork(
             ),
         ));
     }
-    let workspace = state
-        .store
-        .workspace(&auth.workspace_id)
-        .await?
-        .ok_or_else(ApiError::internal)?;
-    let cap = cella_types::Plan::parse(&workspace.plan)
-        .unwrap_or(cella_types::Plan::Developer)
-        .concurrency_cap();
+    let (_, cap) = crate::sandboxes::workspace_cap(&state, &auth).await?;
     let (snap, info) = take(&state, &source, true).await?;
     drop(guard);
     // From here on a task of its own: a client that hangs up leaves no half-made fork and no
