@@ -118,6 +118,7 @@ fn escape_suite() {
         py("unshare a mount namespace", true, "expect(sc(272, 0x20000), errno.EPERM)"),
         py("unshare through the x32 ABI", true, "expect(sc(0x40000000 | 272, 0x20000), errno.EPERM, errno.ENOSYS)"),
         py("load a module through the x32 ABI", true, "expect(sc(0x40000000 | 313, -1, b'', 0), errno.EPERM, errno.ENOSYS)"),
+        py("kexec_load under its own x32 number", true, "expect(sc(0x40000000 | 528, 0, 0, 0, 0), errno.EPERM, errno.ENOSYS)"),
         py("clone into a new user namespace", true, "expect(sc(56, 0x10000000 | 17, 0, 0, 0, 0), errno.EPERM)"),
         py("load a kernel module (init_module)", true, "expect(sc(175, 0, 0, b''), errno.EPERM)"),
         py("load a kernel module (finit_module)", true, "expect(sc(313, -1, b'', 0), errno.EPERM)"),
@@ -166,6 +167,11 @@ fn escape_suite() {
         // The sandbox may change its own view of /usr (its own layer); the host's stays as it
         // was (checked on the host below).
         sh("write the host's /usr", true, "echo x > /usr/bin/cella-escape 2>/dev/null; echo CONTAINED"),
+        // The sandbox's root is a uid range of its own on the host: a set-uid program it makes
+        // belongs to that range (checked on the host below), and no id outside it can be used.
+        sh("plant a set-uid root shell for the host", true, "cp /bin/sh /tmp/rootsh && chmod 4755 /tmp/rootsh && echo CONTAINED"),
+        py("give a file to a host id outside the sandbox's range", true,
+           "open('/tmp/given', 'w').close()\nexpect_oserror(lambda: os.chown('/tmp/given', 4000000000, 4000000000), errno.EINVAL)"),
     ];
 
     let mut contained = 0;
@@ -185,6 +191,13 @@ fn escape_suite() {
         host_hostname
     );
     assert!(!std::path::Path::new("/usr/bin/cella-escape").exists());
+    let init = common::sandbox_pids(&id)[0];
+    let planted = std::fs::metadata(format!("/proc/{init}/root/tmp/rootsh")).unwrap();
+    assert!(
+        std::os::unix::fs::MetadataExt::uid(&planted) >= 1_000_000_000,
+        "the planted set-uid shell belongs to host uid {}",
+        std::os::unix::fs::MetadataExt::uid(&planted)
+    );
     println!("{} attempts, {} contained", attempts.len(), contained);
     assert!(attempts.len() >= 30);
     assert!(escaped.is_empty(), "escaped:\n{}", escaped.join("\n"));

@@ -318,7 +318,7 @@ fn destroy_leaves_nothing_on_the_host() {
     let pids = sandbox_pids(&id);
     assert!(pids.len() >= 2, "init and the sleeper: {pids:?}");
     let ns = namespaces(pids[0]);
-    assert_eq!(ns.len(), 6);
+    assert_eq!(ns.len(), 7);
     // Every namespace of the sandbox is its own.
     let mine = namespaces(std::process::id() as i32);
     assert!(ns.iter().all(|n| !mine.contains(n)), "{ns:?} vs {mine:?}");

@@ -8,37 +8,6 @@ use common::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
-fn wait_build(s: &Server, key: &str, template: &str, build: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let r = s.req(
-            "GET",
-            &format!("/api/v1/templates/{template}/builds/{build}"),
-            Some(key),
-            None,
-        );
-        assert_eq!(r.status, 200, "{}", r.body);
-        let st = r.data()["state"].as_str().unwrap().to_string();
-        if st == "ready" || st == "failed" {
-            return r.data().clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the build did not end: {}",
-            r.body
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn build(s: &Server, key: &str, spec: &Value) -> Value {
-    let r = s.req("POST", "/api/v1/templates", Some(key), Some(spec));
-    assert_eq!(r.status, 202, "{}", r.body);
-    assert_eq!(r.data()["state"], "queued");
-    let id = r.data()["id"].as_str().unwrap().to_string();
-    wait_build(s, key, spec["id"].as_str().unwrap(), &id)
-}
-
 fn states(b: &Value) -> Vec<String> {
     b["steps"]
         .as_array()

@@ -9,6 +9,7 @@ pub mod disk;
 pub mod firewall;
 pub mod namespace;
 pub mod rootfs;
+pub mod userns;
 
 use async_trait::async_trait;
 pub use cella_agent::client::ExecEvent;

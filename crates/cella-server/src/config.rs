@@ -20,6 +20,7 @@ pub struct Config {
     pub rate_limits: crate::ratelimit::RateLimitConfig,
     pub files: FilesConfig,
     pub disk: DiskConfig,
+    pub isolation: IsolationConfig,
     pub network: NetworkConfig,
     pub pool: PoolConfig,
     pub preview: PreviewConfig,
@@ -109,6 +110,26 @@ impl Default for NetworkConfig {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+pub struct IsolationConfig {
+    /// Run each sandbox in a user namespace of its own, so that its root is an unprivileged uid
+    /// on the host. Unset: whenever the host can (the server warns when it cannot); `true`: the
+    /// server refuses to start without; `false`: off.
+    pub userns: Option<bool>,
+    /// The first host uid and gid of the range a sandbox's ids map to (65536 ids from here).
+    pub uid_base: u32,
+}
+
+impl Default for IsolationConfig {
+    fn default() -> Self {
+        IsolationConfig {
+            userns: None,
+            uid_base: cella_runtime::userns::IdMap::DEFAULT_BASE,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct DiskConfig {
     /// Give each sandbox a file system of exactly its `disk_size_mb` (a sparse ext4 image;
     /// needs mkfs.ext4 and loop devices). Off: the writable layer is a plain directory.
@@ -171,6 +192,7 @@ impl Default for Config {
             rate_limits: Default::default(),
             files: FilesConfig::default(),
             disk: DiskConfig::default(),
+            isolation: IsolationConfig::default(),
             network: NetworkConfig::default(),
             pool: PoolConfig::default(),
             preview: PreviewConfig::default(),

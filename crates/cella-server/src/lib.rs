@@ -169,6 +169,36 @@ async fn bootstrap(store: &Store, config: &Config, data_dir: &Path) -> Result<()
     Ok(())
 }
 
+/// The id mapping sandboxes get, as `[isolation]` asks and this host allows: the data
+/// directory's file system and the host directories the base image binds must take id-mapped
+/// mounts.
+fn user_namespaces(
+    config: &Config,
+    data_dir: &Path,
+    image: &cella_runtime::rootfs::TemplateImage,
+) -> Result<Option<cella_runtime::userns::IdMap>, ServeError> {
+    if config.isolation.userns == Some(false) {
+        return Ok(None);
+    }
+    let map = cella_runtime::userns::IdMap::new(config.isolation.uid_base)
+        .map_err(|e| ServeError::Config(format!("isolation.{e}")))?;
+    let mut dirs: Vec<&Path> = vec![data_dir];
+    dirs.extend(image.binds.iter().map(|b| b.src.as_path()));
+    match cella_runtime::userns::probe(&map, &dirs) {
+        Ok(()) => Ok(Some(map)),
+        Err(e) if config.isolation.userns == Some(true) => Err(ServeError::Config(format!(
+            "isolation.userns is on but this host cannot give sandboxes user namespaces: {e}"
+        ))),
+        Err(e) => {
+            tracing::warn!(
+                "sandboxes run without user namespaces (their root is the host's root, confined \
+                 by capabilities, seccomp and namespaces): {e}"
+            );
+            Ok(None)
+        }
+    }
+}
+
 fn write_secret(path: &Path, secret: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
@@ -436,8 +466,10 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
         path: dir.clone(),
         source,
     })?;
-    let mut driver =
-        NamespaceDriver::new(&dir, agent_exe, &instance)?.with_disk_quota(config.disk.quota);
+    let ids = user_namespaces(&config, &dir, &image)?;
+    let mut driver = NamespaceDriver::new(&dir, agent_exe, &instance)?
+        .with_disk_quota(config.disk.quota)
+        .with_userns(ids);
     let mut network = None;
     if config.network.enabled {
         let (subnet, prefix) = match cella_types::Destination::parse(&config.network.subnet) {

@@ -311,7 +311,7 @@ pub fn sandbox_pids(id: &str) -> Vec<i32> {
 
 /// Namespace links (`mnt:[...]`, `net:[...]`, ...) of a process.
 pub fn namespaces(pid: i32) -> Vec<String> {
-    ["mnt", "net", "pid", "uts", "ipc", "cgroup"]
+    ["mnt", "net", "pid", "uts", "ipc", "cgroup", "user"]
         .iter()
         .filter_map(|ns| std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok())
         .map(|p| p.display().to_string())
@@ -480,4 +480,37 @@ fn remove_firewall_chains(instance: &str) {
         let _ = child.stdin.take().unwrap().write_all(script.as_bytes());
         let _ = child.wait();
     }
+}
+
+/// Waits for a template build to end; returns the build.
+pub fn wait_build(s: &Server, key: &str, template: &str, build: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let r = s.req(
+            "GET",
+            &format!("/api/v1/templates/{template}/builds/{build}"),
+            Some(key),
+            None,
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let st = r.data()["state"].as_str().unwrap().to_string();
+        if st == "ready" || st == "failed" {
+            return r.data().clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the build did not end: {}",
+            r.body
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Starts a template build of `spec` and waits for it to end.
+pub fn build(s: &Server, key: &str, spec: &Value) -> Value {
+    let r = s.req("POST", "/api/v1/templates", Some(key), Some(spec));
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(r.data()["state"], "queued");
+    let id = r.data()["id"].as_str().unwrap().to_string();
+    wait_build(s, key, spec["id"].as_str().unwrap(), &id)
 }

@@ -11,7 +11,7 @@ use super::{mounts, LaunchConfig};
 use nix::sched::{unshare, CloneFlags};
 use nix::unistd::{fork, ForkResult};
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 /// Entry point of `cella __sandbox-init`. Returns the process exit code.
 pub fn launcher_main() -> i32 {
@@ -52,6 +52,12 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), String> {
         return Err("the launch configuration names another cgroup".into());
     }
     let (ready_r, ready_w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
+    // The user namespace comes first: made by a helper child, which must not become PID 1 of the
+    // new PID namespace. Init uses it for its id-mapped mounts and enters it at the end.
+    let userns = match &cfg.userns {
+        Some(map) => Some(crate::userns::create(map, map.owner(&cfg.id))?),
+        None => None,
+    };
     let host_ns = match cfg.network {
         Some(_) => Some(super::net::HostNs::open()?),
         None => None,
@@ -63,6 +69,7 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), String> {
         | CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWCGROUP;
     unshare(flags).map_err(|e| format!("unshare: {e}"))?;
+    net_sysctls();
     let t_unshare = t0.elapsed();
     let net = match (&cfg.network, &host_ns) {
         (Some(plan), Some(host)) => Some(super::net::setup_inside(host, plan)?),
@@ -74,7 +81,7 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), String> {
     match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
         ForkResult::Child => {
             drop(ready_r);
-            let err = init_main(&cfg, ready_w);
+            let err = init_main(&cfg, ready_w, userns);
             // Only reached on failure: tell the launcher why.
             eprintln!("cella-init: {err}");
             std::process::exit(1);
@@ -107,7 +114,7 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), String> {
 }
 
 /// PID 1 of the sandbox. Returns only with an error (already reported through `ready`).
-fn init_main(cfg: &LaunchConfig, ready: OwnedFd) -> String {
+fn init_main(cfg: &LaunchConfig, ready: OwnedFd, userns: Option<OwnedFd>) -> String {
     let mut ready = std::fs::File::from(ready);
     let fail = |ready: &mut std::fs::File, e: String| {
         let _ = ready.write_all(e.as_bytes());
@@ -120,7 +127,7 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd) -> String {
     let mut timings = Vec::new();
     for op in before {
         let t = std::time::Instant::now();
-        if let Err(e) = mounts::apply(op) {
+        if let Err(e) = mounts::apply(op, userns.as_ref().map(|f| f.as_fd())) {
             return fail(&mut ready, e);
         }
         timings.push((mounts::label(op), t.elapsed()));
@@ -139,8 +146,15 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd) -> String {
     };
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o600));
-    if let Err(e) = mounts::apply(pivot) {
+    if let Err(e) = mounts::apply(pivot, None) {
         return fail(&mut ready, e);
+    }
+    // From here on the agent is the root of the sandbox's user namespace: a host uid of the
+    // range, with capabilities only there.
+    if let Some(ns) = userns {
+        if let Err(e) = crate::userns::enter(ns) {
+            return fail(&mut ready, e);
+        }
     }
     let mut by_kind: Vec<(&str, f64)> = Vec::new();
     for (k, d) in timings {
@@ -187,6 +201,20 @@ fn close_inherited_fds() {
         if fd > 2 {
             // SAFETY: no live Rust object owns these descriptors at this point.
             unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// Settings of the sandbox's new network namespace (the calling process's): any uid may bind
+/// ports below 1024 and send ICMP echo without raw sockets, as in Docker. The namespace belongs
+/// to the host's user namespace, where the sandbox's root has no `CAP_NET_BIND_SERVICE`.
+fn net_sysctls() {
+    for (key, value) in [
+        ("net/ipv4/ip_unprivileged_port_start", "0"),
+        ("net/ipv4/ping_group_range", "0 2147483647"),
+    ] {
+        if let Err(e) = std::fs::write(format!("/proc/sys/{key}"), value) {
+            eprintln!("cella-init: setting {key}: {e}");
         }
     }
 }

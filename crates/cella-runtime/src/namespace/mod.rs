@@ -49,6 +49,10 @@ pub struct LaunchConfig {
     /// Make a veth pair (see [`net`]); None: loopback only.
     #[serde(default)]
     pub network: Option<net::NetLaunch>,
+    /// Run the sandbox in a user namespace of its own with this mapping (see
+    /// [`crate::userns`]); None: its root is the host's root, confined by the rest.
+    #[serde(default)]
+    pub userns: Option<crate::userns::IdMap>,
 }
 
 #[derive(Clone)]
@@ -58,6 +62,7 @@ pub struct NamespaceDriver {
     cgroup_parent: String,
     disk_quota: bool,
     net: Option<Network>,
+    ids: Option<crate::userns::IdMap>,
 }
 
 /// The sandbox network: its subnet, the firewall, and a guess at the next free slot.
@@ -84,6 +89,7 @@ impl NamespaceDriver {
             cgroup_parent: format!("cella/{instance}"),
             disk_quota: false,
             net: None,
+            ids: None,
         })
     }
 
@@ -114,6 +120,18 @@ impl NamespaceDriver {
     /// Whether sandboxes get a network interface.
     pub fn has_network(&self) -> bool {
         self.net.is_some()
+    }
+
+    /// Runs sandboxes in user namespaces with `ids` (see [`crate::userns`]; check the host with
+    /// [`crate::userns::probe`] first).
+    pub fn with_userns(mut self, ids: Option<crate::userns::IdMap>) -> Self {
+        self.ids = ids;
+        self
+    }
+
+    /// The id mapping sandboxes run with, if any.
+    pub fn userns(&self) -> Option<crate::userns::IdMap> {
+        self.ids
     }
 
     /// Gives every new sandbox a file system of exactly its `disk_size_mb` (see [`crate::disk`]).
@@ -250,6 +268,7 @@ impl NamespaceDriver {
                 }),
                 _ => None,
             },
+            userns: self.ids,
         };
         let json = serde_json::to_vec_pretty(&cfg).map_err(std::io::Error::other)?;
         std::fs::write(dir.join("launch.json"), json)?;
@@ -602,6 +621,17 @@ impl Driver for NamespaceDriver {
                 std::fs::create_dir_all(p)?;
             }
             std::fs::rename(&from, &to)?;
+        }
+        // Layers hold ids from 0 (sandboxes see them through id-mapped mounts); the sandbox's
+        // files carry its range's host ids.
+        let base = crate::userns::recorded_base(&dir).unwrap_or(0);
+        if base != 0 {
+            let dest = dest.to_path_buf();
+            tokio::task::spawn_blocking(move || {
+                crate::userns::shift_tree(&dest, base, 0, crate::userns::IdMap::COUNT)
+            })
+            .await
+            .map_err(|e| DriverError::Launch(e.to_string()))??;
         }
         Ok(())
     }

@@ -5,6 +5,7 @@
 
 use super::LaunchConfig;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,10 +23,27 @@ pub enum MountOp {
         upper: PathBuf,
         work: PathBuf,
         hostname: String,
+        /// Host id owning what this makes (the user namespace's root; 0 without one).
+        owner: u32,
     },
-    /// Directories beside the upper layer (outside the sandbox's view), made if missing.
+    /// Bring the ids of the writable layer at `layer` (its `upper` and layered binds' uppers)
+    /// to base `to`, as [`crate::userns::MARKER`] records (see [`crate::userns::shift_tree`]).
+    ShiftIds {
+        layer: PathBuf,
+        upper: PathBuf,
+        to: u32,
+    },
+    /// Directories beside the upper layer (outside the sandbox's view), made if missing; a
+    /// directory made here is given to `owner` (0: left to the host's root).
     MakeDirs {
         dirs: Vec<PathBuf>,
+        owner: u32,
+    },
+    /// Attach an id-mapped copy of the mount at `src` on `target` (the sandbox's user
+    /// namespace's mapping: files owned by 0 on disk are its root).
+    Idmap {
+        src: PathBuf,
+        target: PathBuf,
     },
     Overlay {
         lower: Vec<PathBuf>,
@@ -54,6 +72,8 @@ pub enum MountOp {
     },
     Devpts {
         target: PathBuf,
+        /// Host gid of the `tty` group.
+        tty_gid: u32,
     },
     /// Hide a path: an empty read-only tmpfs over a directory, `/dev/null` over a file.
     /// Skipped when the kernel does not have the path.
@@ -65,6 +85,7 @@ pub enum MountOp {
         target: PathBuf,
         major: u32,
         minor: u32,
+        owner: u32,
     },
     /// Make a path read-only (bind it onto itself, then remount). Skipped when absent.
     ReadOnly {
@@ -73,6 +94,7 @@ pub enum MountOp {
     Symlink {
         link: PathBuf,
         to: PathBuf,
+        owner: u32,
     },
     /// Make `root` the root of the mount namespace and drop the old one.
     PivotRoot {
@@ -119,8 +141,16 @@ fn inside(root: &Path, p: &Path) -> PathBuf {
     root.join(p.strip_prefix("/").unwrap_or(p))
 }
 
+/// Where a sandbox's id-mapped views of its layers are attached (beside its root, on the host
+/// side, in its own mount namespace only).
+pub fn idmap_dir(cfg: &LaunchConfig) -> PathBuf {
+    cfg.rootfs.parent().unwrap_or(Path::new("/")).join("idmap")
+}
+
 pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
     let r = &cfg.rootfs;
+    // With a user namespace, what the sandbox makes belongs to its root's host id.
+    let owner = cfg.userns.map_or(0, |m| m.base);
     let mut ops = vec![MountOp::MakePrivate];
     if let Some(image) = &cfg.disk {
         ops.push(MountOp::Disk {
@@ -128,31 +158,72 @@ pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
             target: cfg.disk_mount.clone(),
         });
     }
+    ops.push(MountOp::ShiftIds {
+        layer: layer_root(cfg),
+        upper: cfg.upper.clone(),
+        to: owner,
+    });
     ops.push(MountOp::PrepareUpper {
         upper: cfg.upper.clone(),
         work: cfg.work.clone(),
         hostname: cfg.hostname.clone(),
+        owner,
     });
+    // The read-only layers and host directories, as the sandbox sees them: through id-mapped
+    // mounts when it has a user namespace (their files hold ids from 0 on disk).
+    let (layers, bind_srcs): (Vec<PathBuf>, Vec<PathBuf>) = match cfg.userns {
+        None => (
+            cfg.layers.clone(),
+            cfg.binds.iter().map(|b| b.src.clone()).collect(),
+        ),
+        Some(_) => {
+            let dir = idmap_dir(cfg);
+            let layers: Vec<PathBuf> = (0..cfg.layers.len())
+                .map(|i| dir.join(format!("l{i}")))
+                .collect();
+            let binds: Vec<PathBuf> = (0..cfg.binds.len())
+                .map(|i| dir.join(format!("b{i}")))
+                .collect();
+            ops.push(MountOp::MakeDirs {
+                dirs: layers.iter().chain(&binds).cloned().collect(),
+                owner: 0,
+            });
+            let srcs = cfg.layers.iter().chain(cfg.binds.iter().map(|b| &b.src));
+            for (src, target) in srcs.zip(layers.iter().chain(&binds)) {
+                ops.push(MountOp::Idmap {
+                    src: src.clone(),
+                    target: target.clone(),
+                });
+            }
+            (layers, binds)
+        }
+    };
     ops.extend([MountOp::Overlay {
-        lower: cfg.layers.clone(),
+        lower: layers.clone(),
         upper: cfg.upper.clone(),
         work: cfg.work.clone(),
         target: r.clone(),
         restricted: false,
     }]);
-    for b in &cfg.binds {
+    for (b, src) in cfg.binds.iter().zip(&bind_srcs) {
         if b.layered {
             // An overlay of its own: the template layers' files under `dst` over the host's.
             let (upper, work) = bind_layer(cfg, &b.dst);
             let mut lower: Vec<PathBuf> = cfg
                 .layers
                 .iter()
-                .map(|l| inside(l, &b.dst))
-                .filter(|p| p.is_dir())
+                .zip(&layers)
+                .filter(|(real, _)| inside(real, &b.dst).is_dir())
+                .map(|(_, seen)| inside(seen, &b.dst))
                 .collect();
-            lower.push(b.src.clone());
+            lower.push(src.clone());
             ops.push(MountOp::MakeDirs {
-                dirs: vec![upper.clone(), work.clone()],
+                dirs: vec![upper.clone()],
+                owner,
+            });
+            ops.push(MountOp::MakeDirs {
+                dirs: vec![work.clone()],
+                owner: 0,
             });
             ops.push(MountOp::Overlay {
                 lower,
@@ -163,7 +234,7 @@ pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
             });
         } else {
             ops.push(MountOp::Bind {
-                src: b.src.clone(),
+                src: src.clone(),
                 target: inside(r, &b.dst),
                 readonly: b.readonly,
                 file: false,
@@ -182,9 +253,13 @@ pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
     for p in READ_ONLY {
         ops.push(MountOp::ReadOnly { target: r.join(p) });
     }
+    let ids = match owner {
+        0 => String::new(),
+        o => format!(",uid={o},gid={o}"),
+    };
     ops.push(MountOp::Tmpfs {
         target: r.join("dev"),
-        data: "mode=755,size=65536k".into(),
+        data: format!("mode=755,size=65536k{ids}"),
         flags: MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME,
     });
     for (name, major, minor) in DEVICES {
@@ -192,14 +267,16 @@ pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
             target: r.join("dev").join(name),
             major: *major,
             minor: *minor,
+            owner,
         });
     }
     ops.push(MountOp::Devpts {
         target: r.join("dev/pts"),
+        tty_gid: owner + 5,
     });
     ops.push(MountOp::Tmpfs {
         target: r.join("dev/shm"),
-        data: "mode=1777,size=65536k".into(),
+        data: format!("mode=1777,size=65536k{ids}"),
         flags: MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
     });
     for (link, to) in [
@@ -212,11 +289,12 @@ pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
         ops.push(MountOp::Symlink {
             link: r.join(link),
             to: to.into(),
+            owner,
         });
     }
     ops.push(MountOp::Tmpfs {
         target: r.join("run"),
-        data: "mode=755,size=65536k".into(),
+        data: format!("mode=755,size=65536k{ids}"),
         flags: MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
     });
     ops.push(MountOp::PivotRoot { root: r.clone() });
@@ -247,6 +325,8 @@ pub fn label(op: &MountOp) -> &'static str {
         MountOp::MakePrivate => "private",
         MountOp::Disk { .. } => "disk",
         MountOp::PrepareUpper { .. } | MountOp::MakeDirs { .. } => "upper",
+        MountOp::ShiftIds { .. } => "ids",
+        MountOp::Idmap { .. } => "idmap",
         MountOp::Overlay { .. } => "overlay",
         MountOp::Bind { .. } => "bind",
         MountOp::Proc { .. } => "proc",
@@ -264,9 +344,44 @@ pub fn label(op: &MountOp) -> &'static str {
 /// The upper and work directories of a layered bind at `dst`, beside the sandbox's own upper
 /// layer (`<layer>/binds/<name>/{upper,work}`).
 pub fn bind_layer(cfg: &LaunchConfig, dst: &Path) -> (PathBuf, PathBuf) {
-    let root = cfg.upper.parent().unwrap_or(Path::new("/")).to_path_buf();
-    let dir = root.join("binds").join(bind_name(dst));
+    let dir = layer_root(cfg).join("binds").join(bind_name(dst));
     (dir.join("upper"), dir.join("work"))
+}
+
+/// The directory holding the sandbox's writable layer: `upper`, `work`, `binds/` and the
+/// [`crate::userns::MARKER`] (the disk image's root, or the sandbox's directory).
+pub fn layer_root(cfg: &LaunchConfig) -> PathBuf {
+    cfg.upper.parent().unwrap_or(Path::new("/")).to_path_buf()
+}
+
+/// Brings a writable layer's ids to base `to` (see [`MountOp::ShiftIds`]).
+fn shift_layer(layer: &Path, upper: &Path, to: u32) -> Result<(), String> {
+    let recorded = crate::userns::recorded_base(layer);
+    // No record: a layer with files is from before user namespaces (ids from 0); a new one
+    // is made with `to` from the start.
+    let from = recorded.unwrap_or(if upper.exists() { 0 } else { to });
+    if from != to {
+        let mut trees = vec![upper.to_path_buf()];
+        if let Ok(rd) = std::fs::read_dir(layer.join("binds")) {
+            trees.extend(rd.flatten().map(|e| e.path().join("upper")));
+        }
+        for t in trees.iter().filter(|t| t.exists()) {
+            crate::userns::shift_tree(t, from, to, crate::userns::IdMap::COUNT)
+                .map_err(|e| err("shifting the ids of", t, e))?;
+        }
+    }
+    if recorded != Some(to) {
+        crate::userns::record_base(layer, to).map_err(|e| err("recording ids in", layer, e))?;
+    }
+    Ok(())
+}
+
+/// Gives `p` to `owner` (without following a link); owner 0 leaves it to the host's root.
+fn give(p: &Path, owner: u32) -> Result<(), String> {
+    if owner == 0 {
+        return Ok(());
+    }
+    std::os::unix::fs::lchown(p, Some(owner), Some(owner)).map_err(|e| err("chown", p, e))
 }
 
 /// `/usr/local` -> `usr_local`.
@@ -274,14 +389,24 @@ pub fn bind_name(dst: &Path) -> String {
     dst.to_string_lossy().trim_matches('/').replace('/', "_")
 }
 
-pub fn apply(op: &MountOp) -> Result<(), String> {
+/// Carries out `op`; `userns` is the sandbox's user namespace (needed by [`MountOp::Idmap`]).
+pub fn apply(op: &MountOp, userns: Option<BorrowedFd<'_>>) -> Result<(), String> {
     const NONE: Option<&str> = None;
     match op {
-        MountOp::MakeDirs { dirs } => {
+        MountOp::MakeDirs { dirs, owner } => {
             for d in dirs {
-                std::fs::create_dir_all(d).map_err(|e| err("creating", d, e))?;
+                if !d.exists() {
+                    std::fs::create_dir_all(d).map_err(|e| err("creating", d, e))?;
+                    give(d, *owner)?;
+                }
             }
             Ok(())
+        }
+        MountOp::ShiftIds { layer, upper, to } => shift_layer(layer, upper, *to),
+        MountOp::Idmap { src, target } => {
+            let ns = userns.ok_or("an id-mapped mount needs the user namespace")?;
+            let tree = crate::userns::idmapped_clone(src, ns)?;
+            crate::userns::attach(&tree, target)
         }
         MountOp::MakePrivate => mount(NONE, "/", NONE, MsFlags::MS_REC | MsFlags::MS_PRIVATE, NONE)
             .map_err(|e| format!("making / private: {e}")),
@@ -384,34 +509,40 @@ pub fn apply(op: &MountOp) -> Result<(), String> {
             )
             .map_err(|e| err("mounting tmpfs on", target, e))
         }
-        MountOp::Devpts { target } => {
+        MountOp::Devpts { target, tty_gid } => {
             std::fs::create_dir_all(target).map_err(|e| err("creating", target, e))?;
             let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
+            let data = format!("newinstance,ptmxmode=0666,mode=0620,gid={tty_gid}");
             mount(
                 Some("devpts"),
                 target,
                 Some("devpts"),
                 flags,
-                Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
+                Some(data.as_str()),
             )
             .map_err(|e| err("mounting devpts on", target, e))
         }
-        MountOp::Symlink { link, to } => {
+        MountOp::Symlink { link, to, owner } => {
             let _ = std::fs::remove_file(link);
-            std::os::unix::fs::symlink(to, link).map_err(|e| err("linking", link, e))
+            std::os::unix::fs::symlink(to, link).map_err(|e| err("linking", link, e))?;
+            give(link, *owner)
         }
         MountOp::Disk { image, target } => crate::disk::mount_image(image, target),
         MountOp::PrepareUpper {
             upper,
             work,
             hostname,
+            owner,
         } => {
             // The upper layer belongs to the sandbox, whose root may have left symlinks where
             // these entries go. No sandbox process runs during boot (no race): whatever stands in
             // the way is removed, never followed, and the files are made anew with O_NOFOLLOW.
-            for d in [upper, work] {
-                std::fs::create_dir_all(d).map_err(|e| err("creating", d, e))?;
+            if !upper.exists() {
+                std::fs::create_dir_all(upper).map_err(|e| err("creating", upper, e))?;
+                // The sandbox's `/`.
+                give(upper, *owner)?;
             }
+            std::fs::create_dir_all(work).map_err(|e| err("creating", work, e))?;
             let etc = upper.join("etc");
             match std::fs::symlink_metadata(&etc) {
                 Ok(m) if m.is_dir() => {} // the sandbox's own /etc changes: kept
@@ -420,6 +551,7 @@ pub fn apply(op: &MountOp) -> Result<(), String> {
             }
             if std::fs::symlink_metadata(&etc).is_err() {
                 std::fs::create_dir(&etc).map_err(|e| err("creating", &etc, e))?;
+                give(&etc, *owner)?;
             }
             let hosts = crate::rootfs::hosts_file(hostname);
             for (name, text) in [("hostname", format!("{hostname}\n")), ("hosts", hosts)] {
@@ -432,6 +564,7 @@ pub fn apply(op: &MountOp) -> Result<(), String> {
                     Err(_) => {}
                 }
                 write_new(&f, text.as_bytes())?;
+                give(&f, *owner)?;
             }
             Ok(())
         }
@@ -439,6 +572,7 @@ pub fn apply(op: &MountOp) -> Result<(), String> {
             target,
             major,
             minor,
+            owner,
         } => {
             use std::os::unix::fs::PermissionsExt;
             nix::sys::stat::mknod(
@@ -450,7 +584,8 @@ pub fn apply(op: &MountOp) -> Result<(), String> {
             .map_err(|e| err("making device", target, e))?;
             // mknod is subject to the umask.
             std::fs::set_permissions(target, std::fs::Permissions::from_mode(0o666))
-                .map_err(|e| err("chmod", target, e))
+                .map_err(|e| err("chmod", target, e))?;
+            give(target, *owner)
         }
         MountOp::Mask { target } => match std::fs::symlink_metadata(target) {
             Err(_) => Ok(()),
@@ -507,7 +642,7 @@ mod tests {
     use super::*;
     use crate::rootfs::Bind;
 
-    fn cfg() -> LaunchConfig {
+    pub(super) fn cfg() -> LaunchConfig {
         LaunchConfig {
             id: "sbtest".into(),
             hostname: "sbtest".into(),
@@ -534,6 +669,7 @@ mod tests {
             disk: None,
             disk_mount: "/data/sandboxes/sbtest/disk".into(),
             network: None,
+            userns: None,
         }
     }
 
@@ -565,12 +701,16 @@ mod tests {
         assert!(
             matches!(&with_disk[1], MountOp::Disk { target, .. } if target == Path::new("/data/sandboxes/sbtest/disk"))
         );
-        assert!(matches!(&with_disk[2], MountOp::PrepareUpper { .. }));
+        assert!(
+            matches!(&with_disk[2], MountOp::ShiftIds { layer, .. } if layer == Path::new("/data/sandboxes/sbtest"))
+        );
+        assert!(matches!(&with_disk[3], MountOp::PrepareUpper { .. }));
         let ops = plan(&cfg());
         assert_eq!(ops[0], MountOp::MakePrivate);
-        assert!(matches!(&ops[1], MountOp::PrepareUpper { .. }));
+        assert!(matches!(&ops[1], MountOp::ShiftIds { to: 0, .. }));
+        assert!(matches!(&ops[2], MountOp::PrepareUpper { owner: 0, .. }));
         assert!(
-            matches!(&ops[2], MountOp::Overlay { target, .. } if target == Path::new("/data/sandboxes/sbtest/rootfs"))
+            matches!(&ops[3], MountOp::Overlay { target, .. } if target == Path::new("/data/sandboxes/sbtest/rootfs"))
         );
         assert!(matches!(ops.last(), Some(MountOp::PivotRoot { .. })));
     }
@@ -639,5 +779,69 @@ mod tests {
                 assert!(target.starts_with("/data/sandboxes/sbtest/rootfs"));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod userns_tests {
+    use super::*;
+
+    #[test]
+    fn with_a_user_namespace_every_lower_layer_is_seen_through_an_idmapped_mount() {
+        let dir = tempfile::tempdir().unwrap();
+        let layer = dir.path().join("layer");
+        std::fs::create_dir_all(layer.join("usr/lib/extra")).unwrap();
+        let mut c = super::tests::cfg();
+        c.layers = vec![layer.clone()];
+        c.userns = Some(crate::userns::IdMap::new(1_000_000_000).unwrap());
+        let ops = plan(&c);
+        let staging = Path::new("/data/sandboxes/sbtest/idmap");
+        let idmaps: Vec<(PathBuf, PathBuf)> = ops
+            .iter()
+            .filter_map(|o| match o {
+                MountOp::Idmap { src, target } => Some((src.clone(), target.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            idmaps,
+            vec![
+                (layer.clone(), staging.join("l0")),
+                ("/usr".into(), staging.join("b0")),
+                ("/opt/host-lib".into(), staging.join("b1")),
+            ]
+        );
+        // No overlay or bind reads a layer or host directory other than through its mapping.
+        for op in &ops {
+            match op {
+                MountOp::Overlay { lower, .. } => {
+                    assert!(lower.iter().all(|l| l.starts_with(staging)), "{lower:?}")
+                }
+                MountOp::Bind { src, .. } => assert!(src.starts_with(staging)),
+                _ => {}
+            }
+        }
+        // The layer's files under a layered bind join that bind's overlay, mapped too; the
+        // sandbox's own mounts and files belong to its root.
+        assert!(ops
+            .iter()
+            .any(|o| matches!(o, MountOp::Overlay { lower, .. }
+            if lower == &vec![staging.join("l0/usr/lib/extra"), staging.join("b1")])));
+        assert!(ops.iter().any(|o| matches!(o, MountOp::Tmpfs { data, .. }
+            if data.ends_with(",uid=1000000000,gid=1000000000"))));
+        assert!(ops.iter().any(|o| matches!(
+            o,
+            MountOp::Devpts {
+                tty_gid: 1_000_000_005,
+                ..
+            }
+        )));
+        assert!(ops.iter().any(|o| matches!(
+            o,
+            MountOp::ShiftIds {
+                to: 1_000_000_000,
+                ..
+            }
+        )));
     }
 }

@@ -1,0 +1,376 @@
+//! User namespaces: a sandbox's root is an unprivileged uid range on the host.
+//!
+//! Every sandbox gets a user namespace of its own that maps ids `0..count` inside to
+//! `base..base + count` on the host (one shared range, kept above the host's real users). The
+//! kernel charges per-user counters (inotify instances and watches, processes, user namespaces)
+//! at every level up to the host, at the host's level to the uid that made the namespace: so a
+//! sandbox's namespace is made by an accounting uid of its own ([`IdMap::owner`], from the span
+//! above the range, owned by no process), and a sandbox that uses up its inotify instances
+//! leaves the host's root and the other sandboxes theirs. Only the
+//! sandbox's processes live in it: its mount, network, PID, UTS and IPC namespaces stay owned by
+//! the host's user namespace, so its root has no capability over any of them (it cannot mount,
+//! change network settings or the hostname, whatever seccomp allows).
+//!
+//! Files keep two forms:
+//! - read-only layers (the base image, OCI layers, exported build steps, the host's `/usr`) hold
+//!   ids from 0 on disk and reach the sandbox through idmapped mounts ([`idmapped_clone`]);
+//! - a sandbox's writable layer holds host ids (`base + n`), so everything a sandbox writes is
+//!   owned by the range on the host. A layer records the base its ids use ([`MARKER`]);
+//!   [`shift_tree`] moves a layer from one base to another (a layer from before user
+//!   namespaces, a build step exported as a template layer).
+//!
+//! Why hand-written system calls: neither nix nor rustix wraps `mount_setattr` with an idmap;
+//! the three calls below are the kernel's documented interface (`open_tree`, `mount_setattr`,
+//! `move_mount`).
+
+use serde::{Deserialize, Serialize};
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// Ids a sandbox's user namespace maps: `0..count` inside is `base..base + count` on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdMap {
+    pub base: u32,
+    pub count: u32,
+}
+
+impl IdMap {
+    /// The default range: 65536 ids from one billion (`ls -n` on the host shows a sandbox's
+    /// root as 1000000000 and its uid 1000 as 1000001000).
+    pub const DEFAULT_BASE: u32 = 1_000_000_000;
+    pub const COUNT: u32 = 65536;
+
+    pub fn new(base: u32) -> Result<IdMap, String> {
+        // The range, then as many accounting uids (see [`IdMap::owner`]).
+        if base < Self::COUNT
+            || base
+                .checked_add(2 * Self::COUNT)
+                .is_none_or(|end| end == u32::MAX)
+        {
+            return Err(format!(
+                "uid_base {base} must be at least {} and leave room for {} ids above it",
+                Self::COUNT,
+                2 * Self::COUNT
+            ));
+        }
+        Ok(IdMap {
+            base,
+            count: Self::COUNT,
+        })
+    }
+
+    /// The host uid that makes sandbox `sandbox`'s user namespace: its own budget of per-user
+    /// kernel resources at the host's level. One of `count` uids just above the range, picked by
+    /// a hash of the id (two sandboxes that share one share that budget, nothing else: the
+    /// owner's powers over a namespace belong to processes of that uid on the host, and none
+    /// runs as it).
+    pub fn owner(&self, sandbox: &str) -> u32 {
+        // FNV-1a.
+        let mut h: u32 = 0x811c_9dc5;
+        for b in sandbox.bytes() {
+            h = (h ^ b as u32).wrapping_mul(0x0100_0193);
+        }
+        self.base + self.count + h % self.count
+    }
+
+    /// The host id of `id` inside (ids outside the range stay as they are).
+    pub fn host(&self, id: u32) -> u32 {
+        if id < self.count {
+            self.base + id
+        } else {
+            id
+        }
+    }
+}
+
+/// The file in a writable layer's root (outside the sandbox's view) naming the base of its ids.
+pub const MARKER: &str = "ids";
+
+/// Makes a user namespace with `map`, owned by host uid `owner`, and returns a descriptor of
+/// it. Where the host refuses user namespaces to other uids than root, root owns it.
+pub fn create(map: &IdMap, owner: u32) -> Result<OwnedFd, String> {
+    create_as(map, owner).or_else(|e| match owner {
+        0 => Err(e),
+        _ => {
+            eprintln!("cella: {e}; the host's root makes it instead");
+            create_as(map, 0)
+        }
+    })
+}
+
+/// [`create`] with exactly this owner. A helper process creates the namespace and is gone when
+/// this returns; the namespace lives on as long as the descriptor (or a process in it). The
+/// helper makes only raw system calls, so the caller may be multi-threaded.
+fn create_as(map: &IdMap, owner: u32) -> Result<OwnedFd, String> {
+    let (ready_r, ready_w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
+    let (hold_r, hold_w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
+    // SAFETY: the child calls only async-signal-safe system calls and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        // SAFETY: raw system calls on descriptors this process owns.
+        unsafe {
+            let become_owner = owner == 0
+                || (libc::setgroups(0, std::ptr::null()) == 0
+                    && libc::setresgid(owner, owner, owner) == 0
+                    && libc::setresuid(owner, owner, owner) == 0);
+            let ok: u8 = if become_owner && libc::unshare(libc::CLONE_NEWUSER) == 0 {
+                1
+            } else {
+                0
+            };
+            libc::write(ready_w.as_raw_fd(), (&ok as *const u8).cast(), 1);
+            // Wait until the parent has what it needs (it closes its end).
+            let mut b = 0u8;
+            libc::close(hold_w.as_raw_fd());
+            libc::read(hold_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1);
+            libc::_exit(0);
+        }
+    }
+    drop(ready_w);
+    drop(hold_r);
+    let res = (|| {
+        let mut ok = [0u8; 1];
+        let n = nix::unistd::read(ready_r.as_raw_fd(), &mut ok).map_err(|e| e.to_string())?;
+        if n != 1 || ok[0] != 1 {
+            return Err(format!("making a user namespace as uid {owner} failed"));
+        }
+        let line = format!("0 {} {}\n", map.base, map.count);
+        for f in ["uid_map", "gid_map"] {
+            std::fs::write(format!("/proc/{pid}/{f}"), &line)
+                .map_err(|e| format!("writing {f}: {e}"))?;
+        }
+        let ns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
+            .map_err(|e| format!("opening the user namespace: {e}"))?;
+        Ok(OwnedFd::from(ns))
+    })();
+    drop(hold_w);
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    res
+}
+
+/// A detached copy of the mount at `src` whose files appear through `userns`'s id mapping
+/// (owner 0 on disk is the range's base). Attach it with [`attach`].
+pub fn idmapped_clone(src: &Path, userns: BorrowedFd<'_>) -> Result<OwnedFd, String> {
+    let path = CString::new(src.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    let what = |step: &str| {
+        format!(
+            "{step} {}: {}",
+            src.display(),
+            std::io::Error::last_os_error()
+        )
+    };
+    // SAFETY: plain system calls with valid pointers; the returned descriptor is ours.
+    unsafe {
+        let fd = libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC as libc::c_uint,
+        );
+        if fd < 0 {
+            return Err(what("cloning the mount of"));
+        }
+        let tree = OwnedFd::from_raw_fd(fd as i32);
+        let attr = libc::mount_attr {
+            attr_set: libc::MOUNT_ATTR_IDMAP,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: userns.as_raw_fd() as u64,
+        };
+        let empty = c"";
+        if libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        ) != 0
+        {
+            return Err(what("id-mapping"));
+        }
+        Ok(tree)
+    }
+}
+
+/// Attaches a detached mount (from [`idmapped_clone`]) at `target`.
+pub fn attach(tree: &OwnedFd, target: &Path) -> Result<(), String> {
+    let path = CString::new(target.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    let empty = c"";
+    // SAFETY: plain system call with valid pointers.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if r != 0 {
+        return Err(format!(
+            "attaching the id-mapped mount at {}: {}",
+            target.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Moves the calling (single-threaded) process into `userns` as its root: uid and gid 0 there,
+/// no supplementary groups, every capability in that namespace and none outside it.
+pub fn enter(userns: OwnedFd) -> Result<(), String> {
+    nix::sched::setns(&userns, nix::sched::CloneFlags::CLONE_NEWUSER)
+        .map_err(|e| format!("entering the user namespace: {e}"))?;
+    drop(userns);
+    let root_u = nix::unistd::Uid::from_raw(0);
+    let root_g = nix::unistd::Gid::from_raw(0);
+    nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
+    nix::unistd::setresgid(root_g, root_g, root_g).map_err(|e| format!("setresgid: {e}"))?;
+    nix::unistd::setresuid(root_u, root_u, root_u).map_err(|e| format!("setresuid: {e}"))?;
+    Ok(())
+}
+
+/// Whether this host can give sandboxes user namespaces with `map` over files in `dirs` (each
+/// directory's file system must take id-mapped mounts). Leaves nothing behind.
+pub fn probe(map: &IdMap, dirs: &[&Path]) -> Result<(), String> {
+    let ns = create(map, map.owner("probe"))?;
+    for d in dirs {
+        idmapped_clone(d, ns.as_fd())?;
+    }
+    Ok(())
+}
+
+/// The base a writable layer's ids use, as its marker records (None: no marker; a layer that
+/// has files but no marker is from before user namespaces, base 0).
+pub fn recorded_base(layer_root: &Path) -> Option<u32> {
+    std::fs::read_to_string(layer_root.join(MARKER))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// Records `base` as the base of the ids in the layer at `layer_root`.
+pub fn record_base(layer_root: &Path, base: u32) -> std::io::Result<()> {
+    let tmp = layer_root.join(format!("{MARKER}.tmp"));
+    std::fs::write(&tmp, format!("{base}\n"))?;
+    std::fs::rename(&tmp, layer_root.join(MARKER))
+}
+
+/// Moves every owner and group in `root` (itself included) from `from..from + count` to
+/// `to..to + count`; ids outside that span stay. Never follows a symlink (the tree may be a
+/// sandbox's); runs while nothing of the sandbox runs. Returns how many entries changed.
+pub fn shift_tree(root: &Path, from: u32, to: u32, count: u32) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let map = |id: u32| {
+        if id >= from && id - from < count {
+            id - from + to
+        } else {
+            id
+        }
+    };
+    let mut changed = 0;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let meta = match std::fs::symlink_metadata(&p) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        let (uid, gid) = (map(meta.uid()), map(meta.gid()));
+        if (uid, gid) != (meta.uid(), meta.gid()) {
+            // lchown clears set-uid/set-gid bits of files; a layer's set-uid files keep theirs.
+            std::os::unix::fs::lchown(&p, Some(uid), Some(gid))?;
+            if !meta.file_type().is_symlink() && meta.mode() & 0o6000 != 0 {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(
+                    &p,
+                    std::fs::Permissions::from_mode(meta.mode() & 0o7777),
+                )?;
+            }
+            changed += 1;
+        }
+        if meta.is_dir() {
+            for e in std::fs::read_dir(&p)? {
+                stack.push(e?.path());
+            }
+        }
+    }
+    Ok(changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn the_range_must_fit_above_the_first_ids() {
+        assert!(IdMap::new(1000).is_err());
+        assert!(IdMap::new(u32::MAX - 10).is_err());
+        assert!(IdMap::new(u32::MAX - 100_000).is_err());
+        let m = IdMap::new(IdMap::DEFAULT_BASE).unwrap();
+        let owners: Vec<u32> = ["sba", "sbb", "sbc"].iter().map(|id| m.owner(id)).collect();
+        for o in &owners {
+            assert!((1_000_065_536..1_000_131_072).contains(o), "{o}");
+        }
+        assert!(owners[0] != owners[1] && owners[1] != owners[2]);
+        assert_eq!(m.host(0), 1_000_000_000);
+        assert_eq!(m.host(1000), 1_000_001_000);
+        assert_eq!(m.host(70000), 70000);
+    }
+
+    #[test]
+    fn shifting_moves_ids_in_the_span_and_keeps_links_and_setuid_bits() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // chown needs root
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        std::fs::create_dir(r.join("d")).unwrap();
+        std::fs::write(r.join("d/f"), "x").unwrap();
+        std::os::unix::fs::chown(r.join("d/f"), Some(1000), Some(1000)).unwrap();
+        std::fs::write(r.join("suid"), "x").unwrap();
+        std::fs::set_permissions(r.join("suid"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+        std::fs::write(r.join("far"), "x").unwrap();
+        std::os::unix::fs::chown(r.join("far"), Some(70000), Some(70000)).unwrap();
+        // A link to a host file: its target must not change.
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        std::os::unix::fs::symlink(outside.path(), r.join("link")).unwrap();
+        let n = shift_tree(r, 0, 5_000_000, 65536).unwrap();
+        assert_eq!(n, 5); // root, d, d/f, suid, link (far is out of the span)
+        let m = |p: &str| std::fs::symlink_metadata(r.join(p)).unwrap();
+        assert_eq!((m("d/f").uid(), m("d/f").gid()), (5_001_000, 5_001_000));
+        assert_eq!(m("suid").uid(), 5_000_000);
+        assert_eq!(m("suid").mode() & 0o7777, 0o4755);
+        assert_eq!(m("far").uid(), 70000);
+        assert_eq!(m("link").uid(), 5_000_000);
+        assert_eq!(std::fs::metadata(outside.path()).unwrap().uid(), 0);
+        // And back.
+        shift_tree(r, 5_000_000, 0, 65536).unwrap();
+        assert_eq!(m("d/f").uid(), 1000);
+        assert_eq!(m("").uid(), 0);
+    }
+
+    #[test]
+    fn a_user_namespace_maps_the_range_and_ids_mount_through_it() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let map = IdMap::new(IdMap::DEFAULT_BASE).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        probe(&map, &[dir.path()]).unwrap();
+        let ns = create(&map, map.owner("sbtest")).unwrap();
+        let tree = idmapped_clone(dir.path(), ns.as_fd()).unwrap();
+        // The detached tree shows the directory (owned by 0 on disk) as owned by the base.
+        let st = nix::sys::stat::fstat(tree.as_raw_fd()).unwrap();
+        assert_eq!(st.st_uid, IdMap::DEFAULT_BASE);
+        assert_eq!(dir.path().metadata().unwrap().uid(), 0);
+    }
+}
