@@ -99,6 +99,21 @@ fn root_in_a_sandbox_is_an_unprivileged_range_on_the_host() {
         [BASE; 4],
         "the sandbox's init (the agent)"
     );
+    // The agent is still the OOM killer's last pick (set before it entered the namespace):
+    // where the server may lower scores (CAP_SYS_RESOURCE, bit 24, which some hosts' root lacks).
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        .unwrap();
+    let score = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", pids[0])).unwrap();
+    let want = if cap_eff & (1 << 24) != 0 {
+        "-1000"
+    } else {
+        "0"
+    };
+    assert_eq!(score.trim(), want);
     assert!(seen_user, "the user's sleep runs as {}", BASE + 1000);
     // ... and the files it writes belong to the range.
     assert_eq!(owner(&from_host(&id, "/etc/added.conf")), (BASE, BASE));

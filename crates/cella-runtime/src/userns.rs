@@ -25,7 +25,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -43,12 +43,9 @@ impl IdMap {
     pub const COUNT: u32 = 65536;
 
     pub fn new(base: u32) -> Result<IdMap, String> {
-        // The range, then as many accounting uids (see [`IdMap::owner`]).
-        if base < Self::COUNT
-            || base
-                .checked_add(2 * Self::COUNT)
-                .is_none_or(|end| end == u32::MAX)
-        {
+        // The range, then as many accounting uids (see [`IdMap::owner`]), all below 2^31 (ids
+        // some programs keep in a signed int, and the most `ping_group_range` takes).
+        if base < Self::COUNT || base > i32::MAX as u32 - 2 * Self::COUNT {
             return Err(format!(
                 "uid_base {base} must be at least {} and leave room for {} ids above it",
                 Self::COUNT,
@@ -104,9 +101,14 @@ pub fn create(map: &IdMap, owner: u32) -> Result<OwnedFd, String> {
 /// this returns; the namespace lives on as long as the descriptor (or a process in it). The
 /// helper makes only raw system calls, so the caller may be multi-threaded.
 fn create_as(map: &IdMap, owner: u32) -> Result<OwnedFd, String> {
-    let (ready_r, ready_w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
-    let (hold_r, hold_w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
-    // SAFETY: the child calls only async-signal-safe system calls and leaves with _exit.
+    // Close-on-exec: a child another thread of the caller starts meanwhile must not keep the
+    // helper waiting.
+    let pipe =
+        || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"));
+    let (ready_r, ready_w) = pipe()?;
+    let (hold_r, hold_w) = pipe()?;
+    // SAFETY: the child makes only raw system calls (not the C library's set*id wrappers, which
+    // synchronise threads) and leaves with _exit.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(format!("fork: {}", std::io::Error::last_os_error()));
@@ -115,9 +117,9 @@ fn create_as(map: &IdMap, owner: u32) -> Result<OwnedFd, String> {
         // SAFETY: raw system calls on descriptors this process owns.
         unsafe {
             let become_owner = owner == 0
-                || (libc::setgroups(0, std::ptr::null()) == 0
-                    && libc::setresgid(owner, owner, owner) == 0
-                    && libc::setresuid(owner, owner, owner) == 0);
+                || (libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) == 0
+                    && libc::syscall(libc::SYS_setresgid, owner, owner, owner) == 0
+                    && libc::syscall(libc::SYS_setresuid, owner, owner, owner) == 0);
             let ok: u8 = if become_owner && libc::unshare(libc::CLONE_NEWUSER) == 0 {
                 1
             } else {
@@ -237,14 +239,145 @@ pub fn enter(userns: OwnedFd) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether this host can give sandboxes user namespaces with `map` over files in `dirs` (each
-/// directory's file system must take id-mapped mounts). Leaves nothing behind.
-pub fn probe(map: &IdMap, dirs: &[&Path]) -> Result<(), String> {
+/// Whether this host can give sandboxes user namespaces with `map` over files in `dirs`: in a
+/// throwaway mount namespace, each directory is id-mapped and the lot mounted as the lower
+/// layers of an overlay, as a boot does (kernels before 5.19 take id-mapped mounts but refuse
+/// them as overlay layers). `scratch` is a directory to work in, removed after.
+pub fn probe(map: &IdMap, dirs: &[&Path], scratch: &Path) -> Result<(), String> {
     let ns = create(map, map.owner("probe"))?;
-    for d in dirs {
-        idmapped_clone(d, ns.as_fd())?;
+    let _ = std::fs::remove_dir_all(scratch);
+    let res = probe_overlay(&ns, dirs, scratch);
+    let _ = std::fs::remove_dir_all(scratch);
+    res
+}
+
+fn probe_overlay(ns: &OwnedFd, dirs: &[&Path], scratch: &Path) -> Result<(), String> {
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|e| e.to_string());
+    let mut srcs = Vec::new();
+    let mut targets = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        let t = scratch.join(format!("l{i}"));
+        std::fs::create_dir_all(&t).map_err(|e| format!("{}: {e}", t.display()))?;
+        srcs.push(c(d)?);
+        targets.push(c(&t)?);
     }
-    Ok(())
+    for d in ["upper", "work", "merged"] {
+        std::fs::create_dir_all(scratch.join(d)).map_err(|e| e.to_string())?;
+    }
+    let lower: Vec<String> = (0..dirs.len())
+        .map(|i| scratch.join(format!("l{i}")).display().to_string())
+        .collect();
+    let data = CString::new(format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.join(":"),
+        scratch.join("upper").display(),
+        scratch.join("work").display()
+    ))
+    .map_err(|e| e.to_string())?;
+    let merged = c(&scratch.join("merged"))?;
+    let attr = libc::mount_attr {
+        attr_set: libc::MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: ns.as_raw_fd() as u64,
+    };
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
+    // SAFETY: everything the child needs is allocated above; it makes only raw system calls,
+    // reports the step that failed and its errno, and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        unsafe {
+            let fail = |step: i32| {
+                let report = [step, *libc::__errno_location()];
+                libc::write(w.as_raw_fd(), report.as_ptr().cast(), 8);
+                libc::_exit(1);
+            };
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                fail(1);
+            }
+            let root = c"/";
+            let flags = libc::MS_REC | libc::MS_PRIVATE;
+            if libc::mount(
+                std::ptr::null(),
+                root.as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            ) != 0
+            {
+                fail(2);
+            }
+            let empty = c"";
+            for (src, target) in srcs.iter().zip(&targets) {
+                let fd = libc::syscall(
+                    libc::SYS_open_tree,
+                    libc::AT_FDCWD,
+                    src.as_ptr(),
+                    libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC as libc::c_uint,
+                );
+                if fd < 0 {
+                    fail(3);
+                }
+                if libc::syscall(
+                    libc::SYS_mount_setattr,
+                    fd,
+                    empty.as_ptr(),
+                    libc::AT_EMPTY_PATH as libc::c_uint,
+                    &attr as *const libc::mount_attr,
+                    std::mem::size_of::<libc::mount_attr>(),
+                ) != 0
+                {
+                    fail(4);
+                }
+                if libc::syscall(
+                    libc::SYS_move_mount,
+                    fd,
+                    empty.as_ptr(),
+                    libc::AT_FDCWD,
+                    target.as_ptr(),
+                    libc::MOVE_MOUNT_F_EMPTY_PATH,
+                ) != 0
+                {
+                    fail(5);
+                }
+            }
+            let overlay = c"overlay";
+            if libc::mount(
+                overlay.as_ptr(),
+                merged.as_ptr(),
+                overlay.as_ptr(),
+                0,
+                data.as_ptr().cast(),
+            ) != 0
+            {
+                fail(6);
+            }
+            libc::_exit(0);
+        }
+    }
+    drop(w);
+    let mut report = [0u8; 8];
+    let n = nix::unistd::read(r.as_raw_fd(), &mut report).unwrap_or(0);
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    if n < 8 {
+        return Ok(());
+    }
+    let step = i32::from_ne_bytes([report[0], report[1], report[2], report[3]]);
+    let errno = i32::from_ne_bytes([report[4], report[5], report[6], report[7]]);
+    let what = match step {
+        1 | 2 => "making a mount namespace",
+        3 => "cloning a mount",
+        4 => "id-mapping a mount (the file system may not support it)",
+        5 => "attaching an id-mapped mount",
+        _ => "mounting an overlay on id-mapped layers (this kernel may not support it: 5.19 or later does)",
+    };
+    Err(format!(
+        "{what}: {}",
+        std::io::Error::from_raw_os_error(errno)
+    ))
 }
 
 /// The base a writable layer's ids use, as its marker records (None: no marker; a layer that
@@ -263,10 +396,23 @@ pub fn record_base(layer_root: &Path, base: u32) -> std::io::Result<()> {
 }
 
 /// Moves every owner and group in `root` (itself included) from `from..from + count` to
-/// `to..to + count`; ids outside that span stay. Never follows a symlink (the tree may be a
-/// sandbox's); runs while nothing of the sandbox runs. Returns how many entries changed.
+/// `to..to + count`; ids outside that span stay. Returns how many inodes changed.
+///
+/// The tree may be a sandbox's, so it is walked by descriptors: each directory opened with
+/// `O_NOFOLLOW` relative to its parent's descriptor, each entry changed with `fchownat(...,
+/// AT_SYMLINK_NOFOLLOW)` in its directory, never through a path or a link, and never across
+/// into another file system; an inode with several links is changed once. Set-uid and set-gid
+/// bits, which the kernel clears on a chown, are put back through an `O_NOFOLLOW` descriptor of
+/// the file. (Extended attributes that name ids, file capabilities and ACLs, are not moved: the
+/// chown drops a file capability.)
 pub fn shift_tree(root: &Path, from: u32, to: u32, count: u32) -> std::io::Result<u64> {
-    use std::os::unix::fs::MetadataExt;
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::Mode;
+    if from != to && from.abs_diff(to) < count && from != 0 && to != 0 {
+        return Err(std::io::Error::other(format!(
+            "the id ranges from {from} and {to} overlap"
+        )));
+    }
     let map = |id: u32| {
         if id >= from && id - from < count {
             id - from + to
@@ -274,39 +420,113 @@ pub fn shift_tree(root: &Path, from: u32, to: u32, count: u32) -> std::io::Resul
             id
         }
     };
-    let mut changed = 0;
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let meta = match std::fs::symlink_metadata(&p) {
-            Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        let (uid, gid) = (map(meta.uid()), map(meta.gid()));
-        if (uid, gid) != (meta.uid(), meta.gid()) {
-            // lchown clears set-uid/set-gid bits of files; a layer's set-uid files keep theirs.
-            std::os::unix::fs::lchown(&p, Some(uid), Some(gid))?;
-            if !meta.file_type().is_symlink() && meta.mode() & 0o6000 != 0 {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(
-                    &p,
-                    std::fs::Permissions::from_mode(meta.mode() & 0o7777),
-                )?;
-            }
-            changed += 1;
-        }
-        if meta.is_dir() {
-            for e in std::fs::read_dir(&p)? {
-                stack.push(e?.path());
-            }
-        }
+    let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let top = match nix::dir::Dir::open(root, dir_flags, Mode::empty()) {
+        Ok(d) => d,
+        Err(nix::errno::Errno::ENOENT) => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
+    let st = nix::sys::stat::fstat(top.as_raw_fd())?;
+    let mut walk = Walk {
+        map: &map,
+        dev: st.st_dev,
+        seen: std::collections::HashSet::new(),
+        changed: 0,
+        dir_flags,
+    };
+    let (uid, gid) = (map(st.st_uid), map(st.st_gid));
+    if (uid, gid) != (st.st_uid, st.st_gid) {
+        nix::unistd::fchown(
+            top.as_raw_fd(),
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        )?;
+        walk.changed += 1;
     }
-    Ok(changed)
+    walk.dir(top)?;
+    Ok(walk.changed)
+}
+
+struct Walk<'a> {
+    map: &'a dyn Fn(u32) -> u32,
+    dev: libc::dev_t,
+    seen: std::collections::HashSet<(libc::dev_t, libc::ino_t)>,
+    changed: u64,
+    dir_flags: nix::fcntl::OFlag,
+}
+
+impl Walk<'_> {
+    fn dir(&mut self, mut dir: nix::dir::Dir) -> std::io::Result<()> {
+        use nix::fcntl::{AtFlags, OFlag};
+        use nix::sys::stat::{Mode, SFlag};
+        let fd = dir.as_raw_fd();
+        let names: Vec<CString> = dir
+            .iter()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_owned())
+            .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+            .collect();
+        for name in names {
+            let st = match nix::sys::stat::fstatat(
+                Some(fd),
+                name.as_c_str(),
+                AtFlags::AT_SYMLINK_NOFOLLOW,
+            ) {
+                Ok(st) => st,
+                Err(nix::errno::Errno::ENOENT) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if st.st_dev != self.dev {
+                continue;
+            }
+            let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+            let is_dir = kind == SFlag::S_IFDIR;
+            if !is_dir && st.st_nlink > 1 && !self.seen.insert((st.st_dev, st.st_ino)) {
+                continue; // another link of an inode already moved
+            }
+            let (uid, gid) = ((self.map)(st.st_uid), (self.map)(st.st_gid));
+            if (uid, gid) != (st.st_uid, st.st_gid) {
+                nix::unistd::fchownat(
+                    Some(fd),
+                    name.as_c_str(),
+                    Some(nix::unistd::Uid::from_raw(uid)),
+                    Some(nix::unistd::Gid::from_raw(gid)),
+                    AtFlags::AT_SYMLINK_NOFOLLOW,
+                )?;
+                self.changed += 1;
+                if kind == SFlag::S_IFREG && st.st_mode & 0o6000 != 0 {
+                    let f = nix::fcntl::openat(
+                        Some(fd),
+                        name.as_c_str(),
+                        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+                        Mode::empty(),
+                    )?;
+                    // SAFETY: a descriptor just opened, owned here.
+                    let f = unsafe { OwnedFd::from_raw_fd(f) };
+                    nix::sys::stat::fchmod(
+                        f.as_raw_fd(),
+                        Mode::from_bits_truncate(st.st_mode & 0o7777),
+                    )?;
+                }
+            }
+            if is_dir {
+                let sub = nix::dir::Dir::openat(
+                    Some(fd),
+                    name.as_c_str(),
+                    self.dir_flags,
+                    Mode::empty(),
+                )?;
+                self.dir(sub)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
     use std::os::unix::fs::MetadataExt;
 
     #[test]
@@ -314,6 +534,8 @@ mod tests {
         assert!(IdMap::new(1000).is_err());
         assert!(IdMap::new(u32::MAX - 10).is_err());
         assert!(IdMap::new(u32::MAX - 100_000).is_err());
+        assert!(IdMap::new(2_147_400_000).is_err());
+        assert!(IdMap::new(2_147_000_000).is_ok());
         let m = IdMap::new(IdMap::DEFAULT_BASE).unwrap();
         let owners: Vec<u32> = ["sba", "sbb", "sbc"].iter().map(|id| m.owner(id)).collect();
         for o in &owners {
@@ -365,7 +587,14 @@ mod tests {
         }
         let map = IdMap::new(IdMap::DEFAULT_BASE).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        probe(&map, &[dir.path()]).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        probe(
+            &map,
+            &[dir.path(), Path::new("/usr")],
+            &scratch.path().join("p"),
+        )
+        .unwrap();
+        assert!(!scratch.path().join("p").exists());
         let ns = create(&map, map.owner("sbtest")).unwrap();
         let tree = idmapped_clone(dir.path(), ns.as_fd()).unwrap();
         // The detached tree shows the directory (owned by 0 on disk) as owned by the base.

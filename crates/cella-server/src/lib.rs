@@ -178,17 +178,32 @@ fn user_namespaces(
     image: &cella_runtime::rootfs::TemplateImage,
 ) -> Result<Option<cella_runtime::userns::IdMap>, ServeError> {
     if config.isolation.userns == Some(false) {
+        let _ = std::fs::remove_file(data_dir.join("userns"));
         return Ok(None);
     }
     let map = cella_runtime::userns::IdMap::new(config.isolation.uid_base)
         .map_err(|e| ServeError::Config(format!("isolation.{e}")))?;
     let mut dirs: Vec<&Path> = vec![data_dir];
     dirs.extend(image.binds.iter().map(|b| b.src.as_path()));
-    match cella_runtime::userns::probe(&map, &dirs) {
-        Ok(()) => Ok(Some(map)),
-        Err(e) if config.isolation.userns == Some(true) => Err(ServeError::Config(format!(
-            "isolation.userns is on but this host cannot give sandboxes user namespaces: {e}"
-        ))),
+    // Once sandboxes of this data directory ran in user namespaces, only an explicit `false`
+    // runs them without (a probe that fails for a passing reason must not).
+    let record = data_dir.join("userns");
+    match cella_runtime::userns::probe(&map, &dirs, &data_dir.join("userns-probe")) {
+        Ok(()) => {
+            std::fs::write(&record, format!("{}\n", map.base)).map_err(|source| {
+                ServeError::DataDir {
+                    path: record.clone(),
+                    source,
+                }
+            })?;
+            Ok(Some(map))
+        }
+        Err(e) if config.isolation.userns == Some(true) || record.exists() => {
+            Err(ServeError::Config(format!(
+                "this host cannot give sandboxes user namespaces now ({e}); set \
+                 [isolation] userns = false to run them without"
+            )))
+        }
         Err(e) => {
             tracing::warn!(
                 "sandboxes run without user namespaces (their root is the host's root, confined \

@@ -149,6 +149,11 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd, userns: Option<OwnedFd>) -> Str
     if let Err(e) = mounts::apply(pivot, None) {
         return fail(&mut ready, e);
     }
+    // The agent must be the last thing the OOM killer picks inside its sandbox; lowering the
+    // score needs the host's CAP_SYS_RESOURCE, so before the user namespace.
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
+        eprintln!("cella-init: oom_score_adj: {e}");
+    }
     // From here on the agent is the root of the sandbox's user namespace: a host uid of the
     // range, with capabilities only there.
     if let Some(ns) = userns {

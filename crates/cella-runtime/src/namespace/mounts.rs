@@ -236,7 +236,8 @@ pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
             ops.push(MountOp::Bind {
                 src: src.clone(),
                 target: inside(r, &b.dst),
-                readonly: b.readonly,
+                // Through an id-mapped mount the sandbox's root would write as the host's.
+                readonly: b.readonly || cfg.userns.is_some(),
                 file: false,
             });
         }
@@ -371,7 +372,11 @@ fn shift_layer(layer: &Path, upper: &Path, to: u32) -> Result<(), String> {
         }
     }
     if recorded != Some(to) {
-        crate::userns::record_base(layer, to).map_err(|e| err("recording ids in", layer, e))?;
+        // Not fatal (a full disk has no room for the record): the shift is idempotent, so the
+        // next boot shifts nothing more and records again.
+        if let Err(e) = crate::userns::record_base(layer, to) {
+            eprintln!("{}", err("recording ids in", layer, e));
+        }
     }
     Ok(())
 }
