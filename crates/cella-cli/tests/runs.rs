@@ -267,22 +267,7 @@ fn artifact_and_expose_routes_refuse_bad_requests() {
 
 #[test]
 fn a_bad_network_subnet_stops_the_server_with_a_clear_message() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("c.toml"),
-        "[network]\nsubnet = \"10.0.0.0/31\"\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .arg("--config")
-        .arg(dir.path().join("c.toml"))
-        .env("CELLA_BOOTSTRAP_KEY", KEY)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = serve_refuses("[network]\nsubnet = \"10.0.0.0/31\"\n");
     assert!(
         err.contains("network.subnet") && err.contains("10.0.0.0/31"),
         "{err}"

@@ -159,63 +159,22 @@ fn create_as(map: &IdMap, owner: u32) -> Result<OwnedFd, String> {
 /// (owner 0 on disk is the range's base). Attach it with [`attach`].
 pub fn idmapped_clone(src: &Path, userns: BorrowedFd<'_>) -> Result<OwnedFd, String> {
     let path = CString::new(src.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
-    let what = |step: &str| {
-        format!(
+    // SAFETY: valid pointers; a returned descriptor is ours.
+    match unsafe { raw_idmapped_clone(&path, &idmap_attr(userns.as_raw_fd())) } {
+        Ok(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+        Err(step) => Err(format!(
             "{step} {}: {}",
             src.display(),
             std::io::Error::last_os_error()
-        )
-    };
-    // SAFETY: plain system calls with valid pointers; the returned descriptor is ours.
-    unsafe {
-        let fd = libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC as libc::c_uint,
-        );
-        if fd < 0 {
-            return Err(what("cloning the mount of"));
-        }
-        let tree = OwnedFd::from_raw_fd(fd as i32);
-        let attr = libc::mount_attr {
-            attr_set: libc::MOUNT_ATTR_IDMAP,
-            attr_clr: 0,
-            propagation: 0,
-            userns_fd: userns.as_raw_fd() as u64,
-        };
-        let empty = c"";
-        if libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            empty.as_ptr(),
-            libc::AT_EMPTY_PATH as libc::c_uint,
-            &attr as *const libc::mount_attr,
-            std::mem::size_of::<libc::mount_attr>(),
-        ) != 0
-        {
-            return Err(what("id-mapping"));
-        }
-        Ok(tree)
+        )),
     }
 }
 
 /// Attaches a detached mount (from [`idmapped_clone`]) at `target`.
 pub fn attach(tree: &OwnedFd, target: &Path) -> Result<(), String> {
     let path = CString::new(target.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
-    let empty = c"";
-    // SAFETY: plain system call with valid pointers.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            empty.as_ptr(),
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            libc::MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if r != 0 {
+    // SAFETY: valid pointers.
+    if !unsafe { raw_attach(tree.as_raw_fd(), &path) } {
         return Err(format!(
             "attaching the id-mapped mount at {}: {}",
             target.display(),
@@ -223,6 +182,65 @@ pub fn attach(tree: &OwnedFd, target: &Path) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+fn idmap_attr(userns: libc::c_int) -> libc::mount_attr {
+    libc::mount_attr {
+        attr_set: libc::MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns as u64,
+    }
+}
+
+/// `open_tree` + `mount_setattr`, with no allocation (also for a forked child): the new
+/// descriptor, or the step that failed (errno says why).
+///
+/// # Safety
+/// Plain system calls; `src` must be a valid C string.
+unsafe fn raw_idmapped_clone(
+    src: &std::ffi::CStr,
+    attr: &libc::mount_attr,
+) -> Result<libc::c_int, &'static str> {
+    let fd = libc::syscall(
+        libc::SYS_open_tree,
+        libc::AT_FDCWD,
+        src.as_ptr(),
+        libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC as libc::c_uint,
+    );
+    if fd < 0 {
+        return Err("cloning the mount of");
+    }
+    if libc::syscall(
+        libc::SYS_mount_setattr,
+        fd,
+        c"".as_ptr(),
+        libc::AT_EMPTY_PATH as libc::c_uint,
+        attr as *const libc::mount_attr,
+        std::mem::size_of::<libc::mount_attr>(),
+    ) != 0
+    {
+        let e = *libc::__errno_location();
+        libc::close(fd as libc::c_int);
+        *libc::__errno_location() = e;
+        return Err("id-mapping (the file system may not support it)");
+    }
+    Ok(fd as libc::c_int)
+}
+
+/// `move_mount` of a detached tree onto `target`, with no allocation.
+///
+/// # Safety
+/// Plain system call; `target` must be a valid C string.
+unsafe fn raw_attach(tree: libc::c_int, target: &std::ffi::CStr) -> bool {
+    libc::syscall(
+        libc::SYS_move_mount,
+        tree,
+        c"".as_ptr(),
+        libc::AT_FDCWD,
+        target.as_ptr(),
+        libc::MOVE_MOUNT_F_EMPTY_PATH,
+    ) == 0
 }
 
 /// Moves the calling (single-threaded) process into `userns` as its root: uid and gid 0 there,
@@ -275,12 +293,7 @@ fn probe_overlay(ns: &OwnedFd, dirs: &[&Path], scratch: &Path) -> Result<(), Str
     ))
     .map_err(|e| e.to_string())?;
     let merged = c(&scratch.join("merged"))?;
-    let attr = libc::mount_attr {
-        attr_set: libc::MOUNT_ATTR_IDMAP,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: ns.as_raw_fd() as u64,
-    };
+    let attr = idmap_attr(ns.as_raw_fd());
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
     // SAFETY: everything the child needs is allocated above; it makes only raw system calls,
     // reports the step that failed and its errno, and leaves with _exit.
@@ -310,38 +323,11 @@ fn probe_overlay(ns: &OwnedFd, dirs: &[&Path], scratch: &Path) -> Result<(), Str
             {
                 fail(2);
             }
-            let empty = c"";
             for (src, target) in srcs.iter().zip(&targets) {
-                let fd = libc::syscall(
-                    libc::SYS_open_tree,
-                    libc::AT_FDCWD,
-                    src.as_ptr(),
-                    libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC as libc::c_uint,
-                );
-                if fd < 0 {
-                    fail(3);
-                }
-                if libc::syscall(
-                    libc::SYS_mount_setattr,
-                    fd,
-                    empty.as_ptr(),
-                    libc::AT_EMPTY_PATH as libc::c_uint,
-                    &attr as *const libc::mount_attr,
-                    std::mem::size_of::<libc::mount_attr>(),
-                ) != 0
-                {
-                    fail(4);
-                }
-                if libc::syscall(
-                    libc::SYS_move_mount,
-                    fd,
-                    empty.as_ptr(),
-                    libc::AT_FDCWD,
-                    target.as_ptr(),
-                    libc::MOVE_MOUNT_F_EMPTY_PATH,
-                ) != 0
-                {
-                    fail(5);
+                match raw_idmapped_clone(src, &attr) {
+                    Err(_) => fail(3),
+                    Ok(fd) if !raw_attach(fd, target) => fail(4),
+                    Ok(_) => {}
                 }
             }
             let overlay = c"overlay";
@@ -369,9 +355,8 @@ fn probe_overlay(ns: &OwnedFd, dirs: &[&Path], scratch: &Path) -> Result<(), Str
     let errno = i32::from_ne_bytes([report[4], report[5], report[6], report[7]]);
     let what = match step {
         1 | 2 => "making a mount namespace",
-        3 => "cloning a mount",
-        4 => "id-mapping a mount (the file system may not support it)",
-        5 => "attaching an id-mapped mount",
+        3 => "id-mapping a mount (the file system may not support it)",
+        4 => "attaching an id-mapped mount",
         _ => "mounting an overlay on id-mapped layers (this kernel may not support it: 5.19 or later does)",
     };
     Err(format!(

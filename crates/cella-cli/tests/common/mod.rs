@@ -514,3 +514,20 @@ pub fn build(s: &Server, key: &str, spec: &Value) -> Value {
     let id = r.data()["id"].as_str().unwrap().to_string();
     wait_build(s, key, spec["id"].as_str().unwrap(), &id)
 }
+
+/// Starts `cella serve` with `config` (TOML) on a fresh data directory, expects it to refuse to
+/// start, and returns what it printed on standard error.
+pub fn serve_refuses(config: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.toml"), config).unwrap();
+    let out = Command::new(bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(dir.path().join("config.toml"))
+        .env("CELLA_BOOTSTRAP_KEY", KEY)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the server started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
