@@ -233,3 +233,41 @@ fn a_uid_range_that_does_not_fit_stops_the_server_with_a_clear_error() {
         "{err}"
     );
 }
+
+#[test]
+fn a_sandbox_that_uses_up_its_inotify_instances_leaves_the_host_and_others_theirs() {
+    let s = Server::start();
+    let (greedy, other) = (
+        s.create(json!({ "size": "xs" })),
+        s.create(json!({ "size": "xs" })),
+    );
+    let hold = "import ctypes, time\nl = ctypes.CDLL(None)\nn = 0\nwhile l.inotify_init() >= 0: n += 1\nopen('/tmp/n', 'w').write(str(n))\ntime.sleep(600)";
+    let p = s.post(
+        &format!("/api/v1/sandboxes/{greedy}/processes"),
+        json!({ "argv": ["python3", "-c", hold] }),
+    );
+    assert_eq!(p.status, 201, "{}", p.body);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let held = loop {
+        let out = s.sh(&greedy, "cat /tmp/n 2>/dev/null");
+        if out["exit_code"] == 0 {
+            break out["stdout"].as_str().unwrap().parse::<u32>().unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the holder never finished"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(held >= 100, "{held}");
+    // The host's root (this test runs as root) and the other sandbox still make instances.
+    // SAFETY: inotify_init1 and close on a descriptor this test owns.
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+    assert!(fd >= 0, "host: {}", std::io::Error::last_os_error());
+    unsafe { libc::close(fd) };
+    let out = s.sh(
+        &other,
+        "python3 -c 'import ctypes; print(ctypes.CDLL(None).inotify_init() >= 0)'",
+    );
+    assert_eq!(out["stdout"], "True\n", "{out}");
+}

@@ -129,11 +129,6 @@ impl NamespaceDriver {
         self
     }
 
-    /// The id mapping sandboxes run with, if any.
-    pub fn userns(&self) -> Option<crate::userns::IdMap> {
-        self.ids
-    }
-
     /// Gives every new sandbox a file system of exactly its `disk_size_mb` (see [`crate::disk`]).
     pub fn with_disk_quota(mut self, on: bool) -> Self {
         self.disk_quota = on;
