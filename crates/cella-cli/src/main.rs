@@ -69,9 +69,13 @@ enum Command {
         /// Keep files matching GLOB (`**` spans directories) as artifacts.
         #[arg(long = "artifact", short = 'a', value_name = "GLOB")]
         artifacts: Vec<String>,
-        /// Download the artifacts into DIR (default: the current directory).
+        /// Download the artifacts into DIR (default: the current directory), keeping their
+        /// paths below the directory they share. With --json they are listed, not downloaded.
         #[arg(long, value_name = "DIR")]
         download: Option<PathBuf>,
+        /// Overwrite local files that artifacts would replace (else the run refuses to).
+        #[arg(long)]
+        force: bool,
         /// Seconds before the command is killed.
         #[arg(long)]
         timeout: Option<u32>,
@@ -358,13 +362,18 @@ async fn run(cmd: Command) -> ExitCode {
             files,
             artifacts,
             download,
+            force,
             timeout,
             env,
             argv,
             conn,
         } => {
+            let out = Download {
+                dir: download.unwrap_or_else(|| PathBuf::from(".")),
+                force,
+            };
             one_shot(
-                template, size, files, artifacts, download, timeout, env, argv, conn,
+                template, size, files, artifacts, out, timeout, env, argv, conn,
             )
             .await
         }
@@ -606,7 +615,7 @@ async fn one_shot(
     size: Option<cella_types::Size>,
     files: Vec<String>,
     artifacts: Vec<String>,
-    download: Option<PathBuf>,
+    download: Download,
     timeout: Option<u32>,
     env: Vec<(String, String)>,
     argv: Vec<String>,
@@ -657,17 +666,31 @@ async fn one_shot(
             eprintln!("cella: the command timed out");
         }
     }
-    if !r.artifacts.is_empty() {
-        let dir = download.unwrap_or_else(|| PathBuf::from("."));
-        for a in &r.artifacts {
-            let name = a.path.rsplit('/').next().unwrap_or(&a.id).to_string();
-            let dest = dir.join(&name);
+    // --json lists the artifacts (in the run's JSON) and downloads nothing.
+    if !r.artifacts.is_empty() && !conn.json {
+        let paths: Vec<&str> = r.artifacts.iter().map(|a| a.path.as_str()).collect();
+        let rel = local_paths(&paths);
+        let dests: Vec<PathBuf> = rel.iter().map(|p| download.dir.join(p)).collect();
+        let taken: Vec<&PathBuf> = dests.iter().filter(|d| d.exists()).collect();
+        if !download.force && !taken.is_empty() {
+            for d in &taken {
+                eprintln!("cella: {} exists; not overwriting it", d.display());
+            }
+            eprintln!(
+                "cella: no artifact downloaded; pass --force to overwrite, or --download DIR"
+            );
+            return ExitCode::from(1);
+        }
+        for (a, dest) in r.artifacts.iter().zip(&dests) {
             let res = async {
+                if let Some(parent) = dest.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+                }
                 let mut res = c
                     .download_artifact(&a.id)
                     .await
                     .map_err(|e| e.to_string())?;
-                let mut f = std::fs::File::create(&dest).map_err(|e| e.to_string())?;
+                let mut f = std::fs::File::create(dest).map_err(|e| e.to_string())?;
                 while let Some(chunk) = res.chunk().await.map_err(|e| e.to_string())? {
                     std::io::Write::write_all(&mut f, &chunk).map_err(|e| e.to_string())?;
                 }
@@ -681,6 +704,40 @@ async fn one_shot(
         }
     }
     ExitCode::from(r.exit_code.clamp(0, 255) as u8)
+}
+
+/// Where a one-shot run's artifacts go.
+struct Download {
+    dir: PathBuf,
+    force: bool,
+}
+
+/// Local paths for artifacts: each one's path below the deepest directory they all share, so
+/// `a/r.csv` and `b/r.csv` stay apart. Components that could leave the download directory
+/// (`..`, empty, `.`) are dropped.
+fn local_paths(paths: &[&str]) -> Vec<PathBuf> {
+    let split: Vec<Vec<&str>> = paths
+        .iter()
+        .map(|p| {
+            p.split('/')
+                .filter(|c| !c.is_empty() && *c != "." && *c != "..")
+                .collect()
+        })
+        .collect();
+    // The shared directory: the longest common prefix of the parents.
+    let mut common = split
+        .first()
+        .map(|v| v.len().saturating_sub(1))
+        .unwrap_or(0);
+    for v in &split {
+        common = common.min(v.len().saturating_sub(1));
+        let first = &split[0];
+        common = (0..common).find(|&i| v[i] != first[i]).unwrap_or(common);
+    }
+    split
+        .iter()
+        .map(|v| v[common..].iter().collect::<PathBuf>())
+        .collect()
 }
 
 async fn code_run(
@@ -1298,5 +1355,28 @@ async fn shell(client: &Client, id: &str, root: bool, command: Option<String>) -
             eprintln!("\r\ncella: the terminal closed without an exit status");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_paths;
+    use std::path::PathBuf;
+
+    #[test]
+    fn artifacts_keep_their_paths_below_the_shared_directory() {
+        let got = local_paths(&["/home/user/a/r.csv", "/home/user/b/r.csv"]);
+        assert_eq!(got, [PathBuf::from("a/r.csv"), PathBuf::from("b/r.csv")]);
+        assert_eq!(
+            local_paths(&["/home/user/out/r.csv"]),
+            [PathBuf::from("r.csv")]
+        );
+        let got = local_paths(&["/home/user/x.csv", "/home/user/a/y.csv"]);
+        assert_eq!(got, [PathBuf::from("x.csv"), PathBuf::from("a/y.csv")]);
+        // Nothing can climb out of the download directory.
+        assert_eq!(
+            local_paths(&["/../../etc/passwd"]),
+            [PathBuf::from("passwd")]
+        );
     }
 }

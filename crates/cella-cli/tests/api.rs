@@ -172,6 +172,27 @@ fn every_error_is_the_envelope_with_a_request_id() {
     let typed = s.post("/api/v1/sandboxes", json!({ "timeout_sec": "long" }));
     typed.assert_error(400, "INVALID_REQUEST");
     assert_eq!(typed.body["error"]["details"]["field"], "timeout_sec");
+    let msg = |r: &common::R| {
+        r.body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    assert!(
+        msg(&bad).starts_with("malformed JSON body"),
+        "{}",
+        msg(&bad)
+    );
+    assert!(msg(&typed).contains("invalid type"), "{}", msg(&typed));
+    // Well-formed JSON with a wrong type is a type error naming the field, never "malformed".
+    let enum_typed = s.post("/api/v1/sandboxes", json!({ "size": 2 }));
+    enum_typed.assert_error(400, "INVALID_REQUEST");
+    assert_eq!(enum_typed.body["error"]["details"]["field"], "size");
+    assert!(
+        msg(&enum_typed).contains("invalid type"),
+        "{}",
+        msg(&enum_typed)
+    );
     let range = s.post("/api/v1/sandboxes", json!({ "timeout_sec": 0 }));
     range.assert_error(400, "INVALID_REQUEST");
     assert_eq!(range.body["error"]["details"]["field"], "timeout_sec");

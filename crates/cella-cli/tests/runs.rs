@@ -237,6 +237,50 @@ fn the_cli_runs_one_shot_and_downloads_artifacts() {
 }
 
 #[test]
+fn the_cli_keeps_artifact_paths_and_never_overwrites_without_force() {
+    let s = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str], script: &str| {
+        let mut args = vec!["run", "--size", "xs", "--artifact", "**/*.csv"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "bash", "-c", script]);
+        std::process::Command::new(bin())
+            .current_dir(dir.path())
+            .args(&args)
+            .env("CELLA_SERVER", &s.url)
+            .env("CELLA_API_KEY", KEY)
+            .output()
+            .unwrap()
+    };
+    let make = "mkdir -p a b && echo one > a/r.csv && echo two > b/r.csv";
+    let out = run(&[], make);
+    assert!(out.status.success(), "{out:?}");
+    let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
+    // Two files of the same name land apart, under their own directories.
+    assert_eq!(read("a/r.csv"), "one\n");
+    assert_eq!(read("b/r.csv"), "two\n");
+    assert!(!dir.path().join("r.csv").exists());
+    // A second run would replace them: refused, with the reason, and nothing touched.
+    let again = "mkdir -p a b && echo new > a/r.csv && echo new > b/r.csv";
+    let out = run(&[], again);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("exists") && err.contains("--force"), "{err}");
+    assert_eq!(read("a/r.csv"), "one\n");
+    // --force overwrites.
+    let out = run(&["--force"], again);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(read("a/r.csv"), "new\n");
+    // --json lists the artifacts and downloads nothing.
+    let out = run(&["--json"], "mkdir -p c && echo x > c/only.csv");
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed = v["artifacts"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{v}");
+    assert!(!dir.path().join("c").exists() && !dir.path().join("only.csv").exists());
+}
+
+#[test]
 fn artifact_and_expose_routes_refuse_bad_requests() {
     let s = Server::start();
     let id = s.create(json!({ "size": "xs" }));

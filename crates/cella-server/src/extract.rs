@@ -50,7 +50,9 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     value.map_err(|e| {
         let inner = e.inner();
         let message = inner.to_string();
-        if inner.is_syntax() || inner.is_eof() {
+        // serde_json reports a wrong type for an enum (`{"size": 2}`) as a syntax error:
+        // only a body that is not well-formed JSON is "malformed".
+        if (inner.is_syntax() || inner.is_eof()) && !well_formed(bytes) {
             return ApiError::new(
                 ErrorCode::InvalidRequest,
                 format!("malformed JSON body: {message}"),
@@ -60,6 +62,14 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             );
         }
         let field = field_of(&e.path().to_string(), &message);
+        if inner.is_syntax() {
+            let found = value_at(bytes, e.path()).map(describe).unwrap_or("a value");
+            return ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("invalid request body: invalid type: {found} for `{field}`"),
+            )
+            .with_details(json!({ "field": field }));
+        }
         let msg = message
             .split(" at line ")
             .next()
@@ -71,6 +81,35 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         )
         .with_details(json!({ "field": field }))
     })
+}
+
+fn well_formed(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
+}
+
+/// The JSON value at a deserializer's error path, for naming what was sent instead.
+fn value_at(bytes: &[u8], path: &serde_path_to_error::Path) -> Option<serde_json::Value> {
+    use serde_path_to_error::Segment;
+    let mut v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    for seg in path.iter() {
+        v = match seg {
+            Segment::Map { key } => v.get_mut(key.as_str())?.take(),
+            Segment::Seq { index } => v.get_mut(*index)?.take(),
+            _ => return None,
+        };
+    }
+    Some(v)
+}
+
+fn describe(v: serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
 }
 
 /// A request body read whole but not parsed yet, so a handler can check scopes first and
@@ -240,6 +279,19 @@ mod tests {
             .unwrap();
         assert!(e.message.starts_with("malformed JSON"));
         assert!(parse_json::<CreateSandbox>(b"").is_ok());
+        // Well-formed JSON with the wrong type for an enum is a type error, not malformed.
+        let e = parse_json::<CreateSandbox>(br#"{"size": 2}"#)
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.message,
+            "invalid request body: invalid type: a number for `size`"
+        );
+        assert_eq!(e.details.unwrap()["field"], "size");
+        let e = parse_json::<CreateSandbox>(br#"{"size": [1]} x"#)
+            .err()
+            .unwrap();
+        assert!(e.message.starts_with("malformed JSON"), "{}", e.message);
     }
 
     #[test]
