@@ -7,6 +7,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod processes;
+mod snapshots;
+mod templates;
+mod transfer;
+
 #[derive(Parser)]
 #[command(name = "cella", version, about = "Sandboxes for AI agents")]
 struct Cli {
@@ -22,9 +27,12 @@ struct Conn {
     /// API key (default: the local server's bootstrap key, when readable).
     #[arg(long, env = "CELLA_API_KEY", hide_env_values = true, global = true)]
     api_key: Option<String>,
-    /// Print JSON instead of text.
+    /// Print JSON instead of text (the API's `data`: an object, or an array for lists).
     #[arg(long, global = true)]
     json: bool,
+    /// Print only ids (one a line), for scripts.
+    #[arg(long, short = 'q', global = true)]
+    quiet: bool,
 }
 
 #[derive(Subcommand)]
@@ -91,6 +99,12 @@ enum Command {
     /// Build custom templates.
     #[command(subcommand)]
     Template(TemplateCmd),
+    /// List and delete snapshots.
+    #[command(subcommand)]
+    Snapshot(snapshots::SnapshotCmd),
+    /// Start background processes, follow their output, write to their input, signal them.
+    #[command(subcommand, alias = "proc")]
+    Process(processes::ProcessCmd),
     /// Print the preview URLs of a port of a sandbox.
     Expose {
         id: String,
@@ -128,6 +142,25 @@ enum TemplateCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// List templates, their sizes and readiness (the same as `cella templates`).
+    #[command(alias = "ls")]
+    List {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Show one template.
+    Get {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Delete a custom template (refused while sandboxes or snapshots use it).
+    #[command(alias = "rm")]
+    Delete {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
 }
 
 #[derive(Subcommand)]
@@ -153,30 +186,34 @@ enum CodeCmd {
 
 #[derive(Subcommand)]
 enum SandboxCmd {
-    /// Create a sandbox and wait until it runs.
+    /// Create a sandbox and wait until it runs; prints it, id first.
     Create {
-        #[arg(long, short)]
-        template: Option<String>,
-        #[arg(long, short)]
-        size: Option<Size>,
-        /// Active-session timeout in seconds.
-        #[arg(long)]
-        timeout: Option<u32>,
-        /// Metadata entry KEY=VALUE (repeatable).
-        #[arg(long = "metadata", short = 'm', value_parser = parse_kv)]
-        metadata: Vec<(String, String)>,
-        /// Environment variable KEY=VALUE for every command (repeatable).
-        #[arg(long = "env", short = 'e', value_parser = parse_kv)]
-        env: Vec<(String, String)>,
+        #[command(flatten)]
+        new: NewSandbox,
         /// Answer at once, while the sandbox is still provisioning.
         #[arg(long)]
         no_wait: bool,
         #[command(flatten)]
         conn: Conn,
     },
-    /// List sandboxes.
+    /// Create a sandbox and open a terminal in it; destroyed when the terminal ends, unless
+    /// --keep.
+    Spawn {
+        #[command(flatten)]
+        new: NewSandbox,
+        /// Keep the sandbox after the terminal ends (its id is printed).
+        #[arg(long)]
+        keep: bool,
+        /// As root instead of the unprivileged user.
+        #[arg(long)]
+        root: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List sandboxes (live ones by default: provisioning, running, paused, stopped).
     #[command(alias = "ls")]
     List {
+        /// Only this state: provisioning, running, paused, stopped, destroyed, error.
         #[arg(long)]
         state: Option<String>,
         /// Metadata filter KEY=VALUE (repeatable).
@@ -202,8 +239,10 @@ enum SandboxCmd {
         /// Run as root instead of the unprivileged user.
         #[arg(long)]
         root: bool,
+        /// Working directory inside the sandbox (default: the template's, else /home/user).
         #[arg(long)]
         cwd: Option<String>,
+        /// Environment variable KEY=VALUE (repeatable).
         #[arg(long = "env", short = 'e', value_parser = parse_kv)]
         env: Vec<(String, String)>,
         /// Seconds before the command is killed.
@@ -215,10 +254,44 @@ enum SandboxCmd {
         #[command(flatten)]
         conn: Conn,
     },
-    /// Destroy a sandbox.
+    /// Destroy sandboxes: the ones named, or with --all every live one (of --state only).
     #[command(alias = "rm")]
     Destroy {
+        ids: Vec<String>,
+        /// Every live sandbox of the workspace (provisioning, running, paused, stopped).
+        #[arg(long)]
+        all: bool,
+        /// With --all: only sandboxes in this state.
+        #[arg(long, requires = "all")]
+        state: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Snapshot a sandbox's files (sandboxes can then be created from the snapshot).
+    Snapshot {
         id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Copy a sandbox into new running sandboxes (files copied, processes not).
+    Fork(snapshots::ForkArgs),
+    /// Upload a local file or directory (recursively) to a path in the sandbox.
+    Upload {
+        id: String,
+        local: PathBuf,
+        remote: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Download a file or a directory (recursively) from the sandbox.
+    Download {
+        id: String,
+        remote: String,
+        /// Where to write it (default: the remote path's last name, here).
+        local: Option<PathBuf>,
+        /// Overwrite existing local files.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         conn: Conn,
     },
@@ -321,6 +394,44 @@ enum FilesCmd {
     },
 }
 
+/// What a new sandbox is made of (`sandbox create` and `sandbox spawn`).
+#[derive(Args, Clone)]
+struct NewSandbox {
+    /// Template id (default `base`; see `cella templates`).
+    #[arg(long, short)]
+    template: Option<String>,
+    /// Size: xs, small (default), medium, large, xl.
+    #[arg(long, short)]
+    size: Option<Size>,
+    /// Start from this snapshot's files (its template and size).
+    #[arg(long)]
+    snapshot: Option<String>,
+    /// Active-session timeout in seconds (1-86400, default 3600).
+    #[arg(long)]
+    timeout: Option<u32>,
+    /// Metadata entry KEY=VALUE (repeatable).
+    #[arg(long = "metadata", short = 'm', value_parser = parse_kv)]
+    metadata: Vec<(String, String)>,
+    /// Environment variable KEY=VALUE for every command (repeatable).
+    #[arg(long = "env", short = 'e', value_parser = parse_kv)]
+    env: Vec<(String, String)>,
+}
+
+impl NewSandbox {
+    fn request(self, wait: bool) -> CreateSandbox {
+        CreateSandbox {
+            template_id: self.template,
+            size: self.size,
+            snapshot_id: self.snapshot,
+            timeout_sec: self.timeout,
+            metadata: (!self.metadata.is_empty()).then(|| self.metadata.into_iter().collect()),
+            env: (!self.env.is_empty()).then(|| self.env.into_iter().collect()),
+            wait: Some(wait),
+            ..Default::default()
+        }
+    }
+}
+
 fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -353,7 +464,13 @@ async fn run(cmd: Command) -> ExitCode {
             data_dir,
             config,
         } => serve(listen, data_dir, config).await,
-        Command::Templates { conn } => report(templates(&conn).await, &conn),
+        Command::Templates { conn } | Command::Template(TemplateCmd::List { conn }) => {
+            report(templates::list(&conn).await, &conn)
+        }
+        Command::Template(TemplateCmd::Get { id, conn }) => templates::get(id, conn).await,
+        Command::Template(TemplateCmd::Delete { id, conn }) => templates::delete(id, conn).await,
+        Command::Snapshot(c) => snapshots::run(c).await,
+        Command::Process(c) => processes::run(c).await,
         Command::Sandbox(sc) => sandbox(sc).await,
         Command::Files(fc) => files(fc).await,
         Command::Run {
@@ -396,39 +513,13 @@ async fn run(cmd: Command) -> ExitCode {
             timeout,
             conn,
         }) => code_run(id, file, language, context, timeout, conn).await,
-        Command::Ps { id, conn } => {
-            let r = client(&conn).list_processes(&id).await.map(|l| {
-                let mut t = format!(
-                    "{:>7} {:<8} {:>5} {:<24} COMMAND\n",
-                    "PID", "STATE", "EXIT", "STARTED"
-                );
-                for p in &l.data {
-                    let exit = p.exit_code.map(|c| c.to_string()).unwrap_or_default();
-                    t += &format!(
-                        "{:>7} {:<8} {:>5} {:<24} {}\n",
-                        p.pid,
-                        p.state,
-                        exit,
-                        p.started_at,
-                        p.argv.join(" ")
-                    );
-                }
-                (t, to_json(&l))
-            });
-            report(r, &conn)
-        }
+        Command::Ps { id, conn } => processes::list(id, conn).await,
         Command::Kill {
             id,
             pid,
             signal,
             conn,
-        } => {
-            let r = client(&conn)
-                .signal_process(&id, pid, &signal)
-                .await
-                .map(|p| (format!("sent {signal} to {}\n", p.pid), to_json(&p)));
-            report(r, &conn)
-        }
+        } => processes::kill(id, pid, signal, conn).await,
         Command::SandboxInit => unreachable!("handled before the runtime starts"),
     }
 }
@@ -445,6 +536,15 @@ async fn serve(
         )
         .with_writer(std::io::stderr)
         .init();
+    // Check before anything is written: a data directory and a key made by a start that
+    // cannot run sandboxes would only mislead.
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "cella: `cella serve` must run as root: it makes each sandbox's namespaces, cgroups, \
+             disk (a loop device) and network link, which need root on the host"
+        );
+        return ExitCode::from(2);
+    }
     let mut cfg = match cella_server::Config::load(config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -805,11 +905,20 @@ async fn code_run(
 /// Prints an error the way a user can act on it; returns the exit code.
 fn fail(e: ClientError) -> ExitCode {
     eprintln!("cella: {e}");
-    if let ClientError::Api {
-        details: Some(d), ..
-    } = &e
-    {
-        eprintln!("  details: {d}");
+    match &e {
+        ClientError::Api { status: 401, .. } | ClientError::NoKey => {
+            let default = cella_server::config::default_data_dir().join("bootstrap.key");
+            eprintln!(
+                "  hint: pass an API key in CELLA_API_KEY (or --api-key). On the server's host, \
+                 the first start wrote its admin key to DATA_DIR/bootstrap.key: {} by default, \
+                 or DIR/bootstrap.key for `cella serve --data-dir DIR`.",
+                default.display()
+            );
+        }
+        ClientError::Api {
+            details: Some(d), ..
+        } => eprintln!("  details: {d}"),
+        _ => {}
     }
     ExitCode::from(1)
 }
@@ -821,6 +930,10 @@ enum Out {
 
 fn report(r: Result<(String, serde_json::Value), ClientError>, conn: &Conn) -> ExitCode {
     match r {
+        Ok((_, json)) if conn.quiet => {
+            print!("{}", ids_of(&json));
+            ExitCode::SUCCESS
+        }
         Ok((text, json)) => {
             print_out(if conn.json {
                 Out::Json(json)
@@ -833,43 +946,25 @@ fn report(r: Result<(String, serde_json::Value), ClientError>, conn: &Conn) -> E
     }
 }
 
+/// The ids in an answer (`id`, or `pid` for processes), one a line.
+fn ids_of(v: &serde_json::Value) -> String {
+    let one = |o: &serde_json::Value| {
+        o.get("id")
+            .and_then(|i| i.as_str().map(String::from))
+            .or_else(|| o.get("pid").map(|p| p.to_string()))
+    };
+    let items: Vec<String> = match v {
+        serde_json::Value::Array(a) => a.iter().filter_map(one).collect(),
+        other => one(other).into_iter().collect(),
+    };
+    items.into_iter().map(|i| i + "\n").collect()
+}
+
 fn print_out(o: Out) {
     match o {
         Out::Text(t) => print!("{t}"),
         Out::Json(v) => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
     }
-}
-
-async fn templates(conn: &Conn) -> Result<(String, serde_json::Value), ClientError> {
-    let cat = client(conn).templates().await?;
-    let mut text = format!(
-        "{:<16} {:<8} {:<14} SIZES\n",
-        "TEMPLATE", "DEFAULT", "READINESS"
-    );
-    for t in &cat.data {
-        let sizes: Vec<String> = t
-            .sizes
-            .iter()
-            .map(|s| {
-                let c = s.resource_contract.as_ref();
-                format!(
-                    "{}={} ({} vCPU/{} MiB)",
-                    s.size,
-                    s.state.as_str(),
-                    c.map(|c| c.vcpus).unwrap_or(0),
-                    c.map(|c| c.memory_mb).unwrap_or(0)
-                )
-            })
-            .collect();
-        text += &format!(
-            "{:<16} {:<8} {:<14} {}\n",
-            t.id,
-            t.default_size,
-            t.readiness.as_str(),
-            sizes.join(", ")
-        );
-    }
-    Ok((text, serde_json::to_value(&cat).unwrap_or_default()))
 }
 
 fn describe(s: &Sandbox) -> String {
@@ -902,29 +997,72 @@ fn describe(s: &Sandbox) -> String {
 
 async fn sandbox(cmd: SandboxCmd) -> ExitCode {
     match cmd {
-        SandboxCmd::Create {
-            template,
-            size,
-            timeout,
-            metadata,
-            env,
-            no_wait,
-            conn,
-        } => {
-            let req = CreateSandbox {
-                template_id: template,
-                size,
-                timeout_sec: timeout,
-                metadata: (!metadata.is_empty()).then(|| metadata.into_iter().collect()),
-                env: (!env.is_empty()).then(|| env.into_iter().collect()),
-                wait: Some(!no_wait),
-                ..Default::default()
-            };
+        SandboxCmd::Create { new, no_wait, conn } => {
+            let req = new.request(!no_wait);
             let r = client(&conn)
                 .create_sandbox(&req)
                 .await
                 .map(|s| (describe(&s), serde_json::to_value(&s).unwrap_or_default()));
             report(r, &conn)
+        }
+        SandboxCmd::Spawn {
+            new,
+            keep,
+            root,
+            conn,
+        } => {
+            if conn.json || conn.quiet {
+                eprintln!(
+                    "cella: `sandbox spawn` opens a terminal; --json and --quiet do not apply"
+                );
+                return ExitCode::from(2);
+            }
+            let c = client(&conn);
+            let sb = match c.create_sandbox(&new.request(true)).await {
+                Ok(s) => s,
+                Err(e) => return fail(e),
+            };
+            eprintln!(
+                "cella: sandbox {} (template {}, {})",
+                sb.id, sb.template_id, sb.size
+            );
+            let code = shell(&c, &sb.id, root, None).await;
+            if keep {
+                eprintln!("cella: sandbox {} kept", sb.id);
+            } else {
+                match c.destroy_sandbox(&sb.id).await {
+                    Ok(_) => eprintln!("cella: sandbox {} destroyed", sb.id),
+                    Err(e) => eprintln!("cella: destroying {}: {e}", sb.id),
+                }
+            }
+            code
+        }
+        SandboxCmd::Snapshot { id, conn } => snapshots::take(id, conn).await,
+        SandboxCmd::Fork(a) => snapshots::fork(a).await,
+        SandboxCmd::Upload {
+            id,
+            local,
+            remote,
+            conn,
+        } => transfer::upload(id, local, remote, conn).await,
+        SandboxCmd::Download {
+            id,
+            remote,
+            local,
+            force,
+            conn,
+        } => {
+            let local = local.unwrap_or_else(|| {
+                PathBuf::from(
+                    remote
+                        .trim_end_matches('/')
+                        .rsplit('/')
+                        .next()
+                        .filter(|n| !n.is_empty() && *n != "..")
+                        .unwrap_or("download"),
+                )
+            });
+            transfer::download(id, remote, local, force, conn).await
         }
         SandboxCmd::List {
             state,
@@ -957,7 +1095,7 @@ async fn sandbox(cmd: SandboxCmd) -> ExitCode {
                         s.created_at
                     );
                 }
-                (t, serde_json::to_value(&page).unwrap_or_default())
+                (t, to_json(&page.data))
             });
             report(r, &conn)
         }
@@ -968,21 +1106,26 @@ async fn sandbox(cmd: SandboxCmd) -> ExitCode {
                 .map(|s| (describe(&s), serde_json::to_value(&s).unwrap_or_default()));
             report(r, &conn)
         }
-        SandboxCmd::Destroy { id, conn } => {
-            let r = client(&conn).destroy_sandbox(&id).await.map(|s| {
-                (
-                    format!("{} destroyed\n", s.id),
-                    serde_json::to_value(&s).unwrap_or_default(),
-                )
-            });
-            report(r, &conn)
-        }
+        SandboxCmd::Destroy {
+            ids,
+            all,
+            state,
+            conn,
+        } => destroy(ids, all, state, conn).await,
         SandboxCmd::Shell {
             id,
             root,
             command,
             conn,
-        } => shell(&client(&conn), &id, root, command).await,
+        } => {
+            if conn.json || conn.quiet {
+                eprintln!(
+                    "cella: `sandbox shell` opens a terminal; --json and --quiet do not apply"
+                );
+                return ExitCode::from(2);
+            }
+            shell(&client(&conn), &id, root, command).await
+        }
         SandboxCmd::Pause { id, conn } => {
             let r = client(&conn)
                 .pause(&id)
@@ -1088,6 +1231,75 @@ async fn sandbox(cmd: SandboxCmd) -> ExitCode {
                 Err(e) => fail(e),
             }
         }
+    }
+}
+
+/// `cella sandbox destroy`: the named sandboxes, or every live one (of one state) with --all.
+async fn destroy(ids: Vec<String>, all: bool, state: Option<String>, conn: Conn) -> ExitCode {
+    let c = client(&conn);
+    let ids = if all {
+        if !ids.is_empty() {
+            eprintln!("cella: give sandbox ids or --all, not both");
+            return ExitCode::from(2);
+        }
+        let mut found = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut q = vec![("limit".to_string(), "1000".to_string())];
+            if let Some(s) = &state {
+                q.push(("state".into(), s.clone()));
+            }
+            if let Some(cur) = &cursor {
+                q.push(("cursor".into(), cur.clone()));
+            }
+            match c.list_sandboxes(&q).await {
+                Ok(page) => {
+                    found.extend(
+                        page.data
+                            .into_iter()
+                            .filter(|s| !s.state.is_terminal())
+                            .map(|s| s.id),
+                    );
+                    match page.next_cursor {
+                        Some(next) => cursor = Some(next),
+                        None => break,
+                    }
+                }
+                Err(e) => return fail(e),
+            }
+        }
+        found
+    } else if ids.is_empty() {
+        eprintln!("cella: give sandbox ids, or --all");
+        return ExitCode::from(2);
+    } else {
+        ids
+    };
+    let mut failed = false;
+    let mut done = Vec::new();
+    for id in &ids {
+        match c.destroy_sandbox(id).await {
+            Ok(s) => {
+                if conn.quiet {
+                    println!("{}", s.id);
+                } else if !conn.json {
+                    println!("{} destroyed", s.id);
+                }
+                done.push(to_json(&s));
+            }
+            Err(e) => {
+                eprintln!("cella: {id}: {e}");
+                failed = true;
+            }
+        }
+    }
+    if conn.json {
+        print_out(Out::Json(serde_json::Value::Array(done)));
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
     }
 }
 
@@ -1296,9 +1508,13 @@ async fn shell(client: &Client, id: &str, root: bool, command: Option<String>) -
                 .as_ref()
                 .map(|b| String::from_utf8_lossy(b).into_owned())
                 .unwrap_or_default();
+            // The API's error envelope, said as the other commands say errors.
+            let said = serde_json::from_str::<cella_types::ErrorBody>(&body)
+                .map(|e| format!("{}: {}", e.error.code, e.error.message))
+                .unwrap_or(body);
             eprintln!(
-                "cella: cannot open the terminal (HTTP {}): {body}",
-                resp.status()
+                "cella: cannot open the terminal (HTTP {}): {said}",
+                resp.status().as_u16()
             );
             return ExitCode::from(1);
         }

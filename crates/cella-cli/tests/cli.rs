@@ -277,7 +277,9 @@ fn cli_shell_ps_and_kill() {
     let pid = p.data()["pid"].as_i64().unwrap().to_string();
     let ps = cella(&s, &["ps", &id]);
     assert!(
-        text(&ps).contains("sleep 300") && text(&ps).contains("running"),
+        text(&ps).contains("sleep 300")
+            && text(&ps).contains("running")
+            && text(&ps).contains("nap"),
         "{}",
         text(&ps)
     );
@@ -291,4 +293,228 @@ fn cli_shell_ps_and_kill() {
         "{}",
         text(&ps)
     );
+}
+
+fn err(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn cli_snapshots_forks_processes_transfers_and_destroys_in_bulk() {
+    let s = Server::start();
+    // -q prints only the id; --json prints the API's data (an object, or an array for lists).
+    let c = cella(
+        &s,
+        &["sandbox", "create", "-s", "xs", "-m", "who=bulk", "-q"],
+    );
+    assert!(c.status.success(), "{}", err(&c));
+    let id = text(&c).trim().to_string();
+    assert!(id.starts_with("sb") && !id.contains(' '), "{id}");
+    let l = cella(&s, &["sandbox", "list", "--json"]);
+    let l: serde_json::Value = serde_json::from_slice(&l.stdout).unwrap();
+    assert!(l.as_array().unwrap().iter().any(|x| x["id"] == id), "{l}");
+
+    // Background processes: start, list (with the tag), stdin, logs (exit code passed on).
+    let p = cella(
+        &s,
+        &[
+            "process",
+            "start",
+            &id,
+            "--tag",
+            "echoer",
+            "-c",
+            "read line; echo got:$line; exit 4",
+        ],
+    );
+    assert!(p.status.success(), "{}", err(&p));
+    let pid = text(&p).trim().to_string();
+    let pl = cella(&s, &["process", "list", &id]);
+    assert!(text(&pl).contains("echoer"), "{}", text(&pl));
+    let mut stdin = Command::new(bin())
+        .args(["process", "stdin", &id, &pid, "--close"])
+        .env("CELLA_SERVER", &s.url)
+        .env("CELLA_API_KEY", KEY)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        stdin.stdin.take().unwrap().write_all(b"hello\n").unwrap();
+    }
+    assert!(stdin.wait().unwrap().success());
+    let logs = cella(&s, &["process", "logs", &id, &pid]);
+    assert_eq!(text(&logs), "got:hello\n");
+    assert_eq!(logs.status.code(), Some(4));
+
+    // A directory up and down again, byte for byte, with a file over the progress bar's size.
+    let local = s.dir.path().join("up");
+    std::fs::create_dir_all(local.join("sub/deeper")).unwrap();
+    let big: Vec<u8> = (0..6u32 << 20).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(local.join("sub/deeper/big.bin"), &big).unwrap();
+    std::fs::write(local.join("top.txt"), "top\n").unwrap();
+    let up = cella(
+        &s,
+        &[
+            "sandbox",
+            "upload",
+            &id,
+            local.to_str().unwrap(),
+            "/home/user/proj",
+        ],
+    );
+    assert!(up.status.success(), "{}", err(&up));
+    assert!(text(&up).contains("2 files"), "{}", text(&up));
+    let back = s.dir.path().join("back");
+    let down = cella(
+        &s,
+        &[
+            "sandbox",
+            "download",
+            &id,
+            "/home/user/proj",
+            back.to_str().unwrap(),
+        ],
+    );
+    assert!(down.status.success(), "{}", err(&down));
+    assert_eq!(std::fs::read(back.join("sub/deeper/big.bin")).unwrap(), big);
+    assert_eq!(
+        std::fs::read_to_string(back.join("top.txt")).unwrap(),
+        "top\n"
+    );
+    // Again: nothing is overwritten without --force.
+    let again = cella(
+        &s,
+        &[
+            "sandbox",
+            "download",
+            &id,
+            "/home/user/proj",
+            back.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(again.status.code(), Some(1));
+    assert!(err(&again).contains("--force"), "{}", err(&again));
+    assert!(cella(
+        &s,
+        &[
+            "sandbox",
+            "download",
+            &id,
+            "/home/user/proj",
+            back.to_str().unwrap(),
+            "--force"
+        ],
+    )
+    .status
+    .success());
+
+    // Snapshot, list it, make a sandbox from it, fork; then destroy every live one at once.
+    let snap = cella(&s, &["sandbox", "snapshot", &id, "-q"]);
+    assert!(snap.status.success(), "{}", err(&snap));
+    let snap_id = text(&snap).trim().to_string();
+    let sl = cella(&s, &["snapshot", "list", "--sandbox", &id]);
+    assert!(text(&sl).contains(&snap_id), "{}", text(&sl));
+    let from = cella(&s, &["sandbox", "create", "--snapshot", &snap_id, "-q"]);
+    assert!(from.status.success(), "{}", err(&from));
+    let from_id = text(&from).trim().to_string();
+    let cat = cella(
+        &s,
+        &[
+            "sandbox",
+            "exec",
+            &from_id,
+            "--",
+            "cat",
+            "/home/user/proj/top.txt",
+        ],
+    );
+    assert_eq!(text(&cat), "top\n");
+    let forks = cella(&s, &["sandbox", "fork", &id, "-n", "2", "-q"]);
+    assert!(forks.status.success(), "{}", err(&forks));
+    assert_eq!(text(&forks).lines().count(), 2, "{}", text(&forks));
+    let gone = cella(&s, &["sandbox", "destroy", "--all", "-q"]);
+    assert!(gone.status.success(), "{}", err(&gone));
+    assert_eq!(text(&gone).lines().count(), 4, "{}", text(&gone));
+    let l = cella(&s, &["sandbox", "list", "-q"]);
+    assert_eq!(text(&l), "", "live sandboxes are gone");
+    let l = cella(&s, &["sandbox", "list", "--state", "destroyed", "-q"]);
+    assert!(
+        text(&l).contains(&id),
+        "destroyed ones are listed when asked"
+    );
+    assert!(cella(&s, &["snapshot", "delete", &snap_id])
+        .status
+        .success());
+    let sl = cella(&s, &["snapshot", "list", "-q"]);
+    assert!(!text(&sl).contains(&snap_id));
+
+    // Templates through `template list|get`.
+    let tl = cella(&s, &["template", "list", "-q"]);
+    assert!(text(&tl).lines().any(|l| l == "base"), "{}", text(&tl));
+    let tg = cella(&s, &["template", "get", "base"]);
+    assert!(text(&tg).contains("readiness"), "{}", text(&tg));
+}
+
+#[test]
+fn cli_errors_say_what_to_do() {
+    let s = Server::start();
+    // A bad key names CELLA_API_KEY and where the bootstrap key is.
+    let bad_key = Command::new(bin())
+        .args(["sandbox", "list"])
+        .env("CELLA_SERVER", &s.url)
+        .env("CELLA_API_KEY", "nope")
+        .output()
+        .unwrap();
+    assert!(
+        err(&bad_key).contains("CELLA_API_KEY") && err(&bad_key).contains("bootstrap.key"),
+        "{}",
+        err(&bad_key)
+    );
+    // Nothing listening: "connection refused", not a bare transport error.
+    let down = Command::new(bin())
+        .args(["sandbox", "list"])
+        .env("CELLA_SERVER", "http://127.0.0.1:9")
+        .env("CELLA_API_KEY", KEY)
+        .output()
+        .unwrap();
+    assert!(err(&down).contains("connection refused"), "{}", err(&down));
+    let dns = Command::new(bin())
+        .args(["sandbox", "list"])
+        .env("CELLA_SERVER", "http://no-such-host.invalid:7070")
+        .env("CELLA_API_KEY", KEY)
+        .output()
+        .unwrap();
+    assert!(
+        err(&dns).contains("DNS lookup of no-such-host.invalid failed"),
+        "{}",
+        err(&dns)
+    );
+    // A terminal takes no --json; a paused sandbox's terminal says why, not raw JSON.
+    let c = cella(&s, &["sandbox", "create", "-s", "xs", "-q"]);
+    let id = text(&c).trim().to_string();
+    let j = cella(&s, &["sandbox", "shell", &id, "--json"]);
+    assert_eq!(j.status.code(), Some(2));
+    assert!(err(&j).contains("--json"), "{}", err(&j));
+    assert!(cella(&s, &["sandbox", "pause", &id]).status.success());
+    let sh = cella(&s, &["sandbox", "shell", &id, "-c", "true"]);
+    assert_eq!(sh.status.code(), Some(1));
+    assert!(
+        err(&sh).contains("SANDBOX_NOT_RUNNING") && !err(&sh).contains("{\""),
+        "{}",
+        err(&sh)
+    );
+    // `cella serve` as a user other than root says so before it writes anything.
+    let data = s.dir.path().join("not-made");
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", bin()])
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(err(&out).contains("must run as root"), "{}", err(&out));
+    assert!(!data.exists(), "no data directory made");
+    assert!(text(&out).is_empty(), "no key printed");
 }

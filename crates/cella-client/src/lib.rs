@@ -30,7 +30,7 @@ pub enum Error {
         details: Option<serde_json::Value>,
         request_id: String,
     },
-    #[error("cannot reach the Cella server at {server}: {source}")]
+    #[error("cannot reach the Cella server at {server}: {}", connect_cause(.source, .server))]
     Connect {
         server: String,
         source: reqwest::Error,
@@ -39,6 +39,39 @@ pub enum Error {
     Decode(String),
     #[error("no API key: set CELLA_API_KEY or pass one")]
     NoKey,
+}
+
+/// What stopped a request from reaching the server, in the words a user acts on: the DNS
+/// lookup, a refused connection, a timeout, or else the innermost cause.
+fn connect_cause(e: &reqwest::Error, server: &str) -> String {
+    use std::error::Error as _;
+    let host = reqwest::Url::parse(server)
+        .ok()
+        .and_then(|u| u.host_str().map(String::from))
+        .unwrap_or_else(|| server.to_string());
+    if e.is_timeout() {
+        return "the request timed out".into();
+    }
+    let mut innermost = e.to_string();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = e.source();
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => {
+                    return format!("connection refused (is `cella serve` running on {host}?)")
+                }
+                std::io::ErrorKind::TimedOut => return "the connection timed out".into(),
+                _ => {}
+            }
+        }
+        let text = err.to_string();
+        if text.contains("dns error") || text.contains("failed to lookup address") {
+            return format!("DNS lookup of {host} failed");
+        }
+        innermost = text;
+        cur = err.source();
+    }
+    innermost
 }
 
 #[derive(Clone)]
@@ -288,15 +321,24 @@ impl Client {
         &self,
         id: &str,
         req: &ExecRequest,
-        mut on_output: impl FnMut(Output),
+        on_output: impl FnMut(Output),
     ) -> Result<ExecExit, Error> {
-        use futures_util::StreamExt;
         let res = self
             .authed(Method::POST, &format!("/api/v1/sandboxes/{id}/exec/stream"))
             .json(req)
             .send()
             .await
             .map_err(self.connect_err())?;
+        self.follow(res, on_output).await
+    }
+
+    /// Reads a stream of output events (`stdout`, `stderr`, then `exit` or `error`).
+    async fn follow(
+        &self,
+        res: reqwest::Response,
+        mut on_output: impl FnMut(Output),
+    ) -> Result<ExecExit, Error> {
+        use futures_util::StreamExt;
         let res = self.check(res).await?;
         let mut body = res.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
@@ -520,6 +562,93 @@ impl Client {
             format!("{ws}/api/v1/sandboxes/{id}/pty?{query}"),
             self.key.as_ref().map(|k| format!("Bearer {k}")),
         )
+    }
+
+    /// Follows a background process's output (from the start of what the agent keeps, or only
+    /// new output) until it exits.
+    pub async fn process_output(
+        &self,
+        id: &str,
+        pid: i32,
+        from_start: bool,
+        on_output: impl FnMut(Output),
+    ) -> Result<ExecExit, Error> {
+        let from = if from_start { "start" } else { "now" };
+        let res = self
+            .authed(
+                Method::GET,
+                &format!("/api/v1/sandboxes/{id}/processes/{pid}/output"),
+            )
+            .query(&[("from", from)])
+            .send()
+            .await
+            .map_err(self.connect_err())?;
+        self.follow(res, on_output).await
+    }
+
+    /// Writes bytes to a background process's standard input (and closes it with `close`).
+    pub async fn process_stdin(
+        &self,
+        id: &str,
+        pid: i32,
+        data: Vec<u8>,
+        close: bool,
+    ) -> Result<Process, Error> {
+        let res = self
+            .authed(
+                Method::POST,
+                &format!("/api/v1/sandboxes/{id}/processes/{pid}/stdin"),
+            )
+            .query(&[("close", close.to_string())])
+            .body(data)
+            .send()
+            .await
+            .map_err(self.connect_err())?;
+        let res = self.check(res).await?;
+        let d: Data<Process> = res.json().await.map_err(|e| Error::Decode(e.to_string()))?;
+        Ok(d.data)
+    }
+
+    pub async fn snapshot(&self, id: &str) -> Result<Snapshot, Error> {
+        self.data::<(), _>(
+            Method::POST,
+            &format!("/api/v1/sandboxes/{id}/snapshots"),
+            None,
+        )
+        .await
+    }
+
+    pub async fn fork(&self, id: &str, req: &ForkRequest) -> Result<ForkResult, Error> {
+        self.call(
+            Method::POST,
+            &format!("/api/v1/sandboxes/{id}/fork"),
+            &[],
+            Some(req),
+        )
+        .await
+    }
+
+    pub async fn list_snapshots(
+        &self,
+        query: &[(String, String)],
+    ) -> Result<List<Snapshot>, Error> {
+        self.call::<(), _>(Method::GET, "/api/v1/snapshots", query, None)
+            .await
+    }
+
+    pub async fn delete_snapshot(&self, id: &str) -> Result<serde_json::Value, Error> {
+        self.data::<(), _>(Method::DELETE, &format!("/api/v1/snapshots/{id}"), None)
+            .await
+    }
+
+    pub async fn template(&self, id: &str) -> Result<Template, Error> {
+        self.data::<(), _>(Method::GET, &format!("/api/v1/templates/{id}"), None)
+            .await
+    }
+
+    pub async fn delete_template(&self, id: &str) -> Result<serde_json::Value, Error> {
+        self.data::<(), _>(Method::DELETE, &format!("/api/v1/templates/{id}"), None)
+            .await
     }
 
     pub async fn create_workspace(&self, req: &CreateWorkspace) -> Result<Workspace, Error> {

@@ -25,6 +25,23 @@ pub struct Config {
     pub pool: PoolConfig,
     pub preview: PreviewConfig,
     pub artifacts: ArtifactsConfig,
+    pub sandboxes: SandboxesConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxesConfig {
+    /// Hours a destroyed (or failed) sandbox stays readable before its row is removed
+    /// (default 24, the contract's floor).
+    pub destroyed_retention_hours: u64,
+}
+
+impl Default for SandboxesConfig {
+    fn default() -> Self {
+        SandboxesConfig {
+            destroyed_retention_hours: 24,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -197,6 +214,7 @@ impl Default for Config {
             pool: PoolConfig::default(),
             preview: PreviewConfig::default(),
             artifacts: ArtifactsConfig::default(),
+            sandboxes: SandboxesConfig::default(),
         }
     }
 }

@@ -24,6 +24,8 @@ const MEMORY_SAMPLE_TICKS: u32 = 4;
 const LIVENESS_TICKS: u32 = 4;
 /// How often activity times are written to the store (in ticks).
 const ACTIVITY_FLUSH_TICKS: u32 = 8;
+/// How often rows of long-destroyed sandboxes are removed (in ticks: a minute).
+const PRUNE_TICKS: u32 = 240;
 
 /// Recent activity per sandbox, and how many commands run in each now.
 #[derive(Default)]
@@ -296,6 +298,14 @@ pub fn spawn_timers(state: Arc<AppState>) {
             if n.is_multiple_of(LIVENESS_TICKS) {
                 check_liveness(&state).await;
                 crate::runs::expire(&state).await;
+            }
+            if n.is_multiple_of(PRUNE_TICKS) {
+                let keep = state.config.sandboxes.destroyed_retention_hours as i64 * 3_600_000;
+                match state.store.prune_sandboxes(now_ms() - keep).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!("removed {n} sandboxes destroyed over the retention"),
+                    Err(e) => tracing::warn!("pruning destroyed sandboxes: {e}"),
+                }
             }
             if n.is_multiple_of(ACTIVITY_FLUSH_TICKS) {
                 let _ = state

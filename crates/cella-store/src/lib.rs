@@ -216,6 +216,8 @@ pub struct SandboxFilter {
     pub limit: u32,
     /// Only rows older (smaller seq) than this.
     pub before_seq: Option<i64>,
+    /// Without a `state`: every state (true), or only live ones, not destroyed or error.
+    pub all_states: bool,
 }
 
 #[derive(Clone)]
@@ -891,6 +893,8 @@ impl Store {
         );
         if f.state.is_some() {
             q.push_str(" AND state = ?");
+        } else if !f.all_states {
+            q.push_str(" AND state NOT IN ('destroyed', 'error')");
         }
         if f.before_seq.is_some() {
             q.push_str(" AND seq < ?");
@@ -911,6 +915,19 @@ impl Store {
             query = query.bind(format!("$.\"{k}\"")).bind(v);
         }
         Ok(query.bind(f.limit as i64).fetch_all(&self.pool).await?)
+    }
+
+    /// Removes the rows of sandboxes destroyed (or failed) before `before_ms`; answers how many.
+    /// Pool sandboxes and live ones are never touched.
+    pub async fn prune_sandboxes(&self, before_ms: i64) -> Result<u64> {
+        let r = sqlx::query(
+            "DELETE FROM sandboxes WHERE state IN ('destroyed', 'error') \
+             AND COALESCE(destroyed_at, created_at) < ?",
+        )
+        .bind(before_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
     }
 
     /// Writes the mutable columns of a sandbox, except the two that only grow and are written
@@ -1138,5 +1155,41 @@ mod tests {
             ..Default::default()
         };
         assert!(store.list_sandboxes(&other_ws).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn lists_show_live_sandboxes_unless_asked_and_old_destroyed_rows_are_pruned() {
+        let (_d, store) = store_with_ws().await;
+        for i in 0..3 {
+            store
+                .insert_sandbox_capped(&sandbox(&format!("sb{i}"), "ws1"), 100)
+                .await
+                .unwrap();
+        }
+        let mut gone = store.sandbox("sb0").await.unwrap().unwrap();
+        gone.state = "destroyed".into();
+        gone.destroyed_at = Some(1_000);
+        store.update_sandbox(&gone).await.unwrap();
+        let mut recent = store.sandbox("sb1").await.unwrap().unwrap();
+        recent.state = "destroyed".into();
+        recent.destroyed_at = Some(5_000);
+        store.update_sandbox(&recent).await.unwrap();
+        let f = SandboxFilter {
+            workspace_id: "ws1".into(),
+            limit: 10,
+            ..Default::default()
+        };
+        let ids = |rows: Vec<SandboxRow>| rows.into_iter().map(|r| r.id).collect::<Vec<_>>();
+        assert_eq!(ids(store.list_sandboxes(&f).await.unwrap()), ["sb2"]);
+        let all = SandboxFilter {
+            all_states: true,
+            ..f.clone()
+        };
+        assert_eq!(ids(store.list_sandboxes(&all).await.unwrap()).len(), 3);
+        // Only rows destroyed before the cut-off go; the live one and the recent one stay.
+        assert_eq!(store.prune_sandboxes(2_000).await.unwrap(), 1);
+        assert!(store.sandbox("sb0").await.unwrap().is_none());
+        assert!(store.sandbox("sb1").await.unwrap().is_some());
+        assert_eq!(store.prune_sandboxes(2_000).await.unwrap(), 0);
     }
 }

@@ -65,9 +65,15 @@ pub async fn list(
         ..Default::default()
     };
     for (k, v) in q {
-        if k == "state" {
-            SandboxState::parse(&v)
-                .ok_or_else(|| ApiError::invalid("state", format!("unknown state {v:?}")))?;
+        if k == "state" && v == "all" {
+            filter.all_states = true;
+        } else if k == "state" {
+            SandboxState::parse(&v).ok_or_else(|| {
+                ApiError::invalid(
+                    "state",
+                    format!("unknown state {v:?}; one of provisioning, running, paused, stopped, destroyed, error, or all"),
+                )
+            })?;
             filter.state = Some(v);
         } else if let Some(key) = k.strip_prefix("metadata.") {
             if key.is_empty() || key.contains('"') {
