@@ -238,7 +238,11 @@ fn every_error_is_the_envelope_with_a_request_id() {
         .assert_error(400, "INVALID_REQUEST");
     // Nothing was created by any of that.
     assert_eq!(
-        s.get("/api/v1/sandboxes").data().as_array().unwrap().len(),
+        s.get("/api/v1/sandboxes?state=all")
+            .data()
+            .as_array()
+            .unwrap()
+            .len(),
         0
     );
 }
@@ -453,14 +457,26 @@ fn listing_pages_and_filters() {
         ));
     }
     s.delete(&format!("/api/v1/sandboxes/{}", ids[0]));
-    let p1 = s.get("/api/v1/sandboxes?limit=2");
+    // By default a list shows live sandboxes only; `state=all` shows the destroyed one too.
+    let live = s.get("/api/v1/sandboxes");
+    let live: Vec<&str> = live
+        .data()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(live, [ids[2].as_str(), ids[1].as_str()]);
+    let p1 = s.get("/api/v1/sandboxes?state=all&limit=2");
     assert_eq!(p1.data().as_array().unwrap().len(), 2);
     assert_eq!(p1.data()[0]["id"], ids[2].as_str(), "newest first");
     let cursor = p1.body["next_cursor"]
         .as_str()
         .expect("a next page")
         .to_string();
-    let p2 = s.get(&format!("/api/v1/sandboxes?limit=2&cursor={cursor}"));
+    let p2 = s.get(&format!(
+        "/api/v1/sandboxes?state=all&limit=2&cursor={cursor}"
+    ));
     assert_eq!(p2.data().as_array().unwrap().len(), 1);
     assert_eq!(p2.data()[0]["id"], ids[0].as_str());
     assert!(p2.body["next_cursor"].is_null());

@@ -18,7 +18,7 @@ fn state(s: &Server, id: &str) -> Value {
 fn wait_state(s: &Server, id: &str, want: &str, within: Duration) -> Value {
     let deadline = Instant::now() + within;
     loop {
-        let list = s.get("/api/v1/sandboxes?limit=1000");
+        let list = s.get("/api/v1/sandboxes?state=all&limit=1000");
         let sb = list
             .data()
             .as_array()
@@ -156,6 +156,18 @@ fn the_active_session_timeout_pauses_or_destroys() {
         p["state_reason"].as_str().unwrap().contains("timeout"),
         "{p}"
     );
+    // An exec on it says why it paused and what brings it back.
+    let e = s.post(
+        &format!("/api/v1/sandboxes/{persistent}/exec"),
+        json!({ "command": "true" }),
+    );
+    e.assert_error(409, "SANDBOX_NOT_RUNNING");
+    let msg = e.body["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("its timeout of 1 s ran out") && msg.contains("resume"),
+        "{msg}"
+    );
+    assert_eq!(e.body["error"]["details"]["state"], "paused");
     let t = wait_state(&s, &temporary, "destroyed", Duration::from_secs(10));
     assert!(t["total_runtime_sec"].as_i64().unwrap() >= 1);
     assert!(sandbox_pids(&temporary).is_empty());

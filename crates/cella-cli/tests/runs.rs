@@ -142,7 +142,7 @@ fn a_run_that_times_out_or_whose_client_hangs_up_leaves_no_sandbox() {
     assert!(res.is_err(), "the run answered before the client gave up");
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let list = s.get("/api/v1/sandboxes?metadata.case=hangup");
+        let list = s.get("/api/v1/sandboxes?state=all&metadata.case=hangup");
         let rows: Vec<Value> = list.data().as_array().unwrap().clone();
         if rows.len() == 1 && rows[0]["state"] == "destroyed" {
             let id = rows[0]["id"].as_str().unwrap();

@@ -568,13 +568,33 @@ pub async fn running(
     let row = owned(state, auth, id).await?;
     state.activity.touch(id);
     if state_of(&row) != SandboxState::Running {
-        return Err(ApiError::new(
-            ErrorCode::SandboxNotRunning,
-            format!("sandbox is {}, not running", row.state),
-        ));
+        return Err(not_running(&row));
     }
     let handle = handle_of(&row).ok_or_else(ApiError::internal)?;
     Ok((row, handle))
+}
+
+/// 409 `SANDBOX_NOT_RUNNING` for a sandbox that is not running: its state, why the server put
+/// it there (when it did), and what brings it back.
+pub fn not_running(row: &SandboxRow) -> ApiError {
+    let why = row
+        .state_reason
+        .as_deref()
+        .map(|r| format!(" ({r})"))
+        .unwrap_or_default();
+    let hint = match state_of(row) {
+        SandboxState::Paused | SandboxState::Stopped => format!(
+            "; resume it (POST /api/v1/sandboxes/{}/resume) to bring it back",
+            row.id
+        ),
+        SandboxState::Provisioning => "; it is still starting".to_string(),
+        _ => String::new(),
+    };
+    ApiError::new(
+        ErrorCode::SandboxNotRunning,
+        format!("sandbox is {}, not running{why}{hint}", row.state),
+    )
+    .with_details(serde_json::json!({ "state": row.state, "reason": row.state_reason }))
 }
 
 /// Starts the template's app (`start`) in a new sandbox and waits until its readiness check
@@ -700,10 +720,7 @@ pub fn exec_spec(
     output_cap: Option<u64>,
 ) -> Result<(SandboxHandle, ExecSpec), ApiError> {
     if state_of(row) != SandboxState::Running {
-        return Err(ApiError::new(
-            ErrorCode::SandboxNotRunning,
-            format!("sandbox is {}, not running", row.state),
-        ));
+        return Err(not_running(row));
     }
     let handle = handle_of(row).ok_or_else(ApiError::internal)?;
     let argv = match (req.command, req.argv) {

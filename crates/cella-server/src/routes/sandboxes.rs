@@ -250,10 +250,7 @@ pub async fn exec_stream(
     let req: ExecRequest = body.json()?;
     let row = find(&state, &auth, &id).await?;
     if svc::state_of(&row) != SandboxState::Running {
-        return Err(ApiError::new(
-            cella_types::ErrorCode::SandboxNotRunning,
-            format!("sandbox is {}, not running", row.state),
-        ));
+        return Err(svc::not_running(&row));
     }
     let req = svc::template_defaults(&state, &row, req);
     let (handle, spec) = svc::exec_spec(&row, req, None)?;
