@@ -135,12 +135,12 @@ def test_connect(server: Server, sandbox: Sandbox) -> None:
     assert sandbox.refresh().state == "running"
 
 
-def test_connect_does_not_wake_unless_asked(server: Server, sandbox: Sandbox) -> None:
+def test_connect_wakes_unless_asked_not_to(server: Server, sandbox: Sandbox) -> None:
     sandbox.pause()
-    same = Sandbox.connect(sandbox.id)
+    same = Sandbox.connect(sandbox.id, resume=False)
     assert same.state == "paused"
     same.close()
-    woken = Sandbox.connect(sandbox.id, resume=True)
+    woken = Sandbox.connect(sandbox.id)
     assert woken.state == "running"
     woken.close()
     assert sandbox.refresh().state == "running"

@@ -1,4 +1,5 @@
 // The code interpreter: persistent Python and JavaScript contexts (`sandbox.runCode`, `sandbox.code`).
+import { checkOptions } from './options.js';
 
 /** Client-side slack over a cell's timeout before the SDK stops waiting. */
 const SLACK_MS = 30_000;
@@ -59,6 +60,11 @@ export class CodeInterpreter {
    * @returns {Promise<Execution>}
    */
   async run(code, opts = {}) {
+    opts = checkOptions(opts, ['language', 'context', 'timeout', 'timeoutSec'], 'code.run');
+    if (opts.timeoutSec !== undefined) {
+      if (opts.timeout !== undefined) throw new TypeError('code.run: give timeout or timeoutSec, not both');
+      opts.timeout = opts.timeoutSec;
+    }
     const body = { code };
     if (opts.language !== undefined) body.language = opts.language;
     if (opts.context !== undefined) body.context = opts.context;

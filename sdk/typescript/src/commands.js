@@ -3,6 +3,11 @@
 import { ConflictError } from './errors.js';
 import { compact, camelize } from './convert.js';
 import { outputEvents } from './sse.js';
+import { checkOptions } from './options.js';
+
+const RUN_OPTIONS = ['env', 'cwd', 'user', 'stdin', 'timeoutSec', 'background', 'onStdout', 'onStderr', 'tag'];
+// stdin and timeoutSec are not fields of the processes route: passed on so the server says so (400).
+const START_OPTIONS = ['env', 'cwd', 'user', 'tag', 'onStdout', 'onStderr', 'background', 'stdin', 'timeoutSec'];
 
 /** Client-side slack over a command's own timeout before the SDK stops waiting. */
 const SLACK_MS = 30_000;
@@ -85,6 +90,7 @@ export class Commands {
    * A non-zero exit code is not an error: read `exitCode`.
    */
   async run(cmd, opts = {}) {
+    opts = checkOptions(opts, RUN_OPTIONS, 'commands.run');
     if (opts.background) return this.start(cmd, opts);
     const body = execBody(cmd, opts);
     const timeoutMs =
@@ -109,13 +115,13 @@ export class Commands {
    * `onStdout`/`onStderr` follow its output from the start.
    */
   async start(cmd, opts = {}) {
+    opts = checkOptions(opts, START_OPTIONS, 'commands.start');
     const body = compact({
       ...commandFields(cmd),
       env: opts.env,
       cwd: opts.cwd,
       user: opts.user,
       tag: opts.tag,
-      // Not fields of this route: passed on so that the server says so (400).
       stdin: opts.stdin,
       timeout_sec: opts.timeoutSec,
     });

@@ -152,6 +152,8 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   size?: SandboxSize;
   /** Active-session timeout in seconds, 1-86400 (default 3600). */
   timeoutSec?: number;
+  /** The same in milliseconds (rounded up to whole seconds), as other SDKs spell it. */
+  timeoutMs?: number;
   /** Idle timer in seconds, 0-86400 (0: none). */
   idleTimeoutSec?: number;
   /** Pauses at its timeout and can be stopped (default true); else destroyed at its timeout. */
@@ -162,6 +164,12 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   metadata?: Record<string, string>;
   /** Environment of every command in the sandbox. */
   env?: Record<string, string>;
+  /** Alias of `env`. */
+  envs?: Record<string, string>;
+  /** Preview access: `{public: false}` needs the preview token. */
+  preview?: { public?: boolean };
+  /** Preview traffic resumes the sandbox when it is paused (default false). */
+  autoResume?: boolean;
   /** Egress policy. */
   network?: NetworkPolicy;
   /** Wait until it runs (default true); false answers at once in `provisioning`. */
@@ -180,8 +188,21 @@ export interface SandboxConnectOptions extends ConnectionOptions {
   resume?: boolean;
 }
 
+/** A sandbox listing: iterate it with `for await` (pages fetched as needed), or await it. */
+export declare class SandboxPaginator implements PromiseLike<SandboxInfo[]>, AsyncIterable<SandboxInfo> {
+  [Symbol.asyncIterator](): AsyncIterator<SandboxInfo>;
+  all(): Promise<SandboxInfo[]>;
+  then<A = SandboxInfo[], B = never>(
+    onfulfilled?: ((value: SandboxInfo[]) => A | PromiseLike<A>) | null,
+    onrejected?: ((reason: unknown) => B | PromiseLike<B>) | null,
+  ): Promise<A | B>;
+  catch<B = never>(onrejected?: ((reason: unknown) => B | PromiseLike<B>) | null): Promise<SandboxInfo[] | B>;
+  finally(onfinally?: (() => void) | null): Promise<SandboxInfo[]>;
+}
+
 export interface SandboxListOptions extends ConnectionOptions {
-  state?: SandboxState;
+  /** One state, or `all`; default: live ones (not destroyed or error). */
+  state?: SandboxState | 'all';
   /** Every entry must match exactly. */
   metadata?: Record<string, string>;
   /** Page size (1-1000); every page is fetched. */
@@ -219,7 +240,8 @@ export declare class Sandbox {
   /** Connects to a sandbox, resuming it if it is paused or stopped (unless `resume: false`). */
   static connect(sandboxId: string, opts?: SandboxConnectOptions): Promise<Sandbox>;
   /** The workspace's sandboxes, newest first, every page followed. */
-  static list(opts?: SandboxListOptions): Promise<SandboxInfo[]>;
+  /** Lazy (`for await`, a page at a time) or awaited whole (an array). Live sandboxes unless `state` says. */
+  static list(opts?: SandboxListOptions): SandboxPaginator;
   /** A one-shot run: create, write files, run, keep artifacts, destroy, in one request. */
   static run(opts: SandboxRunOptions): Promise<RunResult>;
   static run(command: string | string[], opts?: SandboxRunOptions): Promise<RunResult>;
@@ -263,8 +285,13 @@ export declare class Sandbox {
 
 export type User = 'user' | 'root';
 
+/**
+ * Every options object is checked: an option a call does not take is a TypeError naming it.
+ */
 export interface CommandOptions {
   env?: Record<string, string>;
+  /** Alias of `env`. */
+  envs?: Record<string, string>;
   /** Absolute working directory (default: the user's home). */
   cwd?: string;
   /** `user` (uid 1000, default) or `root`. */
@@ -278,6 +305,8 @@ export interface CommandOptions {
 export interface RunOptions extends CommandOptions {
   /** Seconds, 1-86400 (default 3600); the command's tree is killed after it. */
   timeoutSec?: number;
+  /** The same in milliseconds (rounded up to whole seconds). */
+  timeoutMs?: number;
   /** Text written to standard input, which is then closed. */
   stdin?: string;
   /** Start in the background and return the handle (see start()). */
@@ -450,6 +479,10 @@ export interface RunCodeOptions {
   context?: string;
   /** Seconds (default and cap 300); past it the cell is interrupted, the context survives. */
   timeout?: number;
+  /** Alias of `timeout`, as commands spell it. */
+  timeoutSec?: number;
+  /** The same in milliseconds. */
+  timeoutMs?: number;
   signal?: AbortSignal;
   requestTimeoutMs?: number | null;
 }

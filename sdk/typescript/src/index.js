@@ -1,6 +1,6 @@
 // @cella/sdk: the JavaScript SDK of Cella, a self-hosted sandbox platform.
 
-export { Sandbox } from './sandbox.js';
+export { Sandbox, SandboxPaginator } from './sandbox.js';
 export { Commands, CommandHandle } from './commands.js';
 export { Files, WatchHandle } from './files.js';
 export { CodeInterpreter, Execution } from './code.js';

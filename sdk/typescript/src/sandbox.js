@@ -7,6 +7,12 @@ import { Commands } from './commands.js';
 import { Files } from './files.js';
 import { CodeInterpreter } from './code.js';
 import { artifactInfo } from './resources.js';
+import { checkOptions } from './options.js';
+
+const CREATE_OPTIONS = ['template', 'size', 'cpuCount', 'memoryMb', 'diskSizeMb', 'timeoutSec', 'idleTimeoutSec',
+  'persistent', 'alwaysOn', 'metadata', 'env', 'network', 'wait', 'snapshotId', 'preview', 'autoResume'];
+const RUN_OPTIONS = ['command', 'argv', 'template', 'size', 'env', 'metadata', 'network', 'files', 'cwd', 'user',
+  'stdin', 'timeoutSec', 'artifacts'];
 
 const CREATE_TIMEOUT_MS = 120_000;
 
@@ -26,6 +32,8 @@ function createBody(opts) {
     network: opts.network,
     wait: opts.wait,
     snapshot_id: opts.snapshotId,
+    preview: opts.preview,
+    auto_resume: opts.autoResume,
   });
 }
 
@@ -56,6 +64,52 @@ function runBody(opts) {
     timeout_sec: opts.timeoutSec,
     artifacts: opts.artifacts,
   });
+}
+
+/**
+ * Pages of a sandbox listing, fetched as they are iterated (`for await`); awaiting it gives
+ * them all as an array.
+ */
+export class SandboxPaginator {
+  constructor(config, query, signal, error = null) {
+    this._config = config;
+    this._query = query;
+    this._signal = signal;
+    this._error = error;
+  }
+
+  async *[Symbol.asyncIterator]() {
+    if (this._error) throw this._error;
+    let cursor;
+    for (;;) {
+      const r = await request(this._config, 'GET', '/sandboxes', {
+        query: { ...this._query, cursor },
+        signal: this._signal,
+      });
+      for (const raw of r.data) yield sandboxInfo(raw);
+      if (!r.next_cursor || r.data.length === 0) return;
+      cursor = r.next_cursor;
+    }
+  }
+
+  /** Every sandbox of the listing, following every page. */
+  async all() {
+    const out = [];
+    for await (const s of this) out.push(s);
+    return out;
+  }
+
+  then(resolve, reject) {
+    return this.all().then(resolve, reject);
+  }
+
+  catch(reject) {
+    return this.all().catch(reject);
+  }
+
+  finally(done) {
+    return this.all().finally(done);
+  }
 }
 
 /** A Cella sandbox. Make one with `Sandbox.create()` or `Sandbox.connect(id)`. */
@@ -117,6 +171,7 @@ export class Sandbox {
     let opts;
     if (typeof templateOrOpts === 'string') opts = { ...(maybeOpts ?? {}), template: templateOrOpts };
     else opts = { ...(templateOrOpts ?? {}) };
+    opts = checkOptions(opts, CREATE_OPTIONS, 'Sandbox.create');
     const config = new ConnectionConfig(connectionOptions(opts));
     const r = await request(config, 'POST', '/sandboxes', {
       json: createBody(opts),
@@ -137,6 +192,7 @@ export class Sandbox {
     if (typeof commandOrOpts === 'string') opts = { ...(maybeOpts ?? {}), command: commandOrOpts };
     else if (Array.isArray(commandOrOpts)) opts = { ...(maybeOpts ?? {}), argv: commandOrOpts };
     else opts = { ...(commandOrOpts ?? {}) };
+    opts = checkOptions(opts, RUN_OPTIONS, 'Sandbox.run');
     const config = new ConnectionConfig(connectionOptions(opts));
     const r = await request(config, 'POST', '/sandboxes/run', {
       json: runBody(opts),
@@ -153,6 +209,7 @@ export class Sandbox {
    * `resume: false`.
    */
   static async connect(sandboxId, opts = {}) {
+    opts = checkOptions(opts, ['resume'], 'Sandbox.connect');
     const config = new ConnectionConfig(connectionOptions(opts));
     const sb = new Sandbox({ id: sandboxId }, config);
     await sb.refresh();
@@ -161,22 +218,22 @@ export class Sandbox {
   }
 
   /**
-   * Lists the workspace's sandboxes, newest first, in every state (destroyed ones included),
-   * following every page. Filters: `state`, `metadata` (every entry must match).
-   * @returns {Promise<object[]>} SandboxInfo objects
+   * Lists the workspace's sandboxes, newest first: live ones (not destroyed or failed) unless
+   * `state` asks for one (or `'all'`). Filters: `state`, `metadata` (every entry must match);
+   * `limit` is the page size. Lazy: `for await (const s of Sandbox.list())` fetches a page at
+   * a time as it goes; `await Sandbox.list()` gives every one as an array.
+   * @returns {SandboxPaginator} of SandboxInfo objects
    */
-  static async list(opts = {}) {
+  static list(opts = {}) {
+    try {
+      opts = checkOptions(opts, ['state', 'limit', 'metadata'], 'Sandbox.list');
+    } catch (e) {
+      return new SandboxPaginator(null, null, null, e);
+    }
     const config = new ConnectionConfig(connectionOptions(opts));
     const query = { state: opts.state, limit: opts.limit };
     for (const [k, v] of Object.entries(opts.metadata ?? {})) query[`metadata.${k}`] = v;
-    const out = [];
-    let cursor;
-    for (;;) {
-      const r = await request(config, 'GET', '/sandboxes', { query: { ...query, cursor }, signal: opts.signal });
-      out.push(...r.data.map(sandboxInfo));
-      if (!r.next_cursor || r.data.length === 0) return out;
-      cursor = r.next_cursor;
-    }
+    return new SandboxPaginator(config, query, opts.signal);
   }
 
   /** Destroys a sandbox by id; returns its SandboxInfo, now destroyed. */

@@ -171,7 +171,7 @@ class AsyncSandbox:
         cls,
         sandbox_id: str,
         *,
-        resume: bool = False,
+        resume: bool = True,
         server: Optional[str] = None,
         api_key: Optional[str] = None,
         max_retries: Optional[int] = None,

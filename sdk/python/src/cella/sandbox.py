@@ -143,15 +143,15 @@ class Sandbox:
         cls,
         sandbox_id: str,
         *,
-        resume: bool = False,
+        resume: bool = True,
         server: Optional[str] = None,
         api_key: Optional[str] = None,
         max_retries: Optional[int] = None,
         request_timeout: Optional[float] = None,
         headers: Optional[Dict[str, str]] = None,
     ) -> "Sandbox":
-        """Attach to an existing sandbox. Its state is left as it is, unless ``resume=True``
-        and it is ``paused`` or ``stopped``: then it is resumed."""
+        """Attach to an existing sandbox. A ``paused`` or ``stopped`` one is resumed first
+        (as in the TypeScript SDK), unless ``resume=False``."""
         transport = SyncTransport(_connection(server, api_key, max_retries, request_timeout, headers))
         try:
             sandbox = cls(SandboxInfo.from_dict(transport.data("GET", sandbox_path(sandbox_id))), transport)
