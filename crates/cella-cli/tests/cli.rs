@@ -101,42 +101,98 @@ fn cli_creates_runs_lists_and_destroys() {
     assert!(String::from_utf8_lossy(&down.stderr).contains("cannot reach"));
 }
 
+/// The README's examples as they stand there: each bash block runs, in order, in one working
+/// directory, against a real server (its address put in for `127.0.0.1:7070`), with `cella` on
+/// the PATH. A block preceded by `<!-- example: skip (reason) -->` is not run; one preceded by
+/// `<!-- example: file NAME -->` is written to NAME for the blocks after it. Every block must
+/// succeed and leave no live sandbox behind.
+fn readme_examples(path: &str) -> Vec<(usize, Option<String>, String, String)> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        if let Some(lang) = lines[i].strip_prefix("```") {
+            if !lang.is_empty() {
+                let marker = lines[..i]
+                    .iter()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .and_then(|l| l.trim().strip_prefix("<!-- example:"))
+                    .map(|m| m.trim_end_matches("-->").trim().to_string());
+                let body: Vec<&str> = lines[i + 1..]
+                    .iter()
+                    .take_while(|l| !l.starts_with("```"))
+                    .copied()
+                    .collect();
+                out.push((i + 1, marker, lang.to_string(), body.join("\n") + "\n"));
+                i += body.len() + 2;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
 #[test]
-fn the_readme_curl_session_runs_as_written() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let start = readme
-        .find("<!-- readme-session:start -->")
-        .expect("README has the session start marker");
-    let end = readme
-        .find("<!-- readme-session:end -->")
-        .expect("README has the session end marker");
-    let block = &readme[start..end];
-    let script: String = block
-        .lines()
-        .skip_while(|l| !l.starts_with("```"))
-        .skip(1)
-        .take_while(|l| !l.starts_with("```"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    assert!(script.contains("curl"), "no session found");
+fn every_readme_example_runs_as_printed_and_cleans_up() {
+    let readme = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
     let s = Server::start();
-    let script = script.replace("http://127.0.0.1:7070", &s.url);
-    let out = Command::new("bash")
-        .args(["-c", &format!("set -euo pipefail\n{script}")])
-        .env("CELLA_API_KEY", KEY)
-        .output()
-        .unwrap();
-    let stdout = text(&out);
-    assert!(
-        out.status.success(),
-        "README session failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let work = tempfile::tempdir().unwrap();
+    let bindir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(bin(), bindir.path().join("cella")).unwrap();
+    let path = format!(
+        "{}:{}",
+        bindir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
     );
-    assert!(stdout.contains("hello from sb"), "{stdout}");
-    // The session cleans up after itself.
-    let left = s.get("/api/v1/sandboxes?state=running");
-    assert!(left.data().as_array().unwrap().is_empty(), "{}", left.body);
+    let port = s.url.rsplit(':').next().unwrap().to_string();
+    let mut ran = 0;
+    for (line, marker, lang, body) in readme_examples(readme) {
+        match marker.as_deref() {
+            Some(m) if m.starts_with("skip") => continue,
+            Some(m) if m.starts_with("file ") => {
+                std::fs::write(work.path().join(m["file ".len()..].trim()), &body).unwrap();
+                continue;
+            }
+            Some(m) => panic!("README.md:{line}: unknown example marker {m:?}"),
+            None => {}
+        }
+        if lang != "bash" {
+            continue;
+        }
+        let script = body
+            .replace("http://127.0.0.1:7070", &s.url)
+            .replace("localhost:7070", &format!("localhost:{port}"));
+        let out = Command::new("bash")
+            .args(["-c", &format!("set -euo pipefail\n{script}")])
+            .current_dir(work.path())
+            .env("PATH", &path)
+            .env("HOME", s.dir.path())
+            .env("CELLA", &s.url)
+            .env("CELLA_SERVER", &s.url)
+            .env("CELLA_API_KEY", KEY)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "README.md:{line}: the example failed:\n{script}\n--- stdout\n{}\n--- stderr\n{}",
+            text(&out),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if script.contains("echo \"created sandbox $SB\"") {
+            assert!(text(&out).contains("hello from sb"), "{}", text(&out));
+        }
+        let left = s.get("/api/v1/sandboxes");
+        assert!(
+            left.data().as_array().unwrap().is_empty(),
+            "README.md:{line}: the example left sandboxes behind: {}",
+            left.body
+        );
+        ran += 1;
+    }
+    assert!(ran >= 8, "only {ran} README examples ran");
 }
 
 #[test]

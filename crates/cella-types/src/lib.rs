@@ -805,6 +805,8 @@ pub struct CodeRunRequest {
     /// The namespace the cell runs in (default `default`); made on first use.
     pub context: Option<String>,
     /// Seconds (default and cap 300). A cell past it is interrupted; the context survives.
+    /// `timeout_sec`, as exec spells it, is taken too.
+    #[serde(alias = "timeout_sec")]
     pub timeout: Option<f64>,
 }
 
