@@ -41,6 +41,19 @@ def test_write_and_read(shared: Sandbox, d: str) -> None:
     assert shared.commands.run(f"cat {d}/hello.txt").stdout == "héllo\n"
 
 
+def test_write_several_files_at_once(shared: Sandbox, d: str) -> None:
+    entries = shared.files.write([
+        {"path": f"{d}/a.txt", "data": "A"},
+        {"path": f"{d}/sub/b.bin", "data": b"\x00\x01", "mode": 0o600},
+    ])
+    assert [e.path for e in entries] == [f"{d}/a.txt", f"{d}/sub/b.bin"]
+    assert entries[1].mode == "0600"
+    assert shared.files.read(f"{d}/sub/b.bin", format="bytes") == b"\x00\x01"
+    with pytest.raises(TypeError, match="unknown entry keys"):
+        shared.files.write([{"path": f"{d}/c.txt", "data": "C", "colour": "red"}])
+    assert not shared.files.exists(f"{d}/c.txt")
+
+
 def test_write_binary_modes_owners_and_parents(shared: Sandbox, d: str) -> None:
     blob = bytes(range(256)) * 64
     assert shared.files.write(f"{d}/a/b/c.bin", blob).size == len(blob)

@@ -51,7 +51,7 @@ from .models import (
     SandboxUsage,
     SnapshotInfo,
 )
-from .sandbox import _list_params
+from .sandbox import _list_params, _write_entries
 
 __all__ = ["AsyncSandbox", "AsyncCommands", "AsyncCommandHandle", "AsyncFiles", "AsyncWatchHandle", "AsyncCodeInterpreter"]
 
@@ -600,7 +600,12 @@ class AsyncFiles:
             except httpx.TransportError as exc:
                 raise _wrap_transport_error(exc) from exc
 
-    async def write(self, path: str, data: Union[str, bytes, bytearray, BinaryIO], *, user: Optional[str] = None, mode: Union[int, str, None] = None) -> EntryInfo:
+    async def write(self, path: Union[str, Sequence[Mapping[str, Any]]], data: Union[str, bytes, bytearray, BinaryIO, None] = None, *, user: Optional[str] = None, mode: Union[int, str, None] = None) -> Any:
+        """As :meth:`Files.write`: one file, or a list of ``{"path", "data"}`` entries."""
+        if not isinstance(path, str):
+            return [await self.write(f["path"], f["data"], user=f.get("user", user), mode=f.get("mode", mode)) for f in _write_entries(path)]
+        if data is None:
+            raise TypeError("write() needs the data to write")
         content: Any = data.encode("utf-8") if isinstance(data, str) else data
         params = {"path": path, "user": user, "mode": file_mode(mode)}
         return EntryInfo.from_dict(

@@ -73,6 +73,19 @@ def _sse_events(resp: httpx.Response) -> Generator[Union[SSEEvent, KeepAlive], N
         yield last
 
 
+def _write_entries(files: Any) -> List[Mapping[str, Any]]:
+    """The entries of a multi-file write: mappings with ``path`` and ``data``."""
+    out = []
+    for f in files:
+        if not isinstance(f, Mapping) or "path" not in f or "data" not in f:
+            raise TypeError("write() takes a path and data, or a list of {'path', 'data'} entries")
+        unknown = set(f) - {"path", "data", "user", "mode"}
+        if unknown:
+            raise TypeError(f"write(): unknown entry keys {sorted(unknown)}")
+        out.append(f)
+    return out
+
+
 def _connection(server: Optional[str], api_key: Optional[str], max_retries: Optional[int], request_timeout: Optional[float], headers: Optional[Dict[str, str]]) -> ConnectionConfig:
     return ConnectionConfig.resolve(server=server, api_key=api_key, max_retries=max_retries, request_timeout=request_timeout, headers=headers)
 
@@ -634,9 +647,15 @@ class Files:
             except httpx.TransportError as exc:
                 raise _wrap_transport_error(exc) from exc
 
-    def write(self, path: str, data: Union[str, bytes, bytearray, BinaryIO], *, user: Optional[str] = None, mode: Union[int, str, None] = None) -> EntryInfo:
+    def write(self, path: Union[str, Sequence[Mapping[str, Any]]], data: Union[str, bytes, bytearray, BinaryIO, None] = None, *, user: Optional[str] = None, mode: Union[int, str, None] = None) -> Any:
         """Write a file (whole or nothing; missing parents are made). ``data`` is text,
-        bytes or a binary file object; ``mode`` like ``0o755``; ``user`` owns it."""
+        bytes or a binary file object; ``mode`` like ``0o755``; ``user`` owns it.
+        ``write([{"path": ..., "data": ...}, ...])`` writes several (each may give its own
+        ``user`` and ``mode``) and returns their entries."""
+        if not isinstance(path, str):
+            return [self.write(f["path"], f["data"], user=f.get("user", user), mode=f.get("mode", mode)) for f in _write_entries(path)]
+        if data is None:
+            raise TypeError("write() needs the data to write")
         content: Any = data.encode("utf-8") if isinstance(data, str) else data
         params = {"path": path, "user": user, "mode": file_mode(mode)}
         return EntryInfo.from_dict(
