@@ -25,6 +25,16 @@ pub struct Config {
     pub pool: PoolConfig,
     pub preview: PreviewConfig,
     pub artifacts: ArtifactsConfig,
+    pub images: ImagesConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImagesConfig {
+    /// Registries (`host:port`, as image references write them) that templates may pull from
+    /// although they are on loopback, link-local or private addresses, or this host's own; they
+    /// are spoken to over plain HTTP. Every other registry must be public and speak HTTPS.
+    pub insecure_registries: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -197,6 +207,7 @@ impl Default for Config {
             pool: PoolConfig::default(),
             preview: PreviewConfig::default(),
             artifacts: ArtifactsConfig::default(),
+            images: ImagesConfig::default(),
         }
     }
 }
