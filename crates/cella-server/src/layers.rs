@@ -81,7 +81,7 @@ impl std::fmt::Display for Digest {
 
 /// A string someone else sent, for a message: quoted, escaped and cut to a sane length.
 pub fn quoted(s: &str) -> String {
-    let cut: String = s.chars().take(100).collect();
+    let cut: String = s.chars().take(200).collect();
     if cut.len() < s.len() {
         format!("{cut:?}...")
     } else {
@@ -386,7 +386,14 @@ pub fn install(root: &Dir, part: &str, name: &str, marker: &str) -> io::Result<P
     } else {
         layer.remove_file(marker)?;
         layer.remove_all("root")?;
-        root.rename(part, &layer, "root")?;
+        if let Err(e) = root.rename(part, &layer, "root") {
+            // Another build of the same layer got there in between: its copy stays.
+            root.remove_all(part)?;
+            if !is_ready(root, name, marker) {
+                return Err(e);
+            }
+            return Ok(root.path().join(name).join("root"));
+        }
         layer.create_file(marker)?.sync_all()?;
     }
     Ok(root.path().join(name).join("root"))
