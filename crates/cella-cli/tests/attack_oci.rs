@@ -84,11 +84,14 @@ fn manifest(layers: &[(String, usize, Value)]) -> (Vec<u8>, Vec<u8>) {
     (config, m)
 }
 
+/// Answers by path: status and body.
+type Routes = Arc<Mutex<HashMap<String, (u16, Vec<u8>)>>>;
+
 /// The attacker's registry: answers `GET path` from its table (404 otherwise) and records
 /// every request line.
 struct FakeRegistry {
     addr: String,
-    routes: Arc<Mutex<HashMap<String, (u16, Vec<u8>)>>>,
+    routes: Routes,
     seen: Arc<Mutex<Vec<String>>>,
 }
 
@@ -96,7 +99,7 @@ impl FakeRegistry {
     fn start() -> FakeRegistry {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
-        let routes: Arc<Mutex<HashMap<String, (u16, Vec<u8>)>>> = Default::default();
+        let routes: Routes = Default::default();
         let seen: Arc<Mutex<Vec<String>>> = Default::default();
         routes
             .lock()
@@ -311,7 +314,9 @@ fn crafted_manifests_from_a_registry_cannot_reach_the_host() {
     let msg = failure(&b);
     assert!(msg.contains("HTTP 404"), "{msg}");
     assert!(
-        !reg.requests().iter().any(|r| r.starts_with("GET /foreign/")),
+        !reg.requests()
+            .iter()
+            .any(|r| r.starts_with("GET /foreign/")),
         "{:?}",
         reg.requests()
     );
@@ -423,6 +428,27 @@ fn an_upload_cannot_poison_another_workspaces_layers() {
         msg.contains(&ad) && msg.contains("does not match its digest"),
         "{msg}"
     );
+    // Nor can its blob be a symlink to a file of the host (read as root, it would become a
+    // layer of B's).
+    let host_file = tar_of(&[("etc/owner.txt", b"a host file")]);
+    let hf = sha(&host_file);
+    let outside = s.dir.path().join("host-layer.tar");
+    std::fs::write(&outside, &host_file).unwrap();
+    let link = format!("->{}", outside.display());
+    let (config2, m2) = manifest(&[(hf.clone(), host_file.len(), json!({}))]);
+    let r = s.raw(
+        "POST",
+        "/api/v1/images?name=link",
+        Some(&b_key),
+        Some(layout_tar(
+            &m2,
+            &[(&sha(&config2), &config2), (&hf, link.as_bytes())],
+        )),
+        &[],
+    );
+    r.assert_error(400, "INVALID_REQUEST");
+    let msg = r.body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("symlink out of the archive"), "{msg}");
     let layers_dir = s.data_dir().join("layers");
     assert!(
         tree(&layers_dir).is_empty(),

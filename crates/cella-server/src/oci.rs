@@ -451,8 +451,14 @@ pub fn import_archive(
     let w = Dir::open(work).map_err(|e| e.to_string())?;
     // Inside the archive's own tree only (a symlink of it may point within it, no further).
     let open = |rel: &str| -> Result<std::fs::File, String> {
-        w.file_within(rel)
-            .map_err(|e| format!("{} in the archive: {e}", layers::quoted(rel)))
+        w.file_within(rel).map_err(|e| match e.raw_os_error() {
+            Some(libc::EXDEV) | Some(libc::ELOOP) => format!(
+                "{} in the archive is a symlink out of the archive",
+                layers::quoted(rel)
+            ),
+            Some(libc::ENOENT) => format!("{} is not in the archive", layers::quoted(rel)),
+            _ => format!("{} in the archive: {e}", layers::quoted(rel)),
+        })
     };
     let json = |rel: &str, bytes: &[u8]| -> Result<serde_json::Value, String> {
         serde_json::from_slice(bytes)
