@@ -408,7 +408,10 @@ fn an_upload_cannot_poison_another_workspaces_layers() {
     reg.image("public/app", &layers, &[(&bbd, &bb), (&ad, &a_layer)]);
 
     // Workspace B uploads an archive whose blob claims the digest of A's layer, with B's file.
-    let (_b_ws, b_key) = s.workspace_key("business", &["templates:write", "sandboxes:write"]);
+    let (_b_ws, b_key) = s.workspace_key(
+        "business",
+        &["templates:write", "sandboxes:write", "sandboxes:exec"],
+    );
     let poison = tar_of(&[("etc/owner.txt", b"B's file")]);
     let (config, m) = manifest(&layers);
     let archive = layout_tar(&m, &[(&sha(&config), &config), (&bbd, &bb), (&ad, &poison)]);
@@ -487,4 +490,28 @@ fn an_upload_cannot_poison_another_workspaces_layers() {
     // And A's image still shows A's file, from the store.
     let log = a_build("a-app-again");
     assert!(log.contains("(cached)"), "{log}");
+
+    // B pulls the same public image honestly: it downloads and checks the layers once, and
+    // shares them. A deleting its templates leaves B's layers alone.
+    let b = build(
+        &s,
+        &b_key,
+        &json!({ "id": "b-app", "image": format!("{}/public/app:v1", reg.addr) }),
+    );
+    assert_eq!(b["state"], "ready", "{b}");
+    assert!(
+        b["log"].as_str().unwrap().contains("(cached, verified)"),
+        "{b}"
+    );
+    for t in ["a-app", "a-app-again"] {
+        assert_eq!(s.delete(&format!("/api/v1/templates/{t}")).status, 200);
+    }
+    let sb = s.create_as(&b_key, json!({ "template_id": "b-app", "size": "xs" }));
+    let r = s.req(
+        "POST",
+        &format!("/api/v1/sandboxes/{sb}/exec"),
+        Some(&b_key),
+        Some(&json!({ "argv": ["/bin/cat", "/etc/owner.txt"] })),
+    );
+    assert_eq!(r.data()["stdout"], "A's real file", "{}", r.body);
 }

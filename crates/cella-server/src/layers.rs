@@ -385,6 +385,16 @@ pub fn install(root: &Dir, part: &str, name: &str, marker: &str) -> io::Result<P
         root.remove_all(part)?;
     } else {
         layer.remove_file(marker)?;
+        // Files a server that did not verify left (or an interrupted install): moved aside,
+        // not deleted, as sandboxes made before may still have them mounted. They go with the
+        // layer.
+        if layer.dir("root").is_ok() {
+            layer.rename(
+                "root",
+                &layer,
+                &format!("root.old-{}", crate::util::new_id("")),
+            )?;
+        }
         layer.remove_all("root")?;
         if let Err(e) = root.rename(part, &layer, "root") {
             // Another build of the same layer got there in between: its copy stays.
@@ -486,6 +496,19 @@ mod tests {
         assert!(is_ready(&root, "l2", VERIFIED));
         assert!(t.path().join("layers/l2/root/x").is_dir());
         assert!(Path::new("/etc/passwd").exists());
+        // An unverified layer's files are moved aside, the verified ones take their place.
+        std::fs::create_dir_all(t.path().join("layers/l3/root/old")).unwrap();
+        std::fs::write(t.path().join("layers/l3").join(COMPLETE), b"").unwrap();
+        std::fs::create_dir_all(t.path().join("layers/part3/new")).unwrap();
+        install(&root, "part3", "l3", VERIFIED).unwrap();
+        assert!(t.path().join("layers/l3/root/new").is_dir());
+        let aside: Vec<_> = std::fs::read_dir(t.path().join("layers/l3"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("root.old-"))
+            .collect();
+        assert_eq!(aside.len(), 1);
+        assert!(aside[0].path().join("old").is_dir());
         // Nor through a symlinked layer directory.
         assert!(root.mkdir("evil").is_err());
         assert!(outside.join("root").read_dir().unwrap().next().is_none());
