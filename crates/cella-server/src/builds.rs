@@ -9,6 +9,10 @@
 //! step rebuilds it and everything after it. `env`, `workdir` and `user` steps make no layer:
 //! they shape the later steps and the template's sandboxes.
 //!
+//! A template's delete removes only layers of the store whose path is exactly
+//! `layers/<a name the store makes>/root` (see [`crate::layers::name_of`]) and that no other
+//! template and no imported image lists.
+//!
 //! A build runs in a task of its own; its log and step states are kept in memory while it runs
 //! (readable at once) and written to the store at every step and at its end.
 
