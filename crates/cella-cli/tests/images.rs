@@ -1,7 +1,9 @@
 //! Templates from OCI images in a real registry: Debian's `docker-registry` started on
 //! loopback, an image the test builds by hand (a static busybox, a second layer with a
 //! whiteout and an opaque directory) pushed into it by `skopeo`, as gzip and as zstd layers, as
-//! a plain manifest and inside a multi-platform index, anonymously and with basic auth.
+//! a plain manifest and inside a multi-platform index, anonymously and with basic auth. The
+//! registries are on loopback, so the server's configuration lists them in
+//! `[images] insecure_registries`.
 
 mod common;
 
@@ -269,13 +271,18 @@ fn templates_come_from_images_in_a_real_registry() {
         eprintln!("docker-registry, skopeo, htpasswd or busybox-static missing: skipped (.ci/run installs them)");
         return;
     }
-    let s = Server::start();
     let layouts = tempfile::tempdir().unwrap();
     let plain: PathBuf = layouts.path().join("plain");
     let multi: PathBuf = layouts.path().join("multi");
     build_layout(&plain, false);
     build_layout(&multi, true);
     let reg = Registry::start(false);
+    let private = Registry::start(true);
+    // Registries on loopback are reached only when the operator lists them.
+    let s = Server::start_with(&format!(
+        "[images]\ninsecure_registries = [\"{}\", \"{}\"]\n",
+        reg.addr, private.addr
+    ));
     reg.push(&plain, "test/tiny:v1", &[], false);
     reg.push(
         &plain,
@@ -310,7 +317,6 @@ fn templates_come_from_images_in_a_real_registry() {
     );
 
     // Basic auth: refused without credentials, pulled with them.
-    let private = Registry::start(true);
     private.push(&plain, "team/tiny:v1", &[], true);
     let image = format!("{}/team/tiny:v1", private.addr);
     let denied = build(&s, json!({ "id": "private-denied", "image": image }));

@@ -9,6 +9,10 @@
 //! step rebuilds it and everything after it. `env`, `workdir` and `user` steps make no layer:
 //! they shape the later steps and the template's sandboxes.
 //!
+//! A template's delete removes only layers of the store whose path is exactly
+//! `layers/<a name the store makes>/root` (see [`crate::layers::name_of`]) and that no other
+//! template and no imported image lists.
+//!
 //! A build runs in a task of its own; its log and step states are kept in memory while it runs
 //! (readable at once) and written to the store at every step and at its end.
 
@@ -163,11 +167,21 @@ pub async fn start(
                 if crate::images::get(state, &auth.workspace_id, up).is_none() {
                     return Err(ApiError::not_found("image"));
                 }
-            } else if image.parse::<oci_client::Reference>().is_err() {
-                return Err(ApiError::invalid(
-                    "image",
-                    format!("{image:?} is not an image reference"),
-                ));
+            } else {
+                let Ok(reference) = image.parse::<oci_client::Reference>() else {
+                    return Err(ApiError::invalid(
+                        "image",
+                        format!("{image:?} is not an image reference"),
+                    ));
+                };
+                // A registry on an internal address is refused now; one whose name does not
+                // resolve fails the build (it is checked again there).
+                let regs = crate::oci::Registries::of(&state.config);
+                if let Err(e @ crate::oci::RegistryRefused::Address { .. }) =
+                    crate::oci::check_registry(reference.resolve_registry(), &regs).await
+                {
+                    return Err(ApiError::invalid("image", e.to_string()));
+                }
             }
             // The image's layers are pulled by the build; it starts from nothing.
             TemplateEntry {
@@ -390,9 +404,14 @@ async fn run(
                 })
                 .ok_or_else(|| format!("no imported image {up}")),
             None => {
-                crate::oci::pull(image, spec.registry_auth.as_ref(), &layers_root, |line| {
-                    p2.lock().expect("build lock").say(&line)
-                })
+                crate::oci::pull(
+                    image,
+                    spec.registry_auth.as_ref(),
+                    &layers_root,
+                    &crate::oci::Registries::of(&state.config),
+                    &build.workspace_id,
+                    |line| p2.lock().expect("build lock").say(&line),
+                )
                 .await
             }
         };
@@ -480,7 +499,9 @@ async fn run(
                 }
                 let k = hex::encode(&key.clone().finalize()[..16]);
                 let dir = layer_dir(state, &k);
-                if dir.join("complete").exists() {
+                let ready = crate::layers::Dir::create(&state.config.data_dir.join("layers"))
+                    .is_ok_and(|st| crate::layers::is_ready(&st, &k, crate::layers::COMPLETE));
+                if ready {
                     cache_hits += 1;
                     layers.insert(0, dir.join("root"));
                     Ok("cached")
@@ -803,12 +824,19 @@ pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateE
     }
     state.catalog.remove(id);
     state.store.delete_template(id).await?;
+    // A layer goes only when its path is exactly `layers/<a name the store makes>/root`:
+    // nothing outside the store, and no path another template or an imported image lists.
     let layers_root = state.config.data_dir.join("layers");
-    if let Some(image) = &t.image {
+    let kept: std::collections::HashSet<String> = others
+        .iter()
+        .chain(crate::images::all_layer_dirs(state).iter())
+        .filter_map(|l| crate::layers::name_of(&layers_root, l))
+        .collect();
+    if let (Some(image), Ok(store)) = (&t.image, crate::layers::Dir::open(&layers_root)) {
         for l in &image.layers {
-            if l.starts_with(&layers_root) && !others.contains(l) {
-                if let Some(dir) = l.parent() {
-                    let _ = tokio::fs::remove_dir_all(dir).await;
+            if let Some(name) = crate::layers::name_of(&layers_root, l) {
+                if !kept.contains(&name) {
+                    let _ = store.remove_all(&name);
                 }
             }
         }

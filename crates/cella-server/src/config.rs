@@ -26,6 +26,16 @@ pub struct Config {
     pub preview: PreviewConfig,
     pub artifacts: ArtifactsConfig,
     pub sandboxes: SandboxesConfig,
+    pub images: ImagesConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImagesConfig {
+    /// Registries (`host:port`, as image references write them) that templates may pull from
+    /// although they are on loopback, link-local or private addresses, or this host's own; they
+    /// are spoken to over plain HTTP. Every other registry must be public and speak HTTPS.
+    pub insecure_registries: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -215,6 +225,7 @@ impl Default for Config {
             preview: PreviewConfig::default(),
             artifacts: ArtifactsConfig::default(),
             sandboxes: SandboxesConfig::default(),
+            images: ImagesConfig::default(),
         }
     }
 }

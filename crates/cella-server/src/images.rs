@@ -1,6 +1,10 @@
 //! Images imported from archives (`POST /api/v1/images`), for templates to build on with
 //! `"image": "upload:<id>"`. The layers go to the layer store; what a template needs to know of
 //! the image is kept as `DATA/images/<id>.json`.
+//!
+//! Every blob of an archive must hash to the digest it is filed under (see
+//! [`crate::oci::import_archive`]): one that does not is a 400 and nothing is stored, so an
+//! upload cannot put other bytes in the shared layer store under another image's digest.
 
 use crate::auth::Auth;
 use crate::error::ApiError;
@@ -87,11 +91,12 @@ pub async fn import(
     drop(f);
     let work = images.join(format!("{id}.work"));
     let layers_root = state.config.data_dir.join("layers");
-    let (t2, w2) = (tar.clone(), work.clone());
-    let res =
-        tokio::task::spawn_blocking(move || crate::oci::import_archive(&t2, &layers_root, &w2))
-            .await
-            .map_err(|_| ApiError::internal())?;
+    let (t2, w2, ws) = (tar.clone(), work.clone(), auth.workspace_id.clone());
+    let res = tokio::task::spawn_blocking(move || {
+        crate::oci::import_archive(&t2, &layers_root, &w2, &ws)
+    })
+    .await
+    .map_err(|_| ApiError::internal())?;
     let _ = tokio::fs::remove_file(&tar).await;
     let _ = tokio::fs::remove_dir_all(&work).await;
     let pulled = res.map_err(|e| ApiError::invalid("body", e))?;
@@ -137,4 +142,17 @@ pub fn get(state: &AppState, workspace_id: &str, id: &str) -> Option<ImportedIma
     let b = std::fs::read(dir(state).join(format!("{id}.json"))).ok()?;
     let r: Record = serde_json::from_slice(&b).ok()?;
     (r.workspace_id == workspace_id).then(|| to_image(r))
+}
+
+/// The layer paths every imported image lists (of any workspace): a template's delete keeps them.
+pub fn all_layer_dirs(state: &AppState) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir(state)) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter_map(|e| std::fs::read(e.path()).ok())
+        .filter_map(|b| serde_json::from_slice::<Record>(&b).ok())
+        .flat_map(|r| r.layer_dirs)
+        .collect()
 }

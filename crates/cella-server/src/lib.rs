@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod extract;
 pub mod images;
+pub mod layers;
 pub mod lifecycle;
 pub mod network;
 pub mod oci;

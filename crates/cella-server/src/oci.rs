@@ -4,19 +4,37 @@
 //! device, `.wh..wh..opq` the directory's `trusted.overlay.opaque` attribute), so the layers
 //! stack under overlayfs exactly as the image says.
 //!
-//! The registry protocol is `oci-client`'s (a maintained crate: auth flows, manifest lists,
-//! digest checks); unpacking is the `tar` crate's, which refuses entries that would land
-//! outside the layer directory. Layers are kept by digest under `DATA/layers/oci-<digest>`, so
-//! images that share layers share them on disk.
+//! The registry protocol is `oci-client`'s (a maintained crate: auth flows, manifest lists);
+//! unpacking is the `tar` crate's, which refuses entries that would land outside the layer
+//! directory. Layers are kept by digest under `DATA/layers/oci-sha256-<hex>` (see
+//! [`crate::layers`]), so images that share layers share them on disk.
+//!
+//! What a registry or an archive says is not trusted: every digest is parsed into a
+//! [`Digest`] before anything is named after it; every blob is hashed while it is downloaded
+//! (or read from the archive) and used only when it hashes to its digest, a mismatch leaving
+//! nothing behind; a layer is marked verified only after that; and a workspace reuses a layer
+//! of the store only once it has shown it has the layer's bytes itself (so knowing a digest of
+//! another workspace's private image gives nothing). Registries on loopback, link-local or
+//! private addresses, or this host's own, are refused unless the operator lists them in
+//! `[images] insecure_registries` (the registries spoken to over plain HTTP); foreign layer URLs
+//! are never fetched; and what a registry answers reaches the build log only as a status and a
+//! short reason.
 
+use crate::layers::{self, Digest, Dir, Hasher};
 use cella_types::{ExecUser, RegistryAuth};
+use futures_util::StreamExt;
 use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth as Auth;
 use oci_client::{Client, Reference};
-use sha2::Digest;
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// An image config or manifest larger than this is refused.
+const MAX_JSON: u64 = 4 << 20;
 
 /// What an image's config asks of its containers, as far as a template uses it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -34,194 +52,366 @@ pub struct Pulled {
     pub defaults: ImageDefaults,
 }
 
-fn registry_host(reference: &Reference) -> String {
-    reference.resolve_registry().to_string()
+/// Which registries a pull may reach, and how.
+#[derive(Debug, Clone, Default)]
+pub struct Registries {
+    /// `host:port` of registries allowed on any address, spoken to over plain HTTP.
+    pub insecure: Vec<String>,
+    /// The server's own listen address, never a registry.
+    pub listen: Option<SocketAddr>,
 }
 
-/// Registries on this machine's loopback speak plain HTTP; every other one HTTPS.
-fn protocol_for(registry: &str) -> ClientProtocol {
-    let host = registry
-        .rsplit_once(':')
-        .map(|(h, _)| h)
-        .unwrap_or(registry);
-    if host == "localhost" || host.starts_with("127.") || host == "[::1]" {
-        ClientProtocol::HttpsExcept(vec![registry.to_string()])
-    } else {
-        ClientProtocol::Https
+impl Registries {
+    pub fn of(config: &crate::Config) -> Registries {
+        Registries {
+            insecure: config.images.insecure_registries.clone(),
+            listen: Some(config.listen),
+        }
+    }
+
+    fn protocol(&self) -> ClientProtocol {
+        ClientProtocol::HttpsExcept(self.insecure.clone())
     }
 }
 
-/// Pulls `image` and unpacks its layers under `layers_root`; `log` hears of each layer.
+/// Why a registry may not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryRefused {
+    #[error("registry {registry} is at {addr}, {what}: refused (an operator can allow it by listing \"{registry}\" in the server's [images] insecure_registries)")]
+    Address {
+        registry: String,
+        addr: IpAddr,
+        what: &'static str,
+    },
+    #[error("registry {0}: its host name does not resolve")]
+    Unresolved(String),
+}
+
+/// What kind of address `ip` is, when a registry may not be there.
+fn forbidden(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(v4) => forbidden_v4(v4),
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return forbidden_v4(v4);
+            }
+            let s = v6.segments();
+            // NAT64 (64:ff9b::/96) carries an IPv4 address.
+            if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                let o = v6.octets();
+                return forbidden_v4(Ipv4Addr::new(o[12], o[13], o[14], o[15]));
+            }
+            if v6.is_loopback() {
+                Some("a loopback address")
+            } else if v6.is_unspecified() {
+                Some("the unspecified address")
+            } else if s[0] & 0xfe00 == 0xfc00 {
+                Some("a private (unique local) address")
+            } else if s[0] & 0xffc0 == 0xfe80 {
+                Some("a link-local address")
+            } else if v6.is_multicast() {
+                Some("a multicast address")
+            } else if s[0] == 0 && s[1..6] == [0; 5] {
+                // ::a.b.c.d, the deprecated IPv4-compatible form.
+                let o = v6.octets();
+                forbidden_v4(Ipv4Addr::new(o[12], o[13], o[14], o[15]))
+            } else {
+                None
+            }
+        }
+    }
+}
+
+fn forbidden_v4(ip: Ipv4Addr) -> Option<&'static str> {
+    let o = ip.octets();
+    if ip.is_loopback() {
+        Some("a loopback address")
+    } else if o[0] == 0 {
+        Some("the unspecified address")
+    } else if ip.is_private() {
+        Some("a private address")
+    } else if o[0] == 100 && o[1] & 0xc0 == 64 {
+        Some("a shared (CGNAT) address")
+    } else if ip.is_link_local() {
+        Some("a link-local address")
+    } else if ip.is_multicast() || ip.is_broadcast() || o[0] >= 240 {
+        Some("a multicast or reserved address")
+    } else {
+        None
+    }
+}
+
+/// The host's own addresses (every interface's).
+fn own_addresses() -> Vec<IpAddr> {
+    let Ok(ifs) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    ifs.filter_map(|i| i.address)
+        .filter_map(|a| {
+            a.as_sockaddr_in()
+                .map(|s| IpAddr::V4(s.ip()))
+                .or_else(|| a.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())))
+        })
+        .collect()
+}
+
+/// `host` and port of a registry as an image reference writes it (`host`, `host:port`,
+/// `[v6]:port`).
+fn split_registry(registry: &str) -> (String, u16) {
+    if let Some(rest) = registry.strip_prefix('[') {
+        if let Some((h, tail)) = rest.split_once(']') {
+            let port = tail
+                .strip_prefix(':')
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(443);
+            return (h.to_string(), port);
+        }
+    }
+    match registry.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => (h.to_string(), p.parse().unwrap_or(443)),
+        _ => (registry.to_string(), 443),
+    }
+}
+
+/// Refuses a registry whose host is (or resolves to any) address of the kinds above, or one of
+/// this host's, unless the operator listed it.
+pub async fn check_registry(registry: &str, regs: &Registries) -> Result<(), RegistryRefused> {
+    if regs.insecure.iter().any(|r| r == registry) {
+        return Ok(());
+    }
+    let (host, port) = split_registry(registry);
+    let addrs: Vec<IpAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .map_err(|_| RegistryRefused::Unresolved(registry.to_string()))?
+            .map(|a| a.ip())
+            .collect(),
+    };
+    if addrs.is_empty() {
+        return Err(RegistryRefused::Unresolved(registry.to_string()));
+    }
+    let own = own_addresses();
+    for addr in addrs {
+        let what = forbidden(addr).or_else(|| {
+            (own.contains(&addr) || regs.listen.is_some_and(|l| l.ip() == addr))
+                .then_some("this server's own address")
+        });
+        if let Some(what) = what {
+            return Err(RegistryRefused::Address {
+                registry: registry.to_string(),
+                addr,
+                what,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A registry's failure in a few words: its status and a short reason, never its body.
+fn registry_error(e: &OciDistributionError) -> String {
+    use OciDistributionError as E;
+    match e {
+        E::ServerError { code, .. } => format!("the registry answered HTTP {code}"),
+        E::RegistryError { envelope, .. } => {
+            let codes: Vec<String> = envelope
+                .errors
+                .iter()
+                .take(3)
+                .map(|e| format!("{:?}", e.code))
+                .collect();
+            format!("the registry refused ({})", codes.join(", "))
+        }
+        E::UnauthorizedError { .. } => "the registry answered HTTP 401 (not authorized)".into(),
+        E::AuthenticationFailure(_) => "authenticating with the registry failed".into(),
+        E::ImageManifestNotFoundError(_) => "the registry has no such image manifest".into(),
+        E::DigestError(_) => "the registry sent content that does not match its digest".into(),
+        E::RequestError(r) => match r.status() {
+            Some(s) => format!("the registry answered HTTP {}", s.as_u16()),
+            None if r.is_timeout() => "the registry did not answer in time".into(),
+            None if r.is_connect() => "could not connect to the registry".into(),
+            None => "the request to the registry failed".into(),
+        },
+        E::ManifestParsingError(_)
+        | E::VersionedParsingError(_)
+        | E::JsonError(_)
+        | E::ManifestEncodingError(_) => {
+            "the registry's manifest is not a valid image manifest".into()
+        }
+        E::UnsupportedMediaTypeError(_) | E::IncompatibleLayerMediaTypeError(_) => {
+            "the manifest's media type is not supported".into()
+        }
+        E::UnsupportedSchemaVersionError(v) => {
+            format!("manifest schema version {v} is not supported")
+        }
+        E::ImageIndexParsingNoPlatformResolverError => {
+            "the image index has no manifest for this platform".into()
+        }
+        _ => "the registry's answer could not be used".into(),
+    }
+}
+
+/// Downloads blob `digest` into `out`, hashing it on the way; `max` bounds its size. Fetched
+/// from the registry of `reference` only (a descriptor's foreign URLs are never used).
+async fn fetch_blob(
+    client: &Client,
+    reference: &Reference,
+    digest: &Digest,
+    out: &mut (dyn Write + Send),
+    max: u64,
+) -> Result<(), String> {
+    let d = digest.to_string();
+    let mut stream = client
+        .pull_blob_stream(reference, d.as_str())
+        .await
+        .map_err(|e| format!("pulling {d}: {}", registry_error(&e)))?;
+    let mut hasher = Hasher::default();
+    let mut total = 0u64;
+    while let Some(chunk) = stream.stream.next().await {
+        // The crate's own check of the digest fails the stream: say it as ours does.
+        let chunk = chunk.map_err(|_| {
+            format!("pulling {d}: the download failed or does not match its digest")
+        })?;
+        total += chunk.len() as u64;
+        if total > max {
+            return Err(format!("pulling {d}: the blob is larger than {max} bytes"));
+        }
+        hasher.update(&chunk);
+        out.write_all(&chunk)
+            .map_err(|e| format!("writing {d}: {e}"))?;
+    }
+    hasher.check(digest).map_err(|e| e.to_string())
+}
+
+/// The file a workspace's proof of having a layer's bytes is kept in, in the layer directory.
+fn proof_name(workspace: &str) -> String {
+    format!("seen-{}", hex::encode(workspace.as_bytes()))
+}
+
+/// Whether layer `d` is in the store, verified, and known to `workspace`.
+fn usable(root: &Dir, d: &Digest, workspace: &str) -> bool {
+    let name = d.layer_name();
+    layers::is_ready(root, &name, layers::VERIFIED)
+        && root.has_file(&format!("{name}/{}", proof_name(workspace)))
+}
+
+/// Records that `workspace` has shown it has the bytes of layer `d`.
+fn prove(root: &Dir, d: &Digest, workspace: &str) -> Result<(), String> {
+    root.dir(&d.layer_name())
+        .and_then(|l| l.create_file(&proof_name(workspace)))
+        .map(|_| ())
+        .map_err(|e| format!("recording layer {}: {e}", d.short()))
+}
+
+/// Files the download or unpack of one layer left, removed whatever happens.
+struct Scratch {
+    root: Arc<Dir>,
+    names: Vec<String>,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = self.root.remove_all(n);
+        }
+    }
+}
+
+/// Pulls `image` and unpacks its layers under `layers_root`, for `workspace`; `log` hears of
+/// each layer.
 pub async fn pull(
     image: &str,
     auth: Option<&RegistryAuth>,
     layers_root: &Path,
+    regs: &Registries,
+    workspace: &str,
     mut log: impl FnMut(String),
 ) -> Result<Pulled, String> {
     let reference: Reference = image
         .parse()
         .map_err(|e| format!("{image:?} is not an image reference: {e}"))?;
+    let registry = reference.resolve_registry().to_string();
+    check_registry(&registry, regs)
+        .await
+        .map_err(|e| e.to_string())?;
     let client = Client::new(ClientConfig {
-        protocol: protocol_for(&registry_host(&reference)),
+        protocol: regs.protocol(),
         ..Default::default()
     });
     let auth = match auth {
         Some(a) => Auth::Basic(a.username.clone(), a.password.clone()),
         None => Auth::Anonymous,
     };
-    let (manifest, digest, config) = client
-        .pull_manifest_and_config(&reference, &auth)
+    let (manifest, digest) = client
+        .pull_image_manifest(&reference, &auth)
         .await
-        .map_err(|e| format!("pulling {image}: {e}"))?;
+        .map_err(|e| format!("pulling {image}: {}", registry_error(&e)))?;
+    // Every digest first: nothing is fetched or named after a manifest that has a bad one.
+    let config_digest =
+        Digest::parse(&manifest.config.digest).map_err(|e| format!("the image's config: {e}"))?;
+    let digests = manifest
+        .layers
+        .iter()
+        .map(|l| Digest::parse(&l.digest).map_err(|e| format!("a layer of the image: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut config = Vec::new();
+    fetch_blob(&client, &reference, &config_digest, &mut config, MAX_JSON).await?;
+    let config = String::from_utf8(config).map_err(|_| "the image's config is not UTF-8")?;
     log(format!(
         "  image {image} ({digest}), {} layer(s)\n",
         manifest.layers.len()
     ));
-    let mut layers = Vec::new();
-    for layer in &manifest.layers {
-        let name = format!("oci-{}", layer.digest.replace(':', "-"));
-        let dir = layers_root.join(&name);
-        if dir.join("complete").exists() {
-            log(format!("  layer {} (cached)\n", short(&layer.digest)));
-        } else {
-            let tmp = layers_root.join(format!("{name}.download"));
-            let mut file = tokio::fs::File::create(&tmp)
-                .await
-                .map_err(|e| format!("layer file: {e}"))?;
-            client
-                .pull_blob(&reference, layer, &mut file)
-                .await
-                .map_err(|e| format!("pulling layer {}: {e}", layer.digest))?;
-            drop(file);
-            let (media, dir2, tmp2) = (layer.media_type.clone(), dir.clone(), tmp.clone());
-            let size = tokio::task::spawn_blocking(move || unpack(&tmp2, &media, &dir2))
-                .await
-                .map_err(|e| e.to_string())??;
-            let _ = tokio::fs::remove_file(&tmp).await;
+    let root = Arc::new(Dir::create(layers_root).map_err(|e| format!("the layer store: {e}"))?);
+    let mut out = Vec::new();
+    for (layer, d) in manifest.layers.iter().zip(&digests) {
+        let name = d.layer_name();
+        if layer.urls.as_ref().is_some_and(|u| !u.is_empty()) {
             log(format!(
-                "  layer {} unpacked ({size} files)\n",
-                short(&layer.digest)
+                "  layer {} lists foreign URLs: not used, the layer comes from the registry\n",
+                d.short()
             ));
         }
-        layers.push(dir.join("root"));
-    }
-    layers.reverse();
-    Ok(Pulled {
-        digest,
-        layers,
-        defaults: defaults_of(&config),
-    })
-}
-
-/// Imports an image from an archive on this host: an OCI layout (`oci-layout`, `index.json`,
-/// `blobs/`) or a `docker save` tarball (`manifest.json`), as a tar file. Its layers go to the
-/// layer store like pulled ones; `work` is an empty scratch directory.
-pub fn import_archive(archive: &Path, layers_root: &Path, work: &Path) -> Result<Pulled, String> {
-    let f = std::fs::File::open(archive).map_err(|e| e.to_string())?;
-    let mut a = tar::Archive::new(f);
-    a.set_preserve_permissions(false);
-    a.unpack(work)
-        .map_err(|e| format!("reading the archive: {e}"))?;
-    std::fs::create_dir_all(layers_root).map_err(|e| e.to_string())?;
-    let json = |p: &Path| -> Result<serde_json::Value, String> {
-        let b = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", p.display()))
-    };
-    let blob = |digest: &str| -> Result<PathBuf, String> {
-        let (algo, hex) = digest
-            .split_once(':')
-            .ok_or("a digest without an algorithm")?;
-        if algo != "sha256" || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
-            return Err(format!("unsupported digest {digest}"));
+        if usable(&root, d, workspace) {
+            log(format!("  layer {} (cached)\n", d.short()));
+            out.push(layers_root.join(&name).join("root"));
+            continue;
         }
-        Ok(work.join("blobs").join(algo).join(hex))
-    };
-    // (layer file, media type, digest) bottom first, the config, and the image's digest.
-    let (layers, config, digest): (Vec<(PathBuf, String, String)>, String, String) =
-        if work.join("oci-layout").exists() {
-            let index = json(&work.join("index.json"))?;
-            let mut desc = index["manifests"][0].clone();
-            // An index inside: this machine's platform, else the first entry.
-            while desc["mediaType"]
-                .as_str()
-                .is_some_and(|m| m.contains("index") || m.contains("manifest.list"))
-            {
-                let inner = json(&blob(desc["digest"].as_str().unwrap_or(""))?)?;
-                let list = inner["manifests"].as_array().cloned().unwrap_or_default();
-                desc = list
-                    .iter()
-                    .find(|m| {
-                        m["platform"]["architecture"]
-                            == std::env::consts::ARCH
-                                .replace("x86_64", "amd64")
-                                .replace("aarch64", "arm64")
-                                .as_str()
-                            && m["platform"]["os"] == "linux"
-                    })
-                    .or(list.first())
-                    .cloned()
-                    .ok_or("an empty image index")?;
-            }
-            let digest = desc["digest"]
-                .as_str()
-                .ok_or("no manifest in index.json")?
-                .to_string();
-            let manifest = json(&blob(&digest)?)?;
-            let config =
-                std::fs::read_to_string(blob(manifest["config"]["digest"].as_str().unwrap_or(""))?)
-                    .map_err(|e| e.to_string())?;
-            let layers = manifest["layers"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|l| {
-                    let d = l["digest"].as_str().unwrap_or("").to_string();
-                    Ok((
-                        blob(&d)?,
-                        l["mediaType"].as_str().unwrap_or("").to_string(),
-                        d,
-                    ))
-                })
-                .collect::<Result<Vec<_>, String>>()?;
-            (layers, config, digest)
-        } else if work.join("manifest.json").exists() {
-            let m = json(&work.join("manifest.json"))?;
-            let first = &m[0];
-            let rel = |p: &str| -> Result<PathBuf, String> {
-                let p = Path::new(p);
-                if p.components()
-                    .any(|c| !matches!(c, std::path::Component::Normal(_)))
-                {
-                    return Err(format!("{} leaves the archive", p.display()));
-                }
-                Ok(work.join(p))
-            };
-            let cfg_path = rel(first["Config"]
-                .as_str()
-                .ok_or("manifest.json names no config")?)?;
-            let config = std::fs::read_to_string(&cfg_path).map_err(|e| e.to_string())?;
-            let mut layers = Vec::new();
-            for l in first["Layers"].as_array().into_iter().flatten() {
-                let p = rel(l.as_str().unwrap_or(""))?;
-                let bytes = std::fs::read(&p).map_err(|e| e.to_string())?;
-                let d = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&bytes)));
-                layers.push((p, String::new(), d));
-            }
-            let digest = format!(
-                "sha256:{}",
-                hex::encode(sha2::Sha256::digest(config.as_bytes()))
-            );
-            (layers, config, digest)
-        } else {
-            return Err("not an OCI layout nor a docker save archive".into());
+        let tmp = format!(".download-{}", crate::util::new_id(""));
+        let part = format!(".part-{}", crate::util::new_id(""));
+        let _scratch = Scratch {
+            root: root.clone(),
+            names: vec![tmp.clone(), part.clone()],
         };
-    let mut out = Vec::new();
-    for (file, media, d) in layers {
-        let dir = layers_root.join(format!("oci-{}", d.replace(':', "-")));
-        if !dir.join("complete").exists() {
-            unpack(&file, &media, &dir)?;
+        let mut file = root
+            .create_file(&tmp)
+            .map_err(|e| format!("layer file: {e}"))?;
+        // Blocking writes to a local file, in a pull that is a build's own task.
+        let mut w = std::io::BufWriter::new(&mut file);
+        fetch_blob(&client, &reference, d, &mut w, u64::MAX).await?;
+        w.flush().map_err(|e| format!("layer file: {e}"))?;
+        drop(w);
+        drop(file);
+        if layers::is_ready(&root, &name, layers::VERIFIED) {
+            // Unpacked before from the same bytes; this workspace has now shown it has them.
+            log(format!("  layer {} (cached, verified)\n", d.short()));
+        } else {
+            let (r2, media, tmp2, part2, name2) = (
+                root.clone(),
+                layer.media_type.clone(),
+                tmp.clone(),
+                part.clone(),
+                name.clone(),
+            );
+            let size = tokio::task::spawn_blocking(move || {
+                let blob = r2.file(&tmp2).map_err(|e| format!("layer file: {e}"))?;
+                unpack_layer(&r2, blob, &media, &part2, &name2)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            log(format!("  layer {} unpacked ({size} files)\n", d.short()));
         }
-        out.push(dir.join("root"));
+        prove(&root, d, workspace)?;
+        out.push(layers_root.join(&name).join("root"));
     }
     out.reverse();
     Ok(Pulled {
@@ -231,9 +421,174 @@ pub fn import_archive(archive: &Path, layers_root: &Path, work: &Path) -> Result
     })
 }
 
-fn short(digest: &str) -> &str {
-    let d = digest.split(':').nth(1).unwrap_or(digest);
-    &d[..d.len().min(12)]
+/// Reads all of `f`, at most `max` bytes.
+fn read_capped(f: std::fs::File, max: u64, what: &str) -> Result<Vec<u8>, String> {
+    let mut b = Vec::new();
+    f.take(max + 1)
+        .read_to_end(&mut b)
+        .map_err(|e| format!("{what}: {e}"))?;
+    if b.len() as u64 > max {
+        return Err(format!("{what} is larger than {max} bytes"));
+    }
+    Ok(b)
+}
+
+/// Imports an image from an archive on this host: an OCI layout (`oci-layout`, `index.json`,
+/// `blobs/`) or a `docker save` tarball (`manifest.json`), as a tar file, for `workspace`.
+/// Every blob must hash to its digest; its layers go to the layer store like pulled ones;
+/// `work` is an empty scratch directory. On any error nothing is added to the store.
+pub fn import_archive(
+    archive: &Path,
+    layers_root: &Path,
+    work: &Path,
+    workspace: &str,
+) -> Result<Pulled, String> {
+    let f = std::fs::File::open(archive).map_err(|e| e.to_string())?;
+    let mut a = tar::Archive::new(f);
+    a.set_preserve_permissions(false);
+    a.unpack(work)
+        .map_err(|e| format!("reading the archive: {e}"))?;
+    let w = Dir::open(work).map_err(|e| e.to_string())?;
+    // Inside the archive's own tree only (a symlink of it may point within it, no further).
+    let open = |rel: &str| -> Result<std::fs::File, String> {
+        w.file_within(rel).map_err(|e| match e.raw_os_error() {
+            Some(libc::EXDEV) | Some(libc::ELOOP) => format!(
+                "{} in the archive is a symlink out of the archive",
+                layers::quoted(rel)
+            ),
+            Some(libc::ENOENT) => format!("{} is not in the archive", layers::quoted(rel)),
+            _ => format!("{} in the archive: {e}", layers::quoted(rel)),
+        })
+    };
+    let json = |rel: &str, bytes: &[u8]| -> Result<serde_json::Value, String> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| format!("{} in the archive: {e}", layers::quoted(rel)))
+    };
+    let blob_rel = |d: &Digest| format!("blobs/sha256/{}", d.hex());
+    // A small blob, checked against its digest.
+    let small_blob = |d: &Digest| -> Result<Vec<u8>, String> {
+        let b = read_capped(open(&blob_rel(d))?, MAX_JSON, &format!("blob {d}"))?;
+        if Digest::of(&b) != *d {
+            return Err(format!("blob {d} in the archive does not match its digest"));
+        }
+        Ok(b)
+    };
+    let digest_at = |v: &serde_json::Value, what: &str| -> Result<Digest, String> {
+        Digest::parse(v.as_str().unwrap_or("")).map_err(|e| format!("{what}: {e}"))
+    };
+    // (layer file, media type, digest) bottom first, the config, and the image's digest.
+    let (layers, config, digest): (Vec<(String, String, Digest)>, String, String) = if w
+        .has_file("oci-layout")
+    {
+        let index = json(
+            "index.json",
+            &read_capped(open("index.json")?, MAX_JSON, "index.json")?,
+        )?;
+        let mut desc = index["manifests"][0].clone();
+        // An index inside: this machine's platform, else the first entry.
+        let mut depth = 0;
+        while desc["mediaType"]
+            .as_str()
+            .is_some_and(|m| m.contains("index") || m.contains("manifest.list"))
+        {
+            depth += 1;
+            if depth > 4 {
+                return Err("image indexes nested too deep".into());
+            }
+            let d = digest_at(&desc["digest"], "an image index")?;
+            let inner = json(&blob_rel(&d), &small_blob(&d)?)?;
+            let list = inner["manifests"].as_array().cloned().unwrap_or_default();
+            desc = list
+                .iter()
+                .find(|m| {
+                    m["platform"]["architecture"]
+                        == std::env::consts::ARCH
+                            .replace("x86_64", "amd64")
+                            .replace("aarch64", "arm64")
+                            .as_str()
+                        && m["platform"]["os"] == "linux"
+                })
+                .or(list.first())
+                .cloned()
+                .ok_or("an empty image index")?;
+        }
+        if desc.is_null() {
+            return Err("no manifest in index.json".into());
+        }
+        let md = digest_at(&desc["digest"], "the image's manifest")?;
+        let manifest = json(&blob_rel(&md), &small_blob(&md)?)?;
+        let cd = digest_at(&manifest["config"]["digest"], "the image's config")?;
+        let config =
+            String::from_utf8(small_blob(&cd)?).map_err(|_| "the image's config is not UTF-8")?;
+        let layers = manifest["layers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|l| {
+                let d = digest_at(&l["digest"], "a layer of the image")?;
+                Ok((
+                    blob_rel(&d),
+                    l["mediaType"].as_str().unwrap_or("").to_string(),
+                    d,
+                ))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        (layers, config, md.to_string())
+    } else if w.has_file("manifest.json") {
+        let m = json(
+            "manifest.json",
+            &read_capped(open("manifest.json")?, MAX_JSON, "manifest.json")?,
+        )?;
+        let first = &m[0];
+        let cfg = first["Config"]
+            .as_str()
+            .ok_or("manifest.json names no config")?;
+        let config = String::from_utf8(read_capped(open(cfg)?, MAX_JSON, "the image's config")?)
+            .map_err(|_| "the image's config is not UTF-8")?;
+        let mut layers = Vec::new();
+        for l in first["Layers"].as_array().into_iter().flatten() {
+            let rel = l.as_str().unwrap_or("").to_string();
+            // Named by what it holds: its own hash is its digest.
+            let d = layers::digest_of(open(&rel)?)
+                .map_err(|e| format!("{} in the archive: {e}", layers::quoted(&rel)))?;
+            layers.push((rel, String::new(), d));
+        }
+        let digest = Digest::of(config.as_bytes()).to_string();
+        (layers, config, digest)
+    } else {
+        return Err("not an OCI layout nor a docker save archive".into());
+    };
+    // Every layer's bytes checked before any of them goes to the store.
+    for (rel, _, d) in &layers {
+        let actual = layers::digest_of(open(rel)?)
+            .map_err(|e| format!("{} in the archive: {e}", layers::quoted(rel)))?;
+        if actual != *d {
+            return Err(format!(
+                "layer {d} in the archive does not match its digest (its content hashes to {actual}); nothing was imported"
+            ));
+        }
+    }
+    let root = Arc::new(Dir::create(layers_root).map_err(|e| format!("the layer store: {e}"))?);
+    let mut out = Vec::new();
+    for (rel, media, d) in layers {
+        let name = d.layer_name();
+        if !layers::is_ready(&root, &name, layers::VERIFIED) {
+            let part = format!(".part-{}", crate::util::new_id(""));
+            let _scratch = Scratch {
+                root: root.clone(),
+                names: vec![part.clone()],
+            };
+            unpack_layer(&root, open(&rel)?, &media, &part, &name)?;
+        }
+        prove(&root, &d, workspace)?;
+        out.push(layers_root.join(&name).join("root"));
+    }
+    out.reverse();
+    Ok(Pulled {
+        digest,
+        layers: out,
+        defaults: defaults_of(&config),
+    })
 }
 
 fn defaults_of(config: &str) -> ImageDefaults {
@@ -259,25 +614,42 @@ fn defaults_of(config: &str) -> ImageDefaults {
     ImageDefaults { env, workdir, user }
 }
 
-/// Unpacks one layer blob into `dir/root` (then marks it complete); answers the entry count.
-fn unpack(blob: &Path, media_type: &str, dir: &Path) -> Result<usize, String> {
+/// Unpacks one verified layer blob into `part` (a new directory of the store), then installs
+/// it as layer `name`, marked verified; answers the entry count.
+fn unpack_layer(
+    store: &Dir,
+    mut f: std::fs::File,
+    media_type: &str,
+    part: &str,
+    name: &str,
+) -> Result<usize, String> {
+    use std::io::Seek;
     let mut head = [0u8; 4];
-    let mut f = std::fs::File::open(blob).map_err(|e| e.to_string())?;
     let n = f.read(&mut head).map_err(|e| e.to_string())?;
-    let f = std::fs::File::open(blob).map_err(|e| e.to_string())?;
+    f.rewind().map_err(|e| e.to_string())?;
     // The media type says how it is compressed; the first bytes say it too, and win.
     let reader: Box<dyn Read> = if n >= 2 && head[..2] == [0x1f, 0x8b] {
         Box::new(flate2::read::GzDecoder::new(f))
     } else if n >= 4 && head == [0x28, 0xb5, 0x2f, 0xfd] {
         Box::new(zstd::stream::read::Decoder::new(f).map_err(|e| e.to_string())?)
     } else if media_type.ends_with("+gzip") || media_type.ends_with("+zstd") {
-        return Err(format!("layer is not the {media_type} it claims to be"));
+        return Err(format!(
+            "layer is not the {} it claims to be",
+            layers::quoted(media_type)
+        ));
     } else {
         Box::new(f)
     };
-    let root = dir.join("root.part");
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root).map_err(|e| e.to_string())?;
+    store.mkdir(part).map_err(|e| e.to_string())?;
+    let root = store.path().join(part);
+    let count = unpack_into(reader, &root)?;
+    layers::install(store, part, name, layers::VERIFIED)
+        .map_err(|e| format!("keeping the layer: {e}"))?;
+    Ok(count)
+}
+
+/// Unpacks a layer's tar into `root`, whiteouts made overlayfs's; answers the entry count.
+fn unpack_into(reader: impl Read, root: &Path) -> Result<usize, String> {
     let mut archive = tar::Archive::new(reader);
     archive.set_preserve_permissions(true);
     archive.set_preserve_ownerships(true);
@@ -290,11 +662,14 @@ fn unpack(blob: &Path, media_type: &str, dir: &Path) -> Result<usize, String> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let parent = path.parent().unwrap_or(Path::new(""));
         if name == ".wh..wh..opq" {
-            let d = safe_join(&root, parent)?;
+            let d = safe_join(root, parent)?;
             std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
             xattr_set(&d, "trusted.overlay.opaque", b"y")?;
         } else if let Some(hidden) = name.strip_prefix(".wh.") {
-            let d = safe_join(&root, parent)?;
+            if hidden.is_empty() || hidden == "." || hidden == ".." {
+                continue;
+            }
+            let d = safe_join(root, parent)?;
             std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
             whiteout(&d.join(hidden))?;
         } else {
@@ -302,7 +677,7 @@ fn unpack(blob: &Path, media_type: &str, dir: &Path) -> Result<usize, String> {
             if kind.is_block_special() || kind.is_character_special() || kind.is_fifo() {
                 continue; // devices come from the sandbox's own /dev, never from an image
             }
-            entry.unpack_in(&root).map_err(|e| {
+            entry.unpack_in(root).map_err(|e| {
                 let cause = std::error::Error::source(&e)
                     .map(|c| format!(": {c}"))
                     .unwrap_or_default();
@@ -311,9 +686,6 @@ fn unpack(blob: &Path, media_type: &str, dir: &Path) -> Result<usize, String> {
         }
         count += 1;
     }
-    let _ = std::fs::remove_dir_all(dir.join("root"));
-    std::fs::rename(&root, dir.join("root")).map_err(|e| e.to_string())?;
-    std::fs::write(dir.join("complete"), b"").map_err(|e| e.to_string())?;
     Ok(count)
 }
 
@@ -378,20 +750,21 @@ fn xattr_set(p: &Path, name: &str, value: &[u8]) -> Result<(), String> {
 /// The layer every image-based template gets on top of the image: the mount points a sandbox
 /// needs, the sandbox user's home, and the host's resolver settings.
 pub fn skeleton(layers_root: &Path, resolv_conf: &str) -> Result<PathBuf, String> {
-    let dir = layers_root.join("oci-skeleton-v1");
-    let root = dir.join("root");
-    if dir.join("complete").exists() {
-        return Ok(root);
+    const NAME: &str = "oci-skeleton-v1";
+    let store = Dir::create(layers_root).map_err(|e| format!("the layer store: {e}"))?;
+    if layers::is_ready(&store, NAME, layers::COMPLETE) {
+        return Ok(layers_root.join(NAME).join("root"));
     }
-    let part = dir.join("root.part");
-    let _ = std::fs::remove_dir_all(&part);
+    let part_name = format!(".part-{}", crate::util::new_id(""));
+    let part = layers_root.join(&part_name);
     let mk = |rel: &str, mode: u32| -> std::io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
         let p = part.join(rel);
         std::fs::create_dir_all(&p)?;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))
     };
-    (|| -> std::io::Result<()> {
+    let made = (|| -> std::io::Result<PathBuf> {
+        store.mkdir(&part_name)?;
         for d in ["proc", "sys", "dev", "run", "etc", "home"] {
             mk(d, 0o755)?;
         }
@@ -403,13 +776,12 @@ pub fn skeleton(layers_root: &Path, resolv_conf: &str) -> Result<PathBuf, String
             Some(cella_runtime::rootfs::USER_UID),
         )?;
         std::fs::write(part.join("etc/resolv.conf"), resolv_conf)?;
-        Ok(())
-    })()
-    .map_err(|e| format!("making the skeleton layer: {e}"))?;
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::rename(&part, &root).map_err(|e| e.to_string())?;
-    std::fs::write(dir.join("complete"), b"").map_err(|e| e.to_string())?;
-    Ok(root)
+        layers::install(&store, &part_name, NAME, layers::COMPLETE)
+    })();
+    if made.is_err() {
+        let _ = store.remove_all(&part_name);
+    }
+    made.map_err(|e| format!("making the skeleton layer: {e}"))
 }
 
 #[cfg(test)]
@@ -417,18 +789,65 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loopback_registries_speak_http() {
+    fn only_listed_registries_speak_http() {
+        let regs = Registries {
+            insecure: vec!["127.0.0.1:5000".into()],
+            listen: None,
+        };
         assert!(
-            matches!(protocol_for("127.0.0.1:5000"), ClientProtocol::HttpsExcept(v) if v == ["127.0.0.1:5000"])
+            matches!(regs.protocol(), ClientProtocol::HttpsExcept(v) if v == ["127.0.0.1:5000"])
         );
-        assert!(matches!(
-            protocol_for("localhost:5000"),
-            ClientProtocol::HttpsExcept(_)
-        ));
-        assert!(matches!(
-            protocol_for("registry.example.com"),
-            ClientProtocol::Https
-        ));
+    }
+
+    #[tokio::test]
+    async fn registries_on_internal_addresses_are_refused_unless_listed() {
+        let regs = Registries {
+            insecure: vec!["127.0.0.1:5000".into()],
+            listen: Some("203.0.113.7:7070".parse().unwrap()),
+        };
+        check_registry("127.0.0.1:5000", &regs).await.unwrap();
+        for bad in [
+            "127.0.0.1:5001",
+            "127.1.2.3",
+            "localhost:5000",
+            "10.1.2.3:443",
+            "172.16.0.1",
+            "192.168.1.1:5000",
+            "100.64.0.1",
+            "169.254.169.254",
+            "0.0.0.0:80",
+            "[::1]:5000",
+            "[fe80::1]",
+            "[fd00::1]:5000",
+            "[::ffff:127.0.0.1]:5000",
+            "[64:ff9b::a9fe:a9fe]",
+            "203.0.113.7:5000",
+        ] {
+            let e = check_registry(bad, &regs).await.unwrap_err().to_string();
+            assert!(
+                e.contains("insecure_registries") && e.contains(bad),
+                "{bad}: {e}"
+            );
+        }
+        check_registry("8.8.8.8", &regs).await.unwrap();
+        check_registry("[2001:4860:4860::8888]:443", &regs)
+            .await
+            .unwrap();
+        assert_eq!(split_registry("[::1]:5000"), ("::1".to_string(), 5000));
+        assert_eq!(split_registry("reg.example:80"), ("reg.example".into(), 80));
+        assert_eq!(split_registry("reg.example"), ("reg.example".into(), 443));
+    }
+
+    #[test]
+    fn registry_errors_never_carry_the_body() {
+        let e = OciDistributionError::ServerError {
+            code: 500,
+            url: "http://x/v2/".into(),
+            message: "SECRET BODY".into(),
+        };
+        assert_eq!(registry_error(&e), "the registry answered HTTP 500");
+        let e = OciDistributionError::ManifestParsingError("SECRET BODY".into());
+        assert!(!registry_error(&e).contains("SECRET"));
     }
 
     #[test]
@@ -466,17 +885,27 @@ mod tests {
             add("var/cache/.wh..wh..opq", b"");
             b.finish().unwrap();
         }
-        let out = dir.path().join("l1");
+        let store = Dir::create(&dir.path().join("layers")).unwrap();
+        let f = std::fs::File::open(&blob).unwrap();
         assert_eq!(
-            unpack(&blob, "application/vnd.oci.image.layer.v1.tar", &out).unwrap(),
+            unpack_layer(
+                &store,
+                f,
+                "application/vnd.oci.image.layer.v1.tar",
+                ".part-x",
+                "l1"
+            )
+            .unwrap(),
             3
         );
+        let out = dir.path().join("layers/l1");
         let root = out.join("root");
         assert_eq!(std::fs::read(root.join("etc/app.conf")).unwrap(), b"x");
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let wh = std::fs::symlink_metadata(root.join("etc/old.conf")).unwrap();
         assert!(wh.file_type().is_char_device() && wh.rdev() == 0);
-        assert!(out.join("complete").exists());
+        assert!(out.join(layers::VERIFIED).exists());
+        assert!(!dir.path().join("layers/.part-x").exists());
         assert!(safe_join(&root, Path::new("../x")).is_err());
     }
 }

@@ -1,0 +1,517 @@
+//! Attacks on image handling, as a tenant with `templates:write` would make them: a registry of
+//! the attacker's (a stand-in written here, a small HTTP server on loopback in the test process,
+//! serving crafted manifests and blobs and recording every request) with layer digests that are
+//! paths, digests that do not match their blobs, foreign layer URLs and error bodies to reflect;
+//! image references to this host's loopback; and an uploaded archive whose blob claims another
+//! workspace's layer digest. Each must fail with a clear error and leave nothing behind.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+fn sha(data: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(data)))
+}
+
+/// A tar of `(path, content)` entries; a content starting with "->" makes a symlink.
+fn tar_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, content) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o755);
+        h.set_mtime(1_700_000_000);
+        h.set_uid(0);
+        h.set_gid(0);
+        if let Some(target) = content.strip_prefix(b"->") {
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            b.append_link(&mut h, path, std::str::from_utf8(target).unwrap())
+                .unwrap();
+        } else {
+            h.set_size(content.len() as u64);
+            h.set_cksum();
+            b.append_data(&mut h, path, *content).unwrap();
+        }
+    }
+    b.into_inner().unwrap()
+}
+
+/// A layer with a static busybox as `/bin/sh` and `/bin/cat`, so a sandbox can read files.
+fn busybox_layer() -> Vec<u8> {
+    let busybox = std::fs::read("/bin/busybox").unwrap();
+    tar_of(&[
+        ("bin/busybox", &busybox),
+        ("bin/sh", b"->busybox"),
+        ("bin/cat", b"->busybox"),
+    ])
+}
+
+const LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
+
+/// An image config and a manifest over `layers` (digest, media type, size, extra fields).
+fn manifest(layers: &[(String, usize, Value)]) -> (Vec<u8>, Vec<u8>) {
+    let config = serde_json::to_vec(&json!({
+        "architecture": "amd64", "os": "linux",
+        "config": { "Env": ["PATH=/bin"] },
+        "rootfs": { "type": "layers", "diff_ids": [] }
+    }))
+    .unwrap();
+    let layers: Vec<Value> = layers
+        .iter()
+        .map(|(d, n, extra)| {
+            let mut l = json!({ "mediaType": LAYER, "digest": d, "size": n });
+            if let Value::Object(m) = extra {
+                for (k, v) in m {
+                    l[k] = v.clone();
+                }
+            }
+            l
+        })
+        .collect();
+    let m = serde_json::to_vec(&json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": { "mediaType": "application/vnd.oci.image.config.v1+json", "digest": sha(&config), "size": config.len() },
+        "layers": layers
+    }))
+    .unwrap();
+    (config, m)
+}
+
+/// Answers by path: status and body.
+type Routes = Arc<Mutex<HashMap<String, (u16, Vec<u8>)>>>;
+
+/// The attacker's registry: answers `GET path` from its table (404 otherwise) and records
+/// every request line.
+struct FakeRegistry {
+    addr: String,
+    routes: Routes,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl FakeRegistry {
+    fn start() -> FakeRegistry {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let routes: Routes = Default::default();
+        let seen: Arc<Mutex<Vec<String>>> = Default::default();
+        routes
+            .lock()
+            .unwrap()
+            .insert("/v2/".into(), (200, b"{}".to_vec()));
+        let (r2, s2) = (routes.clone(), seen.clone());
+        std::thread::spawn(move || {
+            for c in l.incoming().flatten() {
+                let (r3, s3) = (r2.clone(), s2.clone());
+                std::thread::spawn(move || serve(c, &r3, &s3));
+            }
+        });
+        FakeRegistry { addr, routes, seen }
+    }
+
+    fn route(&self, path: &str, status: u16, body: &[u8]) {
+        self.routes
+            .lock()
+            .unwrap()
+            .insert(path.to_string(), (status, body.to_vec()));
+    }
+
+    /// Serves image `repo:tag`: the manifest over `layers`, the config, and `blobs`.
+    fn image(&self, repo: &str, layers: &[(String, usize, Value)], blobs: &[(&str, &[u8])]) {
+        let (config, m) = manifest(layers);
+        self.route(&format!("/v2/{repo}/manifests/v1"), 200, &m);
+        self.route(&format!("/v2/{repo}/blobs/{}", sha(&config)), 200, &config);
+        for (d, b) in blobs {
+            self.route(&format!("/v2/{repo}/blobs/{d}"), 200, b);
+        }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn serve(c: TcpStream, routes: &Mutex<HashMap<String, (u16, Vec<u8>)>>, seen: &Mutex<Vec<String>>) {
+    let mut r = BufReader::new(c.try_clone().unwrap());
+    let mut line = String::new();
+    if r.read_line(&mut line).is_err() {
+        return;
+    }
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+            break;
+        }
+    }
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    seen.lock().unwrap().push(format!("{method} {path}"));
+    let path = path.split('?').next().unwrap_or("");
+    let (status, body) = routes.lock().unwrap().get(path).cloned().unwrap_or((
+        404,
+        br#"{"errors":[{"code":"BLOB_UNKNOWN","message":"unknown"}]}"#.to_vec(),
+    ));
+    let ctype = if path.contains("/manifests/") {
+        "application/vnd.oci.image.manifest.v1+json"
+    } else {
+        "application/octet-stream"
+    };
+    let mut c = c;
+    let head = format!(
+        "HTTP/1.1 {status} X\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = c.write_all(head.as_bytes());
+    if method != "HEAD" {
+        let _ = c.write_all(&body);
+    }
+}
+
+/// What a failed build says, log and error together.
+fn failure(b: &Value) -> String {
+    assert_eq!(b["state"], "failed", "{b}");
+    format!("{}\n{}", b["log"].as_str().unwrap_or(""), b["error"])
+}
+
+/// Every path under `dir` (symlinks not followed).
+fn tree(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn crafted_manifests_from_a_registry_cannot_reach_the_host() {
+    let reg = FakeRegistry::start();
+    let s = Server::start_with(&format!(
+        "[images]\ninsecure_registries = [\"{}\"]\n",
+        reg.addr
+    ));
+    let (_ws, key) = s.workspace_key("business", &["templates:write", "sandboxes:write"]);
+    let layers_dir = s.data_dir().join("layers");
+    let etc_before = tree(Path::new("/etc"));
+
+    // A real layer planting `c/complete` and `c/root -> /etc`, and a second "digest" that is
+    // a path into it: the old server took that directory as a cached layer and mounted /etc.
+    let plant = tar_of(&[("c/complete", b""), ("c/root", b"->/etc")]);
+    let real = sha(&plant);
+    for (repo, digest) in [
+        ("evil/plant", format!("{real}/root/c")),
+        (
+            "evil/dotdot",
+            format!("{real}/../oci-sha256-{}", "0".repeat(64)),
+        ),
+        (
+            "evil/upper",
+            real.to_uppercase().replace("SHA256", "sha256"),
+        ),
+    ] {
+        reg.image(
+            repo,
+            &[
+                (real.clone(), plant.len(), json!({})),
+                (digest.clone(), 1, json!({})),
+            ],
+            &[(&real, &plant)],
+        );
+        let b = build(
+            &s,
+            &key,
+            &json!({ "id": repo.replace('/', "-"), "image": format!("{}/{repo}:v1", reg.addr) }),
+        );
+        let msg = failure(&b);
+        assert!(
+            msg.contains(&digest) && msg.contains("is not a digest"),
+            "{repo}: the error names the bad digest: {msg}"
+        );
+        // Nothing was fetched for such an image, and the template has nothing to boot.
+        assert!(
+            !reg.requests()
+                .iter()
+                .any(|r| r.contains(&format!("{repo}/blobs/{real}"))),
+            "{:?}",
+            reg.requests()
+        );
+        let r = s.req(
+            "POST",
+            "/api/v1/sandboxes",
+            Some(&key),
+            Some(&json!({ "template_id": repo.replace('/', "-") })),
+        );
+        assert_ne!(r.status, 201, "{}", r.body);
+    }
+    // Nothing in the layer store, nothing new in /etc.
+    let left = tree(&layers_dir);
+    assert!(
+        left.iter()
+            .all(|p| !p.contains(real.trim_start_matches("sha256:"))
+                && !p.contains(".download")
+                && !p.contains(".part")),
+        "{left:?}"
+    );
+    assert_eq!(tree(Path::new("/etc")), etc_before);
+
+    // A blob whose bytes do not hash to its digest: refused, nothing stored.
+    let claimed = tar_of(&[("file.txt", b"what the manifest claims")]);
+    let served = tar_of(&[("file.txt", b"something else")]);
+    let d = sha(&claimed);
+    reg.image(
+        "evil/mismatch",
+        &[(d.clone(), claimed.len(), json!({}))],
+        &[(&d, &served)],
+    );
+    let b = build(
+        &s,
+        &key,
+        &json!({ "id": "mismatch", "image": format!("{}/evil/mismatch:v1", reg.addr) }),
+    );
+    let msg = failure(&b);
+    assert!(msg.contains("does not match its digest"), "{msg}");
+    let left = tree(&layers_dir);
+    assert!(
+        left.iter()
+            .all(|p| !p.contains(d.trim_start_matches("sha256:"))
+                && !p.contains(".download")
+                && !p.contains(".part")),
+        "{left:?}"
+    );
+
+    // Foreign layer URLs are never fetched: the registry lacks the blob, the URL (on the same
+    // stand-in, so it would see the request) has it; the build fails.
+    let foreign = tar_of(&[("x", b"x")]);
+    let fd = sha(&foreign);
+    reg.route("/foreign/layer", 200, &foreign);
+    reg.image(
+        "evil/foreign",
+        &[(
+            fd.clone(),
+            foreign.len(),
+            json!({ "urls": [format!("http://{}/foreign/layer", reg.addr)] }),
+        )],
+        &[],
+    );
+    let b = build(
+        &s,
+        &key,
+        &json!({ "id": "foreign", "image": format!("{}/evil/foreign:v1", reg.addr) }),
+    );
+    let msg = failure(&b);
+    assert!(msg.contains("HTTP 404"), "{msg}");
+    assert!(
+        !reg.requests()
+            .iter()
+            .any(|r| r.starts_with("GET /foreign/")),
+        "{:?}",
+        reg.requests()
+    );
+
+    // What a registry answers is not reflected: a status and a short reason only.
+    reg.route(
+        "/v2/evil/body/manifests/v1",
+        500,
+        b"internal-secret-from-the-metadata-service",
+    );
+    let b = build(
+        &s,
+        &key,
+        &json!({ "id": "body", "image": format!("{}/evil/body:v1", reg.addr) }),
+    );
+    let msg = failure(&b);
+    assert!(msg.contains("HTTP 500"), "{msg}");
+    assert!(!msg.contains("internal-secret"), "{msg}");
+
+    // A registry on this host's loopback that the operator did not list: refused at once,
+    // saying how to allow it; nothing is asked of it.
+    let port: u16 = reg.addr.rsplit_once(':').unwrap().1.parse().unwrap();
+    let before = reg.requests().len();
+    for image in [
+        format!("127.0.0.1:{}/evil/plant:v1", port + 1),
+        format!("localhost:{port}/evil/plant:v1"),
+        format!("127.0.0.1:{}/x:v1", s.port),
+        "169.254.169.254/latest/x:v1".to_string(),
+    ] {
+        let r = s.req(
+            "POST",
+            "/api/v1/templates",
+            Some(&key),
+            Some(&json!({ "id": "loopback", "image": image })),
+        );
+        r.assert_error(400, "INVALID_REQUEST");
+        let m = r.body["error"]["message"].as_str().unwrap();
+        assert!(m.contains("insecure_registries"), "{image}: {m}");
+    }
+    assert_eq!(reg.requests().len(), before);
+}
+
+/// An OCI layout as a tar: `blobs` under their names (which need not be their digests), an
+/// index over the manifest `m`.
+fn layout_tar(m: &[u8], blobs: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut entries: Vec<(String, Vec<u8>)> = vec![
+        (
+            "oci-layout".into(),
+            br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
+        ),
+        (
+            "index.json".into(),
+            serde_json::to_vec(&json!({ "schemaVersion": 2, "manifests": [
+                { "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": sha(m), "size": m.len() }
+            ]}))
+            .unwrap(),
+        ),
+        (format!("blobs/sha256/{}", &sha(m)[7..]), m.to_vec()),
+    ];
+    for (d, b) in blobs {
+        entries.push((format!("blobs/sha256/{}", &d[7..]), b.to_vec()));
+    }
+    let refs: Vec<(&str, &[u8])> = entries
+        .iter()
+        .map(|(p, b)| (p.as_str(), b.as_slice()))
+        .collect();
+    tar_of(&refs)
+}
+
+#[test]
+fn an_upload_cannot_poison_another_workspaces_layers() {
+    if !Path::new("/bin/busybox").exists() {
+        eprintln!("busybox-static missing: skipped (.ci/run installs it)");
+        return;
+    }
+    let reg = FakeRegistry::start();
+    let s = Server::start_with(&format!(
+        "[images]\ninsecure_registries = [\"{}\"]\n",
+        reg.addr
+    ));
+    // Workspace A's image, on a registry: busybox and a layer with A's file.
+    let bb = busybox_layer();
+    let a_layer = tar_of(&[("etc/owner.txt", b"A's real file")]);
+    let (bbd, ad) = (sha(&bb), sha(&a_layer));
+    let layers = [
+        (bbd.clone(), bb.len(), json!({})),
+        (ad.clone(), a_layer.len(), json!({})),
+    ];
+    reg.image("public/app", &layers, &[(&bbd, &bb), (&ad, &a_layer)]);
+
+    // Workspace B uploads an archive whose blob claims the digest of A's layer, with B's file.
+    let (_b_ws, b_key) = s.workspace_key(
+        "business",
+        &["templates:write", "sandboxes:write", "sandboxes:exec"],
+    );
+    let poison = tar_of(&[("etc/owner.txt", b"B's file")]);
+    let (config, m) = manifest(&layers);
+    let archive = layout_tar(&m, &[(&sha(&config), &config), (&bbd, &bb), (&ad, &poison)]);
+    let upload = |key: &str| {
+        s.raw(
+            "POST",
+            "/api/v1/images?name=poison",
+            Some(key),
+            Some(archive.clone()),
+            &[],
+        )
+    };
+    let r = upload(&b_key);
+    r.assert_error(400, "INVALID_REQUEST");
+    let msg = r.body["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&ad) && msg.contains("does not match its digest"),
+        "{msg}"
+    );
+    // Nor can its blob be a symlink to a file of the host (read as root, it would become a
+    // layer of B's).
+    let host_file = tar_of(&[("etc/owner.txt", b"a host file")]);
+    let hf = sha(&host_file);
+    let outside = s.dir.path().join("host-layer.tar");
+    std::fs::write(&outside, &host_file).unwrap();
+    let link = format!("->{}", outside.display());
+    let (config2, m2) = manifest(&[(hf.clone(), host_file.len(), json!({}))]);
+    let r = s.raw(
+        "POST",
+        "/api/v1/images?name=link",
+        Some(&b_key),
+        Some(layout_tar(
+            &m2,
+            &[(&sha(&config2), &config2), (&hf, link.as_bytes())],
+        )),
+        &[],
+    );
+    r.assert_error(400, "INVALID_REQUEST");
+    let msg = r.body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("symlink out of the archive"), "{msg}");
+    let layers_dir = s.data_dir().join("layers");
+    assert!(
+        tree(&layers_dir).is_empty(),
+        "nothing stored: {:?}",
+        tree(&layers_dir)
+    );
+
+    // A builds on its image and sees its own file.
+    let a_build = |id: &str| {
+        let b = build(
+            &s,
+            KEY,
+            &json!({ "id": id, "image": format!("{}/public/app:v1", reg.addr) }),
+        );
+        assert_eq!(b["state"], "ready", "{b}");
+        let sb = s.create(json!({ "template_id": id, "size": "xs" }));
+        let r = s.exec(&sb, json!({ "argv": ["/bin/cat", "/etc/owner.txt"] }));
+        assert_eq!(r["stdout"], "A's real file", "{r}");
+        s.delete(&format!("/api/v1/sandboxes/{sb}"));
+        b["log"].as_str().unwrap().to_string()
+    };
+    a_build("a-app");
+
+    // With A's layer in the store, B's upload is refused all the same, and a manifest of B's
+    // that only names A's digest, without the bytes, does not get B the layer either.
+    upload(&b_key).assert_error(400, "INVALID_REQUEST");
+    reg.image("b/knows-digest", &layers, &[(&bbd, &bb)]);
+    let b = build(
+        &s,
+        &b_key,
+        &json!({ "id": "b-knows", "image": format!("{}/b/knows-digest:v1", reg.addr) }),
+    );
+    let msg = failure(&b);
+    assert!(msg.contains("HTTP 404"), "{msg}");
+
+    // And A's image still shows A's file, from the store.
+    let log = a_build("a-app-again");
+    assert!(log.contains("(cached)"), "{log}");
+
+    // B pulls the same public image honestly: it downloads and checks the layers once, and
+    // shares them. A deleting its templates leaves B's layers alone.
+    let b = build(
+        &s,
+        &b_key,
+        &json!({ "id": "b-app", "image": format!("{}/public/app:v1", reg.addr) }),
+    );
+    assert_eq!(b["state"], "ready", "{b}");
+    assert!(
+        b["log"].as_str().unwrap().contains("(cached, verified)"),
+        "{b}"
+    );
+    for t in ["a-app", "a-app-again"] {
+        assert_eq!(s.delete(&format!("/api/v1/templates/{t}")).status, 200);
+    }
+    let sb = s.create_as(&b_key, json!({ "template_id": "b-app", "size": "xs" }));
+    let r = s.req(
+        "POST",
+        &format!("/api/v1/sandboxes/{sb}/exec"),
+        Some(&b_key),
+        Some(&json!({ "argv": ["/bin/cat", "/etc/owner.txt"] })),
+    );
+    assert_eq!(r.data()["stdout"], "A's real file", "{}", r.body);
+}
