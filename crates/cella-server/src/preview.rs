@@ -7,8 +7,9 @@
 //!
 //! Origins: the host form is a per-sandbox origin, the only form a browser is ever served. The
 //! path form lives on the API's origin, shared by every sandbox, so it is for programs only: a
-//! request carrying browser fetch metadata (`Sec-Fetch-Site`, `-Mode`, `-Dest`) is not proxied (a
-//! top-level navigation is redirected to the host form, anything else gets a 403 page), and every
+//! request carrying a browser's fetch metadata (`Sec-Fetch-Site` or `Sec-Fetch-Dest`; Node's
+//! `fetch` sends `Sec-Fetch-Mode` alone) is not proxied (a top-level navigation is redirected to
+//! the host form, anything else gets a 403 page), and every
 //! path-form answer carries a `sandbox` CSP (an opaque origin for a browser that sends no fetch
 //! metadata), `Cross-Origin-Resource-Policy: same-origin` and `nosniff`, and sets no cookie.
 //!
@@ -313,11 +314,11 @@ pub async fn dispatch(State(state): State<Arc<AppState>>, req: Request, next: Ne
     }
 }
 
-/// Whether a request comes from a browser (which sends fetch metadata with every request).
+/// Whether a request comes from a browser, which sends `Sec-Fetch-Site` and `Sec-Fetch-Dest`
+/// (with `Sec-Fetch-Mode`) on every request. `Sec-Fetch-Mode` alone is not a browser's: Node's
+/// `fetch` sends `Sec-Fetch-Mode: cors` and nothing else.
 fn from_browser(h: &HeaderMap) -> bool {
-    ["sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest"]
-        .iter()
-        .any(|n| h.contains_key(*n))
+    h.contains_key("sec-fetch-site") || h.contains_key("sec-fetch-dest")
 }
 
 /// The path form: programs get the app; browsers never get content on the API's origin.
@@ -984,7 +985,13 @@ mod tests {
         assert_eq!(h.get(header::X_CONTENT_TYPE_OPTIONS).unwrap(), "nosniff");
         let mut b = HeaderMap::new();
         assert!(!from_browser(&b));
+        // What Node's fetch sends.
+        b.insert("sec-fetch-mode", HeaderValue::from_static("cors"));
+        assert!(!from_browser(&b));
         b.insert("sec-fetch-dest", HeaderValue::from_static("empty"));
+        assert!(from_browser(&b));
+        b.remove("sec-fetch-dest");
+        b.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
         assert!(from_browser(&b));
     }
 
