@@ -292,4 +292,32 @@ mod tests {
         assert_eq!(c.exec.output_cap_bytes, 16 * 1024 * 1024);
         assert!(toml::from_str::<Config>("lisen = \"x\"").is_err());
     }
+
+    #[test]
+    fn preview_settings_out_of_range_are_refused() {
+        let c: Config =
+            toml::from_str("[preview]\ntoken_ttl_sec = 60\nresume_interval_sec = 0\n").unwrap();
+        assert!(c.preview.check().is_ok());
+        assert_eq!(c.preview.resumes_per_minute, 30);
+        for bad in [
+            PreviewConfig {
+                token_ttl_sec: 0,
+                ..Default::default()
+            },
+            PreviewConfig {
+                token_ttl_sec: crate::preview::MAX_TTL_SEC + 1,
+                ..Default::default()
+            },
+            PreviewConfig {
+                domain: "a..b".into(),
+                ..Default::default()
+            },
+            PreviewConfig {
+                domain: "x/y".into(),
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+    }
 }
