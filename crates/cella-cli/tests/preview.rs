@@ -566,8 +566,10 @@ function frame(name, url) {{
     let eb = expose(&s, &b, 8500);
 
     let profile = tempfile::tempdir().unwrap();
-    // A's owner opens A's signed URL (the one expose hands out): the page shows, on A's origin.
-    let dom = browse(chromium, profile.path(), ea["url"].as_str().unwrap());
+    // A's owner opens A's signed URL in the path form (the one expose hands out on localhost
+    // names, and the form the red team used): the page shows, on A's own origin.
+    assert_eq!(ea["url"], ea["path_url"]);
+    let dom = browse(chromium, profile.path(), ea["path_url"].as_str().unwrap());
     assert!(
         dom.contains(&secret),
         "the owner did not get A's page: {dom}"
@@ -580,7 +582,7 @@ function frame(name, url) {{
     );
     assert!(dom.contains(&secret), "A's cookie did not stay: {dom}");
     // The same browser opens B's public preview, whose script goes after A.
-    let dom = browse(chromium, profile.path(), eb["url"].as_str().unwrap());
+    let dom = browse(chromium, profile.path(), eb["path_url"].as_str().unwrap());
     assert!(
         dom.contains(&format!("done at 8500-{b}.localhost:{}", s.port)),
         "B's page did not run on B's own origin: {dom}"
