@@ -497,9 +497,12 @@ async fn run(cmd: Command) -> ExitCode {
         Command::Template(TemplateCmd::Build { file, conn }) => template_build(file, conn).await,
         Command::Expose { id, port, conn } => {
             let r = client(&conn).expose(&id, port).await.map(|e| {
-                let mut t = format!("{}\n{}\n", e.url, e.path_url);
+                let mut t = format!("{}\n{}\n", e.host_url, e.path_url);
                 if let Some(tok) = &e.token {
                     t += &format!("token: {tok}\n");
+                }
+                if let Some(at) = &e.token_expires_at {
+                    t += &format!("expires: {at}\n");
                 }
                 (t, to_json(&e))
             });

@@ -49,6 +49,8 @@ fn health_and_openapi_need_no_key_and_cover_every_route() {
         ("/api/v1/sandboxes/{id}/processes/{pid}/signal", &["post"]),
         ("/api/v1/sandboxes/{id}/processes/{pid}/stdin", &["post"]),
         ("/api/v1/sandboxes/{id}/processes/{pid}/output", &["get"]),
+        ("/api/v1/sandboxes/{id}/expose", &["post"]),
+        ("/api/v1/sandboxes/{id}/preview-token", &["post"]),
     ] {
         for m in methods {
             assert!(paths[path][m].is_object(), "openapi lacks {m} {path}");

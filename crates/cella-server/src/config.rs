@@ -84,6 +84,14 @@ pub struct PreviewConfig {
     /// How users reach this server (`http://host:port`), for the URLs the API hands out;
     /// empty: the listen address (`localhost` for an unspecified one).
     pub base_url: String,
+    /// Seconds a preview token is valid when no other validity is asked for (default 24 h; at
+    /// most 30 days).
+    pub token_ttl_sec: u64,
+    /// Least seconds between two resumes of one paused `auto_resume` sandbox by preview
+    /// traffic (default 10; 0: no such limit).
+    pub resume_interval_sec: u64,
+    /// Resumes by preview traffic per workspace and minute (default 30; 0: no such limit).
+    pub resumes_per_minute: u32,
 }
 
 impl Default for PreviewConfig {
@@ -91,7 +99,36 @@ impl Default for PreviewConfig {
         PreviewConfig {
             domain: "localhost".into(),
             base_url: String::new(),
+            token_ttl_sec: 86400,
+            resume_interval_sec: 10,
+            resumes_per_minute: 30,
         }
+    }
+}
+
+impl PreviewConfig {
+    /// What the server refuses to start with.
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=crate::preview::MAX_TTL_SEC).contains(&self.token_ttl_sec) {
+            return Err(format!(
+                "preview.token_ttl_sec must be from 1 to {}",
+                crate::preview::MAX_TTL_SEC
+            ));
+        }
+        let d = self.domain.trim_end_matches('.');
+        if d.is_empty()
+            || !d.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            })
+        {
+            return Err(format!(
+                "preview.domain {:?} is not a DNS name",
+                self.domain
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -283,5 +320,33 @@ mod tests {
         assert_eq!(c.sizes.disabled, vec![Size::Xl]);
         assert_eq!(c.exec.output_cap_bytes, 16 * 1024 * 1024);
         assert!(toml::from_str::<Config>("lisen = \"x\"").is_err());
+    }
+
+    #[test]
+    fn preview_settings_out_of_range_are_refused() {
+        let c: Config =
+            toml::from_str("[preview]\ntoken_ttl_sec = 60\nresume_interval_sec = 0\n").unwrap();
+        assert!(c.preview.check().is_ok());
+        assert_eq!(c.preview.resumes_per_minute, 30);
+        for bad in [
+            PreviewConfig {
+                token_ttl_sec: 0,
+                ..Default::default()
+            },
+            PreviewConfig {
+                token_ttl_sec: crate::preview::MAX_TTL_SEC + 1,
+                ..Default::default()
+            },
+            PreviewConfig {
+                domain: "a..b".into(),
+                ..Default::default()
+            },
+            PreviewConfig {
+                domain: "x/y".into(),
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
     }
 }

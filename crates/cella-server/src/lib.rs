@@ -57,6 +57,8 @@ pub struct AppState {
     pub preview_secret: String,
     /// Template builds that run now.
     pub builds: builds::Builds,
+    /// What preview traffic may still resume.
+    pub previews: preview::Previews,
 }
 
 impl AppState {
@@ -297,6 +299,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/api/v1/sandboxes/{id}/fork", post(routes::snapshots::fork))
         .route("/api/v1/sandboxes/{id}/expose", post(sb::expose))
+        .route(
+            "/api/v1/sandboxes/{id}/preview-token",
+            post(sb::preview_token),
+        )
         .route("/api/v1/sandboxes/run", post(routes::artifacts::run))
         .route(
             "/api/v1/sandboxes/{id}/artifacts",
@@ -447,6 +453,7 @@ fn become_subreaper() {
 
 /// Everything [`serve`] sets up before it listens; also used by tests.
 pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File), ServeError> {
+    config.preview.check().map_err(ServeError::Config)?;
     let dir = config.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(|source| ServeError::DataDir {
         path: dir.clone(),
@@ -544,6 +551,7 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
         network,
         preview_secret,
         builds: Default::default(),
+        previews: Default::default(),
     });
     builds::restore(&state).await?;
     Ok((state, lock))

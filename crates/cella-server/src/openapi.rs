@@ -78,6 +78,7 @@ impl Modify for BearerAuth {
         crate::routes::snapshots::delete,
         crate::routes::snapshots::fork,
         crate::routes::sandboxes::expose,
+        crate::routes::sandboxes::preview_token,
         crate::routes::artifacts::run,
         crate::routes::artifacts::collect,
         crate::routes::artifacts::list,

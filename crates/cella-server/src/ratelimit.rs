@@ -239,6 +239,10 @@ mod tests {
             Some(Group::Exec)
         );
         assert_eq!(
+            Group::of(&Method::POST, "/api/v1/sandboxes/sb1/preview-token"),
+            Some(Group::Lifecycle)
+        );
+        assert_eq!(
             Group::of(&Method::GET, "/api/v1/templates"),
             Some(Group::Read)
         );

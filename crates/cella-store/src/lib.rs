@@ -885,6 +885,29 @@ impl Store {
             .await?)
     }
 
+    /// The generation of a sandbox's preview tokens (0 until the first rotation), or None when
+    /// no such sandbox exists.
+    pub async fn preview_token_gen(&self, id: &str) -> Result<Option<i64>> {
+        Ok(
+            sqlx::query_scalar("SELECT preview_token_gen FROM sandboxes WHERE id = ?")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Raises the generation of a sandbox's preview tokens (every earlier token stops working);
+    /// returns the new one, or None when no such sandbox exists.
+    pub async fn rotate_preview_token(&self, id: &str) -> Result<Option<i64>> {
+        Ok(sqlx::query_scalar(
+            "UPDATE sandboxes SET preview_token_gen = preview_token_gen + 1 WHERE id = ? \
+             RETURNING preview_token_gen",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     /// Sandboxes of a workspace, newest first.
     pub async fn list_sandboxes(&self, f: &SandboxFilter) -> Result<Vec<SandboxRow>> {
         let mut q = format!(

@@ -477,12 +477,37 @@ pub struct ExposeRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Exposed {
     pub port: u16,
-    /// The host-name form (`<port>-<id>.<preview domain>`), signed when the preview is private.
+    /// The address to hand out: `path_url` while the preview domain is `localhost` (every HTTP
+    /// client opens it; browsers are sent on to `host_url`), else `host_url`.
     pub url: String,
-    /// The path form (`/preview/<id>/<port>/`), signed when the preview is private.
+    /// The host-name form (`<port>-<id>.<preview domain>`), the sandbox's own origin: the only
+    /// form a browser is served. Signed when the preview is private.
+    pub host_url: String,
+    /// The path form (`/preview/<id>/<port>/`) on the server's address, for programs (never
+    /// served into a browser). Signed when the preview is private.
     pub path_url: String,
     /// The preview token, when the preview is private.
     pub token: Option<String>,
+    /// When `token` stops working (RFC 3339), when there is one.
+    pub token_expires_at: Option<String>,
+}
+
+/// `POST /api/v1/sandboxes/{id}/preview-token` (every field optional; no body at all is fine).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewTokenRequest {
+    /// Seconds the token is valid (default: the server's `[preview] token_ttl_sec`).
+    pub ttl_sec: Option<u64>,
+    /// true: every token of the sandbox handed out before stops working at once.
+    pub rotate: Option<bool>,
+}
+
+/// A preview token of a sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PreviewToken {
+    pub token: String,
+    /// When it stops working (RFC 3339).
+    pub expires_at: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]

@@ -310,7 +310,12 @@ export class Sandbox {
     return r.data.map((raw) => artifactInfo(raw, this.config));
   }
 
-  /** Exposes a port of the sandbox through the server's preview proxy; returns its URL. */
+  /**
+   * Exposes a port of the sandbox through the server's preview proxy; returns its URL (the
+   * path form on the server's address while the server's preview domain is `localhost`, so
+   * that `fetch` opens it; the per-sandbox host name otherwise). Signed when the preview is
+   * private.
+   */
   async expose(port) {
     const r = await this._request('POST', '/expose', { json: { port } });
     return r.data.url;

@@ -397,7 +397,18 @@ describe('expose', () => {
       }
       assert.equal(typeof url, 'string');
       assert.match(url, /^https?:\/\//);
-      assert.ok(url.includes(sb.id) || url.includes('8000'), url);
+      assert.ok(url.includes(sb.id) && url.includes('8000'), url);
+      // The URL opens with Node's own fetch (no wildcard DNS: the preview domain is localhost).
+      await sb.files.write('/home/user/site/index.html', 'hello through the preview');
+      await sb.commands.start('python3 -m http.server 8000 --bind 0.0.0.0', { cwd: '/home/user/site' });
+      let r;
+      for (let i = 0; i < 100; i++) {
+        r = await fetch(url);
+        if (r.status === 200) break;
+        await new Promise((done) => setTimeout(done, 200)); // the web server is still starting
+      }
+      assert.equal(r.status, 200);
+      assert.match(await r.text(), /hello through the preview/);
     } finally {
       await sb.kill();
     }

@@ -273,8 +273,8 @@ pub async fn exec_stream(
 }
 
 /// The URLs at which a port of the sandbox is reachable through the preview proxy (signed
-/// when the sandbox's preview is private). Any port can be previewed; this only hands out its
-/// addresses. Scope `sandboxes:write`.
+/// when the sandbox's preview is private, with a token valid for `[preview] token_ttl_sec`).
+/// Any port can be previewed; this only hands out its addresses. Scope `sandboxes:write`.
 #[utoipa::path(post, path = "/api/v1/sandboxes/{id}/expose", tag = "sandboxes", security(("bearer" = [])),
     params(("id" = String, Path)), request_body = cella_types::ExposeRequest,
     responses((status = 200, body = Data<cella_types::Exposed>), (status = 400, body = cella_types::ErrorBody),
@@ -298,13 +298,69 @@ pub async fn expose(
             format!("sandbox is {}", row.state),
         ));
     }
-    let (url, path_url, token) = crate::preview::urls(&state, &id, port, row.preview_public);
+    let token = if row.preview_public {
+        None
+    } else {
+        Some(crate::preview::issue(&state, &row, state.config.preview.token_ttl_sec).await?)
+    };
+    let u = crate::preview::urls(&state, &id, port, token.as_ref().map(|t| t.0.as_str()));
     Ok(Json(Data {
         data: cella_types::Exposed {
             port,
-            url,
-            path_url,
+            url: u.url,
+            host_url: u.host_url,
+            path_url: u.path_url,
+            token_expires_at: token.as_ref().map(|t| crate::util::rfc3339(t.1 * 1000)),
+            token: token.map(|t| t.0),
+        },
+    }))
+}
+
+/// A new preview token of the sandbox (`{"ttl_sec"?, "rotate"?}`; no body is fine): valid for
+/// `ttl_sec` (default `[preview] token_ttl_sec`, at most 30 days); `rotate: true` first voids
+/// every token of the sandbox handed out before. Scope `sandboxes:write`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/preview-token", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = String, Path)), request_body = cella_types::PreviewTokenRequest,
+    responses((status = 200, body = Data<cella_types::PreviewToken>), (status = 400, body = cella_types::ErrorBody),
+              (status = 404, body = cella_types::ErrorBody), (status = 409, body = cella_types::ErrorBody)))]
+pub async fn preview_token(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: ApiBody,
+) -> Result<Json<Data<cella_types::PreviewToken>>, ApiError> {
+    auth.require(cella_types::Scope::SandboxesWrite)?;
+    let req: cella_types::PreviewTokenRequest = if body.is_empty() {
+        Default::default()
+    } else {
+        body.json()?
+    };
+    let max = crate::preview::MAX_TTL_SEC;
+    let ttl = match req.ttl_sec {
+        None => state.config.preview.token_ttl_sec,
+        Some(t) if (1..=max).contains(&t) => t,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "ttl_sec",
+                format!("ttl_sec must be from 1 to {max}"),
+            ))
+        }
+    };
+    let row = find(&state, &auth, &id).await?;
+    if svc::state_of(&row).is_terminal() {
+        return Err(ApiError::new(
+            cella_types::ErrorCode::Conflict,
+            format!("sandbox is {}", row.state),
+        ));
+    }
+    if req.rotate == Some(true) {
+        state.store.rotate_preview_token(&row.id).await?;
+    }
+    let (token, expires) = crate::preview::issue(&state, &row, ttl).await?;
+    Ok(Json(Data {
+        data: cella_types::PreviewToken {
             token,
+            expires_at: crate::util::rfc3339(expires * 1000),
         },
     }))
 }

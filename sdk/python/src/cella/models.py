@@ -161,19 +161,25 @@ class SandboxUsage:
 @dataclass
 class ExposedPort:
     """Where a port inside a sandbox is reachable through the server's preview proxy:
-    ``url`` (host-name form) and ``path_url`` (path form), signed with ``token`` when the
-    sandbox's preview is private."""
+    ``url`` (the one to use: the path form while the server's preview domain is ``localhost``,
+    which every HTTP client opens, else the host-name form), ``host_url`` (host-name form, the
+    sandbox's own origin, the only one browsers are served) and ``path_url`` (path form, for
+    programs), signed with ``token`` (valid until ``token_expires_at``) when the sandbox's
+    preview is private."""
 
     port: int
     url: str
     path_url: Optional[str] = None
     token: Optional[str] = None
+    host_url: Optional[str] = None
+    token_expires_at: Optional[datetime] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ExposedPort":
         return cls(port=int(d.get("port") or 0), url=d.get("url") or "", path_url=d.get("path_url"),
-                   token=d.get("token"), raw=dict(d))
+                   token=d.get("token"), host_url=d.get("host_url"),
+                   token_expires_at=parse_time(d.get("token_expires_at")), raw=dict(d))
 
 
 # --------------------------------------------------------------------------- commands

@@ -355,7 +355,9 @@ class Sandbox:
 
     def expose(self, port: int) -> str:
         """The URL at which a port inside the sandbox is reachable through the server's
-        preview proxy (see :meth:`expose_info` for its other forms)."""
+        preview proxy: the path form on the server's address while its preview domain is
+        ``localhost`` (so httpx and requests open it; browsers are sent on to the sandbox's own
+        host name), the host-name form otherwise (see :meth:`expose_info` for every form)."""
         return self.expose_info(port).url
 
     def expose_info(self, port: int) -> ExposedPort:
