@@ -256,6 +256,46 @@ fn the_pool_workspace_is_addressable_by_nobody() {
     // No key of it exists.
     let keys = s.get("/api/v1/api-keys?limit=1000");
     assert!(!keys.body.to_string().contains(pool), "{}", keys.body);
+
+    // A key of it that an older server made (as the red team did) opens nothing now.
+    let mut s = s;
+    s.stop();
+    let planted = "cella_planted_pool_key_0123456789abcdef";
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let store = cella_store::Store::open(&s.data_dir().join("cella.db"))
+            .await
+            .unwrap();
+        store
+            .insert_key(&cella_store::KeyRow {
+                id: "keyplanted".into(),
+                workspace_id: pool.into(),
+                name: "pool".into(),
+                hash: sha_hex(planted),
+                prefix: "cella_".into(),
+                scopes: r#"["admin"]"#.into(),
+                created_at: 0,
+                expires_at: None,
+                revoked_at: None,
+                last_used_at: None,
+                operator: false,
+            })
+            .await
+            .unwrap();
+    });
+    s.restart();
+    for path in [
+        "/api/v1/sandboxes",
+        "/api/v1/workspaces/wspool",
+        "/api/v1/templates",
+    ] {
+        req(&s, planted, "GET", path, None).assert_error(401, "UNAUTHORIZED");
+    }
+    assert!(s.log().contains("refused a key of an internal workspace"));
+}
+
+fn sha_hex(secret: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(secret.as_bytes()))
 }
 
 fn readiness(s: &Server, size: &str) -> String {
@@ -498,6 +538,43 @@ fn template_ids_are_per_workspace_and_never_reveal_another_workspaces() {
     let mut s = s;
     s.restart();
     check(&s);
+
+    // A snapshot of B's `squat` says `squat`, and a create from it may name it.
+    let sb = s.create_as(&kb, json!({ "template_id": "squat", "size": "xs" }));
+    let snap = req(
+        &s,
+        &kb,
+        "POST",
+        &format!("/api/v1/sandboxes/{sb}/snapshots"),
+        Some(json!({})),
+    );
+    assert_eq!(snap.status, 201, "{}", snap.body);
+    assert_eq!(snap.data()["template_id"], "squat");
+    let snap_id = snap.data()["id"].as_str().unwrap().to_string();
+    let from = req(
+        &s,
+        &kb,
+        "POST",
+        "/api/v1/sandboxes",
+        Some(json!({ "snapshot_id": snap_id, "template_id": "squat" })),
+    );
+    assert_eq!(from.status, 201, "{}", from.body);
+    assert_eq!(from.data()["template_id"], "squat");
+    let from_id = from.data()["id"].as_str().unwrap().to_string();
+    for id in [sb, from_id] {
+        req(&s, &kb, "DELETE", &format!("/api/v1/sandboxes/{id}"), None);
+    }
+    assert_eq!(
+        req(
+            &s,
+            &kb,
+            "DELETE",
+            &format!("/api/v1/snapshots/{snap_id}"),
+            None
+        )
+        .status,
+        200
+    );
 
     // B rebuilds its own; deletes it; A's stays.
     let again = build(&s, &kb, &spec("squat", "b"));
