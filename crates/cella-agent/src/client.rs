@@ -57,7 +57,7 @@ impl AgentClient {
             match proto::read_frame(&mut s).await? {
                 Some((FrameKind::Json, body)) => {
                     match serde_json::from_slice(&body).map_err(ProtoError::from)? {
-                        Response::Pong { version } => Ok(version),
+                        Response::Pong { version, .. } => Ok(version),
                         _ => Err(ClientError::Unexpected),
                     }
                 }

@@ -11,6 +11,26 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// The version both sides speak; `Ping` answers it.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+impl Request {
+    /// Whether this request runs anything or changes anything in the sandbox (reads, listings,
+    /// watches and pings do not).
+    pub fn touches(&self) -> bool {
+        !matches!(
+            self,
+            Request::Ping
+                | Request::Seal
+                | Request::Stat { .. }
+                | Request::List { .. }
+                | Request::Read { .. }
+                | Request::Processes
+                | Request::Process { .. }
+                | Request::Follow { .. }
+                | Request::Activity
+                | Request::Watch { .. }
+        )
+    }
+}
+
 /// Largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 * 1024 * 1024;
 
@@ -42,7 +62,13 @@ impl FrameKind {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
+    /// Answers `Pong`, with `touched` once the agent was sealed.
     Ping,
+    /// Marks the sandbox as untouched from now on: `Pong.touched` counts the requests that run
+    /// or change anything (exec, processes, terminals, code, file writes, connections) made
+    /// since. The warm pool seals a sandbox once it is booted and hands it out only while
+    /// nothing touched it. Answers `Pong`.
+    Seal,
     Exec(ExecSpec),
     /// Metadata of one path.
     Stat {
@@ -236,6 +262,9 @@ pub struct ExecSpec {
 pub enum Response {
     Pong {
         version: u32,
+        /// Requests that ran or changed anything since the last `Seal`; None: never sealed.
+        #[serde(default)]
+        touched: Option<u64>,
     },
     /// The command started with this pid (as seen inside the sandbox).
     Started {

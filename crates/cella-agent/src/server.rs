@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -115,6 +116,21 @@ async fn run(
     }
 }
 
+/// Requests that ran or changed anything since the agent started (see [`Request::touches`]);
+/// a request that does not parse counts too.
+static TOUCHED: AtomicU64 = AtomicU64::new(0);
+/// [`TOUCHED`] at the last `Seal`; `u64::MAX`: never sealed.
+static SEALED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
+
+fn pong() -> Response {
+    let sealed = SEALED_AT.load(Ordering::SeqCst);
+    Response::Pong {
+        version: proto::PROTOCOL_VERSION,
+        touched: (sealed != u64::MAX)
+            .then(|| TOUCHED.load(Ordering::SeqCst).saturating_sub(sealed)),
+    }
+}
+
 async fn handle(
     mut stream: UnixStream,
     reaper: Arc<Reaper>,
@@ -126,15 +142,14 @@ async fn handle(
         Ok(Some((FrameKind::Json, body))) => serde_json::from_slice::<Request>(&body),
         _ => return,
     };
+    if req.as_ref().map_or(true, Request::touches) {
+        TOUCHED.fetch_add(1, Ordering::SeqCst);
+    }
     let result = match req {
-        Ok(Request::Ping) => {
-            proto::write_json(
-                &mut stream,
-                &Response::Pong {
-                    version: proto::PROTOCOL_VERSION,
-                },
-            )
-            .await
+        Ok(Request::Ping) => proto::write_json(&mut stream, &pong()).await,
+        Ok(Request::Seal) => {
+            SEALED_AT.store(TOUCHED.load(Ordering::SeqCst), Ordering::SeqCst);
+            proto::write_json(&mut stream, &pong()).await
         }
         Ok(Request::Exec(spec)) => exec(stream, spec, reaper, jail).await,
         Ok(Request::Spawn { spec, tag }) => {

@@ -110,14 +110,20 @@ fn a_template_builds_from_steps_rebuilds_from_cache_and_serves_its_app_at_once()
     );
     let id3 = s.create(json!({ "template_id": "webapp" }));
     assert_eq!(s.sh(&id3, "cat /opt/app/version")["stdout"], "v2\n");
-    // A template id of another workspace is taken.
+    // Template ids are per workspace: another workspace building `webapp` gets its own
+    // (attack_tenancy.rs tries the rest), and this one's is untouched.
     let r = s.req(
         "POST",
         "/api/v1/templates",
         Some(&other),
         Some(&app_spec("true")),
     );
-    r.assert_error(409, "CONFLICT");
+    assert_eq!(r.status, 202, "{}", r.body);
+    let b = wait_build(&s, &other, "webapp", r.data()["id"].as_str().unwrap());
+    assert_eq!(b["state"], "ready", "{b}");
+    assert_eq!(s.sh(&id3, "cat /opt/app/version")["stdout"], "v2\n");
+    let id4 = s.create(json!({ "template_id": "webapp" }));
+    assert_eq!(s.sh(&id4, "cat /opt/app/version")["stdout"], "v2\n");
 }
 
 #[test]

@@ -1,4 +1,10 @@
 //! Bearer API keys and scopes.
+//!
+//! Two kinds of caller. The **operator** (the bootstrap key: the one the first start generated,
+//! or `CELLA_BOOTSTRAP_KEY`'s) manages every workspace. Every other key belongs to one
+//! workspace; its `admin` scope is admin of that workspace only, and another workspace's
+//! objects are 404 to it. Internal workspaces ([`cella_store::is_internal_workspace`], the warm
+//! pool's) are addressable by no key: a key of one (which the API never makes) is refused.
 
 use crate::error::ApiError;
 use crate::util::{hash_key, now_ms};
@@ -15,9 +21,32 @@ pub struct Auth {
     pub key_id: String,
     pub workspace_id: String,
     pub scopes: Vec<Scope>,
+    /// The operator's key: manages every workspace (see the module docs).
+    pub operator: bool,
 }
 
 impl Auth {
+    /// Whether this caller may manage workspace `id` (read it, change it, make and list its
+    /// keys): the operator any but the internal ones, an admin key its own only.
+    pub fn manages(&self, id: &str) -> bool {
+        !cella_store::is_internal_workspace(id)
+            && self.has(Scope::Admin)
+            && (self.operator || id == self.workspace_id)
+    }
+
+    /// 403 `FORBIDDEN` unless the caller is the operator.
+    pub fn require_operator(&self, what: &str) -> Result<(), ApiError> {
+        if self.operator {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!("only the server's operator (the bootstrap key) may {what}"),
+            )
+            .with_details(serde_json::json!({ "required": "operator" })))
+        }
+    }
+
     pub fn has(&self, scope: Scope) -> bool {
         self.scopes.contains(&Scope::Admin) || self.scopes.contains(&scope)
     }
@@ -70,6 +99,16 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Auth,
     if row.expires_at.is_some_and(|t| t <= now) {
         return Err(unauthorized("this API key has expired"));
     }
+    // The API never makes a key of an internal workspace; one that exists anyway (an older
+    // server made them) opens nothing.
+    if cella_store::is_internal_workspace(&row.workspace_id) {
+        tracing::warn!(
+            key = row.id,
+            "refused a key of an internal workspace ({})",
+            row.workspace_id
+        );
+        return Err(unauthorized("invalid API key"));
+    }
     if row.last_used_at.is_none_or(|t| now - t > 60_000) {
         let _ = state.store.touch_key(&row.id, now).await;
     }
@@ -78,6 +117,7 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Auth,
         key_id: row.id,
         workspace_id: row.workspace_id,
         scopes,
+        operator: row.operator,
     })
 }
 

@@ -100,7 +100,7 @@ pub fn wire(b: &BuildRow, log_offset: usize) -> TemplateBuild {
         .unwrap_or(b.log.len());
     TemplateBuild {
         id: b.id.clone(),
-        template_id: b.template_id.clone(),
+        template_id: crate::catalog::public_id(&b.template_id).to_string(),
         state: b.state.clone(),
         steps: serde_json::from_str(&b.steps).unwrap_or_default(),
         log: b.log[start..].to_string(),
@@ -141,23 +141,18 @@ pub async fn start(
             "template ids are 1-40 lowercase letters, digits or '-', starting with a letter",
         ));
     }
-    if let Some(existing) = state.catalog.get(&spec.id) {
-        match &existing.workspace_id {
-            None => {
-                return Err(ApiError::new(
-                    ErrorCode::Conflict,
-                    format!("{} is a built-in template", spec.id),
-                ))
-            }
-            Some(w) if *w != auth.workspace_id => {
-                return Err(ApiError::new(
-                    ErrorCode::Conflict,
-                    format!("the template id {} is taken", spec.id),
-                ))
-            }
-            _ => {}
-        }
+    // Ids are per workspace: only a built-in id is taken; the workspace's own template of
+    // this id is rebuilt; another workspace's of the same id is none of this one's business.
+    if state.catalog.builtin(&spec.id).is_some() {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("{} is a built-in template", spec.id),
+        ));
     }
+    let key = match state.catalog.visible(&spec.id, &auth.workspace_id) {
+        Some(own) => own.id,
+        None => crate::catalog::new_key(&spec.id),
+    };
     let base = match &spec.image {
         Some(image) => {
             if spec.from.is_some() {
@@ -260,7 +255,8 @@ pub async fn start(
     }
     let now = now_ms();
     let trow = TemplateRow {
-        id: spec.id.clone(),
+        id: key.clone(),
+        public_id: Some(spec.id.clone()),
         workspace_id: auth.workspace_id.clone(),
         name: spec.name.clone().unwrap_or_else(|| spec.id.clone()),
         // Registry credentials are used for this build only, never stored.
@@ -273,15 +269,31 @@ pub async fn start(
         defaults: None,
         created_at: now,
     };
-    if !state.store.upsert_template(&trow).await? {
+    // Refused only by a concurrent create of the same id in this workspace (the store keeps
+    // one template per workspace and id).
+    let stored = match state.store.upsert_template(&trow).await {
+        Ok(stored) => stored,
+        Err(e) if e.is_unique_violation() => false,
+        Err(e) => return Err(e.into()),
+    };
+    if !stored {
         return Err(ApiError::new(
             ErrorCode::Conflict,
-            format!("the template id {} is taken", spec.id),
+            format!(
+                "template {} is being created by another request; try again",
+                spec.id
+            ),
         ));
     }
-    if state.catalog.get(&spec.id).is_none() {
+    // The build works on the internal key; the workspace sees `spec.id`.
+    let spec = TemplateSpec {
+        id: key.clone(),
+        name: Some(trow.name.clone()),
+        ..spec
+    };
+    if state.catalog.get(&key).is_none() {
         state.catalog.put(TemplateEntry {
-            id: spec.id.clone(),
+            id: key.clone(),
             name: trow.name.clone(),
             default_size: spec.default_size.unwrap_or(base.default_size),
             image: None,
@@ -374,8 +386,10 @@ async fn run(
         p.state = "building".into();
         p.say(&format!(
             "building {} from {}\n",
-            spec.id,
-            spec.image.as_deref().unwrap_or(&base.id)
+            crate::catalog::public_id(&spec.id),
+            spec.image
+                .as_deref()
+                .unwrap_or(crate::catalog::public_id(&base.id))
         ));
     });
     // Steps after an image's pseudo-step are one further in the step list.
@@ -590,7 +604,7 @@ async fn run(
     set(&|p| {
         p.say(&format!(
             "template {} is ready ({cache_hits} cached layer(s))\n",
-            spec.id
+            crate::catalog::public_id(&spec.id)
         ))
     });
     Ok(())
@@ -795,7 +809,8 @@ pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateE
             format!("{id} is a built-in template"),
         ));
     }
-    let (sandboxes, snapshots) = state.store.template_users(id).await?;
+    let key = t.id.as_str();
+    let (sandboxes, snapshots) = state.store.template_users(key).await?;
     if sandboxes > 0 || snapshots > 0 {
         return Err(ApiError::new(
             ErrorCode::Conflict,
@@ -809,21 +824,21 @@ pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateE
         .catalog
         .templates()
         .iter()
-        .filter(|o| o.id != id)
+        .filter(|o| o.id != key)
         .filter_map(|o| o.image.as_ref())
         .flat_map(|i| i.layers.clone())
         .collect();
     // Pool sandboxes of this template go first.
     for r in state.store.pool_rows().await? {
-        if r.template_id == id {
+        if r.template_id == key {
             let _g = state.locks.lock(&r.id).await;
             let h = crate::sandboxes::handle_of(&r);
             let _ = state.driver.destroy(&r.id, h.as_ref()).await;
             let _ = state.store.delete_sandbox(&r.id).await;
         }
     }
-    state.catalog.remove(id);
-    state.store.delete_template(id).await?;
+    state.catalog.remove(key);
+    state.store.delete_template(key).await?;
     // A layer goes only when its path is exactly `layers/<a name the store makes>/root`:
     // nothing outside the store, and no path another template or an imported image lists.
     let layers_root = state.config.data_dir.join("layers");

@@ -1,10 +1,28 @@
 //! The template catalog: which templates exist, which sizes each offers, and how ready they are.
+//!
+//! Template ids are per workspace. A template's `id` here (and in the store, and in sandbox,
+//! snapshot, build and pool rows) is the server's internal key; what a workspace sees is its
+//! public id, [`public_id`]. Built-in templates, and custom ones made before ids were per
+//! workspace, have their public id as key; a custom template made since has the key
+//! `<public id>.<random>` (a dot, which no public id holds), so two workspaces each have their
+//! own `x` and neither learns of the other's. [`Catalog::visible`] resolves a public id for a
+//! workspace: its own template first, then a built-in one.
 
 use crate::config::SizesConfig;
 use cella_runtime::rootfs::TemplateImage;
 use cella_types::{
     Readiness, ShapeContracts, Size, Template, TemplateCatalog, TemplateSize, ALL_SIZES,
 };
+
+/// The id a workspace knows a template by, from the template's internal key.
+pub fn public_id(key: &str) -> &str {
+    key.split_once('.').map_or(key, |(public, _)| public)
+}
+
+/// A new internal key for a custom template of public id `public`.
+pub fn new_key(public: &str) -> String {
+    crate::util::new_id(&format!("{public}."))
+}
 
 /// A template this server can start.
 #[derive(Debug, Clone)]
@@ -67,10 +85,18 @@ impl Catalog {
             .unwrap_or_default()
     }
 
-    /// A template a workspace may use: a built-in one, or one it built.
+    /// The template a workspace means by public id `id`: one it built, else a built-in one.
     pub fn visible(&self, id: &str, workspace_id: &str) -> Option<TemplateEntry> {
-        self.get(id)
-            .filter(|t| t.workspace_id.as_deref().is_none_or(|w| w == workspace_id))
+        let all = self.templates.read().expect("catalog lock");
+        all.iter()
+            .find(|t| t.workspace_id.as_deref() == Some(workspace_id) && public_id(&t.id) == id)
+            .or_else(|| all.iter().find(|t| t.workspace_id.is_none() && t.id == id))
+            .cloned()
+    }
+
+    /// The built-in template of this id, if any.
+    pub fn builtin(&self, id: &str) -> Option<TemplateEntry> {
+        self.get(id).filter(|t| t.workspace_id.is_none())
     }
 
     /// Adds a template, or replaces the one with its id.
@@ -142,13 +168,13 @@ impl Catalog {
             })
             .collect();
         Template {
-            id: t.id.clone(),
+            id: public_id(&t.id).to_string(),
             name: t.name.clone(),
             product: "sandbox".into(),
             default_size: t.default_size,
             primitive: "sandbox".into(),
-            sdk_name: t.id.clone(),
-            cli_name: t.id.clone(),
+            sdk_name: public_id(&t.id).to_string(),
+            cli_name: public_id(&t.id).to_string(),
             readiness: self.readiness(t, t.default_size),
             sizes,
         }
@@ -220,6 +246,37 @@ mod tests {
         assert_eq!(c.readiness(&entry(false), Size::Small), Readiness::Missing);
         c.pool.claimed("base", Size::Small); // never below zero
         assert_eq!(c.readiness(t, Size::Small), Readiness::ColdBootOnly);
+    }
+
+    #[test]
+    fn ids_are_per_workspace() {
+        let custom = |key: &str, ws: &str| TemplateEntry {
+            id: key.into(),
+            workspace_id: Some(ws.into()),
+            ..entry(true)
+        };
+        let c = Catalog::new(
+            vec![
+                entry(true),
+                custom("x", "wsa"),
+                custom("x.k1", "wsb"),
+                custom("base.k2", "wsc"),
+            ],
+            SizesConfig::default(),
+            0,
+        );
+        assert_eq!(public_id("x.k1"), "x");
+        assert_eq!(public_id("x"), "x");
+        assert!(new_key("x").starts_with("x."));
+        assert_eq!(c.visible("x", "wsa").unwrap().id, "x");
+        assert_eq!(c.visible("x", "wsb").unwrap().id, "x.k1");
+        assert!(c.visible("x", "wsd").is_none());
+        assert!(c.visible("x.k1", "wsb").is_none(), "keys are not ids");
+        // A workspace's own template comes before a built-in one of the same id.
+        assert_eq!(c.visible("base", "wsc").unwrap().id, "base.k2");
+        assert_eq!(c.visible("base", "wsa").unwrap().id, "base");
+        let ids: Vec<String> = c.catalog("wsb").data.iter().map(|t| t.id.clone()).collect();
+        assert_eq!(ids, ["base", "x"]);
     }
 
     #[test]

@@ -128,8 +128,8 @@ fn lock_data_dir(dir: &Path) -> Result<std::fs::File, ServeError> {
     Ok(f)
 }
 
-/// First start: the default workspace and an admin key. Every start: the key from
-/// `CELLA_BOOTSTRAP_KEY`, when set.
+/// First start: the default workspace and the operator's key. Every start: the key from
+/// `CELLA_BOOTSTRAP_KEY`, when set (also the operator's).
 async fn bootstrap(store: &Store, config: &Config, data_dir: &Path) -> Result<(), ServeError> {
     let ws_id = match store.meta_get("default_workspace").await? {
         Some(id) => id,
@@ -148,18 +148,26 @@ async fn bootstrap(store: &Store, config: &Config, data_dir: &Path) -> Result<()
         .ok()
         .filter(|s| !s.is_empty())
     {
-        if store.key_by_hash(&util::hash_key(&secret)).await?.is_none() {
-            let (row, _) = routes::keys::new_key(
-                &ws_id,
-                "bootstrap (CELLA_BOOTSTRAP_KEY)",
-                &[Scope::Admin],
-                None,
-                Some(secret),
-            );
-            store.insert_key(&row).await?;
+        match store.key_by_hash(&util::hash_key(&secret)).await? {
+            // The operator's key (one made by an older server is marked now).
+            Some(row) if !row.operator => store.set_key_operator(&row.id).await?,
+            Some(_) => {}
+            None => {
+                let (mut row, _) = routes::keys::new_key(
+                    &ws_id,
+                    "bootstrap (CELLA_BOOTSTRAP_KEY)",
+                    &[Scope::Admin],
+                    None,
+                    Some(secret),
+                );
+                row.operator = true;
+                store.insert_key(&row).await?;
+            }
         }
     } else if store.meta_get("bootstrap_key_written").await?.is_none() {
-        let (row, secret) = routes::keys::new_key(&ws_id, "bootstrap", &[Scope::Admin], None, None);
+        let (mut row, secret) =
+            routes::keys::new_key(&ws_id, "bootstrap", &[Scope::Admin], None, None);
+        row.operator = true;
         store.insert_key(&row).await?;
         let path = data_dir.join("bootstrap.key");
         write_secret(&path, &secret).map_err(ServeError::Bootstrap)?;

@@ -8,6 +8,12 @@
 //! a non-default egress policy is installed on the spot. The refill task tops the pool up one
 //! boot at a time, woken by every claim and every few seconds.
 //!
+//! Nothing may touch a pool sandbox before its claim (no key reaches its internal workspace:
+//! see `auth.rs`). As defence in depth, a booted pool sandbox is sealed (`Seal` to its agent,
+//! which from then on counts every request that runs or changes anything), and a claim asks
+//! the agent (one `Ping`) before handing it out: a sandbox touched since, or one whose agent
+//! does not answer, is destroyed and the next one tried (the refill boots a new one).
+//!
 //! Readiness (`GET /api/v1/templates`) reads [`Pool::ready`]: `fast_ready` only where a ready
 //! pool sandbox waits now.
 
@@ -163,7 +169,15 @@ async fn boot_one(
     }
     let _guard = state.locks.lock(&row.id).await;
     boot_locked(state, &mut row).await;
-    let ok = state_of(&row) == SandboxState::Running;
+    let mut ok = state_of(&row) == SandboxState::Running;
+    // Seal it: from now on its agent counts whatever runs or changes anything in it, and a
+    // claim hands it out only while that count is zero.
+    if ok {
+        if let Err(e) = agent_touched(state, &row, cella_agent::proto::Request::Seal).await {
+            row.state_reason = Some(format!("sealing it: {e}"));
+            ok = false;
+        }
+    }
     if !ok {
         tracing::warn!(
             sandbox = row.id,
@@ -230,6 +244,35 @@ async fn discard(state: &AppState, row: &SandboxRow) -> Result<(), cella_store::
     state.store.delete_sandbox(&row.id).await
 }
 
+/// Asks a pool sandbox's agent (one round trip, a short deadline) whether anything touched it
+/// since it was sealed (`Seal` seals it now; `Ping` only asks). Err says why it must not be
+/// handed out: touched, never sealed, or no answer.
+async fn agent_touched(
+    state: &AppState,
+    row: &SandboxRow,
+    req: cella_agent::proto::Request,
+) -> Result<(), String> {
+    let handle = crate::sandboxes::handle_of(row).ok_or("it has no runtime record")?;
+    let agent = state.driver.agent(&handle);
+    let ask = agent.call(&req);
+    match tokio::time::timeout(Duration::from_secs(3), ask).await {
+        Ok(Ok(cella_agent::proto::Response::Pong {
+            touched: Some(0), ..
+        })) => Ok(()),
+        Ok(Ok(cella_agent::proto::Response::Pong {
+            touched: Some(n), ..
+        })) => Err(format!(
+            "{n} request(s) ran or changed something in it while it waited"
+        )),
+        Ok(Ok(cella_agent::proto::Response::Pong { touched: None, .. })) => {
+            Err("its agent was never sealed".into())
+        }
+        Ok(Ok(other)) => Err(format!("its agent answered {other:?}")),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("its agent did not answer in time".into()),
+    }
+}
+
 /// Gives the caller a ready pool sandbox with the settings of `new` (as made by `admit`).
 /// `Ok(None)`: none waits, the caller boots one. The egress policy, when not the default, is
 /// installed before the sandbox is handed out.
@@ -258,16 +301,38 @@ pub async fn claim(
             .map(|u| -(u.cpu_ns as i64))
             .unwrap_or(0)
     };
-    let mut row = match state.store.claim_pooled(&want, cap, baseline).await? {
-        cella_store::Claim::Claimed(r) => *r,
-        cella_store::Claim::Empty => {
-            state.pool().wake();
-            return Ok(None);
+    // A pool sandbox that anything touched before its claim is destroyed, never handed out;
+    // the next one is tried (a few at most, then the caller boots one).
+    let mut tries = 0;
+    let (mut row, _guard) = loop {
+        tries += 1;
+        let row = match state.store.claim_pooled(&want, cap, baseline).await? {
+            cella_store::Claim::Claimed(r) => *r,
+            cella_store::Claim::Empty => {
+                state.pool().wake();
+                return Ok(None);
+            }
+            cella_store::Claim::AtCap => return Ok(Some(Err(()))),
+        };
+        state.pool().claimed(&row.template_id, size);
+        let guard = state.locks.lock(&row.id).await;
+        match agent_touched(state, &row, cella_agent::proto::Request::Ping).await {
+            Ok(()) => break (row, guard),
+            Err(e) => {
+                tracing::warn!(
+                    sandbox = row.id,
+                    "warm pool sandbox not handed out, destroyed: {e}"
+                );
+                // Removed whatever the driver says: the row is the caller's by now.
+                let h = crate::sandboxes::handle_of(&row);
+                let _ = state.driver.destroy(&row.id, h.as_ref()).await;
+                state.store.delete_sandbox(&row.id).await?;
+                if tries >= 3 {
+                    return Ok(None);
+                }
+            }
         }
-        cella_store::Claim::AtCap => return Ok(Some(Err(()))),
     };
-    state.pool().claimed(&row.template_id, size);
-    let _guard = state.locks.lock(&row.id).await;
     let handle = crate::sandboxes::handle_of(&row);
     let policy: cella_types::NetworkPolicy = serde_json::from_str(&row.network).unwrap_or_default();
     if policy != cella_types::NetworkPolicy::default() {

@@ -61,7 +61,7 @@ pub fn to_wire(row: &SandboxRow) -> Sandbox {
         id: row.id.clone(),
         tenant_id: row.workspace_id.clone(),
         owner_id: row.owner_id.clone(),
-        template_id: row.template_id.clone(),
+        template_id: crate::catalog::public_id(&row.template_id).to_string(),
         state,
         size,
         resource_contract: size.contract(),
@@ -148,7 +148,19 @@ pub(crate) async fn owned(state: &AppState, auth: &Auth, id: &str) -> Result<San
         .store
         .sandbox(id)
         .await?
-        .filter(|r| r.workspace_id == auth.workspace_id)
+        .filter(|r| {
+            if cella_store::is_internal_workspace(&r.workspace_id) {
+                // No key is of an internal workspace (auth refuses one): a request that gets
+                // here is a bug or an attack, and answers what an unknown id does.
+                tracing::warn!(
+                    sandbox = r.id,
+                    key = auth.key_id,
+                    "an API request resolved to a warm pool sandbox; refused"
+                );
+                return false;
+            }
+            r.workspace_id == auth.workspace_id
+        })
         .ok_or_else(|| ApiError::not_found("sandbox"))
 }
 
@@ -183,16 +195,15 @@ async fn admit(
                 .await?
                 .filter(|s| s.workspace_id == auth.workspace_id && !s.internal)
                 .ok_or_else(|| ApiError::not_found("snapshot"))?;
-            if req
-                .template_id
-                .as_ref()
-                .is_some_and(|t| *t != snap.template_id)
-            {
+            if req.template_id.as_ref().is_some_and(|t| {
+                state.catalog.visible(t, &auth.workspace_id).map(|e| e.id)
+                    != Some(snap.template_id.clone())
+            }) {
                 return Err(ApiError::invalid(
                     "template_id",
                     format!(
                         "snapshot {sid} is of template {}; leave template_id out or give that one",
-                        snap.template_id
+                        crate::catalog::public_id(&snap.template_id)
                     ),
                 ));
             }
@@ -206,10 +217,16 @@ async fn admit(
             .clone()
             .unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
     };
-    let template = state
-        .catalog
-        .visible(&template_id, &auth.workspace_id)
-        .ok_or_else(|| ApiError::not_found("template"))?;
+    let template = match &snapshot {
+        // A snapshot records the template's key.
+        Some(_) => state.catalog.get(&template_id).filter(|t| {
+            t.workspace_id
+                .as_deref()
+                .is_none_or(|w| w == auth.workspace_id)
+        }),
+        None => state.catalog.visible(&template_id, &auth.workspace_id),
+    }
+    .ok_or_else(|| ApiError::not_found("template"))?;
     let template = &template;
     let compat = [
         ("cpu_count", req.cpu_count),
@@ -257,7 +274,10 @@ async fn admit(
     if state.catalog.readiness(template, size) == Readiness::Missing {
         return Err(ApiError::new(
             ErrorCode::SizeUnavailable,
-            format!("size {size} is not available for template {template_id} on this server"),
+            format!(
+                "size {size} is not available for template {} on this server",
+                crate::catalog::public_id(&template_id)
+            ),
         )
         .with_details(json!({ "field": "size", "size": size.as_str() })));
     }
@@ -306,7 +326,8 @@ async fn admit(
         ..SandboxRow::new(
             new_id("sb"),
             auth.workspace_id.clone(),
-            template_id,
+            // The template's key (the store's and the pool's), not the id the caller gave.
+            template.id.clone(),
             size.as_str(),
             (cpus, mem, disk),
             now_ms(),
@@ -399,7 +420,7 @@ pub(crate) async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
     let result = match image {
         None => Err(DriverError::Image(format!(
             "template {} has no image on this host",
-            row.template_id
+            crate::catalog::public_id(&row.template_id)
         ))),
         Some(image) => {
             let spec = SandboxSpec {

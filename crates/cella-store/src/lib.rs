@@ -18,8 +18,21 @@ pub enum StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+impl StoreError {
+    /// A write refused by a unique index (a concurrent insert of the same key).
+    pub fn is_unique_violation(&self) -> bool {
+        matches!(self, StoreError::Db(sqlx::Error::Database(e)) if e.is_unique_violation())
+    }
+}
+
 /// The internal workspace that owns the warm pool's sandboxes until they are claimed.
 pub const POOL_WORKSPACE: &str = "wspool";
+
+/// Workspaces the server keeps for itself ([`POOL_WORKSPACE`]): never addressable through the
+/// API, by any key, the operator's included.
+pub fn is_internal_workspace(id: &str) -> bool {
+    id == POOL_WORKSPACE
+}
 
 impl SandboxRow {
     /// A new sandbox in `provisioning` with the given shape, no clocks running, no runtime
@@ -102,7 +115,10 @@ pub struct ArtifactRow {
 
 #[derive(Debug, Clone, PartialEq, FromRow)]
 pub struct TemplateRow {
+    /// The server's internal key (unique on the server).
     pub id: String,
+    /// The id its workspace gave it (None: the same as `id`).
+    pub public_id: Option<String>,
     pub workspace_id: String,
     pub name: String,
     pub spec: String,
@@ -157,6 +173,8 @@ pub struct KeyRow {
     pub expires_at: Option<i64>,
     pub revoked_at: Option<i64>,
     pub last_used_at: Option<i64>,
+    /// The operator's key (the bootstrap key): manages every workspace.
+    pub operator: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, FromRow)]
@@ -320,8 +338,8 @@ impl Store {
 
     pub async fn insert_key(&self, k: &KeyRow) -> Result<()> {
         sqlx::query(
-            "INSERT INTO api_keys (id, workspace_id, name, hash, prefix, scopes, created_at, expires_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO api_keys (id, workspace_id, name, hash, prefix, scopes, created_at, expires_at, operator) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&k.id)
         .bind(&k.workspace_id)
@@ -331,13 +349,23 @@ impl Store {
         .bind(&k.scopes)
         .bind(k.created_at)
         .bind(k.expires_at)
+        .bind(k.operator)
         .execute(&self.pool)
         .await?;
         Ok(())
     }
 
+    /// Makes a key the operator's (the bootstrap key of an existing data directory).
+    pub async fn set_key_operator(&self, id: &str) -> Result<()> {
+        sqlx::query("UPDATE api_keys SET operator = 1 WHERE id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     const KEY_COLS: &'static str =
-        "id, workspace_id, name, hash, prefix, scopes, created_at, expires_at, revoked_at, last_used_at";
+        "id, workspace_id, name, hash, prefix, scopes, created_at, expires_at, revoked_at, last_used_at, operator";
 
     pub async fn key_by_hash(&self, hash: &str) -> Result<Option<KeyRow>> {
         let q = format!("SELECT {} FROM api_keys WHERE hash = ?", Self::KEY_COLS);
@@ -355,17 +383,22 @@ impl Store {
             .await?)
     }
 
-    /// Keys that are not revoked, oldest first.
+    /// Keys that are not revoked (of one workspace, when given), oldest first.
     pub async fn list_keys(
         &self,
+        workspace_id: Option<&str>,
         limit: u32,
         after_seq: Option<i64>,
     ) -> Result<Vec<(i64, KeyRow)>> {
         let q = format!(
-            "SELECT seq, {} FROM api_keys WHERE revoked_at IS NULL AND seq > ? ORDER BY seq LIMIT ?",
+            "SELECT seq, {} FROM api_keys WHERE revoked_at IS NULL AND (? IS NULL OR workspace_id = ?) \
+             AND workspace_id != ? AND seq > ? ORDER BY seq LIMIT ?",
             Self::KEY_COLS
         );
         let rows = sqlx::query(&q)
+            .bind(workspace_id)
+            .bind(workspace_id)
+            .bind(POOL_WORKSPACE)
             .bind(after_seq.unwrap_or(0))
             .bind(limit as i64)
             .fetch_all(&self.pool)
@@ -403,7 +436,8 @@ impl Store {
         "seq, id, workspace_id, sandbox_id, template_id, size, created_at, size_bytes, internal";
     const ARTIFACT_COLS: &'static str =
         "seq, id, workspace_id, sandbox_id, path, size, created_at, expires_at";
-    const TEMPLATE_COLS: &'static str = "id, workspace_id, name, spec, image, defaults, created_at";
+    const TEMPLATE_COLS: &'static str =
+        "id, public_id, workspace_id, name, spec, image, defaults, created_at";
     const BUILD_COLS: &'static str =
         "id, template_id, workspace_id, state, steps, log, error, created_at, finished_at";
 
@@ -576,12 +610,13 @@ impl Store {
     /// image until the new build is ready).
     pub async fn upsert_template(&self, t: &TemplateRow) -> Result<bool> {
         let r = sqlx::query(
-            "INSERT INTO templates (id, workspace_id, name, spec, image, defaults, created_at) \
-             VALUES (?, ?, ?, ?, NULL, NULL, ?) \
+            "INSERT INTO templates (id, public_id, workspace_id, name, spec, image, defaults, created_at) \
+             VALUES (?, ?, ?, ?, ?, NULL, NULL, ?) \
              ON CONFLICT(id) DO UPDATE SET name = excluded.name, spec = excluded.spec \
              WHERE templates.workspace_id = excluded.workspace_id",
         )
         .bind(&t.id)
+        .bind(&t.public_id)
         .bind(&t.workspace_id)
         .bind(&t.name)
         .bind(&t.spec)
@@ -1104,6 +1139,73 @@ mod tests {
         };
         store.insert_workspace(&ws).await.unwrap();
         (dir, store)
+    }
+
+    /// A data directory from before the operator column: its generated bootstrap key (the
+    /// oldest `bootstrap` key of the default workspace) becomes the operator's, and nothing else.
+    #[tokio::test]
+    async fn upgrade_makes_the_old_bootstrap_key_the_operator() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("old-migrations");
+        std::fs::create_dir(&old).unwrap();
+        let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        for e in std::fs::read_dir(&all).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().into_string().unwrap();
+            if name.as_str() < "0009" {
+                std::fs::copy(e.path(), old.join(&name)).unwrap();
+            }
+        }
+        let path = dir.path().join("db.sqlite");
+        {
+            let opts = SqliteConnectOptions::from_str("sqlite://")
+                .unwrap()
+                .filename(&path)
+                .create_if_missing(true);
+            let pool = SqlitePool::connect_with(opts).await.unwrap();
+            sqlx::migrate::Migrator::new(old.as_path())
+                .await
+                .unwrap()
+                .run(&pool)
+                .await
+                .unwrap();
+            for q in [
+                "INSERT INTO meta VALUES ('default_workspace', 'wsdef'), ('bootstrap_key_written', '1')",
+                "INSERT INTO workspaces (id, name, plan, kind, created_at) VALUES \
+                 ('wsdef', 'default', 'enterprise', 'personal', 0), ('wsb', 'b', 'developer', 'organization', 0)",
+                "INSERT INTO api_keys (id, workspace_id, name, hash, prefix, scopes, created_at) VALUES \
+                 ('keyboot', 'wsdef', 'bootstrap', 'h1', 'p', '[\"admin\"]', 1), \
+                 ('keylater', 'wsdef', 'bootstrap', 'h2', 'p', '[\"admin\"]', 2), \
+                 ('keyb', 'wsb', 'bootstrap', 'h3', 'p', '[\"admin\"]', 3)",
+                "INSERT INTO templates (id, workspace_id, name, spec, created_at) VALUES ('x', 'wsb', 'x', '{}', 0)",
+            ] {
+                sqlx::query(q).execute(&pool).await.unwrap();
+            }
+            pool.close().await;
+        }
+        let store = Store::open(&path).await.unwrap();
+        let op = |id: &'static str| {
+            let store = store.clone();
+            async move { store.key(id).await.unwrap().unwrap().operator }
+        };
+        assert!(op("keyboot").await);
+        assert!(!op("keylater").await);
+        assert!(!op("keyb").await);
+        // Old templates keep their id; another workspace may take the same public id.
+        let t = store.template("x").await.unwrap().unwrap();
+        assert_eq!((t.id.as_str(), t.public_id.as_deref()), ("x", None));
+        let mut other = TemplateRow {
+            id: "x.k1".into(),
+            public_id: Some("x".into()),
+            workspace_id: "wsdef".into(),
+            ..t.clone()
+        };
+        assert!(store.upsert_template(&other).await.unwrap());
+        // But a workspace holds one template of an id.
+        other.id = "x.k2".into();
+        other.workspace_id = "wsb".into();
+        let e = store.upsert_template(&other).await.unwrap_err();
+        assert!(e.is_unique_violation(), "{e}");
     }
 
     #[tokio::test]

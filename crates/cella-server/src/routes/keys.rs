@@ -7,7 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use cella_store::KeyRow;
-use cella_types::{ApiKey, CreateApiKey, Data, List, Scope};
+use cella_types::{ApiKey, CreateApiKey, Data, ErrorCode, List, Scope};
 use std::sync::Arc;
 
 pub fn parse_scopes(json: &str) -> Vec<Scope> {
@@ -57,11 +57,16 @@ pub fn new_key(
         expires_at,
         revoked_at: None,
         last_used_at: None,
+        // Only the server's bootstrap sets this, never a route.
+        operator: false,
     };
     (row, secret)
 }
 
-/// Create an API key for a workspace; the key is in this answer only. Scope `admin`.
+/// Create an API key for a workspace; the key is in this answer only. Scope `admin`: a
+/// workspace's admin key makes keys of its own workspace, the operator of any (another
+/// workspace, and an internal one for everybody, answers 404). No key makes a key with a scope
+/// it does not hold.
 #[utoipa::path(post, path = "/api/v1/api-keys", tag = "api-keys", security(("bearer" = [])), request_body = CreateApiKey,
     responses((status = 201, body = Data<ApiKey>), (status = 400, body = cella_types::ErrorBody), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn create(
@@ -95,9 +100,20 @@ pub async fn create(
             Some(t)
         }
     };
-    if state.store.workspace(&req.workspace_id).await?.is_none() {
+    if !auth.manages(&req.workspace_id) || state.store.workspace(&req.workspace_id).await?.is_none()
+    {
         return Err(ApiError::not_found("workspace")
             .with_details(serde_json::json!({ "field": "workspace_id" })));
+    }
+    if let Some(s) = req.scopes.iter().find(|s| !auth.has(**s)) {
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "a key cannot make a key with a scope it does not hold ({})",
+                s.as_str()
+            ),
+        )
+        .with_details(serde_json::json!({ "field": "scopes", "required_scope": s.as_str() })));
     }
     let (row, secret) = new_key(&req.workspace_id, &req.name, &req.scopes, expires_at, None);
     state.store.insert_key(&row).await?;
@@ -106,7 +122,8 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(Data { data: key })))
 }
 
-/// List API keys that are not revoked (never their secrets). Scope `admin`.
+/// List API keys that are not revoked (never their secrets). Scope `admin`: a workspace's
+/// admin key lists its own workspace's keys, the operator every workspace's.
 #[utoipa::path(get, path = "/api/v1/api-keys", tag = "api-keys", security(("bearer" = [])),
     params(("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)),
     responses((status = 200, body = List<ApiKey>), (status = 403, body = cella_types::ErrorBody)))]
@@ -118,7 +135,8 @@ pub async fn list(
     auth.require(Scope::Admin)?;
     let page = Page::take(&mut q)?;
     reject_unknown(&q)?;
-    let rows = state.store.list_keys(page.limit, page.cursor).await?;
+    let only = (!auth.operator).then_some(auth.workspace_id.as_str());
+    let rows = state.store.list_keys(only, page.limit, page.cursor).await?;
     let next_cursor = (rows.len() == page.limit as usize)
         .then(|| cursor_for(rows.last().map(|r| r.0).unwrap_or(0)));
     Ok(Json(List {
@@ -127,7 +145,9 @@ pub async fn list(
     }))
 }
 
-/// Revoke an API key; it gets 401 from the next request on. Scope `admin`.
+/// Revoke an API key; it gets 401 from the next request on. Scope `admin`, for a key of the
+/// caller's workspace (the operator: of any); another workspace's key answers 404. Only the
+/// operator revokes an operator key.
 #[utoipa::path(delete, path = "/api/v1/api-keys/{id}", tag = "api-keys", security(("bearer" = [])),
     params(("id" = String, Path)), responses((status = 200, body = Data<ApiKey>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn revoke(
@@ -140,8 +160,14 @@ pub async fn revoke(
         .store
         .key(&id)
         .await?
-        .filter(|k| k.revoked_at.is_none())
+        .filter(|k| k.revoked_at.is_none() && auth.manages(&k.workspace_id))
         .ok_or_else(|| ApiError::not_found("API key"))?;
+    if row.operator && !auth.operator {
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            "only the operator may revoke the operator's key",
+        ));
+    }
     state.store.revoke_key(&id, now_ms()).await?;
     Ok(Json(Data {
         data: to_wire(&row),

@@ -25,7 +25,7 @@ fn wire(s: &SnapshotRow) -> Snapshot {
     Snapshot {
         id: s.id.clone(),
         sandbox_id: s.sandbox_id.clone(),
-        template_id: s.template_id.clone(),
+        template_id: crate::catalog::public_id(&s.template_id).to_string(),
         size: Size::parse(&s.size).unwrap_or(Size::Small),
         created_at: rfc3339(s.created_at),
         size_bytes: s.size_bytes.max(0) as u64,

@@ -83,11 +83,16 @@ pub async fn build_status(
             }
         }
     }
+    let key = state
+        .catalog
+        .visible(&id, &auth.workspace_id)
+        .map(|t| t.id)
+        .unwrap_or_default();
     let b = state
         .builds
         .get(&state, &build_id)
         .await?
-        .filter(|b| b.template_id == id && b.workspace_id == auth.workspace_id)
+        .filter(|b| b.template_id == key && b.workspace_id == auth.workspace_id)
         .ok_or_else(|| ApiError::not_found("build"))?;
     Ok(Json(Data {
         data: crate::builds::wire(&b, offset),

@@ -49,7 +49,7 @@ pub fn new_row(name: &str, plan: Plan, kind: WorkspaceKind) -> WorkspaceRow {
     }
 }
 
-/// Create a workspace (tenant). Scope `admin`.
+/// Create a workspace (tenant). The operator only.
 #[utoipa::path(post, path = "/api/v1/workspaces", tag = "workspaces", security(("bearer" = [])), request_body = CreateWorkspace,
     responses((status = 201, body = Data<Workspace>), (status = 400, body = cella_types::ErrorBody), (status = 403, body = cella_types::ErrorBody)))]
 pub async fn create(
@@ -58,6 +58,7 @@ pub async fn create(
     body: ApiBody,
 ) -> Result<(StatusCode, Json<Data<Workspace>>), ApiError> {
     auth.require(Scope::Admin)?;
+    auth.require_operator("create workspaces")?;
     let req: CreateWorkspace = body.json()?;
     check_name(&req.name)?;
     let row = new_row(&req.name, req.plan, req.kind);
@@ -70,7 +71,8 @@ pub async fn create(
     ))
 }
 
-/// List workspaces, oldest first. Scope `admin`.
+/// List workspaces, oldest first. Scope `admin`: the operator sees every workspace (but the
+/// internal ones), a workspace's admin key its own.
 #[utoipa::path(get, path = "/api/v1/workspaces", tag = "workspaces", security(("bearer" = [])),
     params(("limit" = Option<u32>, Query, description = "1-1000, default 100"), ("cursor" = Option<String>, Query, description = "from next_cursor")),
     responses((status = 200, body = List<Workspace>), (status = 403, body = cella_types::ErrorBody)))]
@@ -82,7 +84,14 @@ pub async fn list(
     auth.require(Scope::Admin)?;
     let page = Page::take(&mut q)?;
     reject_unknown(&q)?;
-    let rows = state.store.list_workspaces(page.limit, page.cursor).await?;
+    let rows = if auth.operator {
+        state.store.list_workspaces(page.limit, page.cursor).await?
+    } else {
+        match (&page.cursor, find(&state, &auth, &auth.workspace_id).await) {
+            (None, Ok(w)) => vec![(0, w)],
+            _ => Vec::new(),
+        }
+    };
     let next_cursor = (rows.len() == page.limit as usize)
         .then(|| cursor_for(rows.last().map(|r| r.0).unwrap_or(0)));
     Ok(Json(List {
@@ -92,8 +101,9 @@ pub async fn list(
 }
 
 async fn find(state: &AppState, auth: &Auth, id: &str) -> Result<WorkspaceRow, ApiError> {
-    // A key sees its own workspace; only an admin key sees the others.
-    if id != auth.workspace_id && !auth.has(Scope::Admin) {
+    // A key sees its own workspace; only the operator sees the others; nobody the internal ones.
+    let visible = id == auth.workspace_id || (auth.operator && auth.has(Scope::Admin));
+    if !visible || cella_store::is_internal_workspace(id) {
         return Err(ApiError::not_found("workspace"));
     }
     state
@@ -103,7 +113,8 @@ async fn find(state: &AppState, auth: &Auth, id: &str) -> Result<WorkspaceRow, A
         .ok_or_else(|| ApiError::not_found("workspace"))
 }
 
-/// One workspace. Any key for its own workspace; `admin` for any.
+/// One workspace. Any key for its own workspace; the operator for any (another workspace
+/// answers 404 to every other key).
 #[utoipa::path(get, path = "/api/v1/workspaces/{id}", tag = "workspaces", security(("bearer" = [])),
     params(("id" = String, Path)), responses((status = 200, body = Data<Workspace>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn get(
@@ -116,7 +127,8 @@ pub async fn get(
     }))
 }
 
-/// Change a workspace's name, plan or settings. Scope `admin`.
+/// Change a workspace's name, plan or settings. Scope `admin`, for the key's own workspace (the
+/// operator: any). The plan is the operator's to change.
 #[utoipa::path(patch, path = "/api/v1/workspaces/{id}", tag = "workspaces", security(("bearer" = [])), request_body = UpdateWorkspace,
     params(("id" = String, Path)), responses((status = 200, body = Data<Workspace>), (status = 400, body = cella_types::ErrorBody), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn update(
@@ -127,12 +139,18 @@ pub async fn update(
 ) -> Result<Json<Data<Workspace>>, ApiError> {
     auth.require(Scope::Admin)?;
     let req: UpdateWorkspace = body.json()?;
+    if !auth.manages(&id) {
+        return Err(ApiError::not_found("workspace"));
+    }
     let mut row = find(&state, &auth, &id).await?;
     if let Some(name) = req.name {
         check_name(&name)?;
         row.name = name;
     }
     if let Some(plan) = req.plan {
+        if plan.as_str() != row.plan {
+            auth.require_operator("change a workspace's plan")?;
+        }
         row.plan = plan.as_str().into();
     }
     if let Some(changes) = req.settings {
