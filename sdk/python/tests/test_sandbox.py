@@ -451,6 +451,8 @@ def test_expose(server: Server, sandbox: Sandbox) -> None:
         assert info.token is None and info.token_expires_at is None
         # the host-name form <port>-<id>.<preview domain> is the sandbox's own origin (browsers)
         assert info.host_url is not None and httpx.URL(info.host_url).host.startswith(f"8000-{sandbox.id}.")
+        # get_host: that origin's host, without a scheme, as E2B's SDK answers it
+        assert sandbox.get_host(8000) == httpx.URL(info.host_url).netloc.decode()
         # the URL handed out opens with httpx as it is (the preview domain is localhost, which
         # httpx does not resolve: the URL is the path form on the server's address)
         deadline = time.monotonic() + 20

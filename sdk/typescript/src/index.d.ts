@@ -275,6 +275,8 @@ export declare class Sandbox {
   collectArtifacts(paths: string[]): Promise<ArtifactInfo[]>;
   /** Exposes a port through the preview proxy; resolves to its URL. */
   expose(port: number): Promise<string>;
+  /** `<port>-<id>.<domain>[:port]`: the host of the port's own preview origin (E2B's getHost). */
+  getHost(port: number): Promise<string>;
   runCode(code: string, opts?: RunCodeOptions): Promise<Execution>;
   /** Destroys the sandbox: `await using sb = await Sandbox.create()`. */
   [Symbol.asyncDispose](): Promise<void>;

@@ -321,6 +321,16 @@ export class Sandbox {
     return r.data.url;
   }
 
+  /**
+   * The host name (and port) of a port's own preview origin, `<port>-<id>.<domain>`, without a
+   * scheme (E2B's `getHost`). Browsers open it; programs on a `localhost` preview domain use
+   * expose()'s URL.
+   */
+  async getHost(port) {
+    const r = await this._request('POST', '/expose', { json: { port } });
+    return new URL(r.data.host_url ?? r.data.url).host;
+  }
+
   /** Runs a cell of code in a persistent context; see `sandbox.code.run()`. */
   async runCode(code, opts = {}) {
     return this.code.run(code, opts);

@@ -51,7 +51,7 @@ from .models import (
     SandboxUsage,
     SnapshotInfo,
 )
-from .sandbox import _list_params, _write_entries
+from .sandbox import _host_of, _list_params, _write_entries
 
 __all__ = ["AsyncSandbox", "AsyncCommands", "AsyncCommandHandle", "AsyncFiles", "AsyncWatchHandle", "AsyncCodeInterpreter"]
 
@@ -357,6 +357,10 @@ class AsyncSandbox:
     async def expose_info(self, port: int) -> ExposedPort:
         data = await self._transport.data("POST", sandbox_path(self.id, "expose"), json={"port": int(port)})
         return ExposedPort.from_dict(data if isinstance(data, Mapping) else {"port": port, "url": str(data)})
+
+    async def get_host(self, port: int) -> str:
+        """As :meth:`Sandbox.get_host`: the host of the port's own preview origin."""
+        return _host_of(await self.expose_info(port))
 
     async def run_code(self, code: str, language: Optional[str] = None, context: Optional[str] = None, timeout: Optional[float] = None) -> Execution:
         return await self.code.run(code, language=language, context=context, timeout=timeout)

@@ -73,6 +73,13 @@ def _sse_events(resp: httpx.Response) -> Generator[Union[SSEEvent, KeepAlive], N
         yield last
 
 
+def _host_of(exposed: ExposedPort) -> str:
+    """The ``host[:port]`` of an exposed port's host-name URL."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(exposed.host_url or exposed.url).netloc
+
+
 def _write_entries(files: Any) -> List[Mapping[str, Any]]:
     """The entries of a multi-file write: mappings with ``path`` and ``data``."""
     out = []
@@ -364,6 +371,12 @@ class Sandbox:
         """Every address of a port inside the sandbox (``POST .../expose``)."""
         data = self._transport.data("POST", sandbox_path(self.id, "expose"), json={"port": int(port)})
         return ExposedPort.from_dict(data if isinstance(data, Mapping) else {"port": port, "url": str(data)})
+
+    def get_host(self, port: int) -> str:
+        """The host name (and port) of a port's own preview origin, ``<port>-<id>.<domain>``,
+        without a scheme (E2B's ``get_host``). Browsers open it; for programs on a
+        ``localhost`` preview domain, :meth:`expose`'s URL is the one to use."""
+        return _host_of(self.expose_info(port))
 
     def run_code(self, code: str, language: Optional[str] = None, context: Optional[str] = None, timeout: Optional[float] = None) -> Execution:
         """Run a cell in the sandbox's code interpreter (see :class:`CodeInterpreter`)."""
