@@ -93,6 +93,7 @@ async fn run(
     let jail = Arc::new(Jail::new().map_err(std::io::Error::other)?);
     let procs = Arc::new(Procs::default());
     let kernels = Arc::new(crate::kernel::Kernels::new());
+    let file_ops = Arc::new(tokio::sync::Semaphore::new(files::MAX_FILE_OPS));
     let mut sigchld = signal(SignalKind::child())?;
     let r = reaper.clone();
     tokio::spawn(async move {
@@ -111,6 +112,7 @@ async fn run(
             jail.clone(),
             procs.clone(),
             kernels.clone(),
+            file_ops.clone(),
         ));
     }
 }
@@ -121,10 +123,38 @@ async fn handle(
     jail: Arc<Jail>,
     procs: Arc<Procs>,
     kernels: Arc<crate::kernel::Kernels>,
+    file_ops: Arc<tokio::sync::Semaphore>,
 ) {
     let req = match proto::read_frame(&mut stream).await {
         Ok(Some((FrameKind::Json, body))) => serde_json::from_slice::<Request>(&body),
         _ => return,
+    };
+    // File operations hold a slot of the blocking pool each: a bounded number runs at once, so
+    // that operations a client abandoned can never starve the others.
+    let _slot = match &req {
+        Ok(
+            Request::Stat { .. }
+            | Request::List { .. }
+            | Request::Mkdir { .. }
+            | Request::Move { .. }
+            | Request::Remove { .. }
+            | Request::Read { .. }
+            | Request::Write { .. },
+        ) => match file_ops.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                let msg = Response::Error {
+                    kind: ErrorKind::Busy,
+                    message: format!(
+                        "{} file operations are already in progress in this sandbox; retry later",
+                        files::MAX_FILE_OPS
+                    ),
+                };
+                let _ = proto::write_json(&mut stream, &msg).await;
+                return;
+            }
+        },
+        _ => None,
     };
     let result = match req {
         Ok(Request::Ping) => {
@@ -203,7 +233,8 @@ async fn handle(
             path,
             offset,
             length,
-        }) => files::read(&mut stream, path, offset, length).await,
+            nofollow,
+        }) => files::read(&mut stream, path, offset, length, nofollow).await,
         Ok(Request::Write {
             path,
             uid,
