@@ -895,6 +895,72 @@ pub async fn write(
     }
 }
 
+/// Writes `contents` as `/run/<dir>/<name>` (mode 0644, owned by the agent), for the agent's
+/// own use (the interpreter's drivers). `/run` is opened inside the sandbox's root without magic
+/// links; `<dir>` is made a real directory (a symlink or file planted there is removed first)
+/// and opened without following links; the file is written under a new name with `O_EXCL |
+/// O_NOFOLLOW` and renamed over `<name>` (a symlink there is replaced, never followed).
+pub(crate) fn install_run_file(dir: &str, name: &str, contents: &[u8]) -> std::io::Result<()> {
+    let run = open_in_root(Path::new("/run"), libc::O_PATH | libc::O_DIRECTORY)?;
+    let d = cstring(dir.as_bytes())?;
+    let sub = match open_child(&run, &d, libc::O_PATH | libc::O_DIRECTORY) {
+        Ok(fd) => fd,
+        Err(_) => {
+            // Missing, or something other than a directory: make it anew.
+            match fstatat(&run, &d) {
+                Ok(st) if is_dir(&st) => remove_tree(&run, &d, 0)?,
+                Ok(_) => unlinkat(&run, &d, 0)?,
+                Err(_) => {}
+            }
+            // SAFETY: a valid descriptor and name.
+            if unsafe { libc::mkdirat(run.as_raw_fd(), d.as_ptr(), 0o755) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            open_child(&run, &d, libc::O_PATH | libc::O_DIRECTORY)?
+        }
+    };
+    let tmp = cstring(format!(".{name}.{}-{}", std::process::id(), rand_suffix()).as_bytes())?;
+    // SAFETY: a valid descriptor and name.
+    let fd = unsafe {
+        libc::openat(
+            sub.as_raw_fd(),
+            tmp.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o644 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor the kernel just gave us.
+    let mut file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let name = cstring(name.as_bytes())?;
+    let written = file.write_all(contents).and_then(|_| {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))
+    });
+    drop(file);
+    let renamed = written.and_then(|_| {
+        // SAFETY: a valid descriptor and names; renameat follows neither.
+        if unsafe {
+            libc::renameat(
+                sub.as_raw_fd(),
+                tmp.as_ptr(),
+                sub.as_raw_fd(),
+                name.as_ptr(),
+            )
+        } < 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    });
+    if renamed.is_err() {
+        let _ = unlinkat(&sub, &tmp, 0);
+    }
+    renamed
+}
+
 fn rand_suffix() -> u64 {
     use std::time::{SystemTime, UNIX_EPOCH};
     SystemTime::now()

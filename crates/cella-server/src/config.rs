@@ -25,6 +25,7 @@ pub struct Config {
     pub pool: PoolConfig,
     pub preview: PreviewConfig,
     pub artifacts: ArtifactsConfig,
+    pub limits: LimitsConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -104,6 +105,27 @@ impl Default for NetworkConfig {
         NetworkConfig {
             enabled: true,
             subnet: "10.200.0.0/16".into(),
+        }
+    }
+}
+
+/// Per-sandbox limits beyond a size's CPU, memory and disk.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Open files per process in a sandbox (`RLIMIT_NOFILE`, soft and hard; default 1024).
+    pub open_files: u64,
+    /// The share of the host's `fs.file-max`, in percent, that one sandbox's processes may hold
+    /// together (default 10): a sandbox's pids limit is lowered until pids x `open_files` fits
+    /// (never below 128).
+    pub open_files_host_percent: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            open_files: 1024,
+            open_files_host_percent: 10,
         }
     }
 }
@@ -197,6 +219,7 @@ impl Default for Config {
             pool: PoolConfig::default(),
             preview: PreviewConfig::default(),
             artifacts: ArtifactsConfig::default(),
+            limits: LimitsConfig::default(),
         }
     }
 }
