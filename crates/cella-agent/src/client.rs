@@ -335,11 +335,21 @@ impl AgentClient {
                 None => break,
             }
         }
-        deadline(FRAME_TIMEOUT, async {
-            Ok(proto::write_frame(&mut s, FrameKind::DataEnd, &[]).await?)
-        })
-        .await
-        .map_err(WriteError::Agent)?;
+        let end = tokio::time::timeout(
+            FRAME_TIMEOUT,
+            proto::write_frame(&mut s, FrameKind::DataEnd, &[]),
+        )
+        .await;
+        match end {
+            Ok(Ok(())) => {}
+            // The agent refused the upload before its end and closed: its answer says why.
+            Ok(Err(e)) => {
+                return Err(WriteError::Agent(
+                    Self::answer(&mut s).await.err().unwrap_or(e.into()),
+                ))
+            }
+            Err(_) => return Err(WriteError::Agent(ClientError::Timeout)),
+        }
         match Self::answer(&mut s).await.map_err(WriteError::Agent)? {
             Response::Done { bytes } => Ok(bytes),
             _ => Err(WriteError::Agent(ClientError::Unexpected)),

@@ -616,6 +616,18 @@ pub async fn collect(
     Ok(out)
 }
 
+/// Deletes artifacts whose retention is over (called by the lifecycle timer).
+pub async fn expire(state: &AppState) {
+    let Ok(ids) = state.store.expired_artifacts(now_ms()).await else {
+        return;
+    };
+    let dir = artifact_dir(state);
+    for id in ids {
+        let _ = tokio::fs::remove_file(dir.join(&id)).await;
+        let _ = state.store.delete_artifact(&id).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -645,17 +657,5 @@ mod tests {
             ["home", "user", "*.csv"]
         );
         assert_eq!(glob_parts("/../../etc/x", "/w"), ["etc", "x"]);
-    }
-}
-
-/// Deletes artifacts whose retention is over (called by the lifecycle timer).
-pub async fn expire(state: &AppState) {
-    let Ok(ids) = state.store.expired_artifacts(now_ms()).await else {
-        return;
-    };
-    let dir = artifact_dir(state);
-    for id in ids {
-        let _ = tokio::fs::remove_file(dir.join(&id)).await;
-        let _ = state.store.delete_artifact(&id).await;
     }
 }

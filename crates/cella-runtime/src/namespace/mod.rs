@@ -103,6 +103,28 @@ impl FileLimits {
     }
 }
 
+#[cfg(test)]
+mod file_limit_tests {
+    use super::FileLimits;
+
+    #[test]
+    fn pids_fit_the_share_of_file_max() {
+        let f = FileLimits::default();
+        // 10 % of 2.4 million files at 1024 per process: 240 processes.
+        assert_eq!(f.pids_for(1024, 2_466_126), 240);
+        // A smaller ask stays; a tiny host never goes below the floor.
+        assert_eq!(f.pids_for(100, 2_466_126), 100);
+        assert_eq!(f.pids_for(1024, 10_000), super::MIN_PIDS);
+        // Off, or file-max unknown: unchanged.
+        let off = FileLimits {
+            per_process: 0,
+            host_share_percent: 10,
+        };
+        assert_eq!(off.pids_for(4096, 2_466_126), 4096);
+        assert_eq!(f.pids_for(4096, 0), 4096);
+    }
+}
+
 /// The host's `fs.file-max` (0 when unknown).
 fn host_file_max() -> u64 {
     std::fs::read_to_string("/proc/sys/fs/file-max")
