@@ -1,4 +1,10 @@
 //! The node's side of the agent protocol.
+//!
+//! Every operation has deadlines, so a silent or stuck agent never holds a request forever
+//! (callers answer [`ClientError::Timeout`] as 503): connecting takes at most
+//! [`CONNECT_TIMEOUT`], a one-answer request [`ANSWER_TIMEOUT`], and each frame of a streamed
+//! download or upload [`FRAME_TIMEOUT`]. Streams that are quiet by nature (exec output, a
+//! followed process, a terminal, a watch, a port) have deadlines on their setup only.
 
 use crate::proto::{self, ErrorKind, ExecSpec, ExitInfo, FrameKind, ProtoError, Request, Response};
 use std::path::PathBuf;
@@ -31,6 +37,23 @@ pub enum ClientError {
     Unexpected,
 }
 
+/// Longest wait for the agent to accept a connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for the answer to a request with one answer (stat, list, mkdir, ...), or for
+/// the first answer of a stream.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest wait for one frame of a download, or to send one frame of an upload.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn deadline<T>(
+    d: Duration,
+    f: impl std::future::Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
+    tokio::time::timeout(d, f)
+        .await
+        .map_err(|_| ClientError::Timeout)?
+}
+
 #[derive(Debug, Clone)]
 pub struct AgentClient {
     socket: PathBuf,
@@ -44,9 +67,12 @@ impl AgentClient {
     }
 
     async fn connect(&self) -> Result<UnixStream, ClientError> {
-        UnixStream::connect(&self.socket)
-            .await
-            .map_err(ClientError::Unreachable)
+        deadline(CONNECT_TIMEOUT, async {
+            UnixStream::connect(&self.socket)
+                .await
+                .map_err(ClientError::Unreachable)
+        })
+        .await
     }
 
     /// Answers the agent's protocol version.
@@ -128,7 +154,15 @@ impl FileReader {
         if self.done {
             return None;
         }
-        match proto::read_frame(&mut self.stream).await {
+        let frame =
+            match tokio::time::timeout(FRAME_TIMEOUT, proto::read_frame(&mut self.stream)).await {
+                Ok(f) => f,
+                Err(_) => {
+                    self.done = true;
+                    return Some(Err(ClientError::Timeout));
+                }
+            };
+        match frame {
             Ok(Some((FrameKind::Data, data))) => Some(Ok(data)),
             Ok(Some((FrameKind::Json, _))) => {
                 self.done = true;
@@ -148,6 +182,10 @@ impl FileReader {
 
 impl AgentClient {
     async fn answer(s: &mut UnixStream) -> Result<Response, ClientError> {
+        deadline(ANSWER_TIMEOUT, Self::answer_now(s)).await
+    }
+
+    async fn answer_now(s: &mut UnixStream) -> Result<Response, ClientError> {
         match proto::read_frame(s).await? {
             Some((FrameKind::Json, body)) => {
                 let r: Response = serde_json::from_slice(&body).map_err(ProtoError::from)?;
@@ -172,8 +210,19 @@ impl AgentClient {
     /// Sends a request that has one answer (stat, list, mkdir, move, remove).
     pub async fn call(&self, req: &Request) -> Result<Response, ClientError> {
         let mut s = self.connect().await?;
-        proto::write_json(&mut s, req).await?;
-        Self::answer(&mut s).await
+        deadline(FRAME_TIMEOUT, async {
+            Ok(proto::write_json(&mut s, req).await?)
+        })
+        .await?;
+        // A code cell answers when it is done: its own timeout, plus the kernel's grace.
+        let wait = match req {
+            Request::Code {
+                action: crate::proto::CodeOp::Run { timeout_ms, .. },
+                ..
+            } => Duration::from_millis(*timeout_ms) + crate::kernel::GRACE + ANSWER_TIMEOUT,
+            _ => ANSWER_TIMEOUT,
+        };
+        deadline(wait, Self::answer_now(&mut s)).await
     }
 
     /// Starts a download of `path` from `offset`, at most `length` bytes.
@@ -183,15 +232,28 @@ impl AgentClient {
         offset: u64,
         length: Option<u64>,
     ) -> Result<FileReader, ClientError> {
+        self.read_file_with(path, offset, length, false).await
+    }
+
+    /// Like [`read_file`](Self::read_file); with `nofollow`, a symlink as the last component is
+    /// refused instead of followed.
+    pub async fn read_file_with(
+        &self,
+        path: &str,
+        offset: u64,
+        length: Option<u64>,
+        nofollow: bool,
+    ) -> Result<FileReader, ClientError> {
         let mut s = self.connect().await?;
-        proto::write_json(
-            &mut s,
-            &Request::Read {
-                path: path.to_string(),
-                offset,
-                length,
-            },
-        )
+        let req = Request::Read {
+            path: path.to_string(),
+            offset,
+            length,
+            nofollow,
+        };
+        deadline(FRAME_TIMEOUT, async {
+            Ok(proto::write_json(&mut s, &req).await?)
+        })
         .await?;
         match Self::answer(&mut s).await? {
             Response::FileStart {
@@ -233,9 +295,11 @@ impl AgentClient {
             mode,
             max_bytes,
         };
-        proto::write_json(&mut s, &req)
-            .await
-            .map_err(|e| WriteError::Agent(e.into()))?;
+        deadline(FRAME_TIMEOUT, async {
+            Ok(proto::write_json(&mut s, &req).await?)
+        })
+        .await
+        .map_err(WriteError::Agent)?;
         let mut total = 0u64;
         loop {
             let next = poll_fn(|cx| Pin::new(&mut chunks).poll_next(cx)).await;
@@ -247,11 +311,20 @@ impl AgentClient {
                         return Err(WriteError::TooLarge);
                     }
                     for piece in data.chunks(proto::MAX_FRAME) {
-                        if let Err(e) = proto::write_frame(&mut s, FrameKind::Data, piece).await {
+                        let sent = tokio::time::timeout(
+                            FRAME_TIMEOUT,
+                            proto::write_frame(&mut s, FrameKind::Data, piece),
+                        )
+                        .await;
+                        match sent {
+                            Ok(Ok(())) => {}
                             // The agent answered early (an error) and closed: read why.
-                            return Err(WriteError::Agent(
-                                Self::answer(&mut s).await.err().unwrap_or(e.into()),
-                            ));
+                            Ok(Err(e)) => {
+                                return Err(WriteError::Agent(
+                                    Self::answer(&mut s).await.err().unwrap_or(e.into()),
+                                ))
+                            }
+                            Err(_) => return Err(WriteError::Agent(ClientError::Timeout)),
                         }
                     }
                 }
@@ -262,9 +335,21 @@ impl AgentClient {
                 None => break,
             }
         }
-        proto::write_frame(&mut s, FrameKind::DataEnd, &[])
-            .await
-            .map_err(|e| WriteError::Agent(e.into()))?;
+        let end = tokio::time::timeout(
+            FRAME_TIMEOUT,
+            proto::write_frame(&mut s, FrameKind::DataEnd, &[]),
+        )
+        .await;
+        match end {
+            Ok(Ok(())) => {}
+            // The agent refused the upload before its end and closed: its answer says why.
+            Ok(Err(e)) => {
+                return Err(WriteError::Agent(
+                    Self::answer(&mut s).await.err().unwrap_or(e.into()),
+                ))
+            }
+            Err(_) => return Err(WriteError::Agent(ClientError::Timeout)),
+        }
         match Self::answer(&mut s).await.map_err(WriteError::Agent)? {
             Response::Done { bytes } => Ok(bytes),
             _ => Err(WriteError::Agent(ClientError::Unexpected)),

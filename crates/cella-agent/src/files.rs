@@ -1,19 +1,78 @@
 //! File operations, done by the agent inside the sandbox.
 //!
-//! The agent's root directory is the sandbox's root, so every path (with its `..` parts and
-//! symlinks, absolute or relative) resolves inside the sandbox: the host's files are not in the
-//! agent's mount namespace at all. Blocking file work runs on tokio's blocking pool so that one
-//! large file never holds up other requests.
+//! The agent's root directory is the sandbox's root, so every path resolves inside the sandbox:
+//! the host's files are not in the agent's mount namespace at all. What is left to guard against
+//! is the agent's own privileges (the kernel file systems it could read, its own descriptors
+//! reached through `/proc` magic links) and races with a sandbox that swaps paths while the
+//! agent works on them. So every operation works on directory descriptors, never on path
+//! strings resolved twice:
+//!
+//! - a path is cleaned by text first (`.` and `..` resolved lexically, as `filepath.Clean`
+//!   does), then opened from a descriptor of the sandbox's root with `openat2`
+//!   (`RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`): symlinks are followed only inside the root and
+//!   never through a magic link;
+//! - every directory opened that way is checked with `fstatfs`: descriptors on `/proc`, `/sys` or
+//!   another kernel file system are refused, whatever path led there (a directory swapped for a
+//!   symlink to `/proc/1` with `RENAME_EXCHANGE` lands here, after the check cannot be raced);
+//! - the last component is handled relative to its parent's descriptor (`fstatat`, `mkdirat`,
+//!   `renameat`, `unlinkat`, `openat` with `O_NOFOLLOW`), and a recursive listing or removal
+//!   descends by descriptor (`openat(O_NOFOLLOW | O_DIRECTORY)`, then `getdents` on it);
+//! - downloads and upload targets must be regular files: a download is opened `O_PATH` first and
+//!   checked, then opened `O_NONBLOCK | O_NOCTTY` and checked again (same inode), so a FIFO or a
+//!   device never blocks an agent thread; anything else is refused as "not a regular file".
+//!
+//! Blocking file work runs on tokio's blocking pool so that one large file never holds up other
+//! requests; [`MAX_FILE_OPS`] of them run at once per sandbox, more are refused (`Busy`).
 
 use crate::proto::{self, ErrorKind, FileInfo, FrameKind, ProtoError, Response};
+use std::ffi::{CStr, CString};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 /// Bytes per `Data` frame of a download.
 const CHUNK: usize = 256 * 1024;
+
+/// File operations (stat, list, mkdir, move, remove, read, write) in progress at once; one more
+/// is answered `Busy` at once instead of queueing behind them.
+pub const MAX_FILE_OPS: usize = 64;
+
+/// How deep a recursive removal descends at most.
+const MAX_DEPTH: usize = 1024;
+
+/// Uploads are written to a file of this name beside the target, then renamed over it.
+pub(crate) const UPLOAD_PREFIX: &str = ".cella-upload-";
+
+/// Why the files API refuses a path, beyond what an errno says.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// The path leads into `/proc`, `/sys` or another kernel file system.
+    KernelFs,
+    /// A download or an upload target that is a FIFO, a device, a socket or a directory.
+    NotRegular,
+    /// A directory tree deeper than [`MAX_DEPTH`].
+    TooDeep,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Refusal::KernelFs => "not accessible through the files API",
+            Refusal::NotRegular => "not a regular file",
+            Refusal::TooDeep => "the directory tree is too deep",
+        })
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+fn refused(r: Refusal) -> std::io::Error {
+    std::io::Error::other(r)
+}
 
 pub fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
     Response::Error {
@@ -22,31 +81,42 @@ pub fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
     }
 }
 
+/// The kind of answer for an error a file operation met. Everything here can be caused by
+/// what is inside the sandbox, so only errors that say the agent itself is broken are
+/// `Internal`.
+fn kind_of(e: &std::io::Error) -> ErrorKind {
+    if let Some(r) = e.get_ref().and_then(|x| x.downcast_ref::<Refusal>()) {
+        return match r {
+            Refusal::KernelFs => ErrorKind::BadRequest,
+            Refusal::NotRegular | Refusal::TooDeep => ErrorKind::Conflict,
+        };
+    }
+    match e.raw_os_error() {
+        Some(libc::ENOENT) => ErrorKind::NotFound,
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => ErrorKind::NoSpace,
+        Some(libc::EFBIG) => ErrorKind::TooLarge,
+        Some(libc::EINVAL) | Some(libc::ENAMETOOLONG) => ErrorKind::BadRequest,
+        // The agent ran out of descriptors or memory: try again later.
+        Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOMEM) => ErrorKind::Unavailable,
+        // The agent's own mistakes.
+        Some(libc::EBADF) | Some(libc::EFAULT) | Some(libc::ENOSYS) => ErrorKind::Internal,
+        // Everything else is the sandbox's file system saying no: exists, not empty, wrong
+        // type, read-only, in use, busy, permission, a magic link refused (ELOOP), a device
+        // without its driver (ENXIO, ENODEV), another file system (EXDEV), I/O errors of the
+        // sandbox's own disk, ...
+        Some(_) => ErrorKind::Conflict,
+        None => ErrorKind::Internal,
+    }
+}
+
 pub(crate) fn io_error(path: &str, e: &std::io::Error) -> Response {
-    let kind = match e.kind() {
-        std::io::ErrorKind::NotFound => ErrorKind::NotFound,
-        std::io::ErrorKind::AlreadyExists
-        | std::io::ErrorKind::DirectoryNotEmpty
-        | std::io::ErrorKind::IsADirectory
-        | std::io::ErrorKind::NotADirectory
-        | std::io::ErrorKind::ReadOnlyFilesystem
-        | std::io::ErrorKind::PermissionDenied
-        | std::io::ErrorKind::CrossesDevices => ErrorKind::Conflict,
-        _ => match e.raw_os_error() {
-            Some(libc::ENOTDIR)
-            | Some(libc::EISDIR)
-            | Some(libc::ENOTEMPTY)
-            | Some(libc::EEXIST) => ErrorKind::Conflict,
-            // The sandbox's own file system says no: in use, busy, or a /proc magic link that
-            // the agent refuses to follow (ELOOP).
-            Some(libc::ETXTBSY) | Some(libc::EBUSY) | Some(libc::ELOOP) | Some(libc::EPERM) => {
-                ErrorKind::Conflict
-            }
-            Some(libc::EINVAL) | Some(libc::ENAMETOOLONG) => ErrorKind::BadRequest,
-            _ => ErrorKind::Internal,
-        },
+    let kind = kind_of(e);
+    let message = match kind {
+        ErrorKind::NoSpace => format!("{path}: the sandbox's disk is full ({e})"),
+        ErrorKind::Unavailable => format!("{path}: the sandbox is out of resources ({e})"),
+        _ => format!("{path}: {e}"),
     };
-    error(kind, format!("{path}: {e}"))
+    error(kind, message)
 }
 
 /// `path` with `.` and `..` resolved by text alone (a `..` at the root stays at the root).
@@ -54,40 +124,17 @@ fn normalize(path: &str) -> PathBuf {
     let mut out = PathBuf::from("/");
     for part in Path::new(path).components() {
         match part {
-            std::path::Component::ParentDir => {
+            Component::ParentDir => {
                 out.pop();
             }
-            std::path::Component::Normal(p) => out.push(p),
+            Component::Normal(p) => out.push(p),
             _ => {}
         }
     }
     out
 }
 
-/// Where `path` really leads (symlinks resolved), or where its nearest existing ancestor does,
-/// with the rest appended: a symlink such as `/tmp/p -> /proc/1` cannot hide the agent's entry.
-fn resolved(path: &Path) -> PathBuf {
-    let mut rest = Vec::new();
-    let mut cur = path.to_path_buf();
-    loop {
-        if let Ok(c) = std::fs::canonicalize(&cur) {
-            let mut out = c;
-            for part in rest.iter().rev() {
-                out.push(part);
-            }
-            return out;
-        }
-        match (cur.file_name().map(|n| n.to_os_string()), cur.parent()) {
-            (Some(name), Some(parent)) => {
-                rest.push(name);
-                cur = parent.to_path_buf();
-            }
-            _ => return normalize(&path.display().to_string()),
-        }
-    }
-}
-
-/// Paths the files API refuses, however they are reached.
+/// Paths the files API refuses by their text (their descriptors are checked too).
 fn is_agent_proc(p: &Path) -> bool {
     // The files API serves no kernel file system at all: the agent holds privileges (it could
     // read /proc/kmsg, kallsyms, other processes' pagemap, its own links to the host). Commands
@@ -95,12 +142,7 @@ fn is_agent_proc(p: &Path) -> bool {
     p.starts_with("/proc") || p.starts_with("/sys")
 }
 
-// The error is the answer itself, sent at once; it is never passed further.
-#[allow(clippy::result_large_err)]
-/// Uploads are written to a file of this name beside the target, then renamed over it.
-pub(crate) const UPLOAD_PREFIX: &str = ".cella-upload-";
-
-/// Paths must be absolute; `.` and `..` are resolved by the kernel inside the sandbox.
+/// Paths must be absolute; `.` and `..` are resolved by text, the rest by descriptor.
 // The error is the agent's answer as it goes on the wire; boxing it buys nothing here.
 #[allow(clippy::result_large_err)]
 pub(crate) fn check(path: &str) -> Result<PathBuf, Response> {
@@ -110,14 +152,19 @@ pub(crate) fn check(path: &str) -> Result<PathBuf, Response> {
             format!("path must be absolute: {path:?}"),
         ));
     }
-    if is_agent_proc(&normalize(path)) || is_agent_proc(&resolved(Path::new(path))) {
+    let clean = normalize(path);
+    if is_agent_proc(&clean) {
         return Err(error(
             ErrorKind::BadRequest,
             format!("{path} is not accessible through the files API"),
         ));
     }
-    Ok(PathBuf::from(path))
+    Ok(clean)
 }
+
+// ---------------------------------------------------------------------------------------------
+// Descriptors
+// ---------------------------------------------------------------------------------------------
 
 #[repr(C)]
 struct OpenHow {
@@ -129,49 +176,214 @@ struct OpenHow {
 /// Do not follow /proc "magic links" (`/proc/PID/fd/N`, `/proc/PID/root`, `/proc/PID/exe`):
 /// they could lead an open by the agent to a file outside the sandbox.
 const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+/// Resolve as if the directory descriptor were the root: `..` and absolute symlinks stay
+/// beneath it.
+const RESOLVE_IN_ROOT: u64 = 0x10;
 
-/// Opens a file the way every file route must: never through a magic link, wherever it stands
-/// in the path (a symlink made inside the sandbox may point at one).
-fn open_safe(path: &Path, flags: i32, mode: u32) -> std::io::Result<std::fs::File> {
-    use std::os::fd::FromRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+fn cstring(b: &[u8]) -> std::io::Result<CString> {
+    CString::new(b).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn openat2(
+    dir: RawFd,
+    path: &CStr,
+    flags: i32,
+    mode: u32,
+    resolve: u64,
+) -> std::io::Result<OwnedFd> {
     let how = OpenHow {
         flags: (flags | libc::O_CLOEXEC) as u64,
         mode: mode as u64,
-        resolve: RESOLVE_NO_MAGICLINKS,
+        resolve,
     };
-    // SAFETY: openat2 with a valid path and an open_how of the size we pass.
+    loop {
+        // SAFETY: openat2 with a valid path and an open_how of the size we pass.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir,
+                path.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: a descriptor the kernel just gave us.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+        }
+        let e = std::io::Error::last_os_error();
+        // The kernel asks to retry when a rename raced with the walk.
+        if e.raw_os_error() != Some(libc::EAGAIN) && e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// `openat` of one name in `dir`, never following a symlink in that last name.
+fn open_child(dir: &OwnedFd, name: &CStr, flags: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: a valid descriptor and NUL-terminated name.
     let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
         )
     };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: a descriptor the kernel just gave us.
-    let file = unsafe { std::fs::File::from_raw_fd(fd as i32) };
-    // What was opened, not what was named: a symlink swapped after `check` cannot lead here.
-    if let Ok(real) = std::fs::read_link(format!("/proc/self/fd/{fd}")) {
-        if is_agent_proc(&real) {
-            return Err(std::io::Error::from_raw_os_error(libc::EACCES));
-        }
-    }
-    Ok(file)
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    refuse_kernel_fs(&fd)?;
+    Ok(fd)
 }
 
-fn info_of(path: &Path, meta: &std::fs::Metadata) -> FileInfo {
-    let ft = meta.file_type();
-    let kind = if ft.is_symlink() {
+/// Kernel file systems the files API never serves.
+const KERNEL_FS: &[i64] = &[
+    0x9fa0,      // proc
+    0x6265_6572, // sysfs
+    0x6462_6720, // debugfs
+    0x7472_6163, // tracefs
+    0x7363_6673, // securityfs
+    0x0027_e0eb, // cgroup
+    0x6367_7270, // cgroup2
+    0xcafe_4a11, // bpf
+    0x6165_676c, // pstore
+    0xde5e_81e4, // efivarfs
+    0x6265_6570, // configfs
+];
+
+fn refuse_kernel_fs(fd: &OwnedFd) -> std::io::Result<()> {
+    // SAFETY: statfs is plain data; the kernel fills it.
+    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a buffer of the right type.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut s) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if KERNEL_FS.contains(&(s.f_type as i64)) {
+        return Err(refused(Refusal::KernelFs));
+    }
+    Ok(())
+}
+
+/// Opens the clean absolute `path` from the sandbox's root: symlinks are followed inside the
+/// root only, magic links never, and a descriptor on a kernel file system is refused.
+pub(crate) fn open_in_root(path: &Path, flags: i32) -> std::io::Result<OwnedFd> {
+    let root = openat2(libc::AT_FDCWD, c"/", libc::O_PATH | libc::O_DIRECTORY, 0, 0)?;
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    let rel = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
+    let fd = openat2(
+        root.as_raw_fd(),
+        &cstring(rel.as_os_str().as_bytes())?,
+        flags,
+        0,
+        RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+    )?;
+    refuse_kernel_fs(&fd)?;
+    Ok(fd)
+}
+
+/// The directory holding the last component of the clean `path`, by descriptor, and that
+/// component; `/` has none (EINVAL).
+fn open_parent(path: &Path) -> std::io::Result<(OwnedFd, CString)> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    let dir = open_in_root(parent, libc::O_PATH | libc::O_DIRECTORY)?;
+    Ok((dir, cstring(name.as_bytes())?))
+}
+
+pub(crate) fn fstatat(dir: &OwnedFd, name: &CStr) -> std::io::Result<libc::stat> {
+    // SAFETY: stat is plain data; the kernel fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor, name and buffer.
+    let r = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+fn fstat(fd: RawFd) -> std::io::Result<libc::stat> {
+    // SAFETY: stat is plain data; the kernel fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and buffer.
+    if unsafe { libc::fstat(fd, &mut st) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+fn readlinkat(dir: &OwnedFd, name: &CStr) -> Option<String> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: a valid descriptor, name and buffer of the given length.
+    let n = unsafe {
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    (n >= 0).then(|| String::from_utf8_lossy(&buf[..n as usize]).into_owned())
+}
+
+pub(crate) fn is_dir(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+fn is_reg(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFREG
+}
+
+fn is_link(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFLNK
+}
+
+/// Names in the directory open at `dir` (a descriptor opened for reading), sorted, without `.`
+/// and `..`.
+pub(crate) fn names(dir: &OwnedFd) -> std::io::Result<Vec<CString>> {
+    let dup = nix::unistd::dup(dir.as_raw_fd()).map_err(std::io::Error::from)?;
+    let mut d = nix::dir::Dir::from_fd(dup).map_err(|e| {
+        // SAFETY: from_fd failed, so the duplicate is still ours to close.
+        unsafe { libc::close(dup) };
+        std::io::Error::from(e)
+    })?;
+    let mut out = Vec::new();
+    for e in d.iter() {
+        let e = e.map_err(std::io::Error::from)?;
+        let n = e.file_name();
+        if n.to_bytes() != b"." && n.to_bytes() != b".." {
+            out.push(n.to_owned());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Opens a subdirectory `name` of `dir` for reading its entries (no symlink followed, no
+/// kernel file system).
+pub(crate) fn open_subdir(dir: &OwnedFd, name: &CStr) -> std::io::Result<OwnedFd> {
+    open_child(dir, name, libc::O_RDONLY | libc::O_DIRECTORY)
+}
+
+fn info_of(path: &Path, st: &libc::stat, target: Option<String>) -> FileInfo {
+    let kind = if is_link(st) {
         "symlink"
-    } else if ft.is_dir() {
+    } else if is_dir(st) {
         "dir"
-    } else if ft.is_file() {
+    } else if is_reg(st) {
         "file"
     } else {
         "other"
@@ -183,16 +395,12 @@ fn info_of(path: &Path, meta: &std::fs::Metadata) -> FileInfo {
             .unwrap_or_else(|| "/".into()),
         path: path.display().to_string(),
         kind: kind.into(),
-        size: meta.len(),
-        mode: meta.permissions().mode() & 0o7777,
-        modified: meta.mtime(),
-        uid: meta.uid(),
-        gid: meta.gid(),
-        target: ft
-            .is_symlink()
-            .then(|| std::fs::read_link(path).ok())
-            .flatten()
-            .map(|t| t.display().to_string()),
+        size: st.st_size.max(0) as u64,
+        mode: st.st_mode & 0o7777,
+        modified: st.st_mtime,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        target,
     }
 }
 
@@ -202,16 +410,87 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
         .expect("file task panicked")
 }
 
+// ---------------------------------------------------------------------------------------------
+// Operations
+// ---------------------------------------------------------------------------------------------
+
+fn stat_path(p: &Path) -> std::io::Result<FileInfo> {
+    if p == Path::new("/") {
+        let root = open_in_root(p, libc::O_PATH | libc::O_DIRECTORY)?;
+        return Ok(info_of(p, &fstat(root.as_raw_fd())?, None));
+    }
+    let (dir, name) = open_parent(p)?;
+    let st = fstatat(&dir, &name)?;
+    let target = is_link(&st).then(|| readlinkat(&dir, &name)).flatten();
+    Ok(info_of(p, &st, target))
+}
+
 pub async fn stat(path: String) -> Response {
     let p = match check(&path) {
         Ok(p) => p,
         Err(r) => return r,
     };
-    blocking(move || match std::fs::symlink_metadata(&p) {
-        Ok(m) => Response::Stat(info_of(&p, &m)),
+    blocking(move || match stat_path(&p) {
+        Ok(i) => Response::Stat(i),
         Err(e) => io_error(&path, &e),
     })
     .await
+}
+
+fn list_blocking(path: &str, p: &Path, recursive: bool, limit: usize) -> Response {
+    let top = match open_in_root(p, libc::O_RDONLY | libc::O_DIRECTORY) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+            return error(ErrorKind::Conflict, format!("{path} is not a directory"))
+        }
+        Err(e) => return io_error(path, &e),
+    };
+    let mut entries = Vec::new();
+    let mut truncated = false;
+    // Directories still to read: an open parent and the name in it, opened when their turn
+    // comes (so a wide tree does not hold a descriptor per directory).
+    let mut pending: Vec<(Arc<OwnedFd>, CString, PathBuf)> = Vec::new();
+    let mut current = Some((Arc::new(top), p.to_path_buf()));
+    loop {
+        let (dir, dpath) = match current.take() {
+            Some(x) => x,
+            None => match pending.pop() {
+                None => break,
+                Some((parent, name, dpath)) => match open_subdir(&parent, &name) {
+                    Ok(fd) => (Arc::new(fd), dpath),
+                    Err(_) => continue, // gone, swapped for a link, or a kernel file system
+                },
+            },
+        };
+        let list = match names(&dir) {
+            Ok(l) => l,
+            Err(e) if dpath == p => return io_error(path, &e),
+            Err(_) => continue,
+        };
+        for name in list {
+            let Ok(st) = fstatat(&dir, &name) else {
+                continue;
+            };
+            if entries.len() >= limit {
+                truncated = true;
+                break;
+            }
+            let full = dpath.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
+            if is_agent_proc(&full) {
+                continue;
+            }
+            let target = is_link(&st).then(|| readlinkat(&dir, &name)).flatten();
+            entries.push(info_of(&full, &st, target));
+            if recursive && is_dir(&st) {
+                pending.push((dir.clone(), name, full));
+            }
+        }
+        if truncated {
+            break;
+        }
+    }
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    Response::Entries { entries, truncated }
 }
 
 pub async fn list(path: String, recursive: bool, limit: usize) -> Response {
@@ -219,65 +498,50 @@ pub async fn list(path: String, recursive: bool, limit: usize) -> Response {
         Ok(p) => p,
         Err(r) => return r,
     };
-    blocking(move || {
-        let mut entries = Vec::new();
-        let mut stack = vec![p.clone()];
-        let mut truncated = false;
-        match std::fs::metadata(&p) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => return error(ErrorKind::Conflict, format!("{path} is not a directory")),
-            Err(e) => return io_error(&path, &e),
-        }
-        while let Some(dir) = stack.pop() {
-            let rd = match std::fs::read_dir(&dir) {
-                Ok(rd) => rd,
-                Err(e) if dir == p => return io_error(&path, &e),
-                Err(_) => continue,
-            };
-            let mut names: Vec<_> = rd.flatten().collect();
-            names.sort_by_key(|e| e.file_name());
-            for e in names {
-                let Ok(m) = std::fs::symlink_metadata(e.path()) else {
-                    continue;
-                };
-                if entries.len() >= limit {
-                    truncated = true;
-                    break;
-                }
-                if is_agent_proc(&e.path()) {
-                    continue;
-                }
-                if recursive && m.is_dir() {
-                    stack.push(e.path());
-                }
-                entries.push(info_of(&e.path(), &m));
-            }
-            if truncated {
-                break;
-            }
-        }
-        entries.sort_by(|a, b| a.path.cmp(&b.path));
-        Response::Entries { entries, truncated }
-    })
-    .await
+    blocking(move || list_blocking(&path, &p, recursive, limit)).await
 }
 
-fn chown_new_dirs(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    // Create one level at a time so that only the directories made here change owner.
-    let mut missing = Vec::new();
-    let mut cur = path.to_path_buf();
-    while !cur.exists() {
-        missing.push(cur.clone());
-        if !cur.pop() {
-            break;
-        }
+/// `mkdir -p` by descriptor: each missing directory is made in its parent's descriptor and
+/// handed to `uid`/`gid` without following a link; answers the last one (`O_PATH`).
+fn make_dirs(p: &Path, uid: u32, gid: u32) -> std::io::Result<OwnedFd> {
+    let mut fd = open_in_root(Path::new("/"), libc::O_PATH | libc::O_DIRECTORY)?;
+    let mut cur = PathBuf::from("/");
+    for part in p.components() {
+        let Component::Normal(name) = part else {
+            continue;
+        };
+        cur.push(name);
+        fd = match open_in_root(&cur, libc::O_PATH | libc::O_DIRECTORY) {
+            Ok(next) => next,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                let c = cstring(name.as_bytes())?;
+                // SAFETY: a valid descriptor and name.
+                if unsafe { libc::mkdirat(fd.as_raw_fd(), c.as_ptr(), 0o755) } < 0 {
+                    let e = std::io::Error::last_os_error();
+                    if e.raw_os_error() != Some(libc::EEXIST) {
+                        return Err(e);
+                    }
+                } else {
+                    // SAFETY: as above; a link put in its place meanwhile is not followed.
+                    if unsafe {
+                        libc::fchownat(
+                            fd.as_raw_fd(),
+                            c.as_ptr(),
+                            uid,
+                            gid,
+                            libc::AT_SYMLINK_NOFOLLOW,
+                        )
+                    } < 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                open_child(&fd, &c, libc::O_PATH | libc::O_DIRECTORY)?
+            }
+            Err(e) => return Err(e),
+        };
     }
-    for d in missing.into_iter().rev() {
-        std::fs::create_dir(&d)?;
-        // lchown: if the new directory was swapped for a link meanwhile, the link is not followed.
-        std::os::unix::fs::lchown(&d, Some(uid), Some(gid))?;
-    }
-    Ok(())
+    Ok(fd)
 }
 
 pub async fn mkdir(path: String, uid: u32, gid: u32) -> Response {
@@ -285,21 +549,13 @@ pub async fn mkdir(path: String, uid: u32, gid: u32) -> Response {
         Ok(p) => p,
         Err(r) => return r,
     };
-    blocking(move || {
-        if let Ok(m) = std::fs::metadata(&p) {
-            return if m.is_dir() {
-                Response::Done { bytes: 0 }
-            } else {
-                error(
-                    ErrorKind::Conflict,
-                    format!("{path} exists and is not a directory"),
-                )
-            };
-        }
-        match chown_new_dirs(&p, uid, gid) {
-            Ok(()) => Response::Done { bytes: 0 },
-            Err(e) => io_error(&path, &e),
-        }
+    blocking(move || match make_dirs(&p, uid, gid) {
+        Ok(_) => Response::Done { bytes: 0 },
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => error(
+            ErrorKind::Conflict,
+            format!("{path} exists and is not a directory"),
+        ),
+        Err(e) => io_error(&path, &e),
     })
     .await
 }
@@ -310,15 +566,64 @@ pub async fn rename(from: String, to: String) -> Response {
         (Err(r), _) | (_, Err(r)) => return r,
     };
     blocking(move || {
-        if let Err(e) = std::fs::symlink_metadata(&f) {
-            return io_error(&from, &e);
+        let (fdir, fname) = match open_parent(&f).and_then(|(d, n)| fstatat(&d, &n).map(|_| (d, n)))
+        {
+            Ok(x) => x,
+            Err(e) => return io_error(&from, &e),
+        };
+        let (tdir, tname) = match open_parent(&t) {
+            Ok(x) => x,
+            Err(e) => return io_error(&to, &e),
+        };
+        // SAFETY: valid descriptors and names.
+        let r = unsafe {
+            libc::renameat(
+                fdir.as_raw_fd(),
+                fname.as_ptr(),
+                tdir.as_raw_fd(),
+                tname.as_ptr(),
+            )
+        };
+        if r < 0 {
+            return io_error(&to, &std::io::Error::last_os_error());
         }
-        match std::fs::rename(&f, &t) {
-            Ok(()) => Response::Done { bytes: 0 },
-            Err(e) => io_error(&to, &e),
-        }
+        Response::Done { bytes: 0 }
     })
     .await
+}
+
+fn unlinkat(dir: &OwnedFd, name: &CStr, flags: i32) -> std::io::Result<()> {
+    // SAFETY: a valid descriptor and name.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Removes the directory `name` of `dir` and everything in it, by descriptor: nothing it holds
+/// is followed, whatever is swapped in meanwhile.
+fn remove_tree(dir: &OwnedFd, name: &CStr, depth: usize) -> std::io::Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(refused(Refusal::TooDeep));
+    }
+    let sub = open_subdir(dir, name)?;
+    for n in names(&sub)? {
+        let st = match fstatat(&sub, &n) {
+            Ok(st) => st,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            Err(e) => return Err(e),
+        };
+        if is_dir(&st) {
+            remove_tree(&sub, &n, depth + 1)?;
+        } else {
+            match unlinkat(&sub, &n, 0) {
+                Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e),
+                _ => {}
+            }
+        }
+    }
+    drop(sub);
+    unlinkat(dir, name, libc::AT_REMOVEDIR)
 }
 
 pub async fn remove(path: String, recursive: bool) -> Response {
@@ -326,26 +631,34 @@ pub async fn remove(path: String, recursive: bool) -> Response {
         Ok(p) => p,
         Err(r) => return r,
     };
-    if normalize(&path) == Path::new("/") {
+    if p == Path::new("/") {
         return error(ErrorKind::BadRequest, "refusing to remove /");
     }
     blocking(move || {
-        let m = match std::fs::symlink_metadata(&p) {
-            Ok(m) => m,
+        let (dir, name) = match open_parent(&p) {
+            Ok(x) => x,
             Err(e) => return io_error(&path, &e),
         };
-        let r = if m.is_dir() {
+        let st = match fstatat(&dir, &name) {
+            Ok(st) => st,
+            Err(e) => return io_error(&path, &e),
+        };
+        let r = if is_dir(&st) {
             if recursive {
-                std::fs::remove_dir_all(&p)
+                remove_tree(&dir, &name, 0)
             } else {
-                std::fs::remove_dir(&p)
+                unlinkat(&dir, &name, libc::AT_REMOVEDIR)
             }
         } else {
-            std::fs::remove_file(&p)
+            unlinkat(&dir, &name, 0)
         };
         match r {
             Ok(()) => Response::Done { bytes: 0 },
-            Err(e) if m.is_dir() && !recursive && e.raw_os_error() == Some(libc::ENOTEMPTY) => {
+            Err(e)
+                if is_dir(&st)
+                    && !recursive
+                    && matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) =>
+            {
                 error(
                     ErrorKind::Conflict,
                     format!("{path} is a directory that is not empty; remove it recursively"),
@@ -357,26 +670,50 @@ pub async fn remove(path: String, recursive: bool) -> Response {
     .await
 }
 
+/// Opens a regular file for reading without ever blocking on it: `O_PATH` first to see what
+/// it is, then `O_NONBLOCK` (a FIFO swapped in meanwhile does not block either) and the same
+/// inode again. With `nofollow`, a symlink as the last component is refused too.
+fn open_regular(p: &Path, nofollow: bool) -> std::io::Result<(std::fs::File, u64)> {
+    let open = |flags: i32| -> std::io::Result<OwnedFd> {
+        if nofollow {
+            let (dir, name) = open_parent(p)?;
+            open_child(&dir, &name, flags)
+        } else {
+            open_in_root(p, flags)
+        }
+    };
+    let probe = open(libc::O_PATH)?;
+    let first = fstat(probe.as_raw_fd())?;
+    if is_dir(&first) {
+        return Err(std::io::Error::from_raw_os_error(libc::EISDIR));
+    }
+    if !is_reg(&first) {
+        return Err(refused(Refusal::NotRegular));
+    }
+    let fd = open(libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY)?;
+    let st = fstat(fd.as_raw_fd())?;
+    if !is_reg(&st) || st.st_dev != first.st_dev || st.st_ino != first.st_ino {
+        return Err(refused(Refusal::NotRegular));
+    }
+    // Regular files never block; clear the flag all the same.
+    // SAFETY: a valid descriptor.
+    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, 0) };
+    Ok((std::fs::File::from(fd), st.st_size.max(0) as u64))
+}
+
 /// Streams a file (or a range of it) to the node.
 pub async fn read(
     stream: &mut UnixStream,
     path: String,
     offset: u64,
     length: Option<u64>,
+    nofollow: bool,
 ) -> Result<(), ProtoError> {
     let p = match check(&path) {
         Ok(p) => p,
         Err(r) => return proto::write_json(stream, &r).await,
     };
-    let opened = blocking(move || -> Result<(std::fs::File, u64), std::io::Error> {
-        let f = open_safe(&p, libc::O_RDONLY, 0)?;
-        let m = f.metadata()?;
-        if m.is_dir() {
-            return Err(std::io::Error::from_raw_os_error(libc::EISDIR));
-        }
-        Ok((f, m.len()))
-    })
-    .await;
+    let opened = blocking(move || open_regular(&p, nofollow)).await;
     let (mut file, size) = match opened {
         Ok(x) => x,
         Err(e) => return proto::write_json(stream, &io_error(&path, &e)).await,
@@ -429,6 +766,43 @@ pub async fn read(
     .await
 }
 
+/// The parent of an upload (made if missing) and a new temporary file in it.
+fn create_upload(
+    p: &Path,
+    tmp: &CStr,
+    uid: u32,
+    gid: u32,
+) -> std::io::Result<(OwnedFd, CString, std::fs::File)> {
+    let (Some(parent), Some(name)) = (p.parent(), p.file_name()) else {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    let dir = make_dirs(parent, uid, gid)?;
+    let name = cstring(name.as_bytes())?;
+    match fstatat(&dir, &name) {
+        // A file is replaced, and so is a symlink (the link itself, never what it points to).
+        Ok(st) if is_reg(&st) || is_link(&st) => {}
+        Ok(st) if is_dir(&st) => return Err(std::io::Error::from_raw_os_error(libc::EISDIR)),
+        Ok(_) => return Err(refused(Refusal::NotRegular)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+        Err(e) => return Err(e),
+    }
+    // SAFETY: a valid descriptor and name.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            tmp.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor the kernel just gave us.
+    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    Ok((dir, name, file))
+}
+
 /// Receives a file from the node into a temporary file beside the target, then renames it
 /// into place; anything short of a complete upload leaves nothing behind.
 pub async fn write(
@@ -443,26 +817,22 @@ pub async fn write(
         Ok(p) => p,
         Err(r) => return proto::write_json(stream, &r).await,
     };
-    let Some(parent) = p.parent().map(Path::to_path_buf) else {
+    if p == Path::new("/") {
         return proto::write_json(stream, &error(ErrorKind::BadRequest, "cannot write /")).await;
-    };
-    let tmp = parent.join(format!(
-        "{UPLOAD_PREFIX}{}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
-    let (tmp2, parent2) = (tmp.clone(), parent.clone());
-    let created = blocking(move || -> std::io::Result<std::fs::File> {
-        if std::fs::metadata(&parent2).is_err() {
-            chown_new_dirs(&parent2, uid, gid)?;
-        }
-        open_safe(&tmp2, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)
-    })
-    .await;
-    let mut file = match created {
-        Ok(f) => f,
+    }
+    let tmp = match cstring(
+        format!("{UPLOAD_PREFIX}{}-{}", std::process::id(), rand_suffix()).as_bytes(),
+    ) {
+        Ok(t) => t,
         Err(e) => return proto::write_json(stream, &io_error(&path, &e)).await,
     };
+    let tmp2 = tmp.clone();
+    let created = blocking(move || create_upload(&p, &tmp2, uid, gid)).await;
+    let (dir, name, mut file) = match created {
+        Ok(x) => x,
+        Err(e) => return proto::write_json(stream, &io_error(&path, &e)).await,
+    };
+    let dir = Arc::new(dir);
     let mut total: u64 = 0;
     let outcome: Result<(), Response> = loop {
         match proto::read_frame(stream).await {
@@ -489,15 +859,28 @@ pub async fn write(
             _ => break Err(error(ErrorKind::BadRequest, "upload ended early")),
         }
     };
-    let tmp3 = tmp.clone();
+    let (dir2, tmp3) = (dir.clone(), tmp.clone());
     let finished = match outcome {
         Ok(()) => blocking(move || -> std::io::Result<()> {
+            use std::os::unix::fs::PermissionsExt;
             // On the open file, not by name: the name may have been swapped for a link.
             file.set_permissions(std::fs::Permissions::from_mode(mode))?;
             std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
             file.sync_all()?;
             drop(file);
-            std::fs::rename(&tmp3, &p)
+            // SAFETY: a valid descriptor and names; renameat never follows either name.
+            if unsafe {
+                libc::renameat(
+                    dir2.as_raw_fd(),
+                    tmp3.as_ptr(),
+                    dir2.as_raw_fd(),
+                    name.as_ptr(),
+                )
+            } < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
         })
         .await
         .map_err(|e| io_error(&path, &e)),
@@ -506,10 +889,76 @@ pub async fn write(
     match finished {
         Ok(()) => proto::write_json(stream, &Response::Done { bytes: total }).await,
         Err(r) => {
-            let _ = std::fs::remove_file(&tmp);
+            let _ = unlinkat(&dir, &tmp, 0);
             proto::write_json(stream, &r).await
         }
     }
+}
+
+/// Writes `contents` as `/run/<dir>/<name>` (mode 0644, owned by the agent), for the agent's
+/// own use (the interpreter's drivers). `/run` is opened inside the sandbox's root without magic
+/// links; `<dir>` is made a real directory (a symlink or file planted there is removed first)
+/// and opened without following links; the file is written under a new name with `O_EXCL |
+/// O_NOFOLLOW` and renamed over `<name>` (a symlink there is replaced, never followed).
+pub(crate) fn install_run_file(dir: &str, name: &str, contents: &[u8]) -> std::io::Result<()> {
+    let run = open_in_root(Path::new("/run"), libc::O_PATH | libc::O_DIRECTORY)?;
+    let d = cstring(dir.as_bytes())?;
+    let sub = match open_child(&run, &d, libc::O_PATH | libc::O_DIRECTORY) {
+        Ok(fd) => fd,
+        Err(_) => {
+            // Missing, or something other than a directory: make it anew.
+            match fstatat(&run, &d) {
+                Ok(st) if is_dir(&st) => remove_tree(&run, &d, 0)?,
+                Ok(_) => unlinkat(&run, &d, 0)?,
+                Err(_) => {}
+            }
+            // SAFETY: a valid descriptor and name.
+            if unsafe { libc::mkdirat(run.as_raw_fd(), d.as_ptr(), 0o755) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            open_child(&run, &d, libc::O_PATH | libc::O_DIRECTORY)?
+        }
+    };
+    let tmp = cstring(format!(".{name}.{}-{}", std::process::id(), rand_suffix()).as_bytes())?;
+    // SAFETY: a valid descriptor and name.
+    let fd = unsafe {
+        libc::openat(
+            sub.as_raw_fd(),
+            tmp.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o644 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor the kernel just gave us.
+    let mut file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let name = cstring(name.as_bytes())?;
+    let written = file.write_all(contents).and_then(|_| {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))
+    });
+    drop(file);
+    let renamed = written.and_then(|_| {
+        // SAFETY: a valid descriptor and names; renameat follows neither.
+        if unsafe {
+            libc::renameat(
+                sub.as_raw_fd(),
+                tmp.as_ptr(),
+                sub.as_raw_fd(),
+                name.as_ptr(),
+            )
+        } < 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    });
+    if renamed.is_err() {
+        let _ = unlinkat(&sub, &tmp, 0);
+    }
+    renamed
 }
 
 fn rand_suffix() -> u64 {
@@ -534,22 +983,84 @@ mod tests {
         assert!(is_agent_proc(&normalize("/sys/kernel")));
         assert!(!is_agent_proc(&normalize("/process")));
         assert!(check("/proc/thread-self/root").is_err());
-        // Through a symlink, too.
+    }
+
+    #[test]
+    fn kernel_file_systems_are_refused_by_descriptor() {
+        // Through a symlink: the text looks harmless, the descriptor is on procfs.
         let dir = std::env::temp_dir().join(format!("cella-resolve-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let link = dir.join("p");
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink("/proc/self", &link).unwrap();
-        assert!(check(&format!("{}/fd", link.display())).is_err());
-        assert!(check(&format!("{}/missing/child", link.display())).is_err());
+        let e = open_in_root(&link, libc::O_PATH | libc::O_DIRECTORY).unwrap_err();
+        assert!(matches!(kind_of(&e), ErrorKind::BadRequest), "{e}");
+        let e = stat_path(&link.join("status")).unwrap_err();
+        assert!(matches!(kind_of(&e), ErrorKind::BadRequest), "{e}");
+        // The symlink itself is fine to describe.
+        assert_eq!(stat_path(&link).unwrap().kind, "symlink");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
-    fn magic_links_are_not_followed() {
-        // This process's own fd 0 is a magic link; a plain file opens fine.
-        assert!(open_safe(Path::new("/proc/self/fd/0"), libc::O_RDONLY, 0).is_err());
-        assert!(open_safe(Path::new("/proc/self/exe"), libc::O_RDONLY, 0).is_err());
-        assert!(open_safe(Path::new("/etc/hostname"), libc::O_RDONLY, 0).is_ok());
+    fn magic_links_and_special_files_are_not_opened() {
+        assert!(open_regular(Path::new("/proc/self/fd/0"), false).is_err());
+        assert!(open_regular(Path::new("/etc/hostname"), false).is_ok());
+        let e = open_regular(Path::new("/dev/null"), false).unwrap_err();
+        assert!(matches!(kind_of(&e), ErrorKind::Conflict), "{e}");
+        assert!(e.to_string().contains("not a regular file"));
+        // A FIFO with no writer: refused at once, not waited on.
+        let dir = std::env::temp_dir().join(format!("cella-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("f");
+        let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = open_regular(&fifo, false).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"));
+        // With nofollow, a symlink to a regular file is refused too.
+        let link = dir.join("l");
+        std::os::unix::fs::symlink("/etc/hostname", &link).unwrap();
+        assert!(open_regular(&link, false).is_ok());
+        assert!(open_regular(&link, true).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn errors_a_sandbox_can_cause_are_not_internal() {
+        for errno in [
+            libc::ENXIO,
+            libc::ENODEV,
+            libc::EACCES,
+            libc::EPERM,
+            libc::EROFS,
+            libc::EXDEV,
+            libc::ELOOP,
+            libc::EIO,
+            libc::EOPNOTSUPP,
+        ] {
+            let e = std::io::Error::from_raw_os_error(errno);
+            assert!(matches!(kind_of(&e), ErrorKind::Conflict), "{e}");
+        }
+        for errno in [libc::ENOSPC, libc::EDQUOT] {
+            let e = std::io::Error::from_raw_os_error(errno);
+            assert!(matches!(kind_of(&e), ErrorKind::NoSpace), "{e}");
+        }
+    }
+
+    #[test]
+    fn recursive_removal_works_by_descriptor() {
+        let dir = std::env::temp_dir().join(format!("cella-rm-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("a/b")).unwrap();
+        std::fs::write(dir.join("a/b/f"), b"x").unwrap();
+        let keep = std::env::temp_dir().join(format!("cella-keep-{}", std::process::id()));
+        std::fs::create_dir_all(&keep).unwrap();
+        std::fs::write(keep.join("k"), b"k").unwrap();
+        std::os::unix::fs::symlink(&keep, dir.join("a/link")).unwrap();
+        let (d, n) = open_parent(&dir).unwrap();
+        remove_tree(&d, &n, 0).unwrap();
+        assert!(!dir.exists());
+        assert!(keep.join("k").exists(), "a symlink's target survives");
+        std::fs::remove_dir_all(&keep).unwrap();
     }
 }

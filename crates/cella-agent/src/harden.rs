@@ -138,6 +138,8 @@ pub struct Jail {
     no_clone3: BpfProgram,
     root_caps: CapsHashSet,
     drop_from_bounding: Vec<Capability>,
+    /// `RLIMIT_NOFILE` (soft and hard) of every command; 0 leaves the agent's.
+    nofile: u64,
 }
 
 fn arch() -> Result<TargetArch, HardenError> {
@@ -215,7 +217,15 @@ impl Jail {
                 .map_err(|e: seccompiler::BackendError| f(e))?,
             root_caps,
             drop_from_bounding,
+            nofile: 0,
         })
+    }
+
+    /// Every command gets at most `n` open files (soft and hard limit; commands cannot raise
+    /// it: `CAP_SYS_RESOURCE` is not among [`ROOT_CAPS`]). 0 leaves the agent's own limit.
+    pub fn with_nofile(mut self, n: u64) -> Jail {
+        self.nofile = n;
+        self
     }
 
     /// Confines the calling process and switches it to `uid`/`gid`. Runs between fork and exec.
@@ -225,6 +235,15 @@ impl Jail {
         unsafe {
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return Err(err());
+            }
+            if self.nofile > 0 {
+                let lim = libc::rlimit {
+                    rlim_cur: self.nofile,
+                    rlim_max: self.nofile,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(err());
+                }
             }
         }
         // The filters first: no moment of what follows runs unfiltered (a child traced during its

@@ -1,7 +1,7 @@
 //! The code interpreter: one kernel process per language, started on first use.
 //!
 //! A kernel is a small driver program (`kernels/python.py`, `kernels/node.js`, embedded in the
-//! agent and written to `/run/cella/` when first needed) that keeps one namespace per context
+//! agent and written to `/run/cella/` by descriptor at each start, replacing whatever is there) that keeps one namespace per context
 //! and runs one cell at a time. The agent writes requests to its standard input as JSON lines
 //! and reads the answers from its descriptor 3, so nothing a cell prints can be mistaken for an
 //! answer. The kernel runs as the sandbox's user, confined like every other command.
@@ -285,18 +285,15 @@ fn start(lang: &str, spec: &ExecSpec, jail: &Arc<Jail>) -> Result<Kernel, Respon
         "python" => ("kernel.py", PYTHON, "python3"),
         _ => ("kernel.js", NODE, "node"),
     };
-    let dir = std::path::Path::new("/run/cella");
-    let path = dir.join(file);
-    let write = || -> std::io::Result<()> {
-        std::fs::create_dir_all(dir)?;
-        if std::fs::read_to_string(&path).ok().as_deref() != Some(source) {
-            std::fs::write(&path, source)?;
+    // Written afresh at each start, by descriptor: a symlink planted at /run/cella or at the
+    // driver's name is replaced, never followed (see `files::install_run_file`).
+    let path = std::path::Path::new("/run/cella").join(file);
+    crate::files::install_run_file("cella", file, source.as_bytes()).map_err(|e| {
+        Response::Error {
+            // The sandbox's own disk or /run refused it (full, read-only, ...).
+            kind: ErrorKind::Conflict,
+            message: format!("writing the {lang} kernel: {e}"),
         }
-        Ok(())
-    };
-    write().map_err(|e| Response::Error {
-        kind: ErrorKind::Internal,
-        message: format!("writing the {lang} kernel: {e}"),
     })?;
     let mut spec = spec.clone();
     spec.argv = vec![program.into(), path.display().to_string()];
@@ -307,7 +304,7 @@ fn start(lang: &str, spec: &ExecSpec, jail: &Arc<Jail>) -> Result<Kernel, Respon
             kind: ErrorKind::Internal,
             message: format!("pipe: {e}"),
         })?;
-    let mut cmd = command(&spec, jail, true);
+    let mut cmd = command(&spec, jail, true, false);
     let w = answers_w.as_raw_fd();
     // SAFETY: between fork and exec only system calls.
     unsafe {

@@ -13,7 +13,7 @@
 pub mod client;
 mod files;
 pub mod harden;
-mod kernel;
+pub mod kernel;
 mod procs;
 pub mod proto;
 mod pty;

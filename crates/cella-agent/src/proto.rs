@@ -100,6 +100,9 @@ pub enum Request {
         path: String,
         offset: u64,
         length: Option<u64>,
+        /// Refuse a symlink as the last component (artifact collection).
+        #[serde(default)]
+        nofollow: bool,
     },
     /// Starts a process that outlives this connection; answers `Started`.
     Spawn {
@@ -327,6 +330,12 @@ pub enum ErrorKind {
     Conflict,
     /// An upload went past its limit.
     TooLarge,
+    /// The sandbox's disk (or its inodes, or a quota) is full.
+    NoSpace,
+    /// Too many operations of this kind are in progress in the sandbox; retry later.
+    Busy,
+    /// The agent is out of descriptors or memory; retry later.
+    Unavailable,
     Internal,
 }
 

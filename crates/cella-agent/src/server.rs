@@ -26,12 +26,24 @@ use tokio::sync::oneshot;
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Default)]
-pub struct AgentConfig {}
+pub struct AgentConfig {
+    /// `RLIMIT_NOFILE` of every process the agent starts (0: the agent's own).
+    pub nofile: u64,
+}
 
 /// Runs the agent on an already bound listener; never returns.
 pub fn serve(listener: std::os::unix::net::UnixListener, config: AgentConfig) -> ! {
     // The agent must be the last thing the OOM killer picks inside its sandbox.
     let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
+    // The agent itself may use all the descriptors it is allowed (its commands get fewer).
+    // SAFETY: plain system calls on this process.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -86,14 +98,19 @@ impl Reaper {
 
 async fn run(
     listener: std::os::unix::net::UnixListener,
-    _config: AgentConfig,
+    config: AgentConfig,
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let listener = tokio::net::UnixListener::from_std(listener)?;
     let reaper = Arc::new(Reaper::default());
-    let jail = Arc::new(Jail::new().map_err(std::io::Error::other)?);
+    let jail = Arc::new(
+        Jail::new()
+            .map_err(std::io::Error::other)?
+            .with_nofile(config.nofile),
+    );
     let procs = Arc::new(Procs::default());
     let kernels = Arc::new(crate::kernel::Kernels::new());
+    let file_ops = Arc::new(tokio::sync::Semaphore::new(files::MAX_FILE_OPS));
     let mut sigchld = signal(SignalKind::child())?;
     let r = reaper.clone();
     tokio::spawn(async move {
@@ -112,6 +129,7 @@ async fn run(
             jail.clone(),
             procs.clone(),
             kernels.clone(),
+            file_ops.clone(),
         ));
     }
 }
@@ -137,6 +155,7 @@ async fn handle(
     jail: Arc<Jail>,
     procs: Arc<Procs>,
     kernels: Arc<crate::kernel::Kernels>,
+    file_ops: Arc<tokio::sync::Semaphore>,
 ) {
     let req = match proto::read_frame(&mut stream).await {
         Ok(Some((FrameKind::Json, body))) => serde_json::from_slice::<Request>(&body),
@@ -145,6 +164,33 @@ async fn handle(
     if req.as_ref().map_or(true, Request::touches) {
         TOUCHED.fetch_add(1, Ordering::SeqCst);
     }
+    // File operations hold a slot of the blocking pool each: a bounded number runs at once, so
+    // that operations a client abandoned can never starve the others.
+    let _slot = match &req {
+        Ok(
+            Request::Stat { .. }
+            | Request::List { .. }
+            | Request::Mkdir { .. }
+            | Request::Move { .. }
+            | Request::Remove { .. }
+            | Request::Read { .. }
+            | Request::Write { .. },
+        ) => match file_ops.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                let msg = Response::Error {
+                    kind: ErrorKind::Busy,
+                    message: format!(
+                        "{} file operations are already in progress in this sandbox; retry later",
+                        files::MAX_FILE_OPS
+                    ),
+                };
+                let _ = proto::write_json(&mut stream, &msg).await;
+                return;
+            }
+        },
+        _ => None,
+    };
     let result = match req {
         Ok(Request::Ping) => proto::write_json(&mut stream, &pong()).await,
         Ok(Request::Seal) => {
@@ -218,7 +264,8 @@ async fn handle(
             path,
             offset,
             length,
-        }) => files::read(&mut stream, path, offset, length).await,
+            nofollow,
+        }) => files::read(&mut stream, path, offset, length, nofollow).await,
         Ok(Request::Write {
             path,
             uid,
@@ -250,10 +297,18 @@ pub(crate) fn spawn_failure(argv0: &str, err: &std::io::Error) -> (i32, String) 
 }
 
 /// The command for `spec`, confined by `jail`, in a session of its own, with piped output.
+///
+/// With `hold_tree` (an exec, whose timeout must kill all it started), the command is made a
+/// child subreaper (`PR_SET_CHILD_SUBREAPER`, kept across `execve`): a descendant orphaned
+/// while the command runs (`(setsid sleep 300 &)` forks and its parent exits) is re-parented
+/// to the command instead of to the agent, so the whole tree stays reachable through parent
+/// links, whatever sessions and process groups it made, until the command itself ends; then
+/// what is left is re-parented to the agent and keeps running.
 pub(crate) fn command(
     spec: &ExecSpec,
     jail: &Arc<Jail>,
     pipe_stdin: bool,
+    hold_tree: bool,
 ) -> std::process::Command {
     // Images without bash (Alpine, distroless with a shell) still run shell command lines.
     let program = if spec.argv[0] == "/bin/bash" && !std::path::Path::new("/bin/bash").exists() {
@@ -281,6 +336,9 @@ pub(crate) fn command(
         cmd.pre_exec(move || {
             // Own session and process group: the whole tree can be killed at a timeout.
             libc::setsid();
+            if hold_tree {
+                libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+            }
             // Children must not inherit the agent's immunity to the OOM killer.
             let fd = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY);
             if fd >= 0 {
@@ -330,7 +388,9 @@ pub(crate) fn cwd_problem(cwd: &str, uid: u32, gid: u32) -> Option<String> {
 /// Kills a command and everything it started: its process group, every process in its session,
 /// and every descendant (found through parent links, which also catches children that made a
 /// session of their own). The tree is stopped first and scanned again until it stops growing, so
-/// nothing forks away or is re-parented to PID 1 between the scan and the kill.
+/// nothing forks away or is re-parented to PID 1 between the scan and the kill. A command made
+/// with `hold_tree` (see [`command`]) is a subreaper: while it lives (stopped, here), orphans of
+/// its tree are its children, so parent links reach every process it started.
 pub(crate) fn kill_tree(pid: i32) {
     let mut doomed: Vec<i32> = vec![pid];
     let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
@@ -441,7 +501,7 @@ async fn exec(
         return proto::write_json(&mut wr, &msg).await;
     }
     let started = Instant::now();
-    let mut cmd = command(&spec, &jail, spec.stdin.is_some());
+    let mut cmd = command(&spec, &jail, spec.stdin.is_some(), true);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {

@@ -6,12 +6,15 @@
 //! was already in such a directory when its watch was added. Like inotify itself, identical
 //! events that follow each other unread are merged (two quick writes may give one `modify`).
 
-use crate::files::{check, error, io_error};
+use crate::files::{check, error, fstatat, io_error, is_dir, names, open_in_root, open_subdir};
 use crate::proto::{self, ErrorKind, ProtoError, Response};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd};
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tokio::io::unix::AsyncFd;
 use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
@@ -28,51 +31,81 @@ fn mask() -> AddWatchFlags {
         | AddWatchFlags::IN_DELETE_SELF
 }
 
+/// Watches the directory `dir` (and, when recursive, every directory below it), opening each by
+/// descriptor (no symlink followed below `dir`, no kernel file system) and watching what was
+/// opened, not a path looked up again.
 fn add_tree(
     ino: &Inotify,
     dir: &Path,
     recursive: bool,
     wds: &mut HashMap<WatchDescriptor, PathBuf>,
 ) {
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
+    let Ok(top) = open_in_root(dir, libc::O_RDONLY | libc::O_DIRECTORY) else {
+        return;
+    };
+    let mut pending: Vec<(Arc<OwnedFd>, CString, PathBuf)> = Vec::new();
+    let mut current = Some((top, dir.to_path_buf()));
+    loop {
         if wds.len() >= MAX_DIRS {
             return;
         }
-        let Ok(wd) = ino.add_watch(&d, mask() | AddWatchFlags::IN_ONLYDIR) else {
+        let (fd, d) = match current.take() {
+            Some(x) => x,
+            None => match pending.pop() {
+                None => return,
+                Some((parent, name, d)) => match open_subdir(&parent, &name) {
+                    Ok(fd) => (fd, d),
+                    Err(_) => continue,
+                },
+            },
+        };
+        // The agent's own descriptor of the directory: what it names cannot be swapped.
+        let by_fd = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        let Ok(wd) = ino.add_watch(by_fd.as_str(), mask() | AddWatchFlags::IN_ONLYDIR) else {
             continue;
         };
         wds.insert(wd, d.clone());
         if recursive {
-            if let Ok(rd) = std::fs::read_dir(&d) {
-                for e in rd.flatten() {
-                    if e.file_type()
-                        .map(|t| t.is_dir() && !t.is_symlink())
-                        .unwrap_or(false)
-                    {
-                        stack.push(e.path());
-                    }
+            let fd = Arc::new(fd);
+            for name in names(&fd).unwrap_or_default() {
+                if fstatat(&fd, &name).is_ok_and(|st| is_dir(&st)) {
+                    let path = d.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
+                    pending.push((fd.clone(), name, path));
                 }
             }
         }
     }
 }
 
-/// `create` events for everything under a directory that is new to the watch.
+/// `create` events for everything under a directory that is new to the watch (walked by
+/// descriptor, like [`add_tree`]).
 fn existing(dir: &Path) -> Vec<Response> {
     let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
+    let Ok(top) = open_in_root(dir, libc::O_RDONLY | libc::O_DIRECTORY) else {
+        return out;
+    };
+    let mut pending: Vec<(Arc<OwnedFd>, CString, PathBuf)> = Vec::new();
+    let mut current = Some((Arc::new(top), dir.to_path_buf()));
+    loop {
+        let (fd, d) = match current.take() {
+            Some(x) => x,
+            None => match pending.pop() {
+                None => break,
+                Some((parent, name, d)) => match open_subdir(&parent, &name) {
+                    Ok(fd) => (Arc::new(fd), d),
+                    Err(_) => continue,
+                },
+            },
         };
-        let mut entries: Vec<_> = rd.flatten().collect();
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let is_dir = e.file_type().map(|t| t.is_dir()).unwrap_or(false);
-            out.push(event("create", &e.path(), None, is_dir));
+        for name in names(&fd).unwrap_or_default() {
+            let Ok(st) = fstatat(&fd, &name) else {
+                continue;
+            };
+            let path = d.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
+            let is_dir = is_dir(&st);
+            out.push(event("create", &path, None, is_dir));
             if is_dir && out.len() < MAX_DIRS {
-                stack.push(e.path());
+                pending.push((fd.clone(), name, path));
             }
         }
     }
@@ -139,9 +172,15 @@ pub async fn watch(
         Ok(p) => p,
         Err(r) => return proto::write_json(stream, &r).await,
     };
-    match std::fs::metadata(&p) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
+    let p2 = p.clone();
+    let opened = tokio::task::spawn_blocking(move || {
+        open_in_root(&p2, libc::O_PATH | libc::O_DIRECTORY).map(drop)
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+    match opened {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
             return proto::write_json(
                 stream,
                 &error(ErrorKind::Conflict, format!("{path} is not a directory")),

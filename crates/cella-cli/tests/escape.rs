@@ -314,6 +314,66 @@ fn files_api_escape_attempts() {
         "watch the agent through a symlink",
         s.get(&f("/watch?path=/tmp/me/fd")),
     );
+    // Special files that would hang or confuse the agent, and a symlink's target kept safe.
+    s.exec(
+        &id,
+        json!({ "command": "mkfifo /tmp/fifo; ln -s /proc/1 /tmp/racedir; echo keep > /tmp/target; ln -s /tmp/target /tmp/upl", "user": "root" }),
+    );
+    attempt("download a FIFO", s.get(&f("?path=/tmp/fifo")));
+    attempt(
+        "upload onto a FIFO",
+        s.raw(
+            "PUT",
+            &f("?path=/tmp/fifo"),
+            Some(KEY),
+            Some(b"x".to_vec()),
+            &[],
+        ),
+    );
+    attempt("download /dev/tty", s.get(&f("?path=/dev/tty")));
+    attempt(
+        "list the agent through a directory swapped for a link",
+        s.get(&f("/list?path=/tmp/racedir&recursive=true")),
+    );
+    attempt(
+        "stat the agent's status through a link",
+        s.get(&f("/stat?path=/tmp/racedir/status")),
+    );
+    attempt(
+        "make a directory inside the agent's /proc entry",
+        s.post(&f("/mkdir"), json!({ "path": "/tmp/racedir/x" })),
+    );
+    attempt(
+        "move a file into the agent's /proc entry",
+        s.post(
+            &f("/move"),
+            json!({ "from": "/tmp/target", "to": "/tmp/racedir/x" }),
+        ),
+    );
+    let up = s.raw(
+        "PUT",
+        &f("?path=/tmp/upl"),
+        Some(KEY),
+        Some(b"new".to_vec()),
+        &[],
+    );
+    let target = s.exec(&id, json!({ "command": "cat /tmp/target", "user": "root" }));
+    attempt(
+        "write through an upload target that is a symlink",
+        if up.status == 200 && target["stdout"] == "keep\n" {
+            common::R {
+                status: 400,
+                headers: Default::default(),
+                body: json!({ "error": {} }),
+            }
+        } else {
+            common::R {
+                status: 200,
+                headers: Default::default(),
+                body: json!({ "upload": up.status, "target": target["stdout"] }),
+            }
+        },
+    );
     // A recursive listing of /proc must not walk into the agent's entries.
     let all = s.get(&f("/list?path=/proc&recursive=true&limit=10000"));
     let leaked: Vec<String> = all

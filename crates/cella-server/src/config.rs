@@ -27,6 +27,7 @@ pub struct Config {
     pub artifacts: ArtifactsConfig,
     pub sandboxes: SandboxesConfig,
     pub images: ImagesConfig,
+    pub limits: LimitsConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -172,6 +173,27 @@ impl Default for NetworkConfig {
     }
 }
 
+/// Per-sandbox limits beyond a size's CPU, memory and disk.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Open files per process in a sandbox (`RLIMIT_NOFILE`, soft and hard; default 1024).
+    pub open_files: u64,
+    /// The share of the host's `fs.file-max`, in percent, that one sandbox's processes may hold
+    /// together (default 10): a sandbox's pids limit is lowered until pids x `open_files` fits
+    /// (never below 128).
+    pub open_files_host_percent: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            open_files: 1024,
+            open_files_host_percent: 10,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct IsolationConfig {
@@ -263,6 +285,7 @@ impl Default for Config {
             artifacts: ArtifactsConfig::default(),
             sandboxes: SandboxesConfig::default(),
             images: ImagesConfig::default(),
+            limits: LimitsConfig::default(),
         }
     }
 }

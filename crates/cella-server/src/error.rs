@@ -99,6 +99,7 @@ pub fn for_status(status: StatusCode) -> ApiError {
         413 => ErrorCode::PayloadTooLarge,
         429 => ErrorCode::RateLimited,
         503 => ErrorCode::Unavailable,
+        507 => ErrorCode::InsufficientStorage,
         400..=499 => ErrorCode::InvalidRequest,
         _ => ErrorCode::Internal,
     };

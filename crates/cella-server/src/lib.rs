@@ -500,7 +500,11 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
     let ids = user_namespaces(&config, &dir, &image)?;
     let mut driver = NamespaceDriver::new(&dir, agent_exe, &instance)?
         .with_disk_quota(config.disk.quota)
-        .with_userns(ids);
+        .with_userns(ids)
+        .with_file_limits(cella_runtime::namespace::FileLimits {
+            per_process: config.limits.open_files,
+            host_share_percent: config.limits.open_files_host_percent,
+        });
     let mut network = None;
     if config.network.enabled {
         let (subnet, prefix) = match cella_types::Destination::parse(&config.network.subnet) {

@@ -13,7 +13,8 @@ use crate::error::ApiError;
 use crate::sandboxes::{self, exec_spec, USER_UID};
 use crate::util::{new_id, now_ms, rfc3339};
 use crate::AppState;
-use cella_agent::client::WriteError;
+use cella_agent::client::{AgentClient, ClientError, WriteError};
+use cella_agent::proto::{FileInfo, Request, Response as AgentResponse};
 use cella_store::{ArtifactRow, SandboxRow};
 use cella_types::{
     Artifact, CreateSandbox, ErrorCode, ExecRequest, ExecUser, RunRequest, RunResult,
@@ -240,15 +241,299 @@ async fn write_file(
             ErrorCode::PayloadTooLarge,
             format!("{path} is over the upload limit"),
         )),
+        Err(WriteError::Agent(ClientError::Refused { kind, message })) => match kind {
+            // The sandbox's disk is full: 507, as an upload would answer.
+            cella_agent::proto::ErrorKind::NoSpace => Err(ApiError::new(
+                ErrorCode::InsufficientStorage,
+                format!("writing {path}: {message}"),
+            )),
+            _ => Err(ApiError::invalid(
+                "files",
+                format!("writing {path}: {message}"),
+            )),
+        },
         Err(WriteError::Agent(e)) => {
-            Err(ApiError::invalid("files", format!("writing {path}: {e}")))
+            tracing::warn!(sandbox = row.id, "writing {path}: {e}");
+            Err(ApiError::unavailable("the sandbox's agent did not answer"))
         }
         Err(WriteError::Source(_)) => Err(ApiError::internal()),
     }
 }
 
+/// Entries one glob's listing looks at, at most.
+const LIST_LIMIT: usize = 10_000;
+
+/// Whether `part` (one path component of a glob) has a wildcard.
+fn has_wildcard(part: &str) -> bool {
+    part.contains(['*', '?', '['])
+}
+
+/// `fnmatch` of one path component, `dotglob` style (`*` matches a leading dot too):
+/// `*`, `?`, and `[...]` classes with ranges and `!`/`^` negation.
+fn match_component(pat: &[u8], s: &[u8]) -> bool {
+    let (mut p, mut i) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while i < s.len() {
+        if p < pat.len() {
+            match pat[p] {
+                b'*' => {
+                    star = Some((p, i));
+                    p += 1;
+                    continue;
+                }
+                b'?' => {
+                    p += 1;
+                    i += 1;
+                    continue;
+                }
+                b'[' => {
+                    if let Some((matched, next)) = class(&pat[p..], s[i]) {
+                        if matched {
+                            p += next;
+                            i += 1;
+                            continue;
+                        }
+                    } else if s[i] == b'[' {
+                        p += 1;
+                        i += 1;
+                        continue;
+                    }
+                }
+                c => {
+                    if c == s[i] {
+                        p += 1;
+                        i += 1;
+                        continue;
+                    }
+                }
+            }
+        }
+        match star {
+            Some((sp, si)) => {
+                p = sp + 1;
+                i = si + 1;
+                star = Some((sp, si + 1));
+            }
+            None => return false,
+        }
+    }
+    pat[p..].iter().all(|&c| c == b'*')
+}
+
+/// A `[...]` class at the start of `pat`: whether `c` is in it and the class's length; `None`
+/// when the class is not closed (then `[` is a plain character).
+fn class(pat: &[u8], c: u8) -> Option<(bool, usize)> {
+    let mut i = 1;
+    let negate = matches!(pat.get(i), Some(b'!') | Some(b'^'));
+    if negate {
+        i += 1;
+    }
+    let mut hit = false;
+    let mut first = true;
+    while i < pat.len() {
+        if pat[i] == b']' && !first {
+            return Some((hit != negate, i + 1));
+        }
+        first = false;
+        if i + 2 < pat.len() && pat[i + 1] == b'-' && pat[i + 2] != b']' {
+            if pat[i] <= c && c <= pat[i + 2] {
+                hit = true;
+            }
+            i += 3;
+        } else {
+            if pat[i] == c {
+                hit = true;
+            }
+            i += 1;
+        }
+    }
+    None
+}
+
+/// Whether the components `path` match the glob components `pat` (`**` spans any number of
+/// components, none included). Dynamic programming: linear in both lengths, whatever the glob.
+fn match_path(pat: &[&str], path: &[&str]) -> bool {
+    let (m, n) = (pat.len(), path.len());
+    // ok[i][j]: pat[i..] matches path[j..].
+    let mut ok = vec![vec![false; n + 1]; m + 1];
+    ok[m][n] = true;
+    for i in (0..m).rev() {
+        for j in (0..=n).rev() {
+            ok[i][j] = if pat[i] == "**" {
+                ok[i + 1][j] || (j < n && ok[i][j + 1])
+            } else {
+                j < n && match_component(pat[i].as_bytes(), path[j].as_bytes()) && ok[i + 1][j + 1]
+            };
+        }
+    }
+    ok[0][0]
+}
+
+/// A glob as an absolute, lexically clean list of components (`.` dropped, `..` applied to the
+/// literal part before it).
+fn glob_parts(glob: &str, cwd: &str) -> Vec<String> {
+    let full = if glob.starts_with('/') {
+        glob.to_string()
+    } else {
+        format!("{}/{glob}", cwd.trim_end_matches('/'))
+    };
+    let mut out: Vec<String> = Vec::new();
+    for part in full.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if out.last().is_some_and(|l| !has_wildcard(l) && l != "**") {
+                    out.pop();
+                }
+            }
+            p => out.push(p.to_string()),
+        }
+    }
+    out
+}
+
+/// Whether `uid` (with its group of the same number) may do `bits` (r=4, w=2, x=1) on `f`.
+fn may(uid: u32, f: &FileInfo, bits: u32) -> bool {
+    if uid == 0 {
+        return true;
+    }
+    let shift = if f.uid == uid {
+        6
+    } else if f.gid == uid {
+        3
+    } else {
+        0
+    };
+    (f.mode >> shift) & bits == bits
+}
+
+async fn agent_list(
+    agent: &AgentClient,
+    path: &str,
+    recursive: bool,
+) -> Result<Vec<FileInfo>, ClientError> {
+    match agent
+        .call(&Request::List {
+            path: path.to_string(),
+            recursive,
+            limit: LIST_LIMIT,
+        })
+        .await?
+    {
+        AgentResponse::Entries { entries, .. } => Ok(entries),
+        _ => Err(ClientError::Unexpected),
+    }
+}
+
+async fn agent_stat(agent: &AgentClient, path: &str) -> Option<FileInfo> {
+    match agent
+        .call(&Request::Stat {
+            path: path.to_string(),
+        })
+        .await
+    {
+        Ok(AgentResponse::Stat(i)) => Some(i),
+        _ => None,
+    }
+}
+
+/// The regular files that `globs` match, found through the agent's file API (which walks by
+/// descriptor and never follows a symlink below the glob's literal directory) and matched
+/// here, never by a shell inside the sandbox. Only what `uid` may read is kept, in directories
+/// it may list.
+async fn matching_files(agent: &AgentClient, globs: &[String], cwd: &str, uid: u32) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for glob in globs {
+        let parts = glob_parts(glob, cwd);
+        let literal = parts
+            .iter()
+            .take_while(|p| !has_wildcard(p) && p.as_str() != "**")
+            .count();
+        let base = format!("/{}", parts[..literal].join("/"));
+        // Every directory on the way to the base must let the user through.
+        let mut reachable = true;
+        if uid != 0 {
+            let mut cur = String::new();
+            for p in &parts[..literal.saturating_sub(1)] {
+                cur = format!("{cur}/{p}");
+                if !agent_stat(agent, &cur)
+                    .await
+                    .is_some_and(|d| may(uid, &d, 1))
+                {
+                    reachable = false;
+                    break;
+                }
+            }
+        }
+        if !reachable {
+            continue;
+        }
+        let pattern: Vec<&str> = parts[literal..].iter().map(String::as_str).collect();
+        if pattern.is_empty() {
+            // A path without wildcards names one file.
+            if let Some(f) = agent_stat(agent, &base).await {
+                if f.kind == "file" && may(uid, &f, 4) {
+                    out.push(f.path);
+                }
+            }
+            continue;
+        }
+        let Some(top) = agent_stat(agent, &base).await else {
+            continue;
+        };
+        if top.kind != "dir" || !may(uid, &top, 5) {
+            continue;
+        }
+        let recursive = pattern.len() > 1 || pattern.contains(&"**");
+        let Ok(entries) = agent_list(agent, &base, recursive).await else {
+            continue;
+        };
+        let dirs: std::collections::HashMap<&str, &FileInfo> = entries
+            .iter()
+            .filter(|e| e.kind == "dir")
+            .map(|e| (e.path.as_str(), e))
+            .collect();
+        let prefix = if base == "/" {
+            "/".to_string()
+        } else {
+            format!("{base}/")
+        };
+        for e in &entries {
+            if e.kind != "file" || !may(uid, e, 4) {
+                continue;
+            }
+            let Some(rest) = e.path.strip_prefix(&prefix) else {
+                continue;
+            };
+            let comps: Vec<&str> = rest.split('/').collect();
+            if !match_path(&pattern, &comps) {
+                continue;
+            }
+            // Each directory between the base and the file must be listable by the user.
+            let mut dir = base.clone();
+            let mut allowed = true;
+            for c in &comps[..comps.len() - 1] {
+                dir = if dir == "/" {
+                    format!("/{c}")
+                } else {
+                    format!("{dir}/{c}")
+                };
+                if !dirs.get(dir.as_str()).is_some_and(|d| may(uid, d, 5)) {
+                    allowed = false;
+                    break;
+                }
+            }
+            if allowed && !out.contains(&e.path) {
+                out.push(e.path.clone());
+            }
+        }
+    }
+    out
+}
+
 /// Copies the files matching `globs` (relative to `cwd`) out of a running sandbox into the
-/// artifact store. Symlinks are not followed; a file past the size budget is left out.
+/// artifact store. The globs are matched here against the agent's listings; only regular files
+/// are kept, read without following a symlink; a file past the size budget is left out.
 pub async fn collect(
     state: &AppState,
     row: &SandboxRow,
@@ -257,38 +542,13 @@ pub async fn collect(
     user: ExecUser,
 ) -> Result<Vec<ArtifactRow>, ApiError> {
     check_globs(globs, "paths")?;
-    // The globs are expanded by bash inside the sandbox, as the command's user: they name
-    // what that user could see, and are passed as arguments, never as code.
-    let mut argv = vec![
-        "/bin/bash".to_string(),
-        "-c".to_string(),
-        "shopt -s globstar nullglob dotglob; IFS=; for g in \"$@\"; do for f in $g; do \
-         [ -f \"$f\" ] && [ ! -L \"$f\" ] && printf '%s\\0' \"$(realpath -- \"$f\")\"; done; done"
-            .to_string(),
-        "collect".to_string(),
-    ];
-    argv.extend(globs.iter().cloned());
-    let listing = sandboxes::exec(
-        state,
-        row,
-        ExecRequest {
-            argv: Some(argv),
-            cwd: Some(cwd.to_string()),
-            user: Some(user),
-            timeout_sec: Some(60),
-            ..Default::default()
-        },
-    )
-    .await?;
-    let mut paths: Vec<String> = listing
-        .stdout
-        .split('\0')
-        .filter(|p| !p.is_empty())
-        .map(String::from)
-        .collect();
-    paths.dedup();
+    let uid = match user {
+        ExecUser::User => USER_UID,
+        ExecUser::Root => 0,
+    };
     let handle = running_handle(row)?;
     let agent = state.driver.agent(&handle);
+    let paths = matching_files(&agent, globs, cwd, uid).await;
     let dir = artifact_dir(state);
     tokio::fs::create_dir_all(&dir)
         .await
@@ -298,8 +558,8 @@ pub async fn collect(
     let now = now_ms();
     let mut out = Vec::new();
     for path in paths.into_iter().take(cfg.max_files) {
-        let Ok(mut reader) = agent.read_file(&path, 0, None).await else {
-            continue; // gone, or not a plain file any more
+        let Ok(mut reader) = agent.read_file_with(&path, 0, None, true).await else {
+            continue; // gone, or not a plain file any more (a symlink, a FIFO, ...)
         };
         if reader.size > budget {
             tracing::warn!(
@@ -365,5 +625,37 @@ pub async fn expire(state: &AppState) {
     for id in ids {
         let _ = tokio::fs::remove_file(dir.join(&id)).await;
         let _ = state.store.delete_artifact(&id).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(glob: &str, path: &str) -> bool {
+        let pat: Vec<&str> = glob.split('/').collect();
+        let comps: Vec<&str> = path.split('/').collect();
+        match_path(&pat, &comps)
+    }
+
+    #[test]
+    fn globs_match_like_bash_with_globstar_and_dotglob() {
+        assert!(m("*.csv", "a.csv"));
+        assert!(m("*.csv", ".hidden.csv"));
+        assert!(!m("*.csv", "d/a.csv"));
+        assert!(m("**", "d/e/f"));
+        assert!(m("**/*.log", "x.log"));
+        assert!(m("**/*.log", "a/b/x.log"));
+        assert!(!m("**/*.log", "a/b/x.txt"));
+        assert!(m("out/**", "out/a/b"));
+        assert!(m("r?port[0-9].txt", "report7.txt"));
+        assert!(!m("r?port[!0-9].txt", "report7.txt"));
+        assert!(m("a[.txt", "a[.txt"));
+        assert!(m("**/**/**/**/**/**/a", "a"));
+        assert_eq!(
+            glob_parts("out/../*.csv", "/home/user"),
+            ["home", "user", "*.csv"]
+        );
+        assert_eq!(glob_parts("/../../etc/x", "/w"), ["etc", "x"]);
     }
 }

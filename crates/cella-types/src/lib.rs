@@ -58,6 +58,8 @@ pub enum ErrorCode {
     ConcurrencyLimit,
     InsufficientFunds,
     RangeNotSatisfiable,
+    /// The sandbox's disk (space, inodes or quota) is full.
+    InsufficientStorage,
     Internal,
     Unavailable,
 }
@@ -79,6 +81,7 @@ impl ErrorCode {
             ErrorCode::ConcurrencyLimit => "CONCURRENCY_LIMIT",
             ErrorCode::InsufficientFunds => "INSUFFICIENT_FUNDS",
             ErrorCode::RangeNotSatisfiable => "RANGE_NOT_SATISFIABLE",
+            ErrorCode::InsufficientStorage => "INSUFFICIENT_STORAGE",
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::Unavailable => "UNAVAILABLE",
         }
@@ -98,6 +101,7 @@ impl ErrorCode {
             ErrorCode::RateLimited | ErrorCode::ConcurrencyLimit => 429,
             ErrorCode::InsufficientFunds => 402,
             ErrorCode::RangeNotSatisfiable => 416,
+            ErrorCode::InsufficientStorage => 507,
             ErrorCode::Internal => 500,
             ErrorCode::Unavailable => 503,
         }

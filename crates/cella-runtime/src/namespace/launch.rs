@@ -189,7 +189,7 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd, userns: Option<OwnedFd>) -> Str
         return "launcher went away".into();
     }
     drop(ready);
-    cella_agent::serve(listener, cella_agent::AgentConfig::default())
+    cella_agent::serve(listener, cella_agent::AgentConfig { nofile: cfg.nofile })
 }
 
 /// Closes every descriptor but stdin, stdout and stderr: the sandbox must inherit nothing of the

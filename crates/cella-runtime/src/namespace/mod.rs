@@ -53,6 +53,9 @@ pub struct LaunchConfig {
     /// [`crate::userns`]); None: its root is the host's root, confined by the rest.
     #[serde(default)]
     pub userns: Option<crate::userns::IdMap>,
+    /// `RLIMIT_NOFILE` of every process in the sandbox (0: the agent's own).
+    #[serde(default)]
+    pub nofile: u64,
 }
 
 #[derive(Clone)]
@@ -63,6 +66,71 @@ pub struct NamespaceDriver {
     disk_quota: bool,
     net: Option<Network>,
     ids: Option<crate::userns::IdMap>,
+    files: FileLimits,
+}
+
+/// Open files of a sandbox: per process, and what all of its processes may hold together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileLimits {
+    /// `RLIMIT_NOFILE` (soft and hard) of every process in a sandbox; 0 leaves it unset.
+    pub per_process: u64,
+    /// The share of the host's `fs.file-max` (percent) that one sandbox may hold at most: its
+    /// pids limit is lowered until pids x `per_process` fits (never below [`MIN_PIDS`]).
+    pub host_share_percent: u32,
+}
+
+impl Default for FileLimits {
+    fn default() -> Self {
+        FileLimits {
+            per_process: 1024,
+            host_share_percent: 10,
+        }
+    }
+}
+
+/// A sandbox's pids limit is never lowered below this for its file budget.
+pub const MIN_PIDS: u32 = 128;
+
+impl FileLimits {
+    /// The pids limit of a sandbox that asked for `pids_max`, on a host with `file_max`.
+    pub fn pids_for(&self, pids_max: u32, file_max: u64) -> u32 {
+        if self.per_process == 0 || file_max == 0 {
+            return pids_max;
+        }
+        let budget = file_max.saturating_mul(self.host_share_percent as u64) / 100;
+        let fit = (budget / self.per_process).min(u32::MAX as u64) as u32;
+        pids_max.min(fit.max(MIN_PIDS))
+    }
+}
+
+#[cfg(test)]
+mod file_limit_tests {
+    use super::FileLimits;
+
+    #[test]
+    fn pids_fit_the_share_of_file_max() {
+        let f = FileLimits::default();
+        // 10 % of 2.4 million files at 1024 per process: 240 processes.
+        assert_eq!(f.pids_for(1024, 2_466_126), 240);
+        // A smaller ask stays; a tiny host never goes below the floor.
+        assert_eq!(f.pids_for(100, 2_466_126), 100);
+        assert_eq!(f.pids_for(1024, 10_000), super::MIN_PIDS);
+        // Off, or file-max unknown: unchanged.
+        let off = FileLimits {
+            per_process: 0,
+            host_share_percent: 10,
+        };
+        assert_eq!(off.pids_for(4096, 2_466_126), 4096);
+        assert_eq!(f.pids_for(4096, 0), 4096);
+    }
+}
+
+/// The host's `fs.file-max` (0 when unknown).
+fn host_file_max() -> u64 {
+    std::fs::read_to_string("/proc/sys/fs/file-max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// The sandbox network: its subnet, the firewall, and a guess at the next free slot.
@@ -90,6 +158,7 @@ impl NamespaceDriver {
             disk_quota: false,
             net: None,
             ids: None,
+            files: FileLimits::default(),
         })
     }
 
@@ -126,6 +195,12 @@ impl NamespaceDriver {
     /// [`crate::userns::probe`] first).
     pub fn with_userns(mut self, ids: Option<crate::userns::IdMap>) -> Self {
         self.ids = ids;
+        self
+    }
+
+    /// Limits the open files of sandboxes (see [`FileLimits`]).
+    pub fn with_file_limits(mut self, files: FileLimits) -> Self {
+        self.files = files;
         self
     }
 
@@ -264,6 +339,7 @@ impl NamespaceDriver {
                 _ => None,
             },
             userns: self.ids,
+            nofile: self.files.per_process,
         };
         let json = serde_json::to_vec_pretty(&cfg).map_err(std::io::Error::other)?;
         std::fs::write(dir.join("launch.json"), json)?;
@@ -278,7 +354,7 @@ impl NamespaceDriver {
             Limits {
                 cpus: spec.cpu_count,
                 memory_mb: spec.memory_mb,
-                pids_max: spec.pids_max,
+                pids_max: self.files.pids_for(spec.pids_max, host_file_max()),
             },
         )?;
         let t_cgroup = t0.elapsed();

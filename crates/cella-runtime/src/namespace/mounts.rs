@@ -675,6 +675,7 @@ mod tests {
             disk_mount: "/data/sandboxes/sbtest/disk".into(),
             network: None,
             userns: None,
+            nofile: 0,
         }
     }
 

@@ -49,13 +49,16 @@ async fn agent(state: &AppState, auth: &Auth, id: &str) -> Result<AgentClient, A
     Ok(state.driver.agent(&handle))
 }
 
-fn agent_error(e: ClientError) -> ApiError {
+pub(crate) fn agent_error(e: ClientError) -> ApiError {
     match e {
         ClientError::Refused { kind, message } => match kind {
             ErrorKind::NotFound => ApiError::new(ErrorCode::NotFound, message),
             ErrorKind::Conflict => ApiError::new(ErrorCode::Conflict, message),
             ErrorKind::BadRequest | ErrorKind::BadCwd => ApiError::invalid("path", message),
             ErrorKind::TooLarge => ApiError::new(ErrorCode::PayloadTooLarge, message),
+            ErrorKind::NoSpace => ApiError::new(ErrorCode::InsufficientStorage, message),
+            ErrorKind::Busy => ApiError::new(ErrorCode::ConcurrencyLimit, message),
+            ErrorKind::Unavailable => ApiError::unavailable(message),
             ErrorKind::Internal => {
                 tracing::warn!("agent file operation: {message}");
                 ApiError::internal()

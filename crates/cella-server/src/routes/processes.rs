@@ -47,6 +47,9 @@ fn agent_error(e: ClientError) -> ApiError {
             ErrorKind::Conflict => ApiError::new(ErrorCode::Conflict, message),
             ErrorKind::BadCwd => ApiError::invalid("cwd", message),
             ErrorKind::BadRequest | ErrorKind::TooLarge => ApiError::invalid("command", message),
+            ErrorKind::NoSpace => ApiError::new(ErrorCode::InsufficientStorage, message),
+            ErrorKind::Busy => ApiError::new(ErrorCode::ConcurrencyLimit, message),
+            ErrorKind::Unavailable => ApiError::unavailable(message),
             ErrorKind::Internal => {
                 tracing::warn!("agent process operation: {message}");
                 ApiError::internal()
