@@ -154,6 +154,12 @@ enum TemplateCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// A custom template's builds, newest first: state, when, and why one failed.
+    Builds {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// Delete a custom template (refused while sandboxes or snapshots use it).
     #[command(alias = "rm")]
     Delete {
@@ -469,6 +475,7 @@ async fn run(cmd: Command) -> ExitCode {
         }
         Command::Template(TemplateCmd::Get { id, conn }) => templates::get(id, conn).await,
         Command::Template(TemplateCmd::Delete { id, conn }) => templates::delete(id, conn).await,
+        Command::Template(TemplateCmd::Builds { id, conn }) => templates::builds(id, conn).await,
         Command::Snapshot(c) => snapshots::run(c).await,
         Command::Process(c) => processes::run(c).await,
         Command::Sandbox(sc) => sandbox(sc).await,

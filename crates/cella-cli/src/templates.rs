@@ -56,6 +56,27 @@ pub async fn get(id: String, conn: Conn) -> ExitCode {
     report(r, &conn)
 }
 
+pub async fn builds(id: String, conn: Conn) -> ExitCode {
+    let r = client(&conn).template_builds(&id).await.map(|l| {
+        let mut t = format!(
+            "{:<24} {:<9} {:<22} {:<22} ERROR\n",
+            "BUILD", "STATE", "CREATED", "FINISHED"
+        );
+        for b in &l.data {
+            t += &format!(
+                "{:<24} {:<9} {:<22} {:<22} {}\n",
+                b.id,
+                b.state,
+                b.created_at,
+                b.finished_at.as_deref().unwrap_or("-"),
+                b.error.as_deref().unwrap_or("")
+            );
+        }
+        (t, serde_json::to_value(&l.data).unwrap_or_default())
+    });
+    report(r, &conn)
+}
+
 pub async fn delete(id: String, conn: Conn) -> ExitCode {
     let r = client(&conn)
         .delete_template(&id)

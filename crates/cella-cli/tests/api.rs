@@ -30,6 +30,7 @@ fn health_and_openapi_need_no_key_and_cover_every_route() {
         ("/api/v1/api-keys/{id}", &["delete"]),
         ("/api/v1/templates", &["get"]),
         ("/api/v1/templates/{id}", &["get"]),
+        ("/api/v1/templates/{id}/builds", &["get"]),
         ("/api/v1/sandboxes", &["get", "post"]),
         ("/api/v1/sandboxes/{id}", &["get", "delete"]),
         ("/api/v1/sandboxes/{id}/exec", &["post"]),

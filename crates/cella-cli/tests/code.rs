@@ -84,7 +84,11 @@ fn timeouts_interrupt_and_the_context_survives() {
     assert!(r.get("restarted").is_none(), "{r}");
     assert_eq!(py(&s, &id, "kept")["result"], "'yes'");
     // `timeout_sec`, as exec spells it, means the same.
-    let r = run(&s, &id, json!({ "code": "while True: pass", "timeout_sec": 1 }));
+    let r = run(
+        &s,
+        &id,
+        json!({ "code": "while True: pass", "timeout_sec": 1 }),
+    );
     assert_eq!(r["error"]["name"], "TimeoutError", "{r}");
 
     // A cell that turns the interrupt off: the kernel is restarted, and the answer says so.

@@ -149,8 +149,21 @@ fn a_failing_step_fails_the_build_with_its_output() {
     // Not startable: every size is missing.
     let t = s.get("/api/v1/templates/broken");
     assert_eq!(t.data()["readiness"], "missing");
-    s.post("/api/v1/sandboxes", json!({ "template_id": "broken" }))
-        .assert_error(400, "SIZE_UNAVAILABLE");
+    let e = s.post("/api/v1/sandboxes", json!({ "template_id": "broken" }));
+    e.assert_error(400, "SIZE_UNAVAILABLE");
+    // The answer says the build failed, with its id and why, not just "size unavailable".
+    let msg = e.body["error"]["message"].as_str().unwrap();
+    let bid = b["id"].as_str().unwrap();
+    assert!(
+        msg.contains("failed") && msg.contains(bid) && msg.contains("step 2"),
+        "{msg}"
+    );
+    assert_eq!(e.body["error"]["details"]["build_id"], bid);
+    // And the builds of a template are listed, newest first.
+    let builds = s.get("/api/v1/templates/broken/builds");
+    assert_eq!(builds.status, 200, "{}", builds.body);
+    assert_eq!(builds.data()[0]["id"], bid);
+    assert_eq!(builds.data()[0]["state"], "failed");
     // The log can be read from an offset (for a client following it).
     let full = b["log"].as_str().unwrap().len();
     let r = s.get(&format!(
@@ -291,4 +304,27 @@ fn the_cli_builds_a_template_with_a_local_file_and_shows_its_steps() {
     assert!(stderr.contains("template hello is ready"), "{stderr}");
     let id = s.create(json!({ "template_id": "hello", "size": "xs" }));
     assert_eq!(s.sh(&id, "hello")["stdout"], "hello from the template\n");
+    // `template builds` lists the build; `template get` shows it; `template delete` is refused
+    // while the sandbox uses it, then done.
+    let cella = |args: &[&str]| {
+        std::process::Command::new(bin())
+            .args(args)
+            .env("CELLA_SERVER", &s.url)
+            .env("CELLA_API_KEY", KEY)
+            .output()
+            .unwrap()
+    };
+    let builds = cella(&["template", "builds", "hello"]);
+    let text = String::from_utf8_lossy(&builds.stdout).to_string();
+    assert!(builds.status.success() && text.contains("ready"), "{text}");
+    let got = cella(&["template", "get", "hello", "--json"]);
+    let got: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
+    assert_eq!(got["id"], "hello");
+    let busy = cella(&["template", "delete", "hello"]);
+    assert_eq!(busy.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&busy.stderr).contains("CONFLICT"));
+    s.delete(&format!("/api/v1/sandboxes/{id}"));
+    assert!(cella(&["template", "delete", "hello"]).status.success());
+    let gone = cella(&["template", "get", "hello"]);
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("NOT_FOUND"));
 }

@@ -646,6 +646,17 @@ impl Client {
             .await
     }
 
+    /// A custom template's builds, newest first (without their logs).
+    pub async fn template_builds(&self, id: &str) -> Result<List<TemplateBuild>, Error> {
+        self.call::<(), _>(
+            Method::GET,
+            &format!("/api/v1/templates/{id}/builds"),
+            &[],
+            None,
+        )
+        .await
+    }
+
     pub async fn delete_template(&self, id: &str) -> Result<serde_json::Value, Error> {
         self.data::<(), _>(Method::DELETE, &format!("/api/v1/templates/{id}"), None)
             .await

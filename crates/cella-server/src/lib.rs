@@ -265,6 +265,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/api/v1/templates/{id}/builds/{build_id}",
             get(templates::build_status),
         )
+        .route("/api/v1/templates/{id}/builds", get(templates::builds))
         .route("/api/v1/images", post(templates::import_image))
         .route("/api/v1/sandboxes", post(sb::create).get(sb::list))
         .route("/api/v1/sandboxes/{id}", get(sb::get).delete(sb::destroy))

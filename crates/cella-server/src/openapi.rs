@@ -38,6 +38,7 @@ impl Modify for BearerAuth {
         templates::get,
         templates::build,
         templates::build_status,
+        templates::builds,
         templates::delete,
         templates::import_image,
         sandboxes::create,

@@ -271,6 +271,9 @@ async fn admit(
             ));
         }
     }
+    if template.image.is_none() && template.workspace_id.is_some() {
+        return Err(no_image_yet(state, template).await);
+    }
     if state.catalog.readiness(template, size) == Readiness::Missing {
         return Err(ApiError::new(
             ErrorCode::SizeUnavailable,
@@ -593,6 +596,42 @@ pub async fn running(
     }
     let handle = handle_of(&row).ok_or_else(ApiError::internal)?;
     Ok((row, handle))
+}
+
+/// Why a custom template cannot start sandboxes yet: its last build failed (with its id and
+/// error), or it is still being built. 400 `SIZE_UNAVAILABLE` (no size of it is available),
+/// naming the build to look at.
+async fn no_image_yet(state: &AppState, template: &crate::catalog::TemplateEntry) -> ApiError {
+    let id = crate::catalog::public_id(&template.id);
+    let last = state
+        .store
+        .builds_of(&template.id, 1)
+        .await
+        .ok()
+        .and_then(|b| b.into_iter().next());
+    let (message, details) = match last {
+        Some(b) if b.state == "failed" => (
+            format!(
+                "template {id} has no image: its build {} failed ({}); see GET /api/v1/templates/{id}/builds/{}",
+                b.id,
+                b.error.as_deref().unwrap_or("no reason recorded"),
+                b.id
+            ),
+            json!({ "template_id": id, "build_id": b.id, "build_state": b.state }),
+        ),
+        Some(b) => (
+            format!(
+                "template {id} is still being built (build {} is {}); create its sandboxes once it is ready",
+                b.id, b.state
+            ),
+            json!({ "template_id": id, "build_id": b.id, "build_state": b.state }),
+        ),
+        None => (
+            format!("template {id} has no image on this server"),
+            json!({ "template_id": id }),
+        ),
+    };
+    ApiError::new(ErrorCode::SizeUnavailable, message).with_details(details)
 }
 
 /// 409 `SANDBOX_NOT_RUNNING` for a sandbox that is not running: its state, why the server put

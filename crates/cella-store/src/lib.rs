@@ -727,6 +727,18 @@ impl Store {
         .await?)
     }
 
+    /// A template's builds (by its store key), newest first.
+    pub async fn builds_of(&self, template_key: &str, limit: u32) -> Result<Vec<BuildRow>> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {} FROM template_builds WHERE template_id = ? ORDER BY created_at DESC, id DESC LIMIT ?",
+            Self::BUILD_COLS
+        ))
+        .bind(template_key)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Builds that were running when the server stopped.
     pub async fn unfinished_builds(&self) -> Result<Vec<BuildRow>> {
         Ok(sqlx::query_as(&format!(

@@ -56,6 +56,34 @@ pub async fn build(
     Ok((axum::http::StatusCode::ACCEPTED, Json(Data { data: b })))
 }
 
+/// A custom template's builds, newest first (at most 50), without their logs (read one build
+/// for its log). Any valid key of the template's workspace.
+#[utoipa::path(get, path = "/api/v1/templates/{id}/builds", tag = "templates", security(("bearer" = [])),
+    params(("id" = String, Path)),
+    responses((status = 200, body = cella_types::List<cella_types::TemplateBuild>), (status = 404, body = cella_types::ErrorBody)))]
+pub async fn builds(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+    q: crate::extract::QueryPairs,
+) -> Result<Json<cella_types::List<cella_types::TemplateBuild>>, ApiError> {
+    crate::extract::reject_unknown(&q.0)?;
+    let t = state
+        .catalog
+        .visible(&id, &auth.workspace_id)
+        .filter(|t| t.workspace_id.as_deref() == Some(auth.workspace_id.as_str()))
+        .ok_or_else(|| ApiError::not_found("template"))?;
+    let rows = state.store.builds_of(&t.id, 50).await?;
+    Ok(Json(cella_types::List {
+        data: rows
+            .iter()
+            .filter(|b| b.workspace_id == auth.workspace_id)
+            .map(|b| crate::builds::wire(b, b.log.len()))
+            .collect(),
+        next_cursor: None,
+    }))
+}
+
 /// A build's state, steps and log (`log_offset`: only the log after that many bytes). Any
 /// valid key of the template's workspace.
 #[utoipa::path(get, path = "/api/v1/templates/{id}/builds/{build_id}", tag = "templates", security(("bearer" = [])),
