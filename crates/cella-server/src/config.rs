@@ -25,6 +25,7 @@ pub struct Config {
     pub pool: PoolConfig,
     pub preview: PreviewConfig,
     pub artifacts: ArtifactsConfig,
+    pub server: ServerConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -97,6 +98,13 @@ pub struct NetworkConfig {
     pub enabled: bool,
     /// The subnet sandboxes' /30 links are cut from (IPv4 CIDR, at most /30).
     pub subnet: String,
+    /// IPv4 ranges no sandbox reaches whatever its policy allows (default: the RFC 1918 ranges
+    /// and 100.64.0.0/10). Loopback, link-local (the metadata address), multicast, the sandbox
+    /// subnet and the host's own addresses are always in this floor.
+    pub deny_always: Vec<String>,
+    /// Seconds between two lookups of the domains in live sandboxes' policies (and of the
+    /// host's addresses for the floor); at least 10, default 60.
+    pub resolve_interval_sec: u64,
 }
 
 impl Default for NetworkConfig {
@@ -104,6 +112,36 @@ impl Default for NetworkConfig {
         NetworkConfig {
             enabled: true,
             subnet: "10.200.0.0/16".into(),
+            deny_always: cella_runtime::firewall::DEFAULT_DENY_ALWAYS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            resolve_interval_sec: 60,
+        }
+    }
+}
+
+impl NetworkConfig {
+    /// The least `resolve_interval_sec` honoured.
+    pub const MIN_RESOLVE_INTERVAL_SEC: u64 = 10;
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Seconds a client has to send a request's headers (from its connection, or the end of
+    /// its previous request); then the connection is closed. Default 10.
+    pub header_timeout_sec: u64,
+    /// Seconds a request body may send nothing before the request is answered 408 and the
+    /// connection closed (a slow upload that keeps sending is fine). Default 30.
+    pub body_idle_timeout_sec: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            header_timeout_sec: 10,
+            body_idle_timeout_sec: 30,
         }
     }
 }
@@ -171,12 +209,17 @@ pub struct SizesConfig {
 pub struct ExecConfig {
     /// Bytes of stdout (and of stderr) kept per exec; the rest is cut and flagged.
     pub output_cap_bytes: u64,
+    /// Bytes the server holds for the output of every buffered exec together (default
+    /// 256 MiB; each kept byte counts twice, once read and once in the answer). Output past
+    /// what the budget has room for is cut and flagged like output past the cap.
+    pub buffer_budget_bytes: u64,
 }
 
 impl Default for ExecConfig {
     fn default() -> Self {
         ExecConfig {
             output_cap_bytes: 16 * 1024 * 1024,
+            buffer_budget_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -197,6 +240,7 @@ impl Default for Config {
             pool: PoolConfig::default(),
             preview: PreviewConfig::default(),
             artifacts: ArtifactsConfig::default(),
+            server: ServerConfig::default(),
         }
     }
 }

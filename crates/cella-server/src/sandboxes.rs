@@ -751,40 +751,196 @@ pub fn exec_spec(
     Ok((handle, spec))
 }
 
+/// One output stream of a buffered exec, as kept: chunks as they came (no copy while
+/// reading), counted against the server's exec buffer budget.
+#[derive(Default)]
+struct Kept {
+    chunks: Vec<Vec<u8>>,
+    len: usize,
+    cut: bool,
+}
+
+impl Kept {
+    /// Keeps what of `b` fits under `cap` and the budget; the rest is cut (and everything after
+    /// it: a stream is never kept with a hole).
+    fn push(
+        &mut self,
+        mut b: Vec<u8>,
+        cap: usize,
+        budget: &Arc<tokio::sync::Semaphore>,
+        held: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+    ) {
+        if self.cut {
+            return;
+        }
+        let take = b.len().min(cap.saturating_sub(self.len));
+        if take < b.len() {
+            self.cut = true;
+        }
+        if take == 0 {
+            return;
+        }
+        // Each kept byte counts twice: once here, once in the answer made of it.
+        let permits = u32::try_from(take.saturating_mul(2)).unwrap_or(u32::MAX);
+        match budget.clone().try_acquire_many_owned(permits) {
+            Ok(p) => match held {
+                Some(h) => h.merge(p),
+                None => *held = Some(p),
+            },
+            Err(_) => {
+                self.cut = true;
+                return;
+            }
+        }
+        b.truncate(take);
+        self.len += take;
+        self.chunks.push(b);
+    }
+
+    /// The stream as text (one exact-size copy; invalid UTF-8 replaced).
+    fn text(self) -> String {
+        let mut all = Vec::with_capacity(self.len);
+        for c in self.chunks {
+            all.extend_from_slice(&c);
+        }
+        match String::from_utf8(all) {
+            Ok(t) => t,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
+    }
+}
+
+/// A buffered exec's result with the part of the server's exec buffer budget its output holds
+/// (released when the answer made of it is dropped).
+pub struct ExecOutput {
+    pub result: ExecResult,
+    pub budget: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
 /// Runs one command in a running sandbox and collects its output.
 pub async fn exec(
     state: &AppState,
     row: &SandboxRow,
     req: ExecRequest,
 ) -> Result<ExecResult, ApiError> {
+    Ok(exec_kept(state, row, req).await?.result)
+}
+
+/// [`exec`], with the budget its output holds. Each stream keeps at most
+/// `[exec] output_cap_bytes` (the agent sends no more), and only what the server-wide
+/// `[exec] buffer_budget_bytes` has room for: past either, the stream is cut and flagged.
+pub async fn exec_kept(
+    state: &AppState,
+    row: &SandboxRow,
+    req: ExecRequest,
+) -> Result<ExecOutput, ApiError> {
     let req = template_defaults(state, row, req);
-    let (handle, spec) = exec_spec(row, req, Some(state.config.exec.output_cap_bytes))?;
+    let cap = state.config.exec.output_cap_bytes;
+    let (handle, spec) = exec_spec(row, req, Some(cap))?;
+    let cap = usize::try_from(cap).unwrap_or(usize::MAX);
     // A running command is activity for the idle timer for as long as it runs.
     let _busy = state.activity.busy(&row.id);
-    let (tx, mut rx) = mpsc::channel(64);
+    let (tx, mut rx) = mpsc::channel(16);
+    let budget = state.exec_budget.clone();
     let collect = async {
-        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let (mut out, mut err) = (Kept::default(), Kept::default());
+        let mut held = None;
         while let Some(ev) = rx.recv().await {
             match ev {
-                ExecEvent::Stdout(b) => out.extend_from_slice(&b),
-                ExecEvent::Stderr(b) => err.extend_from_slice(&b),
+                ExecEvent::Stdout(b) => out.push(b, cap, &budget, &mut held),
+                ExecEvent::Stderr(b) => err.push(b, cap, &budget, &mut held),
             }
         }
-        (out, err)
+        (out, err, held)
     };
-    let (res, (out, err)) = tokio::join!(state.driver.exec(&handle, spec, tx), collect);
+    let (res, (out, err, held)) = tokio::join!(state.driver.exec(&handle, spec, tx), collect);
     match res {
-        Ok(info) => Ok(ExecResult {
-            exit_code: info.exit_code,
-            stdout: String::from_utf8_lossy(&out).into_owned(),
-            stderr: String::from_utf8_lossy(&err).into_owned(),
-            duration_ms: info.duration_ms,
-            timed_out: info.timed_out,
-            stdout_truncated: info.stdout_truncated,
-            stderr_truncated: info.stderr_truncated,
-        }),
+        Ok(info) => {
+            let (ocut, ecut) = (out.cut, err.cut);
+            Ok(ExecOutput {
+                result: ExecResult {
+                    exit_code: info.exit_code,
+                    stdout: out.text(),
+                    stderr: err.text(),
+                    duration_ms: info.duration_ms,
+                    timed_out: info.timed_out,
+                    stdout_truncated: info.stdout_truncated || ocut,
+                    stderr_truncated: info.stderr_truncated || ecut,
+                },
+                budget: held,
+            })
+        }
         Err(e) => Err(exec_failure(state, &row.id, &handle, e).await),
     }
+}
+
+/// The answer `{"data": ExecResult}` of a buffered exec, written piece by piece from its
+/// output (no second copy of the output as one JSON text); the budget it holds is released
+/// when the answer is sent or dropped.
+pub fn exec_answer(out: ExecOutput) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    const PIECE: usize = 64 * 1024;
+    let ExecOutput { result, budget } = out;
+    let head = serde_json::json!({
+        "exit_code": result.exit_code,
+        "duration_ms": result.duration_ms,
+        "timed_out": result.timed_out,
+        "stdout_truncated": result.stdout_truncated,
+        "stderr_truncated": result.stderr_truncated,
+    })
+    .to_string();
+    let prefix = format!("{{\"data\":{},\"stdout\":\"", &head[..head.len() - 1]);
+    struct Writer {
+        texts: [String; 2],
+        which: usize,
+        pos: usize,
+        started: bool,
+        _budget: Option<tokio::sync::OwnedSemaphorePermit>,
+    }
+    let w = Writer {
+        texts: [result.stdout, result.stderr],
+        which: 0,
+        pos: 0,
+        started: false,
+        _budget: budget,
+    };
+    let pieces = futures_util::stream::unfold((w, prefix), |(mut w, prefix)| async move {
+        if !w.started {
+            w.started = true;
+            return Some((
+                Ok::<_, std::convert::Infallible>(prefix.into_bytes()),
+                (w, String::new()),
+            ));
+        }
+        if w.which == 2 {
+            return None;
+        }
+        let t = &w.texts[w.which];
+        if w.pos >= t.len() {
+            let tail = if w.which == 0 {
+                "\",\"stderr\":\""
+            } else {
+                "\"}}"
+            };
+            w.texts[w.which] = String::new();
+            w.which += 1;
+            w.pos = 0;
+            return Some((Ok(tail.as_bytes().to_vec()), (w, prefix)));
+        }
+        let mut end = (w.pos + PIECE).min(t.len());
+        while !t.is_char_boundary(end) {
+            end -= 1;
+        }
+        let quoted = serde_json::to_string(&t[w.pos..end]).unwrap_or_else(|_| "\"\"".into());
+        let inner = quoted.as_bytes()[1..quoted.len() - 1].to_vec();
+        w.pos = end;
+        Some((Ok(inner), (w, prefix)))
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        axum::body::Body::from_stream(pieces),
+    )
+        .into_response()
 }
 
 /// What an exec that failed in the driver answers; a sandbox found dead is recorded as such.

@@ -58,6 +58,10 @@ pub enum ErrorCode {
     ConcurrencyLimit,
     InsufficientFunds,
     RangeNotSatisfiable,
+    /// 507: a workspace's storage quota (or a sandbox's disk) has no room for this.
+    InsufficientStorage,
+    /// 408: the request's body stopped arriving.
+    RequestTimeout,
     Internal,
     Unavailable,
 }
@@ -79,6 +83,8 @@ impl ErrorCode {
             ErrorCode::ConcurrencyLimit => "CONCURRENCY_LIMIT",
             ErrorCode::InsufficientFunds => "INSUFFICIENT_FUNDS",
             ErrorCode::RangeNotSatisfiable => "RANGE_NOT_SATISFIABLE",
+            ErrorCode::InsufficientStorage => "INSUFFICIENT_STORAGE",
+            ErrorCode::RequestTimeout => "REQUEST_TIMEOUT",
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::Unavailable => "UNAVAILABLE",
         }
@@ -98,6 +104,8 @@ impl ErrorCode {
             ErrorCode::RateLimited | ErrorCode::ConcurrencyLimit => 429,
             ErrorCode::InsufficientFunds => 402,
             ErrorCode::RangeNotSatisfiable => 416,
+            ErrorCode::InsufficientStorage => 507,
+            ErrorCode::RequestTimeout => 408,
             ErrorCode::Internal => 500,
             ErrorCode::Unavailable => 503,
         }
