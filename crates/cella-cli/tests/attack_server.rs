@@ -169,3 +169,80 @@ fn read_until_closed_or_answered(s: &mut TcpStream) -> Vec<u8> {
         }
     }
 }
+
+/// The server's peak resident memory so far (VmHWM), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmHWM in /proc/<pid>/status");
+    kb * 1024
+}
+
+/// Runs six execs at once, each printing 32 MiB on stdout; returns their results.
+fn six_big_execs(s: &Server, id: &str) -> Vec<serde_json::Value> {
+    std::thread::scope(|sc| {
+        let runs: Vec<_> = (0..6)
+            .map(|_| {
+                sc.spawn(|| {
+                    s.exec(
+                        id,
+                        json!({ "command": "head -c 33554432 /dev/zero | tr '\\0' a", "timeout_sec": 600 }),
+                    )
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn exec_output_is_capped_and_counted_against_a_server_wide_budget() {
+    const MIB: u64 = 1024 * 1024;
+    // The defaults: 16 MiB kept per stream, a 256 MiB budget.
+    let s = Server::start();
+    let id = s.create(json!({ "size": "small" }));
+    let before = peak_rss(s.server_pid());
+    let results = six_big_execs(&s, &id);
+    let grew = peak_rss(s.server_pid()).saturating_sub(before);
+    eprintln!(
+        "six execs of 32 MiB: the server's peak memory grew by {} MiB",
+        grew / MIB
+    );
+    for r in &results {
+        assert_eq!(r["exit_code"], 0, "{}", r["stderr"]);
+        assert_eq!(r["stdout_truncated"], true);
+        let out = r["stdout"].as_str().unwrap();
+        assert_eq!(out.len() as u64, 16 * MIB, "the cap keeps 16 MiB");
+        assert!(out.bytes().all(|b| b == b'a'));
+    }
+    assert!(
+        grew < 200 * MIB,
+        "six execs of 32 MiB each grew the server's peak memory by {} MiB",
+        grew / MIB
+    );
+
+    // A budget smaller than six outputs: they share it, every answer is cut and flagged, and
+    // together they keep no more than the budget has room for (each byte counts twice).
+    let s = Server::start_with("[exec]\nbuffer_budget_bytes = 33554432\n");
+    let id = s.create(json!({ "size": "small" }));
+    let results = six_big_execs(&s, &id);
+    let mut total = 0u64;
+    for r in &results {
+        assert_eq!(r["exit_code"], 0, "{}", r["stderr"]);
+        assert_eq!(r["stdout_truncated"], true);
+        total += r["stdout"].as_str().unwrap().len() as u64;
+    }
+    assert!(
+        total <= 16 * MIB,
+        "kept {total} bytes under a 32 MiB budget"
+    );
+    // The budget comes back once the answers are sent: one exec alone keeps its full cap.
+    let one = s.exec(
+        &id,
+        json!({ "command": "head -c 20000000 /dev/zero | tr '\\0' b" }),
+    );
+    assert_eq!(one["stdout"].as_str().unwrap().len() as u64, 16 * MIB);
+}

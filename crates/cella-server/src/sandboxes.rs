@@ -810,11 +810,24 @@ impl Kept {
     }
 }
 
-/// A buffered exec's result with the part of the server's exec buffer budget its output holds
-/// (released when the answer made of it is dropped).
+/// A buffered exec's result, its output as kept, and the part of the server's exec buffer
+/// budget the output holds (released when this, or the answer made of it, is dropped).
 pub struct ExecOutput {
+    /// The result with empty `stdout` and `stderr` (they are in `out`).
     pub result: ExecResult,
-    pub budget: Option<tokio::sync::OwnedSemaphorePermit>,
+    out: [Kept; 2],
+    budget: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl ExecOutput {
+    pub fn into_result(self) -> ExecResult {
+        let [out, err] = self.out;
+        ExecResult {
+            stdout: out.text(),
+            stderr: err.text(),
+            ..self.result
+        }
+    }
 }
 
 /// Runs one command in a running sandbox and collects its output.
@@ -823,12 +836,12 @@ pub async fn exec(
     row: &SandboxRow,
     req: ExecRequest,
 ) -> Result<ExecResult, ApiError> {
-    Ok(exec_kept(state, row, req).await?.result)
+    Ok(exec_kept(state, row, req).await?.into_result())
 }
 
-/// [`exec`], with the budget its output holds. Each stream keeps at most
-/// `[exec] output_cap_bytes` (the agent sends no more), and only what the server-wide
-/// `[exec] buffer_budget_bytes` has room for: past either, the stream is cut and flagged.
+/// [`exec`], with the output as kept. Each stream keeps at most `[exec] output_cap_bytes`
+/// (the agent sends no more), and only what the server-wide `[exec] buffer_budget_bytes` has
+/// room for: past either, the stream is cut and flagged.
 pub async fn exec_kept(
     state: &AppState,
     row: &SandboxRow,
@@ -855,32 +868,78 @@ pub async fn exec_kept(
     };
     let (res, (out, err, held)) = tokio::join!(state.driver.exec(&handle, spec, tx), collect);
     match res {
-        Ok(info) => {
-            let (ocut, ecut) = (out.cut, err.cut);
-            Ok(ExecOutput {
-                result: ExecResult {
-                    exit_code: info.exit_code,
-                    stdout: out.text(),
-                    stderr: err.text(),
-                    duration_ms: info.duration_ms,
-                    timed_out: info.timed_out,
-                    stdout_truncated: info.stdout_truncated || ocut,
-                    stderr_truncated: info.stderr_truncated || ecut,
-                },
-                budget: held,
-            })
-        }
+        Ok(info) => Ok(ExecOutput {
+            result: ExecResult {
+                exit_code: info.exit_code,
+                stdout: String::new(),
+                stderr: String::new(),
+                duration_ms: info.duration_ms,
+                timed_out: info.timed_out,
+                stdout_truncated: info.stdout_truncated || out.cut,
+                stderr_truncated: info.stderr_truncated || err.cut,
+            },
+            out: [out, err],
+            budget: held,
+        }),
         Err(e) => Err(exec_failure(state, &row.id, &handle, e).await),
     }
 }
 
-/// The answer `{"data": ExecResult}` of a buffered exec, written piece by piece from its
-/// output (no second copy of the output as one JSON text); the budget it holds is released
+/// Turns kept output into the inside of a JSON string, chunk by chunk: invalid UTF-8 becomes
+/// U+FFFD (as `from_utf8_lossy` does), a character split between two chunks is carried over.
+#[derive(Default)]
+struct JsonText {
+    carry: Vec<u8>,
+}
+
+impl JsonText {
+    fn piece(&mut self, chunk: &[u8], last: bool) -> Vec<u8> {
+        let mut bytes = std::mem::take(&mut self.carry);
+        bytes.extend_from_slice(chunk);
+        let mut text = String::with_capacity(bytes.len());
+        let mut rest = &bytes[..];
+        loop {
+            match std::str::from_utf8(rest) {
+                Ok(t) => {
+                    text.push_str(t);
+                    break;
+                }
+                Err(e) => {
+                    let ok = e.valid_up_to();
+                    // from_utf8 said this prefix is valid.
+                    text.push_str(std::str::from_utf8(&rest[..ok]).unwrap_or_default());
+                    match e.error_len() {
+                        Some(n) => {
+                            text.push('\u{FFFD}');
+                            rest = &rest[ok + n..];
+                        }
+                        None if !last => {
+                            self.carry = rest[ok..].to_vec();
+                            break;
+                        }
+                        None => {
+                            text.push('\u{FFFD}');
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let quoted = serde_json::to_string(&text).unwrap_or_else(|_| "\"\"".into());
+        quoted.as_bytes()[1..quoted.len() - 1].to_vec()
+    }
+}
+
+/// The answer `{"data": ExecResult}` of a buffered exec, written chunk by chunk from the kept
+/// output (no copy of the whole output as text or as JSON); the budget it holds is released
 /// when the answer is sent or dropped.
 pub fn exec_answer(out: ExecOutput) -> axum::response::Response {
     use axum::response::IntoResponse;
-    const PIECE: usize = 64 * 1024;
-    let ExecOutput { result, budget } = out;
+    let ExecOutput {
+        result,
+        out: [stdout, stderr],
+        budget,
+    } = out;
     let head = serde_json::json!({
         "exit_code": result.exit_code,
         "duration_ms": result.duration_ms,
@@ -890,51 +949,45 @@ pub fn exec_answer(out: ExecOutput) -> axum::response::Response {
     })
     .to_string();
     let prefix = format!("{{\"data\":{},\"stdout\":\"", &head[..head.len() - 1]);
+    enum Part {
+        Bytes(Vec<u8>),
+        Text(std::vec::IntoIter<Vec<u8>>),
+    }
+    let parts = vec![
+        Part::Bytes(prefix.into_bytes()),
+        Part::Text(stdout.chunks.into_iter()),
+        Part::Bytes(b"\",\"stderr\":\"".to_vec()),
+        Part::Text(stderr.chunks.into_iter()),
+        Part::Bytes(b"\"}}".to_vec()),
+    ];
     struct Writer {
-        texts: [String; 2],
-        which: usize,
-        pos: usize,
-        started: bool,
+        parts: std::vec::IntoIter<Part>,
+        now: Option<Part>,
+        json: JsonText,
         _budget: Option<tokio::sync::OwnedSemaphorePermit>,
     }
     let w = Writer {
-        texts: [result.stdout, result.stderr],
-        which: 0,
-        pos: 0,
-        started: false,
+        parts: parts.into_iter(),
+        now: None,
+        json: JsonText::default(),
         _budget: budget,
     };
-    let pieces = futures_util::stream::unfold((w, prefix), |(mut w, prefix)| async move {
-        if !w.started {
-            w.started = true;
-            return Some((
-                Ok::<_, std::convert::Infallible>(prefix.into_bytes()),
-                (w, String::new()),
-            ));
+    let pieces = futures_util::stream::unfold(w, |mut w| async move {
+        loop {
+            match w.now.take().or_else(|| w.parts.next())? {
+                Part::Bytes(b) => return Some((Ok::<_, std::convert::Infallible>(b), w)),
+                Part::Text(mut chunks) => match chunks.next() {
+                    Some(c) => {
+                        let last = chunks.len() == 0;
+                        let piece = w.json.piece(&c, last);
+                        drop(c);
+                        w.now = Some(Part::Text(chunks));
+                        return Some((Ok(piece), w));
+                    }
+                    None => w.json = JsonText::default(),
+                },
+            }
         }
-        if w.which == 2 {
-            return None;
-        }
-        let t = &w.texts[w.which];
-        if w.pos >= t.len() {
-            let tail = if w.which == 0 {
-                "\",\"stderr\":\""
-            } else {
-                "\"}}"
-            };
-            w.texts[w.which] = String::new();
-            w.which += 1;
-            w.pos = 0;
-            return Some((Ok(tail.as_bytes().to_vec()), (w, prefix)));
-        }
-        let mut end = (w.pos + PIECE).min(t.len());
-        while !t.is_char_boundary(end) {
-            end -= 1;
-        }
-        let quoted = serde_json::to_string(&t[w.pos..end]).unwrap_or_else(|_| "\"\"".into());
-        let inner = quoted.as_bytes()[1..quoted.len() - 1].to_vec();
-        w.pos = end;
-        Some((Ok(inner), (w, prefix)))
     });
     (
         [(axum::http::header::CONTENT_TYPE, "application/json")],
@@ -1048,4 +1101,69 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod exec_answer_tests {
+    use super::*;
+
+    fn kept(chunks: &[&[u8]]) -> Kept {
+        Kept {
+            chunks: chunks.iter().map(|c| c.to_vec()).collect(),
+            len: chunks.iter().map(|c| c.len()).sum(),
+            cut: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_answer_is_the_json_of_the_kept_output() {
+        // "é" split between two chunks, quotes and a newline, an invalid byte, and a stream
+        // that ends in the middle of a character.
+        let out_chunks: &[&[u8]] = &[b"a\"b\n\xc3", b"\xa9c\xff", b"d\xe2\x82"];
+        let err_chunks: &[&[u8]] = &[b"", b"err\\"];
+        let whole = |cs: &[&[u8]]| String::from_utf8_lossy(&cs.concat()).into_owned();
+        let out = ExecOutput {
+            result: ExecResult {
+                exit_code: 3,
+                stdout: String::new(),
+                stderr: String::new(),
+                duration_ms: 7,
+                timed_out: false,
+                stdout_truncated: true,
+                stderr_truncated: false,
+            },
+            out: [kept(out_chunks), kept(err_chunks)],
+            budget: None,
+        };
+        let res = exec_answer(out);
+        let body = axum::body::to_bytes(res.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let r: ExecResult = serde_json::from_value(v["data"].clone()).unwrap();
+        assert_eq!(r.stdout, whole(out_chunks));
+        assert_eq!(r.stderr, whole(err_chunks));
+        assert_eq!((r.exit_code, r.duration_ms), (3, 7));
+        assert!(r.stdout_truncated && !r.stderr_truncated && !r.timed_out);
+    }
+
+    #[test]
+    fn kept_output_stops_at_the_cap_and_at_the_budget() {
+        let budget = Arc::new(tokio::sync::Semaphore::new(100));
+        let mut held = None;
+        let mut k = Kept::default();
+        k.push(vec![1; 30], 40, &budget, &mut held);
+        k.push(vec![2; 30], 40, &budget, &mut held);
+        assert_eq!((k.len, k.cut), (40, true), "cut at the cap");
+        assert_eq!(
+            budget.available_permits(),
+            20,
+            "each kept byte counts twice"
+        );
+        let mut k2 = Kept::default();
+        k2.push(vec![3; 15], 40, &budget, &mut held);
+        assert_eq!((k2.len, k2.cut), (0, true), "no room left in the budget");
+        drop(held);
+        assert_eq!(budget.available_permits(), 100);
+    }
 }
