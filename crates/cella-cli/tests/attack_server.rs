@@ -246,3 +246,53 @@ fn exec_output_is_capped_and_counted_against_a_server_wide_budget() {
     );
     assert_eq!(one["stdout"].as_str().unwrap().len() as u64, 16 * MIB);
 }
+
+fn snapshot_dirs(s: &Server) -> usize {
+    std::fs::read_dir(s.data_dir().join("snapshots"))
+        .map(|rd| rd.count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_snapshot_past_the_workspace_storage_quota_is_refused_and_not_kept() {
+    const QUOTA: &str = "\n[quotas]\nstorage_bytes = { enterprise = ";
+    let mut s = Server::start_with(&format!("{QUOTA}1000000000 }}\n"));
+    let id = s.create(json!({ "size": "xs", "persistent": true }));
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/snapshots"), json!({}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let first = r.data()["size_bytes"].as_u64().unwrap();
+    // The operator lowers the quota to just above what the workspace stores now.
+    let config = format!(
+        "{QUOTA}{} }}\n[pool]\ndefault = 0\nsizes = {{}}\n",
+        first + 1000
+    );
+    std::fs::write(s.dir.path().join("config.toml"), config).unwrap();
+    s.restart();
+    let out = s.sh(
+        &id,
+        "head -c 4000000 /dev/urandom > /home/user/big && echo ok",
+    );
+    assert_eq!(out["stdout"], "ok\n", "{out}");
+    let (listed, dirs) = (
+        s.get("/api/v1/snapshots").data().as_array().unwrap().len(),
+        snapshot_dirs(&s),
+    );
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/snapshots"), json!({}));
+    r.assert_error(507, "INSUFFICIENT_STORAGE");
+    assert_eq!(r.body["error"]["details"]["used_bytes"], first);
+    assert_eq!(r.body["error"]["details"]["quota_bytes"], first + 1000);
+    // Nothing kept: no new snapshot listed, none on disk.
+    assert_eq!(
+        s.get("/api/v1/snapshots").data().as_array().unwrap().len(),
+        listed
+    );
+    assert_eq!(snapshot_dirs(&s), dirs);
+    // Deleting the first snapshot gives its bytes back (the new one is still too big).
+    let snaps = s.get("/api/v1/snapshots");
+    let old = snaps.data()[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(s.delete(&format!("/api/v1/snapshots/{old}")).status, 200);
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/snapshots"), json!({}));
+    r.assert_error(507, "INSUFFICIENT_STORAGE");
+    assert_eq!(r.body["error"]["details"]["used_bytes"], 0);
+    assert_eq!(snapshot_dirs(&s), dirs - 1);
+}

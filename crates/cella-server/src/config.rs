@@ -26,6 +26,31 @@ pub struct Config {
     pub preview: PreviewConfig,
     pub artifacts: ArtifactsConfig,
     pub server: ServerConfig,
+    pub quotas: QuotasConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuotasConfig {
+    /// Bytes a workspace may store in snapshots and artifacts, per plan (`developer`,
+    /// `business`, `enterprise`); a plan not listed has no quota. Default: developer 20 GiB,
+    /// business 100 GiB, enterprise 500 GiB.
+    pub storage_bytes: std::collections::BTreeMap<String, u64>,
+}
+
+impl Default for QuotasConfig {
+    fn default() -> Self {
+        const GIB: u64 = 1024 * 1024 * 1024;
+        QuotasConfig {
+            storage_bytes: [
+                ("developer".to_string(), 20 * GIB),
+                ("business".to_string(), 100 * GIB),
+                ("enterprise".to_string(), 500 * GIB),
+            ]
+            .into_iter()
+            .collect(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -241,6 +266,7 @@ impl Default for Config {
             preview: PreviewConfig::default(),
             artifacts: ArtifactsConfig::default(),
             server: ServerConfig::default(),
+            quotas: QuotasConfig::default(),
         }
     }
 }

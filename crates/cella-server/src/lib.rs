@@ -18,6 +18,7 @@ pub mod oci;
 pub mod openapi;
 pub mod pool;
 pub mod preview;
+pub mod quotas;
 pub mod ratelimit;
 pub mod routes;
 pub mod runs;

@@ -257,6 +257,9 @@ pub async fn collect(
     user: ExecUser,
 ) -> Result<Vec<ArtifactRow>, ApiError> {
     check_globs(globs, "paths")?;
+    // The workspace's storage quota bounds what this collection may keep.
+    let storage = crate::quotas::storage(state, &row.workspace_id).await?;
+    storage.check(0, "collecting artifacts")?;
     // The globs are expanded by bash inside the sandbox, as the command's user: they name
     // what that user could see, and are passed as arguments, never as code.
     let mut argv = vec![
@@ -294,7 +297,7 @@ pub async fn collect(
         .await
         .map_err(|_| ApiError::internal())?;
     let cfg = &state.config.artifacts;
-    let mut budget = cfg.max_bytes;
+    let mut budget = cfg.max_bytes.min(storage.room());
     let now = now_ms();
     let mut out = Vec::new();
     for path in paths.into_iter().take(cfg.max_files) {
