@@ -11,10 +11,19 @@
 //!
 //! - forward: traffic *to* a sandbox is dropped unless it answers a connection the sandbox
 //!   opened (no inbound, no sandbox-to-sandbox); traffic *from* a sandbox goes to `egress`.
-//! - egress: IPv6 is dropped, established flows pass, then the sandbox's own chain decides; an
-//!   interface with no chain yet (a sandbox still booting) is dropped: the firewall fails closed.
+//! - egress: IPv6 is refused, established flows pass, then the sandbox's own chain decides; an
+//!   interface with no chain yet (a sandbox still booting) is refused: the firewall fails closed.
 //! - input: nothing from a sandbox reaches the host itself (its loopback services, the API port,
 //!   anything) except answers to connections the host opened (the preview proxy, later).
+//! - the floor: each server's set `floor_<instance>` holds what no tenant's policy opens
+//!   (loopback, link-local with the metadata address, multicast, the sandbox subnet, every
+//!   address of the host's own interfaces, and the operator's `deny_always` ranges). A sandbox's
+//!   chain tests it first, before the tenant's deny and allow lists (only DNS to the resolvers
+//!   the operator gave sandboxes comes before it). The host's addresses are read again by
+//!   [`Firewall::refresh_floor`].
+//! - refused traffic is *rejected*, not dropped (chain `refuse`): TCP gets a reset, anything else
+//!   an ICMP "administratively prohibited", so a tool in the sandbox fails at once
+//!   (`ECONNREFUSED`, `EHOSTUNREACH`) instead of waiting for its own timeout.
 //! - `ip cella_nat`: sandbox traffic leaving by another interface is masqueraded.
 //!
 //! Rules are written with the `nft` command (one atomic batch per change) rather than over
@@ -26,7 +35,21 @@ use std::io::Write;
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
-/// Ranges a sandbox with `egress: allow` still may not reach, unless its allow list names them.
+/// Ranges in every server's floor, whatever its configuration: "this network", loopback,
+/// link-local (the cloud metadata address 169.254.169.254 among them) and multicast/reserved.
+/// (IPv6, fe80::/10 included, is refused as a whole.)
+pub const FIXED_FLOOR: &[&str] = &["0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/3"];
+
+/// The default of `[network] deny_always`: the private ranges of RFC 1918 and carrier-grade NAT.
+pub const DEFAULT_DENY_ALWAYS: &[&str] = &[
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+];
+
+/// Ranges a sandbox with `egress: allow` still may not reach, unless its allow list names them
+/// (and the floor does not hold them).
 pub const CLOSED_RANGES: &[&str] = &[
     "0.0.0.0/8",
     "10.0.0.0/8",
@@ -43,6 +66,48 @@ pub const CLOSED_RANGES: &[&str] = &[
 /// An IPv4 network in CIDR form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Net(pub Ipv4Addr, pub u8);
+
+impl Net {
+    /// The network's first address (host bits cleared).
+    pub fn network(self) -> Ipv4Addr {
+        let mask = if self.1 == 0 {
+            0
+        } else {
+            u32::MAX << (32 - self.1.min(32) as u32)
+        };
+        Ipv4Addr::from(u32::from(self.0) & mask)
+    }
+
+    /// Whether `other` lies inside this network.
+    pub fn contains(self, other: Net) -> bool {
+        other.1 >= self.1 && Net(other.0, self.1).network() == self.network()
+    }
+
+    /// Parses `a.b.c.d/len` or `a.b.c.d` (a /32).
+    pub fn parse(s: &str) -> Option<Net> {
+        let (a, p) = match s.split_once('/') {
+            Some((a, p)) => (a, p.parse::<u8>().ok()?),
+            None => (s, 32),
+        };
+        (p <= 32).then_some(())?;
+        Some(Net(a.parse().ok()?, p))
+    }
+}
+
+/// `nets` with host bits cleared, sorted, and every network that lies inside another left out
+/// (an nftables interval set refuses overlapping elements).
+pub fn merge(nets: &[Net]) -> Vec<Net> {
+    let mut v: Vec<Net> = nets.iter().map(|n| Net(n.network(), n.1)).collect();
+    v.sort_by_key(|n| (n.1, u32::from(n.0)));
+    let mut out: Vec<Net> = Vec::new();
+    for n in v {
+        if !out.iter().any(|o| o.contains(n)) {
+            out.push(n);
+        }
+    }
+    out.sort_by_key(|n| u32::from(n.0));
+    out
+}
 
 impl std::fmt::Display for Net {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -64,6 +129,9 @@ pub struct EgressRules {
 #[derive(Debug, Clone)]
 pub struct Firewall {
     instance: String,
+    /// The configured part of the floor (fixed ranges, `deny_always`, the sandbox subnet);
+    /// the host's own addresses are added when the set is written.
+    floor: Vec<Net>,
 }
 
 impl Firewall {
@@ -77,9 +145,53 @@ impl Firewall {
             .status()
             .map(|s| s.success())
             .unwrap_or(false);
-        ok.then(|| Firewall {
+        ok.then(|| Firewall::new(instance))
+    }
+
+    fn new(instance: &str) -> Firewall {
+        Firewall {
             instance: instance.to_string(),
-        })
+            floor: FIXED_FLOOR.iter().filter_map(|n| Net::parse(n)).collect(),
+        }
+    }
+
+    /// Adds `nets` (the operator's `deny_always` and the sandbox subnet) to the floor.
+    pub fn with_floor(mut self, nets: &[Net]) -> Firewall {
+        self.floor.extend_from_slice(nets);
+        self
+    }
+
+    fn floor_set(&self) -> String {
+        format!("floor_{}", self.instance)
+    }
+
+    /// The floor as it is now: the configured ranges and the host's own addresses.
+    pub fn floor_now(&self) -> Vec<Net> {
+        let mut all = self.floor.clone();
+        all.extend(host_addresses().into_iter().map(|a| Net(a, 32)));
+        merge(&all)
+    }
+
+    fn floor_script(&self, nets: &[Net]) -> String {
+        let set = self.floor_set();
+        let list: Vec<String> = nets.iter().map(|n| n.to_string()).collect();
+        let mut s = format!(
+            "add set inet cella {set} {{ type ipv4_addr; flags interval; }}\nflush set inet cella {set}\n"
+        );
+        if !list.is_empty() {
+            s += &format!("add element inet cella {set} {{ {} }}\n", list.join(", "));
+        }
+        s
+    }
+
+    /// Writes the floor again when the host's addresses changed since `last` (one batch);
+    /// returns the floor now in force.
+    pub fn refresh_floor(&self, last: &[Net]) -> Result<Vec<Net>, DriverError> {
+        let now = self.floor_now();
+        if now != last {
+            nft(&self.floor_script(&now))?;
+        }
+        Ok(now)
     }
 
     fn chain(&self, id: &str, ifindex: u32) -> String {
@@ -89,21 +201,33 @@ impl Firewall {
     /// Writes the shared table's base chains (idempotent; kept sandbox chains stay) and turns
     /// on IPv4 forwarding.
     pub fn install_base(&self) -> Result<(), DriverError> {
+        nft(&self.base_script())?;
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+            .map_err(|e| DriverError::Network(format!("turning on IPv4 forwarding: {e}")))?;
+        Ok(())
+    }
+
+    fn base_script(&self) -> String {
         let p = crate::namespace::net::IFACE_PREFIX;
         let closed = CLOSED_RANGES.join(", ");
-        let script = format!(
+        let floor = self.floor_script(&self.floor_now());
+        format!(
             r#"add table inet cella
 add map inet cella by_iif {{ type iface_index : verdict; }}
 add set inet cella closed {{ type ipv4_addr; flags interval; }}
 flush set inet cella closed
 add element inet cella closed {{ {closed} }}
+{floor}add chain inet cella refuse
+flush chain inet cella refuse
+add rule inet cella refuse meta l4proto tcp reject with tcp reset
+add rule inet cella refuse reject with icmpx type admin-prohibited
 add chain inet cella egress
 flush chain inet cella egress
-add rule inet cella egress meta nfproto ipv6 drop
+add rule inet cella egress meta nfproto ipv6 jump refuse
 add rule inet cella egress ct state established,related accept
 add rule inet cella egress ct state invalid drop
 add rule inet cella egress iif vmap @by_iif
-add rule inet cella egress drop
+add rule inet cella egress jump refuse
 add chain inet cella forward {{ type filter hook forward priority -10; policy accept; }}
 flush chain inet cella forward
 add rule inet cella forward oifname "{p}*" ct state established,related accept
@@ -112,17 +236,13 @@ add rule inet cella forward iifname "{p}*" jump egress
 add chain inet cella input {{ type filter hook input priority -10; policy accept; }}
 flush chain inet cella input
 add rule inet cella input iifname "{p}*" ct state established,related accept
-add rule inet cella input iifname "{p}*" drop
+add rule inet cella input iifname "{p}*" jump refuse
 add table ip cella_nat
 add chain ip cella_nat postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}
 flush chain ip cella_nat postrouting
 add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
 "#
-        );
-        nft(&script)?;
-        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
-            .map_err(|e| DriverError::Network(format!("turning on IPv4 forwarding: {e}")))?;
-        Ok(())
+        )
     }
 
     /// Installs (or replaces) the chain of sandbox `id`'s boot whose host interface has index
@@ -140,30 +260,36 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        // DNS to the resolvers the operator gave sandboxes, even when the floor holds them.
+        if rules.open && !rules.dns.is_empty() {
+            let dns: Vec<String> = rules.dns.iter().map(|a| a.to_string()).collect();
+            s += &format!(
+                "add rule inet cella {c} ip daddr {{ {} }} meta l4proto {{ tcp, udp }} th dport 53 accept\n",
+                dns.join(", ")
+            );
+        }
+        // The operator's floor, before anything the tenant's policy says.
+        s += &format!(
+            "add rule inet cella {c} ip daddr @{} jump refuse\n",
+            self.floor_set()
+        );
         if !rules.deny.is_empty() {
             s += &format!(
-                "add rule inet cella {c} ip daddr {{ {} }} drop\n",
-                list(&rules.deny)
+                "add rule inet cella {c} ip daddr {{ {} }} jump refuse\n",
+                list(&merge(&rules.deny))
             );
         }
         if !rules.allow.is_empty() {
             s += &format!(
                 "add rule inet cella {c} ip daddr {{ {} }} accept\n",
-                list(&rules.allow)
+                list(&merge(&rules.allow))
             );
         }
         if rules.open {
-            if !rules.dns.is_empty() {
-                let dns: Vec<String> = rules.dns.iter().map(|a| a.to_string()).collect();
-                s += &format!(
-                    "add rule inet cella {c} ip daddr {{ {} }} meta l4proto {{ tcp, udp }} th dport 53 accept\n",
-                    dns.join(", ")
-                );
-            }
-            s += &format!("add rule inet cella {c} ip daddr @closed drop\n");
+            s += &format!("add rule inet cella {c} ip daddr @closed jump refuse\n");
             s += &format!("add rule inet cella {c} meta nfproto ipv4 accept\n");
         }
-        s += &format!("add rule inet cella {c} drop\n");
+        s += &format!("add rule inet cella {c} jump refuse\n");
         s += &format!("add element inet cella by_iif {{ {ifindex} : jump {c} }}\n");
         s
     }
@@ -266,6 +392,24 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
     }
 }
 
+/// Every IPv4 address of the host's interfaces (not the host ends of sandbox links, which the
+/// sandbox subnet in the floor covers).
+pub fn host_addresses() -> Vec<Ipv4Addr> {
+    let mut v: Vec<Ipv4Addr> = nix::ifaddrs::getifaddrs()
+        .map(|it| {
+            it.filter(|i| {
+                !i.interface_name
+                    .starts_with(crate::namespace::net::IFACE_PREFIX)
+            })
+            .filter_map(|i| i.address?.as_sockaddr_in().map(|a| a.ip()))
+            .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v.dedup();
+    v
+}
+
 fn items<'a>(
     v: &'a serde_json::Value,
     kind: &'a str,
@@ -320,22 +464,35 @@ fn nft_json(args: &[&str]) -> Result<serde_json::Value, DriverError> {
 mod tests {
     use super::*;
 
+    fn fw() -> Firewall {
+        Firewall::new("i1")
+    }
+
     #[test]
-    fn chain_lists_deny_before_allow_and_closes_private_ranges() {
-        let fw = Firewall {
-            instance: "i1".into(),
-        };
+    fn chain_tests_the_floor_first_then_deny_then_allow_and_refuses_the_rest() {
+        let fw = fw();
         let rules = EgressRules {
             open: true,
-            allow: vec![Net("10.1.0.0".parse().unwrap(), 16)],
+            allow: vec![
+                Net("10.1.0.0".parse().unwrap(), 16),
+                Net("0.0.0.0".parse().unwrap(), 0),
+            ],
             deny: vec![Net("1.2.3.4".parse().unwrap(), 32)],
             dns: vec!["10.255.255.53".parse().unwrap()],
         };
         let s = fw.chain_script("sabc", 17, &rules);
-        let deny = s.find("1.2.3.4/32 } drop").unwrap();
-        let allow = s.find("10.1.0.0/16 } accept").unwrap();
-        let closed = s.find("@closed drop").unwrap();
-        assert!(deny < allow && allow < closed);
+        let dns = s.find("th dport 53 accept").unwrap();
+        let floor = s.find("ip daddr @floor_i1 jump refuse").unwrap();
+        let deny = s.find("1.2.3.4/32 } jump refuse").unwrap();
+        let allow = s.find("0.0.0.0/0 } accept").unwrap();
+        let closed = s.find("@closed jump refuse").unwrap();
+        assert!(
+            dns < floor && floor < deny && deny < allow && allow < closed,
+            "{s}"
+        );
+        // 10.1.0.0/16 lies inside 0.0.0.0/0: an interval set takes only one of them.
+        assert!(!s.contains("10.1.0.0/16"), "{s}");
+        assert!(!s.contains(" drop"), "refused, never dropped: {s}");
         assert!(s.contains("{ 17 : jump sb_i1_sabc_17 }"));
         assert!(s.trim_end().ends_with("jump sb_i1_sabc_17 }"));
         let closed_rules = EgressRules::default();
@@ -344,5 +501,41 @@ mod tests {
             !s.contains("accept"),
             "egress deny with no allow list opens nothing: {s}"
         );
+        assert!(s.contains("@floor_i1 jump refuse"));
+    }
+
+    #[test]
+    fn base_rejects_what_it_refuses_and_holds_the_floor() {
+        let fw = fw().with_floor(&[Net::parse("10.0.0.0/8").unwrap()]);
+        let s = fw.base_script();
+        assert!(s.contains("reject with tcp reset"), "{s}");
+        assert!(s.contains("reject with icmpx type admin-prohibited"), "{s}");
+        let floor = s
+            .lines()
+            .find(|l| l.starts_with("add element inet cella floor_i1"))
+            .unwrap();
+        for n in ["10.0.0.0/8", "169.254.0.0/16", "127.0.0.0/8"] {
+            assert!(floor.contains(n), "{floor}");
+        }
+        // The host's loopback address lies inside 127.0.0.0/8 and is merged into it.
+        assert!(!floor.contains("127.0.0.1/32"), "{floor}");
+        assert!(!s.contains("egress drop") && !s.contains("\"{p}*\" drop"));
+    }
+
+    #[test]
+    fn merge_keeps_outermost_networks_and_clears_host_bits() {
+        let n = |s: &str| Net::parse(s).unwrap();
+        assert_eq!(
+            merge(&[
+                n("10.1.2.3/8"),
+                n("10.9.0.0/16"),
+                n("192.168.1.1"),
+                n("1.2.3.4/32")
+            ]),
+            vec![n("1.2.3.4/32"), n("10.0.0.0/8"), n("192.168.1.1/32")]
+        );
+        assert!(n("0.0.0.0/0").contains(n("169.254.169.254")));
+        assert!(!n("10.0.0.0/8").contains(n("0.0.0.0/0")));
+        assert_eq!(Net::parse("1.2.3.4/33"), None);
     }
 }

@@ -28,6 +28,8 @@ pub struct Config {
     pub sandboxes: SandboxesConfig,
     pub images: ImagesConfig,
     pub limits: LimitsConfig,
+    pub server: ServerConfig,
+    pub quotas: QuotasConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -51,6 +53,30 @@ impl Default for SandboxesConfig {
     fn default() -> Self {
         SandboxesConfig {
             destroyed_retention_hours: 24,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuotasConfig {
+    /// Bytes a workspace may store in snapshots and artifacts, per plan (`developer`,
+    /// `business`, `enterprise`); a plan not listed has no quota. Default: developer 20 GiB,
+    /// business 100 GiB, enterprise 500 GiB.
+    pub storage_bytes: std::collections::BTreeMap<String, u64>,
+}
+
+impl Default for QuotasConfig {
+    fn default() -> Self {
+        const GIB: u64 = 1024 * 1024 * 1024;
+        QuotasConfig {
+            storage_bytes: [
+                ("developer".to_string(), 20 * GIB),
+                ("business".to_string(), 100 * GIB),
+                ("enterprise".to_string(), 500 * GIB),
+            ]
+            .into_iter()
+            .collect(),
         }
     }
 }
@@ -162,6 +188,13 @@ pub struct NetworkConfig {
     pub enabled: bool,
     /// The subnet sandboxes' /30 links are cut from (IPv4 CIDR, at most /30).
     pub subnet: String,
+    /// IPv4 ranges no sandbox reaches whatever its policy allows (default: the RFC 1918 ranges
+    /// and 100.64.0.0/10). Loopback, link-local (the metadata address), multicast, the sandbox
+    /// subnet and the host's own addresses are always in this floor.
+    pub deny_always: Vec<String>,
+    /// Seconds between two lookups of the domains in live sandboxes' policies (and of the
+    /// host's addresses for the floor); at least 10, default 60.
+    pub resolve_interval_sec: u64,
 }
 
 impl Default for NetworkConfig {
@@ -169,6 +202,36 @@ impl Default for NetworkConfig {
         NetworkConfig {
             enabled: true,
             subnet: "10.200.0.0/16".into(),
+            deny_always: cella_runtime::firewall::DEFAULT_DENY_ALWAYS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            resolve_interval_sec: 60,
+        }
+    }
+}
+
+impl NetworkConfig {
+    /// The least `resolve_interval_sec` honoured.
+    pub const MIN_RESOLVE_INTERVAL_SEC: u64 = 10;
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Seconds a client has to send a request's headers (from its connection, or the end of
+    /// its previous request); then the connection is closed. Default 10.
+    pub header_timeout_sec: u64,
+    /// Seconds a request body may send nothing before the request is answered 408 and the
+    /// connection closed (a slow upload that keeps sending is fine). Default 30.
+    pub body_idle_timeout_sec: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            header_timeout_sec: 10,
+            body_idle_timeout_sec: 30,
         }
     }
 }
@@ -257,12 +320,17 @@ pub struct SizesConfig {
 pub struct ExecConfig {
     /// Bytes of stdout (and of stderr) kept per exec; the rest is cut and flagged.
     pub output_cap_bytes: u64,
+    /// Bytes the server holds for the output of every buffered exec together (default
+    /// 256 MiB; each kept byte counts twice, once read and once in the answer). Output past
+    /// what the budget has room for is cut and flagged like output past the cap.
+    pub buffer_budget_bytes: u64,
 }
 
 impl Default for ExecConfig {
     fn default() -> Self {
         ExecConfig {
             output_cap_bytes: 16 * 1024 * 1024,
+            buffer_budget_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -286,6 +354,8 @@ impl Default for Config {
             sandboxes: SandboxesConfig::default(),
             images: ImagesConfig::default(),
             limits: LimitsConfig::default(),
+            server: ServerConfig::default(),
+            quotas: QuotasConfig::default(),
         }
     }
 }

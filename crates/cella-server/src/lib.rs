@@ -19,6 +19,7 @@ pub mod oci;
 pub mod openapi;
 pub mod pool;
 pub mod preview;
+pub mod quotas;
 pub mod ratelimit;
 pub mod routes;
 pub mod runs;
@@ -26,7 +27,7 @@ pub mod sandboxes;
 pub mod sse;
 pub mod util;
 
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -53,12 +54,17 @@ pub struct AppState {
     pub limiter: ratelimit::Limiter,
     /// Resolvers sandboxes use, when sandboxes have a network (None: loopback only).
     pub network: Option<Vec<std::net::Ipv4Addr>>,
+    /// The sandboxes' firewall, when they have a network (its floor is refreshed by
+    /// [`network::spawn_refresh`]).
+    pub firewall: Option<cella_runtime::firewall::Firewall>,
     /// Signs preview tokens (kept in the store, so tokens survive restarts).
     pub preview_secret: String,
     /// Template builds that run now.
     pub builds: builds::Builds,
     /// What preview traffic may still resume.
     pub previews: preview::Previews,
+    /// Bytes the output of buffered execs may hold together (`[exec] buffer_budget_bytes`).
+    pub exec_budget: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -360,6 +366,11 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             preview::dispatch,
         ))
+        // Request bodies that stop arriving, previews' included.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            body_idle,
+        ))
         .with_state(state)
 }
 
@@ -507,6 +518,7 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
             host_share_percent: config.limits.open_files_host_percent,
         });
     let mut network = None;
+    let mut firewall = None;
     if config.network.enabled {
         let (subnet, prefix) = match cella_types::Destination::parse(&config.network.subnet) {
             Ok(cella_types::Destination::Net(a, p)) if p <= 30 => (a, p),
@@ -517,8 +529,23 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
                 )))
             }
         };
+        let mut floor = vec![cella_runtime::firewall::Net(subnet, prefix)];
+        for entry in &config.network.deny_always {
+            match cella_types::Destination::parse(entry) {
+                Ok(cella_types::Destination::Net(a, p)) => {
+                    floor.push(cella_runtime::firewall::Net(a, p))
+                }
+                _ => {
+                    return Err(ServeError::Config(format!(
+                        "network.deny_always: {entry:?} is not an IPv4 address or CIDR"
+                    )))
+                }
+            }
+        }
         match cella_runtime::firewall::Firewall::detect(&instance) {
             Some(fw) => {
+                let fw = fw.with_floor(&floor);
+                firewall = Some(fw.clone());
                 driver = driver.with_network(subnet, prefix, fw)?;
                 let resolv = image
                     .layers
@@ -553,7 +580,13 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
             s
         }
     };
+    let exec_budget = Arc::new(tokio::sync::Semaphore::new(
+        usize::try_from(config.exec.buffer_budget_bytes)
+            .unwrap_or(usize::MAX)
+            .min(tokio::sync::Semaphore::MAX_PERMITS),
+    ));
     let state = Arc::new(AppState {
+        exec_budget,
         config,
         store,
         driver: Arc::new(driver),
@@ -562,6 +595,7 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
         activity: Default::default(),
         limiter,
         network,
+        firewall,
         preview_secret,
         builds: Default::default(),
         previews: Default::default(),
@@ -578,6 +612,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let _ = preview::BASE.set(state.public_base());
     sandboxes::reconcile(&state).await?;
     lifecycle::spawn_timers(state.clone());
+    network::spawn_refresh(state.clone());
     pool::spawn(state.clone());
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -591,15 +626,284 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         state.config.data_dir.display()
     );
     println!("cella: listening on http://{addr}");
-    axum::serve(listener, router(state.clone()))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(ServeError::Serve)?;
+    serve_http(
+        listener,
+        router(state.clone()),
+        &state.config.server,
+        shutdown_signal(),
+    )
+    .await;
     // Users' sandboxes run on without the server; the warm pool is the server's own and is
     // booted again at the next start, so a clean stop leaves none of it behind.
     pool::drain(&state).await;
     state.driver.tidy();
     Ok(())
+}
+
+/// The first bytes of an HTTP/2 connection with prior knowledge.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How long connections still in flight may take to end after a stop was asked for.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves `app` on `listener` until `shutdown` resolves. A client has `header_timeout_sec`
+/// to send a request's headers, counted from its connection or from the end of its previous
+/// answer (also for a connection that sends nothing, or half a request line): then the
+/// connection is closed. Answers themselves (event streams, WebSockets, downloads) have no
+/// time limit; request bodies have the idle timeout of [`body_idle`].
+pub async fn serve_http(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    cfg: &config::ServerConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    let header = std::time::Duration::from_secs(cfg.header_timeout_sec.max(1));
+    // A stop is announced on `stop`; each connection holds a receiver until it ends.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // Out of descriptors and the like: wait a little rather than spin.
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            // HTTP/2 with prior knowledge or HTTP/1: the first bytes say, within the header
+            // timeout.
+            let (io, h2) = tokio::select! {
+                r = tokio::time::timeout(header, sniff(stream)) => match r {
+                    Ok(Ok(v)) => v,
+                    _ => return,
+                },
+                _ = stop.changed() => return,
+            };
+            let io = TokioIo::new(io);
+            if h2 {
+                let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                b.timer(TokioTimer::new())
+                    .keep_alive_interval(Some(header))
+                    .keep_alive_timeout(header);
+                let conn = b.serve_connection(io, svc);
+                tokio::pin!(conn);
+                tokio::select! {
+                    _ = conn.as_mut() => {}
+                    _ = stop.changed() => {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = conn.await;
+                    }
+                }
+            } else {
+                let mut b = hyper::server::conn::http1::Builder::new();
+                b.timer(TokioTimer::new()).header_read_timeout(header);
+                let conn = b.serve_connection(io, svc).with_upgrades();
+                tokio::pin!(conn);
+                tokio::select! {
+                    _ = conn.as_mut() => {}
+                    _ = stop.changed() => {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = conn.await;
+                    }
+                }
+            }
+        });
+    }
+    drop(listener);
+    drop(stop_rx);
+    let _ = stop_tx.send(true);
+    if tokio::time::timeout(DRAIN_TIMEOUT, stop_tx.closed())
+        .await
+        .is_err()
+    {
+        tracing::info!("connections still open at the stop were cut");
+    }
+}
+
+/// Reads a connection's first bytes, enough to tell the HTTP/2 preface from anything else;
+/// returns the connection with them put back, and whether it is HTTP/2.
+async fn sniff(mut s: tokio::net::TcpStream) -> std::io::Result<(Rewind, bool)> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::with_capacity(H2_PREFACE.len());
+    let mut tmp = [0u8; 24];
+    loop {
+        let n = s.read(&mut tmp[..H2_PREFACE.len() - buf.len()]).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&tmp[..n]);
+        if !H2_PREFACE.starts_with(&buf) {
+            return Ok((Rewind::new(buf, s), false));
+        }
+        if buf.len() == H2_PREFACE.len() {
+            return Ok((Rewind::new(buf, s), true));
+        }
+    }
+}
+
+/// A connection whose first bytes were read already and are handed out again first.
+struct Rewind {
+    pre: Vec<u8>,
+    pos: usize,
+    inner: tokio::net::TcpStream,
+}
+
+impl Rewind {
+    fn new(pre: Vec<u8>, inner: tokio::net::TcpStream) -> Rewind {
+        Rewind { pre, pos: 0, inner }
+    }
+}
+
+impl tokio::io::AsyncRead for Rewind {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.pos < self.pre.len() {
+            let n = (self.pre.len() - self.pos).min(buf.remaining());
+            let start = self.pos;
+            buf.put_slice(&self.pre[start..start + n]);
+            self.pos += n;
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Rewind {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A request body that ends in an error when the client sends nothing for `idle` while the
+/// server waits for it (time the server spends elsewhere between two reads does not count).
+struct IdleBody {
+    inner: axum::body::BodyDataStream,
+    idle: std::time::Duration,
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    waiting: bool,
+    fired: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl futures_util::Stream for IdleBody {
+    type Item = Result<axum::body::Bytes, axum::Error>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut this.inner).poll_next(cx) {
+            Poll::Ready(r) => {
+                this.waiting = false;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                if !this.waiting {
+                    this.waiting = true;
+                    let at = tokio::time::Instant::now() + this.idle;
+                    this.sleep.as_mut().reset(at);
+                }
+                if this.sleep.as_mut().poll(cx).is_ready() {
+                    this.fired.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return Poll::Ready(Some(Err(axum::Error::new(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the request body stopped arriving",
+                    )))));
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// Outermost layer: a request body that sends nothing for `[server] body_idle_timeout_sec`
+/// is abandoned; the answer is 408 `REQUEST_TIMEOUT` and the connection is closed.
+async fn body_idle(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let has_body = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > 0)
+        || req.headers().contains_key(header::TRANSFER_ENCODING);
+    if !has_body {
+        return next.run(req).await;
+    }
+    let idle = std::time::Duration::from_secs(state.config.server.body_idle_timeout_sec.max(1));
+    let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (parts, body) = req.into_parts();
+    let watched = IdleBody {
+        inner: body.into_data_stream(),
+        idle,
+        sleep: Box::pin(tokio::time::sleep(idle)),
+        waiting: false,
+        fired: fired.clone(),
+    };
+    let req = Request::from_parts(parts, axum::body::Body::from_stream(watched));
+    let res = next.run(req).await;
+    if !fired.load(std::sync::atomic::Ordering::Relaxed) {
+        return res;
+    }
+    let mut res = ApiError::new(
+        cella_types::ErrorCode::RequestTimeout,
+        format!(
+            "the request body sent nothing for {} s; the request was abandoned",
+            idle.as_secs()
+        ),
+    )
+    .into_response();
+    res.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    if let Some(id) = res.extensions().get::<RequestId>().cloned() {
+        if let Ok(v) = HeaderValue::from_str(&id.0) {
+            res.headers_mut().insert("x-request-id", v);
+        }
+    }
+    res
 }
 
 async fn shutdown_signal() {

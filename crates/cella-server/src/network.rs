@@ -1,4 +1,10 @@
 //! Sandbox egress policies: checked at create, turned into firewall rules at each boot.
+//!
+//! Domains in a policy are looked up at each boot and again every
+//! `[network] resolve_interval_sec` by [`spawn_refresh`]: a live sandbox whose domains now
+//! resolve to other addresses gets its rules replaced (one atomic batch), so a deny entry keeps
+//! denying a domain that moved, and an allow entry follows it. The same task reads the host's
+//! addresses again for the firewall's floor.
 
 use crate::error::ApiError;
 use cella_runtime::firewall::{EgressRules, Net};
@@ -35,6 +41,15 @@ pub async fn check(policy: &NetworkPolicy) -> Result<(), ApiError> {
 /// The firewall rules for a policy, domains looked up now (a domain that no longer resolves
 /// adds nothing to its list).
 pub async fn rules(policy: &NetworkPolicy, dns: &[Ipv4Addr]) -> EgressRules {
+    rules_by(policy, dns, |d| async move { lookup(&d).await }).await
+}
+
+/// [`rules`] with the lookup given (tests give their own).
+pub async fn rules_by<F, Fut>(policy: &NetworkPolicy, dns: &[Ipv4Addr], look: F) -> EgressRules
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Vec<Ipv4Addr>>,
+{
     let mut out = EgressRules {
         open: policy.egress == Egress::Allow,
         dns: dns.to_vec(),
@@ -48,7 +63,7 @@ pub async fn rules(policy: &NetworkPolicy, dns: &[Ipv4Addr]) -> EgressRules {
             match Destination::parse(entry) {
                 Ok(Destination::Net(a, p)) => into.push(Net(a, p)),
                 Ok(Destination::Domain(d)) => {
-                    into.extend(lookup(&d).await.into_iter().map(|a| Net(a, 32)))
+                    into.extend(look(d).await.into_iter().map(|a| Net(a, 32)))
                 }
                 Err(_) => {} // checked at create
             }
@@ -73,6 +88,119 @@ async fn lookup(domain: &str) -> Vec<Ipv4Addr> {
     v.sort();
     v.dedup();
     v
+}
+
+/// Whether a policy names a domain (only those need looking up again).
+pub fn has_domains(policy: &NetworkPolicy) -> bool {
+    policy
+        .allow
+        .iter()
+        .chain(&policy.deny)
+        .any(|e| matches!(Destination::parse(e), Ok(Destination::Domain(_))))
+}
+
+/// The rules last installed for each live sandbox whose policy names a domain.
+#[derive(Default)]
+pub struct Installed {
+    rules: std::collections::HashMap<String, EgressRules>,
+}
+
+impl Installed {
+    /// Whether `rules` differ from what sandbox `id` has (unknown: they may).
+    pub fn differs(&self, id: &str, rules: &EgressRules) -> bool {
+        self.rules.get(id) != Some(rules)
+    }
+
+    pub fn record(&mut self, id: &str, rules: EgressRules) {
+        self.rules.insert(id.to_string(), rules);
+    }
+
+    /// Forgets sandboxes not in `live`.
+    pub fn keep_only(&mut self, live: &std::collections::HashSet<String>) {
+        self.rules.retain(|id, _| live.contains(id));
+    }
+}
+
+/// Every `[network] resolve_interval_sec` (at least 10 s): the firewall's floor with the host's
+/// addresses now, and the rules of every running sandbox whose policy names a domain, with the
+/// domains looked up again.
+pub fn spawn_refresh(state: std::sync::Arc<crate::AppState>) {
+    let Some(dns) = state.network.clone() else {
+        return;
+    };
+    let every = Duration::from_secs(
+        state
+            .config
+            .network
+            .resolve_interval_sec
+            .max(crate::config::NetworkConfig::MIN_RESOLVE_INTERVAL_SEC),
+    );
+    tokio::spawn(async move {
+        let mut installed = Installed::default();
+        let mut floor = match &state.firewall {
+            Some(fw) => fw.floor_now(),
+            None => Vec::new(),
+        };
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tick.tick().await;
+            if let Some(fw) = state.firewall.clone() {
+                let last = floor.clone();
+                match tokio::task::spawn_blocking(move || fw.refresh_floor(&last)).await {
+                    Ok(Ok(now)) => floor = now,
+                    Ok(Err(e)) => tracing::warn!("refreshing the firewall floor: {e}"),
+                    Err(e) => tracing::warn!("refreshing the firewall floor: {e}"),
+                }
+            }
+            refresh_once(&state, &dns, &mut installed).await;
+        }
+    });
+}
+
+async fn refresh_once(state: &crate::AppState, dns: &[Ipv4Addr], installed: &mut Installed) {
+    let Ok(live) = state.store.live_sandboxes().await else {
+        return;
+    };
+    let mut seen = std::collections::HashSet::new();
+    for row in live {
+        let policy: NetworkPolicy = serde_json::from_str(&row.network).unwrap_or_default();
+        if !has_domains(&policy) {
+            continue;
+        }
+        seen.insert(row.id.clone());
+        let rules = rules(&policy, dns).await;
+        if !installed.differs(&row.id, &rules) {
+            continue;
+        }
+        // Under the sandbox's lock, on the row as it is now: a sandbox stopped meanwhile has
+        // no interface to filter, and its rules must not come back.
+        let _guard = state.locks.lock(&row.id).await;
+        let Ok(Some(now)) = state.store.sandbox(&row.id).await else {
+            continue;
+        };
+        let st = crate::sandboxes::state_of(&now);
+        if !matches!(
+            st,
+            cella_types::SandboxState::Running | cella_types::SandboxState::Paused
+        ) {
+            continue;
+        }
+        let Some(handle) = crate::sandboxes::handle_of(&now) else {
+            continue;
+        };
+        if handle.net.is_none() || !state.driver.alive(&handle) {
+            continue;
+        }
+        match state.driver.update_network(&handle, &rules).await {
+            Ok(()) => {
+                tracing::debug!(sandbox = row.id, "egress rules follow its domains");
+                installed.record(&row.id, rules);
+            }
+            Err(e) => tracing::warn!(sandbox = row.id, "updating its egress rules: {e}"),
+        }
+    }
+    installed.keep_only(&seen);
 }
 
 /// The IPv4 resolvers a `resolv.conf` names.
@@ -147,6 +275,51 @@ mod tests {
                 .and_then(|d| d["field"].as_str().map(String::from));
             assert_eq!(d.as_deref(), Some(field), "{p:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_domain_that_moves_gets_new_rules_once() {
+        let p = NetworkPolicy {
+            egress: Egress::Allow,
+            allow: vec![],
+            deny: vec!["moving.example".into(), "192.0.2.9".into()],
+        };
+        assert!(has_domains(&p));
+        assert!(!has_domains(&NetworkPolicy {
+            deny: vec!["192.0.2.9".into()],
+            ..Default::default()
+        }));
+        let answer = std::sync::Mutex::new(vec!["198.51.100.7".parse::<Ipv4Addr>().unwrap()]);
+        let look = |_d: String| {
+            let a = answer.lock().unwrap().clone();
+            async move { a }
+        };
+        let mut installed = Installed::default();
+        let first = rules_by(&p, &[], look).await;
+        assert!(first
+            .deny
+            .contains(&Net("198.51.100.7".parse().unwrap(), 32)));
+        assert!(
+            installed.differs("s1", &first),
+            "unknown rules are installed"
+        );
+        installed.record("s1", first.clone());
+        // The same answer: nothing to do.
+        assert!(!installed.differs("s1", &rules_by(&p, &[], look).await));
+        // The domain moved: the new address is denied, the old one no longer.
+        *answer.lock().unwrap() = vec!["198.51.100.8".parse().unwrap()];
+        let moved = rules_by(&p, &[], look).await;
+        assert!(installed.differs("s1", &moved));
+        assert!(moved
+            .deny
+            .contains(&Net("198.51.100.8".parse().unwrap(), 32)));
+        assert!(!moved
+            .deny
+            .contains(&Net("198.51.100.7".parse().unwrap(), 32)));
+        assert!(moved.deny.contains(&Net("192.0.2.9".parse().unwrap(), 32)));
+        installed.record("s1", moved);
+        installed.keep_only(&Default::default());
+        assert!(installed.differs("s1", &first));
     }
 
     #[test]

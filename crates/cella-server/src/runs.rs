@@ -542,6 +542,9 @@ pub async fn collect(
     user: ExecUser,
 ) -> Result<Vec<ArtifactRow>, ApiError> {
     check_globs(globs, "paths")?;
+    // The workspace's storage quota bounds what this collection may keep.
+    let storage = crate::quotas::storage(state, &row.workspace_id).await?;
+    storage.check(0, "collecting artifacts")?;
     let uid = match user {
         ExecUser::User => USER_UID,
         ExecUser::Root => 0,
@@ -554,7 +557,7 @@ pub async fn collect(
         .await
         .map_err(|_| ApiError::internal())?;
     let cfg = &state.config.artifacts;
-    let mut budget = cfg.max_bytes;
+    let mut budget = cfg.max_bytes.min(storage.room());
     let now = now_ms();
     let mut out = Vec::new();
     for path in paths.into_iter().take(cfg.max_files) {

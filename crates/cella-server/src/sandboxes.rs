@@ -828,40 +828,249 @@ pub fn exec_spec(
     Ok((handle, spec))
 }
 
+/// One output stream of a buffered exec, as kept: chunks as they came (no copy while
+/// reading), counted against the server's exec buffer budget.
+#[derive(Default)]
+struct Kept {
+    chunks: Vec<Vec<u8>>,
+    len: usize,
+    cut: bool,
+}
+
+impl Kept {
+    /// Keeps what of `b` fits under `cap` and the budget; the rest is cut (and everything after
+    /// it: a stream is never kept with a hole).
+    fn push(
+        &mut self,
+        mut b: Vec<u8>,
+        cap: usize,
+        budget: &Arc<tokio::sync::Semaphore>,
+        held: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+    ) {
+        if self.cut {
+            return;
+        }
+        let take = b.len().min(cap.saturating_sub(self.len));
+        if take < b.len() {
+            self.cut = true;
+        }
+        if take == 0 {
+            return;
+        }
+        // Each kept byte counts twice: once here, once in the answer made of it.
+        let permits = u32::try_from(take.saturating_mul(2)).unwrap_or(u32::MAX);
+        match budget.clone().try_acquire_many_owned(permits) {
+            Ok(p) => match held {
+                Some(h) => h.merge(p),
+                None => *held = Some(p),
+            },
+            Err(_) => {
+                self.cut = true;
+                return;
+            }
+        }
+        b.truncate(take);
+        self.len += take;
+        self.chunks.push(b);
+    }
+
+    /// The stream as text (one exact-size copy; invalid UTF-8 replaced).
+    fn text(self) -> String {
+        let mut all = Vec::with_capacity(self.len);
+        for c in self.chunks {
+            all.extend_from_slice(&c);
+        }
+        match String::from_utf8(all) {
+            Ok(t) => t,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
+    }
+}
+
+/// A buffered exec's result, its output as kept, and the part of the server's exec buffer
+/// budget the output holds (released when this, or the answer made of it, is dropped).
+pub struct ExecOutput {
+    /// The result with empty `stdout` and `stderr` (they are in `out`).
+    pub result: ExecResult,
+    out: [Kept; 2],
+    budget: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl ExecOutput {
+    pub fn into_result(self) -> ExecResult {
+        let [out, err] = self.out;
+        ExecResult {
+            stdout: out.text(),
+            stderr: err.text(),
+            ..self.result
+        }
+    }
+}
+
 /// Runs one command in a running sandbox and collects its output.
 pub async fn exec(
     state: &AppState,
     row: &SandboxRow,
     req: ExecRequest,
 ) -> Result<ExecResult, ApiError> {
+    Ok(exec_kept(state, row, req).await?.into_result())
+}
+
+/// [`exec`], with the output as kept. Each stream keeps at most `[exec] output_cap_bytes`
+/// (the agent sends no more), and only what the server-wide `[exec] buffer_budget_bytes` has
+/// room for: past either, the stream is cut and flagged.
+pub async fn exec_kept(
+    state: &AppState,
+    row: &SandboxRow,
+    req: ExecRequest,
+) -> Result<ExecOutput, ApiError> {
     let req = template_defaults(state, row, req);
-    let (handle, spec) = exec_spec(row, req, Some(state.config.exec.output_cap_bytes))?;
+    let cap = state.config.exec.output_cap_bytes;
+    let (handle, spec) = exec_spec(row, req, Some(cap))?;
+    let cap = usize::try_from(cap).unwrap_or(usize::MAX);
     // A running command is activity for the idle timer for as long as it runs.
     let _busy = state.activity.busy(&row.id);
-    let (tx, mut rx) = mpsc::channel(64);
+    let (tx, mut rx) = mpsc::channel(16);
+    let budget = state.exec_budget.clone();
     let collect = async {
-        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let (mut out, mut err) = (Kept::default(), Kept::default());
+        let mut held = None;
         while let Some(ev) = rx.recv().await {
             match ev {
-                ExecEvent::Stdout(b) => out.extend_from_slice(&b),
-                ExecEvent::Stderr(b) => err.extend_from_slice(&b),
+                ExecEvent::Stdout(b) => out.push(b, cap, &budget, &mut held),
+                ExecEvent::Stderr(b) => err.push(b, cap, &budget, &mut held),
             }
         }
-        (out, err)
+        (out, err, held)
     };
-    let (res, (out, err)) = tokio::join!(state.driver.exec(&handle, spec, tx), collect);
+    let (res, (out, err, held)) = tokio::join!(state.driver.exec(&handle, spec, tx), collect);
     match res {
-        Ok(info) => Ok(ExecResult {
-            exit_code: info.exit_code,
-            stdout: String::from_utf8_lossy(&out).into_owned(),
-            stderr: String::from_utf8_lossy(&err).into_owned(),
-            duration_ms: info.duration_ms,
-            timed_out: info.timed_out,
-            stdout_truncated: info.stdout_truncated,
-            stderr_truncated: info.stderr_truncated,
+        Ok(info) => Ok(ExecOutput {
+            result: ExecResult {
+                exit_code: info.exit_code,
+                stdout: String::new(),
+                stderr: String::new(),
+                duration_ms: info.duration_ms,
+                timed_out: info.timed_out,
+                stdout_truncated: info.stdout_truncated || out.cut,
+                stderr_truncated: info.stderr_truncated || err.cut,
+            },
+            out: [out, err],
+            budget: held,
         }),
         Err(e) => Err(exec_failure(state, &row.id, &handle, e).await),
     }
+}
+
+/// Turns kept output into the inside of a JSON string, chunk by chunk: invalid UTF-8 becomes
+/// U+FFFD (as `from_utf8_lossy` does), a character split between two chunks is carried over.
+#[derive(Default)]
+struct JsonText {
+    carry: Vec<u8>,
+}
+
+impl JsonText {
+    fn piece(&mut self, chunk: &[u8], last: bool) -> Vec<u8> {
+        let mut bytes = std::mem::take(&mut self.carry);
+        bytes.extend_from_slice(chunk);
+        let mut text = String::with_capacity(bytes.len());
+        let mut rest = &bytes[..];
+        loop {
+            match std::str::from_utf8(rest) {
+                Ok(t) => {
+                    text.push_str(t);
+                    break;
+                }
+                Err(e) => {
+                    let ok = e.valid_up_to();
+                    // from_utf8 said this prefix is valid.
+                    text.push_str(std::str::from_utf8(&rest[..ok]).unwrap_or_default());
+                    match e.error_len() {
+                        Some(n) => {
+                            text.push('\u{FFFD}');
+                            rest = &rest[ok + n..];
+                        }
+                        None if !last => {
+                            self.carry = rest[ok..].to_vec();
+                            break;
+                        }
+                        None => {
+                            text.push('\u{FFFD}');
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let quoted = serde_json::to_string(&text).unwrap_or_else(|_| "\"\"".into());
+        quoted.as_bytes()[1..quoted.len() - 1].to_vec()
+    }
+}
+
+/// The answer `{"data": ExecResult}` of a buffered exec, written chunk by chunk from the kept
+/// output (no copy of the whole output as text or as JSON); the budget it holds is released
+/// when the answer is sent or dropped.
+pub fn exec_answer(out: ExecOutput) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let ExecOutput {
+        result,
+        out: [stdout, stderr],
+        budget,
+    } = out;
+    let head = serde_json::json!({
+        "exit_code": result.exit_code,
+        "duration_ms": result.duration_ms,
+        "timed_out": result.timed_out,
+        "stdout_truncated": result.stdout_truncated,
+        "stderr_truncated": result.stderr_truncated,
+    })
+    .to_string();
+    let prefix = format!("{{\"data\":{},\"stdout\":\"", &head[..head.len() - 1]);
+    enum Part {
+        Bytes(Vec<u8>),
+        Text(std::vec::IntoIter<Vec<u8>>),
+    }
+    let parts = vec![
+        Part::Bytes(prefix.into_bytes()),
+        Part::Text(stdout.chunks.into_iter()),
+        Part::Bytes(b"\",\"stderr\":\"".to_vec()),
+        Part::Text(stderr.chunks.into_iter()),
+        Part::Bytes(b"\"}}".to_vec()),
+    ];
+    struct Writer {
+        parts: std::vec::IntoIter<Part>,
+        now: Option<Part>,
+        json: JsonText,
+        _budget: Option<tokio::sync::OwnedSemaphorePermit>,
+    }
+    let w = Writer {
+        parts: parts.into_iter(),
+        now: None,
+        json: JsonText::default(),
+        _budget: budget,
+    };
+    let pieces = futures_util::stream::unfold(w, |mut w| async move {
+        loop {
+            match w.now.take().or_else(|| w.parts.next())? {
+                Part::Bytes(b) => return Some((Ok::<_, std::convert::Infallible>(b), w)),
+                Part::Text(mut chunks) => match chunks.next() {
+                    Some(c) => {
+                        let last = chunks.len() == 0;
+                        let piece = w.json.piece(&c, last);
+                        drop(c);
+                        w.now = Some(Part::Text(chunks));
+                        return Some((Ok(piece), w));
+                    }
+                    None => w.json = JsonText::default(),
+                },
+            }
+        }
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        axum::body::Body::from_stream(pieces),
+    )
+        .into_response()
 }
 
 /// What an exec that failed in the driver answers; a sandbox found dead is recorded as such.
@@ -969,4 +1178,69 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod exec_answer_tests {
+    use super::*;
+
+    fn kept(chunks: &[&[u8]]) -> Kept {
+        Kept {
+            chunks: chunks.iter().map(|c| c.to_vec()).collect(),
+            len: chunks.iter().map(|c| c.len()).sum(),
+            cut: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_answer_is_the_json_of_the_kept_output() {
+        // "é" split between two chunks, quotes and a newline, an invalid byte, and a stream
+        // that ends in the middle of a character.
+        let out_chunks: &[&[u8]] = &[b"a\"b\n\xc3", b"\xa9c\xff", b"d\xe2\x82"];
+        let err_chunks: &[&[u8]] = &[b"", b"err\\"];
+        let whole = |cs: &[&[u8]]| String::from_utf8_lossy(&cs.concat()).into_owned();
+        let out = ExecOutput {
+            result: ExecResult {
+                exit_code: 3,
+                stdout: String::new(),
+                stderr: String::new(),
+                duration_ms: 7,
+                timed_out: false,
+                stdout_truncated: true,
+                stderr_truncated: false,
+            },
+            out: [kept(out_chunks), kept(err_chunks)],
+            budget: None,
+        };
+        let res = exec_answer(out);
+        let body = axum::body::to_bytes(res.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let r: ExecResult = serde_json::from_value(v["data"].clone()).unwrap();
+        assert_eq!(r.stdout, whole(out_chunks));
+        assert_eq!(r.stderr, whole(err_chunks));
+        assert_eq!((r.exit_code, r.duration_ms), (3, 7));
+        assert!(r.stdout_truncated && !r.stderr_truncated && !r.timed_out);
+    }
+
+    #[test]
+    fn kept_output_stops_at_the_cap_and_at_the_budget() {
+        let budget = Arc::new(tokio::sync::Semaphore::new(100));
+        let mut held = None;
+        let mut k = Kept::default();
+        k.push(vec![1; 30], 40, &budget, &mut held);
+        k.push(vec![2; 30], 40, &budget, &mut held);
+        assert_eq!((k.len, k.cut), (40, true), "cut at the cap");
+        assert_eq!(
+            budget.available_permits(),
+            20,
+            "each kept byte counts twice"
+        );
+        let mut k2 = Kept::default();
+        k2.push(vec![3; 15], 40, &budget, &mut held);
+        assert_eq!((k2.len, k2.cut), (0, true), "no room left in the budget");
+        drop(held);
+        assert_eq!(budget.available_permits(), 100);
+    }
 }

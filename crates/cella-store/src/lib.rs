@@ -1082,6 +1082,23 @@ impl Store {
         Ok(())
     }
 
+    /// Bytes a workspace stores: its snapshots' and its artifacts' sizes.
+    pub async fn storage_used(&self, workspace_id: &str) -> Result<u64> {
+        let (snaps,): (i64,) = sqlx::query_as(
+            "SELECT COALESCE(SUM(MAX(size_bytes, 0)), 0) FROM snapshots WHERE workspace_id = ?",
+        )
+        .bind(workspace_id)
+        .fetch_one(&self.pool)
+        .await?;
+        let (arts,): (i64,) = sqlx::query_as(
+            "SELECT COALESCE(SUM(MAX(size, 0)), 0) FROM artifacts WHERE workspace_id = ?",
+        )
+        .bind(workspace_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(snaps.max(0) as u64 + arts.max(0) as u64)
+    }
+
     /// Every sandbox that is not in a terminal state, across workspaces.
     pub async fn live_sandboxes(&self) -> Result<Vec<SandboxRow>> {
         let q = format!(

@@ -58,8 +58,10 @@ pub enum ErrorCode {
     ConcurrencyLimit,
     InsufficientFunds,
     RangeNotSatisfiable,
-    /// The sandbox's disk (space, inodes or quota) is full.
+    /// 507: a workspace's storage quota (or a sandbox's disk) has no room for this.
     InsufficientStorage,
+    /// 408: the request's body stopped arriving.
+    RequestTimeout,
     Internal,
     Unavailable,
 }
@@ -82,6 +84,7 @@ impl ErrorCode {
             ErrorCode::InsufficientFunds => "INSUFFICIENT_FUNDS",
             ErrorCode::RangeNotSatisfiable => "RANGE_NOT_SATISFIABLE",
             ErrorCode::InsufficientStorage => "INSUFFICIENT_STORAGE",
+            ErrorCode::RequestTimeout => "REQUEST_TIMEOUT",
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::Unavailable => "UNAVAILABLE",
         }
@@ -102,6 +105,7 @@ impl ErrorCode {
             ErrorCode::InsufficientFunds => 402,
             ErrorCode::RangeNotSatisfiable => 416,
             ErrorCode::InsufficientStorage => 507,
+            ErrorCode::RequestTimeout => 408,
             ErrorCode::Internal => 500,
             ErrorCode::Unavailable => 503,
         }

@@ -135,13 +135,11 @@ pub async fn exec(
     auth: Auth,
     Path(id): Path<String>,
     body: ApiBody,
-) -> Result<Json<Data<ExecResult>>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     auth.require(Scope::SandboxesExec)?;
     let req: ExecRequest = body.json()?;
     let row = find(&state, &auth, &id).await?;
-    Ok(Json(Data {
-        data: svc::exec(&state, &row, req).await?,
-    }))
+    Ok(svc::exec_answer(svc::exec_kept(&state, &row, req).await?))
 }
 
 /// Freeze every process of a running sandbox; memory is kept. Scope `sandboxes:write`.

@@ -61,12 +61,23 @@ async fn take(
             ))
         }
     };
+    // The workspace's storage quota: a snapshot that would pass it is not kept.
+    let storage = crate::quotas::storage(state, &row.workspace_id).await?;
+    if !internal {
+        storage.check(0, "a snapshot")?;
+    }
     let snap_id = new_id("snap");
     let info = state
         .driver
         .snapshot(&row.id, handle.as_ref(), &snap_id)
         .await
         .map_err(|e| driver_error(&row.id, e))?;
+    if !internal {
+        if let Err(e) = storage.check(info.size_bytes, "this snapshot") {
+            let _ = state.driver.delete_snapshot(&snap_id).await;
+            return Err(e);
+        }
+    }
     let snap = SnapshotRow {
         seq: 0,
         id: snap_id,
