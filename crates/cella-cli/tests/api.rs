@@ -561,6 +561,30 @@ fn plan_cap_is_held_exactly_under_parallel_creates() {
 }
 
 #[test]
+fn a_start_on_a_busy_port_makes_no_data_directory_and_prints_no_key() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = std::process::Command::new(common::bin())
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(&data)
+        .env_remove("CELLA_BOOTSTRAP_KEY")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(out.stdout.is_empty(), "a key was printed: {:?}", out.stdout);
+    assert!(!data.exists(), "a data directory was made");
+}
+
+#[test]
 fn first_start_writes_a_bootstrap_key_once() {
     use std::os::unix::fs::PermissionsExt;
     use std::process::{Command, Stdio};

@@ -425,3 +425,61 @@ fn a_sigkill_with_commands_in_flight_loses_and_leaks_nothing() {
         "a sandbox mount leaked to the host"
     );
 }
+
+#[test]
+fn a_stop_cuts_open_streams_after_its_grace_and_a_second_signal_stops_at_once() {
+    let watch = |s: &Server, id: &str| {
+        let url = format!(
+            "{}/api/v1/sandboxes/{id}/files/watch?path=/home/user",
+            s.url
+        );
+        std::thread::spawn(move || {
+            let r = reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()
+                .unwrap()
+                .get(url)
+                .bearer_auth(KEY)
+                .send();
+            // The stream ends (cut by the stop: an error or its end) rather than hanging.
+            let _ = r.map(|r| r.bytes());
+        })
+    };
+    let mut s = Server::start_with("[server]\nshutdown_grace_sec = 2\n");
+    let id = s.create(json!({ "size": "xs" }));
+    let w = watch(&s, &id);
+    std::thread::sleep(Duration::from_millis(500));
+    // SIGTERM with a watch open: the server ends (Server::stop kills it after 20 s).
+    s.stop();
+    w.join().unwrap();
+    let log = s.log();
+    assert!(log.contains("get 2 s to end"), "{log}");
+    assert!(
+        log.contains("cut 1 connection(s) still open after 2 s"),
+        "{log}"
+    );
+    // A long grace and two signals: the second stops it at once.
+    std::fs::write(
+        s.dir.path().join("config.toml"),
+        "[server]\nshutdown_grace_sec = 600\n[pool]\ndefault = 0\nsizes = {}\n",
+    )
+    .unwrap();
+    s.restart();
+    let w = watch(&s, &id);
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = s.server_pid() as i32;
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    std::thread::sleep(Duration::from_millis(300));
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    s.stop();
+    w.join().unwrap();
+    assert!(
+        s.log().contains("second stop signal: exiting now"),
+        "{}",
+        s.log()
+    );
+    // The sandbox kept running through both stops.
+    s.restart();
+    assert_eq!(state(&s, &id)["state"], "running");
+    assert_eq!(s.sh(&id, "echo alive")["stdout"], "alive\n");
+}

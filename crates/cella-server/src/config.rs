@@ -225,6 +225,9 @@ pub struct ServerConfig {
     /// Seconds a request body may send nothing before the request is answered 408 and the
     /// connection closed (a slow upload that keeps sending is fine). Default 30.
     pub body_idle_timeout_sec: u64,
+    /// Seconds open connections (event streams, watches, terminals) get to end at a stop
+    /// before they are cut. Default 5. A second signal stops the server at once.
+    pub shutdown_grace_sec: u64,
 }
 
 impl Default for ServerConfig {
@@ -232,6 +235,7 @@ impl Default for ServerConfig {
         ServerConfig {
             header_timeout_sec: 10,
             body_idle_timeout_sec: 30,
+            shutdown_grace_sec: 5,
         }
     }
 }

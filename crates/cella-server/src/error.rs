@@ -101,7 +101,6 @@ pub fn for_status(status: StatusCode) -> ApiError {
         507 => ErrorCode::InsufficientStorage,
         429 => ErrorCode::RateLimited,
         503 => ErrorCode::Unavailable,
-        507 => ErrorCode::InsufficientStorage,
         400..=499 => ErrorCode::InvalidRequest,
         _ => ErrorCode::Internal,
     };

@@ -608,18 +608,20 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
 pub async fn serve(config: Config) -> Result<(), ServeError> {
     become_subreaper();
     let listen = config.listen;
-    let (state, _lock) = build_state(config).await?;
-    let _ = preview::BASE.set(state.public_base());
-    sandboxes::reconcile(&state).await?;
-    lifecycle::spawn_timers(state.clone());
-    network::spawn_refresh(state.clone());
-    pool::spawn(state.clone());
+    // The address first: a start that cannot listen (a busy port) makes no data directory and
+    // prints no key.
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| ServeError::Listen {
             addr: listen,
             source,
         })?;
+    let (state, _lock) = build_state(config).await?;
+    let _ = preview::BASE.set(state.public_base());
+    sandboxes::reconcile(&state).await?;
+    lifecycle::spawn_timers(state.clone());
+    network::spawn_refresh(state.clone());
+    pool::spawn(state.clone());
     let addr = listener.local_addr().map_err(ServeError::Serve)?;
     tracing::info!(
         "cella listening on http://{addr} (data in {})",
@@ -642,9 +644,6 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
 
 /// The first bytes of an HTTP/2 connection with prior knowledge.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// How long connections still in flight may take to end after a stop was asked for.
-const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Serves `app` on `listener` until `shutdown` resolves. A client has `header_timeout_sec`
 /// to send a request's headers, counted from its connection or from the end of its previous
@@ -720,12 +719,19 @@ pub async fn serve_http(
     }
     drop(listener);
     drop(stop_rx);
+    let grace = std::time::Duration::from_secs(cfg.shutdown_grace_sec);
+    let open = stop_tx.receiver_count();
+    tracing::info!(
+        "stopping: {open} open connection(s) get {} s to end (a second signal stops at once)",
+        grace.as_secs()
+    );
     let _ = stop_tx.send(true);
-    if tokio::time::timeout(DRAIN_TIMEOUT, stop_tx.closed())
-        .await
-        .is_err()
-    {
-        tracing::info!("connections still open at the stop were cut");
+    if tokio::time::timeout(grace, stop_tx.closed()).await.is_err() {
+        tracing::info!(
+            "stopping: cut {} connection(s) still open after {} s",
+            stop_tx.receiver_count(),
+            grace.as_secs()
+        );
     }
 }
 
@@ -906,11 +912,28 @@ async fn body_idle(State(state): State<Arc<AppState>>, req: Request, next: Next)
     res
 }
 
+/// Resolves at the first SIGINT or SIGTERM; a second one exits the process at once (sandboxes
+/// keep running, and the next start finds them, as after a crash).
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot handle stop signals; stop the server with SIGKILL");
+        return std::future::pending().await;
+    };
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
+        _ = int.recv() => {},
         _ = term.recv() => {},
     }
+    tracing::info!("stop asked for: finishing open requests");
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => {},
+            _ = term.recv() => {},
+        }
+        tracing::warn!("second stop signal: exiting now; sandboxes keep running");
+        std::process::exit(130);
+    });
 }
