@@ -119,15 +119,7 @@ enum Command {
         conn: Conn,
     },
     /// Send a signal to a process started through the API.
-    Kill {
-        id: String,
-        pid: i32,
-        /// Signal name or number.
-        #[arg(long, short, default_value = "TERM")]
-        signal: String,
-        #[command(flatten)]
-        conn: Conn,
-    },
+    Kill(processes::KillArgs),
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit,
 }
@@ -524,12 +516,7 @@ async fn run(cmd: Command) -> ExitCode {
             conn,
         }) => code_run(id, file, language, context, timeout, conn).await,
         Command::Ps { id, conn } => processes::list(id, conn).await,
-        Command::Kill {
-            id,
-            pid,
-            signal,
-            conn,
-        } => processes::kill(id, pid, signal, conn).await,
+        Command::Kill(a) => processes::kill(a).await,
         Command::SandboxInit => unreachable!("handled before the runtime starts"),
     }
 }

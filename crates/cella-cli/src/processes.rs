@@ -65,16 +65,20 @@ pub enum ProcessCmd {
         conn: Conn,
     },
     /// Send a signal to a process.
-    Kill {
-        /// Sandbox id.
-        id: String,
-        pid: i32,
-        /// Signal name or number.
-        #[arg(long, short, default_value = "TERM")]
-        signal: String,
-        #[command(flatten)]
-        conn: Conn,
-    },
+    Kill(KillArgs),
+}
+
+/// `cella process kill` and `cella kill`.
+#[derive(clap::Args)]
+pub struct KillArgs {
+    /// Sandbox id.
+    pub id: String,
+    pub pid: i32,
+    /// Signal name or number.
+    #[arg(long, short, default_value = "TERM")]
+    pub signal: String,
+    #[command(flatten)]
+    pub conn: Conn,
 }
 
 pub async fn run(cmd: ProcessCmd) -> ExitCode {
@@ -147,12 +151,7 @@ pub async fn run(cmd: ProcessCmd) -> ExitCode {
                 .map(|p| (format!("{n} bytes to {}\n", p.pid), to_json(&p)));
             report(r, &conn)
         }
-        ProcessCmd::Kill {
-            id,
-            pid,
-            signal,
-            conn,
-        } => kill(id, pid, signal, conn).await,
+        ProcessCmd::Kill(a) => kill(a).await,
     }
 }
 
@@ -180,10 +179,10 @@ pub async fn list(id: String, conn: Conn) -> ExitCode {
     report(r, &conn)
 }
 
-pub async fn kill(id: String, pid: i32, signal: String, conn: Conn) -> ExitCode {
-    let r = client(&conn)
-        .signal_process(&id, pid, &signal)
+pub async fn kill(a: KillArgs) -> ExitCode {
+    let r = client(&a.conn)
+        .signal_process(&a.id, a.pid, &a.signal)
         .await
-        .map(|p| (format!("sent {signal} to {}\n", p.pid), to_json(&p)));
-    report(r, &conn)
+        .map(|p| (format!("sent {} to {}\n", a.signal, p.pid), to_json(&p)));
+    report(r, &a.conn)
 }
