@@ -17,7 +17,7 @@ from cella import AsyncSandbox, RateLimitedError, Sandbox
 
 LIMITS = """
 [rate_limits]
-read = { per_second = 2.0, burst = 2 }
+read = { per_second = 0.5, burst = 2 }
 exec = { per_second = 1.0, burst = 1 }
 """
 

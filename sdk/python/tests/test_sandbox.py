@@ -175,6 +175,12 @@ def test_list_filters_and_pages(server: Server, tag: str) -> None:
         # pages of one are followed to the end; limit stops early
         assert [s.id for s in Sandbox.list(metadata={"test": tag}, page_size=1)] == [s.id for s in mine]
         assert [s.id for s in Sandbox.list(metadata={"test": tag}, limit=2, page_size=1)] == [s.id for s in mine[:2]]
+        # lazy: a page at a time as the iteration goes; stopping early reads no more pages
+        pages = Sandbox.list(metadata={"test": tag}, page_size=1)
+        assert isinstance(pages, cella.SandboxPages)
+        it = iter(pages)
+        assert next(it).id == made[2].id and next(it).id == made[1].id
+        assert len(pages) == 3 and pages[0].id == made[2].id
         # destroyed sandboxes are listed too, in their state
         made[2].kill()
         assert [s.id for s in Sandbox.list(state="destroyed", metadata={"test": tag})] == [made[2].id]
@@ -199,7 +205,7 @@ def test_configuration_from_arguments_beats_environment(server: Server, monkeypa
     with pytest.raises(CellaConnectionError):
         Sandbox.list()
     infos = Sandbox.list(server=server.url + "/api/v1/", api_key=server.api_key, limit=1)
-    assert isinstance(infos, list)
+    assert isinstance(infos, cella.SandboxPages) and isinstance(infos.all(), list)
     monkeypatch.setenv("CELLA_SERVER", server.url)
     with pytest.raises(AuthenticationError):
         Sandbox.list()

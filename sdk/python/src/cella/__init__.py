@@ -12,6 +12,7 @@ Quick start::
 from ._config import DEFAULT_SERVER, ConnectionConfig
 from ._version import __version__
 from .async_sandbox import (
+    AsyncSandboxPages,
     AsyncCodeInterpreter,
     AsyncCommandHandle,
     AsyncCommands,
@@ -69,7 +70,7 @@ from .models import (
     TemplateInfo,
 )
 from .resources import Artifact, Snapshot, Template, TemplateBuildHandle
-from .sandbox import CodeInterpreter, CommandHandle, Commands, Files, Sandbox, WatchHandle
+from .sandbox import CodeInterpreter, CommandHandle, Commands, Files, Sandbox, SandboxPages, WatchHandle
 
 __all__ = [
     "__version__",
@@ -77,6 +78,8 @@ __all__ = [
     "ConnectionConfig",
     # sandboxes
     "Sandbox",
+    "SandboxPages",
+    "AsyncSandboxPages",
     "AsyncSandbox",
     "Commands",
     "AsyncCommands",

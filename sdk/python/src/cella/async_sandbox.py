@@ -84,6 +84,39 @@ async def _call(callback: Callback, text: str) -> None:
         await out
 
 
+class AsyncSandboxPages:
+    """A listing of sandboxes on asyncio: ``async for`` reads a page at a time as it goes;
+    ``await`` reads it whole into a list."""
+
+    def __init__(self, config: ConnectionConfig, state: Optional[str], metadata: Optional[Mapping[str, str]], limit: Optional[int], page_size: Optional[int]) -> None:
+        self._config, self._state, self._metadata = config, state, dict(metadata or {})
+        self._limit, self._page_size = limit, page_size
+
+    async def __aiter__(self) -> AsyncIterator[SandboxInfo]:
+        transport = AsyncTransport(self._config)
+        try:
+            found, cursor = 0, None
+            while True:
+                params = _list_params(self._state, self._metadata, self._limit, found, cursor, self._page_size)
+                page = (await transport.request("GET", "/sandboxes", params=params)).json()
+                for d in page.get("data") or []:
+                    if self._limit is not None and found >= self._limit:
+                        return
+                    found += 1
+                    yield SandboxInfo.from_dict(d)
+                cursor = page.get("next_cursor")
+                if not cursor or (self._limit is not None and found >= self._limit):
+                    return
+        finally:
+            await transport.aclose()
+
+    async def all(self) -> List[SandboxInfo]:
+        return [s async for s in self]
+
+    def __await__(self) -> Generator[Any, None, List[SandboxInfo]]:
+        return self.all().__await__()
+
+
 def _connection(server: Optional[str], api_key: Optional[str], max_retries: Optional[int], request_timeout: Optional[float], headers: Optional[Dict[str, str]]) -> ConnectionConfig:
     return ConnectionConfig.resolve(server=server, api_key=api_key, max_retries=max_retries, request_timeout=request_timeout, headers=headers)
 
@@ -189,7 +222,7 @@ class AsyncSandbox:
         return sandbox
 
     @classmethod
-    async def list(
+    def list(
         cls,
         state: Optional[str] = None,
         metadata: Optional[Mapping[str, str]] = None,
@@ -201,21 +234,11 @@ class AsyncSandbox:
         max_retries: Optional[int] = None,
         request_timeout: Optional[float] = None,
         headers: Optional[Dict[str, str]] = None,
-    ) -> List[SandboxInfo]:
-        transport = AsyncTransport(_connection(server, api_key, max_retries, request_timeout, headers))
-        try:
-            found: List[SandboxInfo] = []
-            cursor: Optional[str] = None
-            while True:
-                params = _list_params(state, metadata, limit, len(found), cursor, page_size)
-                page = (await transport.request("GET", "/sandboxes", params=params)).json()
-                found.extend(SandboxInfo.from_dict(d) for d in page.get("data") or [])
-                cursor = page.get("next_cursor")
-                if not cursor or (limit is not None and len(found) >= limit):
-                    break
-            return found[:limit] if limit is not None else found
-        finally:
-            await transport.aclose()
+    ) -> "AsyncSandboxPages":
+        """As :meth:`Sandbox.list`: ``await`` it for every sandbox as a list, or
+        ``async for`` over it to read a page at a time."""
+        config = _connection(server, api_key, max_retries, request_timeout, headers)
+        return AsyncSandboxPages(config, state, metadata, limit, page_size)
 
     @classmethod
     async def run(

@@ -73,6 +73,59 @@ def _sse_events(resp: httpx.Response) -> Generator[Union[SSEEvent, KeepAlive], N
         yield last
 
 
+class SandboxPages:
+    """A listing of sandboxes, read a page at a time as it is iterated. ``len()``, indexing,
+    ``==`` and ``list()`` read it whole (once)."""
+
+    def __init__(self, config: ConnectionConfig, state: Optional[str], metadata: Optional[Mapping[str, str]], limit: Optional[int], page_size: Optional[int]) -> None:
+        self._config, self._state, self._metadata = config, state, dict(metadata or {})
+        self._limit, self._page_size = limit, page_size
+        self._all: Optional[List[SandboxInfo]] = None
+        self._first = self._page(None, 0)  # errors surface at the call
+
+    def _page(self, cursor: Optional[str], have: int) -> Dict[str, Any]:
+        transport = SyncTransport(self._config)
+        try:
+            params = _list_params(self._state, self._metadata, self._limit, have, cursor, self._page_size)
+            return transport.request("GET", "/sandboxes", params=params).json()
+        finally:
+            transport.close()
+
+    def __iter__(self) -> Iterator[SandboxInfo]:
+        if self._all is not None:
+            yield from self._all
+            return
+        page, found = self._first, 0
+        while True:
+            for d in page.get("data") or []:
+                if self._limit is not None and found >= self._limit:
+                    return
+                found += 1
+                yield SandboxInfo.from_dict(d)
+            cursor = page.get("next_cursor")
+            if not cursor or (self._limit is not None and found >= self._limit):
+                return
+            page = self._page(cursor, found)
+
+    def all(self) -> List[SandboxInfo]:
+        """Every sandbox of the listing, reading the pages not read yet."""
+        if self._all is None:
+            self._all = [s for s in self]
+        return self._all
+
+    def __len__(self) -> int:
+        return len(self.all())
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.all()[i]
+
+    def __eq__(self, other: object) -> bool:
+        return self.all() == (other.all() if isinstance(other, SandboxPages) else other)
+
+    def __repr__(self) -> str:
+        return f"SandboxPages({self.all()!r})"
+
+
 def _host_of(exposed: ExposedPort) -> str:
     """The ``host[:port]`` of an exposed port's host-name URL."""
     from urllib.parse import urlsplit
@@ -195,25 +248,14 @@ class Sandbox:
         max_retries: Optional[int] = None,
         request_timeout: Optional[float] = None,
         headers: Optional[Dict[str, str]] = None,
-    ) -> List[SandboxInfo]:
-        """The workspace's sandboxes, newest first, in every state (destroyed ones too)
-        unless ``state`` picks one; ``metadata`` keeps those whose metadata has every entry
-        given. Pages (of ``page_size``, at most 1000) are followed until the end, or until
-        ``limit`` sandboxes are found."""
-        transport = SyncTransport(_connection(server, api_key, max_retries, request_timeout, headers))
-        try:
-            found: List[SandboxInfo] = []
-            cursor: Optional[str] = None
-            while True:
-                params = _list_params(state, metadata, limit, len(found), cursor, page_size)
-                page = transport.request("GET", "/sandboxes", params=params).json()
-                found.extend(SandboxInfo.from_dict(d) for d in page.get("data") or [])
-                cursor = page.get("next_cursor")
-                if not cursor or (limit is not None and len(found) >= limit):
-                    break
-            return found[:limit] if limit is not None else found
-        finally:
-            transport.close()
+    ) -> "SandboxPages":
+        """The workspace's live sandboxes (not destroyed or failed), newest first, unless
+        ``state`` picks one (or ``"all"``); ``metadata`` keeps those whose metadata has every
+        entry given. Lazy: the first page is read now (so a bad filter raises here), later
+        pages (of ``page_size``, at most 1000) as the iteration reaches them, until the end or
+        ``limit`` sandboxes; ``len()``, indexing and ``==`` read it whole."""
+        config = _connection(server, api_key, max_retries, request_timeout, headers)
+        return SandboxPages(config, state, metadata, limit, page_size)
 
     @classmethod
     def run(
