@@ -398,6 +398,9 @@ describe('expose', () => {
       assert.equal(typeof url, 'string');
       assert.match(url, /^https?:\/\//);
       assert.ok(url.includes(sb.id) && url.includes('8000'), url);
+      // getHost: the host of the port's own origin, without a scheme, as E2B's SDK answers it.
+      const host = await sb.getHost(8000);
+      assert.ok(host.startsWith(`8000-${sb.id}.`) && !host.includes('/'), host);
       // The URL opens with Node's own fetch (no wildcard DNS: the preview domain is localhost).
       await sb.files.write('/home/user/site/index.html', 'hello through the preview');
       await sb.commands.start('python3 -m http.server 8000 --bind 0.0.0.0', { cwd: '/home/user/site' });
