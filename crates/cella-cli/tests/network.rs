@@ -339,7 +339,12 @@ fn egress_policies_allow_and_deny_both_ways() {
     }
 
     // Bad policies are refused with the field named, and create nothing.
-    let before = s.get("/api/v1/sandboxes?state=all").data().as_array().unwrap().len();
+    let before = s
+        .get("/api/v1/sandboxes?state=all")
+        .data()
+        .as_array()
+        .unwrap()
+        .len();
     for (policy, field) in [
         (json!({ "allow": ["fe80::1"] }), "network.allow"),
         (json!({ "deny": ["10.0.0.0/40"] }), "network.deny"),
@@ -364,7 +369,11 @@ fn egress_policies_allow_and_deny_both_ways() {
         r.assert_error(400, "INVALID_REQUEST");
     }
     assert_eq!(
-        s.get("/api/v1/sandboxes?state=all").data().as_array().unwrap().len(),
+        s.get("/api/v1/sandboxes?state=all")
+            .data()
+            .as_array()
+            .unwrap()
+            .len(),
         before
     );
 }

@@ -91,7 +91,12 @@ fn a_run_writes_files_runs_collects_artifacts_and_destroys_its_sandbox() {
         .assert_error(404, "NOT_FOUND");
 
     // Bad input changes nothing: no sandbox is made.
-    let before = s.get("/api/v1/sandboxes?state=all").data().as_array().unwrap().len();
+    let before = s
+        .get("/api/v1/sandboxes?state=all")
+        .data()
+        .as_array()
+        .unwrap()
+        .len();
     for bad in [
         json!({ "files": [] }),
         json!({ "command": "true", "argv": ["true"] }),
@@ -103,7 +108,11 @@ fn a_run_writes_files_runs_collects_artifacts_and_destroys_its_sandbox() {
             .assert_error(400, "INVALID_REQUEST");
     }
     assert_eq!(
-        s.get("/api/v1/sandboxes?state=all").data().as_array().unwrap().len(),
+        s.get("/api/v1/sandboxes?state=all")
+            .data()
+            .as_array()
+            .unwrap()
+            .len(),
         before
     );
     let (_, reader) = s.workspace_key("enterprise", &["sandboxes:read", "sandboxes:write"]);

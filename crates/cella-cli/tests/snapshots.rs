@@ -346,7 +346,12 @@ fn snapshots_and_forks_refuse_what_they_cannot_copy() {
     s.post(&format!("/api/v1/sandboxes/{id}/fork"), json!({}))
         .assert_error(409, "CONFLICT");
     assert!(
-        s.get("/api/v1/sandboxes?state=all").data().as_array().unwrap().len() == 1,
+        s.get("/api/v1/sandboxes?state=all")
+            .data()
+            .as_array()
+            .unwrap()
+            .len()
+            == 1,
         "a failed fork made nothing"
     );
     // A destroyed sandbox cannot be forked.
