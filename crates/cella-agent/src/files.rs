@@ -220,6 +220,25 @@ fn openat2(
 }
 
 /// `openat` of one name in `dir`, never following a symlink in that last name.
+/// Creates `name` in the directory `dir` for writing: a new file only (`O_EXCL`), never
+/// through a symlink.
+fn create_new_at(dir: RawFd, name: &CStr, mode: u32) -> std::io::Result<std::fs::File> {
+    // SAFETY: a valid descriptor and NUL-terminated name.
+    let fd = unsafe {
+        libc::openat(
+            dir,
+            name.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor the kernel just gave us.
+    Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
 fn open_child(dir: &OwnedFd, name: &CStr, flags: i32) -> std::io::Result<OwnedFd> {
     // SAFETY: a valid descriptor and NUL-terminated name.
     let fd = unsafe {
@@ -786,20 +805,7 @@ fn create_upload(
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
         Err(e) => return Err(e),
     }
-    // SAFETY: a valid descriptor and name.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            tmp.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            0o600 as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor the kernel just gave us.
-    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let file = create_new_at(dir.as_raw_fd(), &tmp, 0o600)?;
     Ok((dir, name, file))
 }
 
@@ -920,20 +926,7 @@ pub(crate) fn install_run_file(dir: &str, name: &str, contents: &[u8]) -> std::i
         }
     };
     let tmp = cstring(format!(".{name}.{}-{}", std::process::id(), rand_suffix()).as_bytes())?;
-    // SAFETY: a valid descriptor and name.
-    let fd = unsafe {
-        libc::openat(
-            sub.as_raw_fd(),
-            tmp.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            0o644 as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor the kernel just gave us.
-    let mut file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let mut file = create_new_at(sub.as_raw_fd(), &tmp, 0o644)?;
     let name = cstring(name.as_bytes())?;
     let written = file.write_all(contents).and_then(|_| {
         use std::os::unix::fs::PermissionsExt;

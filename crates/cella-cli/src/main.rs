@@ -1186,21 +1186,7 @@ async fn sandbox(cmd: SandboxCmd) -> ExitCode {
             };
             if !conn.json {
                 // Output as it comes, each stream to its own.
-                use std::io::Write;
-                let result = client(&conn)
-                    .exec_stream(&id, &req, |o| match o {
-                        cella_client::Output::Stdout(b) => {
-                            let mut out = std::io::stdout().lock();
-                            let _ = out.write_all(&b);
-                            let _ = out.flush();
-                        }
-                        cella_client::Output::Stderr(b) => {
-                            let mut err = std::io::stderr().lock();
-                            let _ = err.write_all(&b);
-                            let _ = err.flush();
-                        }
-                    })
-                    .await;
+                let result = client(&conn).exec_stream(&id, &req, write_output).await;
                 return match result {
                     Ok(exit) => {
                         if exit.timed_out {
@@ -1298,6 +1284,17 @@ async fn destroy(ids: Vec<String>, all: bool, state: Option<String>, conn: Conn)
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// Writes a piece of a command's output to this process's stdout or stderr, at once.
+fn write_output(o: cella_client::Output) {
+    use std::io::Write;
+    let (mut w, b): (Box<dyn Write>, Vec<u8>) = match o {
+        cella_client::Output::Stdout(b) => (Box::new(std::io::stdout().lock()), b),
+        cella_client::Output::Stderr(b) => (Box::new(std::io::stderr().lock()), b),
+    };
+    let _ = w.write_all(&b);
+    let _ = w.flush();
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> serde_json::Value {

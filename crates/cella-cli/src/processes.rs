@@ -113,20 +113,8 @@ pub async fn run(cmd: ProcessCmd) -> ExitCode {
         }
         ProcessCmd::List { id, conn } => list(id, conn).await,
         ProcessCmd::Logs { id, pid, new, conn } => {
-            use std::io::Write;
             let r = client(&conn)
-                .process_output(&id, pid, !new, |o| match o {
-                    cella_client::Output::Stdout(b) => {
-                        let mut out = std::io::stdout().lock();
-                        let _ = out.write_all(&b);
-                        let _ = out.flush();
-                    }
-                    cella_client::Output::Stderr(b) => {
-                        let mut err = std::io::stderr().lock();
-                        let _ = err.write_all(&b);
-                        let _ = err.flush();
-                    }
-                })
+                .process_output(&id, pid, !new, crate::write_output)
                 .await;
             match r {
                 Ok(exit) => ExitCode::from((exit.exit_code & 0xff) as u8),
