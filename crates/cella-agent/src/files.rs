@@ -805,7 +805,7 @@ fn create_upload(
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
         Err(e) => return Err(e),
     }
-    let file = create_new_at(dir.as_raw_fd(), &tmp, 0o600)?;
+    let file = create_new_at(dir.as_raw_fd(), tmp, 0o600)?;
     Ok((dir, name, file))
 }
 
