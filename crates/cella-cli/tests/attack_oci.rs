@@ -43,6 +43,12 @@ fn tar_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
 /// A layer with a static busybox as `/bin/sh` and `/bin/cat`, so a sandbox can read files.
 fn busybox_layer() -> Vec<u8> {
     let busybox = std::fs::read("/bin/busybox").unwrap();
@@ -514,4 +520,299 @@ fn an_upload_cannot_poison_another_workspaces_layers() {
         Some(&json!({ "argv": ["/bin/cat", "/etc/owner.txt"] })),
     );
     assert_eq!(r.data()["stdout"], "A's real file", "{}", r.body);
+}
+
+/// What workspace `ws` stores, as its key reads it.
+fn storage(s: &Server, key: &str, ws: &str) -> Value {
+    let r = s.req(
+        "GET",
+        &format!("/api/v1/workspaces/{ws}/storage"),
+        Some(key),
+        None,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.data().clone()
+}
+
+fn used(s: &Server, key: &str, ws: &str) -> u64 {
+    storage(s, key, ws)["used_bytes"].as_u64().unwrap()
+}
+
+/// Bytes that do not compress, made without a random source.
+fn noise(n: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// An OCI layout tar of one image whose one layer is `layer`.
+fn image_archive(layer: &[u8]) -> Vec<u8> {
+    let (config, m) = manifest(&[(sha(layer), layer.len(), json!({}))]);
+    layout_tar(&m, &[(&sha(&config), &config), (&sha(layer), layer)])
+}
+
+/// Sends the first `send` bytes of a `total`-byte upload and reads the answer without sending
+/// the rest: the server must answer from what it has.
+fn partial_upload(s: &Server, key: &str, body: &[u8], send: usize) -> (u16, Value) {
+    use std::io::Read;
+    let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let head = format!(
+        "POST /api/v1/images?name=big HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/x-tar\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    // The server may stop reading (and close) once it has answered.
+    for chunk in body[..send].chunks(64 * 1024) {
+        if c.write_all(chunk).is_err() {
+            break;
+        }
+    }
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                answer.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&answer);
+                if let Some((h, b)) = text.split_once("\r\n\r\n") {
+                    let len = h
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length: ")
+                                .map(|v| v.trim().parse::<usize>().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if b.len() >= len {
+                        break;
+                    }
+                }
+            }
+            Err(e) => panic!("no answer to a partial upload: {e}"),
+        }
+    }
+    let text = String::from_utf8_lossy(&answer).to_string();
+    let (h, b) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status: u16 = h.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(b).unwrap_or(Value::Null))
+}
+
+#[test]
+fn a_workspace_storage_quota_counts_its_images_and_template_layers() {
+    const ROOM: u64 = 3_000_000;
+    let reg = FakeRegistry::start();
+    let s = Server::start_with(&format!(
+        "[images]\ninsecure_registries = [\"{}\"]\n[quotas]\nstorage_bytes = {{ business = {ROOM} }}\n",
+        reg.addr
+    ));
+    let scopes = ["templates:write", "sandboxes:write", "sandboxes:exec"];
+    let (a_ws, a) = s.workspace_key("business", &scopes);
+    let (b_ws, b) = s.workspace_key("business", &scopes);
+    let layers_dir = s.data_dir().join("layers");
+    let images_dir = s.data_dir().join("images");
+    let upload = |key: &str, archive: &[u8]| {
+        s.raw(
+            "POST",
+            "/api/v1/images?name=t",
+            Some(key),
+            Some(archive.to_vec()),
+            &[],
+        )
+    };
+    let empty = |what: &str| {
+        assert!(
+            tree(&layers_dir).is_empty(),
+            "{what}: {:?}",
+            tree(&layers_dir)
+        );
+        assert!(
+            tree(&images_dir).is_empty(),
+            "{what}: {:?}",
+            tree(&images_dir)
+        );
+    };
+    assert_eq!(
+        storage(&s, &a, &a_ws),
+        json!({ "used_bytes": 0, "quota_bytes": ROOM, "snapshots_bytes": 0, "artifacts_bytes": 0,
+                "images_bytes": 0, "templates_bytes": 0 })
+    );
+
+    // An archive bigger than the room left is cut off while it streams: the server answers
+    // before it has the rest, and keeps nothing.
+    let big = image_archive(&tar_of(&[("blob", &noise(4_000_000))]));
+    let (status, body) = partial_upload(&s, &a, &big, ROOM as usize + 256 * 1024);
+    assert_eq!(status, 507, "{body}");
+    assert_eq!(body["error"]["code"], "INSUFFICIENT_STORAGE");
+    assert_eq!(body["error"]["details"]["used_bytes"], 0);
+    assert_eq!(body["error"]["details"]["quota_bytes"], ROOM);
+    assert!(body["error"]["details"]["needed_bytes"].as_u64().unwrap() > ROOM);
+    empty("a cut-off upload");
+    // So is the whole of it, sent by a client that does not stop.
+    upload(&a, &big).assert_error(507, "INSUFFICIENT_STORAGE");
+    empty("a refused upload");
+    // A small archive whose layer unpacks to more than the room: refused once unpacked,
+    // before any of it is in the store.
+    let zeros = gzip(&tar_of(&[("zeros", &vec![0u8; 4_000_000])]));
+    assert!(zeros.len() < 100_000);
+    let r = upload(&a, &image_archive(&zeros));
+    r.assert_error(507, "INSUFFICIENT_STORAGE");
+    assert!(r.body["error"]["details"]["needed_bytes"].as_u64().unwrap() > ROOM);
+    empty("an upload that unpacks past the quota");
+    assert_eq!(used(&s, &a, &a_ws), 0);
+
+    // A pull whose layer is bigger than the room: the download stops, the build fails saying
+    // why, and nothing is kept.
+    let huge = tar_of(&[("blob", &noise(4_000_000))]);
+    reg.image(
+        "big/app",
+        &[(sha(&huge), huge.len(), json!({}))],
+        &[(&sha(&huge), &huge)],
+    );
+    let pulled = build(
+        &s,
+        &a,
+        &json!({ "id": "pulled", "image": format!("{}/big/app:v1", reg.addr) }),
+    );
+    let msg = failure(&pulled);
+    assert!(msg.contains("storage quota"), "{msg}");
+    assert!(
+        tree(&layers_dir)
+            .iter()
+            .all(|p| p == "oci-skeleton-v1" || p.starts_with("oci-skeleton-v1/")),
+        "{:?}",
+        tree(&layers_dir)
+    );
+    assert_eq!(used(&s, &a, &a_ws), 0);
+    assert_eq!(
+        s.req("DELETE", "/api/v1/templates/pulled", Some(&a), None)
+            .status,
+        200
+    );
+
+    // An image that fits is counted, in full for each workspace that uploads it.
+    let small = tar_of(&[("etc/data.bin", &noise(500_000))]);
+    let archive = image_archive(&small);
+    let r = upload(&a, &archive);
+    assert_eq!(r.status, 201, "{}", r.body);
+    let a_img = r.data()["id"].as_str().unwrap().to_string();
+    let st = storage(&s, &a, &a_ws);
+    let image_bytes = st["images_bytes"].as_u64().unwrap();
+    assert!((500_000..700_000).contains(&image_bytes), "{st}");
+    assert_eq!(st["used_bytes"], image_bytes);
+    assert_eq!(used(&s, &b, &b_ws), 0, "another workspace is not charged");
+    let r = upload(&b, &archive);
+    assert_eq!(r.status, 201, "{}", r.body);
+    let b_img = r.data()["id"].as_str().unwrap().to_string();
+    assert_eq!(storage(&s, &b, &b_ws)["images_bytes"], image_bytes);
+    assert_eq!(used(&s, &a, &a_ws), image_bytes);
+    // Listed by its workspace only.
+    let list = s.req("GET", "/api/v1/images", Some(&a), None);
+    assert_eq!(list.data().as_array().unwrap().len(), 1, "{}", list.body);
+    assert_eq!(list.data()[0]["id"], a_img.as_str());
+
+    // A template on the image pays nothing more: the workspace pays for a layer once. When
+    // the image goes, the template still holds its layer.
+    let on_image = build(
+        &s,
+        &a,
+        &json!({ "id": "on-image", "image": format!("upload:{a_img}") }),
+    );
+    assert_eq!(on_image["state"], "ready", "{on_image}");
+    assert_eq!(used(&s, &a, &a_ws), image_bytes);
+    assert_eq!(
+        s.req("DELETE", &format!("/api/v1/images/{a_img}"), Some(&a), None)
+            .status,
+        200
+    );
+    let st = storage(&s, &a, &a_ws);
+    assert_eq!(
+        (st["images_bytes"].as_u64(), st["templates_bytes"].as_u64()),
+        (Some(0), Some(image_bytes)),
+        "{st}"
+    );
+    s.req("DELETE", &format!("/api/v1/images/{a_img}"), Some(&a), None)
+        .assert_error(404, "NOT_FOUND");
+    // Nor can a workspace delete another's image.
+    s.req("DELETE", &format!("/api/v1/images/{b_img}"), Some(&a), None)
+        .assert_error(404, "NOT_FOUND");
+
+    // A build step's layer that fits is counted; one that does not fails the build, saying so,
+    // and the build gives back all it charged.
+    let fits = build(
+        &s,
+        &a,
+        &json!({ "id": "fits", "steps": [
+            { "run": "head -c 300000 /dev/urandom > /opt/fits.bin" },
+            { "run": "echo two > /opt/two.txt" }
+        ] }),
+    );
+    assert_eq!(fits["state"], "ready", "{fits}");
+    let with_steps = used(&s, &a, &a_ws);
+    assert!(with_steps >= image_bytes + 300_000, "{with_steps}");
+    let layers_before = tree(&layers_dir);
+    let too_big = build(
+        &s,
+        &a,
+        &json!({ "id": "too-big", "steps": [
+            { "run": "echo small > /opt/small.txt" },
+            { "run": "head -c 4000000 /dev/urandom > /opt/big.bin" }
+        ] }),
+    );
+    let msg = failure(&too_big);
+    assert!(
+        msg.contains("storage quota") && msg.contains("step 2"),
+        "{msg}"
+    );
+    assert_eq!(used(&s, &a, &a_ws), with_steps);
+    assert_eq!(
+        tree(&layers_dir),
+        layers_before,
+        "the failed build's layers are gone"
+    );
+    assert_eq!(too_big["steps"][1]["state"], "failed");
+
+    // Deleting the templates gives the bytes back; B's copy of the shared layer stays, and B
+    // still builds on it.
+    for t in ["fits", "too-big", "on-image"] {
+        let r = s.req("DELETE", &format!("/api/v1/templates/{t}"), Some(&a), None);
+        assert_eq!(r.status, 200, "{t}: {}", r.body);
+    }
+    assert_eq!(used(&s, &a, &a_ws), 0);
+    assert_eq!(used(&s, &b, &b_ws), image_bytes);
+    let b_build = build(
+        &s,
+        &b,
+        &json!({ "id": "b-image", "image": format!("upload:{b_img}") }),
+    );
+    assert_eq!(b_build["state"], "ready", "{b_build}");
+    assert_eq!(used(&s, &b, &b_ws), image_bytes);
+    // B's image and template gone, the layer leaves the disk.
+    assert_eq!(
+        s.req("DELETE", &format!("/api/v1/images/{b_img}"), Some(&b), None)
+            .status,
+        200
+    );
+    assert_eq!(
+        s.req("DELETE", "/api/v1/templates/b-image", Some(&b), None)
+            .status,
+        200
+    );
+    assert_eq!(used(&s, &b, &b_ws), 0);
+    assert!(
+        tree(&layers_dir)
+            .iter()
+            .all(|p| !p.starts_with("oci-sha256-")),
+        "{:?}",
+        tree(&layers_dir)
+    );
 }

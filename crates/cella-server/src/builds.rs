@@ -9,9 +9,16 @@
 //! step rebuilds it and everything after it. `env`, `workdir` and `user` steps make no layer:
 //! they shape the later steps and the template's sandboxes.
 //!
-//! A template's delete removes only layers of the store whose path is exactly
-//! `layers/<a name the store makes>/root` (see [`crate::layers::name_of`]) and that no other
-//! template and no imported image lists.
+//! Every layer of the store a build uses (its base template's, its image's, each step's, made
+//! or cached) is charged to the template against the workspace's storage quota (see
+//! [`crate::quotas`]): a step's layer once the step has run, before the next one. A charge the
+//! quota refuses fails the build, and the build gives back every charge it made that the
+//! workspace did not pay for before (those layers leave the store unless something else holds
+//! them); the template keeps the image it had.
+//!
+//! A template's delete gives back its charges and removes only layers of the store whose path
+//! is exactly `layers/<a name the store makes>/root` (see [`crate::layers::name_of`]) and that
+//! no workspace is charged for, no other template and no imported image lists.
 //!
 //! A build runs in a task of its own; its log and step states are kept in memory while it runs
 //! (readable at once) and written to the store at every step and at its end.
@@ -392,6 +399,14 @@ async fn run(
                 .unwrap_or(crate::catalog::public_id(&base.id))
         ));
     });
+    // What this build charges to the template, given back if it passes the quota.
+    let mut charges = Charges {
+        state,
+        workspace_id: build.workspace_id.clone(),
+        owner: spec.id.clone(),
+        new: Vec::new(),
+        over: false,
+    };
     // Steps after an image's pseudo-step are one further in the step list.
     let off = usize::from(spec.image.is_some());
     if let Some(image) = &spec.image {
@@ -406,33 +421,69 @@ async fn run(
             .map_err(|e| e.to_string())?;
         let p2 = progress.clone();
         let pulled = match image.strip_prefix("upload:") {
-            Some(up) => crate::images::get(state, &build.workspace_id, up)
-                .map(|i| crate::oci::Pulled {
-                    digest: i.digest.clone(),
-                    layers: i.layer_dirs.clone(),
-                    defaults: crate::oci::ImageDefaults {
-                        env: i.env.clone(),
-                        workdir: i.workdir.clone(),
-                        user: i.user,
-                    },
-                })
-                .ok_or_else(|| format!("no imported image {up}")),
+            Some(up) => match crate::images::get(state, &build.workspace_id, up) {
+                Some(i) => {
+                    let pulled = crate::oci::Pulled {
+                        digest: i.digest.clone(),
+                        layers: i.layer_dirs.clone(),
+                        defaults: crate::oci::ImageDefaults {
+                            env: i.env.clone(),
+                            workdir: i.workdir.clone(),
+                            user: i.user,
+                        },
+                    };
+                    // The template holds the image's layers too (the image may go first).
+                    let names: Vec<String> = i
+                        .layer_dirs
+                        .iter()
+                        .filter_map(|l| crate::layers::name_of(&layers_root, l))
+                        .collect();
+                    match charges.sizes(&names).await {
+                        Ok(sizes) => charges
+                            .charge(&sizes, "the image's layers", || present(state, &names))
+                            .await
+                            .map(|()| pulled),
+                        Err(e) => Err(e),
+                    }
+                }
+                None => Err(format!("no imported image {up}")),
+            },
             None => {
-                crate::oci::pull(
-                    image,
-                    spec.registry_auth.as_ref(),
-                    &layers_root,
-                    &crate::oci::Registries::of(&state.config),
-                    &build.workspace_id,
-                    |line| p2.lock().expect("build lock").say(&line),
-                )
-                .await
+                let pulled = match crate::quotas::budget(state, &build.workspace_id).await {
+                    Ok(budget) => {
+                        crate::oci::pull(
+                            image,
+                            spec.registry_auth.as_ref(),
+                            &layers_root,
+                            &crate::oci::Registries::of(&state.config),
+                            &build.workspace_id,
+                            &budget,
+                            |line| p2.lock().expect("build lock").say(&line),
+                        )
+                        .await
+                    }
+                    Err(e) => Err(e.message),
+                };
+                match pulled {
+                    Ok(prepared) => {
+                        let sizes = prepared.charges();
+                        charges
+                            .charge(&sizes, "the image's layers", || {
+                                prepared
+                                    .commit()
+                                    .map_err(|e| ApiError::new(ErrorCode::Conflict, e))
+                            })
+                            .await
+                    }
+                    Err(e) => Err(e),
+                }
             }
         };
         let pulled = match pulled {
             Ok(p) => p,
             Err(e) => {
                 set(&|p| p.steps[0].state = "failed".into());
+                charges.give_back_if_over().await;
                 return Err(format!("step 1 (image) failed: {e}"));
             }
         };
@@ -462,6 +513,29 @@ async fn run(
             p.steps[0].state = "done".into();
             p.steps[0].duration_ms = Some(ms);
         });
+    }
+    if spec.image.is_none() {
+        // A template built on another holds the layers of the store it uses too, so they stay
+        // charged to the workspace when the other is deleted.
+        let layers_root = state.config.data_dir.join("layers");
+        let names: Vec<String> = base_image
+            .layers
+            .iter()
+            .filter_map(|l| crate::layers::name_of(&layers_root, l))
+            .filter(|n| n != crate::oci::SKELETON)
+            .collect();
+        if !names.is_empty() {
+            let sizes = charges.sizes(&names).await?;
+            if let Err(e) = charges
+                .charge(&sizes, "the base template's layers", || {
+                    present(state, &names)
+                })
+                .await
+            {
+                charges.give_back_if_over().await;
+                return Err(e);
+            }
+        }
     }
     let mut layers = base_image.layers.clone();
     let mut defaults = base_defaults;
@@ -515,9 +589,8 @@ async fn run(
                 let dir = layer_dir(state, &k);
                 let ready = crate::layers::Dir::create(&state.config.data_dir.join("layers"))
                     .is_ok_and(|st| crate::layers::is_ready(&st, &k, crate::layers::COMPLETE));
-                if ready {
+                let outcome = if ready {
                     cache_hits += 1;
-                    layers.insert(0, dir.join("root"));
                     Ok("cached")
                 } else {
                     run_step(
@@ -531,10 +604,35 @@ async fn run(
                         &dir,
                     )
                     .await
-                    .map(|_| {
-                        layers.insert(0, dir.join("root"));
-                        "done"
-                    })
+                    .map(|_| "done")
+                };
+                // The step's layer counts against the workspace's quota before the next step.
+                match outcome {
+                    Ok(s) => {
+                        let names = [k.clone()];
+                        let charged = match charges.sizes(&names).await {
+                            Ok(sizes) => {
+                                charges
+                                    .charge(&sizes, "this step's layer", || present(state, &names))
+                                    .await
+                            }
+                            Err(e) => Err(e),
+                        };
+                        match charged {
+                            Ok(()) => {
+                                layers.insert(0, dir.join("root"));
+                                Ok(s)
+                            }
+                            Err(e) => {
+                                if charges.over {
+                                    // Not kept: nothing holds a layer this build just made.
+                                    let _ = crate::quotas::remove_unheld(state, &names).await;
+                                }
+                                Err(e)
+                            }
+                        }
+                    }
+                    Err(e) => Err(e),
                 }
             }
         };
@@ -552,6 +650,7 @@ async fn run(
                     p.steps[i].state = "failed".into();
                     p.steps[i].duration_ms = Some(ms);
                 });
+                charges.give_back_if_over().await;
                 return Err(format!("step {} ({}) failed: {e}", i + 1, kind(step)));
             }
         }
@@ -590,6 +689,8 @@ async fn run(
         .flatten()
         .is_none()
     {
+        // What this build charged goes with the template.
+        let _ = crate::quotas::release(state, crate::quotas::TEMPLATE, &spec.id, Vec::new()).await;
         return Err("the template was deleted during its build".into());
     }
     state.catalog.put(TemplateEntry {
@@ -608,6 +709,116 @@ async fn run(
         ))
     });
     Ok(())
+}
+
+/// The layers a build charges to its template, and those of them the workspace did not pay
+/// for before the build.
+struct Charges<'a> {
+    state: &'a AppState,
+    workspace_id: String,
+    owner: String,
+    new: Vec<String>,
+    /// Whether a charge was refused by the quota.
+    over: bool,
+}
+
+impl Charges<'_> {
+    /// (name, size) of layers of the store: the size the workspace pays for already, else
+    /// measured.
+    async fn sizes(&self, names: &[String]) -> Result<Vec<(String, u64)>, String> {
+        let charged = self
+            .state
+            .store
+            .charged_layers(&self.workspace_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        let root = self.state.config.data_dir.join("layers");
+        let mut out = Vec::new();
+        for n in names {
+            let size = match charged.get(n) {
+                Some(s) => *s,
+                None => {
+                    let p = root.join(n).join("root");
+                    tokio::task::spawn_blocking(move || crate::layers::disk_bytes(&p))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| format!("measuring layer {n}: {e}"))?
+                }
+            };
+            out.push((n.clone(), size));
+        }
+        Ok(out)
+    }
+
+    async fn charge<T>(
+        &mut self,
+        layers: &[(String, u64)],
+        what: &str,
+        commit: impl FnOnce() -> Result<T, ApiError>,
+    ) -> Result<T, String> {
+        match crate::quotas::charge(
+            self.state,
+            &self.workspace_id,
+            crate::quotas::TEMPLATE,
+            &self.owner,
+            layers,
+            what,
+            commit,
+        )
+        .await
+        {
+            Ok((t, new)) => {
+                self.new.extend(new);
+                Ok(t)
+            }
+            Err(e) => {
+                self.over = e.code == ErrorCode::InsufficientStorage;
+                Err(e.message)
+            }
+        }
+    }
+
+    /// After a charge the quota refused: every charge this build made that the workspace did
+    /// not pay for before is taken back, and those layers leave the store when nothing else
+    /// holds them.
+    async fn give_back_if_over(&mut self) {
+        if !self.over {
+            return;
+        }
+        let new = std::mem::take(&mut self.new);
+        if let Err(e) = crate::quotas::uncharge(
+            self.state,
+            &self.workspace_id,
+            crate::quotas::TEMPLATE,
+            &self.owner,
+            &new,
+        )
+        .await
+        {
+            tracing::error!(
+                template = self.owner,
+                "giving back a build's charges: {}",
+                e.message
+            );
+        }
+    }
+}
+
+/// Fails unless every layer of `names` is in the store, complete.
+fn present(state: &AppState, names: &[String]) -> Result<(), ApiError> {
+    let root = crate::layers::Dir::open(&state.config.data_dir.join("layers"))
+        .map_err(|_| ApiError::internal())?;
+    let ready = |n: &String| {
+        crate::layers::is_ready(&root, n, crate::layers::VERIFIED)
+            || crate::layers::is_ready(&root, n, crate::layers::COMPLETE)
+    };
+    match names.iter().find(|n| !ready(n)) {
+        Some(n) => Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("layer {n} left the layer store during the build; build again"),
+        )),
+        None => Ok(()),
+    }
 }
 
 fn describe(step: &TemplateStep) -> String {
@@ -818,16 +1029,6 @@ pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateE
         )
         .with_details(serde_json::json!({ "sandboxes": sandboxes, "snapshots": snapshots })));
     }
-    // Templates built on this one keep working (their images list the layers they use), so
-    // only layers no other template lists go.
-    let others: Vec<PathBuf> = state
-        .catalog
-        .templates()
-        .iter()
-        .filter(|o| o.id != key)
-        .filter_map(|o| o.image.as_ref())
-        .flat_map(|i| i.layers.clone())
-        .collect();
     // Pool sandboxes of this template go first.
     for r in state.store.pool_rows().await? {
         if r.template_id == key {
@@ -839,22 +1040,17 @@ pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateE
     }
     state.catalog.remove(key);
     state.store.delete_template(key).await?;
-    // A layer goes only when its path is exactly `layers/<a name the store makes>/root`:
-    // nothing outside the store, and no path another template or an imported image lists.
+    // Its charges go back, and of the layers it held (every build's) and its image lists, those
+    // that no workspace's charge, no other template and no imported image holds leave the
+    // store. Templates built on this one keep working: their images list the layers they use.
+    // A layer goes only when its path is exactly `layers/<a name the store makes>/root`.
     let layers_root = state.config.data_dir.join("layers");
-    let kept: std::collections::HashSet<String> = others
+    let listed: Vec<String> = t
+        .image
         .iter()
-        .chain(crate::images::all_layer_dirs(state).iter())
+        .flat_map(|i| i.layers.iter())
         .filter_map(|l| crate::layers::name_of(&layers_root, l))
         .collect();
-    if let (Some(image), Ok(store)) = (&t.image, crate::layers::Dir::open(&layers_root)) {
-        for l in &image.layers {
-            if let Some(name) = crate::layers::name_of(&layers_root, l) {
-                if !kept.contains(&name) {
-                    let _ = store.remove_all(&name);
-                }
-            }
-        }
-    }
+    crate::quotas::release(state, crate::quotas::TEMPLATE, key, listed).await?;
     Ok(t)
 }

@@ -61,12 +61,21 @@ pub async fn import(
     name: &str,
     body: axum::body::Body,
 ) -> Result<ImportedImage, ApiError> {
+    let ws = auth.workspace_id.clone();
+    // The workspace's storage quota: no room, no upload; an upload that passes the room left is
+    // cut off while it streams (its layers take at least about its size).
+    let storage = crate::quotas::storage(state, &ws).await?;
+    storage.check(0, "an image upload")?;
+    let room = storage.room();
     let images = dir(state);
     tokio::fs::create_dir_all(&images)
         .await
         .map_err(|_| ApiError::internal())?;
     let id = crate::util::new_id("img");
     let tar = images.join(format!("{id}.tar"));
+    let work = images.join(format!("{id}.work"));
+    // The archive and its unpacked copy go whatever happens.
+    let _scratch = Scratch(vec![tar.clone(), work.clone()]);
     let mut f = tokio::fs::File::create(&tar)
         .await
         .map_err(|_| ApiError::internal())?;
@@ -77,11 +86,15 @@ pub async fn import(
             chunk.map_err(|e| ApiError::invalid("body", format!("reading the upload: {e}")))?;
         total += chunk.len() as u64;
         if total > MAX_ARCHIVE {
-            let _ = tokio::fs::remove_file(&tar).await;
             return Err(ApiError::new(
                 ErrorCode::PayloadTooLarge,
                 "the archive is over 8 GiB",
             ));
+        }
+        if total > room {
+            return Err(
+                storage.refusal(total, "this upload (cut off when it passed the room left)")
+            );
         }
         f.write_all(&chunk)
             .await
@@ -89,34 +102,106 @@ pub async fn import(
     }
     f.flush().await.map_err(|_| ApiError::internal())?;
     drop(f);
-    let work = images.join(format!("{id}.work"));
     let layers_root = state.config.data_dir.join("layers");
-    let (t2, w2, ws) = (tar.clone(), work.clone(), auth.workspace_id.clone());
-    let res = tokio::task::spawn_blocking(move || {
-        crate::oci::import_archive(&t2, &layers_root, &w2, &ws)
+    let budget = crate::quotas::budget(state, &ws).await?;
+    let (t2, w2, ws2) = (tar.clone(), work.clone(), ws.clone());
+    let prepared = tokio::task::spawn_blocking(move || {
+        crate::oci::prepare_archive(&t2, &layers_root, &w2, &ws2, &budget)
     })
     .await
     .map_err(|_| ApiError::internal())?;
-    let _ = tokio::fs::remove_file(&tar).await;
-    let _ = tokio::fs::remove_dir_all(&work).await;
-    let pulled = res.map_err(|e| ApiError::invalid("body", e))?;
-    let rec = Record {
-        id: id.clone(),
-        name: name.to_string(),
-        digest: pulled.digest.clone(),
-        workspace_id: auth.workspace_id.clone(),
-        layer_dirs: pulled.layers.clone(),
-        env: pulled.defaults.env.clone(),
-        workdir: pulled.defaults.workdir.clone(),
-        user: pulled.defaults.user,
+    let prepared = match prepared {
+        Ok(p) => p,
+        Err(crate::oci::PrepareError::OverQuota { needed, .. }) => {
+            let now = crate::quotas::storage(state, &ws).await?;
+            return Err(now.refusal(needed, "this image"));
+        }
+        Err(crate::oci::PrepareError::Invalid(e)) => return Err(ApiError::invalid("body", e)),
     };
-    tokio::fs::write(
-        images.join(format!("{id}.json")),
-        serde_json::to_vec(&rec).unwrap_or_default(),
+    let charges = prepared.charges();
+    let (images2, id2, ws2) = (images.clone(), id.clone(), ws.clone());
+    let (rec, _) = crate::quotas::charge(
+        state,
+        &ws,
+        crate::quotas::IMAGE,
+        &id,
+        &charges,
+        "this image",
+        move || {
+            let pulled = prepared
+                .commit()
+                .map_err(|e| ApiError::new(ErrorCode::Conflict, e))?;
+            let rec = Record {
+                id: id2.clone(),
+                name: name.to_string(),
+                digest: pulled.digest.clone(),
+                workspace_id: ws2,
+                layer_dirs: pulled.layers.clone(),
+                env: pulled.defaults.env.clone(),
+                workdir: pulled.defaults.workdir.clone(),
+                user: pulled.defaults.user,
+            };
+            std::fs::write(
+                images2.join(format!("{id2}.json")),
+                serde_json::to_vec(&rec).unwrap_or_default(),
+            )
+            .map_err(|_| ApiError::internal())?;
+            Ok(rec)
+        },
     )
-    .await
-    .map_err(|_| ApiError::internal())?;
+    .await?;
     Ok(to_image(rec))
+}
+
+/// Paths removed when dropped.
+struct Scratch(Vec<PathBuf>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+/// The workspace's imported images, oldest first.
+pub fn list(state: &AppState, workspace_id: &str) -> Vec<ImportedImage> {
+    let Ok(rd) = std::fs::read_dir(dir(state)) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(std::time::SystemTime, ImportedImage)> = rd
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter_map(|e| {
+            let at = e.metadata().and_then(|m| m.modified()).ok()?;
+            let r: Record = serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok()?;
+            (r.workspace_id == workspace_id).then(|| (at, to_image(r)))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.id.cmp(&b.1.id)));
+    out.into_iter().map(|(_, i)| i).collect()
+}
+
+/// Deletes an imported image of the workspace: its record, its charges, and its layers that no
+/// template and no other image uses. Templates built on it keep working (they hold its layers
+/// themselves) but can no longer be rebuilt from it.
+pub async fn delete(
+    state: &AppState,
+    workspace_id: &str,
+    id: &str,
+) -> Result<ImportedImage, ApiError> {
+    let img = get(state, workspace_id, id).ok_or_else(|| ApiError::not_found("image"))?;
+    std::fs::remove_file(dir(state).join(format!("{id}.json")))
+        .map_err(|_| ApiError::internal())?;
+    let root = state.config.data_dir.join("layers");
+    let names = img
+        .layer_dirs
+        .iter()
+        .filter_map(|l| crate::layers::name_of(&root, l))
+        .collect();
+    crate::quotas::release(state, crate::quotas::IMAGE, id, names).await?;
+    Ok(img)
 }
 
 fn to_image(r: Record) -> ImportedImage {

@@ -370,6 +370,34 @@ pub fn name_of(layers_root: &Path, path: &Path) -> Option<String> {
     .then(|| name.to_string())
 }
 
+/// What one file, directory or link costs beyond its data blocks: about an inode of the file
+/// system.
+pub const ENTRY_BYTES: u64 = 256;
+
+/// The space the tree at `path` takes on disk, as a workspace is charged for it: the allocated
+/// blocks of every entry (a file linked twice once) plus [`ENTRY_BYTES`] per entry. Symlinks
+/// are counted, never followed.
+pub fn disk_bytes(path: &Path) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let m = std::fs::symlink_metadata(&p)?;
+        if m.is_dir() {
+            for e in std::fs::read_dir(&p)? {
+                stack.push(e?.path());
+            }
+        } else if m.nlink() > 1 && !seen.insert((m.dev(), m.ino())) {
+            continue;
+        }
+        total = total
+            .saturating_add(m.blocks().saturating_mul(512))
+            .saturating_add(ENTRY_BYTES);
+    }
+    Ok(total)
+}
+
 /// Whether layer `name` is there and marked with `marker`, found without symlinks.
 pub fn is_ready(root: &Dir, name: &str, marker: &str) -> bool {
     single(name).is_ok()
@@ -472,6 +500,30 @@ mod tests {
         ] {
             assert_eq!(name_of(root, Path::new(&bad)), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_tree_costs_its_blocks_and_its_entries_once() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        std::fs::create_dir_all(root.join("d")).unwrap();
+        std::fs::write(root.join("d/f"), vec![1u8; 100_000]).unwrap();
+        let one = disk_bytes(&root).unwrap();
+        // Three entries and at least the file's bytes.
+        assert!(one >= 100_000 + 3 * ENTRY_BYTES, "{one}");
+        // A second name of the same file adds only its entry; a symlink is not followed.
+        std::fs::hard_link(root.join("d/f"), root.join("g")).unwrap();
+        assert_eq!(disk_bytes(&root).unwrap(), one);
+        std::os::unix::fs::symlink("/usr", root.join("l")).unwrap();
+        let linked = disk_bytes(&root).unwrap();
+        assert!(
+            linked >= one + ENTRY_BYTES && linked < one + 64 * 1024,
+            "{linked}"
+        );
+        // A sparse file costs what it holds, not its length.
+        let f = std::fs::File::create(root.join("sparse")).unwrap();
+        f.set_len(1 << 30).unwrap();
+        assert!(disk_bytes(&root).unwrap() < linked + 64 * 1024);
     }
 
     #[test]

@@ -257,6 +257,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/api/v1/workspaces/{id}",
             get(workspaces::get).patch(workspaces::update),
         )
+        .route("/api/v1/workspaces/{id}/storage", get(workspaces::storage))
         .route("/api/v1/api-keys", post(keys::create).get(keys::list))
         .route("/api/v1/api-keys/{id}", axum::routing::delete(keys::revoke))
         .route(
@@ -272,7 +273,14 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(templates::build_status),
         )
         .route("/api/v1/templates/{id}/builds", get(templates::builds))
-        .route("/api/v1/images", post(templates::import_image))
+        .route(
+            "/api/v1/images",
+            post(templates::import_image).get(templates::images),
+        )
+        .route(
+            "/api/v1/images/{id}",
+            axum::routing::delete(templates::delete_image),
+        )
         .route("/api/v1/sandboxes", post(sb::create).get(sb::list))
         .route("/api/v1/sandboxes/{id}", get(sb::get).delete(sb::destroy))
         .route("/api/v1/sandboxes/{id}/exec", post(sb::exec))

@@ -259,6 +259,7 @@ async fn fetch_blob(
     digest: &Digest,
     out: &mut (dyn Write + Send),
     max: u64,
+    too_big: &(dyn Fn() -> String + Send + Sync),
 ) -> Result<(), String> {
     let d = digest.to_string();
     let mut stream = client
@@ -274,7 +275,7 @@ async fn fetch_blob(
         })?;
         total += chunk.len() as u64;
         if total > max {
-            return Err(format!("pulling {d}: the blob is larger than {max} bytes"));
+            return Err(too_big());
         }
         hasher.update(&chunk);
         out.write_all(&chunk)
@@ -317,16 +318,18 @@ impl Drop for Scratch {
     }
 }
 
-/// Pulls `image` and unpacks its layers under `layers_root`, for `workspace`; `log` hears of
-/// each layer.
+/// Pulls `image` and unpacks its layers next to the store under `layers_root`, for
+/// `workspace`, within `budget`; `log` hears of each layer. Nothing is in the store until the
+/// answer is [committed](Prepared::commit).
 pub async fn pull(
     image: &str,
     auth: Option<&RegistryAuth>,
     layers_root: &Path,
     regs: &Registries,
     workspace: &str,
+    budget: &Budget,
     mut log: impl FnMut(String),
-) -> Result<Pulled, String> {
+) -> Result<Prepared, String> {
     let reference: Reference = image
         .parse()
         .map_err(|e| format!("{image:?} is not an image reference: {e}"))?;
@@ -355,14 +358,23 @@ pub async fn pull(
         .map(|l| Digest::parse(&l.digest).map_err(|e| format!("a layer of the image: {e}")))
         .collect::<Result<Vec<_>, _>>()?;
     let mut config = Vec::new();
-    fetch_blob(&client, &reference, &config_digest, &mut config, MAX_JSON).await?;
+    fetch_blob(
+        &client,
+        &reference,
+        &config_digest,
+        &mut config,
+        MAX_JSON,
+        &|| format!("pulling {config_digest}: the blob is larger than {MAX_JSON} bytes"),
+    )
+    .await?;
     let config = String::from_utf8(config).map_err(|_| "the image's config is not UTF-8")?;
     log(format!(
         "  image {image} ({digest}), {} layer(s)\n",
         manifest.layers.len()
     ));
     let root = Arc::new(Dir::create(layers_root).map_err(|e| format!("the layer store: {e}"))?);
-    let mut out = Vec::new();
+    let mut prep = Prepared::new(root.clone(), layers_root, workspace, digest.to_string());
+    prep.defaults = defaults_of(&config);
     for (layer, d) in manifest.layers.iter().zip(&digests) {
         let name = d.layer_name();
         if layer.urls.as_ref().is_some_and(|u| !u.is_empty()) {
@@ -371,54 +383,259 @@ pub async fn pull(
                 d.short()
             ));
         }
+        if prep.has(&name) {
+            prep.repeat(d);
+            continue;
+        }
         if usable(&root, d, workspace) {
             log(format!("  layer {} (cached)\n", d.short()));
-            out.push(layers_root.join(&name).join("root"));
+            let size = budget.size_in_store(&root, &name)?;
+            prep.add(d, None, false, size, budget)
+                .map_err(|e| e.to_string())?;
             continue;
         }
         let tmp = format!(".download-{}", crate::util::new_id(""));
         let part = format!(".part-{}", crate::util::new_id(""));
         let _scratch = Scratch {
             root: root.clone(),
-            names: vec![tmp.clone(), part.clone()],
+            names: vec![tmp.clone()],
         };
+        prep.scratch.names.push(part.clone());
         let mut file = root
             .create_file(&tmp)
             .map_err(|e| format!("layer file: {e}"))?;
-        // Blocking writes to a local file, in a pull that is a build's own task.
+        // Blocking writes to a local file, in a pull that is a build's own task. A download
+        // stops once it passes what the workspace's quota leaves (a layer unpacks to at least
+        // about its compressed size).
+        let left = budget.left(prep.spent, &name);
         let mut w = std::io::BufWriter::new(&mut file);
-        fetch_blob(&client, &reference, d, &mut w, u64::MAX).await?;
+        fetch_blob(&client, &reference, d, &mut w, left, &|| {
+            PrepareError::OverQuota {
+                needed: left.saturating_add(1),
+                room: left,
+            }
+            .to_string()
+        })
+        .await?;
         w.flush().map_err(|e| format!("layer file: {e}"))?;
         drop(w);
         drop(file);
         if layers::is_ready(&root, &name, layers::VERIFIED) {
             // Unpacked before from the same bytes; this workspace has now shown it has them.
             log(format!("  layer {} (cached, verified)\n", d.short()));
+            let size = budget.size_in_store(&root, &name)?;
+            prep.add(d, None, true, size, budget)
+                .map_err(|e| e.to_string())?;
         } else {
-            let (r2, media, tmp2, part2, name2) = (
+            let (r2, media, tmp2, part2) = (
                 root.clone(),
                 layer.media_type.clone(),
                 tmp.clone(),
                 part.clone(),
-                name.clone(),
             );
-            let size = tokio::task::spawn_blocking(move || {
+            let (count, bytes) = tokio::task::spawn_blocking(move || {
                 let blob = r2.file(&tmp2).map_err(|e| format!("layer file: {e}"))?;
-                unpack_layer(&r2, blob, &media, &part2, &name2)
+                let count = unpack_part(&r2, blob, &media, &part2)?;
+                let bytes = layers::disk_bytes(&r2.path().join(&part2))
+                    .map_err(|e| format!("measuring the layer: {e}"))?;
+                Ok::<_, String>((count, bytes))
             })
             .await
             .map_err(|e| e.to_string())??;
-            log(format!("  layer {} unpacked ({size} files)\n", d.short()));
+            log(format!("  layer {} unpacked ({count} files)\n", d.short()));
+            prep.add(d, Some(part), true, bytes, budget)
+                .map_err(|e| e.to_string())?;
         }
-        prove(&root, d, workspace)?;
-        out.push(layers_root.join(&name).join("root"));
     }
-    out.reverse();
-    Ok(Pulled {
-        digest,
-        layers: out,
-        defaults: defaults_of(&config),
-    })
+    Ok(prep)
+}
+
+/// How many bytes an image may add to a workspace's storage, and the layers the workspace pays
+/// for already, with their sizes (they cost nothing more).
+#[derive(Debug, Clone)]
+pub struct Budget {
+    pub room: u64,
+    pub charged: std::collections::HashMap<String, u64>,
+}
+
+impl Budget {
+    /// No quota.
+    pub fn unlimited() -> Budget {
+        Budget {
+            room: u64::MAX,
+            charged: Default::default(),
+        }
+    }
+
+    /// What is left after `spent`, for layer `name`.
+    fn left(&self, spent: u64, name: &str) -> u64 {
+        if self.charged.contains_key(name) {
+            u64::MAX
+        } else {
+            self.room.saturating_sub(spent)
+        }
+    }
+
+    /// The size of layer `name`, in the store already.
+    fn size_in_store(&self, root: &Dir, name: &str) -> Result<u64, String> {
+        if let Some(size) = self.charged.get(name) {
+            return Ok(*size);
+        }
+        layers::disk_bytes(&root.path().join(name).join("root"))
+            .map_err(|e| format!("measuring layer {name}: {e}"))
+    }
+}
+
+/// Why an image's layers were not made ready.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("the image's layers need more than the {room} bytes left of the workspace's storage quota (nothing of them was kept)")]
+    OverQuota { needed: u64, room: u64 },
+}
+
+impl From<String> for PrepareError {
+    fn from(s: String) -> Self {
+        PrepareError::Invalid(s)
+    }
+}
+
+impl From<&str> for PrepareError {
+    fn from(s: &str) -> Self {
+        PrepareError::Invalid(s.to_string())
+    }
+}
+
+/// One layer of a [`Prepared`] image.
+#[derive(Debug, Clone)]
+pub struct PreparedLayer {
+    digest: Digest,
+    /// The name of the layer in the store.
+    pub name: String,
+    /// Its unpacked files, in a scratch directory of the store, when the store lacks it.
+    part: Option<String>,
+    /// Whether the workspace has shown its bytes here (and not before).
+    prove: bool,
+    /// Its size on disk.
+    pub bytes: u64,
+}
+
+/// An image whose layers are checked, unpacked and measured but not in the store yet: the
+/// caller checks the workspace's quota, then [commits](Prepared::commit) it. Dropped
+/// uncommitted, it leaves nothing behind.
+pub struct Prepared {
+    root: Arc<Dir>,
+    layers_root: PathBuf,
+    workspace: String,
+    digest: String,
+    defaults: ImageDefaults,
+    /// Bottom first; a layer the image lists twice is here once.
+    pub layers: Vec<PreparedLayer>,
+    /// The image's layer names, bottom first, repeats included.
+    order: Vec<String>,
+    /// What the layers the workspace does not pay for yet take, together.
+    pub spent: u64,
+    scratch: Scratch,
+}
+
+impl Prepared {
+    fn new(root: Arc<Dir>, layers_root: &Path, workspace: &str, digest: String) -> Prepared {
+        Prepared {
+            scratch: Scratch {
+                root: root.clone(),
+                names: Vec::new(),
+            },
+            root,
+            layers_root: layers_root.to_path_buf(),
+            workspace: workspace.to_string(),
+            digest,
+            defaults: ImageDefaults::default(),
+            layers: Vec::new(),
+            order: Vec::new(),
+            spent: 0,
+        }
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.layers.iter().any(|l| l.name == name)
+    }
+
+    fn repeat(&mut self, d: &Digest) {
+        self.order.push(d.layer_name());
+    }
+
+    fn add(
+        &mut self,
+        d: &Digest,
+        part: Option<String>,
+        prove: bool,
+        bytes: u64,
+        budget: &Budget,
+    ) -> Result<(), PrepareError> {
+        let cost = if budget.charged.contains_key(&d.layer_name()) {
+            0
+        } else {
+            bytes
+        };
+        let spent = self.spent.saturating_add(cost);
+        if spent > budget.room {
+            return Err(PrepareError::OverQuota {
+                needed: spent,
+                room: budget.room,
+            });
+        }
+        self.spent = spent;
+        self.order.push(d.layer_name());
+        self.layers.push(PreparedLayer {
+            digest: d.clone(),
+            name: d.layer_name(),
+            part,
+            prove,
+            bytes,
+        });
+        Ok(())
+    }
+
+    /// (name, size) of each layer, as they are charged.
+    pub fn charges(&self) -> Vec<(String, u64)> {
+        self.layers
+            .iter()
+            .map(|l| (l.name.clone(), l.bytes))
+            .collect()
+    }
+
+    /// Puts the layers in the store (a layer another pull put there meanwhile is kept as it
+    /// is) and records that the workspace has their bytes; answers the image, topmost layer
+    /// first.
+    pub fn commit(self) -> Result<Pulled, String> {
+        for l in &self.layers {
+            if let Some(part) = &l.part {
+                layers::install(&self.root, part, &l.name, layers::VERIFIED)
+                    .map_err(|e| format!("keeping layer {}: {e}", l.digest.short()))?;
+            }
+            if !layers::is_ready(&self.root, &l.name, layers::VERIFIED) {
+                return Err(format!(
+                    "layer {} left the store meanwhile; try again",
+                    l.digest.short()
+                ));
+            }
+            if l.prove {
+                prove(&self.root, &l.digest, &self.workspace)?;
+            }
+        }
+        let mut out: Vec<PathBuf> = self
+            .order
+            .iter()
+            .map(|n| self.layers_root.join(n).join("root"))
+            .collect();
+        out.reverse();
+        Ok(Pulled {
+            digest: self.digest.clone(),
+            layers: out,
+            defaults: self.defaults.clone(),
+        })
+    }
 }
 
 /// Reads all of `f`, at most `max` bytes.
@@ -433,16 +650,18 @@ fn read_capped(f: std::fs::File, max: u64, what: &str) -> Result<Vec<u8>, String
     Ok(b)
 }
 
-/// Imports an image from an archive on this host: an OCI layout (`oci-layout`, `index.json`,
-/// `blobs/`) or a `docker save` tarball (`manifest.json`), as a tar file, for `workspace`.
-/// Every blob must hash to its digest; its layers go to the layer store like pulled ones;
+/// Reads an image from an archive on this host: an OCI layout (`oci-layout`, `index.json`,
+/// `blobs/`) or a `docker save` tarball (`manifest.json`), as a tar file, for `workspace`,
+/// within `budget`. Every blob must hash to its digest; its layers are unpacked next to the
+/// store, to go in it like pulled ones when the answer is [committed](Prepared::commit);
 /// `work` is an empty scratch directory. On any error nothing is added to the store.
-pub fn import_archive(
+pub fn prepare_archive(
     archive: &Path,
     layers_root: &Path,
     work: &Path,
     workspace: &str,
-) -> Result<Pulled, String> {
+    budget: &Budget,
+) -> Result<Prepared, PrepareError> {
     let f = std::fs::File::open(archive).map_err(|e| e.to_string())?;
     let mut a = tar::Archive::new(f);
     a.set_preserve_permissions(false);
@@ -565,30 +784,30 @@ pub fn import_archive(
         if actual != *d {
             return Err(format!(
                 "layer {d} in the archive does not match its digest (its content hashes to {actual}); nothing was imported"
-            ));
+            )
+            .into());
         }
     }
     let root = Arc::new(Dir::create(layers_root).map_err(|e| format!("the layer store: {e}"))?);
-    let mut out = Vec::new();
+    let mut prep = Prepared::new(root.clone(), layers_root, workspace, digest);
+    prep.defaults = defaults_of(&config);
     for (rel, media, d) in layers {
         let name = d.layer_name();
-        if !layers::is_ready(&root, &name, layers::VERIFIED) {
+        if prep.has(&name) {
+            prep.repeat(&d);
+        } else if layers::is_ready(&root, &name, layers::VERIFIED) {
+            let size = budget.size_in_store(&root, &name)?;
+            prep.add(&d, None, true, size, budget)?;
+        } else {
             let part = format!(".part-{}", crate::util::new_id(""));
-            let _scratch = Scratch {
-                root: root.clone(),
-                names: vec![part.clone()],
-            };
-            unpack_layer(&root, open(&rel)?, &media, &part, &name)?;
+            prep.scratch.names.push(part.clone());
+            unpack_part(&root, open(&rel)?, &media, &part)?;
+            let size = layers::disk_bytes(&root.path().join(&part))
+                .map_err(|e| format!("measuring the layer: {e}"))?;
+            prep.add(&d, Some(part), true, size, budget)?;
         }
-        prove(&root, &d, workspace)?;
-        out.push(layers_root.join(&name).join("root"));
     }
-    out.reverse();
-    Ok(Pulled {
-        digest,
-        layers: out,
-        defaults: defaults_of(&config),
-    })
+    Ok(prep)
 }
 
 fn defaults_of(config: &str) -> ImageDefaults {
@@ -616,12 +835,27 @@ fn defaults_of(config: &str) -> ImageDefaults {
 
 /// Unpacks one verified layer blob into `part` (a new directory of the store), then installs
 /// it as layer `name`, marked verified; answers the entry count.
+#[cfg(test)]
 fn unpack_layer(
+    store: &Dir,
+    f: std::fs::File,
+    media_type: &str,
+    part: &str,
+    name: &str,
+) -> Result<usize, String> {
+    let count = unpack_part(store, f, media_type, part)?;
+    layers::install(store, part, name, layers::VERIFIED)
+        .map_err(|e| format!("keeping the layer: {e}"))?;
+    Ok(count)
+}
+
+/// Unpacks one verified layer blob into `part`, a new directory of the store; answers the
+/// entry count.
+fn unpack_part(
     store: &Dir,
     mut f: std::fs::File,
     media_type: &str,
     part: &str,
-    name: &str,
 ) -> Result<usize, String> {
     use std::io::Seek;
     let mut head = [0u8; 4];
@@ -642,10 +876,7 @@ fn unpack_layer(
     };
     store.mkdir(part).map_err(|e| e.to_string())?;
     let root = store.path().join(part);
-    let count = unpack_into(reader, &root)?;
-    layers::install(store, part, name, layers::VERIFIED)
-        .map_err(|e| format!("keeping the layer: {e}"))?;
-    Ok(count)
+    unpack_into(reader, &root)
 }
 
 /// Unpacks a layer's tar into `root`, whiteouts made overlayfs's; answers the entry count.
@@ -747,10 +978,13 @@ fn xattr_set(p: &Path, name: &str, value: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// The name of the skeleton layer (the server's own; charged to nobody).
+pub const SKELETON: &str = "oci-skeleton-v1";
+
 /// The layer every image-based template gets on top of the image: the mount points a sandbox
 /// needs, the sandbox user's home, and the host's resolver settings.
 pub fn skeleton(layers_root: &Path, resolv_conf: &str) -> Result<PathBuf, String> {
-    const NAME: &str = "oci-skeleton-v1";
+    const NAME: &str = SKELETON;
     let store = Dir::create(layers_root).map_err(|e| format!("the layer store: {e}"))?;
     if layers::is_ready(&store, NAME, layers::COMPLETE) {
         return Ok(layers_root.join(NAME).join("root"));

@@ -235,6 +235,21 @@ fn default_session_limit() -> u32 {
     60
 }
 
+/// What a workspace stores against its storage quota, in bytes.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct WorkspaceStorage {
+    /// Everything below together: what the quota is checked against.
+    pub used_bytes: u64,
+    /// The quota of the workspace's plan; `null`: none.
+    pub quota_bytes: Option<u64>,
+    pub snapshots_bytes: u64,
+    pub artifacts_bytes: u64,
+    /// Layers of the layer store its imported images list.
+    pub images_bytes: u64,
+    /// Layers its templates' builds pulled, made or used, that no imported image of it lists.
+    pub templates_bytes: u64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Workspace {
     pub id: String,

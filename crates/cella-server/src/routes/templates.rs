@@ -180,3 +180,34 @@ pub async fn import_image(
     let img = crate::images::import(&state, &auth, &name, body).await?;
     Ok((axum::http::StatusCode::CREATED, Json(Data { data: img })))
 }
+
+/// The workspace's imported images, oldest first. Any valid key of the workspace.
+#[utoipa::path(get, path = "/api/v1/images", tag = "templates", security(("bearer" = [])),
+    responses((status = 200, body = cella_types::List<crate::images::ImportedImage>)))]
+pub async fn images(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    q: crate::extract::QueryPairs,
+) -> Result<Json<cella_types::List<crate::images::ImportedImage>>, ApiError> {
+    crate::extract::reject_unknown(&q.0)?;
+    Ok(Json(cella_types::List {
+        data: crate::images::list(&state, &auth.workspace_id),
+        next_cursor: None,
+    }))
+}
+
+/// Delete an imported image: its layers that no template and no other image uses leave the
+/// layer store, and its bytes leave the workspace's storage. Templates built on it keep
+/// working. Scope `templates:write`.
+#[utoipa::path(delete, path = "/api/v1/images/{id}", tag = "templates", security(("bearer" = [])),
+    params(("id" = String, Path)),
+    responses((status = 200, body = Data<crate::images::ImportedImage>), (status = 404, body = cella_types::ErrorBody)))]
+pub async fn delete_image(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Data<crate::images::ImportedImage>>, ApiError> {
+    auth.require(cella_types::Scope::TemplatesWrite)?;
+    let img = crate::images::delete(&state, &auth.workspace_id, &id).await?;
+    Ok(Json(Data { data: img }))
+}

@@ -9,7 +9,7 @@ use axum::Json;
 use cella_store::WorkspaceRow;
 use cella_types::{
     CreateWorkspace, Data, List, Plan, Scope, UpdateWorkspace, Workspace, WorkspaceKind,
-    WorkspaceSettings,
+    WorkspaceSettings, WorkspaceStorage,
 };
 use std::sync::Arc;
 
@@ -124,6 +124,29 @@ pub async fn get(
 ) -> Result<Json<Data<Workspace>>, ApiError> {
     Ok(Json(Data {
         data: to_wire(&find(&state, &auth, &id).await?),
+    }))
+}
+
+/// What a workspace stores against its storage quota, by kind. Any key for its own
+/// workspace; the operator for any.
+#[utoipa::path(get, path = "/api/v1/workspaces/{id}/storage", tag = "workspaces", security(("bearer" = [])),
+    params(("id" = String, Path)), responses((status = 200, body = Data<WorkspaceStorage>), (status = 404, body = cella_types::ErrorBody)))]
+pub async fn storage(
+    State(state): State<Arc<AppState>>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Data<WorkspaceStorage>>, ApiError> {
+    let w = find(&state, &auth, &id).await?;
+    let u = state.store.storage_of(&w.id).await?;
+    Ok(Json(Data {
+        data: WorkspaceStorage {
+            used_bytes: u.total(),
+            quota_bytes: state.config.quotas.storage_bytes.get(&w.plan).copied(),
+            snapshots_bytes: u.snapshots,
+            artifacts_bytes: u.artifacts,
+            images_bytes: u.images,
+            templates_bytes: u.templates,
+        },
     }))
 }
 
