@@ -759,6 +759,31 @@ fn a_workspace_storage_quota_counts_its_images_and_template_layers() {
     assert_eq!(fits["state"], "ready", "{fits}");
     let with_steps = used(&s, &a, &a_ws);
     assert!(with_steps >= image_bytes + 300_000, "{with_steps}");
+    // Charges are kept across a restart and not counted twice; a template kept from before
+    // layers were charged (no charge in the store) is charged at start for the layers it uses.
+    let mut s = s;
+    s.stop();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let store = cella_store::Store::open(&s.data_dir().join("cella.db"))
+            .await
+            .unwrap();
+        let t = store
+            .templates()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|t| t.public_id.as_deref() == Some("fits") && t.workspace_id == a_ws)
+            .unwrap();
+        assert_eq!(
+            store.release_owner("template", &t.id).await.unwrap().len(),
+            2
+        );
+        assert_eq!(store.storage_used(&a_ws).await.unwrap(), image_bytes);
+    });
+    s.restart();
+    assert_eq!(used(&s, &a, &a_ws), with_steps);
+    s.restart();
+    assert_eq!(used(&s, &a, &a_ws), with_steps);
     let layers_before = tree(&layers_dir);
     let too_big = build(
         &s,

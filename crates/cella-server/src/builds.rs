@@ -977,7 +977,9 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-/// At start: custom templates back into the catalog; builds the server did not finish fail.
+/// At start: custom templates back into the catalog (and charged for their layers when they
+/// were not yet: kept by a server from before layers were charged); builds the server did not
+/// finish fail.
 pub async fn restore(state: &AppState) -> Result<(), cella_store::StoreError> {
     for t in state.store.templates().await? {
         let spec: TemplateSpec = serde_json::from_str(&t.spec).unwrap_or_default();
@@ -998,6 +1000,54 @@ pub async fn restore(state: &AppState) -> Result<(), cella_store::StoreError> {
             workspace_id: Some(t.workspace_id.clone()),
             defaults,
         });
+    }
+    // Templates and images kept from before layers were charged: charged now, as they are.
+    let root = state.config.data_dir.join("layers");
+    let unpaid = |layers: &[PathBuf]| -> Vec<(String, u64)> {
+        layers
+            .iter()
+            .filter_map(|l| crate::layers::name_of(&root, l))
+            .filter(|n| n != crate::oci::SKELETON)
+            .filter_map(|n| {
+                let size = crate::layers::disk_bytes(&root.join(&n).join("root")).ok()?;
+                Some((n, size))
+            })
+            .collect()
+    };
+    for t in state.catalog.templates() {
+        let (Some(ws), Some(image)) = (&t.workspace_id, &t.image) else {
+            continue;
+        };
+        if !state
+            .store
+            .owner_charged(crate::quotas::TEMPLATE, &t.id)
+            .await?
+        {
+            let sizes = unpaid(&image.layers);
+            state
+                .store
+                .charge_layers(ws, crate::quotas::TEMPLATE, &t.id, &sizes, now_ms())
+                .await?;
+        }
+    }
+    for i in crate::images::all(state) {
+        if !state
+            .store
+            .owner_charged(crate::quotas::IMAGE, &i.id)
+            .await?
+        {
+            let sizes = unpaid(&i.layer_dirs);
+            state
+                .store
+                .charge_layers(
+                    &i.workspace_id,
+                    crate::quotas::IMAGE,
+                    &i.id,
+                    &sizes,
+                    now_ms(),
+                )
+                .await?;
+        }
     }
     for mut b in state.store.unfinished_builds().await? {
         b.state = "failed".into();

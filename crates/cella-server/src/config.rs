@@ -60,9 +60,10 @@ impl Default for SandboxesConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct QuotasConfig {
-    /// Bytes a workspace may store in snapshots and artifacts, per plan (`developer`,
-    /// `business`, `enterprise`); a plan not listed has no quota. Default: developer 20 GiB,
-    /// business 100 GiB, enterprise 500 GiB.
+    /// Bytes a workspace may store in snapshots, artifacts and the layers its imported images
+    /// and templates use (see `quotas.rs`), per plan (`developer`, `business`, `enterprise`);
+    /// a plan not listed has no quota. Default: developer 20 GiB, business 100 GiB, enterprise
+    /// 500 GiB.
     pub storage_bytes: std::collections::BTreeMap<String, u64>,
 }
 

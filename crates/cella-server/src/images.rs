@@ -5,6 +5,12 @@
 //! Every blob of an archive must hash to the digest it is filed under (see
 //! [`crate::oci::import_archive`]): one that does not is a 400 and nothing is stored, so an
 //! upload cannot put other bytes in the shared layer store under another image's digest.
+//!
+//! An image's layers count against its workspace's storage quota (see [`crate::quotas`]): the
+//! upload is cut off while it streams once it passes the room left, its layers are unpacked
+//! beside the store and measured, and they go in (with the workspace's proofs of having them
+//! and the image's record) only when they fit; refused, nothing of the upload is kept. The
+//! image holds its layers' charge until `DELETE /api/v1/images/{id}`.
 
 use crate::auth::Auth;
 use crate::error::ApiError;
@@ -231,6 +237,11 @@ pub fn get(state: &AppState, workspace_id: &str, id: &str) -> Option<ImportedIma
 
 /// The layer paths every imported image lists (of any workspace): a template's delete keeps them.
 pub fn all_layer_dirs(state: &AppState) -> Vec<PathBuf> {
+    all(state).into_iter().flat_map(|i| i.layer_dirs).collect()
+}
+
+/// Every imported image, of every workspace.
+pub fn all(state: &AppState) -> Vec<ImportedImage> {
     let Ok(rd) = std::fs::read_dir(dir(state)) else {
         return Vec::new();
     };
@@ -238,6 +249,6 @@ pub fn all_layer_dirs(state: &AppState) -> Vec<PathBuf> {
         .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
         .filter_map(|e| std::fs::read(e.path()).ok())
         .filter_map(|b| serde_json::from_slice::<Record>(&b).ok())
-        .flat_map(|r| r.layer_dirs)
+        .map(to_image)
         .collect()
 }

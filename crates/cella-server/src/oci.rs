@@ -19,6 +19,13 @@
 //! `[images] insecure_registries` (the registries spoken to over plain HTTP); foreign layer URLs
 //! are never fetched; and what a registry answers reaches the build log only as a status and a
 //! short reason.
+//!
+//! A pull or an import is in two steps, for the workspace's storage quota (see
+//! [`crate::quotas`]): [`pull`] and [`prepare_archive`] check, unpack and measure the layers
+//! beside the store within a [`Budget`] (a download stops once it passes the room left), and
+//! answer a [`Prepared`] image; only its [`Prepared::commit`], once the caller has charged the
+//! layers, moves them into the store and records the workspace's proofs. Dropped uncommitted,
+//! it leaves nothing.
 
 use crate::layers::{self, Digest, Dir, Hasher};
 use cella_types::{ExecUser, RegistryAuth};
