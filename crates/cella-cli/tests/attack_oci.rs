@@ -806,11 +806,33 @@ fn a_workspace_storage_quota_counts_its_images_and_template_layers() {
     );
     assert_eq!(too_big["steps"][1]["state"], "failed");
 
-    // Deleting the templates gives the bytes back; B's copy of the shared layer stays, and B
-    // still builds on it.
-    for t in ["fits", "too-big", "on-image"] {
+    // A template built from another holds its layers too: deleting the other gives nothing
+    // back, deleting both does.
+    let child = build(&s, &a, &json!({ "id": "child", "from": "fits" }));
+    assert_eq!(child["state"], "ready", "{child}");
+    assert_eq!(used(&s, &a, &a_ws), with_steps);
+    let del = |t: &str| {
         let r = s.req("DELETE", &format!("/api/v1/templates/{t}"), Some(&a), None);
         assert_eq!(r.status, 200, "{t}: {}", r.body);
+    };
+    del("fits");
+    assert_eq!(used(&s, &a, &a_ws), with_steps);
+    let sb = s.create_as(&a, json!({ "template_id": "child", "size": "xs" }));
+    let r = s.req(
+        "POST",
+        &format!("/api/v1/sandboxes/{sb}/exec"),
+        Some(&a),
+        Some(&json!({ "command": "stat -c %s /opt/fits.bin; cat /opt/two.txt" })),
+    );
+    assert_eq!(r.data()["stdout"], "300000\ntwo\n", "{}", r.body);
+    s.req("DELETE", &format!("/api/v1/sandboxes/{sb}"), Some(&a), None);
+    del("child");
+    assert_eq!(used(&s, &a, &a_ws), image_bytes);
+
+    // Deleting the templates gives the bytes back; B's copy of the shared layer stays, and B
+    // still builds on it.
+    for t in ["too-big", "on-image"] {
+        del(t);
     }
     assert_eq!(used(&s, &a, &a_ws), 0);
     assert_eq!(used(&s, &b, &b_ws), image_bytes);

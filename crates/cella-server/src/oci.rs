@@ -434,15 +434,17 @@ pub async fn pull(
             prep.add(d, None, true, size, budget)
                 .map_err(|e| e.to_string())?;
         } else {
-            let (r2, media, tmp2, part2) = (
+            let (r2, media, tmp2, part2, room) = (
                 root.clone(),
                 layer.media_type.clone(),
                 tmp.clone(),
                 part.clone(),
+                budget.room,
             );
             let (count, bytes) = tokio::task::spawn_blocking(move || {
                 let blob = r2.file(&tmp2).map_err(|e| format!("layer file: {e}"))?;
-                let count = unpack_part(&r2, blob, &media, &part2)?;
+                let count = unpack_part(&r2, blob, &media, &part2, left)
+                    .map_err(|e| e.prepare(room).to_string())?;
                 let bytes = layers::disk_bytes(&r2.path().join(&part2))
                     .map_err(|e| format!("measuring the layer: {e}"))?;
                 Ok::<_, String>((count, bytes))
@@ -808,7 +810,14 @@ pub fn prepare_archive(
         } else {
             let part = format!(".part-{}", crate::util::new_id(""));
             prep.scratch.names.push(part.clone());
-            unpack_part(&root, open(&rel)?, &media, &part)?;
+            unpack_part(
+                &root,
+                open(&rel)?,
+                &media,
+                &part,
+                budget.left(prep.spent, &name),
+            )
+            .map_err(|e| e.prepare(budget.room))?;
             let size = layers::disk_bytes(&root.path().join(&part))
                 .map_err(|e| format!("measuring the layer: {e}"))?;
             prep.add(&d, Some(part), true, size, budget)?;
@@ -850,20 +859,25 @@ fn unpack_layer(
     part: &str,
     name: &str,
 ) -> Result<usize, String> {
-    let count = unpack_part(store, f, media_type, part)?;
+    let count = unpack_part(store, f, media_type, part, u64::MAX).map_err(|e| match e {
+        UnpackError::OverLimit => "over the limit".to_string(),
+        UnpackError::Other(e) => e,
+    })?;
     layers::install(store, part, name, layers::VERIFIED)
         .map_err(|e| format!("keeping the layer: {e}"))?;
     Ok(count)
 }
 
-/// Unpacks one verified layer blob into `part`, a new directory of the store; answers the
+/// Unpacks one verified layer blob into `part`, a new directory of the store, reading at most
+/// `limit` bytes of its tar stream (decompressed: what it writes is no more); answers the
 /// entry count.
 fn unpack_part(
     store: &Dir,
     mut f: std::fs::File,
     media_type: &str,
     part: &str,
-) -> Result<usize, String> {
+    limit: u64,
+) -> Result<usize, UnpackError> {
     use std::io::Seek;
     let mut head = [0u8; 4];
     let n = f.read(&mut head).map_err(|e| e.to_string())?;
@@ -877,13 +891,74 @@ fn unpack_part(
         return Err(format!(
             "layer is not the {} it claims to be",
             layers::quoted(media_type)
-        ));
+        )
+        .into());
     } else {
         Box::new(f)
     };
     store.mkdir(part).map_err(|e| e.to_string())?;
     let root = store.path().join(part);
-    unpack_into(reader, &root)
+    let over = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let capped = Capped {
+        inner: reader,
+        left: limit,
+        over: over.clone(),
+    };
+    unpack_into(capped, &root).map_err(|e| {
+        if over.load(std::sync::atomic::Ordering::Relaxed) {
+            UnpackError::OverLimit
+        } else {
+            UnpackError::Other(e)
+        }
+    })
+}
+
+/// Why a layer was not unpacked.
+#[derive(Debug)]
+enum UnpackError {
+    /// Its tar stream is longer than the limit.
+    OverLimit,
+    Other(String),
+}
+
+impl From<String> for UnpackError {
+    fn from(s: String) -> Self {
+        UnpackError::Other(s)
+    }
+}
+
+impl UnpackError {
+    /// As a pull or an import says it, with the room the budget had.
+    fn prepare(self, room: u64) -> PrepareError {
+        match self {
+            UnpackError::OverLimit => PrepareError::OverQuota {
+                needed: room.saturating_add(1),
+                room,
+            },
+            UnpackError::Other(e) => PrepareError::Invalid(e),
+        }
+    }
+}
+
+/// A reader that fails once it has given `left` bytes.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+    over: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n as u64 > self.left {
+            self.over.store(true, std::sync::atomic::Ordering::Relaxed);
+            return Err(std::io::Error::other(
+                "the layer is larger than the room left",
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 /// Unpacks a layer's tar into `root`, whiteouts made overlayfs's; answers the entry count.
@@ -1148,5 +1223,41 @@ mod tests {
         assert!(out.join(layers::VERIFIED).exists());
         assert!(!dir.path().join("layers/.part-x").exists());
         assert!(safe_join(&root, Path::new("../x")).is_err());
+    }
+
+    #[test]
+    fn a_layer_that_unpacks_past_its_limit_stops_there() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let blob = dir.path().join("layer.tar.gz");
+        {
+            let gz = flate2::write::GzEncoder::new(
+                std::fs::File::create(&blob).unwrap(),
+                flate2::Compression::fast(),
+            );
+            let mut b = tar::Builder::new(gz);
+            let data = vec![0u8; 8 << 20];
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_cksum();
+            b.append_data(&mut h, "zeros", &data[..]).unwrap();
+            b.into_inner().unwrap().finish().unwrap().flush().unwrap();
+        }
+        assert!(std::fs::metadata(&blob).unwrap().len() < 100_000);
+        let store = Dir::create(&dir.path().join("layers")).unwrap();
+        let f = || std::fs::File::open(&blob).unwrap();
+        let e = unpack_part(&store, f(), "", ".part-a", 1 << 20).unwrap_err();
+        assert!(matches!(e, UnpackError::OverLimit), "{e:?}");
+        // Less than the limit and a bit was written before it stopped.
+        let written = layers::disk_bytes(&dir.path().join("layers/.part-a")).unwrap();
+        assert!(written < 2 << 20, "{written}");
+        assert!(matches!(
+            e.prepare(5),
+            PrepareError::OverQuota { needed: 6, room: 5 }
+        ));
+        assert_eq!(unpack_part(&store, f(), "", ".part-b", 9 << 20).unwrap(), 1);
     }
 }

@@ -27,10 +27,11 @@
 //! - The server's own skeleton layer of image templates is not charged.
 //!
 //! When it is checked: an upload is cut off while it streams once it passes the room left; its
-//! layers are unpacked beside the store, measured, and checked together before any goes in
-//! (refused: nothing is kept, no layer, no proof that the workspace has one, no image). A pull
-//! stops a download that passes the room left, and checks its unpacked layers the same way
-//! before the store takes them. A build step's layer is measured once the step has run and
+//! layers are unpacked beside the store (each stops unpacking once its tar stream passes the
+//! room left, so a compressed bomb writes no more than that), measured, and checked together
+//! before any goes in (refused: nothing is kept, no layer, no proof that the workspace has one,
+//! no image). A pull stops a download or an unpacking that passes the room left, and checks its
+//! unpacked layers the same way before the store takes them. A build step's layer is measured once the step has run and
 //! charged before the next step; a build that passes the quota fails saying so, and gives back
 //! every charge it made (the layers it made or pulled leave the disk; the template keeps the
 //! image it had). Charges and checks take one lock, so two of them never both take the same
