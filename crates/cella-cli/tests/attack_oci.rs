@@ -647,6 +647,15 @@ fn a_workspace_storage_quota_counts_its_images_and_template_layers() {
                 "images_bytes": 0, "templates_bytes": 0 })
     );
 
+    // Another workspace's storage is not for this one to read.
+    s.req(
+        "GET",
+        &format!("/api/v1/workspaces/{b_ws}/storage"),
+        Some(&a),
+        None,
+    )
+    .assert_error(404, "NOT_FOUND");
+
     // An archive bigger than the room left is cut off while it streams: the server answers
     // before it has the rest, and keeps nothing.
     let big = image_archive(&tar_of(&[("blob", &noise(4_000_000))]));
