@@ -19,6 +19,16 @@
 //! `[images] insecure_registries` (the registries spoken to over plain HTTP); foreign layer URLs
 //! are never fetched; and what a registry answers reaches the build log only as a status and a
 //! short reason.
+//!
+//! The address rules hold for every connection of a pull, not only for the reference's
+//! registry: the registry client's only way out is the pull's own proxy (`oci/proxy.rs`), which
+//! looks each host up once, refuses it when any of its addresses is of the kinds above (a
+//! listed host excepted), and connects to the address it checked. So a registry cannot send a
+//! pull to an internal address by a redirect (the client follows at most 10) or by naming
+//! such a token service in its `WWW-Authenticate` challenge, nor by answering its name with a
+//! public address to the check and a private one to the connection. The build's error then
+//! names the host, the address and how an operator allows it. [`check_registry`] is the same
+//! rule applied early, when a template is created, for a clear 400.
 
 use crate::layers::{self, Digest, Dir, Hasher};
 use cella_types::{ExecUser, RegistryAuth};
@@ -303,7 +313,7 @@ pub(crate) async fn resolve_checked(
 /// Refuses a registry whose host is (or resolves to any) address of the kinds above, or one of
 /// this host's, unless the operator listed it. An early check, for a clear error before
 /// anything is asked of anyone: the pull checks again every address it connects to (see
-/// [`proxy`]).
+/// `proxy`).
 pub async fn check_registry(registry: &str, regs: &Registries) -> Result<(), RegistryRefused> {
     let (host, port) = split_registry(registry);
     if regs.listed(&host, port) {
