@@ -2,8 +2,9 @@
 //! the attacker's (a stand-in written here, a small HTTP server on loopback in the test process,
 //! serving crafted manifests and blobs and recording every request) with layer digests that are
 //! paths, digests that do not match their blobs, foreign layer URLs and error bodies to reflect;
-//! image references to this host's loopback; and an uploaded archive whose blob claims another
-//! workspace's layer digest. Each must fail with a clear error and leave nothing behind.
+//! image references to this host's loopback; redirects and token services on loopback addresses
+//! the operator did not list; and an uploaded archive whose blob claims another workspace's
+//! layer digest. Each must fail with a clear error and leave nothing behind.
 
 mod common;
 
@@ -90,8 +91,11 @@ fn manifest(layers: &[(String, usize, Value)]) -> (Vec<u8>, Vec<u8>) {
     (config, m)
 }
 
-/// Answers by path: status and body.
-type Routes = Arc<Mutex<HashMap<String, (u16, Vec<u8>)>>>;
+/// An answer: status, body and extra header lines.
+type Answer = (u16, Vec<u8>, Vec<String>);
+
+/// Answers by path.
+type Routes = Arc<Mutex<HashMap<String, Answer>>>;
 
 /// The attacker's registry: answers `GET path` from its table (404 otherwise) and records
 /// every request line.
@@ -110,7 +114,7 @@ impl FakeRegistry {
         routes
             .lock()
             .unwrap()
-            .insert("/v2/".into(), (200, b"{}".to_vec()));
+            .insert("/v2/".into(), (200, b"{}".to_vec(), Vec::new()));
         let (r2, s2) = (routes.clone(), seen.clone());
         std::thread::spawn(move || {
             for c in l.incoming().flatten() {
@@ -122,10 +126,14 @@ impl FakeRegistry {
     }
 
     fn route(&self, path: &str, status: u16, body: &[u8]) {
+        self.route_with(path, status, body, &[]);
+    }
+
+    fn route_with(&self, path: &str, status: u16, body: &[u8], headers: &[String]) {
         self.routes
             .lock()
             .unwrap()
-            .insert(path.to_string(), (status, body.to_vec()));
+            .insert(path.to_string(), (status, body.to_vec(), headers.to_vec()));
     }
 
     /// Serves image `repo:tag`: the manifest over `layers`, the config, and `blobs`.
@@ -143,7 +151,7 @@ impl FakeRegistry {
     }
 }
 
-fn serve(c: TcpStream, routes: &Mutex<HashMap<String, (u16, Vec<u8>)>>, seen: &Mutex<Vec<String>>) {
+fn serve(c: TcpStream, routes: &Mutex<HashMap<String, Answer>>, seen: &Mutex<Vec<String>>) {
     let mut r = BufReader::new(c.try_clone().unwrap());
     let mut line = String::new();
     if r.read_line(&mut line).is_err() {
@@ -159,9 +167,10 @@ fn serve(c: TcpStream, routes: &Mutex<HashMap<String, (u16, Vec<u8>)>>, seen: &M
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     seen.lock().unwrap().push(format!("{method} {path}"));
     let path = path.split('?').next().unwrap_or("");
-    let (status, body) = routes.lock().unwrap().get(path).cloned().unwrap_or((
+    let (status, body, extra) = routes.lock().unwrap().get(path).cloned().unwrap_or((
         404,
         br#"{"errors":[{"code":"BLOB_UNKNOWN","message":"unknown"}]}"#.to_vec(),
+        Vec::new(),
     ));
     let ctype = if path.contains("/manifests/") {
         "application/vnd.oci.image.manifest.v1+json"
@@ -169,8 +178,9 @@ fn serve(c: TcpStream, routes: &Mutex<HashMap<String, (u16, Vec<u8>)>>, seen: &M
         "application/octet-stream"
     };
     let mut c = c;
+    let extra: String = extra.iter().map(|h| format!("{h}\r\n")).collect();
     let head = format!(
-        "HTTP/1.1 {status} X\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        "HTTP/1.1 {status} X\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\n{extra}connection: close\r\n\r\n",
         body.len()
     );
     let _ = c.write_all(head.as_bytes());
@@ -363,6 +373,161 @@ fn crafted_manifests_from_a_registry_cannot_reach_the_host() {
         assert!(m.contains("insecure_registries"), "{image}: {m}");
     }
     assert_eq!(reg.requests().len(), before);
+}
+
+/// A server on loopback that must never be reached: it counts the connections it gets.
+fn bystander() -> (u16, Arc<Mutex<usize>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let n: Arc<Mutex<usize>> = Default::default();
+    let n2 = n.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            *n2.lock().unwrap() += 1;
+            drop(c);
+        }
+    });
+    (port, n)
+}
+
+#[test]
+fn redirects_and_token_services_cannot_reach_unlisted_addresses() {
+    // The registry and a storage host it redirects to are listed; the bystander is not.
+    let reg = FakeRegistry::start();
+    let storage = FakeRegistry::start();
+    let tok = FakeRegistry::start();
+    let (bport, hits) = bystander();
+    let s = Server::start_with(&format!(
+        "[images]\ninsecure_registries = [\"{}\", \"{}\", \"{}\"]\n",
+        reg.addr, storage.addr, tok.addr
+    ));
+    let (_ws, key) = s.workspace_key("business", &["templates:write"]);
+    let layers_dir = s.data_dir().join("layers");
+
+    // A blob redirected to a listed storage host is fetched there: redirects still work.
+    let layer = tar_of(&[("hello.txt", b"from the storage host")]);
+    let d = sha(&layer);
+    reg.image("ok/redirect", &[(d.clone(), layer.len(), json!({}))], &[]);
+    reg.route_with(
+        &format!("/v2/ok/redirect/blobs/{d}"),
+        307,
+        b"",
+        &[format!("location: http://{}/store/{d}", storage.addr)],
+    );
+    storage.route(&format!("/store/{d}"), 200, &layer);
+    let b = build(
+        &s,
+        &key,
+        &json!({ "id": "ok-redirect", "image": format!("{}/ok/redirect:v1", reg.addr) }),
+    );
+    assert_eq!(b["state"], "ready", "{b}");
+    assert!(
+        storage.requests().contains(&format!("GET /store/{d}")),
+        "{:?}",
+        storage.requests()
+    );
+
+    // A blob redirected to a loopback port nobody listed: refused before connecting, the
+    // build says which host and address, and nothing of the layer is kept.
+    let evil = tar_of(&[("x.txt", b"from the bystander")]);
+    let ed = sha(&evil);
+    reg.image("evil/redirect", &[(ed.clone(), evil.len(), json!({}))], &[]);
+    for (i, target) in [
+        format!("http://127.0.0.1:{bport}/latest/meta-data/"),
+        format!("http://localhost:{bport}/latest/meta-data/"),
+        format!("https://127.0.0.1:{bport}/latest/meta-data/"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        reg.route_with(
+            &format!("/v2/evil/redirect/blobs/{ed}"),
+            302,
+            b"",
+            &[format!("location: {target}")],
+        );
+        let b = build(
+            &s,
+            &key,
+            &json!({ "id": format!("evil-redirect-{i}"), "image": format!("{}/evil/redirect:v1", reg.addr) }),
+        );
+        let msg = failure(&b);
+        let host = if target.contains("localhost") {
+            format!("localhost:{bport}")
+        } else {
+            format!("127.0.0.1:{bport}")
+        };
+        assert!(
+            msg.contains(&format!("sent the pull on to {host}"))
+                && msg.contains("a loopback address: refused")
+                && msg.contains("insecure_registries"),
+            "{target}: {msg}"
+        );
+    }
+    assert!(
+        reg.requests()
+            .contains(&format!("GET /v2/evil/redirect/blobs/{ed}")),
+        "{:?}",
+        reg.requests()
+    );
+    let left = tree(&layers_dir);
+    assert!(
+        left.iter()
+            .all(|p| !p.contains(&ed[7..]) && !p.contains(".download") && !p.contains(".part")),
+        "{left:?}"
+    );
+
+    // A token service on a loopback port nobody listed: refused, no request reaches it.
+    let challenge = format!(
+        "www-authenticate: Bearer realm=\"http://127.0.0.1:{bport}/token\",service=\"registry\""
+    );
+    tok.route_with("/v2/", 401, b"", std::slice::from_ref(&challenge));
+    tok.route_with(
+        "/v2/evil/token/manifests/v1",
+        401,
+        b"",
+        std::slice::from_ref(&challenge),
+    );
+    let b = build(
+        &s,
+        &key,
+        &json!({ "id": "evil-token", "image": format!("{}/evil/token:v1", tok.addr) }),
+    );
+    let msg = failure(&b);
+    assert!(
+        msg.contains(&format!("sent the pull on to 127.0.0.1:{bport}"))
+            && msg.contains("a loopback address: refused")
+            && msg.contains("insecure_registries"),
+        "{msg}"
+    );
+    assert!(
+        tok.requests().contains(&"GET /v2/".to_string()),
+        "{:?}",
+        tok.requests()
+    );
+
+    // Nor did the redirect to the server's own API port go anywhere.
+    reg.route_with(
+        &format!("/v2/evil/redirect/blobs/{ed}"),
+        307,
+        b"",
+        &[format!(
+            "location: http://127.0.0.1:{}/api/v1/templates",
+            s.port
+        )],
+    );
+    let b = build(
+        &s,
+        &key,
+        &json!({ "id": "evil-own-port", "image": format!("{}/evil/redirect:v1", reg.addr) }),
+    );
+    let msg = failure(&b);
+    assert!(
+        msg.contains(&format!("127.0.0.1:{}", s.port)) && msg.contains("refused"),
+        "{msg}"
+    );
+
+    assert_eq!(*hits.lock().unwrap(), 0, "the bystander was reached");
 }
 
 /// An OCI layout as a tar: `blobs` under their names (which need not be their digests), an

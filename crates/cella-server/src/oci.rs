@@ -26,6 +26,16 @@
 //! answer a [`Prepared`] image; only its [`Prepared::commit`], once the caller has charged the
 //! layers, moves them into the store and records the workspace's proofs. Dropped uncommitted,
 //! it leaves nothing.
+//!
+//! The address rules hold for every connection of a pull, not only for the reference's
+//! registry: the registry client's only way out is the pull's own proxy (`oci/proxy.rs`), which
+//! looks each host up once, refuses it when any of its addresses is of the kinds above (a
+//! listed host excepted), and connects to the address it checked. So a registry cannot send a
+//! pull to an internal address by a redirect (the client follows at most 10) or by naming
+//! such a token service in its `WWW-Authenticate` challenge, nor by answering its name with a
+//! public address to the check and a private one to the connection. The build's error then
+//! names the host, the address and how an operator allows it. [`check_registry`] is the same
+//! rule applied early, when a template is created, for a clear 400.
 
 use crate::layers::{self, Digest, Dir, Hasher};
 use cella_types::{ExecUser, RegistryAuth};
@@ -39,6 +49,8 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+mod proxy;
 
 /// An image config or manifest larger than this is refused.
 const MAX_JSON: u64 = 4 << 20;
@@ -79,9 +91,18 @@ impl Registries {
     fn protocol(&self) -> ClientProtocol {
         ClientProtocol::HttpsExcept(self.insecure.clone())
     }
+
+    /// Whether the operator listed `host` on `port` (an entry without a port stands for the
+    /// default ports, 80 and 443).
+    pub(crate) fn listed(&self, host: &str, port: u16) -> bool {
+        self.insecure.iter().any(|r| {
+            let (h, p) = split_host(r);
+            h.eq_ignore_ascii_case(host) && p.map_or(port == 80 || port == 443, |p| p == port)
+        })
+    }
 }
 
-/// Why a registry may not be used.
+/// Why a registry, or a host a registry sends the pull on to, may not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryRefused {
     #[error("registry {registry} is at {addr}, {what}: refused (an operator can allow it by listing \"{registry}\" in the server's [images] insecure_registries)")]
@@ -92,6 +113,15 @@ pub enum RegistryRefused {
     },
     #[error("registry {0}: its host name does not resolve")]
     Unresolved(String),
+    /// A host other than the image's registry: a redirect's target or a token service.
+    #[error("the registry sent the pull on to {host} (a redirect or its token service), which is at {addr}, {what}: refused (an operator can allow it by listing \"{host}\" in the server's [images] insecure_registries)")]
+    Elsewhere {
+        host: String,
+        addr: IpAddr,
+        what: &'static str,
+    },
+    #[error("the registry sent the pull on to {0} (a redirect or its token service), whose host name does not resolve")]
+    ElsewhereUnresolved(String),
 }
 
 /// What kind of address `ip` is, when a registry may not be there.
@@ -162,57 +192,143 @@ fn own_addresses() -> Vec<IpAddr> {
         .collect()
 }
 
-/// `host` and port of a registry as an image reference writes it (`host`, `host:port`,
-/// `[v6]:port`).
-fn split_registry(registry: &str) -> (String, u16) {
-    if let Some(rest) = registry.strip_prefix('[') {
-        if let Some((h, tail)) = rest.split_once(']') {
-            let port = tail
-                .strip_prefix(':')
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(443);
-            return (h.to_string(), port);
-        }
-    }
-    match registry.rsplit_once(':') {
-        Some((h, p)) if !h.contains(':') => (h.to_string(), p.parse().unwrap_or(443)),
-        _ => (registry.to_string(), 443),
+/// Looks host names up: the system's resolver, or a stand-in in tests.
+pub(crate) trait Lookup: Send + Sync + 'static {
+    fn lookup<'a>(
+        &'a self,
+        host: &'a str,
+        port: u16,
+    ) -> futures_util::future::BoxFuture<'a, std::io::Result<Vec<SocketAddr>>>;
+}
+
+/// The system's resolver.
+pub(crate) struct SystemLookup;
+
+impl Lookup for SystemLookup {
+    fn lookup<'a>(
+        &'a self,
+        host: &'a str,
+        port: u16,
+    ) -> futures_util::future::BoxFuture<'a, std::io::Result<Vec<SocketAddr>>> {
+        Box::pin(async move { Ok(tokio::net::lookup_host((host, port)).await?.collect()) })
     }
 }
 
-/// Refuses a registry whose host is (or resolves to any) address of the kinds above, or one of
-/// this host's, unless the operator listed it.
-pub async fn check_registry(registry: &str, regs: &Registries) -> Result<(), RegistryRefused> {
-    if regs.insecure.iter().any(|r| r == registry) {
-        return Ok(());
+/// What a host is to a pull, for what a refusal says.
+pub(crate) enum Hop<'a> {
+    /// The image's registry, as the reference writes it.
+    Registry(&'a str),
+    /// Any other host (`host:port`): a redirect's target, a token service.
+    Elsewhere(String),
+}
+
+impl Hop<'_> {
+    fn refused(&self, addr: IpAddr, what: &'static str) -> RegistryRefused {
+        match self {
+            Hop::Registry(r) => RegistryRefused::Address {
+                registry: r.to_string(),
+                addr,
+                what,
+            },
+            Hop::Elsewhere(h) => RegistryRefused::Elsewhere {
+                host: h.clone(),
+                addr,
+                what,
+            },
+        }
     }
-    let (host, port) = split_registry(registry);
-    let addrs: Vec<IpAddr> = match host.parse::<IpAddr>() {
-        Ok(ip) => vec![ip],
-        Err(_) => tokio::net::lookup_host((host.as_str(), port))
+
+    fn unresolved(&self) -> RegistryRefused {
+        match self {
+            Hop::Registry(r) => RegistryRefused::Unresolved(r.to_string()),
+            Hop::Elsewhere(h) => RegistryRefused::ElsewhereUnresolved(h.clone()),
+        }
+    }
+}
+
+/// `host:port` as a URL or an image reference writes it (`[v6]:port`).
+pub(crate) fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// `host` and port of a registry as an image reference writes it (`host`, `host:port`,
+/// `[v6]:port`); without a port, 443.
+fn split_registry(registry: &str) -> (String, u16) {
+    let (h, p) = split_host(registry);
+    (h, p.unwrap_or(443))
+}
+
+/// `host` and, when it has one, the port of `host`, `host:port` or `[v6]:port`.
+fn split_host(registry: &str) -> (String, Option<u16>) {
+    if let Some(rest) = registry.strip_prefix('[') {
+        if let Some((h, tail)) = rest.split_once(']') {
+            return (
+                h.to_string(),
+                tail.strip_prefix(':').and_then(|p| p.parse().ok()),
+            );
+        }
+    }
+    match registry.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => (h.to_string(), p.parse().ok()),
+        _ => (registry.to_string(), None),
+    }
+}
+
+/// The addresses of `host` (a name or an address, without brackets) that a pull may connect
+/// to on `port`: every address it has when the operator listed it, else all of them only if
+/// none is of the kinds above nor one of this host's (one such address refuses the host). The
+/// name is looked up once, here: a caller connects to these addresses, never to the name, so
+/// the address checked is the address connected to.
+pub(crate) async fn resolve_checked(
+    host: &str,
+    port: u16,
+    hop: &Hop<'_>,
+    regs: &Registries,
+    lookup: &dyn Lookup,
+) -> Result<Vec<SocketAddr>, RegistryRefused> {
+    let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => lookup
+            .lookup(host, port)
             .await
-            .map_err(|_| RegistryRefused::Unresolved(registry.to_string()))?
-            .map(|a| a.ip())
-            .collect(),
+            .map_err(|_| hop.unresolved())?,
     };
     if addrs.is_empty() {
-        return Err(RegistryRefused::Unresolved(registry.to_string()));
+        return Err(hop.unresolved());
+    }
+    if regs.listed(host, port) {
+        return Ok(addrs);
     }
     let own = own_addresses();
-    for addr in addrs {
-        let what = forbidden(addr).or_else(|| {
-            (own.contains(&addr) || regs.listen.is_some_and(|l| l.ip() == addr))
+    for addr in &addrs {
+        let ip = addr.ip();
+        let what = forbidden(ip).or_else(|| {
+            (own.contains(&ip) || regs.listen.is_some_and(|l| l.ip() == ip))
                 .then_some("this server's own address")
         });
         if let Some(what) = what {
-            return Err(RegistryRefused::Address {
-                registry: registry.to_string(),
-                addr,
-                what,
-            });
+            return Err(hop.refused(ip, what));
         }
     }
-    Ok(())
+    Ok(addrs)
+}
+
+/// Refuses a registry whose host is (or resolves to any) address of the kinds above, or one of
+/// this host's, unless the operator listed it. An early check, for a clear error before
+/// anything is asked of anyone: the pull checks again every address it connects to (see
+/// `proxy`).
+pub async fn check_registry(registry: &str, regs: &Registries) -> Result<(), RegistryRefused> {
+    let (host, port) = split_registry(registry);
+    if regs.listed(&host, port) {
+        return Ok(());
+    }
+    resolve_checked(&host, port, &Hop::Registry(registry), regs, &SystemLookup)
+        .await
+        .map(|_| ())
 }
 
 /// A registry's failure in a few words: its status and a short reason, never its body.
@@ -344,10 +460,24 @@ pub async fn pull(
     check_registry(&registry, regs)
         .await
         .map_err(|e| e.to_string())?;
-    let client = Client::new(ClientConfig {
+    // Every connection of the client goes through the proxy, which checks the address it
+    // connects to (the registry's, a redirect's, a token service's).
+    let proxy = proxy::Proxy::start(&registry, regs, Arc::new(SystemLookup))
+        .await
+        .map_err(|e| format!("pulling {image}: starting the pull's proxy: {e}"))?;
+    let client = Client::try_from(ClientConfig {
         protocol: regs.protocol(),
+        http_proxy: Some(proxy.url().to_string()),
+        https_proxy: Some(proxy.url().to_string()),
+        no_proxy: None,
         ..Default::default()
-    });
+    })
+    .map_err(|_| format!("pulling {image}: the registry client could not be set up"))?;
+    // A failure after the proxy refused (or could not reach) a host is told by that.
+    let explain = |e: String| match proxy.notes().into_iter().next() {
+        Some(n) => format!("pulling {image}: {n}"),
+        None => e,
+    };
     let auth = match auth {
         Some(a) => Auth::Basic(a.username.clone(), a.password.clone()),
         None => Auth::Anonymous,
@@ -355,7 +485,7 @@ pub async fn pull(
     let (manifest, digest) = client
         .pull_image_manifest(&reference, &auth)
         .await
-        .map_err(|e| format!("pulling {image}: {}", registry_error(&e)))?;
+        .map_err(|e| explain(format!("pulling {image}: {}", registry_error(&e))))?;
     // Every digest first: nothing is fetched or named after a manifest that has a bad one.
     let config_digest =
         Digest::parse(&manifest.config.digest).map_err(|e| format!("the image's config: {e}"))?;
@@ -373,7 +503,8 @@ pub async fn pull(
         MAX_JSON,
         &|| format!("pulling {config_digest}: the blob is larger than {MAX_JSON} bytes"),
     )
-    .await?;
+    .await
+    .map_err(explain)?;
     let config = String::from_utf8(config).map_err(|_| "the image's config is not UTF-8")?;
     log(format!(
         "  image {image} ({digest}), {} layer(s)\n",
@@ -423,7 +554,8 @@ pub async fn pull(
             }
             .to_string()
         })
-        .await?;
+        .await
+    .map_err(explain)?;
         w.flush().map_err(|e| format!("layer file: {e}"))?;
         drop(w);
         drop(file);
@@ -455,6 +587,11 @@ pub async fn pull(
             prep.add(d, Some(part), true, bytes, budget)
                 .map_err(|e| e.to_string())?;
         }
+    }
+    // What was refused without failing the pull (a token service, when the registry then
+    // answered anonymously) is said all the same.
+    for n in proxy.notes() {
+        log(format!("  {n}\n"));
     }
     Ok(prep)
 }
@@ -1152,6 +1289,82 @@ mod tests {
         assert_eq!(split_registry("[::1]:5000"), ("::1".to_string(), 5000));
         assert_eq!(split_registry("reg.example:80"), ("reg.example".into(), 80));
         assert_eq!(split_registry("reg.example"), ("reg.example".into(), 443));
+    }
+
+    /// Answers a public address to the first lookup, loopback to every later one, as a
+    /// rebinding name does; counts lookups.
+    struct Rebinding(std::sync::atomic::AtomicUsize);
+
+    impl Lookup for Rebinding {
+        fn lookup<'a>(
+            &'a self,
+            _host: &'a str,
+            port: u16,
+        ) -> futures_util::future::BoxFuture<'a, std::io::Result<Vec<SocketAddr>>> {
+            let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let ip: IpAddr = if n == 0 {
+                "192.0.2.10".parse().unwrap()
+            } else {
+                "127.0.0.1".parse().unwrap()
+            };
+            Box::pin(async move { Ok(vec![SocketAddr::new(ip, port)]) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_rebinding_name_is_connected_to_on_the_address_that_was_checked() {
+        // Real DNS rebinding cannot be staged here (no resolver of ours); the lookup is the
+        // seam: each connection looks the name up once and gets the addresses it may dial.
+        let regs = Registries::default();
+        let dns = Rebinding(Default::default());
+        let hop = Hop::Registry("rebind.test");
+        let first = resolve_checked("rebind.test", 443, &hop, &regs, &dns)
+            .await
+            .unwrap();
+        assert_eq!(first, vec!["192.0.2.10:443".parse().unwrap()]);
+        assert_eq!(dns.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // The next connection sees the second answer, and is refused.
+        let e = resolve_checked("rebind.test", 443, &hop, &regs, &dns)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rebind.test") && e.contains("127.0.0.1, a loopback address"),
+            "{e}"
+        );
+        // Another host (a redirect's, a token service's) says so.
+        let e = resolve_checked(
+            "storage.test",
+            443,
+            &Hop::Elsewhere("storage.test:443".into()),
+            &regs,
+            &dns,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("sent the pull on to storage.test:443")
+                && e.contains("\"storage.test:443\" in the server's [images] insecure_registries"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn listed_registries_match_host_and_port() {
+        let regs = Registries {
+            insecure: vec![
+                "127.0.0.1:5000".into(),
+                "Reg.Internal".into(),
+                "[::1]:5001".into(),
+            ],
+            listen: None,
+        };
+        assert!(regs.listed("127.0.0.1", 5000));
+        assert!(!regs.listed("127.0.0.1", 5001));
+        assert!(regs.listed("reg.internal", 80) && regs.listed("reg.internal", 443));
+        assert!(!regs.listed("reg.internal", 5000));
+        assert!(regs.listed("::1", 5001) && !regs.listed("::1", 5000));
     }
 
     #[test]
