@@ -304,7 +304,7 @@ fn start(lang: &str, spec: &ExecSpec, jail: &Arc<Jail>) -> Result<Kernel, Respon
             kind: ErrorKind::Internal,
             message: format!("pipe: {e}"),
         })?;
-    let mut cmd = command(&spec, jail, true, false);
+    let mut cmd = command(&spec, jail, true, false, None);
     let w = answers_w.as_raw_fd();
     // SAFETY: between fork and exec only system calls.
     unsafe {

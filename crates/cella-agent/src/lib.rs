@@ -11,6 +11,7 @@
 //! processes, terminals) has an owner that outlives a server restart.
 
 pub mod client;
+pub mod execcg;
 mod files;
 pub mod harden;
 pub mod kernel;

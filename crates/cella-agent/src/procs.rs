@@ -205,7 +205,7 @@ impl Procs {
                 message: problem,
             };
         }
-        let mut child = match command(&spec, jail, true, false).spawn() {
+        let mut child = match command(&spec, jail, true, false, None).spawn() {
             Ok(c) => c,
             Err(e) => {
                 let (_, msg) = spawn_failure(&spec.argv[0], &e);

@@ -1,5 +1,6 @@
 //! The agent's side: PID 1 of a sandbox.
 
+use crate::execcg::ExecCgroups;
 use crate::files;
 use crate::harden::Jail;
 use crate::procs::Procs;
@@ -29,6 +30,9 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 pub struct AgentConfig {
     /// `RLIMIT_NOFILE` of every process the agent starts (0: the agent's own).
     pub nofile: u64,
+    /// The sandbox's cgroup, delegated for a cgroup per exec (see [`crate::execcg`]); None:
+    /// timeouts kill by process tree.
+    pub exec_cgroups: Option<Arc<ExecCgroups>>,
 }
 
 /// Runs the agent on an already bound listener; never returns.
@@ -130,6 +134,7 @@ async fn run(
             procs.clone(),
             kernels.clone(),
             file_ops.clone(),
+            config.exec_cgroups.clone(),
         ));
     }
 }
@@ -156,6 +161,7 @@ async fn handle(
     procs: Arc<Procs>,
     kernels: Arc<crate::kernel::Kernels>,
     file_ops: Arc<tokio::sync::Semaphore>,
+    cgroups: Option<Arc<ExecCgroups>>,
 ) {
     let req = match proto::read_frame(&mut stream).await {
         Ok(Some((FrameKind::Json, body))) => serde_json::from_slice::<Request>(&body),
@@ -197,7 +203,7 @@ async fn handle(
             SEALED_AT.store(TOUCHED.load(Ordering::SeqCst), Ordering::SeqCst);
             proto::write_json(&mut stream, &pong()).await
         }
-        Ok(Request::Exec(spec)) => exec(stream, spec, reaper, jail).await,
+        Ok(Request::Exec(spec)) => exec(stream, spec, reaper, jail, cgroups).await,
         Ok(Request::Spawn { spec, tag }) => {
             proto::write_json(&mut stream, &procs.spawn(spec, tag, &reaper, &jail)).await
         }
@@ -298,6 +304,9 @@ pub(crate) fn spawn_failure(argv0: &str, err: &std::io::Error) -> (i32, String) 
 
 /// The command for `spec`, confined by `jail`, in a session of its own, with piped output.
 ///
+/// With `join_cgroup` (the `cgroup.procs` of an exec's cgroup, see [`crate::execcg`]) the
+/// command joins that cgroup before it runs anything, so all it starts can be killed at once.
+///
 /// With `hold_tree` (an exec, whose timeout must kill all it started), the command is made a
 /// child subreaper (`PR_SET_CHILD_SUBREAPER`, kept across `execve`): a descendant orphaned
 /// while the command runs (`(setsid sleep 300 &)` forks and its parent exits) is re-parented
@@ -309,6 +318,7 @@ pub(crate) fn command(
     jail: &Arc<Jail>,
     pipe_stdin: bool,
     hold_tree: bool,
+    join_cgroup: Option<std::os::fd::RawFd>,
 ) -> std::process::Command {
     // Images without bash (Alpine, distroless with a shell) still run shell command lines.
     let program = if spec.argv[0] == "/bin/bash" && !std::path::Path::new("/bin/bash").exists() {
@@ -334,6 +344,11 @@ pub(crate) fn command(
     // prepared before the fork and allocates nothing).
     unsafe {
         cmd.pre_exec(move || {
+            // Into the exec's cgroup first, while still the sandbox's root (the group's
+            // `cgroup.procs` was opened by the agent; the kernel lets a process move itself).
+            if let Some(fd) = join_cgroup {
+                libc::write(fd, b"0".as_ptr().cast(), 1);
+            }
             // Own session and process group: the whole tree can be killed at a timeout.
             libc::setsid();
             if hold_tree {
@@ -484,6 +499,7 @@ async fn exec(
     spec: ExecSpec,
     reaper: Arc<Reaper>,
     jail: Arc<Jail>,
+    cgroups: Option<Arc<ExecCgroups>>,
 ) -> Result<(), proto::ProtoError> {
     let (mut rd, mut wr) = stream.into_split();
     if spec.argv.is_empty() {
@@ -501,7 +517,19 @@ async fn exec(
         return proto::write_json(&mut wr, &msg).await;
     }
     let started = Instant::now();
-    let mut cmd = command(&spec, &jail, spec.stdin.is_some(), true);
+    // Everything the command starts is in its own cgroup, killed as one at a timeout.
+    let group = cgroups.as_deref().and_then(ExecCgroups::group);
+    let kill_all = |pid: i32| match &group {
+        Some(g) => g.kill(),
+        None => kill_tree(pid),
+    };
+    let mut cmd = command(
+        &spec,
+        &jail,
+        spec.stdin.is_some(),
+        true,
+        group.as_ref().map(|g| g.procs_fd()),
+    );
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -568,7 +596,7 @@ async fn exec(
             n = async { out.as_mut().expect("guarded").read(&mut obuf).await }, if out.is_some() => match n {
                 Ok(n) if n > 0 => {
                     if !forward(&mut wr, FrameKind::Stdout, &obuf[..n], &mut osent, spec.output_cap, &mut otrunc).await {
-                        kill_tree(pid);
+                        kill_all(pid);
                         return Ok(());
                     }
                 }
@@ -577,7 +605,7 @@ async fn exec(
             n = async { err.as_mut().expect("guarded").read(&mut ebuf).await }, if err.is_some() => match n {
                 Ok(n) if n > 0 => {
                     if !forward(&mut wr, FrameKind::Stderr, &ebuf[..n], &mut esent, spec.output_cap, &mut etrunc).await {
-                        kill_tree(pid);
+                        kill_all(pid);
                         return Ok(());
                     }
                 }
@@ -589,13 +617,13 @@ async fn exec(
             },
             _ = &mut deadline, if status.is_none() && !timed_out => {
                 timed_out = true;
-                kill_tree(pid);
+                kill_all(pid);
             },
             _ = &mut drain, if status.is_some() => break,
             r = rd.read(&mut ctl) => {
                 // The node sends nothing more; a read that returns means it hung up.
                 if matches!(r, Ok(0) | Err(_)) {
-                    kill_tree(pid);
+                    kill_all(pid);
                     return Ok(());
                 }
             }

@@ -217,11 +217,53 @@ fn an_exec_timeout_kills_children_that_made_a_session_of_their_own() {
     let left = s.exec(&id, json!({ "argv": ["pgrep", "-f", "sleep 302"] }));
     assert_eq!(left["exit_code"], 1, "left running: {}", left["stdout"]);
 
+    // A command that keeps forking new sessions while the timeout strikes leaves nothing either:
+    // the exec's cgroup is frozen (or killed at once) before its members are read.
+    let r = s.exec(
+        &id,
+        json!({ "command": "while :; do (setsid sleep 303 &); done", "timeout_sec": 2 }),
+    );
+    assert_eq!(r["timed_out"], true, "{r}");
+    let left = s.exec(&id, json!({ "argv": ["pgrep", "-f", "sleep 303"] }));
+    assert_eq!(left["exit_code"], 1, "left running: {}", left["stdout"]);
+
+    // Each exec runs in a cgroup of its own below the sandbox's (seen from inside as the
+    // sandbox's cgroup namespace shows it), which is gone once the exec is over.
+    let r = s.sh(&id, "cat /proc/self/cgroup");
+    let own = r["stdout"].as_str().unwrap_or_default();
+    assert!(
+        own.lines()
+            .any(|l| (l.contains(":freezer:") || l.starts_with("0::")) && l.contains("/exec-")),
+        "{own}"
+    );
+    let exec_groups = || -> Vec<String> {
+        common::cgroup_dirs(&id)
+            .iter()
+            .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("exec-"))
+            .collect()
+    };
+    // Removed at the end of the exec or, for the killed ones, at a later exec.
+    s.sh(&id, "true");
+    let groups = exec_groups();
+    assert!(groups.len() <= 1, "exec cgroups left behind: {groups:?}");
+
     // What an exec that ends normally leaves behind keeps running, as documented.
     let r = s.sh(&id, "setsid sleep 300 >/dev/null 2>&1 < /dev/null &");
     assert_eq!(r["exit_code"], 0);
     let kept = s.exec(&id, json!({ "argv": ["pgrep", "-f", "sleep 300"] }));
     assert_eq!(kept["exit_code"], 0, "the background process is gone");
+    // Its cgroup stays while it runs, and the sandbox's whole tree goes with the sandbox.
+    assert_eq!(
+        s.delete(&format!("/api/v1/sandboxes/{id}")).data()["state"],
+        "destroyed"
+    );
+    assert!(
+        common::cgroup_dirs(&id).is_empty(),
+        "{:?}",
+        common::cgroup_dirs(&id)
+    );
 }
 
 #[test]

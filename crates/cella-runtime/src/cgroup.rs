@@ -79,6 +79,38 @@ pub fn join(path: &str, pid: u32) -> Result<(), DriverError> {
         .map_err(|e| DriverError::Cgroup(format!("joining {path}: {e}")))
 }
 
+/// The directory of cgroup `path` under which its exec cgroups are made (see
+/// `cella_agent::execcg`), and whether it is cgroup v2: the freezer hierarchy's on v1 (the one
+/// that can stop a group at once), the unified hierarchy's on v2. None: no such hierarchy.
+pub fn exec_parent(path: &str) -> Option<(PathBuf, bool)> {
+    if hierarchies::is_cgroup2_unified_mode() {
+        return Some((
+            PathBuf::from(hierarchies::UNIFIED_MOUNTPOINT).join(path),
+            true,
+        ));
+    }
+    let (mount, _) =
+        hierarchies::V1::new().get_mount_point(cgroups_rs::fs::Controllers::Freezer)?;
+    Some((mount.join(path), false))
+}
+
+/// Pids in the cgroup directory `dir` and every cgroup below it.
+fn subtree_procs(dir: &std::path::Path) -> Vec<u64> {
+    let mut out: Vec<u64> = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.extend(subtree_procs(&e.path()));
+            }
+        }
+    }
+    out
+}
+
 /// Pids of the processes in the cgroup.
 pub fn procs(path: &str) -> Vec<u64> {
     let cg = load(path);
@@ -152,9 +184,24 @@ pub fn usage(path: &str) -> (u64, u64) {
 /// SIGKILLs every process in the cgroup until it is empty, then removes it.
 pub fn kill_and_remove(path: &str) -> Result<(), DriverError> {
     let cg = load(path);
+    let v2 = hierarchies::is_cgroup2_unified_mode();
+    let unified = PathBuf::from(hierarchies::UNIFIED_MOUNTPOINT).join(path);
+    if v2 {
+        // The whole subtree (the agent's exec cgroups too) at once, where the kernel can.
+        let _ = std::fs::write(unified.join("cgroup.kill"), "1");
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let pids = cg.procs();
+        // On v1 the memory hierarchy lists every process (exec cgroups exist only in the freezer
+        // hierarchy); on v2 the agent's exec cgroups are below the sandbox's.
+        let pids: Vec<CgroupPid> = if v2 {
+            subtree_procs(&unified)
+                .into_iter()
+                .map(CgroupPid::from)
+                .collect()
+        } else {
+            cg.procs()
+        };
         if pids.is_empty() {
             break;
         }

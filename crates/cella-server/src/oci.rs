@@ -555,7 +555,7 @@ pub async fn pull(
             .to_string()
         })
         .await
-    .map_err(explain)?;
+        .map_err(explain)?;
         w.flush().map_err(|e| format!("layer file: {e}"))?;
         drop(w);
         drop(file);

@@ -138,6 +138,9 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd, userns: Option<OwnedFd>) -> Str
     if let Err(e) = loopback_up() {
         return fail(&mut ready, format!("bringing up lo: {e}"));
     }
+    // The sandbox's cgroup for the agent's per-exec cgroups, opened on the host's side: once the
+    // root is pivoted, only this descriptor reaches it.
+    let exec_cgroups = exec_cgroups(cfg);
     // The socket lives on the host side; once the root is pivoted nothing inside can name it.
     let _ = std::fs::remove_file(&cfg.socket);
     let listener = match std::os::unix::net::UnixListener::bind(&cfg.socket) {
@@ -189,7 +192,48 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd, userns: Option<OwnedFd>) -> Str
         return "launcher went away".into();
     }
     drop(ready);
-    cella_agent::serve(listener, cella_agent::AgentConfig { nofile: cfg.nofile })
+    cella_agent::serve(
+        listener,
+        cella_agent::AgentConfig {
+            nofile: cfg.nofile,
+            exec_cgroups,
+        },
+    )
+}
+
+/// Opens the sandbox's own cgroup directory (see `cella_agent::execcg`) and delegates it to the
+/// sandbox's root: the directory (to make exec cgroups in) and its `cgroup.procs` (to move a
+/// process from it into one), never a file that sets a limit. None (timeouts then kill by
+/// process tree) when there is no such hierarchy or it cannot be opened.
+fn exec_cgroups(cfg: &LaunchConfig) -> Option<std::sync::Arc<cella_agent::execcg::ExecCgroups>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let (dir, v2) = crate::cgroup::exec_parent(&cfg.cgroup)?;
+    let fd: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(&dir)
+        .map_err(|e| eprintln!("cella-init: exec cgroups at {}: {e}", dir.display()))
+        .ok()?
+        .into();
+    if let Some(map) = &cfg.userns {
+        let root = Some(nix::unistd::Uid::from_raw(map.base));
+        let group = Some(nix::unistd::Gid::from_raw(map.base));
+        for name in [".", "cgroup.procs"] {
+            if let Err(e) = nix::unistd::fchownat(
+                Some(fd.as_raw_fd()),
+                name,
+                root,
+                group,
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            ) {
+                eprintln!("cella-init: delegating {}/{name}: {e}", dir.display());
+                return None;
+            }
+        }
+    }
+    Some(std::sync::Arc::new(cella_agent::execcg::ExecCgroups::new(
+        fd, v2,
+    )))
 }
 
 /// Closes every descriptor but stdin, stdout and stderr: the sandbox must inherit nothing of the

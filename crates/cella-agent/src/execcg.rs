@@ -1,0 +1,187 @@
+//! A cgroup per exec, so that a timeout (or a caller hanging up) kills everything the exec
+//! started, whatever sessions, process groups or parents its processes made for themselves.
+//!
+//! The launcher hands the agent a directory descriptor of the sandbox's own cgroup (the freezer
+//! hierarchy on cgroup v1, the unified one on v2), opened before the root was pivoted and
+//! delegated to the sandbox's root: only that directory and its `cgroup.procs`, never a limit
+//! file. Nothing inside the sandbox can name it: no cgroup file system is mounted there and
+//! mounting is refused.
+//!
+//! For each exec the agent makes a child cgroup `exec-<n>` and opens its `cgroup.procs`; the
+//! command writes itself into it between fork and exec (before it drops to its user), so it and
+//! every process it ever forks are members. A process cannot leave: moving needs write access to
+//! another cgroup's `cgroup.procs`, which only the agent holds. At a timeout the group is killed
+//! with `cgroup.kill` (v2) or frozen, killed and thawed (v1: frozen processes cannot fork while the
+//! members are read). An exec that ends on its own leaves its leftovers running, as documented;
+//! its cgroup is removed once empty (tried again at every later exec).
+//!
+//! No descriptor (an agent run outside a sandbox, a host without a freezer): [`ExecCgroups`] is
+//! absent and the agent falls back to [`crate::server::kill_tree`], a process-tree walk.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The sandbox's cgroup directory, under which exec cgroups are made.
+#[derive(Debug)]
+pub struct ExecCgroups {
+    dir: OwnedFd,
+    v2: bool,
+    next: AtomicU64,
+    /// Exec cgroups whose processes outlived the exec; removed once empty.
+    stale: Mutex<Vec<String>>,
+}
+
+/// One exec's cgroup.
+#[derive(Debug)]
+pub struct ExecGroup<'a> {
+    parent: &'a ExecCgroups,
+    name: String,
+    procs: OwnedFd,
+}
+
+fn cstr(s: &str) -> CString {
+    CString::new(s).expect("cgroup names have no NUL")
+}
+
+impl ExecCgroups {
+    /// `dir`: the sandbox's cgroup directory (v1 freezer or v2 unified), writable by the agent.
+    pub fn new(dir: OwnedFd, v2: bool) -> ExecCgroups {
+        ExecCgroups {
+            dir,
+            v2,
+            next: AtomicU64::new(1),
+            stale: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn open(&self, rel: &str, flags: libc::c_int) -> std::io::Result<OwnedFd> {
+        let c = cstr(rel);
+        // SAFETY: a plain system call on a descriptor we own and a NUL-terminated path.
+        let fd = unsafe {
+            libc::openat(
+                self.dir.as_raw_fd(),
+                c.as_ptr(),
+                flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just opened and is owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn rmdir(&self, name: &str) -> bool {
+        let c = cstr(name);
+        // SAFETY: as above.
+        unsafe { libc::unlinkat(self.dir.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) == 0 }
+    }
+
+    /// A fresh cgroup for one exec (None when it cannot be made: the caller falls back).
+    pub fn group(&self) -> Option<ExecGroup<'_>> {
+        self.sweep();
+        let name = format!("exec-{}", self.next.fetch_add(1, Ordering::Relaxed));
+        let c = cstr(&name);
+        // SAFETY: as above.
+        if unsafe { libc::mkdirat(self.dir.as_raw_fd(), c.as_ptr(), 0o755) } != 0 {
+            return None;
+        }
+        match self.open(&format!("{name}/cgroup.procs"), libc::O_WRONLY) {
+            Ok(procs) => Some(ExecGroup {
+                parent: self,
+                name,
+                procs,
+            }),
+            Err(_) => {
+                self.rmdir(&name);
+                None
+            }
+        }
+    }
+
+    /// Removes the exec cgroups whose last process has ended.
+    fn sweep(&self) {
+        let mut stale = self.stale.lock().expect("exec cgroup lock");
+        stale.retain(|name| !self.rmdir(name));
+    }
+}
+
+impl ExecGroup<'_> {
+    /// The descriptor the command writes `0` (itself) into between fork and exec.
+    pub fn procs_fd(&self) -> RawFd {
+        self.procs.as_raw_fd()
+    }
+
+    fn read(&self, file: &str) -> String {
+        let Ok(fd) = self
+            .parent
+            .open(&format!("{}/{file}", self.name), libc::O_RDONLY)
+        else {
+            return String::new();
+        };
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut std::fs::File::from(fd), &mut s);
+        s
+    }
+
+    fn write(&self, file: &str, value: &str) -> bool {
+        let Ok(fd) = self
+            .parent
+            .open(&format!("{}/{file}", self.name), libc::O_WRONLY)
+        else {
+            return false;
+        };
+        std::io::Write::write_all(&mut std::fs::File::from(fd), value.as_bytes()).is_ok()
+    }
+
+    fn members(&self) -> Vec<i32> {
+        self.read("cgroup.procs")
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Kills every process of the group (without waiting for them to be reaped).
+    pub fn kill(&self) {
+        let sigkill = |pids: &[i32]| {
+            for p in pids {
+                // SAFETY: a plain system call.
+                unsafe { libc::kill(*p, libc::SIGKILL) };
+            }
+        };
+        if self.parent.v2 {
+            if !self.write("cgroup.kill", "1") {
+                // Kernels before 5.14: freeze, kill what is there, thaw.
+                self.write("cgroup.freeze", "1");
+                sigkill(&self.members());
+                self.write("cgroup.freeze", "0");
+            }
+        } else {
+            self.write("freezer.state", "FROZEN");
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while self.read("freezer.state").trim() != "FROZEN" && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            sigkill(&self.members());
+            self.write("freezer.state", "THAWED");
+        }
+        // Frozen (v1) or killed at once (v2): nothing forked away while the members were read.
+        // The dead leave the group when the agent reaps them; the cgroup goes with the group.
+    }
+}
+
+impl Drop for ExecGroup<'_> {
+    /// The exec is over: its cgroup goes now if empty, or once its leftovers have ended.
+    fn drop(&mut self) {
+        if !self.parent.rmdir(&self.name) {
+            self.parent
+                .stale
+                .lock()
+                .expect("exec cgroup lock")
+                .push(std::mem::take(&mut self.name));
+        }
+    }
+}
