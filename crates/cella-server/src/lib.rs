@@ -4,6 +4,11 @@
 //! materializes the base template, finds every sandbox again (reporting the ones that died), and
 //! serves the routes of [`router`]. Handlers live in `routes`, sandbox logic in `sandboxes`,
 //! and every failure becomes the error envelope in `error`.
+//!
+//! The state the routes share ([`AppState`]) is made by [`build_state`], which sets up the Linux
+//! namespace backend (the part that needs root), or by [`build_state_with`] over any other
+//! [`Backend`]: the unit tests give it the in-memory driver of `testing` (built for tests only),
+//! so admission, the pool, the lifecycle, the timers and `reconcile` run without root.
 
 pub mod auth;
 pub mod builds;

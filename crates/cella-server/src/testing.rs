@@ -114,14 +114,24 @@ struct AgentShared {
     touched: AtomicU64,
     /// `touched` at the last `Seal`; `u64::MAX`: never sealed.
     sealed_at: AtomicU64,
-    paused: watch::Sender<bool>,
+    /// Whether its processes run, are frozen, or are gone.
+    run: watch::Sender<Run>,
     next_pid: AtomicI32,
     on_exec: Arc<Mutex<Arc<ExecFn>>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Run {
+    Running,
+    Frozen,
+    Gone,
 }
 
 impl Drop for Agent {
     fn drop(&mut self) {
         self.task.abort();
+        // Requests held by a frozen agent end too (the client sees the agent hang up).
+        self.shared.run.send_replace(Run::Gone);
     }
 }
 
@@ -301,7 +311,7 @@ impl Driver for FakeDriver {
         let shared = Arc::new(AgentShared {
             touched: AtomicU64::new(0),
             sealed_at: AtomicU64::new(u64::MAX),
-            paused: watch::channel(false).0,
+            run: watch::channel(Run::Running).0,
             next_pid: AtomicI32::new(100),
             on_exec: self.on_exec.clone(),
         });
@@ -362,7 +372,7 @@ impl Driver for FakeDriver {
         let sb = Self::current(&mut inner, handle).ok_or_else(|| gone(&handle.id))?;
         sb.state = FakeState::Paused;
         if let Some(a) = &sb.agent {
-            a.shared.paused.send_replace(true);
+            a.shared.run.send_replace(Run::Frozen);
         }
         Ok(())
     }
@@ -373,7 +383,7 @@ impl Driver for FakeDriver {
         let sb = Self::current(&mut inner, handle).ok_or_else(|| gone(&handle.id))?;
         sb.state = FakeState::Running;
         if let Some(a) = &sb.agent {
-            a.shared.paused.send_replace(false);
+            a.shared.run.send_replace(Run::Running);
         }
         Ok(())
     }
@@ -492,9 +502,10 @@ async fn answer(mut stream: tokio::net::UnixStream, shared: Arc<AgentShared>) {
         _ => return,
     };
     // A frozen agent answers nothing until it is thawed.
-    let mut paused = shared.paused.subscribe();
-    if paused.wait_for(|p| !*p).await.is_err() {
-        return;
+    let mut run = shared.run.subscribe();
+    match run.wait_for(|r| *r != Run::Frozen).await.map(|r| *r) {
+        Ok(Run::Running) => {}
+        _ => return,
     }
     if req.as_ref().map_or(true, Request::touches) {
         shared.touched.fetch_add(1, Ordering::SeqCst);

@@ -223,8 +223,20 @@ async fn driver_failures_answer_500_and_change_nothing() {
     assert!(sb["state_reason"]
         .as_str()
         .is_some_and(|r| r.contains("no room on the pretend host")));
-
+    // A sandbox in error takes no action but destroy.
     s.fake.heal(Op::Create);
+    for action in ["pause", "resume", "stop"] {
+        refused(&s, &id, action, "CONFLICT").await;
+    }
+    let (status, v) = s
+        .call("DELETE", &format!("/api/v1/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(
+        (status, v["data"]["state"].as_str()),
+        (200, Some("destroyed")),
+        "{v}"
+    );
+
     let other = super::id(&s.create(json!({})).await);
     s.fake.fail(Op::Destroy, "stuck mount");
     let (status, v) = s
