@@ -66,12 +66,13 @@ pub enum FakeState {
     Stopped,
 }
 
-/// What a fake command answers: its exit code and output.
+/// What a fake command answers: its exit code and output, after running for `runs`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FakeExit {
     pub exit_code: i32,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    pub runs: Duration,
 }
 
 type ExecFn = dyn Fn(&ExecSpec) -> FakeExit + Send + Sync;
@@ -139,7 +140,7 @@ fn echo(spec: &ExecSpec) -> FakeExit {
     FakeExit {
         exit_code: 0,
         stdout: format!("{}\n", spec.argv.join(" ")).into_bytes(),
-        stderr: Vec::new(),
+        ..Default::default()
     }
 }
 
@@ -549,7 +550,8 @@ async fn answer(mut stream: tokio::net::UnixStream, shared: Arc<AgentShared>) {
                     return;
                 }
             }
-            info.duration_ms = 1;
+            tokio::time::sleep(out.runs).await;
+            info.duration_ms = u64::try_from(out.runs.as_millis()).unwrap_or(u64::MAX);
             Response::Exit(info)
         }
         Ok(other) => Response::Error {

@@ -197,6 +197,7 @@ async fn exec_goes_through_the_agent() {
         exit_code: 3,
         stdout: Vec::new(),
         stderr: format!("user {}", spec.uid).into_bytes(),
+        ..Default::default()
     });
     let (status, v) = exec(&s, &id, "false").await;
     assert_eq!(status, 200, "{v}");

@@ -4,7 +4,7 @@
 //! waited out for real: the timers read the wall clock.
 
 use super::*;
-use crate::testing::FakeState;
+use crate::testing::{FakeExit, FakeState, Op};
 use serde_json::json;
 use std::time::Duration;
 
@@ -20,8 +20,21 @@ async fn timeouts_pause_or_destroy_and_idle_sandboxes_are_paused() {
     let busy = id(&s.create(json!({"idle_timeout_sec": 1})).await);
     let long = id(&s.create(json!({"idle_timeout_sec": 0})).await);
     assert_eq!(s.get(&long).await["idle_timeout_sec"], 0);
-    // A command runs in `busy` all along.
-    let _running = s.state.activity.busy(&busy);
+    // A command runs in `busy` all along (and only there: the others run nothing).
+    s.fake.on_exec(|_| FakeExit {
+        runs: Duration::from_secs(3),
+        ..Default::default()
+    });
+    let req = Request::builder()
+        .method("POST")
+        .uri(format!("/api/v1/sandboxes/{busy}/exec"))
+        .header("authorization", format!("Bearer {}", s.key))
+        .body(Body::from(json!({"command": "sleep 3"}).to_string()))
+        .expect("request");
+    let running = tokio::spawn(s.app.clone().oneshot(req));
+    while s.fake.count(Op::Exec, &busy) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     tokio::time::sleep(Duration::from_millis(1100)).await;
     crate::lifecycle::timers_once(&s.state)
         .await
@@ -47,6 +60,8 @@ async fn timeouts_pause_or_destroy_and_idle_sandboxes_are_paused() {
         assert_eq!(sb["state"], "running", "{sb}");
         assert_eq!(s.fake.state(id), Some(FakeState::Running));
     }
+    assert!(!running.is_finished(), "the command still runs");
+    running.abort();
 
     // A timed-out sandbox resumes with a fresh timer; resume clears the reason.
     let (status, v) = s.act(&kept, "resume").await;
