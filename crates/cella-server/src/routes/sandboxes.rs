@@ -11,8 +11,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Json;
 use cella_store::{SandboxFilter, SandboxRow};
 use cella_types::{
-    CreateSandbox, Data, ExecRequest, ExecResult, List, Sandbox, SandboxState, Scope, SetTimeout,
-    Usage,
+    CreateSandbox, Data, ExecRequest, ExecResult, List, Sandbox, SandboxState, SetTimeout, Usage,
 };
 use std::sync::Arc;
 
@@ -34,7 +33,6 @@ pub async fn create(
     auth: Auth,
     body: ApiBody,
 ) -> Result<(StatusCode, Json<Data<Sandbox>>), ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     let req: CreateSandbox = body.json()?;
     let wait = req.wait.unwrap_or(true);
     let sb = svc::create(&state, &auth, req).await?;
@@ -56,7 +54,6 @@ pub async fn list(
     auth: Auth,
     QueryPairs(mut q): QueryPairs,
 ) -> Result<Json<List<Sandbox>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let page = Page::take(&mut q)?;
     let mut filter = SandboxFilter {
         workspace_id: auth.workspace_id.clone(),
@@ -104,7 +101,6 @@ pub async fn get(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     Ok(Json(Data {
         data: svc::to_wire(&find(&state, &auth, &id).await?),
     }))
@@ -118,7 +114,6 @@ pub async fn destroy(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     find(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: svc::destroy(&state, &id, None).await?,
@@ -136,7 +131,6 @@ pub async fn exec(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<axum::response::Response, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: ExecRequest = body.json()?;
     let row = find(&state, &auth, &id).await?;
     Ok(svc::exec_answer(svc::exec_kept(&state, &row, req).await?))
@@ -152,7 +146,6 @@ pub async fn pause(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     find(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: lifecycle::pause(&state, &id, None).await?,
@@ -170,7 +163,6 @@ pub async fn resume(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     find(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: lifecycle::resume(&state, &id).await?,
@@ -187,7 +179,6 @@ pub async fn stop(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     find(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: lifecycle::stop(&state, &id).await?,
@@ -205,7 +196,6 @@ pub async fn set_timeout(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     let req: SetTimeout = body.json()?;
     find(&state, &auth, &id).await?;
     Ok(Json(Data {
@@ -222,7 +212,6 @@ pub async fn usage(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Usage>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let row = find(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: lifecycle::usage(&state, &row),
@@ -244,7 +233,6 @@ pub async fn exec_stream(
     body: ApiBody,
 ) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError>
 {
-    auth.require(Scope::SandboxesExec)?;
     let req: ExecRequest = body.json()?;
     let row = find(&state, &auth, &id).await?;
     if svc::state_of(&row) != SandboxState::Running {
@@ -283,7 +271,6 @@ pub async fn expose(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<Json<Data<cella_types::Exposed>>, ApiError> {
-    auth.require(cella_types::Scope::SandboxesWrite)?;
     let req: cella_types::ExposeRequest = body.json()?;
     let port = u16::try_from(req.port)
         .ok()
@@ -327,7 +314,6 @@ pub async fn preview_token(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<Json<Data<cella_types::PreviewToken>>, ApiError> {
-    auth.require(cella_types::Scope::SandboxesWrite)?;
     let req: cella_types::PreviewTokenRequest = if body.is_empty() {
         Default::default()
     } else {
