@@ -16,7 +16,7 @@
 //! its cgroup is removed once empty (tried again at every later exec).
 //!
 //! No descriptor (an agent run outside a sandbox, a host without a freezer): [`ExecCgroups`] is
-//! absent and the agent falls back to [`crate::server::kill_tree`], a process-tree walk.
+//! absent and the agent falls back to [`crate::spawn::kill_tree`], a process-tree walk.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

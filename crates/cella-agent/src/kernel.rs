@@ -13,7 +13,7 @@
 
 use crate::harden::Jail;
 use crate::proto::{CodeOp, ErrorKind, ExecSpec, KernelState, Response};
-use crate::server::{command, kill_tree};
+use crate::spawn::{command, kill_tree};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

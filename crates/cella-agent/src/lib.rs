@@ -11,6 +11,7 @@
 //! processes, terminals) has an owner that outlives a server restart.
 
 pub mod client;
+mod exec;
 pub mod execcg;
 mod files;
 pub mod harden;
@@ -19,6 +20,7 @@ mod procs;
 pub mod proto;
 mod pty;
 mod server;
+mod spawn;
 mod watch;
 
 pub use server::{serve, AgentConfig};

@@ -6,7 +6,7 @@ use crate::harden::Jail;
 use crate::proto::{
     self, ErrorKind, ExecSpec, ExitInfo, FrameKind, ProcessInfo, ProtoError, Response,
 };
-use crate::server::{command, cwd_problem, spawn_failure, Reaper};
+use crate::spawn::{command, cwd_problem, spawn_failure, Reaper};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};

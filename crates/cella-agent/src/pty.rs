@@ -4,7 +4,7 @@ use crate::harden::Jail;
 use crate::proto::{
     self, ErrorKind, ExecSpec, ExitInfo, FrameKind, ProtoError, PtyControl, Response,
 };
-use crate::server::{cwd_problem, kill_tree, spawn_failure, Reaper};
+use crate::spawn::{cwd_problem, kill_tree, spawn_failure, Reaper};
 use nix::pty::{openpty, Winsize};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
@@ -106,7 +106,7 @@ pub async fn run(
         .stderr(Stdio::from(slave));
     let (uid, gid) = (spec.uid, spec.gid);
     let j = jail.clone();
-    // SAFETY: only system calls between fork and exec (see `server::command`).
+    // SAFETY: only system calls between fork and exec (see `spawn::command`).
     unsafe {
         cmd.pre_exec(move || {
             libc::setsid();

@@ -170,7 +170,7 @@ pub async fn start(
                     return Err(ApiError::not_found("image"));
                 }
             } else {
-                let Ok(reference) = image.parse::<oci_client::Reference>() else {
+                let Ok(reference) = image.parse::<crate::oci::Reference>() else {
                     return Err(ApiError::invalid(
                         "image",
                         format!("{image:?} is not an image reference"),
@@ -178,7 +178,7 @@ pub async fn start(
                 };
                 // A registry on an internal address is refused now; one whose name does not
                 // resolve fails the build (it is checked again there).
-                let regs = crate::oci::Registries::of(&state.config);
+                let regs = state.config.registries();
                 if let Err(e @ crate::oci::RegistryRefused::Address { .. }) =
                     crate::oci::check_registry(reference.resolve_registry(), &regs).await
                 {
@@ -455,7 +455,7 @@ async fn run(
                             image,
                             spec.registry_auth.as_ref(),
                             &layers_root,
-                            &crate::oci::Registries::of(&state.config),
+                            &state.config.registries(),
                             &build.workspace_id,
                             &budget,
                             |line| p2.lock().expect("build lock").say(&line),

@@ -391,6 +391,15 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// Which registries an image pull may reach: those listed in `[images]
+    /// insecure_registries` on any address, never the server's own listen address.
+    pub fn registries(&self) -> cella_image::oci::Registries {
+        cella_image::oci::Registries {
+            insecure: self.images.insecure_registries.clone(),
+            listen: Some(self.listen),
+        }
+    }
+
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
         let Some(path) = path else {
             return Ok(Config::default());

@@ -19,10 +19,8 @@ pub mod config;
 pub mod error;
 pub mod extract;
 pub mod images;
-pub mod layers;
 pub mod lifecycle;
 pub mod network;
-pub mod oci;
 pub mod openapi;
 pub mod pool;
 pub mod preview;
@@ -37,6 +35,10 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 pub mod util;
+
+/// The image mechanism (pulls, imports, the layer store) lives in `cella-image`; the server
+/// keeps the quota charging and the build glue (`quotas`, `builds`, `images`).
+pub use cella_image::{layers, oci};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};

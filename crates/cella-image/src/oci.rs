@@ -21,7 +21,7 @@
 //! short reason.
 //!
 //! A pull or an import is in two steps, for the workspace's storage quota (see
-//! [`crate::quotas`]): [`pull`] and [`prepare_archive`] check, unpack and measure the layers
+//! the server's `quotas`): [`pull`] and [`prepare_archive`] check, unpack and measure the layers
 //! beside the store within a [`Budget`] (a download stops once it passes the room left), and
 //! answer a [`Prepared`] image; only its [`Prepared::commit`], once the caller has charged the
 //! layers, moves them into the store and records the workspace's proofs. Dropped uncommitted,
@@ -43,7 +43,8 @@ use futures_util::StreamExt;
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth as Auth;
-use oci_client::{Client, Reference};
+use oci_client::Client;
+pub use oci_client::Reference;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -81,13 +82,6 @@ pub struct Registries {
 }
 
 impl Registries {
-    pub fn of(config: &crate::Config) -> Registries {
-        Registries {
-            insecure: config.images.insecure_registries.clone(),
-            listen: Some(config.listen),
-        }
-    }
-
     fn protocol(&self) -> ClientProtocol {
         ClientProtocol::HttpsExcept(self.insecure.clone())
     }
@@ -532,8 +526,8 @@ pub async fn pull(
                 .map_err(|e| e.to_string())?;
             continue;
         }
-        let tmp = format!(".download-{}", crate::util::new_id(""));
-        let part = format!(".part-{}", crate::util::new_id(""));
+        let tmp = format!(".download-{}", crate::unique_suffix());
+        let part = format!(".part-{}", crate::unique_suffix());
         let _scratch = Scratch {
             root: root.clone(),
             names: vec![tmp.clone()],
@@ -945,7 +939,7 @@ pub fn prepare_archive(
             let size = budget.size_in_store(&root, &name)?;
             prep.add(&d, None, true, size, budget)?;
         } else {
-            let part = format!(".part-{}", crate::util::new_id(""));
+            let part = format!(".part-{}", crate::unique_suffix());
             prep.scratch.names.push(part.clone());
             unpack_part(
                 &root,
@@ -1208,7 +1202,7 @@ pub fn skeleton(layers_root: &Path, resolv_conf: &str) -> Result<PathBuf, String
     if layers::is_ready(&store, NAME, layers::COMPLETE) {
         return Ok(layers_root.join(NAME).join("root"));
     }
-    let part_name = format!(".part-{}", crate::util::new_id(""));
+    let part_name = format!(".part-{}", crate::unique_suffix());
     let part = layers_root.join(&part_name);
     let mk = |rel: &str, mode: u32| -> std::io::Result<()> {
         use std::os::unix::fs::PermissionsExt;

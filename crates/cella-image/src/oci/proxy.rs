@@ -20,7 +20,9 @@
 //! rules holding for every connection.
 
 use super::{host_port, resolve_checked, split_registry, Hop, Lookup, Registries};
-use axum::body::Body;
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, HOST, PROXY_AUTHORIZATION};
 use hyper::{Method, Request, Response, StatusCode, Uri};
@@ -31,6 +33,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+
+/// What the proxy answers with: an empty status, or what the upstream sent.
+type Body = BoxBody<Bytes, hyper::Error>;
 
 /// How long one connection attempt to one address may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -135,7 +140,7 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>) {
 }
 
 fn status(code: StatusCode) -> Response<Body> {
-    let mut r = Response::new(Body::empty());
+    let mut r = Response::new(Empty::new().map_err(|never| match never {}).boxed());
     *r.status_mut() = code;
     r
 }
@@ -253,7 +258,7 @@ async fn forward(req: Request<Incoming>, sh: Arc<Shared>) -> Response<Body> {
         }
     }
     match sender.send_request(Request::from_parts(parts, body)).await {
-        Ok(resp) => resp.map(Body::new),
+        Ok(resp) => resp.map(BodyExt::boxed),
         Err(_) => status(StatusCode::BAD_GATEWAY),
     }
 }

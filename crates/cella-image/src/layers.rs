@@ -420,7 +420,7 @@ pub fn install(root: &Dir, part: &str, name: &str, marker: &str) -> io::Result<P
             layer.rename(
                 "root",
                 &layer,
-                &format!("root.old-{}", crate::util::new_id("")),
+                &format!("root.old-{}", crate::unique_suffix()),
             )?;
         }
         layer.remove_all("root")?;

@@ -1,0 +1,189 @@
+//! One exec: run a command to its end and stream its output back.
+//!
+//! The answer on the connection is `Started { pid }`, then stdout and stderr frames (each stream
+//! cut at the spec's output cap, the cut reported in the exit), then `Exit`. A timeout or the node
+//! hanging up kills everything the command started: its exec cgroup as one when the sandbox
+//! delegated one (see [`crate::execcg`]), else its process tree ([`kill_tree`]). After the command
+//! exits, output still buffered is drained for at most [`DRAIN_AFTER_EXIT`].
+
+use crate::execcg::ExecCgroups;
+use crate::harden::Jail;
+use crate::proto::{self, ErrorKind, ExecSpec, ExitInfo, FrameKind, Response};
+use crate::spawn::{command, cwd_problem, kill_tree, spawn_failure, Reaper};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::net::UnixStream;
+
+/// How long an exec waits, after its command exited, for output still buffered in its pipes.
+/// Background children that keep the pipes open do not hold the answer longer than this.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
+
+/// Forwards output up to the cap; returns false when the node has gone away.
+async fn forward(
+    wr: &mut tokio::net::unix::OwnedWriteHalf,
+    kind: FrameKind,
+    data: &[u8],
+    sent: &mut u64,
+    cap: Option<u64>,
+    truncated: &mut bool,
+) -> bool {
+    let room = cap.map(|c| c.saturating_sub(*sent)).unwrap_or(u64::MAX);
+    let take = (data.len() as u64).min(room) as usize;
+    if take < data.len() {
+        *truncated = true;
+    }
+    *sent += take as u64;
+    if take == 0 {
+        return true;
+    }
+    proto::write_frame(wr, kind, &data[..take]).await.is_ok()
+}
+
+/// Runs `spec` and answers on `stream` until the command ended (or was killed).
+pub(crate) async fn exec(
+    stream: UnixStream,
+    spec: ExecSpec,
+    reaper: Arc<Reaper>,
+    jail: Arc<Jail>,
+    cgroups: Option<Arc<ExecCgroups>>,
+) -> Result<(), proto::ProtoError> {
+    let (mut rd, mut wr) = stream.into_split();
+    if spec.argv.is_empty() {
+        let msg = Response::Error {
+            kind: ErrorKind::BadRequest,
+            message: "argv is empty".into(),
+        };
+        return proto::write_json(&mut wr, &msg).await;
+    }
+    if let Some(problem) = cwd_problem(&spec.cwd, spec.uid, spec.gid) {
+        let msg = Response::Error {
+            kind: ErrorKind::BadCwd,
+            message: problem,
+        };
+        return proto::write_json(&mut wr, &msg).await;
+    }
+    let started = Instant::now();
+    // Everything the command starts is in its own cgroup, killed as one at a timeout.
+    let group = cgroups.as_deref().and_then(ExecCgroups::group);
+    let kill_all = |pid: i32| match &group {
+        Some(g) => g.kill(),
+        None => kill_tree(pid),
+    };
+    let mut cmd = command(
+        &spec,
+        &jail,
+        spec.stdin.is_some(),
+        true,
+        group.as_ref().map(|g| g.procs_fd()),
+    );
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let (code, msg) = spawn_failure(&spec.argv[0], &e);
+            let mut sent = 0;
+            let mut trunc = false;
+            forward(
+                &mut wr,
+                FrameKind::Stderr,
+                msg.as_bytes(),
+                &mut sent,
+                spec.output_cap,
+                &mut trunc,
+            )
+            .await;
+            let exit = ExitInfo {
+                exit_code: code,
+                timed_out: false,
+                duration_ms: started.elapsed().as_millis() as u64,
+                stdout_truncated: false,
+                stderr_truncated: trunc,
+            };
+            return proto::write_json(&mut wr, &Response::Exit(exit)).await;
+        }
+    };
+    let pid = child.id() as i32;
+    let mut exit_rx = reaper.register(pid);
+    proto::write_json(&mut wr, &Response::Started { pid }).await?;
+
+    if let (Some(input), Some(stdin)) = (spec.stdin.clone(), child.stdin.take()) {
+        let fd: OwnedFd = stdin.into();
+        if let Ok(mut tx) = pipe::Sender::from_owned_fd(fd) {
+            tokio::spawn(async move {
+                let _ = tx.write_all(&input).await;
+            });
+        }
+    }
+    let mut out = child
+        .stdout
+        .take()
+        .map(|s| pipe::Receiver::from_owned_fd(s.into()))
+        .transpose()?;
+    let mut err = child
+        .stderr
+        .take()
+        .map(|s| pipe::Receiver::from_owned_fd(s.into()))
+        .transpose()?;
+    drop(child);
+
+    let deadline = tokio::time::sleep(Duration::from_millis(spec.timeout_ms.max(1)));
+    tokio::pin!(deadline);
+    let drain = tokio::time::sleep(Duration::from_secs(86400 * 365));
+    tokio::pin!(drain);
+    let (mut obuf, mut ebuf) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+    let (mut osent, mut esent, mut otrunc, mut etrunc) = (0u64, 0u64, false, false);
+    let mut status: Option<i32> = None;
+    let mut timed_out = false;
+    let mut ctl = [0u8; 64];
+    loop {
+        if status.is_some() && out.is_none() && err.is_none() {
+            break;
+        }
+        tokio::select! {
+            n = async { out.as_mut().expect("guarded").read(&mut obuf).await }, if out.is_some() => match n {
+                Ok(n) if n > 0 => {
+                    if !forward(&mut wr, FrameKind::Stdout, &obuf[..n], &mut osent, spec.output_cap, &mut otrunc).await {
+                        kill_all(pid);
+                        return Ok(());
+                    }
+                }
+                _ => out = None,
+            },
+            n = async { err.as_mut().expect("guarded").read(&mut ebuf).await }, if err.is_some() => match n {
+                Ok(n) if n > 0 => {
+                    if !forward(&mut wr, FrameKind::Stderr, &ebuf[..n], &mut esent, spec.output_cap, &mut etrunc).await {
+                        kill_all(pid);
+                        return Ok(());
+                    }
+                }
+                _ => err = None,
+            },
+            code = &mut exit_rx, if status.is_none() => {
+                status = Some(code.unwrap_or(255));
+                drain.as_mut().reset(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
+            },
+            _ = &mut deadline, if status.is_none() && !timed_out => {
+                timed_out = true;
+                kill_all(pid);
+            },
+            _ = &mut drain, if status.is_some() => break,
+            r = rd.read(&mut ctl) => {
+                // The node sends nothing more; a read that returns means it hung up.
+                if matches!(r, Ok(0) | Err(_)) {
+                    kill_all(pid);
+                    return Ok(());
+                }
+            }
+        }
+    }
+    let exit = ExitInfo {
+        exit_code: status.unwrap_or(255),
+        timed_out,
+        duration_ms: started.elapsed().as_millis() as u64,
+        stdout_truncated: otrunc,
+        stderr_truncated: etrunc,
+    };
+    proto::write_json(&mut wr, &Response::Exit(exit)).await
+}
