@@ -35,7 +35,7 @@
 //! beyond that the answer is a 429 page with `Retry-After`.
 
 use crate::lifecycle;
-use crate::sandboxes::{handle_of, state_of};
+use crate::service::rows::{handle_of, state_of};
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -430,7 +430,7 @@ async fn resume_for_preview(state: &Arc<AppState>, row: &SandboxRow) -> Result<(
 /// Per-sandbox and per-workspace allowances of preview-triggered resumes.
 #[derive(Default)]
 pub struct Previews {
-    gate: crate::sandboxes::Locks,
+    gate: crate::service::rows::Locks,
     limits: Mutex<ResumeLimits>,
 }
 

@@ -8,11 +8,13 @@
 //! - [`transitions`]: every state change of a sandbox, as one table checked in one function.
 //! - [`runnable`]: the one way to get a running sandbox (row, handle, and exec specs with its
 //!   template's defaults), the one timeout check, and ownership of a sandbox by a workspace.
+//! - [`boot`]: booting a sandbox (and its template's app), and settling its clock.
 //! - [`error`]: the errors, and which agent operation an agent error came from.
 //!
-//! The rest of the sandbox service (create, boot, destroy, exec) is in `crate::sandboxes`
+//! The rest of the sandbox service (create, destroy, exec) is in `crate::sandboxes`
 //! and `crate::lifecycle`, which use these.
 
+pub mod boot;
 pub mod error;
 pub mod rows;
 pub mod runnable;
