@@ -4,8 +4,7 @@
 
 use super::rows::{handle_of, state_of, stop_clock};
 use super::transitions::{self, Event};
-use super::Runnable;
-use crate::error::ApiError;
+use super::{Runnable, SandboxError};
 use crate::util::now_ms;
 use crate::AppState;
 use cella_runtime::{DriverError, SandboxHandle, SandboxSpec};
@@ -141,7 +140,10 @@ async fn start_template_app(
             },
             None,
         )
-        .map_err(|e| ApiError::from(e).message)?;
+        .map_err(|e| match e {
+            SandboxError::Invalid { message, .. } => message,
+            other => other.to_string(),
+        })?;
     let agent = state.driver.agent(handle);
     match agent
         .call(&cella_agent::proto::Request::Spawn {
