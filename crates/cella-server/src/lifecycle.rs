@@ -1,5 +1,9 @@
 //! Pause, resume, stop, the active-session and idle timers, activity, and usage.
 //!
+//! Which state changes are allowed in which state is the table of `service::transitions`;
+//! these functions ask it (a refusal is 409 `CONFLICT` with `details.state`) and return
+//! typed `SandboxError`s.
+//!
 //! What counts as activity for the idle timer: every API call that names the sandbox (get, exec,
 //! processes, files, terminal, timeout, usage, resume; later previews), a running exec, an open
 //! terminal or output stream for as long as it lasts, and output written by a process started

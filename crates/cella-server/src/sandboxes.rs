@@ -1,4 +1,7 @@
 //! The sandbox service: what create, destroy and exec do, apart from HTTP.
+//!
+//! A running sandbox to exec in comes from `service::Runnable` (the one place that checks it
+//! runs and fills in its template's defaults); booting is in `service::boot`.
 
 use crate::auth::Auth;
 use crate::error::ApiError;
