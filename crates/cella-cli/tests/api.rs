@@ -677,3 +677,72 @@ fn first_start_writes_a_bootstrap_key_once() {
     c2.kill().unwrap();
     c2.wait().unwrap();
 }
+
+/// The OpenAPI document and the server's checks come from one route table: every documented
+/// operation refuses a request without a key (401), refuses a key without the scopes it lists
+/// (403 naming the first one missing, before any object is looked up), takes no scope from a
+/// key when it lists none, and carries the rate-limit headers of the group it names.
+#[test]
+fn every_documented_route_checks_the_scopes_and_rate_limit_its_document_names() {
+    let s = Server::start();
+    let (_, unrelated) = s.workspace_key("developer", &["tasks:read"]);
+    let doc = s.req("GET", "/api/v1/openapi.json", None, None).body;
+    let burst = |group: &str| match group {
+        "read" => "200",
+        "lifecycle" => "50",
+        "exec" => "100",
+        other => panic!("unknown group {other}"),
+    };
+    let mut checked = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let url = path
+            .replace("{id}", "nx")
+            .replace("{pid}", "1")
+            .replace("{build_id}", "nx")
+            .replace("{context}", "nx");
+        for (method, op) in item.as_object().unwrap() {
+            let m = method.to_uppercase();
+            let what = format!("{m} {path}");
+            let Some(security) = op.get("security") else {
+                assert_eq!(s.req(&m, &url, None, None).status, 200, "{what}");
+                continue;
+            };
+            s.req(&m, &url, None, Some(&json!({})))
+                .assert_error(401, "UNAUTHORIZED");
+            let scopes: Vec<&str> = security[0]["bearer"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{what}: {security}"))
+                .iter()
+                .map(|v| v.as_str().unwrap())
+                .collect();
+            let r = s.req(&m, &url, Some(&unrelated), Some(&json!({})));
+            match scopes.first() {
+                None => assert!(![401, 403].contains(&r.status), "{what}: {}", r.body),
+                Some(first) => {
+                    r.assert_error(403, "FORBIDDEN");
+                    assert_eq!(
+                        r.body["error"]["details"]["required_scope"], *first,
+                        "{what}"
+                    );
+                }
+            }
+            match op.get("x-rate-limit-group") {
+                Some(g) => assert_eq!(
+                    r.headers["ratelimit-limit"],
+                    burst(g.as_str().unwrap()),
+                    "{what}"
+                ),
+                None => assert!(!r.headers.contains_key("ratelimit-limit"), "{what}"),
+            }
+            // A route that needs two scopes names the second to a key with the first only.
+            if let [first, second] = scopes[..] {
+                let (_, one) = s.workspace_key("developer", &[first]);
+                let r = s.req(&m, &url, Some(&one), Some(&json!({})));
+                r.assert_error(403, "FORBIDDEN");
+                assert_eq!(r.body["error"]["details"]["required_scope"], second);
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 60, "{checked} operations checked");
+}

@@ -5,6 +5,9 @@
 //! workspace; its `admin` scope is admin of that workspace only, and another workspace's
 //! objects are 404 to it. Internal workspaces ([`cella_store::is_internal_workspace`], the warm
 //! pool's) are addressable by no key: a key of one (which the API never makes) is refused.
+//!
+//! The scopes each route needs are its row in `routes::table`, whose guard authenticates the
+//! caller and checks them before the handler runs; the handler gets the caller as [`Auth`].
 
 use crate::error::ApiError;
 use crate::util::{hash_key, now_ms};
@@ -128,7 +131,7 @@ impl FromRequestParts<Arc<AppState>> for Auth {
         parts: &mut Parts,
         state: &Arc<AppState>,
     ) -> Result<Self, Self::Rejection> {
-        // The rate limiter authenticated this request already.
+        // The route's guard (`routes::table`) authenticated this request already.
         if let Some(auth) = parts.extensions.get::<Auth>() {
             return Ok(auth.clone());
         }

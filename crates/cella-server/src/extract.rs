@@ -112,8 +112,8 @@ fn describe(v: serde_json::Value) -> &'static str {
     }
 }
 
-/// A request body read whole but not parsed yet, so a handler can check scopes first and
-/// answer 403 before it looks at the body.
+/// A request body read whole but not parsed yet: the handler parses it as it needs (a bare POST
+/// may have none).
 pub struct ApiBody(pub Bytes);
 
 impl ApiBody {

@@ -2,8 +2,10 @@
 //!
 //! [`serve`] opens the store, makes the default workspace and bootstrap key at first start,
 //! materializes the base template, finds every sandbox again (reporting the ones that died), and
-//! serves the routes of [`router`]. Handlers live in `routes`, sandbox logic in `sandboxes`,
-//! and every failure becomes the error envelope in `error`.
+//! serves the routes of [`router`]. Every route is one row of `routes::table` (its handler, who
+//! may call it, its rate limit), from which the router and the OpenAPI paths are both built.
+//! Handlers live in `routes`, sandbox logic in `sandboxes`, and every failure becomes the error
+//! envelope in `error`.
 //!
 //! The state the routes share ([`AppState`]) is made by [`build_state`], which sets up the Linux
 //! namespace backend (the part that needs root), or by [`build_state_with`] over any other
@@ -41,7 +43,6 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::Router;
 use catalog::{Catalog, TemplateEntry};
 use cella_runtime::namespace::NamespaceDriver;
@@ -258,128 +259,15 @@ fn write_secret(path: &Path, secret: &str) -> std::io::Result<()> {
     f.write_all(format!("{secret}\n").as_bytes())
 }
 
-/// Every route of the API, with the middleware that makes errors and request ids uniform.
+/// The largest request body a route reads whole (4 MiB; uploads stream past it).
+pub const BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// Every route of the API (the route table, each route behind its guard), with the middleware
+/// that makes errors and request ids uniform.
 pub fn router(state: Arc<AppState>) -> Router {
-    use routes::{files, keys, meta, processes as procs, sandboxes as sb, templates, workspaces};
-    Router::new()
-        .route("/healthz", get(meta::healthz))
-        .route("/api/v1/openapi.json", get(meta::openapi))
-        .route(
-            "/api/v1/workspaces",
-            post(workspaces::create).get(workspaces::list),
-        )
-        .route(
-            "/api/v1/workspaces/{id}",
-            get(workspaces::get).patch(workspaces::update),
-        )
-        .route("/api/v1/workspaces/{id}/storage", get(workspaces::storage))
-        .route("/api/v1/api-keys", post(keys::create).get(keys::list))
-        .route("/api/v1/api-keys/{id}", axum::routing::delete(keys::revoke))
-        .route(
-            "/api/v1/templates",
-            get(templates::list).post(templates::build),
-        )
-        .route(
-            "/api/v1/templates/{id}",
-            get(templates::get).delete(templates::delete),
-        )
-        .route(
-            "/api/v1/templates/{id}/builds/{build_id}",
-            get(templates::build_status),
-        )
-        .route("/api/v1/templates/{id}/builds", get(templates::builds))
-        .route(
-            "/api/v1/images",
-            post(templates::import_image).get(templates::images),
-        )
-        .route(
-            "/api/v1/images/{id}",
-            axum::routing::delete(templates::delete_image),
-        )
-        .route("/api/v1/sandboxes", post(sb::create).get(sb::list))
-        .route("/api/v1/sandboxes/{id}", get(sb::get).delete(sb::destroy))
-        .route("/api/v1/sandboxes/{id}/exec", post(sb::exec))
-        .route("/api/v1/sandboxes/{id}/exec/stream", post(sb::exec_stream))
-        .route(
-            "/api/v1/sandboxes/{id}/files",
-            axum::routing::put(files::upload)
-                .get(files::download)
-                .delete(files::remove),
-        )
-        .route(
-            "/api/v1/sandboxes/{id}/processes",
-            post(procs::start).get(procs::list),
-        )
-        .route("/api/v1/sandboxes/{id}/processes/{pid}", get(procs::get))
-        .route(
-            "/api/v1/sandboxes/{id}/processes/{pid}/signal",
-            post(procs::signal),
-        )
-        .route(
-            "/api/v1/sandboxes/{id}/processes/{pid}/stdin",
-            post(procs::stdin),
-        )
-        .route(
-            "/api/v1/sandboxes/{id}/processes/{pid}/output",
-            get(procs::output),
-        )
-        .route("/api/v1/sandboxes/{id}/pty", get(routes::pty::pty))
-        .route(
-            "/api/v1/sandboxes/{id}/code",
-            post(routes::code::run)
-                .get(routes::code::state_of)
-                .delete(routes::code::reset_all),
-        )
-        .route("/api/v1/sandboxes/{id}/code/run", post(routes::code::run))
-        .route(
-            "/api/v1/sandboxes/{id}/snapshots",
-            post(routes::snapshots::create),
-        )
-        .route("/api/v1/sandboxes/{id}/fork", post(routes::snapshots::fork))
-        .route("/api/v1/sandboxes/{id}/expose", post(sb::expose))
-        .route(
-            "/api/v1/sandboxes/{id}/preview-token",
-            post(sb::preview_token),
-        )
-        .route("/api/v1/sandboxes/run", post(routes::artifacts::run))
-        .route(
-            "/api/v1/sandboxes/{id}/artifacts",
-            post(routes::artifacts::collect),
-        )
-        .route("/api/v1/artifacts", get(routes::artifacts::list))
-        .route(
-            "/api/v1/artifacts/{id}",
-            get(routes::artifacts::download).delete(routes::artifacts::delete),
-        )
-        .route("/api/v1/snapshots", get(routes::snapshots::list))
-        .route(
-            "/api/v1/snapshots/{id}",
-            get(routes::snapshots::get).delete(routes::snapshots::delete),
-        )
-        .route(
-            "/api/v1/sandboxes/{id}/code/contexts",
-            get(routes::code::contexts).post(routes::code::create_context),
-        )
-        .route(
-            "/api/v1/sandboxes/{id}/code/contexts/{context}",
-            axum::routing::delete(routes::code::reset_context),
-        )
-        .route("/api/v1/sandboxes/{id}/files/list", get(files::list))
-        .route("/api/v1/sandboxes/{id}/files/stat", get(files::stat))
-        .route("/api/v1/sandboxes/{id}/files/watch", get(files::watch))
-        .route("/api/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
-        .route("/api/v1/sandboxes/{id}/files/move", post(files::rename))
-        .route("/api/v1/sandboxes/{id}/pause", post(sb::pause))
-        .route("/api/v1/sandboxes/{id}/resume", post(sb::resume))
-        .route("/api/v1/sandboxes/{id}/stop", post(sb::stop))
-        .route("/api/v1/sandboxes/{id}/timeout", post(sb::set_timeout))
-        .route("/api/v1/sandboxes/{id}/usage", get(sb::usage))
-        .fallback(meta::not_found)
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            ratelimit::middleware,
-        ))
-        .layer(DefaultBodyLimit::max(4 * 1024 * 1024))
+    routes::table::router(&state)
+        .fallback(routes::meta::not_found)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| ApiError::internal().into_response(),
         ))

@@ -1,21 +1,17 @@
 //! Rate limits per workspace and endpoint group: token buckets held in memory.
 //!
-//! Groups: `read` (GETs on sandboxes and templates), `lifecycle` (create, destroy, pause,
-//! resume, stop, timeout, fork), `exec` (exec, processes, terminals, file writes; code later). Admin routes and
-//! health checks are not limited. Every limited answer carries `RateLimit-Limit`,
+//! Groups: `read`, `lifecycle` and `exec` (docs/api.md lists their routes). Each route's group
+//! is its row in the route table ([`crate::routes::table`]), whose guard takes the token; admin
+//! routes and health checks are not limited. Every limited answer carries `RateLimit-Limit`,
 //! `RateLimit-Remaining` and `RateLimit-Reset`; a refusal is 429 `RATE_LIMITED` with `Retry-After`.
 
-use crate::auth::{authenticate, Auth};
 use crate::error::ApiError;
-use crate::AppState;
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method};
-use axum::middleware::Next;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use cella_types::ErrorCode;
 use serde::Deserialize;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Instant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,31 +22,11 @@ pub enum Group {
 }
 
 impl Group {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Group::Read => "read",
             Group::Lifecycle => "lifecycle",
             Group::Exec => "exec",
-        }
-    }
-
-    /// The group of a request, or None for routes that are not limited.
-    pub fn of(method: &Method, path: &str) -> Option<Group> {
-        let rest = path.strip_prefix("/api/v1/")?;
-        let (head, tail) = rest.split_once('/').unwrap_or((rest, ""));
-        match head {
-            "templates" | "snapshots" | "artifacts" if method == Method::GET => Some(Group::Read),
-            "sandboxes" => {
-                let action = tail.split('/').nth(1).unwrap_or("");
-                if method == Method::GET && action != "pty" {
-                    return Some(Group::Read);
-                }
-                match action {
-                    "exec" | "processes" | "files" | "code" | "pty" => Some(Group::Exec),
-                    _ => Some(Group::Lifecycle),
-                }
-            }
-            _ => None,
         }
     }
 }
@@ -165,90 +141,33 @@ impl Limiter {
     }
 }
 
-fn headers(h: &mut HeaderMap, d: &Decision) {
+/// The `RateLimit-*` headers of a decision.
+pub fn headers(h: &mut HeaderMap, d: &Decision) {
     h.insert("ratelimit-limit", HeaderValue::from(d.limit));
     h.insert("ratelimit-remaining", HeaderValue::from(d.remaining));
     h.insert("ratelimit-reset", HeaderValue::from(d.reset));
 }
 
-/// Authenticates once (handlers reuse the result) and applies the group's limit.
-pub async fn middleware(
-    State(state): State<Arc<AppState>>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let Some(group) = Group::of(req.method(), req.uri().path()) else {
-        return next.run(req).await;
-    };
-    // Without a valid key the handler answers 401 itself.
-    let auth: Auth = match authenticate(&state, req.headers()).await {
-        Ok(a) => a,
-        Err(_) => return next.run(req).await,
-    };
-    let decision = state.limiter.take(&auth.workspace_id, group);
-    req.extensions_mut().insert(auth);
-    match decision {
-        None => next.run(req).await,
-        Some(d) if d.allowed => {
-            let mut res = next.run(req).await;
-            headers(res.headers_mut(), &d);
-            res
-        }
-        Some(d) => {
-            let mut e = ApiError::new(
-                ErrorCode::RateLimited,
-                format!(
-                    "too many {} requests for this workspace; retry in {} s",
-                    group.as_str(),
-                    d.retry_after
-                ),
-            )
-            .with_details(serde_json::json!({ "group": group.as_str(), "limit": d.limit }));
-            e.retry_after = Some(d.retry_after);
-            let mut res = e.into_response();
-            headers(res.headers_mut(), &d);
-            res
-        }
-    }
+/// The answer to a request refused by `group`'s limit: 429 `RATE_LIMITED` with `Retry-After`.
+pub fn refusal(group: Group, d: &Decision) -> Response {
+    let mut e = ApiError::new(
+        ErrorCode::RateLimited,
+        format!(
+            "too many {} requests for this workspace; retry in {} s",
+            group.as_str(),
+            d.retry_after
+        ),
+    )
+    .with_details(serde_json::json!({ "group": group.as_str(), "limit": d.limit }));
+    e.retry_after = Some(d.retry_after);
+    let mut res = e.into_response();
+    headers(res.headers_mut(), d);
+    res
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn groups_follow_method_and_path() {
-        assert_eq!(
-            Group::of(&Method::GET, "/api/v1/sandboxes/sb1"),
-            Some(Group::Read)
-        );
-        assert_eq!(
-            Group::of(&Method::POST, "/api/v1/sandboxes"),
-            Some(Group::Lifecycle)
-        );
-        assert_eq!(
-            Group::of(&Method::POST, "/api/v1/sandboxes/sb1/pause"),
-            Some(Group::Lifecycle)
-        );
-        assert_eq!(
-            Group::of(&Method::DELETE, "/api/v1/sandboxes/sb1"),
-            Some(Group::Lifecycle)
-        );
-        assert_eq!(
-            Group::of(&Method::POST, "/api/v1/sandboxes/sb1/exec"),
-            Some(Group::Exec)
-        );
-        assert_eq!(
-            Group::of(&Method::POST, "/api/v1/sandboxes/sb1/preview-token"),
-            Some(Group::Lifecycle)
-        );
-        assert_eq!(
-            Group::of(&Method::GET, "/api/v1/templates"),
-            Some(Group::Read)
-        );
-        assert_eq!(Group::of(&Method::POST, "/api/v1/workspaces"), None);
-        assert_eq!(Group::of(&Method::GET, "/healthz"), None);
-    }
 
     #[test]
     fn bucket_allows_a_burst_then_refuses_with_retry_after() {

@@ -11,7 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use cella_types::{Artifact, CollectRequest, Data, ExecUser, List, RunRequest, RunResult, Scope};
+use cella_types::{Artifact, CollectRequest, Data, ExecUser, List, RunRequest, RunResult};
 use std::sync::Arc;
 
 /// Create a sandbox, write files, run a command, collect artifacts, destroy the sandbox, all
@@ -26,8 +26,6 @@ pub async fn run(
     auth: Auth,
     body: ApiBody,
 ) -> Result<Json<Data<RunResult>>, ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
-    auth.require(Scope::SandboxesExec)?;
     let req: RunRequest = body.json()?;
     Ok(Json(Data {
         data: runs::run(&state, &auth, req).await?,
@@ -44,7 +42,6 @@ pub async fn collect(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<(StatusCode, Json<List<Artifact>>), ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: CollectRequest = body.json()?;
     if req.paths.is_empty() {
         return Err(ApiError::invalid("paths", "name at least one path or glob"));
@@ -69,7 +66,6 @@ pub async fn list(
     auth: Auth,
     q: QueryPairs,
 ) -> Result<Json<List<Artifact>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let mut pairs = q.0;
     let page = Page::take(&mut pairs)?;
     let mut sandbox = None;
@@ -127,7 +123,6 @@ pub async fn download(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let a = own(&state, &auth, &id).await?;
     let f = tokio::fs::File::open(runs::artifact_dir(&state).join(&a.id))
         .await
@@ -164,7 +159,6 @@ pub async fn delete(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Artifact>>, ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     let a = own(&state, &auth, &id).await?;
     state.store.delete_artifact(&a.id).await?;
     let _ = tokio::fs::remove_file(runs::artifact_dir(&state).join(&a.id)).await;

@@ -11,7 +11,7 @@ use axum::Json;
 use cella_agent::proto::{CodeOp, Request, Response as AgentResponse};
 use cella_types::{
     code_language, CodeContext, CodeContextChange, CodeResult, CodeRunRequest, CodeState, Data,
-    ErrorCode, ExecRequest, KernelInfo, List, Scope,
+    ErrorCode, ExecRequest, KernelInfo, List,
 };
 use serde_json::Value;
 use std::sync::Arc;
@@ -110,7 +110,6 @@ pub async fn run(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<Json<Data<CodeResult>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: CodeRunRequest = body.json()?;
     let lang = language(req.language.as_deref())?;
     let context = context_name(req.context.as_deref())?;
@@ -137,6 +136,20 @@ pub async fn run(
     }))
 }
 
+/// `POST .../code`: the same as `POST .../code/run`. Scope `sandboxes:exec`.
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/code", tag = "code", operation_id = "run_alias", security(("bearer" = [])),
+    params(("id" = String, Path)), request_body = CodeRunRequest,
+    responses((status = 200, body = Data<CodeResult>), (status = 400, body = cella_types::ErrorBody),
+              (status = 409, body = cella_types::ErrorBody)))]
+pub async fn run_alias(
+    state: State<Arc<AppState>>,
+    auth: Auth,
+    id: Path<String>,
+    body: ApiBody,
+) -> Result<Json<Data<CodeResult>>, ApiError> {
+    run(state, auth, id, body).await
+}
+
 /// The interpreter's state: which kernels run, their contexts, busy or idle. Never starts a
 /// kernel. Scope `sandboxes:read`.
 #[utoipa::path(get, path = "/api/v1/sandboxes/{id}/code", tag = "code", security(("bearer" = [])),
@@ -147,7 +160,6 @@ pub async fn state_of(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<CodeState>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let sb = runnable(&state, &auth, &id).await?;
     let answer = call(&state, &sb, "python", CodeOp::State).await?;
     let kernels: Vec<KernelInfo> =
@@ -167,7 +179,6 @@ pub async fn contexts(
     Path(id): Path<String>,
     q: QueryPairs,
 ) -> Result<Json<List<CodeContext>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let lang = language_query(&q)?;
     let sb = runnable(&state, &auth, &id).await?;
     let answer = call(&state, &sb, lang, CodeOp::State).await?;
@@ -200,7 +211,6 @@ pub async fn create_context(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<(StatusCode, Json<Data<CodeContextChange>>), ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: cella_types::CreateCodeContext = body.json()?;
     let lang = language(req.language.as_deref())?;
     let name = context_name(req.context.as_deref())?;
@@ -245,7 +255,6 @@ pub async fn reset_context(
     Path((id, context)): Path<(String, String)>,
     q: QueryPairs,
 ) -> Result<Json<Data<CodeContextChange>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let lang = language_query(&q)?;
     let name = context_name(Some(&context))?;
     let sb = runnable(&state, &auth, &id).await?;
@@ -278,7 +287,6 @@ pub async fn reset_all(
     Path(id): Path<String>,
     q: QueryPairs,
 ) -> Result<Json<Data<CodeState>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let lang = language_query(&q)?;
     let sb = runnable(&state, &auth, &id).await?;
     call(&state, &sb, lang, CodeOp::ResetAll).await?;

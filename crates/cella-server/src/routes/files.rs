@@ -15,9 +15,7 @@ use axum::Json;
 use cella_agent::client::{AgentClient, ClientError, WriteError};
 use cella_agent::proto::{FileInfo, Request, Response as AgentResponse};
 use cella_runtime::rootfs::USER_UID;
-use cella_types::{
-    Data, Deleted, ErrorCode, FileEntry, FileList, MkdirRequest, MoveRequest, Scope,
-};
+use cella_types::{Data, Deleted, ErrorCode, FileEntry, FileList, MkdirRequest, MoveRequest};
 use futures_util::StreamExt;
 use serde_json::json;
 use std::collections::HashMap;
@@ -134,7 +132,6 @@ pub async fn upload(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Data<FileEntry>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let p = params(q, &["path", "user", "mode"])?;
     let path = path_of(&p, "path")?;
     let uid = owner(&p)?;
@@ -226,7 +223,6 @@ pub async fn download(
     QueryPairs(q): QueryPairs,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let p = params(q, &["path"])?;
     let path = path_of(&p, "path")?;
     let agent = agent(&state, &auth, &id).await?;
@@ -302,7 +298,6 @@ pub async fn list(
     Path(id): Path<String>,
     QueryPairs(q): QueryPairs,
 ) -> Result<Json<FileList>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let p = params(q, &["path", "recursive", "limit"])?;
     let path = path_of(&p, "path")?;
     let recursive = flag(&p, "recursive")?;
@@ -343,7 +338,6 @@ pub async fn stat(
     Path(id): Path<String>,
     QueryPairs(q): QueryPairs,
 ) -> Result<Json<Data<FileEntry>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let p = params(q, &["path"])?;
     let path = path_of(&p, "path")?;
     let agent = agent(&state, &auth, &id).await?;
@@ -362,7 +356,6 @@ pub async fn mkdir(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<Json<Data<FileEntry>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: MkdirRequest = body.json()?;
     if !req.path.starts_with('/') {
         return Err(ApiError::invalid(
@@ -392,7 +385,6 @@ pub async fn rename(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<Json<Data<FileEntry>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: MoveRequest = body.json()?;
     for (field, v) in [("from", &req.from), ("to", &req.to)] {
         if !v.starts_with('/') {
@@ -426,7 +418,6 @@ pub async fn remove(
     Path(id): Path<String>,
     QueryPairs(q): QueryPairs,
 ) -> Result<Json<Data<Deleted>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let p = params(q, &["path", "recursive"])?;
     let path = path_of(&p, "path")?;
     let recursive = flag(&p, "recursive")?;
@@ -464,7 +455,6 @@ pub async fn watch(
     >,
     ApiError,
 > {
-    auth.require(Scope::SandboxesRead)?;
     let p = params(q, &["path", "recursive"])?;
     let path = path_of(&p, "path")?;
     let recursive = flag(&p, "recursive")?;

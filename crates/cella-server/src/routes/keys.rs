@@ -74,7 +74,6 @@ pub async fn create(
     auth: Auth,
     body: ApiBody,
 ) -> Result<(StatusCode, Json<Data<ApiKey>>), ApiError> {
-    auth.require(Scope::Admin)?;
     let req: CreateApiKey = body.json()?;
     if req.name.trim().is_empty() || req.name.len() > 200 {
         return Err(ApiError::invalid(
@@ -132,7 +131,6 @@ pub async fn list(
     auth: Auth,
     QueryPairs(mut q): QueryPairs,
 ) -> Result<Json<List<ApiKey>>, ApiError> {
-    auth.require(Scope::Admin)?;
     let page = Page::take(&mut q)?;
     reject_unknown(&q)?;
     let only = (!auth.operator).then_some(auth.workspace_id.as_str());
@@ -155,7 +153,6 @@ pub async fn revoke(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<ApiKey>>, ApiError> {
-    auth.require(Scope::Admin)?;
     let row = state
         .store
         .key(&id)

@@ -2,7 +2,6 @@ use crate::error::ApiError;
 use axum::response::IntoResponse;
 use axum::Json;
 use cella_types::Health;
-use utoipa::OpenApi;
 
 /// Liveness: 200 once the server accepts work.
 #[utoipa::path(get, path = "/healthz", tag = "server", responses((status = 200, body = Health)))]
@@ -16,7 +15,7 @@ pub async fn healthz() -> Json<Health> {
 /// This document.
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "server", responses((status = 200, description = "OpenAPI 3 document")))]
 pub async fn openapi() -> impl IntoResponse {
-    Json(crate::openapi::ApiDoc::openapi())
+    Json(crate::openapi::document())
 }
 
 pub async fn not_found() -> ApiError {

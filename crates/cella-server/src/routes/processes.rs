@@ -13,7 +13,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Json;
 use cella_agent::client::AgentClient;
 use cella_agent::proto::{ProcessInfo, Request, Response as AgentResponse};
-use cella_types::{Data, ExecRequest, ExecUser, List, Process, Scope, SignalRequest, StartProcess};
+use cella_types::{Data, ExecRequest, ExecUser, List, Process, SignalRequest, StartProcess};
 use std::sync::Arc;
 
 fn wire(p: ProcessInfo) -> Process {
@@ -59,7 +59,6 @@ pub async fn start(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<(StatusCode, Json<Data<Process>>), ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: StartProcess = body.json()?;
     let sb = runnable(&state, &auth, &id).await?;
     let tag = req.tag.clone();
@@ -92,7 +91,6 @@ pub async fn list(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<List<Process>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let handle = runnable(&state, &auth, &id).await?.handle;
     match call(&state.driver.agent(&handle), &Request::Processes).await? {
         AgentResponse::Processes { processes } => Ok(Json(List {
@@ -112,7 +110,6 @@ pub async fn get(
     auth: Auth,
     Path((id, pid)): Path<(String, i32)>,
 ) -> Result<Json<Data<Process>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let handle = runnable(&state, &auth, &id).await?.handle;
     Ok(Json(Data {
         data: one(call(&state.driver.agent(&handle), &Request::Process { pid }).await?)?,
@@ -146,7 +143,6 @@ pub async fn signal(
     Path((id, pid)): Path<(String, i32)>,
     body: ApiBody,
 ) -> Result<Json<Data<Process>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: SignalRequest = body.json()?;
     let signal =
         signal_number(&req.signal).ok_or_else(|| ApiError::invalid("signal", "unknown signal"))?;
@@ -174,7 +170,6 @@ pub async fn stdin(
     QueryPairs(q): QueryPairs,
     body: Bytes,
 ) -> Result<Json<Data<Process>>, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let mut close = false;
     for (k, v) in q {
         match (k.as_str(), v.as_str()) {
@@ -217,7 +212,6 @@ pub async fn output(
     QueryPairs(q): QueryPairs,
 ) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError>
 {
-    auth.require(Scope::SandboxesRead)?;
     let mut from_start = true;
     for (k, v) in q {
         match (k.as_str(), v.as_str()) {

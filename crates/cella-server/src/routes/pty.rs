@@ -14,7 +14,7 @@ use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::response::Response;
 use cella_agent::client::PtyEvent;
-use cella_types::{ErrorCode, ExecRequest, ExecUser, Scope};
+use cella_types::{ErrorCode, ExecRequest, ExecUser};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use std::sync::Arc;
@@ -36,7 +36,6 @@ pub async fn pty(
     QueryPairs(q): QueryPairs,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let ws = ws.map_err(|e| {
         ApiError::new(
             ErrorCode::InvalidRequest,

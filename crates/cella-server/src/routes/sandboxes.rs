@@ -12,8 +12,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Json;
 use cella_store::{SandboxFilter, SandboxRow};
 use cella_types::{
-    CreateSandbox, Data, ExecRequest, ExecResult, List, Sandbox, SandboxState, Scope, SetTimeout,
-    Usage,
+    CreateSandbox, Data, ExecRequest, ExecResult, List, Sandbox, SandboxState, SetTimeout, Usage,
 };
 use std::sync::Arc;
 
@@ -35,7 +34,6 @@ pub async fn create(
     auth: Auth,
     body: ApiBody,
 ) -> Result<(StatusCode, Json<Data<Sandbox>>), ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     let req: CreateSandbox = body.json()?;
     let wait = req.wait.unwrap_or(true);
     let sb = svc::create(&state, &auth, req).await?;
@@ -57,7 +55,6 @@ pub async fn list(
     auth: Auth,
     QueryPairs(mut q): QueryPairs,
 ) -> Result<Json<List<Sandbox>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let page = Page::take(&mut q)?;
     let mut filter = SandboxFilter {
         workspace_id: auth.workspace_id.clone(),
@@ -105,7 +102,6 @@ pub async fn get(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     Ok(Json(Data {
         data: svc::to_wire(&state, &find(&state, &auth, &id).await?),
     }))
@@ -119,7 +115,6 @@ pub async fn destroy(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     find(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: svc::destroy(&state, &id, None).await?,
@@ -137,7 +132,6 @@ pub async fn exec(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<axum::response::Response, ApiError> {
-    auth.require(Scope::SandboxesExec)?;
     let req: ExecRequest = body.json()?;
     let sb = Runnable::of(&state, find(&state, &auth, &id).await?)?;
     Ok(svc::exec_answer(svc::exec_kept(&state, &sb, req).await?))
@@ -153,7 +147,6 @@ pub async fn pause(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     find(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: lifecycle::pause(&state, &id, None).await?,
@@ -171,7 +164,6 @@ pub async fn resume(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     find(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: lifecycle::resume(&state, &id).await?,
@@ -188,7 +180,6 @@ pub async fn stop(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     find(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: lifecycle::stop(&state, &id).await?,
@@ -206,7 +197,6 @@ pub async fn set_timeout(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     let req: SetTimeout = body.json()?;
     find(&state, &auth, &id).await?;
     Ok(Json(Data {
@@ -223,7 +213,6 @@ pub async fn usage(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Usage>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let row = find(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: lifecycle::usage(&state, &row),
@@ -245,7 +234,6 @@ pub async fn exec_stream(
     body: ApiBody,
 ) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError>
 {
-    auth.require(Scope::SandboxesExec)?;
     let req: ExecRequest = body.json()?;
     let sb = Runnable::of(&state, find(&state, &auth, &id).await?)?;
     let spec = sb.spec(req, None)?;
@@ -281,7 +269,6 @@ pub async fn expose(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<Json<Data<cella_types::Exposed>>, ApiError> {
-    auth.require(cella_types::Scope::SandboxesWrite)?;
     let req: cella_types::ExposeRequest = body.json()?;
     let port = u16::try_from(req.port)
         .ok()
@@ -325,7 +312,6 @@ pub async fn preview_token(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<Json<Data<cella_types::PreviewToken>>, ApiError> {
-    auth.require(cella_types::Scope::SandboxesWrite)?;
     let req: cella_types::PreviewTokenRequest = if body.is_empty() {
         Default::default()
     } else {

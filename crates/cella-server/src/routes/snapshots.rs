@@ -17,7 +17,7 @@ use axum::Json;
 use cella_runtime::DriverError;
 use cella_store::{SandboxRow, SnapshotRow};
 use cella_types::{
-    Data, ErrorCode, ForkInfo, ForkRequest, ForkResult, List, SandboxState, Scope, Size, Snapshot,
+    Data, ErrorCode, ForkInfo, ForkRequest, ForkResult, List, SandboxState, Size, Snapshot,
 };
 use std::sync::Arc;
 
@@ -107,7 +107,6 @@ pub async fn create(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<Data<Snapshot>>), ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     let _guard = state.locks.lock(&id).await;
     let row = crate::sandboxes::owned(&state, &auth, &id).await?;
     let (snap, _) = take(&state, &row, false).await?;
@@ -123,7 +122,6 @@ pub async fn list(
     auth: Auth,
     q: QueryPairs,
 ) -> Result<Json<List<Snapshot>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     let mut pairs = q.0;
     let page = Page::take(&mut pairs)?;
     if let Some((k, _)) = pairs.first() {
@@ -161,7 +159,6 @@ pub async fn get(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Snapshot>>, ApiError> {
-    auth.require(Scope::SandboxesRead)?;
     Ok(Json(Data {
         data: wire(&own_snapshot(&state, &auth, &id).await?),
     }))
@@ -177,7 +174,6 @@ pub async fn delete(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Snapshot>>, ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     let snap = own_snapshot(&state, &auth, &id).await?;
     // Sandboxes that have not booted yet still need its files: their first boot copies them.
     let booting = state.store.booting_from_snapshot(&id).await?;
@@ -210,7 +206,6 @@ pub async fn fork(
     Path(id): Path<String>,
     body: ApiBody,
 ) -> Result<(StatusCode, Json<ForkResult>), ApiError> {
-    auth.require(Scope::SandboxesWrite)?;
     let req: ForkRequest = if body.is_empty() {
         ForkRequest::default()
     } else {

@@ -50,7 +50,6 @@ pub async fn build(
     ),
     ApiError,
 > {
-    auth.require(cella_types::Scope::TemplatesWrite)?;
     let spec: cella_types::TemplateSpec = body.json()?;
     let b = crate::builds::start(&state, &auth, spec).await?;
     Ok((axum::http::StatusCode::ACCEPTED, Json(Data { data: b })))
@@ -138,7 +137,6 @@ pub async fn delete(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Template>>, ApiError> {
-    auth.require(cella_types::Scope::TemplatesWrite)?;
     let t = crate::builds::delete(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: state.catalog.entry(&t),
@@ -164,7 +162,6 @@ pub async fn import_image(
     ),
     ApiError,
 > {
-    auth.require(cella_types::Scope::TemplatesWrite)?;
     let mut name = String::from("uploaded");
     for (k, v) in &q.0 {
         match k.as_str() {
@@ -207,7 +204,6 @@ pub async fn delete_image(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<crate::images::ImportedImage>>, ApiError> {
-    auth.require(cella_types::Scope::TemplatesWrite)?;
     let img = crate::images::delete(&state, &auth.workspace_id, &id).await?;
     Ok(Json(Data { data: img }))
 }

@@ -7,6 +7,7 @@ mod admission;
 mod lifecycle;
 mod pool;
 mod reconcile;
+mod routes;
 mod timers;
 
 use crate::testing::FakeDriver;

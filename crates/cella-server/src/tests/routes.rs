@@ -1,0 +1,138 @@
+//! The router serves exactly the routes of the OpenAPI document: both come from the route
+//! table, and here every documented operation is sent through the real router.
+
+use super::Server;
+use axum::body::Body;
+use axum::http::Request;
+use tower::ServiceExt;
+
+/// Status and error code of a request without a key.
+async fn anonymous(s: &Server, method: &str, path: &str) -> (u16, String) {
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .body(Body::empty())
+        .expect("request");
+    let res = s.app.clone().oneshot(req).await.expect("answer");
+    let status = res.status().as_u16();
+    let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    (
+        status,
+        v["error"]["code"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+#[tokio::test]
+async fn every_documented_operation_is_routed_and_nothing_else() {
+    let s = Server::start().await;
+    let doc = serde_json::to_value(crate::openapi::document()).expect("document");
+    let mut n = 0;
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        let url = path
+            .replace("{id}", "nx")
+            .replace("{pid}", "1")
+            .replace("{build_id}", "nx")
+            .replace("{context}", "nx");
+        let methods: Vec<&str> = item
+            .as_object()
+            .expect("path item")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        for m in &methods {
+            let public = item[*m].get("security").is_none();
+            let (status, code) = anonymous(&s, &m.to_uppercase(), &url).await;
+            // Routed: a public operation answers, any other asks for a key (and is neither
+            // the fallback's 404 nor a 405).
+            if public {
+                assert_eq!(status, 200, "{m} {path}");
+            } else {
+                assert_eq!((status, code.as_str()), (401, "UNAUTHORIZED"), "{m} {path}");
+            }
+            n += 1;
+        }
+        // A method the document does not list on a path is not served there.
+        for m in ["get", "post", "put", "patch", "delete"] {
+            if !methods.contains(&m) {
+                let (status, code) = anonymous(&s, &m.to_uppercase(), &url).await;
+                assert_eq!(
+                    (status, code.as_str()),
+                    (405, "METHOD_NOT_ALLOWED"),
+                    "{m} {path}"
+                );
+            }
+        }
+    }
+    assert_eq!(n, crate::routes::table::table().len());
+    let (status, code) = anonymous(&s, "GET", "/api/v1/sandboxes/nx/nothing").await;
+    assert_eq!((status, code.as_str()), (404, "NOT_FOUND"));
+}
+
+/// A request with a key, a body and the headers it answers with.
+async fn send(
+    s: &Server,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> (u16, String, axum::http::HeaderMap) {
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .expect("request");
+    let res = s.app.clone().oneshot(req).await.expect("answer");
+    let status = res.status().as_u16();
+    let headers = res.headers().clone();
+    let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let scope = v["error"]["details"]["required_scope"]
+        .as_str()
+        .unwrap_or("");
+    (status, scope.to_string(), headers)
+}
+
+#[tokio::test]
+async fn the_scope_is_checked_after_the_rate_limit_and_before_the_body() {
+    let s = Server::start().await;
+    let (_, ws) = s.call("GET", "/api/v1/workspaces", None).await;
+    let ws = ws["data"][0]["id"].as_str().expect("workspace").to_string();
+    let (status, k) = s
+        .call(
+            "POST",
+            "/api/v1/api-keys",
+            Some(serde_json::json!({ "workspace_id": ws, "name": "r", "scopes": ["sandboxes:read"] })),
+        )
+        .await;
+    assert_eq!(status, 201, "{k}");
+    let reader = k["data"]["key"].as_str().expect("key").to_string();
+    let sb = s.create(serde_json::json!({ "size": "xs" })).await;
+    let exec = format!("/api/v1/sandboxes/{}/exec", super::id(&sb));
+    // Not JSON, and larger than any body a route reads whole: still 403, naming the scope,
+    // with the rate-limit headers of the token it took.
+    for body in [
+        b"{\"command\": ".to_vec(),
+        vec![b' '; crate::BODY_LIMIT + 1],
+    ] {
+        let (status, scope, headers) = send(&s, &reader, "POST", &exec, body).await;
+        assert_eq!((status, scope.as_str()), (403, "sandboxes:exec"));
+        assert!(headers.contains_key("ratelimit-remaining"), "{headers:?}");
+    }
+    // A run needs two scopes; a key with neither hears of the first.
+    let (status, scope, _) =
+        send(&s, &reader, "POST", "/api/v1/sandboxes/run", b"{}".to_vec()).await;
+    assert_eq!((status, scope.as_str()), (403, "sandboxes:write"));
+    // Nothing ran.
+    assert!(s
+        .fake
+        .calls()
+        .iter()
+        .all(|c| c.op != crate::testing::Op::Exec || c.id != super::id(&sb)));
+}
