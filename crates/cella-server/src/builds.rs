@@ -1083,7 +1083,7 @@ pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateE
     for r in state.store.pool_rows().await? {
         if r.template_id == key {
             let _g = state.locks.lock(&r.id).await;
-            let h = crate::sandboxes::handle_of(&r);
+            let h = crate::service::rows::handle_of(&r);
             let _ = state.driver.destroy(&r.id, h.as_ref()).await;
             let _ = state.store.delete_sandbox(&r.id).await;
         }

@@ -113,3 +113,78 @@ pub fn for_status(status: StatusCode) -> ApiError {
     };
     ApiError::new(code, message)
 }
+
+impl From<crate::service::SandboxError> for ApiError {
+    fn from(e: crate::service::SandboxError) -> Self {
+        use crate::service::{AgentOp, SandboxError as E};
+        use cella_agent::client::ClientError;
+        use cella_agent::proto::ErrorKind as K;
+        let message = e.to_string();
+        match e {
+            E::NotFound(what) => ApiError::not_found(what),
+            E::Invalid { field, message } => ApiError::invalid(&field, message),
+            E::NotRunning { state, reason, .. } => {
+                ApiError::new(ErrorCode::SandboxNotRunning, message)
+                    .with_details(json!({ "state": state, "reason": reason }))
+            }
+            E::Gone { .. } => ApiError::new(ErrorCode::SandboxNotRunning, message),
+            E::Refused(r) => ApiError::new(ErrorCode::Conflict, message)
+                .with_details(json!({ "state": r.state.as_str() })),
+            E::NotPersistent { state } => ApiError::new(ErrorCode::Conflict, message)
+                .with_details(json!({ "state": state, "persistent": false })),
+            E::ConcurrencyLimit { cap, plan } => {
+                let mut e = ApiError::new(ErrorCode::ConcurrencyLimit, message)
+                    .with_details(json!({ "limit": cap, "plan": plan }));
+                e.retry_after = Some(5);
+                e
+            }
+            E::RestartFailed { id, reason } => ApiError::unavailable(message)
+                .with_details(json!({ "sandbox_id": id, "reason": reason })),
+            E::Agent {
+                op,
+                source: ClientError::Refused { kind, message: m },
+            } => match (&op, kind) {
+                (AgentOp::RunFile { path }, K::NoSpace) => {
+                    // The sandbox's disk is full: 507, as an upload would answer.
+                    ApiError::new(
+                        ErrorCode::InsufficientStorage,
+                        format!("writing {path}: {m}"),
+                    )
+                }
+                (AgentOp::RunFile { path }, _) => {
+                    ApiError::invalid("files", format!("writing {path}: {m}"))
+                }
+                (AgentOp::Pty, K::BadCwd) => ApiError::invalid("cwd", m),
+                (AgentOp::Pty, _) => ApiError::invalid("command", m),
+                (AgentOp::Code, K::Conflict) => ApiError::new(ErrorCode::Conflict, m),
+                (AgentOp::Code, K::BadRequest) => ApiError::invalid("language", m),
+                (AgentOp::Code, _) | (_, K::Internal) => {
+                    tracing::warn!("{}: {m}", op.name());
+                    ApiError::internal()
+                }
+                (_, K::NotFound) => ApiError::new(ErrorCode::NotFound, m),
+                (_, K::Conflict) => ApiError::new(ErrorCode::Conflict, m),
+                (AgentOp::Files, K::BadRequest | K::BadCwd) => ApiError::invalid("path", m),
+                (AgentOp::Files, K::TooLarge) => ApiError::new(ErrorCode::PayloadTooLarge, m),
+                (_, K::BadCwd) => ApiError::invalid("cwd", m),
+                (_, K::BadRequest | K::TooLarge) => ApiError::invalid("command", m),
+                (_, K::NoSpace) => ApiError::new(ErrorCode::InsufficientStorage, m),
+                (_, K::Busy) => ApiError::new(ErrorCode::ConcurrencyLimit, m),
+                (_, K::Unavailable) => ApiError::unavailable(m),
+            },
+            E::Agent { .. } => {
+                tracing::warn!("{message}");
+                ApiError::unavailable("the sandbox's agent did not answer")
+            }
+            E::UnexpectedAnswer(_)
+            | E::NoRuntime(_)
+            | E::NoWorkspace(_)
+            | E::Driver { .. }
+            | E::Store(_)
+            | E::Io { .. } => {
+                tracing::error!("{message}");
+                ApiError::internal()
+            }
+        }
+    }
+}

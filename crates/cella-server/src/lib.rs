@@ -29,6 +29,7 @@ pub mod ratelimit;
 pub mod routes;
 pub mod runs;
 pub mod sandboxes;
+pub mod service;
 pub mod sse;
 #[cfg(any(test, feature = "fake"))]
 pub mod testing;
@@ -82,6 +83,11 @@ pub struct AppState {
 impl AppState {
     pub fn pool(&self) -> &pool::Pool {
         &self.catalog.pool
+    }
+
+    /// The base of a sandbox's previews (append `<port>/`), in the path form.
+    pub fn sandbox_preview_base(&self, id: &str) -> String {
+        format!("{}/preview/{id}/", self.public_base())
     }
 
     /// How users reach this server, e.g. `http://localhost:7070`.
@@ -598,7 +604,6 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             source,
         })?;
     let (state, _lock) = build_state(config).await?;
-    let _ = preview::BASE.set(state.public_base());
     sandboxes::reconcile(&state).await?;
     lifecycle::spawn_timers(state.clone());
     network::spawn_refresh(state.clone());

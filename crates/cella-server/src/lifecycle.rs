@@ -1,17 +1,23 @@
 //! Pause, resume, stop, the active-session and idle timers, activity, and usage.
 //!
+//! Which state changes are allowed in which state is the table of `service::transitions`;
+//! these functions ask it (a refusal is 409 `CONFLICT` with `details.state`) and return
+//! typed `SandboxError`s.
+//!
 //! What counts as activity for the idle timer: every API call that names the sandbox (get, exec,
 //! processes, files, terminal, timeout, usage, resume; later previews), a running exec, an open
 //! terminal or output stream for as long as it lasts, and output written by a process started
 //! through the API (the agent is asked before an idle pause). Listing sandboxes does not count.
 
-use crate::error::ApiError;
-use crate::sandboxes::{boot_locked, destroy, handle_of, settle, state_of, stop_clock, to_wire};
+use crate::sandboxes::{destroy, to_wire};
+use crate::service::boot::{boot_locked, settle};
+use crate::service::rows::{handle_of, state_of, stop_clock};
+use crate::service::transitions::{apply, check, Event};
+use crate::service::{check_timeout, SandboxError};
 use crate::util::{now_ms, rfc3339};
 use crate::AppState;
 use cella_store::SandboxRow;
-use cella_types::{ErrorCode, Plan, Sandbox, SandboxState, Usage};
-use serde_json::json;
+use cella_types::{Plan, Sandbox, SandboxState, Usage};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -107,128 +113,124 @@ impl Activity {
     }
 }
 
-fn conflict(row: &SandboxRow, action: &str) -> ApiError {
-    ApiError::new(
-        ErrorCode::Conflict,
-        format!("cannot {action} a sandbox that is {}", row.state),
-    )
-    .with_details(json!({ "state": row.state }))
-}
-
-async fn load(state: &AppState, id: &str) -> Result<SandboxRow, ApiError> {
+async fn load(state: &AppState, id: &str) -> Result<SandboxRow, SandboxError> {
     state
         .store
         .sandbox(id)
         .await?
-        .ok_or_else(|| ApiError::not_found("sandbox"))
+        .ok_or(SandboxError::NotFound("sandbox"))
+}
+
+fn handle(row: &SandboxRow) -> Result<cella_runtime::SandboxHandle, SandboxError> {
+    handle_of(row).ok_or_else(|| SandboxError::NoRuntime(row.id.clone()))
 }
 
 /// Freezes a running sandbox. `reason` says why when the server decided (a timer).
-pub async fn pause(state: &AppState, id: &str, reason: Option<&str>) -> Result<Sandbox, ApiError> {
+pub async fn pause(
+    state: &AppState,
+    id: &str,
+    reason: Option<&str>,
+) -> Result<Sandbox, SandboxError> {
     let _guard = state.locks.lock(id).await;
     let mut row = load(state, id).await?;
-    if state_of(&row) != SandboxState::Running {
-        return Err(conflict(&row, "pause"));
-    }
-    let handle = handle_of(&row).ok_or_else(ApiError::internal)?;
-    if let Err(e) = state.driver.pause(&handle).await {
-        tracing::error!(sandbox = id, "pause: {e}");
-        return Err(ApiError::internal());
-    }
+    check(state_of(&row), Event::Pause)?;
+    let h = handle(&row)?;
+    state
+        .driver
+        .pause(&h)
+        .await
+        .map_err(SandboxError::driver("pause"))?;
     let now = now_ms();
     stop_clock(&mut row, now);
     row.paused_since = Some(now);
-    row.state = SandboxState::Paused.as_str().into();
+    apply(&mut row, Event::Pause)?;
     row.ready = false;
     row.timeout_at = None;
     row.state_reason = reason.map(str::to_string);
     state.store.update_sandbox(&row).await?;
-    Ok(to_wire(&row))
+    Ok(to_wire(state, &row))
 }
 
 /// Thaws a paused sandbox, or boots a stopped one again on its kept files.
-pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, ApiError> {
+pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, SandboxError> {
     let _guard = state.locks.lock(id).await;
     let mut row = load(state, id).await?;
     let now = now_ms();
-    match state_of(&row) {
-        SandboxState::Paused => {
-            let handle = handle_of(&row).ok_or_else(ApiError::internal)?;
-            if let Err(e) = state.driver.unpause(&handle).await {
-                tracing::error!(sandbox = id, "resume: {e}");
-                return Err(ApiError::internal());
-            }
-            if let Some(since) = row.paused_since.take() {
-                row.paused_ms += (now - since).max(0);
-            }
-            row.running_since = Some(now);
-            row.state = SandboxState::Running.as_str().into();
-            row.ready = true;
-            row.timeout_at = (!row.always_on).then_some(now + row.timeout_sec * 1000);
-            row.state_reason = None;
-            state.activity.touch(id);
-            state.store.update_sandbox(&row).await?;
+    let from = state_of(&row);
+    let event = if from == SandboxState::Paused {
+        Event::Unpause
+    } else {
+        Event::Restart
+    };
+    check(from, event)?;
+    if event == Event::Unpause {
+        let h = handle(&row)?;
+        state
+            .driver
+            .unpause(&h)
+            .await
+            .map_err(SandboxError::driver("resume"))?;
+        if let Some(since) = row.paused_since.take() {
+            row.paused_ms += (now - since).max(0);
         }
-        SandboxState::Stopped => {
-            let ws = state
-                .store
-                .workspace(&row.workspace_id)
-                .await?
-                .ok_or_else(ApiError::internal)?;
-            let cap = Plan::parse(&ws.plan)
-                .unwrap_or(Plan::Developer)
-                .concurrency_cap();
-            if !state
-                .store
-                .claim_slot(id, SandboxState::Provisioning.as_str(), cap)
-                .await?
-            {
-                let mut e = ApiError::new(
-                    ErrorCode::ConcurrencyLimit,
-                    format!("workspace holds its plan's cap of {cap} concurrent sandboxes"),
-                )
-                .with_details(json!({ "limit": cap, "plan": ws.plan }));
-                e.retry_after = Some(5);
-                return Err(e);
-            }
-            row.state = SandboxState::Provisioning.as_str().into();
-            boot_locked(state, &mut row).await;
-            if state_of(&row) == SandboxState::Error {
-                return Err(ApiError::unavailable("the sandbox failed to start again")
-                    .with_details(json!({ "sandbox_id": row.id, "reason": row.state_reason })));
-            }
+        row.running_since = Some(now);
+        apply(&mut row, Event::Unpause)?;
+        row.ready = true;
+        row.timeout_at = (!row.always_on).then_some(now + row.timeout_sec * 1000);
+        row.state_reason = None;
+        state.activity.touch(id);
+        state.store.update_sandbox(&row).await?;
+    } else {
+        let ws = state
+            .store
+            .workspace(&row.workspace_id)
+            .await?
+            .ok_or_else(|| SandboxError::NoWorkspace(row.workspace_id.clone()))?;
+        let cap = Plan::parse(&ws.plan)
+            .unwrap_or(Plan::Developer)
+            .concurrency_cap();
+        if !state
+            .store
+            .claim_slot(id, SandboxState::Provisioning.as_str(), cap)
+            .await?
+        {
+            return Err(SandboxError::ConcurrencyLimit { cap, plan: ws.plan });
         }
-        _ => return Err(conflict(&row, "resume")),
+        apply(&mut row, Event::Restart)?;
+        boot_locked(state, &mut row).await;
+        if state_of(&row) == SandboxState::Error {
+            return Err(SandboxError::RestartFailed {
+                id: row.id.clone(),
+                reason: row.state_reason.clone(),
+            });
+        }
     }
-    Ok(to_wire(&row))
+    Ok(to_wire(state, &row))
 }
 
 /// Ends a sandbox's processes and keeps its files (persistent sandboxes only).
-pub async fn stop(state: &AppState, id: &str) -> Result<Sandbox, ApiError> {
+pub async fn stop(state: &AppState, id: &str) -> Result<Sandbox, SandboxError> {
     let _guard = state.locks.lock(id).await;
     let mut row = load(state, id).await?;
-    if !matches!(state_of(&row), SandboxState::Running | SandboxState::Paused) {
-        return Err(conflict(&row, "stop"));
-    }
+    check(state_of(&row), Event::Stop)?;
     if !row.persistent {
-        return Err(ApiError::new(
-            ErrorCode::Conflict,
-            "a non-persistent sandbox keeps no files to stop with; destroy it instead",
-        )
-        .with_details(json!({ "state": row.state, "persistent": false })));
+        return Err(SandboxError::NotPersistent {
+            state: row.state.clone(),
+        });
     }
     settle(state, &mut row, now_ms());
-    if let Err(e) = state.driver.stop(id, handle_of(&row).as_ref()).await {
-        tracing::error!(sandbox = id, "stop: {e}");
-        return Err(ApiError::internal());
-    }
-    row.state = SandboxState::Stopped.as_str().into();
+    state
+        .driver
+        .stop(id, handle_of(&row).as_ref())
+        .await
+        .map_err(SandboxError::driver("stop"))?;
+    apply(&mut row, Event::Stop)?;
     row.ready = false;
     row.timeout_at = None;
     row.runtime = None;
     row.state_reason = None;
     state.store.update_sandbox(&row).await?;
-    Ok(to_wire(&row))
+    Ok(to_wire(state, &row))
 }
 
 /// Sets a new active-session timeout and restarts the timer from now.
@@ -236,24 +238,17 @@ pub async fn set_timeout(
     state: &AppState,
     id: &str,
     timeout_sec: u32,
-) -> Result<Sandbox, ApiError> {
-    if !(1..=86_400).contains(&timeout_sec) {
-        return Err(ApiError::invalid(
-            "timeout_sec",
-            "timeout_sec must be from 1 to 86400",
-        ));
-    }
+) -> Result<Sandbox, SandboxError> {
+    check_timeout("timeout_sec", timeout_sec)?;
     let _guard = state.locks.lock(id).await;
     let mut row = load(state, id).await?;
-    if state_of(&row).is_terminal() {
-        return Err(conflict(&row, "set the timeout of"));
-    }
+    check(state_of(&row), Event::Retime)?;
     row.timeout_sec = timeout_sec as i64;
     if state_of(&row) == SandboxState::Running && !row.always_on {
         row.timeout_at = Some(now_ms() + row.timeout_sec * 1000);
     }
     state.store.update_sandbox(&row).await?;
-    Ok(to_wire(&row))
+    Ok(to_wire(state, &row))
 }
 
 /// Running, paused and billed time, CPU and memory of a sandbox, up to now.
@@ -317,7 +312,7 @@ pub fn spawn_timers(state: Arc<AppState>) {
     });
 }
 
-pub(crate) async fn timers_once(state: &AppState) -> Result<(), ApiError> {
+pub(crate) async fn timers_once(state: &AppState) -> Result<(), SandboxError> {
     let now = now_ms();
     for row in state.store.live_sandboxes().await? {
         if state_of(&row) != SandboxState::Running || row.always_on {
@@ -334,7 +329,7 @@ pub(crate) async fn timers_once(state: &AppState) -> Result<(), ApiError> {
                 r
             };
             if let Err(e) = result {
-                tracing::warn!(sandbox = row.id, "timeout: {:?}", e.message);
+                tracing::warn!(sandbox = row.id, "timeout: {e}");
             }
             continue;
         }
@@ -353,7 +348,7 @@ pub(crate) async fn timers_once(state: &AppState) -> Result<(), ApiError> {
             {
                 let reason = format!("paused: idle for {} s", row.idle_timeout_sec);
                 if let Err(e) = pause(state, &row.id, Some(&reason)).await {
-                    tracing::warn!(sandbox = row.id, "idle pause: {:?}", e.message);
+                    tracing::warn!(sandbox = row.id, "idle pause: {e}");
                 }
             }
         }

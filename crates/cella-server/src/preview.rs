@@ -35,7 +35,7 @@
 //! beyond that the answer is a 429 page with `Retry-After`.
 
 use crate::lifecycle;
-use crate::sandboxes::{handle_of, state_of};
+use crate::service::rows::{handle_of, state_of};
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -417,7 +417,7 @@ async fn resume_for_preview(state: &Arc<AppState>, row: &SandboxRow) -> Result<(
         return Err(res);
     }
     if let Err(e) = lifecycle::resume(state, &row.id).await {
-        tracing::warn!(sandbox = row.id, "preview resume: {}", e.message);
+        tracing::warn!(sandbox = row.id, "preview resume: {e}");
         return Err(page(
             StatusCode::CONFLICT,
             "Sandbox is paused",
@@ -430,7 +430,7 @@ async fn resume_for_preview(state: &Arc<AppState>, row: &SandboxRow) -> Result<(
 /// Per-sandbox and per-workspace allowances of preview-triggered resumes.
 #[derive(Default)]
 pub struct Previews {
-    gate: crate::sandboxes::Locks,
+    gate: crate::service::rows::Locks,
     limits: Mutex<ResumeLimits>,
 }
 
@@ -785,14 +785,6 @@ fn strip_hop_by_hop(h: &mut HeaderMap, keep_upgrade: bool) {
         }
         h.remove(*name);
     }
-}
-
-/// How users reach this server, set once at start (the sandbox object's `preview_url` uses it).
-pub static BASE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-
-/// The base of a sandbox's previews (append `<port>/`), in the path form.
-pub fn sandbox_base(id: &str) -> Option<String> {
-    BASE.get().map(|b| format!("{b}/preview/{id}/"))
 }
 
 /// Whether previews are on `localhost` names, which browsers resolve but many HTTP clients

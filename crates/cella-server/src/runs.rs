@@ -10,12 +10,13 @@
 
 use crate::auth::Auth;
 use crate::error::ApiError;
-use crate::sandboxes::{self, exec_spec, USER_UID};
+use crate::sandboxes::{self, USER_UID};
+use crate::service::{AgentOp, Runnable, SandboxError};
 use crate::util::{new_id, now_ms, rfc3339};
 use crate::AppState;
 use cella_agent::client::{AgentClient, ClientError, WriteError};
 use cella_agent::proto::{FileInfo, Request, Response as AgentResponse};
-use cella_store::{ArtifactRow, SandboxRow};
+use cella_store::ArtifactRow;
 use cella_types::{
     Artifact, CreateSandbox, ErrorCode, ExecRequest, ExecUser, RunRequest, RunResult,
 };
@@ -153,7 +154,8 @@ async fn run_task(
             .store
             .sandbox(&id)
             .await?
-            .ok_or_else(ApiError::internal)?;
+            .ok_or(SandboxError::NotFound("sandbox"))?;
+        let sb = Runnable::of(state, row)?;
         let user = req.user.unwrap_or_default();
         let (uid, home) = match user {
             ExecUser::User => (USER_UID, "/home/user"),
@@ -166,7 +168,7 @@ async fn run_task(
             } else {
                 format!("{}/{path}", cwd.trim_end_matches('/'))
             };
-            write_file(state, &row, &full, uid, bytes).await?;
+            write_file(state, &sb, &full, uid, bytes).await?;
         }
         let exec = ExecRequest {
             command: req.command.clone(),
@@ -177,11 +179,11 @@ async fn run_task(
             stdin: req.stdin.clone(),
             timeout_sec: Some(timeout),
         };
-        let result = sandboxes::exec(state, &row, exec).await?;
+        let result = sandboxes::exec(state, &sb, exec).await?;
         let artifacts = if req.artifacts.is_empty() {
             Vec::new()
         } else {
-            collect(state, &row, &req.artifacts, &cwd, user).await?
+            collect(state, &sb, &req.artifacts, &cwd, user).await?
         };
         Ok::<_, ApiError>(RunResult {
             exit_code: result.exit_code,
@@ -202,37 +204,22 @@ async fn run_task(
         Err(_) => "one-shot run ended early",
     };
     if let Err(e) = sandboxes::destroy(state, &id, Some(reason)).await {
-        tracing::error!(
-            sandbox = id,
-            "destroying a one-shot run's sandbox: {}",
-            e.message
-        );
+        tracing::error!(sandbox = id, "destroying a one-shot run's sandbox: {e}");
     }
     outcome
 }
 
-/// The handle of a running sandbox (409 `SANDBOX_NOT_RUNNING` otherwise).
-fn running_handle(row: &SandboxRow) -> Result<cella_runtime::SandboxHandle, ApiError> {
-    let probe = ExecRequest {
-        argv: Some(vec!["true".into()]),
-        ..Default::default()
-    };
-    exec_spec(row, probe, None).map(|(h, _)| h)
-}
-
 async fn write_file(
     state: &AppState,
-    row: &SandboxRow,
+    sb: &Runnable,
     path: &str,
     uid: u32,
     bytes: Vec<u8>,
 ) -> Result<(), ApiError> {
-    let handle = running_handle(row)?;
     let chunks = futures_util::stream::iter(vec![Ok::<_, std::io::Error>(bytes)]);
     let max = state.config.files.max_upload_bytes;
-    match state
-        .driver
-        .agent(&handle)
+    match sb
+        .agent(state)
         .write_file(path, uid, uid, 0o644, max, chunks)
         .await
     {
@@ -241,22 +228,16 @@ async fn write_file(
             ErrorCode::PayloadTooLarge,
             format!("{path} is over the upload limit"),
         )),
-        Err(WriteError::Agent(ClientError::Refused { kind, message })) => match kind {
-            // The sandbox's disk is full: 507, as an upload would answer.
-            cella_agent::proto::ErrorKind::NoSpace => Err(ApiError::new(
-                ErrorCode::InsufficientStorage,
-                format!("writing {path}: {message}"),
-            )),
-            _ => Err(ApiError::invalid(
-                "files",
-                format!("writing {path}: {message}"),
-            )),
-        },
-        Err(WriteError::Agent(e)) => {
-            tracing::warn!(sandbox = row.id, "writing {path}: {e}");
-            Err(ApiError::unavailable("the sandbox's agent did not answer"))
+        Err(WriteError::Agent(e)) => Err(AgentOp::RunFile {
+            path: path.to_string(),
         }
-        Err(WriteError::Source(_)) => Err(ApiError::internal()),
+        .err()(e)
+        .into()),
+        Err(WriteError::Source(e)) => Err(SandboxError::Io {
+            what: "a run's file",
+            source: e,
+        }
+        .into()),
     }
 }
 
@@ -536,12 +517,13 @@ async fn matching_files(agent: &AgentClient, globs: &[String], cwd: &str, uid: u
 /// are kept, read without following a symlink; a file past the size budget is left out.
 pub async fn collect(
     state: &AppState,
-    row: &SandboxRow,
+    sb: &Runnable,
     globs: &[String],
     cwd: &str,
     user: ExecUser,
 ) -> Result<Vec<ArtifactRow>, ApiError> {
     check_globs(globs, "paths")?;
+    let row = &sb.row;
     // The workspace's storage quota bounds what this collection may keep.
     let storage = crate::quotas::storage(state, &row.workspace_id).await?;
     storage.check(0, "collecting artifacts")?;
@@ -549,13 +531,15 @@ pub async fn collect(
         ExecUser::User => USER_UID,
         ExecUser::Root => 0,
     };
-    let handle = running_handle(row)?;
-    let agent = state.driver.agent(&handle);
+    let agent = sb.agent(state);
     let paths = matching_files(&agent, globs, cwd, uid).await;
     let dir = artifact_dir(state);
     tokio::fs::create_dir_all(&dir)
         .await
-        .map_err(|_| ApiError::internal())?;
+        .map_err(|source| SandboxError::Io {
+            what: "making the artifact directory",
+            source,
+        })?;
     let cfg = &state.config.artifacts;
     let mut budget = cfg.max_bytes.min(storage.room());
     let now = now_ms();

@@ -1,59 +1,39 @@
 //! The sandbox service: what create, destroy and exec do, apart from HTTP.
+//!
+//! A running sandbox to exec in comes from `service::Runnable` (the one place that checks it
+//! runs and fills in its template's defaults); booting is in `service::boot`.
 
 use crate::auth::Auth;
 use crate::error::ApiError;
+use crate::service::transitions::{self, Event};
+use crate::service::{check_timeout, Runnable, SandboxError};
 use crate::util::{new_id, now_ms, rfc3339};
 use crate::AppState;
 pub(crate) use cella_runtime::rootfs::USER_UID;
-use cella_runtime::{
-    base_env, DriverError, ExecEvent, ExecSpec, Probe, SandboxHandle, SandboxSpec,
-};
+use cella_runtime::{DriverError, ExecEvent, Probe, SandboxHandle};
 use cella_store::SandboxRow;
 use cella_types::{
-    CreateSandbox, ErrorCode, ExecRequest, ExecResult, ExecUser, Readiness, Sandbox, SandboxState,
-    Size,
+    CreateSandbox, ErrorCode, ExecRequest, ExecResult, Readiness, Sandbox, SandboxState, Size,
 };
 use serde_json::json;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, OwnedMutexGuard};
+use std::sync::Arc;
+use tokio::sync::mpsc;
 
 /// Workspaces made on or after 2026-10-11 (UTC) get a 30-minute idle timeout when none is given.
 const IDLE_DEFAULT_FROM_MS: i64 = 1_791_676_800_000;
 const IDLE_DEFAULT_SEC: u32 = 1800;
-pub(crate) const DEFAULT_TIMEOUT_SEC: u32 = 3600;
-const MAX_TIMEOUT_SEC: u32 = 86_400;
+pub(crate) use crate::service::boot::{boot, settle};
+pub(crate) use crate::service::owned;
+pub use crate::service::rows::{handle_of, state_of, stop_clock, Locks};
+pub(crate) use crate::service::runnable::{check_map, DEFAULT_TIMEOUT_SEC, MAX_TIMEOUT_SEC};
 const DEFAULT_TEMPLATE: &str = "base";
-const MAX_METADATA: usize = 64;
 
-/// One lock per sandbox, so boot, destroy and state changes never interleave.
-#[derive(Default)]
-pub struct Locks {
-    inner: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-}
-
-impl Locks {
-    pub async fn lock(&self, id: &str) -> OwnedMutexGuard<()> {
-        let m = self
-            .inner
-            .lock()
-            .expect("locks")
-            .entry(id.to_string())
-            .or_default()
-            .clone();
-        m.lock_owned().await
-    }
-}
-
-pub fn state_of(row: &SandboxRow) -> SandboxState {
-    SandboxState::parse(&row.state).unwrap_or(SandboxState::Error)
-}
-
-pub fn to_wire(row: &SandboxRow) -> Sandbox {
+/// The wire form of a row; its preview URL is under the server's base (`app`).
+pub fn to_wire(app: &AppState, row: &SandboxRow) -> Sandbox {
     let size: Size = row.size.parse().unwrap_or(Size::Small);
-    let state = state_of(row);
+    let st = state_of(row);
     let now = now_ms();
-    let timeout_remaining_ms = match (state, row.always_on, row.timeout_at) {
+    let timeout_remaining_ms = match (st, row.always_on, row.timeout_at) {
         (SandboxState::Running, false, Some(at)) => Some((at - now).max(0)),
         _ => None,
     };
@@ -62,7 +42,7 @@ pub fn to_wire(row: &SandboxRow) -> Sandbox {
         tenant_id: row.workspace_id.clone(),
         owner_id: row.owner_id.clone(),
         template_id: crate::catalog::public_id(&row.template_id).to_string(),
-        state,
+        state: st,
         size,
         resource_contract: size.contract(),
         cpu_count: row.cpu_count as u32,
@@ -70,9 +50,7 @@ pub fn to_wire(row: &SandboxRow) -> Sandbox {
         disk_size_mb: row.disk_size_mb as u32,
         ready: row.ready,
         ready_at: row.ready_at.map(rfc3339),
-        preview_url: (!state.is_terminal())
-            .then(|| crate::preview::sandbox_base(&row.id))
-            .flatten(),
+        preview_url: (!st.is_terminal()).then(|| app.sandbox_preview_base(&row.id)),
         timeout_sec: row.timeout_sec as u32,
         timeout_remaining_ms,
         always_on: row.always_on,
@@ -92,78 +70,7 @@ pub fn to_wire(row: &SandboxRow) -> Sandbox {
     }
 }
 
-pub(crate) fn handle_of(row: &SandboxRow) -> Option<SandboxHandle> {
-    row.runtime
-        .as_deref()
-        .and_then(|r| serde_json::from_str(r).ok())
-}
-
-/// Stops the running-time clock of a row (when it runs) at `now`.
-pub(crate) fn stop_clock(row: &mut SandboxRow, now: i64) {
-    if let Some(since) = row.running_since.take() {
-        row.running_ms += (now - since).max(0);
-    }
-}
-
-pub(crate) fn check_map(
-    field: &str,
-    m: &BTreeMap<String, String>,
-    env: bool,
-) -> Result<(), ApiError> {
-    if m.len() > MAX_METADATA {
-        return Err(ApiError::invalid(
-            field,
-            format!("{field} takes at most {MAX_METADATA} entries"),
-        ));
-    }
-    for (k, v) in m {
-        let key_ok = if env {
-            !k.is_empty() && !k.contains('=') && !k.contains('\0')
-        } else {
-            !k.is_empty()
-                && k.len() <= 64
-                && k.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
-        };
-        if !key_ok {
-            return Err(ApiError::invalid(
-                &format!("{field}.{k}"),
-                format!("{field} key {k:?} is not valid"),
-            ));
-        }
-        if v.contains('\0') || (!env && v.len() > 512) {
-            return Err(ApiError::invalid(
-                &format!("{field}.{k}"),
-                format!("{field} value for {k:?} is not valid"),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Checks a create request and turns it into a new row (not yet stored).
-/// The caller's sandbox `id` (404 for another workspace's, and for the pool's).
-pub(crate) async fn owned(state: &AppState, auth: &Auth, id: &str) -> Result<SandboxRow, ApiError> {
-    state
-        .store
-        .sandbox(id)
-        .await?
-        .filter(|r| {
-            if cella_store::is_internal_workspace(&r.workspace_id) {
-                // No key is of an internal workspace (auth refuses one): a request that gets
-                // here is a bug or an attack, and answers what an unknown id does.
-                tracing::warn!(
-                    sandbox = r.id,
-                    key = auth.key_id,
-                    "an API request resolved to a warm pool sandbox; refused"
-                );
-                return false;
-            }
-            r.workspace_id == auth.workspace_id
-        })
-        .ok_or_else(|| ApiError::not_found("sandbox"))
-}
-
 /// The caller's workspace and its plan's cap on concurrent sandboxes.
 pub(crate) async fn workspace_cap(
     state: &AppState,
@@ -284,13 +191,10 @@ async fn admit(
         )
         .with_details(json!({ "field": "size", "size": size.as_str() })));
     }
-    let timeout_sec = req.timeout_sec.unwrap_or(DEFAULT_TIMEOUT_SEC);
-    if !(1..=MAX_TIMEOUT_SEC).contains(&timeout_sec) {
-        return Err(ApiError::invalid(
-            "timeout_sec",
-            "timeout_sec must be from 1 to 86400",
-        ));
-    }
+    let timeout_sec = check_timeout(
+        "timeout_sec",
+        req.timeout_sec.unwrap_or(DEFAULT_TIMEOUT_SEC),
+    )?;
     let idle_timeout_sec = match req.idle_timeout_sec {
         Some(v) if v > MAX_TIMEOUT_SEC => {
             return Err(ApiError::invalid(
@@ -357,7 +261,7 @@ pub async fn create(
                         ),
                     );
                 }
-                return Ok(to_wire(&claimed));
+                return Ok(to_wire(state, &claimed));
             }
             Some(Err(())) => return Err(at_cap(cap, &workspace.plan)),
             None => {}
@@ -381,14 +285,14 @@ pub async fn create(
             return Err(ApiError::unavailable("the sandbox failed to start")
                 .with_details(json!({ "sandbox_id": row.id, "reason": row.state_reason })));
         }
-        return Ok(to_wire(&row));
+        return Ok(to_wire(state, &row));
     }
     let row = state
         .store
         .sandbox(&row.id)
         .await?
         .ok_or_else(ApiError::internal)?;
-    Ok(to_wire(&row))
+    Ok(to_wire(state, &row))
 }
 
 fn at_cap(cap: u32, plan: &str) -> ApiError {
@@ -401,127 +305,30 @@ fn at_cap(cap: u32, plan: &str) -> ApiError {
     e
 }
 
-/// Starts a sandbox that is in `provisioning`; records `running` or `error`.
-pub(crate) async fn boot(state: &AppState, id: &str) {
-    let _guard = state.locks.lock(id).await;
-    let Ok(Some(mut row)) = state.store.sandbox(id).await else {
-        return;
-    };
-    if state_of(&row) != SandboxState::Provisioning {
-        return; // destroyed while it waited for the lock
-    }
-    boot_locked(state, &mut row).await;
-}
-
-/// Boots (or boots again, on its kept files) the sandbox of `row`, which the caller holds the
-/// lock of and has put in `provisioning`; records `running` or `error`.
-pub(crate) async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
-    let image = state
-        .catalog
-        .get(&row.template_id)
-        .and_then(|t| t.image.clone());
-    let result = match image {
-        None => Err(DriverError::Image(format!(
-            "template {} has no image on this host",
-            crate::catalog::public_id(&row.template_id)
-        ))),
-        Some(image) => {
-            let spec = SandboxSpec {
-                id: row.id.clone(),
-                hostname: row.id.clone(),
-                image,
-                cpu_count: row.cpu_count as u32,
-                memory_mb: row.memory_mb as u32,
-                disk_size_mb: row.disk_size_mb as u32,
-                pids_max: (row.cpu_count as u32 * 1024).max(1024),
-                network: match &state.network {
-                    Some(dns) => {
-                        let policy = serde_json::from_str(&row.network).unwrap_or_default();
-                        Some(crate::network::rules(&policy, dns).await)
-                    }
-                    None => None,
-                },
-                snapshot: row.snapshot_id.clone(),
-                plain_layer: false,
-            };
-            state.driver.create(&spec).await
-        }
-    };
-    // A template app starts with its sandbox, which is ready only once the app is.
-    let result = match result {
-        Ok(handle) => match start_template_app(state, row, &handle).await {
-            Ok(()) => Ok(handle),
-            Err(reason) => {
-                // A sandbox booted again on kept files keeps them; a new one is cleared.
-                let keep = row.persistent && row.started_at.is_some();
-                let _ = if keep {
-                    state.driver.stop(&row.id, Some(&handle)).await
-                } else {
-                    state.driver.destroy(&row.id, Some(&handle)).await
-                };
-                Err(DriverError::Launch(reason))
-            }
-        },
-        Err(e) => Err(e),
-    };
-    let now = now_ms();
-    match result {
-        Ok(handle) => {
-            row.state = SandboxState::Running.as_str().into();
-            row.ready = true;
-            row.ready_at = Some(now);
-            row.started_at.get_or_insert(now);
-            row.running_since = Some(now);
-            row.timeout_at = (!row.always_on).then_some(now + row.timeout_sec * 1000);
-            row.runtime = serde_json::to_string(&handle).ok();
-            row.state_reason = None;
-            state.activity.touch(&row.id);
-        }
-        Err(e) => {
-            tracing::error!(sandbox = row.id, "sandbox failed to start: {e}");
-            row.state = SandboxState::Error.as_str().into();
-            row.state_reason = Some(format!("failed to start: {e}"));
-        }
-    }
-    if let Err(e) = state.store.update_sandbox(row).await {
-        tracing::error!(sandbox = row.id, "recording boot result: {e}");
-    }
-}
-
-/// Ends the running or paused clock of a row at `now`, and banks the CPU time of its current
-/// boot (read before its cgroup goes away).
-pub(crate) fn settle(state: &AppState, row: &mut SandboxRow, now: i64) {
-    stop_clock(row, now);
-    if let Some(since) = row.paused_since.take() {
-        row.paused_ms += (now - since).max(0);
-    }
-    if let Some(u) = handle_of(row).and_then(|h| state.driver.usage(&h)) {
-        row.cpu_ns += u.cpu_ns as i64;
-    }
-}
-
 /// Destroys a sandbox from any state; idempotent. `reason` says why when the server decided.
 pub async fn destroy(
     state: &AppState,
     id: &str,
     reason: Option<&str>,
-) -> Result<Sandbox, ApiError> {
+) -> Result<Sandbox, SandboxError> {
     let _guard = state.locks.lock(id).await;
     let mut row = state
         .store
         .sandbox(id)
         .await?
-        .ok_or_else(|| ApiError::not_found("sandbox"))?;
+        .ok_or(SandboxError::NotFound("sandbox"))?;
     if state_of(&row) == SandboxState::Destroyed {
-        return Ok(to_wire(&row));
+        return Ok(to_wire(state, &row));
     }
+    transitions::check(state_of(&row), Event::Destroy)?;
     let now = now_ms();
     settle(state, &mut row, now);
-    if let Err(e) = state.driver.destroy(id, handle_of(&row).as_ref()).await {
-        tracing::error!(sandbox = id, "destroy: {e}");
-        return Err(ApiError::internal());
-    }
-    row.state = SandboxState::Destroyed.as_str().into();
+    state
+        .driver
+        .destroy(id, handle_of(&row).as_ref())
+        .await
+        .map_err(SandboxError::driver("destroy"))?;
+    transitions::apply(&mut row, Event::Destroy)?;
     row.ready = false;
     row.destroyed_at = Some(now);
     row.timeout_at = None;
@@ -531,7 +338,7 @@ pub async fn destroy(
         row.state_reason = reason.map(str::to_string);
     }
     state.store.update_sandbox(&row).await?;
-    Ok(to_wire(&row))
+    Ok(to_wire(state, &row))
 }
 
 /// Records that a sandbox's processes are gone. A persistent sandbox keeps its files and goes to
@@ -548,8 +355,10 @@ pub(crate) async fn mark_gone(
     let Ok(Some(mut row)) = state.store.sandbox(id).await else {
         return;
     };
-    if state_of(&row).is_terminal() || state_of(&row) == SandboxState::Stopped {
-        return;
+    let keep = row.persistent && state_of(&row) != SandboxState::Provisioning;
+    let event = if keep { Event::LostKept } else { Event::Lost };
+    if transitions::check(state_of(&row), event).is_err() {
+        return; // already stopped, destroyed or in error
     }
     let handle = handle_of(&row);
     if seen.is_some() && handle.as_ref() != seen {
@@ -557,7 +366,6 @@ pub(crate) async fn mark_gone(
     }
     // Bank the CPU time of this boot while its cgroup still exists.
     settle(state, &mut row, now_ms());
-    let keep = row.persistent && state_of(&row) != SandboxState::Provisioning;
     let res = if keep {
         state.driver.stop(id, handle.as_ref()).await
     } else {
@@ -566,13 +374,10 @@ pub(crate) async fn mark_gone(
     if let Err(e) = res {
         tracing::error!(sandbox = id, "clearing a sandbox that is gone: {e}");
     }
-    row.state = if keep {
-        SandboxState::Stopped
-    } else {
-        SandboxState::Error
+    if let Err(e) = transitions::apply(&mut row, event) {
+        tracing::error!(sandbox = id, "{e}");
+        return;
     }
-    .as_str()
-    .into();
     row.ready = false;
     row.timeout_at = None;
     row.runtime = None;
@@ -580,22 +385,6 @@ pub(crate) async fn mark_gone(
     if let Err(e) = state.store.update_sandbox(&row).await {
         tracing::error!(sandbox = id, "recording a sandbox that is gone: {e}");
     }
-}
-
-/// The sandbox `id` of the caller's workspace (404 otherwise), counted as activity, which must
-/// be running (409 `SANDBOX_NOT_RUNNING` otherwise, and it is not woken), with its handle.
-pub async fn running(
-    state: &AppState,
-    auth: &Auth,
-    id: &str,
-) -> Result<(SandboxRow, SandboxHandle), ApiError> {
-    let row = owned(state, auth, id).await?;
-    state.activity.touch(id);
-    if state_of(&row) != SandboxState::Running {
-        return Err(not_running(&row));
-    }
-    let handle = handle_of(&row).ok_or_else(ApiError::internal)?;
-    Ok((row, handle))
 }
 
 /// Why a custom template cannot start sandboxes yet: its last build failed (with its id and
@@ -632,200 +421,6 @@ async fn no_image_yet(state: &AppState, template: &crate::catalog::TemplateEntry
         ),
     };
     ApiError::new(ErrorCode::SizeUnavailable, message).with_details(details)
-}
-
-/// 409 `SANDBOX_NOT_RUNNING` for a sandbox that is not running: its state, why the server put
-/// it there (when it did), and what brings it back.
-pub fn not_running(row: &SandboxRow) -> ApiError {
-    let why = row
-        .state_reason
-        .as_deref()
-        .map(|r| format!(" ({r})"))
-        .unwrap_or_default();
-    let hint = match state_of(row) {
-        SandboxState::Paused | SandboxState::Stopped => format!(
-            "; resume it (POST /api/v1/sandboxes/{}/resume) to bring it back",
-            row.id
-        ),
-        SandboxState::Provisioning => "; it is still starting".to_string(),
-        _ => String::new(),
-    };
-    ApiError::new(
-        ErrorCode::SandboxNotRunning,
-        format!("sandbox is {}, not running{why}{hint}", row.state),
-    )
-    .with_details(serde_json::json!({ "state": row.state, "reason": row.state_reason }))
-}
-
-/// Starts the template's app (`start`) in a new sandbox and waits until its readiness check
-/// passes (a command that exits 0, or a port that accepts connections).
-async fn start_template_app(
-    state: &AppState,
-    row: &SandboxRow,
-    handle: &SandboxHandle,
-) -> Result<(), String> {
-    let Some(t) = state.catalog.get(&row.template_id) else {
-        return Ok(());
-    };
-    let Some(start) = t.defaults.start.clone() else {
-        return Ok(());
-    };
-    let req = template_defaults(
-        state,
-        row,
-        ExecRequest {
-            command: Some(start),
-            ..Default::default()
-        },
-    );
-    let mut boot_row = row.clone();
-    boot_row.state = SandboxState::Running.as_str().into();
-    boot_row.runtime = serde_json::to_string(handle).ok();
-    let (_, spec) = exec_spec(&boot_row, req, None).map_err(|e| e.message)?;
-    let agent = state.driver.agent(handle);
-    match agent
-        .call(&cella_agent::proto::Request::Spawn {
-            spec,
-            tag: Some("template-app".into()),
-        })
-        .await
-    {
-        Ok(cella_agent::proto::Response::Started { .. }) => {}
-        Ok(other) => {
-            return Err(format!(
-                "the template's start command did not start: {other:?}"
-            ))
-        }
-        Err(e) => return Err(format!("the template's start command did not start: {e}")),
-    }
-    let ready = t.defaults.ready.clone().unwrap_or(cella_types::ReadyCheck {
-        command: None,
-        port: t.defaults.port,
-        timeout_sec: None,
-    });
-    let deadline = std::time::Instant::now()
-        + std::time::Duration::from_secs(ready.timeout_sec.unwrap_or(60).max(1) as u64);
-    let addr = handle.net.as_ref().map(|n| n.sandbox_addr);
-    loop {
-        let ok = if let Some(cmd) = &ready.command {
-            let check = template_defaults(
-                state,
-                &boot_row,
-                ExecRequest {
-                    command: Some(cmd.clone()),
-                    timeout_sec: Some(10),
-                    ..Default::default()
-                },
-            );
-            match exec_spec(&boot_row, check, Some(64 * 1024)) {
-                Ok((h, spec)) => {
-                    let (tx, mut rx) = mpsc::channel(16);
-                    let drain = async { while rx.recv().await.is_some() {} };
-                    let (r, _) = tokio::join!(state.driver.exec(&h, spec, tx), drain);
-                    r.map(|i| i.exit_code == 0).unwrap_or(false)
-                }
-                Err(_) => false,
-            }
-        } else if let Some(port) = ready.port {
-            // On the sandbox's address, else on its own loopback through the agent (an app
-            // bound to 127.0.0.1 only is ready too, and previews reach it the same way).
-            let direct = match addr {
-                Some(a) => tokio::time::timeout(
-                    std::time::Duration::from_millis(500),
-                    tokio::net::TcpStream::connect((a, port)),
-                )
-                .await
-                .map(|r| r.is_ok())
-                .unwrap_or(false),
-                None => false,
-            };
-            direct || agent.connect_port(port).await.is_ok()
-        } else {
-            true
-        };
-        if ok {
-            return Ok(());
-        }
-        if std::time::Instant::now() > deadline {
-            return Err(format!(
-                "the template's app was not ready after {} s",
-                ready.timeout_sec.unwrap_or(60)
-            ));
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
-
-/// Fills in what the sandbox's template sets for commands (working directory and user) where
-/// the request leaves it open.
-pub fn template_defaults(state: &AppState, row: &SandboxRow, mut req: ExecRequest) -> ExecRequest {
-    if req.cwd.is_some() && req.user.is_some() {
-        return req;
-    }
-    let (workdir, user) = state.catalog.exec_defaults(&row.template_id);
-    if req.cwd.is_none() {
-        req.cwd = workdir;
-    }
-    if req.user.is_none() {
-        req.user = user;
-    }
-    req
-}
-
-/// Checks an exec request against a running sandbox and turns it into the agent's spec.
-/// `output_cap` bounds each stream (None for a streamed exec, which keeps nothing).
-pub fn exec_spec(
-    row: &SandboxRow,
-    req: ExecRequest,
-    output_cap: Option<u64>,
-) -> Result<(SandboxHandle, ExecSpec), ApiError> {
-    if state_of(row) != SandboxState::Running {
-        return Err(not_running(row));
-    }
-    let handle = handle_of(row).ok_or_else(ApiError::internal)?;
-    let argv = match (req.command, req.argv) {
-        (Some(c), None) => vec!["/bin/bash".to_string(), "-c".to_string(), c],
-        (None, Some(a)) if !a.is_empty() => a,
-        (None, Some(_)) => return Err(ApiError::invalid("argv", "argv must not be empty")),
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                "command",
-                "give command or argv, not both",
-            ))
-        }
-        (None, None) => return Err(ApiError::invalid("command", "command or argv is required")),
-    };
-    let timeout = req.timeout_sec.unwrap_or(DEFAULT_TIMEOUT_SEC);
-    if !(1..=MAX_TIMEOUT_SEC).contains(&timeout) {
-        return Err(ApiError::invalid(
-            "timeout_sec",
-            "timeout_sec must be from 1 to 86400",
-        ));
-    }
-    let (uid, home, name) = match req.user.unwrap_or_default() {
-        ExecUser::User => (USER_UID, "/home/user", "user"),
-        ExecUser::Root => (0, "/root", "root"),
-    };
-    let cwd = req.cwd.unwrap_or_else(|| home.to_string());
-    if !cwd.starts_with('/') {
-        return Err(ApiError::invalid("cwd", "cwd must be an absolute path"));
-    }
-    let req_env = req.env.unwrap_or_default();
-    check_map("env", &req_env, true)?;
-    let mut env = base_env(home, name);
-    env.extend(serde_json::from_str::<BTreeMap<String, String>>(&row.env).unwrap_or_default());
-    env.extend(req_env);
-    let spec = ExecSpec {
-        argv,
-        env,
-        cwd,
-        uid,
-        gid: uid,
-        stdin: req.stdin.map(String::into_bytes),
-        timeout_ms: timeout as u64 * 1000,
-        output_cap,
-    };
-    Ok((handle, spec))
 }
 
 /// One output stream of a buffered exec, as kept: chunks as they came (no copy while
@@ -910,10 +505,10 @@ impl ExecOutput {
 /// Runs one command in a running sandbox and collects its output.
 pub async fn exec(
     state: &AppState,
-    row: &SandboxRow,
+    sb: &Runnable,
     req: ExecRequest,
-) -> Result<ExecResult, ApiError> {
-    Ok(exec_kept(state, row, req).await?.into_result())
+) -> Result<ExecResult, SandboxError> {
+    Ok(exec_kept(state, sb, req).await?.into_result())
 }
 
 /// [`exec`], with the output as kept. Each stream keeps at most `[exec] output_cap_bytes`
@@ -921,12 +516,12 @@ pub async fn exec(
 /// room for: past either, the stream is cut and flagged.
 pub async fn exec_kept(
     state: &AppState,
-    row: &SandboxRow,
+    sb: &Runnable,
     req: ExecRequest,
-) -> Result<ExecOutput, ApiError> {
-    let req = template_defaults(state, row, req);
+) -> Result<ExecOutput, SandboxError> {
     let cap = state.config.exec.output_cap_bytes;
-    let (handle, spec) = exec_spec(row, req, Some(cap))?;
+    let spec = sb.spec(req, Some(cap))?;
+    let (row, handle) = (&sb.row, &sb.handle);
     let cap = usize::try_from(cap).unwrap_or(usize::MAX);
     // A running command is activity for the idle timer for as long as it runs.
     let _busy = state.activity.busy(&row.id);
@@ -943,7 +538,7 @@ pub async fn exec_kept(
         }
         (out, err, held)
     };
-    let (res, (out, err, held)) = tokio::join!(state.driver.exec(&handle, spec, tx), collect);
+    let (res, (out, err, held)) = tokio::join!(state.driver.exec(handle, spec, tx), collect);
     match res {
         Ok(info) => Ok(ExecOutput {
             result: ExecResult {
@@ -958,7 +553,7 @@ pub async fn exec_kept(
             out: [out, err],
             budget: held,
         }),
-        Err(e) => Err(exec_failure(state, &row.id, &handle, e).await),
+        Err(e) => Err(exec_failure(state, &row.id, handle, e).await),
     }
 }
 
@@ -1079,9 +674,9 @@ pub async fn exec_failure(
     id: &str,
     handle: &SandboxHandle,
     e: DriverError,
-) -> ApiError {
+) -> SandboxError {
     if let DriverError::BadCwd(m) = e {
-        return ApiError::invalid("cwd", m);
+        return SandboxError::invalid("cwd", m);
     }
     tracing::warn!(sandbox = id, "exec failed: {e}");
     match state.driver.probe(handle).await {
@@ -1093,12 +688,12 @@ pub async fn exec_failure(
                 &format!("sandbox processes are gone: {reason}"),
             )
             .await;
-            ApiError::new(
-                ErrorCode::SandboxNotRunning,
-                format!("sandbox is no longer running: {reason}"),
-            )
+            SandboxError::Gone { reason }
         }
-        Probe::Alive => ApiError::internal(),
+        Probe::Alive => SandboxError::Driver {
+            what: "exec",
+            source: e,
+        },
     }
 }
 

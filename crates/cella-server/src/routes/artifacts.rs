@@ -4,7 +4,7 @@ use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::extract::{ApiBody, Page, QueryPairs};
 use crate::runs;
-use crate::sandboxes::running;
+use crate::service::runnable;
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -46,8 +46,8 @@ pub async fn collect(
     if req.paths.is_empty() {
         return Err(ApiError::invalid("paths", "name at least one path or glob"));
     }
-    let (row, _) = running(&state, &auth, &id).await?;
-    let kept = runs::collect(&state, &row, &req.paths, "/home/user", ExecUser::User).await?;
+    let sb = runnable(&state, &auth, &id).await?;
+    let kept = runs::collect(&state, &sb, &req.paths, "/home/user", ExecUser::User).await?;
     Ok((
         StatusCode::CREATED,
         Json(List {

@@ -3,14 +3,12 @@
 use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::extract::{ApiBody, QueryPairs};
-use crate::sandboxes::{exec_spec, running};
+use crate::service::{runnable, AgentOp, Runnable, SandboxError};
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use cella_agent::client::ClientError;
-use cella_agent::proto::{CodeOp, ErrorKind, Request, Response as AgentResponse};
-use cella_store::SandboxRow;
+use cella_agent::proto::{CodeOp, Request, Response as AgentResponse};
 use cella_types::{
     code_language, CodeContext, CodeContextChange, CodeResult, CodeRunRequest, CodeState, Data,
     ErrorCode, ExecRequest, KernelInfo, List,
@@ -62,42 +60,28 @@ fn language_query(q: &QueryPairs) -> Result<&'static str, ApiError> {
 }
 
 /// Sends one interpreter operation to the sandbox's agent.
-async fn call(
-    state: &AppState,
-    row: &SandboxRow,
-    lang: &str,
-    op: CodeOp,
-) -> Result<Value, ApiError> {
+async fn call(state: &AppState, sb: &Runnable, lang: &str, op: CodeOp) -> Result<Value, ApiError> {
     // The kernel starts, if it must, as the sandbox's user with the sandbox's environment.
-    let req = crate::sandboxes::template_defaults(
-        state,
-        row,
+    let spec = sb.spec(
         ExecRequest {
             argv: Some(vec!["kernel".into()]),
             ..Default::default()
         },
-    );
-    let (handle, spec) = exec_spec(row, req, None)?;
+        None,
+    )?;
     let req = Request::Code {
         language: lang.to_string(),
         action: op,
         spec,
     };
-    match state.driver.agent(&handle).call(&req).await {
-        Ok(AgentResponse::Code { answer }) => Ok(answer),
-        Ok(_) => Err(ApiError::internal()),
-        Err(ClientError::Refused { kind, message }) => Err(match kind {
-            ErrorKind::Conflict => ApiError::new(ErrorCode::Conflict, message),
-            ErrorKind::BadRequest => ApiError::invalid("language", message),
-            _ => {
-                tracing::warn!(sandbox = row.id, "code interpreter: {message}");
-                ApiError::internal()
-            }
-        }),
-        Err(e) => {
-            tracing::warn!(sandbox = row.id, "code interpreter: {e}");
-            Err(ApiError::unavailable("the sandbox's agent did not answer"))
-        }
+    match sb
+        .agent(state)
+        .call(&req)
+        .await
+        .map_err(AgentOp::Code.err())?
+    {
+        AgentResponse::Code { answer } => Ok(answer),
+        _ => Err(SandboxError::UnexpectedAnswer("a code operation").into()),
     }
 }
 
@@ -139,13 +123,13 @@ pub async fn run(
             ))
         }
     };
-    let (row, _) = running(&state, &auth, &id).await?;
+    let sb = runnable(&state, &auth, &id).await?;
     let op = CodeOp::Run {
         context,
         code: req.code,
         timeout_ms: (timeout * 1000.0) as u64,
     };
-    let answer = call(&state, &row, lang, op).await?;
+    let answer = call(&state, &sb, lang, op).await?;
     state.activity.touch(&id);
     Ok(Json(Data {
         data: result(lang, answer),
@@ -176,8 +160,8 @@ pub async fn state_of(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<CodeState>>, ApiError> {
-    let (row, _) = running(&state, &auth, &id).await?;
-    let answer = call(&state, &row, "python", CodeOp::State).await?;
+    let sb = runnable(&state, &auth, &id).await?;
+    let answer = call(&state, &sb, "python", CodeOp::State).await?;
     let kernels: Vec<KernelInfo> =
         serde_json::from_value(answer["kernels"].clone()).map_err(|_| ApiError::internal())?;
     Ok(Json(Data {
@@ -196,8 +180,8 @@ pub async fn contexts(
     q: QueryPairs,
 ) -> Result<Json<List<CodeContext>>, ApiError> {
     let lang = language_query(&q)?;
-    let (row, _) = running(&state, &auth, &id).await?;
-    let answer = call(&state, &row, lang, CodeOp::State).await?;
+    let sb = runnable(&state, &auth, &id).await?;
+    let answer = call(&state, &sb, lang, CodeOp::State).await?;
     let kernels: Vec<KernelInfo> =
         serde_json::from_value(answer["kernels"].clone()).map_err(|_| ApiError::internal())?;
     let data = kernels
@@ -230,10 +214,10 @@ pub async fn create_context(
     let req: cella_types::CreateCodeContext = body.json()?;
     let lang = language(req.language.as_deref())?;
     let name = context_name(req.context.as_deref())?;
-    let (row, _) = running(&state, &auth, &id).await?;
+    let sb = runnable(&state, &auth, &id).await?;
     let answer = call(
         &state,
-        &row,
+        &sb,
         lang,
         CodeOp::Create {
             context: name.clone(),
@@ -273,10 +257,10 @@ pub async fn reset_context(
 ) -> Result<Json<Data<CodeContextChange>>, ApiError> {
     let lang = language_query(&q)?;
     let name = context_name(Some(&context))?;
-    let (row, _) = running(&state, &auth, &id).await?;
+    let sb = runnable(&state, &auth, &id).await?;
     let answer = call(
         &state,
-        &row,
+        &sb,
         lang,
         CodeOp::Reset {
             context: name.clone(),
@@ -304,9 +288,9 @@ pub async fn reset_all(
     q: QueryPairs,
 ) -> Result<Json<Data<CodeState>>, ApiError> {
     let lang = language_query(&q)?;
-    let (row, _) = running(&state, &auth, &id).await?;
-    call(&state, &row, lang, CodeOp::ResetAll).await?;
-    let answer = call(&state, &row, lang, CodeOp::State).await?;
+    let sb = runnable(&state, &auth, &id).await?;
+    call(&state, &sb, lang, CodeOp::ResetAll).await?;
+    let answer = call(&state, &sb, lang, CodeOp::State).await?;
     let kernels: Vec<KernelInfo> =
         serde_json::from_value(answer["kernels"].clone()).map_err(|_| ApiError::internal())?;
     Ok(Json(Data {

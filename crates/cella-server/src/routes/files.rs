@@ -13,7 +13,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cella_agent::client::{AgentClient, ClientError, WriteError};
-use cella_agent::proto::{ErrorKind, FileInfo, Request, Response as AgentResponse};
+use cella_agent::proto::{FileInfo, Request, Response as AgentResponse};
 use cella_runtime::rootfs::USER_UID;
 use cella_types::{Data, Deleted, ErrorCode, FileEntry, FileList, MkdirRequest, MoveRequest};
 use futures_util::StreamExt;
@@ -43,30 +43,13 @@ fn entry(i: FileInfo) -> FileEntry {
 
 /// The agent of a running sandbox of the caller's workspace (404 / 409 otherwise).
 async fn agent(state: &AppState, auth: &Auth, id: &str) -> Result<AgentClient, ApiError> {
-    let (_, handle) = crate::sandboxes::running(state, auth, id).await?;
-    Ok(state.driver.agent(&handle))
+    Ok(crate::service::runnable(state, auth, id)
+        .await?
+        .agent(state))
 }
 
 pub(crate) fn agent_error(e: ClientError) -> ApiError {
-    match e {
-        ClientError::Refused { kind, message } => match kind {
-            ErrorKind::NotFound => ApiError::new(ErrorCode::NotFound, message),
-            ErrorKind::Conflict => ApiError::new(ErrorCode::Conflict, message),
-            ErrorKind::BadRequest | ErrorKind::BadCwd => ApiError::invalid("path", message),
-            ErrorKind::TooLarge => ApiError::new(ErrorCode::PayloadTooLarge, message),
-            ErrorKind::NoSpace => ApiError::new(ErrorCode::InsufficientStorage, message),
-            ErrorKind::Busy => ApiError::new(ErrorCode::ConcurrencyLimit, message),
-            ErrorKind::Unavailable => ApiError::unavailable(message),
-            ErrorKind::Internal => {
-                tracing::warn!("agent file operation: {message}");
-                ApiError::internal()
-            }
-        },
-        other => {
-            tracing::warn!("agent file operation: {other}");
-            ApiError::unavailable("the sandbox's agent did not answer")
-        }
-    }
+    crate::service::AgentOp::Files.err()(e).into()
 }
 
 /// Query parameters by name; unknown ones are refused.

@@ -3,7 +3,6 @@
 use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::extract::{ApiBody, QueryPairs};
-use crate::sandboxes::exec_spec;
 use crate::sse;
 use crate::util::rfc3339;
 use crate::AppState;
@@ -12,11 +11,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Json;
-use cella_agent::client::{AgentClient, ClientError};
-use cella_agent::proto::{ErrorKind, ProcessInfo, Request, Response as AgentResponse};
-use cella_types::{
-    Data, ErrorCode, ExecRequest, ExecUser, List, Process, SignalRequest, StartProcess,
-};
+use cella_agent::client::AgentClient;
+use cella_agent::proto::{ProcessInfo, Request, Response as AgentResponse};
+use cella_types::{Data, ExecRequest, ExecUser, List, Process, SignalRequest, StartProcess};
 use std::sync::Arc;
 
 fn wire(p: ProcessInfo) -> Process {
@@ -38,32 +35,10 @@ fn wire(p: ProcessInfo) -> Process {
     }
 }
 
-use crate::sandboxes::running;
-
-fn agent_error(e: ClientError) -> ApiError {
-    match e {
-        ClientError::Refused { kind, message } => match kind {
-            ErrorKind::NotFound => ApiError::new(ErrorCode::NotFound, message),
-            ErrorKind::Conflict => ApiError::new(ErrorCode::Conflict, message),
-            ErrorKind::BadCwd => ApiError::invalid("cwd", message),
-            ErrorKind::BadRequest | ErrorKind::TooLarge => ApiError::invalid("command", message),
-            ErrorKind::NoSpace => ApiError::new(ErrorCode::InsufficientStorage, message),
-            ErrorKind::Busy => ApiError::new(ErrorCode::ConcurrencyLimit, message),
-            ErrorKind::Unavailable => ApiError::unavailable(message),
-            ErrorKind::Internal => {
-                tracing::warn!("agent process operation: {message}");
-                ApiError::internal()
-            }
-        },
-        other => {
-            tracing::warn!("agent process operation: {other}");
-            ApiError::unavailable("the sandbox's agent did not answer")
-        }
-    }
-}
+use crate::service::{runnable, AgentOp};
 
 async fn call(agent: &AgentClient, req: &Request) -> Result<AgentResponse, ApiError> {
-    agent.call(req).await.map_err(agent_error)
+    Ok(agent.call(req).await.map_err(AgentOp::Processes.err())?)
 }
 
 fn one(r: AgentResponse) -> Result<Process, ApiError> {
@@ -85,7 +60,7 @@ pub async fn start(
     body: ApiBody,
 ) -> Result<(StatusCode, Json<Data<Process>>), ApiError> {
     let req: StartProcess = body.json()?;
-    let (row, handle) = running(&state, &auth, &id).await?;
+    let sb = runnable(&state, &auth, &id).await?;
     let tag = req.tag.clone();
     if tag.as_ref().is_some_and(|t| t.len() > 200) {
         return Err(ApiError::invalid("tag", "tag takes at most 200 bytes"));
@@ -98,9 +73,8 @@ pub async fn start(
         user: req.user,
         ..Default::default()
     };
-    let exec = crate::sandboxes::template_defaults(&state, &row, exec);
-    let (_, spec) = exec_spec(&row, exec, None)?;
-    let agent = state.driver.agent(&handle);
+    let spec = sb.spec(exec, None)?;
+    let agent = sb.agent(&state);
     let pid = match call(&agent, &Request::Spawn { spec, tag }).await? {
         AgentResponse::Started { pid } => pid,
         _ => return Err(ApiError::internal()),
@@ -117,7 +91,7 @@ pub async fn list(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<List<Process>>, ApiError> {
-    let (_, handle) = running(&state, &auth, &id).await?;
+    let handle = runnable(&state, &auth, &id).await?.handle;
     match call(&state.driver.agent(&handle), &Request::Processes).await? {
         AgentResponse::Processes { processes } => Ok(Json(List {
             data: processes.into_iter().map(wire).collect(),
@@ -136,7 +110,7 @@ pub async fn get(
     auth: Auth,
     Path((id, pid)): Path<(String, i32)>,
 ) -> Result<Json<Data<Process>>, ApiError> {
-    let (_, handle) = running(&state, &auth, &id).await?;
+    let handle = runnable(&state, &auth, &id).await?.handle;
     Ok(Json(Data {
         data: one(call(&state.driver.agent(&handle), &Request::Process { pid }).await?)?,
     }))
@@ -172,7 +146,7 @@ pub async fn signal(
     let req: SignalRequest = body.json()?;
     let signal =
         signal_number(&req.signal).ok_or_else(|| ApiError::invalid("signal", "unknown signal"))?;
-    let (_, handle) = running(&state, &auth, &id).await?;
+    let handle = runnable(&state, &auth, &id).await?.handle;
     Ok(Json(Data {
         data: one(call(
             &state.driver.agent(&handle),
@@ -209,7 +183,7 @@ pub async fn stdin(
             }
         }
     }
-    let (_, handle) = running(&state, &auth, &id).await?;
+    let handle = runnable(&state, &auth, &id).await?.handle;
     let agent = state.driver.agent(&handle);
     call(
         &agent,
@@ -246,7 +220,7 @@ pub async fn output(
             _ => return Err(ApiError::invalid(&k, "from must be start or now")),
         }
     }
-    let (_, handle) = running(&state, &auth, &id).await?;
+    let handle = runnable(&state, &auth, &id).await?.handle;
     let agent = state.driver.agent(&handle);
     // Answer 404 now, not in the stream, for a pid the agent does not know.
     one(call(&agent, &Request::Process { pid }).await?)?;
@@ -257,7 +231,7 @@ pub async fn output(
         let r = agent
             .follow(pid, from_start, ev_tx)
             .await
-            .map_err(agent_error);
+            .map_err(|e| ApiError::from(AgentOp::Processes.err()(e)));
         let _ = done_tx.send(r);
         drop(busy);
     });

@@ -8,13 +8,12 @@
 use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::extract::QueryPairs;
-use crate::sandboxes::exec_spec;
+use crate::service::{runnable, AgentOp};
 use crate::AppState;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::response::Response;
-use cella_agent::client::{ClientError, PtyEvent};
-use cella_agent::proto::ErrorKind;
+use cella_agent::client::PtyEvent;
 use cella_types::{ErrorCode, ExecRequest, ExecUser};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
@@ -72,7 +71,7 @@ pub async fn pty(
             }
         }
     }
-    let (row, handle) = crate::sandboxes::running(&state, &auth, &id).await?;
+    let sb = runnable(&state, &auth, &id).await?;
     // Chosen by sh, so that a template without bash still gets a shell.
     let login = vec![
         "/bin/sh".to_string(),
@@ -93,24 +92,12 @@ pub async fn pty(
         user,
         ..Default::default()
     };
-    let req = crate::sandboxes::template_defaults(&state, &row, req);
-    let (_, spec) = exec_spec(&row, req, None)?;
-    let (_pid, mut writer, mut reader) = state
-        .driver
-        .agent(&handle)
+    let spec = sb.spec(req, None)?;
+    let (_pid, mut writer, mut reader) = sb
+        .agent(&state)
         .open_pty(spec, cols, rows)
         .await
-        .map_err(|e| match e {
-            ClientError::Refused {
-                kind: ErrorKind::BadCwd,
-                message,
-            } => ApiError::invalid("cwd", message),
-            ClientError::Refused { message, .. } => ApiError::invalid("command", message),
-            other => {
-                tracing::warn!(sandbox = id, "opening a terminal: {other}");
-                ApiError::unavailable("the sandbox's agent did not answer")
-            }
-        })?;
+        .map_err(AgentOp::Pty.err())?;
     let busy = state.activity.busy(&id);
     Ok(ws.on_upgrade(move |socket: WebSocket| async move {
         let (mut ws_tx, mut ws_rx) = socket.split();

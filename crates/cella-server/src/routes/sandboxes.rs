@@ -3,6 +3,7 @@ use crate::error::ApiError;
 use crate::extract::{cursor_for, ApiBody, Page, QueryPairs};
 use crate::lifecycle;
 use crate::sandboxes as svc;
+use crate::service::Runnable;
 use crate::sse;
 use crate::AppState;
 use axum::extract::{Path, State};
@@ -17,9 +18,9 @@ use std::sync::Arc;
 
 /// The sandbox, if it exists and belongs to the caller's workspace; else 404.
 async fn find(state: &AppState, auth: &Auth, id: &str) -> Result<SandboxRow, ApiError> {
-    svc::owned(state, auth, id)
+    Ok(svc::owned(state, auth, id)
         .await
-        .inspect(|r| state.activity.touch(&r.id))
+        .inspect(|r| state.activity.touch(&r.id))?)
 }
 
 /// Create a sandbox. Scope `sandboxes:write`. 201 once running (`wait`, the default), else 202.
@@ -88,7 +89,7 @@ pub async fn list(
     let next_cursor = (rows.len() == page.limit as usize)
         .then(|| cursor_for(rows.last().map(|r| r.seq).unwrap_or(0)));
     Ok(Json(List {
-        data: rows.iter().map(svc::to_wire).collect(),
+        data: rows.iter().map(|r| svc::to_wire(&state, r)).collect(),
         next_cursor,
     }))
 }
@@ -102,7 +103,7 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
     Ok(Json(Data {
-        data: svc::to_wire(&find(&state, &auth, &id).await?),
+        data: svc::to_wire(&state, &find(&state, &auth, &id).await?),
     }))
 }
 
@@ -132,8 +133,8 @@ pub async fn exec(
     body: ApiBody,
 ) -> Result<axum::response::Response, ApiError> {
     let req: ExecRequest = body.json()?;
-    let row = find(&state, &auth, &id).await?;
-    Ok(svc::exec_answer(svc::exec_kept(&state, &row, req).await?))
+    let sb = Runnable::of(&state, find(&state, &auth, &id).await?)?;
+    Ok(svc::exec_answer(svc::exec_kept(&state, &sb, req).await?))
 }
 
 /// Freeze every process of a running sandbox; memory is kept. Scope `sandboxes:write`.
@@ -234,12 +235,9 @@ pub async fn exec_stream(
 ) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError>
 {
     let req: ExecRequest = body.json()?;
-    let row = find(&state, &auth, &id).await?;
-    if svc::state_of(&row) != SandboxState::Running {
-        return Err(svc::not_running(&row));
-    }
-    let req = svc::template_defaults(&state, &row, req);
-    let (handle, spec) = svc::exec_spec(&row, req, None)?;
+    let sb = Runnable::of(&state, find(&state, &auth, &id).await?)?;
+    let spec = sb.spec(req, None)?;
+    let handle = sb.handle;
     let (ev_tx, ev_rx) = tokio::sync::mpsc::channel(64);
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let busy = state.activity.busy(&id);
@@ -249,7 +247,7 @@ pub async fn exec_stream(
             Ok(info) => Ok(Some(info)),
             // The client hung up: the agent has killed the command; nobody is listening.
             Err(cella_runtime::DriverError::ClientGone) => return,
-            Err(e) => Err(svc::exec_failure(&st, &id, &handle, e).await),
+            Err(e) => Err(svc::exec_failure(&st, &id, &handle, e).await.into()),
         };
         let _ = done_tx.send(outcome);
         drop(busy);

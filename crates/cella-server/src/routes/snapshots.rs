@@ -251,7 +251,7 @@ pub async fn fork(
     Ok((
         StatusCode::CREATED,
         Json(ForkResult {
-            data: children.iter().map(to_wire).collect(),
+            data: children.iter().map(|r| to_wire(&state, r)).collect(),
             fork: ForkInfo {
                 source_id: id,
                 source_paused_ms: info.paused_us as f64 / 1000.0,

@@ -1,0 +1,215 @@
+//! Booting a sandbox: its driver sandbox, then its template's app (when it has one) until
+//! that is ready; the result (`running` or `error`) is recorded through the transition table.
+//! Also banking a boot's clock and CPU time when it ends.
+
+use super::rows::{handle_of, state_of, stop_clock};
+use super::transitions::{self, Event};
+use super::{Runnable, SandboxError};
+use crate::util::now_ms;
+use crate::AppState;
+use cella_runtime::{DriverError, SandboxHandle, SandboxSpec};
+use cella_store::SandboxRow;
+use cella_types::{ExecRequest, SandboxState};
+use tokio::sync::mpsc;
+
+/// Starts a sandbox that is in `provisioning`; records `running` or `error`.
+pub async fn boot(state: &AppState, id: &str) {
+    let _guard = state.locks.lock(id).await;
+    let Ok(Some(mut row)) = state.store.sandbox(id).await else {
+        return;
+    };
+    if state_of(&row) != SandboxState::Provisioning {
+        return; // destroyed while it waited for the lock
+    }
+    boot_locked(state, &mut row).await;
+}
+
+/// Boots (or boots again, on its kept files) the sandbox of `row`, which the caller holds the
+/// lock of and has put in `provisioning`; records `running` or `error`.
+pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
+    let image = state
+        .catalog
+        .get(&row.template_id)
+        .and_then(|t| t.image.clone());
+    let result = match image {
+        None => Err(DriverError::Image(format!(
+            "template {} has no image on this host",
+            crate::catalog::public_id(&row.template_id)
+        ))),
+        Some(image) => {
+            let spec = SandboxSpec {
+                id: row.id.clone(),
+                hostname: row.id.clone(),
+                image,
+                cpu_count: row.cpu_count as u32,
+                memory_mb: row.memory_mb as u32,
+                disk_size_mb: row.disk_size_mb as u32,
+                pids_max: (row.cpu_count as u32 * 1024).max(1024),
+                network: match &state.network {
+                    Some(dns) => {
+                        let policy = serde_json::from_str(&row.network).unwrap_or_default();
+                        Some(crate::network::rules(&policy, dns).await)
+                    }
+                    None => None,
+                },
+                snapshot: row.snapshot_id.clone(),
+                plain_layer: false,
+            };
+            state.driver.create(&spec).await
+        }
+    };
+    // A template app starts with its sandbox, which is ready only once the app is.
+    let result = match result {
+        Ok(handle) => match start_template_app(state, row, &handle).await {
+            Ok(()) => Ok(handle),
+            Err(reason) => {
+                // A sandbox booted again on kept files keeps them; a new one is cleared.
+                let keep = row.persistent && row.started_at.is_some();
+                let _ = if keep {
+                    state.driver.stop(&row.id, Some(&handle)).await
+                } else {
+                    state.driver.destroy(&row.id, Some(&handle)).await
+                };
+                Err(DriverError::Launch(reason))
+            }
+        },
+        Err(e) => Err(e),
+    };
+    let now = now_ms();
+    match result {
+        Ok(handle) => {
+            if let Err(e) = transitions::apply(row, Event::Booted) {
+                tracing::error!(sandbox = row.id, "recording boot result: {e}");
+            }
+            row.ready = true;
+            row.ready_at = Some(now);
+            row.started_at.get_or_insert(now);
+            row.running_since = Some(now);
+            row.timeout_at = (!row.always_on).then_some(now + row.timeout_sec * 1000);
+            row.runtime = serde_json::to_string(&handle).ok();
+            row.state_reason = None;
+            state.activity.touch(&row.id);
+        }
+        Err(e) => {
+            tracing::error!(sandbox = row.id, "sandbox failed to start: {e}");
+            if let Err(e) = transitions::apply(row, Event::BootFailed) {
+                tracing::error!(sandbox = row.id, "recording boot result: {e}");
+            }
+            row.state_reason = Some(format!("failed to start: {e}"));
+        }
+    }
+    if let Err(e) = state.store.update_sandbox(row).await {
+        tracing::error!(sandbox = row.id, "recording boot result: {e}");
+    }
+}
+
+/// Ends the running or paused clock of a row at `now`, and banks the CPU time of its current
+/// boot (read before its cgroup goes away).
+pub fn settle(state: &AppState, row: &mut SandboxRow, now: i64) {
+    stop_clock(row, now);
+    if let Some(since) = row.paused_since.take() {
+        row.paused_ms += (now - since).max(0);
+    }
+    if let Some(u) = handle_of(row).and_then(|h| state.driver.usage(&h)) {
+        row.cpu_ns += u.cpu_ns as i64;
+    }
+}
+
+/// Starts the template's app (`start`) in a new sandbox and waits until its readiness check
+/// passes (a command that exits 0, or a port that accepts connections).
+async fn start_template_app(
+    state: &AppState,
+    row: &SandboxRow,
+    handle: &SandboxHandle,
+) -> Result<(), String> {
+    let Some(t) = state.catalog.get(&row.template_id) else {
+        return Ok(());
+    };
+    let Some(start) = t.defaults.start.clone() else {
+        return Ok(());
+    };
+    let mut boot_row = row.clone();
+    boot_row.state = SandboxState::Running.as_str().into();
+    boot_row.runtime = serde_json::to_string(handle).ok();
+    let boot = Runnable::booting(state, boot_row, handle.clone());
+    let spec = boot
+        .spec(
+            ExecRequest {
+                command: Some(start),
+                ..Default::default()
+            },
+            None,
+        )
+        .map_err(|e| match e {
+            SandboxError::Invalid { message, .. } => message,
+            other => other.to_string(),
+        })?;
+    let agent = state.driver.agent(handle);
+    match agent
+        .call(&cella_agent::proto::Request::Spawn {
+            spec,
+            tag: Some("template-app".into()),
+        })
+        .await
+    {
+        Ok(cella_agent::proto::Response::Started { .. }) => {}
+        Ok(other) => {
+            return Err(format!(
+                "the template's start command did not start: {other:?}"
+            ))
+        }
+        Err(e) => return Err(format!("the template's start command did not start: {e}")),
+    }
+    let ready = t.defaults.ready.clone().unwrap_or(cella_types::ReadyCheck {
+        command: None,
+        port: t.defaults.port,
+        timeout_sec: None,
+    });
+    let deadline = std::time::Instant::now()
+        + std::time::Duration::from_secs(ready.timeout_sec.unwrap_or(60).max(1) as u64);
+    let addr = handle.net.as_ref().map(|n| n.sandbox_addr);
+    loop {
+        let ok = if let Some(cmd) = &ready.command {
+            let check = ExecRequest {
+                command: Some(cmd.clone()),
+                timeout_sec: Some(10),
+                ..Default::default()
+            };
+            match boot.spec(check, Some(64 * 1024)) {
+                Ok(spec) => {
+                    let (tx, mut rx) = mpsc::channel(16);
+                    let drain = async { while rx.recv().await.is_some() {} };
+                    let (r, _) = tokio::join!(state.driver.exec(handle, spec, tx), drain);
+                    r.map(|i| i.exit_code == 0).unwrap_or(false)
+                }
+                Err(_) => false,
+            }
+        } else if let Some(port) = ready.port {
+            // On the sandbox's address, else on its own loopback through the agent (an app
+            // bound to 127.0.0.1 only is ready too, and previews reach it the same way).
+            let direct = match addr {
+                Some(a) => tokio::time::timeout(
+                    std::time::Duration::from_millis(500),
+                    tokio::net::TcpStream::connect((a, port)),
+                )
+                .await
+                .map(|r| r.is_ok())
+                .unwrap_or(false),
+                None => false,
+            };
+            direct || agent.connect_port(port).await.is_ok()
+        } else {
+            true
+        };
+        if ok {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "the template's app was not ready after {} s",
+                ready.timeout_sec.unwrap_or(60)
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,159 @@
+//! The service layer's errors: what went wrong, in domain terms, with its cause.
+//!
+//! Services return these; `crate::error` turns them into the API's envelope in one place
+//! (`impl From<SandboxError> for ApiError`), logging the causes of internal ones (never sent
+//! to the client).
+
+use super::transitions::Refused;
+use cella_agent::client::ClientError;
+use cella_runtime::DriverError;
+use cella_store::StoreError;
+
+/// Which kind of agent operation failed: the same refusal of the agent means a different
+/// field (or code) depending on what was asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentOp {
+    /// A file operation (`path` is the field).
+    Files,
+    /// Starting or managing a background process (`command` and `cwd`).
+    Processes,
+    /// The code interpreter (`language`).
+    Code,
+    /// Opening a terminal (`command` and `cwd`).
+    Pty,
+    /// Writing one of a run's files (`files`), at `path`.
+    RunFile { path: String },
+    /// Anything else asked of the agent.
+    Other,
+}
+
+impl AgentOp {
+    /// What the log calls it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            AgentOp::Files => "agent file operation",
+            AgentOp::Processes => "agent process operation",
+            AgentOp::Code => "code interpreter",
+            AgentOp::Pty => "opening a terminal",
+            AgentOp::RunFile { .. } => "writing a run's file",
+            AgentOp::Other => "agent",
+        }
+    }
+
+    /// A `map_err` adapter: `agent.call(..).await.map_err(AgentOp::Files.err())`.
+    pub fn err(self) -> impl FnOnce(ClientError) -> SandboxError {
+        move |source| SandboxError::Agent { op: self, source }
+    }
+}
+
+/// Why an operation on a sandbox failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// No such sandbox (or not the caller's); `what` is what was looked for.
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    /// A request field is not valid.
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    /// The sandbox is not running (with why the server put it where it is, and what brings
+    /// it back).
+    #[error("sandbox is {state}, not running{}{}", .reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default(), hint(.id, .state))]
+    NotRunning {
+        id: String,
+        state: String,
+        reason: Option<String>,
+    },
+    /// The sandbox's processes were found gone (it was marked so).
+    #[error("sandbox is no longer running: {reason}")]
+    Gone { reason: String },
+    /// A state change the sandbox's state does not allow.
+    #[error(transparent)]
+    Refused(#[from] Refused),
+    /// Stop asked of a sandbox that keeps no files.
+    #[error("a non-persistent sandbox keeps no files to stop with; destroy it instead")]
+    NotPersistent { state: String },
+    /// The workspace holds its plan's cap of concurrent sandboxes.
+    #[error("workspace holds its plan's cap of {cap} concurrent sandboxes")]
+    ConcurrencyLimit { cap: u32, plan: String },
+    /// A stopped sandbox did not boot again.
+    #[error("the sandbox failed to start again")]
+    RestartFailed { id: String, reason: Option<String> },
+    /// The sandbox's agent refused or did not answer.
+    #[error("{}: {source}", .op.name())]
+    Agent { op: AgentOp, source: ClientError },
+    /// The agent answered with something the operation does not expect.
+    #[error("unexpected answer of the agent to {0}")]
+    UnexpectedAnswer(&'static str),
+    /// A live sandbox has no (readable) runtime record.
+    #[error("sandbox {0} has no runtime record")]
+    NoRuntime(String),
+    /// A sandbox's workspace row is missing.
+    #[error("workspace {0} of a sandbox is missing")]
+    NoWorkspace(String),
+    /// The driver failed (pause, stop, destroy, exec, ...).
+    #[error("{what}: {source}")]
+    Driver {
+        what: &'static str,
+        source: DriverError,
+    },
+    /// The store failed.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// A host-side failure around an operation (a directory, a file), with its cause.
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        source: std::io::Error,
+    },
+}
+
+fn hint(id: &str, state: &str) -> String {
+    match state {
+        "paused" | "stopped" => {
+            format!("; resume it (POST /api/v1/sandboxes/{id}/resume) to bring it back")
+        }
+        "provisioning" => "; it is still starting".to_string(),
+        _ => String::new(),
+    }
+}
+
+impl SandboxError {
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        SandboxError::Invalid {
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// Not running, from the row as it is.
+    pub fn not_running(row: &cella_store::SandboxRow) -> Self {
+        SandboxError::NotRunning {
+            id: row.id.clone(),
+            state: row.state.clone(),
+            reason: row.state_reason.clone(),
+        }
+    }
+
+    /// A driver failure, named by what was being done.
+    pub fn driver(what: &'static str) -> impl FnOnce(DriverError) -> SandboxError {
+        move |source| SandboxError::Driver { what, source }
+    }
+}
+
+impl From<ClientError> for SandboxError {
+    fn from(source: ClientError) -> Self {
+        SandboxError::Agent {
+            op: AgentOp::Other,
+            source,
+        }
+    }
+}
+
+impl From<DriverError> for SandboxError {
+    fn from(source: DriverError) -> Self {
+        SandboxError::Driver {
+            what: "driver",
+            source,
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! The service layer: what operations on sandboxes do, apart from HTTP.
+//!
+//! Routes parse a request, call a service function and encode its answer; services return
+//! typed errors ([`SandboxError`]) that `crate::error` turns into the API's envelope in one
+//! place. What is here so far:
+//!
+//! - [`rows`]: reading a sandbox's row (state, handle, clock) and the per-sandbox lock; a leaf.
+//! - [`transitions`]: every state change of a sandbox, as one table checked in one function.
+//! - [`runnable`]: the one way to get a running sandbox (row, handle, and exec specs with its
+//!   template's defaults), the one timeout check, and ownership of a sandbox by a workspace.
+//! - [`boot`]: booting a sandbox (and its template's app), and settling its clock.
+//! - [`error`]: the errors, and which agent operation an agent error came from.
+//!
+//! The rest of the sandbox service (create, destroy, exec) is in `crate::sandboxes`
+//! and `crate::lifecycle`, which use these.
+
+pub mod boot;
+pub mod error;
+pub mod rows;
+pub mod runnable;
+pub mod transitions;
+
+pub use error::{AgentOp, SandboxError};
+pub use runnable::{check_timeout, owned, runnable, Runnable};

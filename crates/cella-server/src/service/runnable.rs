@@ -1,0 +1,208 @@
+//! A running sandbox, ready to be asked things: the one place that checks "it is running,
+//! give me its handle", fills in what its template sets for commands, and turns an exec
+//! request into the agent's spec.
+
+use super::rows::{handle_of, state_of};
+use super::SandboxError;
+use crate::auth::Auth;
+use crate::AppState;
+use cella_agent::client::AgentClient;
+use cella_runtime::rootfs::USER_UID;
+use cella_runtime::{base_env, ExecSpec, SandboxHandle};
+use cella_store::SandboxRow;
+use cella_types::{ExecRequest, ExecUser, SandboxState};
+use std::collections::BTreeMap;
+
+/// A command's timeout when none is given, and the longest one (also of a sandbox's active
+/// session).
+pub const DEFAULT_TIMEOUT_SEC: u32 = 3600;
+pub const MAX_TIMEOUT_SEC: u32 = 86_400;
+/// Entries a metadata or environment map takes at most.
+const MAX_MAP_ENTRIES: usize = 64;
+
+/// The one check of a timeout in seconds (`field` names it): from 1 to 86400.
+pub fn check_timeout(field: &str, sec: u32) -> Result<u32, SandboxError> {
+    if (1..=MAX_TIMEOUT_SEC).contains(&sec) {
+        Ok(sec)
+    } else {
+        Err(SandboxError::invalid(
+            field,
+            format!("{field} must be from 1 to 86400"),
+        ))
+    }
+}
+
+/// Checks a metadata map (`env: false`: keys of letters, digits, `_.-`, values up to 512
+/// bytes) or an environment (`env: true`: keys without `=`, no NUL anywhere).
+pub fn check_map(field: &str, m: &BTreeMap<String, String>, env: bool) -> Result<(), SandboxError> {
+    if m.len() > MAX_MAP_ENTRIES {
+        return Err(SandboxError::invalid(
+            field,
+            format!("{field} takes at most {MAX_MAP_ENTRIES} entries"),
+        ));
+    }
+    for (k, v) in m {
+        let key_ok = if env {
+            !k.is_empty() && !k.contains('=') && !k.contains('\0')
+        } else {
+            !k.is_empty()
+                && k.len() <= 64
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+        };
+        if !key_ok {
+            return Err(SandboxError::invalid(
+                &format!("{field}.{k}"),
+                format!("{field} key {k:?} is not valid"),
+            ));
+        }
+        if v.contains('\0') || (!env && v.len() > 512) {
+            return Err(SandboxError::invalid(
+                &format!("{field}.{k}"),
+                format!("{field} value for {k:?} is not valid"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The caller's sandbox `id` (not found for another workspace's, and for the pool's).
+pub async fn owned(state: &AppState, auth: &Auth, id: &str) -> Result<SandboxRow, SandboxError> {
+    state
+        .store
+        .sandbox(id)
+        .await?
+        .filter(|r| {
+            if cella_store::is_internal_workspace(&r.workspace_id) {
+                // No key is of an internal workspace (auth refuses one): a request that gets
+                // here is a bug or an attack, and answers what an unknown id does.
+                tracing::warn!(
+                    sandbox = r.id,
+                    key = auth.key_id,
+                    "an API request resolved to a warm pool sandbox; refused"
+                );
+                return false;
+            }
+            r.workspace_id == auth.workspace_id
+        })
+        .ok_or(SandboxError::NotFound("sandbox"))
+}
+
+/// The sandbox `id` of the caller's workspace (not found otherwise), counted as activity,
+/// which must be running (not running otherwise, and it is not woken).
+pub async fn runnable(state: &AppState, auth: &Auth, id: &str) -> Result<Runnable, SandboxError> {
+    let row = owned(state, auth, id).await?;
+    state.activity.touch(id);
+    Runnable::of(state, row)
+}
+
+/// A running sandbox: its row, its handle, and what its template sets for commands.
+pub struct Runnable {
+    pub row: SandboxRow,
+    pub handle: SandboxHandle,
+    workdir: Option<String>,
+    user: Option<ExecUser>,
+}
+
+impl Runnable {
+    /// `row`, which must be running.
+    pub fn of(state: &AppState, row: SandboxRow) -> Result<Runnable, SandboxError> {
+        if state_of(&row) != SandboxState::Running {
+            return Err(SandboxError::not_running(&row));
+        }
+        let handle = handle_of(&row).ok_or_else(|| SandboxError::NoRuntime(row.id.clone()))?;
+        Ok(Runnable::booting(state, row, handle))
+    }
+
+    /// `row` while it boots on `handle` (not yet recorded as running): for its template's app
+    /// and readiness check.
+    pub fn booting(state: &AppState, row: SandboxRow, handle: SandboxHandle) -> Runnable {
+        let (workdir, user) = state.catalog.exec_defaults(&row.template_id);
+        Runnable {
+            row,
+            handle,
+            workdir,
+            user,
+        }
+    }
+
+    pub fn agent(&self, state: &AppState) -> AgentClient {
+        state.driver.agent(&self.handle)
+    }
+
+    /// Checks an exec request and turns it into the agent's spec, with the template's working
+    /// directory and user where the request leaves them open. `output_cap` bounds each stream
+    /// (None for a streamed exec, which keeps nothing).
+    pub fn spec(
+        &self,
+        req: ExecRequest,
+        output_cap: Option<u64>,
+    ) -> Result<ExecSpec, SandboxError> {
+        let argv = match (req.command, req.argv) {
+            (Some(c), None) => vec!["/bin/bash".to_string(), "-c".to_string(), c],
+            (None, Some(a)) if !a.is_empty() => a,
+            (None, Some(_)) => return Err(SandboxError::invalid("argv", "argv must not be empty")),
+            (Some(_), Some(_)) => {
+                return Err(SandboxError::invalid(
+                    "command",
+                    "give command or argv, not both",
+                ))
+            }
+            (None, None) => {
+                return Err(SandboxError::invalid(
+                    "command",
+                    "command or argv is required",
+                ))
+            }
+        };
+        let timeout = check_timeout(
+            "timeout_sec",
+            req.timeout_sec.unwrap_or(DEFAULT_TIMEOUT_SEC),
+        )?;
+        let (uid, home, name) = match req.user.or(self.user).unwrap_or_default() {
+            ExecUser::User => (USER_UID, "/home/user", "user"),
+            ExecUser::Root => (0, "/root", "root"),
+        };
+        let cwd = req
+            .cwd
+            .or_else(|| self.workdir.clone())
+            .unwrap_or_else(|| home.to_string());
+        if !cwd.starts_with('/') {
+            return Err(SandboxError::invalid("cwd", "cwd must be an absolute path"));
+        }
+        let req_env = req.env.unwrap_or_default();
+        check_map("env", &req_env, true)?;
+        let mut env = base_env(home, name);
+        env.extend(
+            serde_json::from_str::<BTreeMap<String, String>>(&self.row.env).unwrap_or_default(),
+        );
+        env.extend(req_env);
+        Ok(ExecSpec {
+            argv,
+            env,
+            cwd,
+            uid,
+            gid: uid,
+            stdin: req.stdin.map(String::into_bytes),
+            timeout_ms: timeout as u64 * 1000,
+            output_cap,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_are_from_1_to_86400() {
+        assert!(check_timeout("timeout_sec", 0).is_err());
+        assert_eq!(check_timeout("timeout_sec", 1).unwrap(), 1);
+        assert_eq!(check_timeout("timeout_sec", 86_400).unwrap(), 86_400);
+        let e = check_timeout("timeout_sec", 86_401).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "timeout_sec: timeout_sec must be from 1 to 86400"
+        );
+    }
+}
