@@ -138,7 +138,7 @@ pub async fn pause(state: &AppState, id: &str, reason: Option<&str>) -> Result<S
     let now = now_ms();
     stop_clock(&mut row, now);
     row.paused_since = Some(now);
-    row.state = SandboxState::Paused.as_str().into();
+    row.state = SandboxState::Paused;
     row.ready = false;
     row.timeout_at = None;
     row.state_reason = reason.map(str::to_string);
@@ -162,7 +162,7 @@ pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, ApiError> {
                 row.paused_ms += (now - since).max(0);
             }
             row.running_since = Some(now);
-            row.state = SandboxState::Running.as_str().into();
+            row.state = SandboxState::Running;
             row.ready = true;
             row.timeout_at = (!row.always_on).then_some(now + row.timeout_sec * 1000);
             row.state_reason = None;
@@ -180,7 +180,7 @@ pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, ApiError> {
                 .concurrency_cap();
             if !state
                 .store
-                .claim_slot(id, SandboxState::Provisioning.as_str(), cap)
+                .claim_slot(id, SandboxState::Provisioning, cap)
                 .await?
             {
                 let mut e = ApiError::new(
@@ -191,7 +191,7 @@ pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, ApiError> {
                 e.retry_after = Some(5);
                 return Err(e);
             }
-            row.state = SandboxState::Provisioning.as_str().into();
+            row.state = SandboxState::Provisioning;
             boot_locked(state, &mut row).await;
             if state_of(&row) == SandboxState::Error {
                 return Err(ApiError::unavailable("the sandbox failed to start again")
@@ -222,7 +222,7 @@ pub async fn stop(state: &AppState, id: &str) -> Result<Sandbox, ApiError> {
         tracing::error!(sandbox = id, "stop: {e}");
         return Err(ApiError::internal());
     }
-    row.state = SandboxState::Stopped.as_str().into();
+    row.state = SandboxState::Stopped;
     row.ready = false;
     row.timeout_at = None;
     row.runtime = None;

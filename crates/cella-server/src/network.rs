@@ -164,7 +164,7 @@ async fn refresh_once(state: &crate::AppState, dns: &[Ipv4Addr], installed: &mut
     };
     let mut seen = std::collections::HashSet::new();
     for row in live {
-        let policy: NetworkPolicy = serde_json::from_str(&row.network).unwrap_or_default();
+        let policy: &NetworkPolicy = &row.network;
         if !has_domains(&policy) {
             continue;
         }

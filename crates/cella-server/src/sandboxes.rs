@@ -46,11 +46,11 @@ impl Locks {
 }
 
 pub fn state_of(row: &SandboxRow) -> SandboxState {
-    SandboxState::parse(&row.state).unwrap_or(SandboxState::Error)
+    row.state
 }
 
 pub fn to_wire(row: &SandboxRow) -> Sandbox {
-    let size: Size = row.size.parse().unwrap_or(Size::Small);
+    let size: Size = row.size;
     let state = state_of(row);
     let now = now_ms();
     let timeout_remaining_ms = match (state, row.always_on, row.timeout_at) {
@@ -79,12 +79,12 @@ pub fn to_wire(row: &SandboxRow) -> Sandbox {
         persistent: row.persistent,
         idle_timeout_sec: row.idle_timeout_sec as u32,
         total_runtime_sec: row.total_runtime_sec,
-        metadata: serde_json::from_str(&row.metadata).unwrap_or_default(),
+        metadata: row.metadata.clone(),
         created_at: rfc3339(row.created_at),
         started_at: row.started_at.map(rfc3339),
         destroyed_at: row.destroyed_at.map(rfc3339),
         state_reason: row.state_reason.clone(),
-        network: serde_json::from_str(&row.network).unwrap_or_default(),
+        network: row.network.clone(),
         preview: cella_types::PreviewSettings {
             public: row.preview_public,
         },
@@ -257,11 +257,11 @@ async fn admit(
         }
         size
     } else {
-        let snap_size = snapshot.as_ref().and_then(|s| Size::parse(&s.size));
+        let snap_size = snapshot.as_ref().and_then(|s| Some(s.size));
         req.size.or(snap_size).unwrap_or(template.default_size)
     };
     if let Some(snap) = &snapshot {
-        if snap.size != size.as_str() {
+        if snap.size != size {
             return Err(ApiError::invalid(
                 "size",
                 format!(
@@ -317,12 +317,10 @@ async fn admit(
         always_on: req.always_on.unwrap_or(false),
         persistent: req.persistent.unwrap_or(true),
         idle_timeout_sec: idle_timeout_sec as i64,
-        metadata: serde_json::to_string(&metadata).unwrap_or_else(|_| "{}".into()),
-        env: serde_json::to_string(&env).unwrap_or_else(|_| "{}".into()),
-        compute_rate: serde_json::from_str::<cella_types::WorkspaceSettings>(&workspace.settings)
-            .map(|s| s.compute_rate)
-            .unwrap_or(0.0),
-        network: serde_json::to_string(&network).unwrap_or_else(|_| "{}".into()),
+        metadata,
+        env,
+        compute_rate: workspace.settings.compute_rate,
+        network,
         snapshot_id: snapshot.map(|s| s.id),
         preview_public: req.preview.as_ref().map(|p| p.public).unwrap_or(true),
         auto_resume: req.auto_resume.unwrap_or(false),
@@ -331,7 +329,7 @@ async fn admit(
             auth.workspace_id.clone(),
             // The template's key (the store's and the pool's), not the id the caller gave.
             template.id.clone(),
-            size.as_str(),
+            size,
             (cpus, mem, disk),
             now_ms(),
         )
@@ -435,10 +433,7 @@ pub(crate) async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                 disk_size_mb: row.disk_size_mb as u32,
                 pids_max: (row.cpu_count as u32 * 1024).max(1024),
                 network: match &state.network {
-                    Some(dns) => {
-                        let policy = serde_json::from_str(&row.network).unwrap_or_default();
-                        Some(crate::network::rules(&policy, dns).await)
-                    }
+                    Some(dns) => Some(crate::network::rules(&row.network, dns).await),
                     None => None,
                 },
                 snapshot: row.snapshot_id.clone(),
@@ -467,7 +462,7 @@ pub(crate) async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
     let now = now_ms();
     match result {
         Ok(handle) => {
-            row.state = SandboxState::Running.as_str().into();
+            row.state = SandboxState::Running;
             row.ready = true;
             row.ready_at = Some(now);
             row.started_at.get_or_insert(now);
@@ -479,7 +474,7 @@ pub(crate) async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
         }
         Err(e) => {
             tracing::error!(sandbox = row.id, "sandbox failed to start: {e}");
-            row.state = SandboxState::Error.as_str().into();
+            row.state = SandboxState::Error;
             row.state_reason = Some(format!("failed to start: {e}"));
         }
     }
@@ -521,7 +516,7 @@ pub async fn destroy(
         tracing::error!(sandbox = id, "destroy: {e}");
         return Err(ApiError::internal());
     }
-    row.state = SandboxState::Destroyed.as_str().into();
+    row.state = SandboxState::Destroyed;
     row.ready = false;
     row.destroyed_at = Some(now);
     row.timeout_at = None;
@@ -570,9 +565,7 @@ pub(crate) async fn mark_gone(
         SandboxState::Stopped
     } else {
         SandboxState::Error
-    }
-    .as_str()
-    .into();
+    };
     row.ready = false;
     row.timeout_at = None;
     row.runtime = None;
@@ -679,7 +672,7 @@ async fn start_template_app(
         },
     );
     let mut boot_row = row.clone();
-    boot_row.state = SandboxState::Running.as_str().into();
+    boot_row.state = SandboxState::Running;
     boot_row.runtime = serde_json::to_string(handle).ok();
     let (_, spec) = exec_spec(&boot_row, req, None).map_err(|e| e.message)?;
     let agent = state.driver.agent(handle);
@@ -813,7 +806,7 @@ pub fn exec_spec(
     let req_env = req.env.unwrap_or_default();
     check_map("env", &req_env, true)?;
     let mut env = base_env(home, name);
-    env.extend(serde_json::from_str::<BTreeMap<String, String>>(&row.env).unwrap_or_default());
+    env.extend(row.env.clone());
     env.extend(req_env);
     let spec = ExecSpec {
         argv,
@@ -1122,14 +1115,17 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
             }
             (_, Some(h)) => match state.driver.probe(&h).await {
                 Probe::Alive => {
-                    tracing::info!(sandbox = row.id, state = row.state, "sandbox found again");
+                    tracing::info!(
+                        sandbox = row.id,
+                        state = row.state.as_str(),
+                        "sandbox found again"
+                    );
                     keep.insert(row.id.clone());
                     running.insert(row.id.clone());
                     // Its firewall rules again: whatever happened to the host's ruleset while
                     // the server was down (a flush, a reload, an older version's rules) heals.
                     if let (Some(dns), Some(_)) = (&state.network, &h.net) {
-                        let policy = serde_json::from_str(&row.network).unwrap_or_default();
-                        let rules = crate::network::rules(&policy, dns).await;
+                        let rules = crate::network::rules(&row.network, dns).await;
                         if let Err(e) = state.driver.update_network(&h, &rules).await {
                             tracing::warn!(
                                 sandbox = row.id,
