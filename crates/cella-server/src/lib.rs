@@ -4,6 +4,11 @@
 //! materializes the base template, finds every sandbox again (reporting the ones that died), and
 //! serves the routes of [`router`]. Handlers live in `routes`, sandbox logic in `sandboxes`,
 //! and every failure becomes the error envelope in `error`.
+//!
+//! The state the routes share ([`AppState`]) is made by [`build_state`], which sets up the Linux
+//! namespace backend (the part that needs root), or by [`build_state_with`] over any other
+//! [`Backend`]: the unit tests give it the in-memory driver of `testing` (built for tests only),
+//! so admission, the pool, the lifecycle, the timers and `reconcile` run without root.
 
 pub mod auth;
 pub mod builds;
@@ -25,6 +30,10 @@ pub mod routes;
 pub mod runs;
 pub mod sandboxes;
 pub mod sse;
+#[cfg(any(test, feature = "fake"))]
+pub mod testing;
+#[cfg(test)]
+mod tests;
 pub mod util;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -479,8 +488,37 @@ fn become_subreaper() {
     }
 }
 
-/// Everything [`serve`] sets up before it listens; also used by tests.
-pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File), ServeError> {
+/// What the host gives the server to run sandboxes with: the driver, the image of the built-in
+/// `base` template, and, when sandboxes have a network, their resolvers and firewall.
+pub struct Backend {
+    pub driver: Arc<dyn Driver>,
+    pub base_image: cella_runtime::rootfs::TemplateImage,
+    pub network: Option<Vec<std::net::Ipv4Addr>>,
+    pub firewall: Option<cella_runtime::firewall::Firewall>,
+}
+
+impl Backend {
+    /// A backend whose sandboxes have loopback only.
+    pub fn new(driver: Arc<dyn Driver>, base_image: cella_runtime::rootfs::TemplateImage) -> Self {
+        Backend {
+            driver,
+            base_image,
+            network: None,
+            firewall: None,
+        }
+    }
+}
+
+/// The data directory, locked for this process, with its store open and bootstrapped.
+struct DataDir {
+    lock: std::fs::File,
+    store: Store,
+    instance: String,
+}
+
+/// Makes (or opens) the data directory, locks it, opens the store, and makes the instance id,
+/// the default workspace and the bootstrap key at first start. Needs no privilege.
+async fn open_data_dir(config: &Config) -> Result<DataDir, ServeError> {
     config.preview.check().map_err(ServeError::Config)?;
     let dir = config.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(|source| ServeError::DataDir {
@@ -511,14 +549,25 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
         path: dir.clone(),
         source,
     })?;
-    bootstrap(&store, &config, &dir).await?;
-    let image = cella_runtime::rootfs::ensure_base(&dir)?;
+    bootstrap(&store, config, &dir).await?;
+    Ok(DataDir {
+        lock,
+        store,
+        instance,
+    })
+}
+
+/// The Linux namespace backend, as `config` asks and this host allows: the base image, user
+/// namespaces, cgroups, and the egress firewall (the part of the server's setup that needs root).
+fn namespace_backend(config: &Config, instance: &str) -> Result<Backend, ServeError> {
+    let dir = &config.data_dir;
+    let image = cella_runtime::rootfs::ensure_base(dir)?;
     let agent_exe = std::env::current_exe().map_err(|source| ServeError::DataDir {
         path: dir.clone(),
         source,
     })?;
-    let ids = user_namespaces(&config, &dir, &image)?;
-    let mut driver = NamespaceDriver::new(&dir, agent_exe, &instance)?
+    let ids = user_namespaces(config, dir, &image)?;
+    let mut driver = NamespaceDriver::new(dir, agent_exe, instance)?
         .with_disk_quota(config.disk.quota)
         .with_userns(ids)
         .with_file_limits(cella_runtime::namespace::FileLimits {
@@ -550,7 +599,7 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
                 }
             }
         }
-        match cella_runtime::firewall::Firewall::detect(&instance) {
+        match cella_runtime::firewall::Firewall::detect(instance) {
             Some(fw) => {
                 let fw = fw.with_floor(&floor);
                 firewall = Some(fw.clone());
@@ -567,12 +616,46 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
             ),
         }
     }
+    Ok(Backend {
+        driver: Arc::new(driver),
+        base_image: image,
+        network,
+        firewall,
+    })
+}
+
+/// Everything [`serve`] sets up before it listens: the data directory and store, and the Linux
+/// namespace backend ([`build_state_with`] with it).
+pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File), ServeError> {
+    let data = open_data_dir(&config).await?;
+    let backend = namespace_backend(&config, &data.instance)?;
+    assemble(config, data, backend).await
+}
+
+/// The server's state with the backend given (the unit tests' fake driver): the same store,
+/// catalog, pool, timers' state and routes as [`build_state`], but nothing of the host (user
+/// namespaces, cgroups, firewall) is set up or asked for. Returns the data directory's lock
+/// with the state; the server owns the directory while it is held.
+pub async fn build_state_with(
+    config: Config,
+    backend: Backend,
+) -> Result<(Arc<AppState>, std::fs::File), ServeError> {
+    let data = open_data_dir(&config).await?;
+    assemble(config, data, backend).await
+}
+
+async fn assemble(
+    config: Config,
+    data: DataDir,
+    backend: Backend,
+) -> Result<(Arc<AppState>, std::fs::File), ServeError> {
+    let DataDir { lock, store, .. } = data;
     let catalog = Catalog::new(
         vec![TemplateEntry {
             id: "base".into(),
             name: "Cella Base".into(),
             default_size: Size::Small,
-            image: Some(image),
+            image: Some(backend.base_image),
             workspace_id: None,
             defaults: Default::default(),
         }],
@@ -597,13 +680,13 @@ pub async fn build_state(config: Config) -> Result<(Arc<AppState>, std::fs::File
         exec_budget,
         config,
         store,
-        driver: Arc::new(driver),
+        driver: backend.driver,
         catalog,
         locks: Default::default(),
         activity: Default::default(),
         limiter,
-        network,
-        firewall,
+        network: backend.network,
+        firewall: backend.firewall,
         preview_secret,
         builds: Default::default(),
         previews: Default::default(),

@@ -317,7 +317,7 @@ pub fn spawn_timers(state: Arc<AppState>) {
     });
 }
 
-async fn timers_once(state: &AppState) -> Result<(), ApiError> {
+pub(crate) async fn timers_once(state: &AppState) -> Result<(), ApiError> {
     let now = now_ms();
     for row in state.store.live_sandboxes().await? {
         if state_of(&row) != SandboxState::Running || row.always_on {
@@ -363,7 +363,7 @@ async fn timers_once(state: &AppState) -> Result<(), ApiError> {
 
 /// Notices sandboxes whose init died (killed from outside, host trouble) without waiting for
 /// the next request on them.
-async fn check_liveness(state: &AppState) {
+pub(crate) async fn check_liveness(state: &AppState) {
     let Ok(rows) = state.store.live_sandboxes().await else {
         return;
     };

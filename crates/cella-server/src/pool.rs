@@ -88,7 +88,7 @@ pub fn spawn(state: Arc<AppState>) {
 
 /// Boots pool sandboxes until every (template, size) has its target, one at a time; removes
 /// pool sandboxes beyond the target (after a config change) and ones that died.
-async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::StoreError> {
+pub(crate) async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::StoreError> {
     for t in state.catalog.templates() {
         let t = &t;
         for size in ALL_SIZES {

@@ -1,0 +1,134 @@
+//! `reconcile` at start: every sandbox is found again or reported honestly, and what is left
+//! on the host of sandboxes that are not live is cleared (a stopped one keeps its files).
+
+use super::*;
+use crate::testing::FakeState;
+use cella_store::SandboxRow;
+use serde_json::json;
+
+#[tokio::test]
+async fn a_restart_finds_live_sandboxes_and_reports_dead_ones() {
+    let s = Server::start().await;
+    let running = id(&s.create(json!({})).await);
+    let ephemeral = id(&s.create(json!({"persistent": false})).await);
+    let paused = id(&s.create(json!({})).await);
+    let stopped = id(&s.create(json!({})).await);
+    let died = id(&s.create(json!({})).await);
+    let died_ephemeral = id(&s.create(json!({"persistent": false})).await);
+    let destroyed = id(&s.create(json!({})).await);
+    assert_eq!(s.act(&paused, "pause").await.0, 200);
+    assert_eq!(s.act(&stopped, "stop").await.0, 200);
+    let path = format!("/api/v1/sandboxes/{destroyed}");
+    assert_eq!(s.call("DELETE", &path, None).await.0, 200);
+    // A create the server did not finish: its row says provisioning, the host has nothing.
+    let workspace = s
+        .state
+        .store
+        .meta_get("default_workspace")
+        .await
+        .unwrap()
+        .unwrap();
+    let half = SandboxRow::new(
+        crate::util::new_id("sb"),
+        workspace,
+        "base".into(),
+        "small",
+        cella_types::Size::Small.shape(),
+        crate::util::now_ms(),
+    );
+    assert!(s
+        .state
+        .store
+        .insert_sandbox_capped(&half, 100)
+        .await
+        .unwrap());
+    // Files of a sandbox the store does not know (a crash between boot and the first write).
+    let orphan = "sb_orphan".to_string();
+    let spec = s.fake.spec(&running).expect("a spec");
+    let spec = cella_runtime::SandboxSpec {
+        id: orphan.clone(),
+        hostname: orphan.clone(),
+        ..spec
+    };
+    s.state.driver.create(&spec).await.expect("orphan boot");
+    // While the server is down, two sandboxes' processes die.
+    let s = {
+        assert!(s.fake.kill(&died));
+        assert!(s.fake.kill(&died_ephemeral));
+        s.restart().await
+    };
+
+    for id in [&running, &ephemeral] {
+        assert_eq!(s.get(id).await["state"], "running");
+        assert_eq!(s.fake.state(id), Some(FakeState::Running));
+    }
+    assert_eq!(s.get(&paused).await["state"], "paused");
+    assert_eq!(s.fake.state(&paused), Some(FakeState::Paused));
+    let sb = s.get(&died).await;
+    assert_eq!(sb["state"], "stopped", "{sb}");
+    let reason = sb["state_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("sandbox processes are gone: "),
+        "{reason}"
+    );
+    assert_eq!(
+        s.fake.state(&died),
+        Some(FakeState::Stopped),
+        "its files are kept"
+    );
+    let sb = s.get(&died_ephemeral).await;
+    assert_eq!(sb["state"], "error", "{sb}");
+    assert_eq!(s.fake.state(&died_ephemeral), None);
+    let sb = s.get(&half.id).await;
+    assert_eq!(sb["state"], "error", "{sb}");
+    assert_eq!(
+        sb["state_reason"],
+        "the server stopped while the sandbox was being created"
+    );
+    assert_eq!(s.get(&stopped).await["state"], "stopped");
+    assert_eq!(s.fake.state(&stopped), Some(FakeState::Stopped));
+    assert_eq!(s.get(&destroyed).await["state"], "destroyed");
+    assert_eq!(
+        s.fake.state(&orphan),
+        None,
+        "leftovers of no live sandbox are cleared"
+    );
+    assert_eq!(s.fake.state(&destroyed), None);
+
+    // What was found again works; what died and kept its files resumes.
+    let (status, v) = s
+        .call(
+            "POST",
+            &format!("/api/v1/sandboxes/{running}/exec"),
+            Some(json!({"command": "true"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(s.act(&paused, "resume").await.0, 200);
+    let (status, v) = s.act(&died, "resume").await;
+    assert_eq!(
+        (status, v["data"]["state"].as_str()),
+        (200, Some("running")),
+        "{v}"
+    );
+}
+
+#[tokio::test]
+async fn a_host_that_lost_everything_reports_every_sandbox() {
+    let s = Server::start().await;
+    let kept = id(&s.create(json!({})).await);
+    let lost = id(&s.create(json!({"persistent": false})).await);
+    for id in [&kept, &lost] {
+        assert!(s.fake.kill(id));
+    }
+    // The same data directory on a host with no sandbox at all (a new, empty driver).
+    let (_, config, dir) = s.stop();
+    let empty = Arc::new(FakeDriver::new(dir.path().join("agents-2")));
+    let s = Server::boot(dir, empty, config).await;
+    crate::sandboxes::reconcile(&s.state)
+        .await
+        .expect("reconcile");
+    assert_eq!(s.get(&kept).await["state"], "stopped");
+    assert_eq!(s.get(&lost).await["state"], "error");
+    assert!(s.fake.ids().is_empty());
+}
