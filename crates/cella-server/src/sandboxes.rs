@@ -257,7 +257,7 @@ async fn admit(
         }
         size
     } else {
-        let snap_size = snapshot.as_ref().and_then(|s| Some(s.size));
+        let snap_size = snapshot.as_ref().map(|s| s.size);
         req.size.or(snap_size).unwrap_or(template.default_size)
     };
     if let Some(snap) = &snapshot {

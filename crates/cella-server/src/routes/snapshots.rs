@@ -84,7 +84,7 @@ async fn take(
         workspace_id: row.workspace_id.clone(),
         sandbox_id: row.id.clone(),
         template_id: row.template_id.clone(),
-        size: row.size.clone(),
+        size: row.size,
         created_at: now_ms(),
         size_bytes: info.size_bytes as i64,
         internal,
