@@ -272,7 +272,7 @@ fn the_pool_workspace_is_addressable_by_nobody() {
                 name: "pool".into(),
                 hash: sha_hex(planted),
                 prefix: "cella_".into(),
-                scopes: r#"["admin"]"#.into(),
+                scopes: vec![cella_types::Scope::Admin],
                 created_at: 0,
                 expires_at: None,
                 revoked_at: None,

@@ -115,7 +115,7 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Auth,
     if row.last_used_at.is_none_or(|t| now - t > 60_000) {
         let _ = state.store.touch_key(&row.id, now).await;
     }
-    let scopes = crate::routes::keys::parse_scopes(&row.scopes);
+    let scopes = row.scopes.clone();
     Ok(Auth {
         key_id: row.id,
         workspace_id: row.workspace_id,

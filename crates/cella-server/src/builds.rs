@@ -109,7 +109,7 @@ pub fn wire(b: &BuildRow, log_offset: usize) -> TemplateBuild {
         id: b.id.clone(),
         template_id: crate::catalog::public_id(&b.template_id).to_string(),
         state: b.state.clone(),
-        steps: serde_json::from_str(&b.steps).unwrap_or_default(),
+        steps: b.steps.clone(),
         log: b.log[start..].to_string(),
         log_offset: start as u64,
         error: b.error.clone(),
@@ -128,7 +128,7 @@ impl Builds {
         if let Some(p) = live {
             let p = p.lock().expect("build lock").clone();
             row.state = p.state;
-            row.steps = serde_json::to_string(&p.steps).unwrap_or_default();
+            row.steps = p.steps;
             row.log = p.log;
             row.error = p.error;
         }
@@ -267,11 +267,10 @@ pub async fn start(
         workspace_id: auth.workspace_id.clone(),
         name: spec.name.clone().unwrap_or_else(|| spec.id.clone()),
         // Registry credentials are used for this build only, never stored.
-        spec: serde_json::to_string(&TemplateSpec {
+        spec: TemplateSpec {
             registry_auth: None,
             ..spec.clone()
-        })
-        .unwrap_or_default(),
+        },
         image: None,
         defaults: None,
         created_at: now,
@@ -328,7 +327,7 @@ pub async fn start(
         template_id: spec.id.clone(),
         workspace_id: auth.workspace_id.clone(),
         state: "queued".into(),
-        steps: serde_json::to_string(&steps).unwrap_or_default(),
+        steps: steps.clone(),
         log: String::new(),
         error: None,
         created_at: now,
@@ -361,7 +360,7 @@ pub async fn start(
             }
         }
         row.state = p.state;
-        row.steps = serde_json::to_string(&p.steps).unwrap_or_default();
+        row.steps = p.steps;
         row.log = p.log;
         row.error = p.error;
         row.finished_at = Some(now_ms());
@@ -658,7 +657,7 @@ async fn run(
         let p = progress.lock().expect("build lock").clone();
         let mut row = build.clone();
         row.state = p.state;
-        row.steps = serde_json::to_string(&p.steps).unwrap_or_default();
+        row.steps = p.steps;
         row.log = p.log;
         let _ = state.store.update_build(&row).await;
     }
@@ -982,16 +981,18 @@ fn shell_quote(s: &str) -> String {
 /// finish fail.
 pub async fn restore(state: &AppState) -> Result<(), cella_store::StoreError> {
     for t in state.store.templates().await? {
-        let spec: TemplateSpec = serde_json::from_str(&t.spec).unwrap_or_default();
+        let spec = &t.spec;
+        // Both NULL until the template's first build is ready; a value that does not decode
+        // is a corrupt row (an error naming it), never a default.
         let image: Option<TemplateImage> = t
             .image
             .as_deref()
-            .and_then(|i| serde_json::from_str(i).ok());
-        let defaults: TemplateDefaults = t
-            .defaults
-            .as_deref()
-            .and_then(|d| serde_json::from_str(d).ok())
-            .unwrap_or_default();
+            .map(|i| cella_store::decode_json("templates", &t.id, "image", i))
+            .transpose()?;
+        let defaults: TemplateDefaults = match t.defaults.as_deref() {
+            Some(d) => cella_store::decode_json("templates", &t.id, "defaults", d)?,
+            None => TemplateDefaults::default(),
+        };
         state.catalog.put(TemplateEntry {
             id: t.id.clone(),
             name: t.name.clone(),

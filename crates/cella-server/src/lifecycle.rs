@@ -191,7 +191,7 @@ pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, SandboxError>
             .concurrency_cap();
         if !state
             .store
-            .claim_slot(id, SandboxState::Provisioning.as_str(), cap)
+            .claim_slot(id, SandboxState::Provisioning, cap)
             .await?
         {
             return Err(SandboxError::ConcurrencyLimit { cap, plan: ws.plan });
@@ -215,7 +215,7 @@ pub async fn stop(state: &AppState, id: &str) -> Result<Sandbox, SandboxError> {
     check(state_of(&row), Event::Stop)?;
     if !row.persistent {
         return Err(SandboxError::NotPersistent {
-            state: row.state.clone(),
+            state: row.state.as_str().to_string(),
         });
     }
     settle(state, &mut row, now_ms());

@@ -164,12 +164,12 @@ async fn refresh_once(state: &crate::AppState, dns: &[Ipv4Addr], installed: &mut
     };
     let mut seen = std::collections::HashSet::new();
     for row in live {
-        let policy: NetworkPolicy = serde_json::from_str(&row.network).unwrap_or_default();
-        if !has_domains(&policy) {
+        let policy: &NetworkPolicy = &row.network;
+        if !has_domains(policy) {
             continue;
         }
         seen.insert(row.id.clone());
-        let rules = rules(&policy, dns).await;
+        let rules = rules(policy, dns).await;
         if !installed.differs(&row.id, &rules) {
             continue;
         }

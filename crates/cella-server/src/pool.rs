@@ -106,7 +106,7 @@ pub(crate) async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::Sto
                 target(state, size)
             };
             loop {
-                let (booting, ready) = state.store.pool_counts(&t.id, size.as_str()).await?;
+                let (booting, ready) = state.store.pool_counts(&t.id, size).await?;
                 state.pool().set(&t.id, size, ready);
                 if booting + ready >= want {
                     if ready > want {
@@ -155,12 +155,12 @@ async fn boot_one(
         timeout_sec: crate::service::runnable::DEFAULT_TIMEOUT_SEC as i64,
         always_on: true,
         persistent: false,
-        env: serde_json::to_string(&env).unwrap_or_else(|_| "{}".into()),
+        env,
         ..SandboxRow::new(
             crate::util::new_id("sb"),
             POOL_WORKSPACE.into(),
             template.into(),
-            size.as_str(),
+            size,
             (cpus, mem, disk),
             now,
         )
@@ -203,7 +203,7 @@ async fn trim(
     let rows = state.store.pool_rows().await?;
     for r in rows
         .into_iter()
-        .filter(|r| r.template_id == template && r.size == size.as_str())
+        .filter(|r| r.template_id == template && r.size == size)
         .take(n as usize)
     {
         let _guard = state.locks.lock(&r.id).await;
@@ -282,9 +282,7 @@ pub async fn claim(
     new: &SandboxRow,
     cap: u32,
 ) -> Result<Option<Result<SandboxRow, ()>>, cella_store::StoreError> {
-    let Some(size) = Size::parse(&new.size) else {
-        return Ok(None);
-    };
+    let size = new.size;
     if state.pool().ready(&new.template_id, size) == 0 {
         return Ok(None);
     }
@@ -335,7 +333,7 @@ pub async fn claim(
         }
     };
     let handle = crate::service::rows::handle_of(&row);
-    let policy: cella_types::NetworkPolicy = serde_json::from_str(&row.network).unwrap_or_default();
+    let policy = row.network.clone();
     if policy != cella_types::NetworkPolicy::default() {
         if let (Some(dns), Some(h)) = (&state.network, &handle) {
             let rules = crate::network::rules(&policy, dns).await;
@@ -343,7 +341,7 @@ pub async fn claim(
                 tracing::error!(sandbox = row.id, "installing the egress policy: {e}");
                 row.state_reason = Some(format!("failed to start: {e}"));
                 let _ = state.driver.destroy(&row.id, Some(h)).await;
-                row.state = SandboxState::Error.as_str().into();
+                row.state = SandboxState::Error;
                 row.ready = false;
                 row.runtime = None;
                 row.timeout_at = None;

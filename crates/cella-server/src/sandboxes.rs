@@ -30,7 +30,7 @@ const DEFAULT_TEMPLATE: &str = "base";
 
 /// The wire form of a row; its preview URL is under the server's base (`app`).
 pub fn to_wire(app: &AppState, row: &SandboxRow) -> Sandbox {
-    let size: Size = row.size.parse().unwrap_or(Size::Small);
+    let size: Size = row.size;
     let st = state_of(row);
     let now = now_ms();
     let timeout_remaining_ms = match (st, row.always_on, row.timeout_at) {
@@ -57,12 +57,12 @@ pub fn to_wire(app: &AppState, row: &SandboxRow) -> Sandbox {
         persistent: row.persistent,
         idle_timeout_sec: row.idle_timeout_sec as u32,
         total_runtime_sec: row.total_runtime_sec,
-        metadata: serde_json::from_str(&row.metadata).unwrap_or_default(),
+        metadata: row.metadata.clone(),
         created_at: rfc3339(row.created_at),
         started_at: row.started_at.map(rfc3339),
         destroyed_at: row.destroyed_at.map(rfc3339),
         state_reason: row.state_reason.clone(),
-        network: serde_json::from_str(&row.network).unwrap_or_default(),
+        network: row.network.clone(),
         preview: cella_types::PreviewSettings {
             public: row.preview_public,
         },
@@ -164,11 +164,11 @@ async fn admit(
         }
         size
     } else {
-        let snap_size = snapshot.as_ref().and_then(|s| Size::parse(&s.size));
+        let snap_size = snapshot.as_ref().map(|s| s.size);
         req.size.or(snap_size).unwrap_or(template.default_size)
     };
     if let Some(snap) = &snapshot {
-        if snap.size != size.as_str() {
+        if snap.size != size {
             return Err(ApiError::invalid(
                 "size",
                 format!(
@@ -221,12 +221,10 @@ async fn admit(
         always_on: req.always_on.unwrap_or(false),
         persistent: req.persistent.unwrap_or(true),
         idle_timeout_sec: idle_timeout_sec as i64,
-        metadata: serde_json::to_string(&metadata).unwrap_or_else(|_| "{}".into()),
-        env: serde_json::to_string(&env).unwrap_or_else(|_| "{}".into()),
-        compute_rate: serde_json::from_str::<cella_types::WorkspaceSettings>(&workspace.settings)
-            .map(|s| s.compute_rate)
-            .unwrap_or(0.0),
-        network: serde_json::to_string(&network).unwrap_or_else(|_| "{}".into()),
+        metadata,
+        env,
+        compute_rate: workspace.settings.compute_rate,
+        network,
         snapshot_id: snapshot.map(|s| s.id),
         preview_public: req.preview.as_ref().map(|p| p.public).unwrap_or(true),
         auto_resume: req.auto_resume.unwrap_or(false),
@@ -235,7 +233,7 @@ async fn admit(
             auth.workspace_id.clone(),
             // The template's key (the store's and the pool's), not the id the caller gave.
             template.id.clone(),
-            size.as_str(),
+            size,
             (cpus, mem, disk),
             now_ms(),
         )
@@ -717,14 +715,17 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
             }
             (_, Some(h)) => match state.driver.probe(&h).await {
                 Probe::Alive => {
-                    tracing::info!(sandbox = row.id, state = row.state, "sandbox found again");
+                    tracing::info!(
+                        sandbox = row.id,
+                        state = row.state.as_str(),
+                        "sandbox found again"
+                    );
                     keep.insert(row.id.clone());
                     running.insert(row.id.clone());
                     // Its firewall rules again: whatever happened to the host's ruleset while
                     // the server was down (a flush, a reload, an older version's rules) heals.
                     if let (Some(dns), Some(_)) = (&state.network, &h.net) {
-                        let policy = serde_json::from_str(&row.network).unwrap_or_default();
-                        let rules = crate::network::rules(&policy, dns).await;
+                        let rules = crate::network::rules(&row.network, dns).await;
                         if let Err(e) = state.driver.update_network(&h, &rules).await {
                             tracing::warn!(
                                 sandbox = row.id,

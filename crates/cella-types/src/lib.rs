@@ -437,6 +437,12 @@ impl SandboxState {
     }
 }
 
+impl std::fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 /// The sandbox object: every field of the seed's table, plus `state_reason`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Sandbox {

@@ -10,20 +10,12 @@ use cella_store::KeyRow;
 use cella_types::{ApiKey, CreateApiKey, Data, ErrorCode, List, Scope};
 use std::sync::Arc;
 
-pub fn parse_scopes(json: &str) -> Vec<Scope> {
-    serde_json::from_str::<Vec<String>>(json)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|s| Scope::parse(s))
-        .collect()
-}
-
 pub fn to_wire(k: &KeyRow) -> ApiKey {
     ApiKey {
         id: k.id.clone(),
         workspace_id: k.workspace_id.clone(),
         name: k.name.clone(),
-        scopes: parse_scopes(&k.scopes),
+        scopes: k.scopes.clone(),
         prefix: k.prefix.clone(),
         created_at: rfc3339(k.created_at),
         expires_at: k.expires_at.map(rfc3339),
@@ -41,7 +33,6 @@ pub fn new_key(
     secret: Option<String>,
 ) -> (KeyRow, String) {
     let secret = secret.unwrap_or_else(new_key_secret);
-    let scopes: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
     let row = KeyRow {
         id: new_id("key"),
         workspace_id: workspace_id.to_string(),
@@ -52,7 +43,7 @@ pub fn new_key(
             .chars()
             .take((secret.chars().count() / 3).min(12))
             .collect(),
-        scopes: serde_json::to_string(&scopes).unwrap_or_else(|_| "[]".into()),
+        scopes: scopes.to_vec(),
         created_at: now_ms(),
         expires_at,
         revoked_at: None,

@@ -66,13 +66,13 @@ pub async fn list(
         if k == "state" && v == "all" {
             filter.all_states = true;
         } else if k == "state" {
-            SandboxState::parse(&v).ok_or_else(|| {
+            let parsed = SandboxState::parse(&v).ok_or_else(|| {
                 ApiError::invalid(
                     "state",
                     format!("unknown state {v:?}; one of provisioning, running, paused, stopped, destroyed, error, or all"),
                 )
             })?;
-            filter.state = Some(v);
+            filter.state = Some(parsed);
         } else if let Some(key) = k.strip_prefix("metadata.") {
             if key.is_empty() || key.contains('"') {
                 return Err(ApiError::invalid(&k, "metadata filter needs a valid key"));

@@ -17,7 +17,7 @@ use axum::Json;
 use cella_runtime::DriverError;
 use cella_store::{SandboxRow, SnapshotRow};
 use cella_types::{
-    Data, ErrorCode, ForkInfo, ForkRequest, ForkResult, List, SandboxState, Size, Snapshot,
+    Data, ErrorCode, ForkInfo, ForkRequest, ForkResult, List, SandboxState, Snapshot,
 };
 use std::sync::Arc;
 
@@ -26,7 +26,7 @@ fn wire(s: &SnapshotRow) -> Snapshot {
         id: s.id.clone(),
         sandbox_id: s.sandbox_id.clone(),
         template_id: crate::catalog::public_id(&s.template_id).to_string(),
-        size: Size::parse(&s.size).unwrap_or(Size::Small),
+        size: s.size,
         created_at: rfc3339(s.created_at),
         size_bytes: s.size_bytes.max(0) as u64,
     }
@@ -84,7 +84,7 @@ async fn take(
         workspace_id: row.workspace_id.clone(),
         sandbox_id: row.id.clone(),
         template_id: row.template_id.clone(),
-        size: row.size.clone(),
+        size: row.size,
         created_at: now_ms(),
         size_bytes: info.size_bytes as i64,
         internal,
@@ -271,8 +271,7 @@ async fn make_children(
     count: u32,
     cap: u32,
 ) -> Result<Vec<SandboxRow>, ApiError> {
-    let mut metadata: std::collections::BTreeMap<String, String> =
-        serde_json::from_str(&source.metadata).unwrap_or_default();
+    let mut metadata = source.metadata.clone();
     metadata.extend(req.metadata.clone().unwrap_or_default());
     let now = now_ms();
     let mut ids: Vec<String> = Vec::new();
@@ -283,7 +282,7 @@ async fn make_children(
             always_on: source.always_on,
             persistent: source.persistent,
             idle_timeout_sec: source.idle_timeout_sec,
-            metadata: serde_json::to_string(&metadata).unwrap_or_else(|_| "{}".into()),
+            metadata: metadata.clone(),
             env: source.env.clone(),
             compute_rate: source.compute_rate,
             network: source.network.clone(),
@@ -294,7 +293,7 @@ async fn make_children(
                 new_id("sb"),
                 source.workspace_id.clone(),
                 source.template_id.clone(),
-                &source.size,
+                source.size,
                 (
                     source.cpu_count as u32,
                     source.memory_mb as u32,

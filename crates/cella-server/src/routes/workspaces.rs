@@ -20,7 +20,7 @@ pub fn to_wire(w: &WorkspaceRow) -> Workspace {
         plan: Plan::parse(&w.plan).unwrap_or(Plan::Developer),
         kind: WorkspaceKind::parse(&w.kind).unwrap_or(WorkspaceKind::Organization),
         created_at: rfc3339(w.created_at),
-        settings: serde_json::from_str(&w.settings).unwrap_or_default(),
+        settings: w.settings.clone(),
     }
 }
 
@@ -41,11 +41,10 @@ pub fn new_row(name: &str, plan: Plan, kind: WorkspaceKind) -> WorkspaceRow {
         plan: plan.as_str().into(),
         kind: kind.as_str().into(),
         created_at: now_ms(),
-        settings: serde_json::to_string(&WorkspaceSettings {
+        settings: WorkspaceSettings {
             session_limit_min: 60,
             ..Default::default()
-        })
-        .unwrap_or_else(|_| "{}".into()),
+        },
     }
 }
 
@@ -172,10 +171,10 @@ pub async fn update(
         row.plan = plan.as_str().into();
     }
     if let Some(changes) = req.settings {
-        let mut merged = serde_json::from_str::<serde_json::Value>(&row.settings)
-            .ok()
-            .and_then(|v| v.as_object().cloned())
-            .unwrap_or_default();
+        let mut merged = match serde_json::to_value(&row.settings) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => return Err(ApiError::internal()),
+        };
         merged.extend(changes);
         let settings: WorkspaceSettings = crate::extract::parse_json(
             &serde_json::to_vec(&merged).map_err(|_| ApiError::internal())?,
@@ -192,7 +191,7 @@ pub async fn update(
                 "compute_rate must be a number of at least 0",
             ));
         }
-        row.settings = serde_json::to_string(&settings).map_err(|_| ApiError::internal())?;
+        row.settings = settings;
     }
     state.store.update_workspace(&row).await?;
     Ok(Json(Data {

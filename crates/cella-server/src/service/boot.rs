@@ -46,10 +46,7 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                 disk_size_mb: row.disk_size_mb as u32,
                 pids_max: (row.cpu_count as u32 * 1024).max(1024),
                 network: match &state.network {
-                    Some(dns) => {
-                        let policy = serde_json::from_str(&row.network).unwrap_or_default();
-                        Some(crate::network::rules(&policy, dns).await)
-                    }
+                    Some(dns) => Some(crate::network::rules(&row.network, dns).await),
                     None => None,
                 },
                 snapshot: row.snapshot_id.clone(),
@@ -129,7 +126,7 @@ async fn start_template_app(
         return Ok(());
     };
     let mut boot_row = row.clone();
-    boot_row.state = SandboxState::Running.as_str().into();
+    boot_row.state = SandboxState::Running;
     boot_row.runtime = serde_json::to_string(handle).ok();
     let boot = Runnable::booting(state, boot_row, handle.clone());
     let spec = boot

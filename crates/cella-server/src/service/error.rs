@@ -129,7 +129,7 @@ impl SandboxError {
     pub fn not_running(row: &cella_store::SandboxRow) -> Self {
         SandboxError::NotRunning {
             id: row.id.clone(),
-            state: row.state.clone(),
+            state: row.state.as_str().to_string(),
             reason: row.state_reason.clone(),
         }
     }

@@ -29,7 +29,7 @@ impl Locks {
 }
 
 pub fn state_of(row: &SandboxRow) -> SandboxState {
-    SandboxState::parse(&row.state).unwrap_or(SandboxState::Error)
+    row.state
 }
 
 pub fn handle_of(row: &SandboxRow) -> Option<SandboxHandle> {

@@ -173,9 +173,7 @@ impl Runnable {
         let req_env = req.env.unwrap_or_default();
         check_map("env", &req_env, true)?;
         let mut env = base_env(home, name);
-        env.extend(
-            serde_json::from_str::<BTreeMap<String, String>>(&self.row.env).unwrap_or_default(),
-        );
+        env.extend(self.row.env.clone());
         env.extend(req_env);
         Ok(ExecSpec {
             argv,

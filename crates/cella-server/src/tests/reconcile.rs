@@ -32,7 +32,7 @@ async fn a_restart_finds_live_sandboxes_and_reports_dead_ones() {
         crate::util::new_id("sb"),
         workspace,
         "base".into(),
-        "small",
+        cella_types::Size::Small,
         cella_types::Size::Small.shape(),
         crate::util::now_ms(),
     );

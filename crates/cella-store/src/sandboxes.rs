@@ -1,0 +1,596 @@
+//! The `sandboxes` table: every sandbox's shape, state, clocks and settings, the warm pool's
+//! sandboxes (under [`POOL_WORKSPACE`]) and the claims that hand them out, and the per-sandbox
+//! counters written on their own (activity, memory use, preview token generation).
+//!
+//! `state` and `size` are stored as their names ([`SandboxState`], [`Size`]); `metadata` and
+//! `env` as JSON objects of strings, `network` as a JSON [`NetworkPolicy`]. A row whose values
+//! do not decode reads as [`crate::StoreError::Corrupt`] naming its id. `runtime` is the
+//! server's opaque record of the running sandbox and stays text here.
+
+use crate::{decode_json, decode_name, encode_json, Result, Store, StoreError, POOL_WORKSPACE};
+use cella_types::{NetworkPolicy, SandboxState, Size};
+use sqlx::FromRow;
+use std::collections::BTreeMap;
+
+const TABLE: &str = "sandboxes";
+
+/// States that hold a slot of a workspace's plan cap.
+pub const CAPPED_STATES: &str = "('provisioning','running','paused')";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxRow {
+    pub seq: i64,
+    pub id: String,
+    pub workspace_id: String,
+    pub owner_id: String,
+    pub template_id: String,
+    pub state: SandboxState,
+    pub size: Size,
+    pub cpu_count: i64,
+    pub memory_mb: i64,
+    pub disk_size_mb: i64,
+    pub ready: bool,
+    pub ready_at: Option<i64>,
+    pub timeout_sec: i64,
+    pub always_on: bool,
+    pub persistent: bool,
+    pub idle_timeout_sec: i64,
+    pub metadata: BTreeMap<String, String>,
+    pub env: BTreeMap<String, String>,
+    pub created_at: i64,
+    pub started_at: Option<i64>,
+    pub destroyed_at: Option<i64>,
+    pub total_runtime_sec: Option<i64>,
+    pub running_ms: i64,
+    pub running_since: Option<i64>,
+    pub timeout_at: Option<i64>,
+    pub state_reason: Option<String>,
+    pub runtime: Option<String>,
+    pub compute_rate: f64,
+    pub paused_ms: i64,
+    pub paused_since: Option<i64>,
+    pub last_activity_at: Option<i64>,
+    pub cpu_ns: i64,
+    pub memory_mib_ms: i64,
+    pub network: NetworkPolicy,
+    /// The snapshot its files came from, if any.
+    pub snapshot_id: Option<String>,
+    /// Preview URLs answer without a token.
+    pub preview_public: bool,
+    /// Preview traffic resumes the sandbox when it is paused.
+    pub auto_resume: bool,
+}
+
+impl SandboxRow {
+    /// A new sandbox in `provisioning` with the given shape, no clocks running, no runtime
+    /// record, default settings (timer 3600 s, persistent, idle timer off, public previews);
+    /// callers set what differs with struct update syntax.
+    pub fn new(
+        id: String,
+        workspace_id: String,
+        template_id: String,
+        size: Size,
+        (cpu_count, memory_mb, disk_size_mb): (u32, u32, u32),
+        created_at: i64,
+    ) -> SandboxRow {
+        SandboxRow {
+            seq: 0,
+            id,
+            workspace_id,
+            owner_id: String::new(),
+            template_id,
+            state: SandboxState::Provisioning,
+            size,
+            cpu_count: cpu_count as i64,
+            memory_mb: memory_mb as i64,
+            disk_size_mb: disk_size_mb as i64,
+            ready: false,
+            ready_at: None,
+            timeout_sec: 3600,
+            always_on: false,
+            persistent: true,
+            idle_timeout_sec: 0,
+            metadata: BTreeMap::new(),
+            env: BTreeMap::new(),
+            created_at,
+            started_at: None,
+            destroyed_at: None,
+            total_runtime_sec: None,
+            running_ms: 0,
+            running_since: None,
+            timeout_at: None,
+            state_reason: None,
+            runtime: None,
+            compute_rate: 0.0,
+            paused_ms: 0,
+            paused_since: None,
+            last_activity_at: None,
+            cpu_ns: 0,
+            memory_mib_ms: 0,
+            network: NetworkPolicy::default(),
+            snapshot_id: None,
+            preview_public: true,
+            auto_resume: false,
+        }
+    }
+}
+
+/// A row as SQLite holds it.
+#[derive(FromRow)]
+struct Raw {
+    seq: i64,
+    id: String,
+    workspace_id: String,
+    owner_id: String,
+    template_id: String,
+    state: String,
+    size: String,
+    cpu_count: i64,
+    memory_mb: i64,
+    disk_size_mb: i64,
+    ready: bool,
+    ready_at: Option<i64>,
+    timeout_sec: i64,
+    always_on: bool,
+    persistent: bool,
+    idle_timeout_sec: i64,
+    metadata: String,
+    env: String,
+    created_at: i64,
+    started_at: Option<i64>,
+    destroyed_at: Option<i64>,
+    total_runtime_sec: Option<i64>,
+    running_ms: i64,
+    running_since: Option<i64>,
+    timeout_at: Option<i64>,
+    state_reason: Option<String>,
+    runtime: Option<String>,
+    compute_rate: f64,
+    paused_ms: i64,
+    paused_since: Option<i64>,
+    last_activity_at: Option<i64>,
+    cpu_ns: i64,
+    memory_mib_ms: i64,
+    network: String,
+    snapshot_id: Option<String>,
+    preview_public: bool,
+    auto_resume: bool,
+}
+
+impl TryFrom<Raw> for SandboxRow {
+    type Error = StoreError;
+    fn try_from(r: Raw) -> Result<SandboxRow> {
+        let id = r.id.as_str();
+        Ok(SandboxRow {
+            state: decode_name(TABLE, id, "state", &r.state, SandboxState::parse)?,
+            size: decode_name(TABLE, id, "size", &r.size, Size::parse)?,
+            metadata: decode_json(TABLE, id, "metadata", &r.metadata)?,
+            env: decode_json(TABLE, id, "env", &r.env)?,
+            network: decode_json(TABLE, id, "network", &r.network)?,
+            seq: r.seq,
+            id: r.id,
+            workspace_id: r.workspace_id,
+            owner_id: r.owner_id,
+            template_id: r.template_id,
+            cpu_count: r.cpu_count,
+            memory_mb: r.memory_mb,
+            disk_size_mb: r.disk_size_mb,
+            ready: r.ready,
+            ready_at: r.ready_at,
+            timeout_sec: r.timeout_sec,
+            always_on: r.always_on,
+            persistent: r.persistent,
+            idle_timeout_sec: r.idle_timeout_sec,
+            created_at: r.created_at,
+            started_at: r.started_at,
+            destroyed_at: r.destroyed_at,
+            total_runtime_sec: r.total_runtime_sec,
+            running_ms: r.running_ms,
+            running_since: r.running_since,
+            timeout_at: r.timeout_at,
+            state_reason: r.state_reason,
+            runtime: r.runtime,
+            compute_rate: r.compute_rate,
+            paused_ms: r.paused_ms,
+            paused_since: r.paused_since,
+            last_activity_at: r.last_activity_at,
+            cpu_ns: r.cpu_ns,
+            memory_mib_ms: r.memory_mib_ms,
+            snapshot_id: r.snapshot_id,
+            preview_public: r.preview_public,
+            auto_resume: r.auto_resume,
+        })
+    }
+}
+
+fn typed(rows: Vec<Raw>) -> Result<Vec<SandboxRow>> {
+    rows.into_iter().map(SandboxRow::try_from).collect()
+}
+
+/// What a claim on the warm pool found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// This sandbox is now the caller's (stored with a fresh `seq`, so it lists as the newest).
+    Claimed(Box<SandboxRow>),
+    /// No ready sandbox of that template and size.
+    Empty,
+    /// The workspace is at its plan's cap.
+    AtCap,
+}
+
+/// A filter for listing sandboxes.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxFilter {
+    pub workspace_id: String,
+    pub state: Option<SandboxState>,
+    /// `metadata.<key>=<value>` pairs, all of which must match.
+    pub metadata: Vec<(String, String)>,
+    pub limit: u32,
+    /// Only rows older (smaller seq) than this.
+    pub before_seq: Option<i64>,
+    /// Without a `state`: every state (true), or only live ones, not destroyed or error.
+    pub all_states: bool,
+}
+
+const SANDBOX_COLS: &str = "seq, id, workspace_id, owner_id, template_id, state, size, \
+        cpu_count, memory_mb, disk_size_mb, ready, ready_at, timeout_sec, always_on, persistent, \
+        idle_timeout_sec, metadata, env, created_at, started_at, destroyed_at, total_runtime_sec, \
+        running_ms, running_since, timeout_at, state_reason, runtime, compute_rate, paused_ms, \
+        paused_since, last_activity_at, cpu_ns, memory_mib_ms, network, snapshot_id, preview_public, \
+        auto_resume";
+
+impl Store {
+    /// Inserts a sandbox unless its workspace already holds `cap` sandboxes in a capped state.
+    /// One statement, so concurrent creates can never overshoot the cap. Returns false at the cap.
+    pub async fn insert_sandbox_capped(&self, s: &SandboxRow, cap: u32) -> Result<bool> {
+        let q = format!(
+            "INSERT INTO sandboxes (id, workspace_id, owner_id, template_id, state, size, cpu_count, memory_mb, \
+             disk_size_mb, ready, timeout_sec, always_on, persistent, idle_timeout_sec, metadata, env, created_at, \
+             compute_rate, network, snapshot_id, preview_public, auto_resume) \
+             SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
+             WHERE (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ?"
+        );
+        let r = sqlx::query(&q)
+            .bind(&s.id)
+            .bind(&s.workspace_id)
+            .bind(&s.owner_id)
+            .bind(&s.template_id)
+            .bind(s.state.as_str())
+            .bind(s.size.as_str())
+            .bind(s.cpu_count)
+            .bind(s.memory_mb)
+            .bind(s.disk_size_mb)
+            .bind(s.ready)
+            .bind(s.timeout_sec)
+            .bind(s.always_on)
+            .bind(s.persistent)
+            .bind(s.idle_timeout_sec)
+            .bind(encode_json(TABLE, &s.id, "metadata", &s.metadata)?)
+            .bind(encode_json(TABLE, &s.id, "env", &s.env)?)
+            .bind(s.created_at)
+            .bind(s.compute_rate)
+            .bind(encode_json(TABLE, &s.id, "network", &s.network)?)
+            .bind(&s.snapshot_id)
+            .bind(s.preview_public)
+            .bind(s.auto_resume)
+            .bind(&s.workspace_id)
+            .bind(cap as i64)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Takes a ready pool sandbox of `template` and `size` for `new.workspace_id`, unless that
+    /// workspace is at `cap`. The row becomes `new` but for what the running sandbox fixes: its
+    /// id, runtime record and resource figures. One statement reserves it (two concurrent
+    /// claims never get the same sandbox, and the cap is never overshot); a transaction then
+    /// stores it again under a new `seq`.
+    pub async fn claim_pooled(
+        &self,
+        new: &SandboxRow,
+        cap: u32,
+        cpu_baseline: impl FnOnce(&SandboxRow) -> i64,
+    ) -> Result<Claim> {
+        // One transaction (one sync to disk): its first statement writes, so it holds the write
+        // lock from the start.
+        let mut tx = self.pool.begin().await?;
+        let q = format!(
+            "UPDATE sandboxes SET workspace_id = ? WHERE id = ( \
+               SELECT id FROM sandboxes WHERE workspace_id = ? AND template_id = ? AND size = ? \
+               AND state = 'running' AND ready = 1 ORDER BY seq LIMIT 1) \
+             AND (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ? \
+             RETURNING id"
+        );
+        let id: Option<String> = sqlx::query_scalar(&q)
+            .bind(&new.workspace_id)
+            .bind(POOL_WORKSPACE)
+            .bind(&new.template_id)
+            .bind(new.size.as_str())
+            .bind(&new.workspace_id)
+            .bind(cap as i64)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(id) = id else {
+            tx.rollback().await?;
+            let ready: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND template_id = ? \
+                 AND size = ? AND state = 'running' AND ready = 1",
+            )
+            .bind(POOL_WORKSPACE)
+            .bind(&new.template_id)
+            .bind(new.size.as_str())
+            .fetch_one(&self.pool)
+            .await?;
+            return Ok(if ready == 0 {
+                Claim::Empty
+            } else {
+                Claim::AtCap
+            });
+        };
+        let q = format!("DELETE FROM sandboxes WHERE id = ? RETURNING {SANDBOX_COLS}");
+        let old: Raw = sqlx::query_as(&q).bind(&id).fetch_one(&mut *tx).await?;
+        // A corrupt pool row fails the claim (the transaction rolls back when dropped).
+        let old = SandboxRow::try_from(old)?;
+        let row = SandboxRow {
+            seq: 0,
+            id: old.id.clone(),
+            template_id: old.template_id.clone(),
+            size: old.size,
+            cpu_count: old.cpu_count,
+            memory_mb: old.memory_mb,
+            disk_size_mb: old.disk_size_mb,
+            state: old.state,
+            ready: old.ready,
+            runtime: old.runtime.clone(),
+            cpu_ns: cpu_baseline(&old),
+            ..new.clone()
+        };
+        let cols = &SANDBOX_COLS["seq, ".len()..];
+        let marks = vec!["?"; cols.split(',').count()].join(", ");
+        let q = format!("INSERT INTO sandboxes ({cols}) VALUES ({marks})");
+        sqlx::query(&q)
+            .bind(&row.id)
+            .bind(&row.workspace_id)
+            .bind(&row.owner_id)
+            .bind(&row.template_id)
+            .bind(row.state.as_str())
+            .bind(row.size.as_str())
+            .bind(row.cpu_count)
+            .bind(row.memory_mb)
+            .bind(row.disk_size_mb)
+            .bind(row.ready)
+            .bind(row.ready_at)
+            .bind(row.timeout_sec)
+            .bind(row.always_on)
+            .bind(row.persistent)
+            .bind(row.idle_timeout_sec)
+            .bind(encode_json(TABLE, &row.id, "metadata", &row.metadata)?)
+            .bind(encode_json(TABLE, &row.id, "env", &row.env)?)
+            .bind(row.created_at)
+            .bind(row.started_at)
+            .bind(row.destroyed_at)
+            .bind(row.total_runtime_sec)
+            .bind(row.running_ms)
+            .bind(row.running_since)
+            .bind(row.timeout_at)
+            .bind(&row.state_reason)
+            .bind(&row.runtime)
+            .bind(row.compute_rate)
+            .bind(row.paused_ms)
+            .bind(row.paused_since)
+            .bind(row.last_activity_at)
+            .bind(row.cpu_ns)
+            .bind(row.memory_mib_ms)
+            .bind(encode_json(TABLE, &row.id, "network", &row.network)?)
+            .bind(&row.snapshot_id)
+            .bind(row.preview_public)
+            .bind(row.auto_resume)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(match self.sandbox(&id).await? {
+            Some(r) => Claim::Claimed(Box::new(r)),
+            None => Claim::Empty,
+        })
+    }
+
+    /// Removes a sandbox row for good (the pool's own sandboxes leave no record).
+    pub async fn delete_sandbox(&self, id: &str) -> Result<()> {
+        sqlx::query("DELETE FROM sandboxes WHERE id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Pool sandboxes of a template and size that are booting or ready: (booting, ready).
+    pub async fn pool_counts(&self, template: &str, size: Size) -> Result<(i64, i64)> {
+        let (booting, ready): (i64, i64) = sqlx::query_as(
+            "SELECT COALESCE(SUM(state = 'provisioning'), 0), COALESCE(SUM(state = 'running' AND ready = 1), 0) \
+             FROM sandboxes WHERE workspace_id = ? AND template_id = ? AND size = ?",
+        )
+        .bind(POOL_WORKSPACE)
+        .bind(template)
+        .bind(size.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((booting, ready))
+    }
+
+    /// Sandboxes left in the pool (to trim it when its configured size shrinks).
+    pub async fn pool_rows(&self) -> Result<Vec<SandboxRow>> {
+        let q = format!(
+            "SELECT {SANDBOX_COLS} FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES} ORDER BY seq"
+        );
+        typed(
+            sqlx::query_as(&q)
+                .bind(POOL_WORKSPACE)
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    pub async fn sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
+        let q = format!("SELECT {SANDBOX_COLS} FROM sandboxes WHERE id = ?");
+        let raw: Option<Raw> = sqlx::query_as(&q)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        raw.map(SandboxRow::try_from).transpose()
+    }
+
+    /// The generation of a sandbox's preview tokens (0 until the first rotation), or None when
+    /// no such sandbox exists.
+    pub async fn preview_token_gen(&self, id: &str) -> Result<Option<i64>> {
+        Ok(
+            sqlx::query_scalar("SELECT preview_token_gen FROM sandboxes WHERE id = ?")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Raises the generation of a sandbox's preview tokens (every earlier token stops working);
+    /// returns the new one, or None when no such sandbox exists.
+    pub async fn rotate_preview_token(&self, id: &str) -> Result<Option<i64>> {
+        Ok(sqlx::query_scalar(
+            "UPDATE sandboxes SET preview_token_gen = preview_token_gen + 1 WHERE id = ? \
+             RETURNING preview_token_gen",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Sandboxes of a workspace, newest first.
+    pub async fn list_sandboxes(&self, f: &SandboxFilter) -> Result<Vec<SandboxRow>> {
+        let mut q = format!("SELECT {SANDBOX_COLS} FROM sandboxes WHERE workspace_id = ?");
+        if f.state.is_some() {
+            q.push_str(" AND state = ?");
+        } else if !f.all_states {
+            q.push_str(" AND state NOT IN ('destroyed', 'error')");
+        }
+        if f.before_seq.is_some() {
+            q.push_str(" AND seq < ?");
+        }
+        for _ in &f.metadata {
+            q.push_str(" AND json_extract(metadata, ?) = ?");
+        }
+        q.push_str(" ORDER BY seq DESC LIMIT ?");
+        let mut query = sqlx::query_as::<_, Raw>(&q).bind(&f.workspace_id);
+        if let Some(s) = f.state {
+            query = query.bind(s.as_str());
+        }
+        if let Some(b) = f.before_seq {
+            query = query.bind(b);
+        }
+        for (k, v) in &f.metadata {
+            // A JSON path naming the key literally: `$."key"` (keys with quotes are refused upstream).
+            query = query.bind(format!("$.\"{k}\"")).bind(v);
+        }
+        typed(query.bind(f.limit as i64).fetch_all(&self.pool).await?)
+    }
+
+    /// Removes the rows of sandboxes destroyed (or failed) before `before_ms`; answers how many.
+    /// Pool sandboxes and live ones are never touched.
+    pub async fn prune_sandboxes(&self, before_ms: i64) -> Result<u64> {
+        let r = sqlx::query(
+            "DELETE FROM sandboxes WHERE state IN ('destroyed', 'error') \
+             AND COALESCE(destroyed_at, created_at) < ?",
+        )
+        .bind(before_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
+    }
+
+    /// Writes the mutable columns of a sandbox, except the two that only grow and are written
+    /// on their own ([`Store::add_memory_usage`], [`Store::record_activity`]).
+    pub async fn update_sandbox(&self, s: &SandboxRow) -> Result<()> {
+        sqlx::query(
+            "UPDATE sandboxes SET state = ?, ready = ?, ready_at = ?, timeout_sec = ?, always_on = ?, \
+             idle_timeout_sec = ?, metadata = ?, started_at = ?, destroyed_at = ?, \
+             total_runtime_sec = ?, running_ms = ?, running_since = ?, timeout_at = ?, \
+             state_reason = ?, runtime = ?, paused_ms = ?, paused_since = ?, cpu_ns = ? \
+             WHERE id = ?",
+        )
+        .bind(s.state.as_str())
+        .bind(s.ready)
+        .bind(s.ready_at)
+        .bind(s.timeout_sec)
+        .bind(s.always_on)
+        .bind(s.idle_timeout_sec)
+        .bind(encode_json(TABLE, &s.id, "metadata", &s.metadata)?)
+        .bind(s.started_at)
+        .bind(s.destroyed_at)
+        .bind(s.total_runtime_sec)
+        .bind(s.running_ms)
+        .bind(s.running_since)
+        .bind(s.timeout_at)
+        .bind(&s.state_reason)
+        .bind(&s.runtime)
+        .bind(s.paused_ms)
+        .bind(s.paused_since)
+        .bind(s.cpu_ns)
+        .bind(&s.id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Moves a sandbox that holds no slot (stopped) into a capped state, unless its workspace is
+    /// at `cap`. One statement, like [`Store::insert_sandbox_capped`]. False at the cap.
+    pub async fn claim_slot(&self, id: &str, state: SandboxState, cap: u32) -> Result<bool> {
+        let q = format!(
+            "UPDATE sandboxes SET state = ? WHERE id = ? AND state NOT IN {CAPPED_STATES} AND \
+             (SELECT COUNT(*) FROM sandboxes s2 WHERE s2.workspace_id = sandboxes.workspace_id \
+              AND s2.state IN {CAPPED_STATES}) < ?"
+        );
+        let r = sqlx::query(&q)
+            .bind(state.as_str())
+            .bind(id)
+            .bind(cap as i64)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Adds integrated memory use (MiB x ms) to running sandboxes, in one transaction.
+    pub async fn add_memory_usage(&self, amounts: &[(String, i64)]) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        for (id, mib_ms) in amounts {
+            sqlx::query("UPDATE sandboxes SET memory_mib_ms = memory_mib_ms + ? WHERE id = ?")
+                .bind(mib_ms)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Records activity times; a time never moves backwards.
+    pub async fn record_activity(&self, times: &[(String, i64)]) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        for (id, at) in times {
+            sqlx::query(
+                "UPDATE sandboxes SET last_activity_at = MAX(COALESCE(last_activity_at, 0), ?) \
+                 WHERE id = ?",
+            )
+            .bind(at)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Every sandbox that is not in a terminal state, across workspaces.
+    pub async fn live_sandboxes(&self) -> Result<Vec<SandboxRow>> {
+        let q = format!(
+            "SELECT {SANDBOX_COLS} FROM sandboxes WHERE state NOT IN ('destroyed', 'error') ORDER BY seq"
+        );
+        typed(sqlx::query_as(&q).fetch_all(&self.pool).await?)
+    }
+}

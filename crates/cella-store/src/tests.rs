@@ -1,0 +1,597 @@
+//! Unit tests of the store: caps, pool claims, listings, layer charges, typed columns.
+
+use super::*;
+use cella_types::{SandboxState, Size};
+
+fn sandbox(id: &str, ws: &str) -> SandboxRow {
+    SandboxRow {
+        owner_id: "key1".into(),
+        metadata: [("team".to_string(), "a".to_string())].into(),
+        created_at: 1,
+        ..SandboxRow::new(
+            id.into(),
+            ws.into(),
+            "base".into(),
+            Size::Small,
+            Size::Small.shape(),
+            1,
+        )
+    }
+}
+
+async fn store_with_ws() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("db.sqlite")).await.unwrap();
+    let ws = WorkspaceRow {
+        id: "ws1".into(),
+        name: "w".into(),
+        plan: "developer".into(),
+        kind: "personal".into(),
+        created_at: 0,
+        settings: Default::default(),
+    };
+    store.insert_workspace(&ws).await.unwrap();
+    (dir, store)
+}
+
+/// A data directory from before the operator column: its generated bootstrap key (the
+/// oldest `bootstrap` key of the default workspace) becomes the operator's, and nothing else.
+#[tokio::test]
+async fn upgrade_makes_the_old_bootstrap_key_the_operator() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old-migrations");
+    std::fs::create_dir(&old).unwrap();
+    let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    for e in std::fs::read_dir(&all).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().into_string().unwrap();
+        if name.as_str() < "0009" {
+            std::fs::copy(e.path(), old.join(&name)).unwrap();
+        }
+    }
+    let path = dir.path().join("db.sqlite");
+    {
+        let opts = SqliteConnectOptions::from_str("sqlite://")
+            .unwrap()
+            .filename(&path)
+            .create_if_missing(true);
+        let pool = SqlitePool::connect_with(opts).await.unwrap();
+        sqlx::migrate::Migrator::new(old.as_path())
+            .await
+            .unwrap()
+            .run(&pool)
+            .await
+            .unwrap();
+        for q in [
+            "INSERT INTO meta VALUES ('default_workspace', 'wsdef'), ('bootstrap_key_written', '1')",
+            "INSERT INTO workspaces (id, name, plan, kind, created_at) VALUES \
+             ('wsdef', 'default', 'enterprise', 'personal', 0), ('wsb', 'b', 'developer', 'organization', 0)",
+            "INSERT INTO api_keys (id, workspace_id, name, hash, prefix, scopes, created_at) VALUES \
+             ('keyboot', 'wsdef', 'bootstrap', 'h1', 'p', '[\"admin\"]', 1), \
+             ('keylater', 'wsdef', 'bootstrap', 'h2', 'p', '[\"admin\"]', 2), \
+             ('keyb', 'wsb', 'bootstrap', 'h3', 'p', '[\"admin\"]', 3)",
+            "INSERT INTO templates (id, workspace_id, name, spec, created_at) VALUES ('x', 'wsb', 'x', '{\"id\":\"x\"}', 0)",
+        ] {
+            sqlx::query(q).execute(&pool).await.unwrap();
+        }
+        pool.close().await;
+    }
+    let store = Store::open(&path).await.unwrap();
+    let op = |id: &'static str| {
+        let store = store.clone();
+        async move { store.key(id).await.unwrap().unwrap().operator }
+    };
+    assert!(op("keyboot").await);
+    assert!(!op("keylater").await);
+    assert!(!op("keyb").await);
+    // Old templates keep their id; another workspace may take the same public id.
+    let t = store.template("x").await.unwrap().unwrap();
+    assert_eq!((t.id.as_str(), t.public_id.as_deref()), ("x", None));
+    let mut other = TemplateRow {
+        id: "x.k1".into(),
+        public_id: Some("x".into()),
+        workspace_id: "wsdef".into(),
+        ..t.clone()
+    };
+    assert!(store.upsert_template(&other).await.unwrap());
+    // But a workspace holds one template of an id.
+    other.id = "x.k2".into();
+    other.workspace_id = "wsb".into();
+    let e = store.upsert_template(&other).await.unwrap_err();
+    assert!(e.is_unique_violation(), "{e}");
+}
+
+#[tokio::test]
+async fn cap_holds_under_concurrent_inserts() {
+    let (_d, store) = store_with_ws().await;
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let s = store.clone();
+        tasks.push(tokio::spawn(async move {
+            s.insert_sandbox_capped(&sandbox(&format!("sb{i}"), "ws1"), 10)
+                .await
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        if t.await.unwrap().unwrap() {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 10);
+}
+
+#[tokio::test]
+async fn list_filters_by_state_and_metadata_and_pages() {
+    let (_d, store) = store_with_ws().await;
+    for i in 0..5 {
+        store
+            .insert_sandbox_capped(&sandbox(&format!("sb{i}"), "ws1"), 100)
+            .await
+            .unwrap();
+    }
+    let mut s = store.sandbox("sb3").await.unwrap().unwrap();
+    s.state = SandboxState::Running;
+    s.metadata = [("team".to_string(), "b".to_string())].into();
+    store.update_sandbox(&s).await.unwrap();
+
+    let f = SandboxFilter {
+        workspace_id: "ws1".into(),
+        limit: 2,
+        ..Default::default()
+    };
+    let page1 = store.list_sandboxes(&f).await.unwrap();
+    assert_eq!(
+        page1.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["sb4", "sb3"]
+    );
+    let f2 = SandboxFilter {
+        before_seq: Some(page1[1].seq),
+        ..f.clone()
+    };
+    let page2 = store.list_sandboxes(&f2).await.unwrap();
+    assert_eq!(
+        page2.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["sb2", "sb1"]
+    );
+
+    let by_state = SandboxFilter {
+        state: Some(SandboxState::Running),
+        limit: 10,
+        ..f.clone()
+    };
+    assert_eq!(store.list_sandboxes(&by_state).await.unwrap().len(), 1);
+    let by_meta = SandboxFilter {
+        metadata: vec![("team".into(), "a".into())],
+        limit: 10,
+        ..f.clone()
+    };
+    assert_eq!(store.list_sandboxes(&by_meta).await.unwrap().len(), 4);
+    let other_ws = SandboxFilter {
+        workspace_id: "nope".into(),
+        limit: 10,
+        ..Default::default()
+    };
+    assert!(store.list_sandboxes(&other_ws).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn lists_show_live_sandboxes_unless_asked_and_old_destroyed_rows_are_pruned() {
+    let (_d, store) = store_with_ws().await;
+    for i in 0..3 {
+        store
+            .insert_sandbox_capped(&sandbox(&format!("sb{i}"), "ws1"), 100)
+            .await
+            .unwrap();
+    }
+    let mut gone = store.sandbox("sb0").await.unwrap().unwrap();
+    gone.state = SandboxState::Destroyed;
+    gone.destroyed_at = Some(1_000);
+    store.update_sandbox(&gone).await.unwrap();
+    let mut recent = store.sandbox("sb1").await.unwrap().unwrap();
+    recent.state = SandboxState::Destroyed;
+    recent.destroyed_at = Some(5_000);
+    store.update_sandbox(&recent).await.unwrap();
+    let f = SandboxFilter {
+        workspace_id: "ws1".into(),
+        limit: 10,
+        ..Default::default()
+    };
+    let ids = |rows: Vec<SandboxRow>| rows.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(ids(store.list_sandboxes(&f).await.unwrap()), ["sb2"]);
+    let all = SandboxFilter {
+        all_states: true,
+        ..f.clone()
+    };
+    assert_eq!(ids(store.list_sandboxes(&all).await.unwrap()).len(), 3);
+    // Only rows destroyed before the cut-off go; the live one and the recent one stay.
+    assert_eq!(store.prune_sandboxes(2_000).await.unwrap(), 1);
+    assert!(store.sandbox("sb0").await.unwrap().is_none());
+    assert!(store.sandbox("sb1").await.unwrap().is_some());
+    assert_eq!(store.prune_sandboxes(2_000).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_workspace_pays_once_per_layer_and_gets_it_back_with_its_last_owner() {
+    let (_d, store) = store_with_ws().await;
+    let l = |n: &str, b: u64| (n.to_string(), b);
+    store
+        .charge_layers("ws1", "image", "img1", &[l("a", 100), l("b", 10)], 1)
+        .await
+        .unwrap();
+    // A template on the image's layers and one of its own: the shared ones count once,
+    // under the image.
+    store
+        .charge_layers("ws1", "template", "t1", &[l("a", 100), l("c", 1)], 1)
+        .await
+        .unwrap();
+    // Charging again changes nothing.
+    store
+        .charge_layers("ws1", "template", "t1", &[l("c", 1)], 2)
+        .await
+        .unwrap();
+    // Another workspace on the same layer pays for it itself.
+    store
+        .charge_layers("ws2", "template", "t2", &[l("a", 100)], 1)
+        .await
+        .unwrap();
+    let u = store.storage_of("ws1").await.unwrap();
+    assert_eq!((u.images, u.templates, u.total()), (110, 1, 111));
+    assert_eq!(store.storage_used("ws2").await.unwrap(), 100);
+    assert_eq!(store.charged_layers("ws1").await.unwrap().len(), 3);
+    // The image goes: the template still holds `a`, now under templates.
+    let mut gone = store.release_owner("image", "img1").await.unwrap();
+    gone.sort();
+    assert_eq!(gone, ["a", "b"]);
+    let u = store.storage_of("ws1").await.unwrap();
+    assert_eq!((u.images, u.templates), (0, 101));
+    let held = store
+        .layers_charged(&["a".into(), "b".into(), "c".into()])
+        .await
+        .unwrap();
+    assert!(held.contains("a") && held.contains("c") && !held.contains("b"));
+    store
+        .uncharge_layers("ws1", "template", "t1", &["c".into()])
+        .await
+        .unwrap();
+    assert_eq!(store.storage_used("ws1").await.unwrap(), 100);
+    assert!(store.owner_charged("template", "t1").await.unwrap());
+    store.release_owner("template", "t1").await.unwrap();
+    assert_eq!(store.storage_used("ws1").await.unwrap(), 0);
+    assert!(!store.owner_charged("template", "t1").await.unwrap());
+    assert_eq!(store.storage_used("ws2").await.unwrap(), 100);
+}
+
+/// Runs a raw statement (to corrupt a row on purpose).
+async fn raw(store: &Store, q: &str) {
+    sqlx::query(q).execute(store.pool()).await.unwrap();
+}
+
+/// The error must be `Corrupt` naming `table` and `id`, with `column` in its reason.
+fn assert_corrupt<T: std::fmt::Debug>(r: Result<T>, table: &str, id: &str, column: &str) {
+    match r {
+        Err(StoreError::Corrupt {
+            table: t,
+            id: i,
+            reason,
+        }) => {
+            assert_eq!((t, i.as_str()), (table, id));
+            assert!(reason.contains(column), "{reason}");
+        }
+        other => panic!("expected a corrupt {table} row {id}, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn sandbox_typed_columns_round_trip() {
+    let (_d, store) = store_with_ws().await;
+    let mut s = sandbox("sb1", "ws1");
+    s.size = Size::Large;
+    s.env = [("A".to_string(), "1".to_string())].into();
+    s.network = cella_types::NetworkPolicy {
+        egress: cella_types::Egress::Deny,
+        allow: vec!["10.0.0.0/8".into()],
+        deny: vec!["example.com".into()],
+    };
+    assert!(store.insert_sandbox_capped(&s, 10).await.unwrap());
+    let mut back = store.sandbox("sb1").await.unwrap().unwrap();
+    assert_eq!(back.size, Size::Large);
+    assert_eq!(back.state, SandboxState::Provisioning);
+    assert_eq!(back.metadata, s.metadata);
+    assert_eq!(back.env, s.env);
+    assert_eq!(back.network, s.network);
+    for state in SandboxState::ALL {
+        back.state = state;
+        back.metadata = [("k".to_string(), format!("{state:?}"))].into();
+        store.update_sandbox(&back).await.unwrap();
+        let again = store.sandbox("sb1").await.unwrap().unwrap();
+        assert_eq!((again.state, &again.metadata), (state, &back.metadata));
+    }
+    // Stored as the names the SQL filters compare with.
+    let (state, size): (String, String) =
+        sqlx::query_as("SELECT state, size FROM sandboxes WHERE id = 'sb1'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!((state.as_str(), size.as_str()), ("error", "large"));
+}
+
+#[tokio::test]
+async fn a_corrupt_sandbox_row_is_an_error_naming_it() {
+    let (_d, store) = store_with_ws().await;
+    for i in 0..2 {
+        store
+            .insert_sandbox_capped(&sandbox(&format!("sb{i}"), "ws1"), 10)
+            .await
+            .unwrap();
+    }
+    let f = SandboxFilter {
+        workspace_id: "ws1".into(),
+        limit: 10,
+        ..Default::default()
+    };
+    for (set, column) in [
+        ("state = 'sleeping'", "state"),
+        ("size = 'huge'", "size"),
+        ("metadata = '{not json'", "metadata"),
+        ("metadata = '{\"n\": 1}'", "metadata"),
+        ("env = '[]'", "env"),
+        ("network = '{\"egress\": \"sometimes\"}'", "network"),
+    ] {
+        raw(
+            &store,
+            &format!("UPDATE sandboxes SET {set} WHERE id = 'sb1'"),
+        )
+        .await;
+        assert_corrupt(store.sandbox("sb1").await, "sandboxes", "sb1", column);
+        // A listing that meets it fails the same way instead of showing a default.
+        assert_corrupt(store.list_sandboxes(&f).await, "sandboxes", "sb1", column);
+        assert_corrupt(store.live_sandboxes().await, "sandboxes", "sb1", column);
+        // The other row still reads.
+        assert!(store.sandbox("sb0").await.unwrap().is_some());
+        // Put it right again for the next column.
+        let good = sandbox("sb1", "ws1");
+        raw(
+            &store,
+            &format!(
+                "UPDATE sandboxes SET state = 'provisioning', size = 'small', metadata = '{}', \
+                 env = '{{}}', network = '{{}}' WHERE id = 'sb1'",
+                serde_json::to_string(&good.metadata).unwrap()
+            ),
+        )
+        .await;
+        assert_eq!(
+            store.sandbox("sb1").await.unwrap().unwrap().metadata,
+            good.metadata
+        );
+    }
+}
+
+#[tokio::test]
+async fn snapshot_size_round_trips_and_a_bad_one_is_corrupt() {
+    let (_d, store) = store_with_ws().await;
+    for (i, size) in cella_types::ALL_SIZES.into_iter().enumerate() {
+        let s = SnapshotRow {
+            seq: 0,
+            id: format!("snap{i}"),
+            workspace_id: "ws1".into(),
+            sandbox_id: "sb1".into(),
+            template_id: "base".into(),
+            size,
+            created_at: 1,
+            size_bytes: 10,
+            internal: false,
+        };
+        store.insert_snapshot(&s).await.unwrap();
+        assert_eq!(store.snapshot(&s.id).await.unwrap().unwrap().size, size);
+    }
+    raw(
+        &store,
+        "UPDATE snapshots SET size = 'tiny' WHERE id = 'snap2'",
+    )
+    .await;
+    assert_corrupt(store.snapshot("snap2").await, "snapshots", "snap2", "size");
+    assert_corrupt(
+        store.list_snapshots("ws1", 10, None).await,
+        "snapshots",
+        "snap2",
+        "size",
+    );
+}
+
+#[tokio::test]
+async fn workspace_columns_round_trip_and_bad_ones_are_corrupt() {
+    let (_d, store) = store_with_ws().await;
+    let mut w = store.workspace("ws1").await.unwrap().unwrap();
+    w.plan = "business".into();
+    w.settings = cella_types::WorkspaceSettings {
+        tasks_enabled: true,
+        compute_rate: 0.5,
+        session_limit_min: 30,
+    };
+    store.update_workspace(&w).await.unwrap();
+    let back = store.workspace("ws1").await.unwrap().unwrap();
+    assert_eq!(back, w);
+    for (set, column) in [
+        ("plan = 'gold'", "plan"),
+        ("kind = 'family'", "kind"),
+        ("settings = '{\"tasks_enabled\": \"yes\"}'", "settings"),
+    ] {
+        raw(
+            &store,
+            &format!("UPDATE workspaces SET {set} WHERE id = 'ws1'"),
+        )
+        .await;
+        assert_corrupt(store.workspace("ws1").await, "workspaces", "ws1", column);
+        assert_corrupt(
+            store.list_workspaces(10, None).await,
+            "workspaces",
+            "ws1",
+            column,
+        );
+        store.update_workspace(&w).await.unwrap();
+        raw(
+            &store,
+            "UPDATE workspaces SET kind = 'personal' WHERE id = 'ws1'",
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn key_scopes_round_trip_and_an_unknown_scope_is_corrupt() {
+    let (_d, store) = store_with_ws().await;
+    let k = KeyRow {
+        id: "key1".into(),
+        workspace_id: "ws1".into(),
+        name: "k".into(),
+        hash: "h".into(),
+        prefix: "p".into(),
+        scopes: cella_types::Scope::ALL.to_vec(),
+        created_at: 1,
+        expires_at: Some(5),
+        revoked_at: None,
+        last_used_at: None,
+        operator: false,
+    };
+    store.insert_key(&k).await.unwrap();
+    assert_eq!(store.key("key1").await.unwrap().unwrap(), k);
+    assert_eq!(
+        store.key_by_hash("h").await.unwrap().unwrap().scopes,
+        k.scopes
+    );
+    for bad in ["'[\"admin\", \"root\"]'", "'admin'"] {
+        raw(
+            &store,
+            &format!("UPDATE api_keys SET scopes = {bad} WHERE id = 'key1'"),
+        )
+        .await;
+        assert_corrupt(store.key_by_hash("h").await, "api_keys", "key1", "scopes");
+        assert_corrupt(
+            store.list_keys(None, 10, None).await,
+            "api_keys",
+            "key1",
+            "scopes",
+        );
+    }
+}
+
+#[tokio::test]
+async fn template_and_build_columns_round_trip_and_bad_ones_are_corrupt() {
+    let (_d, store) = store_with_ws().await;
+    let t = TemplateRow {
+        id: "app.k1".into(),
+        public_id: Some("app".into()),
+        workspace_id: "ws1".into(),
+        name: "app".into(),
+        spec: cella_types::TemplateSpec {
+            id: "app".into(),
+            start: Some("serve".into()),
+            port: Some(8080),
+            default_size: Some(Size::Medium),
+            ..Default::default()
+        },
+        image: None,
+        defaults: None,
+        created_at: 1,
+    };
+    assert!(store.upsert_template(&t).await.unwrap());
+    assert_eq!(store.template("app.k1").await.unwrap().unwrap(), t);
+    let b = BuildRow {
+        id: "bld1".into(),
+        template_id: "app.k1".into(),
+        workspace_id: "ws1".into(),
+        state: "building".into(),
+        steps: vec![cella_types::BuildStep {
+            index: 0,
+            kind: "run".into(),
+            state: "done".into(),
+            duration_ms: Some(3),
+        }],
+        log: "ok\n".into(),
+        error: None,
+        created_at: 1,
+        finished_at: None,
+    };
+    store.insert_build(&b).await.unwrap();
+    assert_eq!(store.build("bld1").await.unwrap().unwrap(), b);
+    assert_eq!(
+        store.unfinished_builds().await.unwrap(),
+        std::slice::from_ref(&b)
+    );
+
+    raw(
+        &store,
+        "UPDATE templates SET spec = '{\"steps\": 3}' WHERE id = 'app.k1'",
+    )
+    .await;
+    assert_corrupt(
+        store.template("app.k1").await,
+        "templates",
+        "app.k1",
+        "spec",
+    );
+    assert_corrupt(store.templates().await, "templates", "app.k1", "spec");
+    raw(
+        &store,
+        "UPDATE template_builds SET steps = 'nope' WHERE id = 'bld1'",
+    )
+    .await;
+    assert_corrupt(
+        store.build("bld1").await,
+        "template_builds",
+        "bld1",
+        "steps",
+    );
+    assert_corrupt(
+        store.builds_of("app.k1", 10).await,
+        "template_builds",
+        "bld1",
+        "steps",
+    );
+    store.update_build(&b).await.unwrap();
+    raw(
+        &store,
+        "UPDATE template_builds SET state = 'paused' WHERE id = 'bld1'",
+    )
+    .await;
+    assert_corrupt(
+        store.build("bld1").await,
+        "template_builds",
+        "bld1",
+        "state",
+    );
+    // The server's own JSON columns decode through the same check.
+    let e = decode_json::<std::collections::BTreeMap<String, String>>(
+        "templates",
+        "app.k1",
+        "defaults",
+        "[1]",
+    );
+    assert_corrupt(e, "templates", "app.k1", "defaults");
+}
+
+#[tokio::test]
+async fn a_corrupt_pool_row_fails_the_claim_and_stays_in_the_pool() {
+    let (_d, store) = store_with_ws().await;
+    let pooled = SandboxRow {
+        state: SandboxState::Running,
+        ready: true,
+        ..sandbox("sbpool", POOL_WORKSPACE)
+    };
+    store.insert_sandbox_capped(&pooled, 100).await.unwrap();
+    raw(
+        &store,
+        "UPDATE sandboxes SET ready = 1, env = 'x' WHERE id = 'sbpool'",
+    )
+    .await;
+    let new = sandbox("sbnew", "ws1");
+    let r = store.claim_pooled(&new, 10, |_| 0).await;
+    assert_corrupt(r, "sandboxes", "sbpool", "env");
+    // Nothing changed: the row is still the pool's.
+    let (ws,): (String,) = sqlx::query_as("SELECT workspace_id FROM sandboxes WHERE id = 'sbpool'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(ws, POOL_WORKSPACE);
+}
