@@ -158,7 +158,7 @@ async fn bootstrap(store: &Store, config: &Config, data_dir: &Path) -> Result<()
     let ws_id = match store.meta_get("default_workspace").await? {
         Some(id) => id,
         None => {
-            let row = routes::workspaces::new_row(
+            let row = service::accounts::new_workspace(
                 "default",
                 config.default_plan,
                 WorkspaceKind::Personal,
@@ -177,7 +177,7 @@ async fn bootstrap(store: &Store, config: &Config, data_dir: &Path) -> Result<()
             Some(row) if !row.operator => store.set_key_operator(&row.id).await?,
             Some(_) => {}
             None => {
-                let (mut row, _) = routes::keys::new_key(
+                let (mut row, _) = service::accounts::new_key(
                     &ws_id,
                     "bootstrap (CELLA_BOOTSTRAP_KEY)",
                     &[Scope::Admin],
@@ -190,7 +190,7 @@ async fn bootstrap(store: &Store, config: &Config, data_dir: &Path) -> Result<()
         }
     } else if store.meta_get("bootstrap_key_written").await?.is_none() {
         let (mut row, secret) =
-            routes::keys::new_key(&ws_id, "bootstrap", &[Scope::Admin], None, None);
+            service::accounts::new_key(&ws_id, "bootstrap", &[Scope::Admin], None, None);
         row.operator = true;
         store.insert_key(&row).await?;
         let path = data_dir.join("bootstrap.key");

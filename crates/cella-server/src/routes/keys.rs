@@ -1,13 +1,14 @@
 use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::extract::{cursor_for, reject_unknown, ApiBody, Page, QueryPairs};
-use crate::util::{hash_key, new_id, new_key_secret, now_ms, parse_rfc3339, rfc3339};
+use crate::service::accounts::new_key;
+use crate::util::{now_ms, parse_rfc3339, rfc3339};
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use cella_store::KeyRow;
-use cella_types::{ApiKey, CreateApiKey, Data, ErrorCode, List, Scope};
+use cella_types::{ApiKey, CreateApiKey, Data, ErrorCode, List};
 use std::sync::Arc;
 
 pub fn to_wire(k: &KeyRow) -> ApiKey {
@@ -22,36 +23,6 @@ pub fn to_wire(k: &KeyRow) -> ApiKey {
         last_used_at: k.last_used_at.map(rfc3339),
         key: None,
     }
-}
-
-/// Makes and stores a key; returns the row and the secret (which is stored only as a hash).
-pub fn new_key(
-    workspace_id: &str,
-    name: &str,
-    scopes: &[Scope],
-    expires_at: Option<i64>,
-    secret: Option<String>,
-) -> (KeyRow, String) {
-    let secret = secret.unwrap_or_else(new_key_secret);
-    let row = KeyRow {
-        id: new_id("key"),
-        workspace_id: workspace_id.to_string(),
-        name: name.to_string(),
-        hash: hash_key(&secret),
-        // Enough to recognise a key in a list, never enough to matter: at most a third of it.
-        prefix: secret
-            .chars()
-            .take((secret.chars().count() / 3).min(12))
-            .collect(),
-        scopes: scopes.to_vec(),
-        created_at: now_ms(),
-        expires_at,
-        revoked_at: None,
-        last_used_at: None,
-        // Only the server's bootstrap sets this, never a route.
-        operator: false,
-    };
-    (row, secret)
 }
 
 /// Create an API key for a workspace; the key is in this answer only. Scope `admin`: a

@@ -1,7 +1,7 @@
 use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::extract::{cursor_for, reject_unknown, ApiBody, Page, QueryPairs};
-use crate::util::{new_id, now_ms, rfc3339};
+use crate::util::rfc3339;
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -34,20 +34,6 @@ fn check_name(name: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-pub fn new_row(name: &str, plan: Plan, kind: WorkspaceKind) -> WorkspaceRow {
-    WorkspaceRow {
-        id: new_id("ws"),
-        name: name.to_string(),
-        plan: plan.as_str().into(),
-        kind: kind.as_str().into(),
-        created_at: now_ms(),
-        settings: WorkspaceSettings {
-            session_limit_min: 60,
-            ..Default::default()
-        },
-    }
-}
-
 /// Create a workspace (tenant). The operator only.
 #[utoipa::path(post, path = "/api/v1/workspaces", tag = "workspaces", security(("bearer" = [])), request_body = CreateWorkspace,
     responses((status = 201, body = Data<Workspace>), (status = 400, body = cella_types::ErrorBody), (status = 403, body = cella_types::ErrorBody)))]
@@ -57,7 +43,7 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<Data<Workspace>>), ApiError> {
     let req: CreateWorkspace = body.json()?;
     check_name(&req.name)?;
-    let row = new_row(&req.name, req.plan, req.kind);
+    let row = crate::service::accounts::new_workspace(&req.name, req.plan, req.kind);
     state.store.insert_workspace(&row).await?;
     Ok((
         StatusCode::CREATED,

@@ -9,11 +9,13 @@
 //! - [`runnable`]: the one way to get a running sandbox (row, handle, and exec specs with its
 //!   template's defaults), the one timeout check, and ownership of a sandbox by a workspace.
 //! - [`boot`]: booting a sandbox (and its template's app), and settling its clock.
+//! - [`accounts`]: new workspaces and API keys (for the routes and the bootstrap).
 //! - [`error`]: the errors, and which agent operation an agent error came from.
 //!
 //! The rest of the sandbox service (create, destroy, exec) is in `crate::sandboxes`
 //! and `crate::lifecycle`, which use these.
 
+pub mod accounts;
 pub mod boot;
 pub mod error;
 pub mod rows;
