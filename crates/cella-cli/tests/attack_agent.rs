@@ -254,7 +254,16 @@ fn an_exec_timeout_kills_children_that_made_a_session_of_their_own() {
     assert_eq!(r["exit_code"], 0);
     let kept = s.exec(&id, json!({ "argv": ["pgrep", "-f", "sleep 300"] }));
     assert_eq!(kept["exit_code"], 0, "the background process is gone");
-    // Its cgroup stays while it runs, and the sandbox's whole tree goes with the sandbox.
+    // Its cgroup stays while it runs, and the sandbox's whole tree goes with the sandbox,
+    // however many exec cgroups still hold processes.
+    for n in 0..3 {
+        let r = s.sh(
+            &id,
+            &format!("setsid sleep 40{n} >/dev/null 2>&1 < /dev/null &"),
+        );
+        assert_eq!(r["exit_code"], 0);
+    }
+    assert!(exec_groups().len() >= 4, "{:?}", exec_groups());
     assert_eq!(
         s.delete(&format!("/api/v1/sandboxes/{id}")).data()["state"],
         "destroyed"

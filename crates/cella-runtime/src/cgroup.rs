@@ -89,9 +89,19 @@ pub fn exec_parent(path: &str) -> Option<(PathBuf, bool)> {
             true,
         ));
     }
-    let (mount, _) =
-        hierarchies::V1::new().get_mount_point(cgroups_rs::fs::Controllers::Freezer)?;
-    Some((mount.join(path), false))
+    freezer_mount().map(|m| (m.join(path), false))
+}
+
+/// Where the v1 freezer hierarchy is mounted (read once).
+fn freezer_mount() -> Option<PathBuf> {
+    static MOUNT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    MOUNT
+        .get_or_init(|| {
+            hierarchies::V1::new()
+                .get_mount_point(cgroups_rs::fs::Controllers::Freezer)
+                .map(|(m, _)| m)
+        })
+        .clone()
 }
 
 /// Pids in the cgroup directory `dir` and every cgroup below it.
@@ -216,9 +226,17 @@ pub fn kill_and_remove(path: &str) -> Result<(), DriverError> {
                 "processes of {path} did not die"
             )));
         }
-        // Frozen processes take their SIGKILL only once thawed.
+        // Frozen processes take their SIGKILL only once thawed (an exec cgroup of the agent's
+        // may be frozen on its own, if the agent died while killing it).
         if let Ok(f) = freezer(&cg) {
             let _ = f.thaw();
+        }
+        if let Some(dir) = v1_freezer_dir(path) {
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    let _ = std::fs::write(e.path().join("freezer.state"), "THAWED");
+                }
+            }
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -251,8 +269,17 @@ pub fn probe_dir(path: &str) -> PathBuf {
     base.join(path)
 }
 
+/// Whether cgroup `path` is left in any hierarchy (on v1 the freezer one holds the agent's
+/// exec cgroups and can outlast the others while their last processes die).
 pub fn exists(path: &str) -> bool {
-    probe_dir(path).is_dir()
+    probe_dir(path).is_dir() || v1_freezer_dir(path).is_some_and(|d| d.is_dir())
+}
+
+fn v1_freezer_dir(path: &str) -> Option<PathBuf> {
+    (!hierarchies::is_cgroup2_unified_mode())
+        .then(freezer_mount)
+        .flatten()
+        .map(|m| m.join(path))
 }
 
 /// Removes the cgroup `path` (in every hierarchy) when it has no child cgroups left.
@@ -264,12 +291,13 @@ pub fn remove_if_empty(path: &str) {
 
 /// Names of the child cgroups of `parent`.
 pub fn children(parent: &str) -> Vec<String> {
-    std::fs::read_dir(probe_dir(parent))
-        .map(|rd| {
-            rd.flatten()
-                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-                .filter_map(|e| e.file_name().into_string().ok())
-                .collect()
-        })
-        .unwrap_or_default()
+    let mut out: Vec<String> = std::iter::once(probe_dir(parent))
+        .chain(v1_freezer_dir(parent))
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }

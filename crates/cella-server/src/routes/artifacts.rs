@@ -17,7 +17,7 @@ use std::sync::Arc;
 /// Create a sandbox, write files, run a command, collect artifacts, destroy the sandbox, all
 /// in this one request. The sandbox is destroyed whatever happens (a failure, a timeout, the
 /// client hanging up). Scopes `sandboxes:write` and `sandboxes:exec`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/run", tag = "runs", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/run", tag = "runs",
     request_body = RunRequest,
     responses((status = 200, body = Data<RunResult>), (status = 400, body = cella_types::ErrorBody),
               (status = 429, body = cella_types::ErrorBody)))]
@@ -33,7 +33,7 @@ pub async fn run(
 }
 
 /// Keep files of a running sandbox (paths or globs) as artifacts. Scope `sandboxes:exec`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/artifacts", tag = "runs", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/artifacts", tag = "runs",
     params(("id" = String, Path)), request_body = CollectRequest,
     responses((status = 201, body = List<Artifact>), (status = 409, body = cella_types::ErrorBody)))]
 pub async fn collect(
@@ -58,7 +58,7 @@ pub async fn collect(
 }
 
 /// The workspace's artifacts, newest first (`sandbox_id` narrows them). Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/artifacts", tag = "runs", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/artifacts", tag = "runs",
     params(("sandbox_id" = Option<String>, Query), ("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)),
     responses((status = 200, body = List<Artifact>)))]
 pub async fn list(
@@ -114,7 +114,7 @@ async fn own(
 
 /// An artifact's bytes; it stays downloadable after its sandbox is gone, until it expires.
 /// Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/artifacts/{id}", tag = "runs", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/artifacts/{id}", tag = "runs",
     params(("id" = String, Path)),
     responses((status = 200, description = "the bytes", content_type = "application/octet-stream"),
               (status = 404, body = cella_types::ErrorBody)))]
@@ -151,7 +151,7 @@ pub async fn download(
 }
 
 /// Delete an artifact now. Scope `sandboxes:write`.
-#[utoipa::path(delete, path = "/api/v1/artifacts/{id}", tag = "runs", security(("bearer" = [])),
+#[utoipa::path(delete, path = "/api/v1/artifacts/{id}", tag = "runs",
     params(("id" = String, Path)),
     responses((status = 200, body = Data<Artifact>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn delete(

@@ -100,7 +100,7 @@ fn result(lang: &str, a: Value) -> CodeResult {
 }
 
 /// Run one cell in a persistent context. Scope `sandboxes:exec`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/code/run", tag = "code", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/code/run", tag = "code",
     params(("id" = String, Path)), request_body = CodeRunRequest,
     responses((status = 200, body = Data<CodeResult>), (status = 400, body = cella_types::ErrorBody),
               (status = 409, body = cella_types::ErrorBody)))]
@@ -137,7 +137,7 @@ pub async fn run(
 }
 
 /// `POST .../code`: the same as `POST .../code/run`. Scope `sandboxes:exec`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/code", tag = "code", operation_id = "run_alias", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/code", tag = "code", operation_id = "run_alias",
     params(("id" = String, Path)), request_body = CodeRunRequest,
     responses((status = 200, body = Data<CodeResult>), (status = 400, body = cella_types::ErrorBody),
               (status = 409, body = cella_types::ErrorBody)))]
@@ -152,7 +152,7 @@ pub async fn run_alias(
 
 /// The interpreter's state: which kernels run, their contexts, busy or idle. Never starts a
 /// kernel. Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/code", tag = "code", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/code", tag = "code",
     params(("id" = String, Path)),
     responses((status = 200, body = Data<CodeState>), (status = 409, body = cella_types::ErrorBody)))]
 pub async fn state_of(
@@ -170,7 +170,7 @@ pub async fn state_of(
 }
 
 /// The contexts that exist for a language (`language`, default python). Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/code/contexts", tag = "code", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/code/contexts", tag = "code",
     params(("id" = String, Path), ("language" = Option<String>, Query)),
     responses((status = 200, body = List<CodeContext>), (status = 409, body = cella_types::ErrorBody)))]
 pub async fn contexts(
@@ -201,7 +201,7 @@ pub async fn contexts(
 
 /// Create a context, or reuse the one of that name. 201 when made, 200 when it existed.
 /// Scope `sandboxes:exec`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/code/contexts", tag = "code", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/code/contexts", tag = "code",
     params(("id" = String, Path)), request_body = cella_types::CreateCodeContext,
     responses((status = 201, body = Data<CodeContextChange>), (status = 200, body = Data<CodeContextChange>),
               (status = 400, body = cella_types::ErrorBody), (status = 409, body = cella_types::ErrorBody)))]
@@ -246,7 +246,7 @@ pub async fn create_context(
 }
 
 /// Reset one context: its variables, imports and definitions are forgotten. Scope `sandboxes:exec`.
-#[utoipa::path(delete, path = "/api/v1/sandboxes/{id}/code/contexts/{context}", tag = "code", security(("bearer" = [])),
+#[utoipa::path(delete, path = "/api/v1/sandboxes/{id}/code/contexts/{context}", tag = "code",
     params(("id" = String, Path), ("context" = String, Path), ("language" = Option<String>, Query)),
     responses((status = 200, body = Data<CodeContextChange>), (status = 409, body = cella_types::ErrorBody)))]
 pub async fn reset_context(
@@ -278,7 +278,7 @@ pub async fn reset_context(
 
 /// Reset every context of a language (`language`, default python): its kernel ends and starts
 /// afresh on the next cell. Scope `sandboxes:exec`.
-#[utoipa::path(delete, path = "/api/v1/sandboxes/{id}/code", tag = "code", security(("bearer" = [])),
+#[utoipa::path(delete, path = "/api/v1/sandboxes/{id}/code", tag = "code",
     params(("id" = String, Path), ("language" = Option<String>, Query)),
     responses((status = 200, body = Data<CodeState>), (status = 409, body = cella_types::ErrorBody)))]
 pub async fn reset_all(

@@ -117,7 +117,7 @@ async fn stat_entry(agent: &AgentClient, path: &str) -> Result<FileEntry, ApiErr
 }
 
 /// Upload a file (raw body, at most 500 MiB by default; parents are created). Scope `sandboxes:exec`.
-#[utoipa::path(put, path = "/api/v1/sandboxes/{id}/files", tag = "files", security(("bearer" = [])),
+#[utoipa::path(put, path = "/api/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path), ("path" = String, Query, description = "absolute path inside the sandbox"),
            ("user" = Option<String>, Query, description = "owner: user (default) or root"),
            ("mode" = Option<String>, Query, description = "permission bits in octal, default 0644")),
@@ -212,7 +212,7 @@ fn parse_range(v: &str) -> Option<(Option<u64>, Option<u64>)> {
 }
 
 /// Download a file (streamed; `Range` honoured). Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/files", tag = "files", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path), ("path" = String, Query)),
     responses((status = 200, description = "the file's bytes"), (status = 206, description = "the requested range"),
               (status = 404, body = cella_types::ErrorBody), (status = 416, body = cella_types::ErrorBody)))]
@@ -288,7 +288,7 @@ pub async fn download(
 }
 
 /// List a directory (`recursive=true` for the whole tree). Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/files/list", tag = "files", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/files/list", tag = "files",
     params(("id" = String, Path), ("path" = String, Query), ("recursive" = Option<bool>, Query),
            ("limit" = Option<u32>, Query, description = "1-10000, default 1000")),
     responses((status = 200, body = FileList), (status = 404, body = cella_types::ErrorBody)))]
@@ -329,7 +329,7 @@ pub async fn list(
 }
 
 /// Metadata of one path (a symlink is described, not followed). Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/files/stat", tag = "files", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/files/stat", tag = "files",
     params(("id" = String, Path), ("path" = String, Query)),
     responses((status = 200, body = Data<FileEntry>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn stat(
@@ -347,7 +347,7 @@ pub async fn stat(
 }
 
 /// `mkdir -p`; new directories belong to the sandbox's user. Scope `sandboxes:exec`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/files/mkdir", tag = "files", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/files/mkdir", tag = "files",
     params(("id" = String, Path)), request_body = MkdirRequest,
     responses((status = 200, body = Data<FileEntry>), (status = 409, body = cella_types::ErrorBody)))]
 pub async fn mkdir(
@@ -376,7 +376,7 @@ pub async fn mkdir(
 }
 
 /// Move or rename. Scope `sandboxes:exec`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/files/move", tag = "files", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/files/move", tag = "files",
     params(("id" = String, Path)), request_body = MoveRequest,
     responses((status = 200, body = Data<FileEntry>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn rename(
@@ -408,7 +408,7 @@ pub async fn rename(
 }
 
 /// Delete a file, or a directory (`recursive=true` unless it is empty). Scope `sandboxes:exec`.
-#[utoipa::path(delete, path = "/api/v1/sandboxes/{id}/files", tag = "files", security(("bearer" = [])),
+#[utoipa::path(delete, path = "/api/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path), ("path" = String, Query), ("recursive" = Option<bool>, Query)),
     responses((status = 200, body = Data<Deleted>), (status = 404, body = cella_types::ErrorBody),
               (status = 409, body = cella_types::ErrorBody)))]
@@ -440,7 +440,7 @@ pub async fn remove(
 /// Watch a directory for changes, as server-sent events `create`, `modify` (a file written and
 /// closed), `delete` and `rename`; data `{"path", "dir", "from"?}`. `recursive=true` follows the
 /// tree, new directories included. Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/files/watch", tag = "files", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/files/watch", tag = "files",
     params(("id" = String, Path), ("path" = String, Query), ("recursive" = Option<bool>, Query)),
     responses((status = 200, content_type = "text/event-stream"), (status = 404, body = cella_types::ErrorBody),
               (status = 409, body = cella_types::ErrorBody)))]

@@ -29,7 +29,7 @@ pub fn to_wire(k: &KeyRow) -> ApiKey {
 /// workspace's admin key makes keys of its own workspace, the operator of any (another
 /// workspace, and an internal one for everybody, answers 404). No key makes a key with a scope
 /// it does not hold.
-#[utoipa::path(post, path = "/api/v1/api-keys", tag = "api-keys", security(("bearer" = [])), request_body = CreateApiKey,
+#[utoipa::path(post, path = "/api/v1/api-keys", tag = "api-keys", request_body = CreateApiKey,
     responses((status = 201, body = Data<ApiKey>), (status = 400, body = cella_types::ErrorBody), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn create(
     State(state): State<Arc<AppState>>,
@@ -85,7 +85,7 @@ pub async fn create(
 
 /// List API keys that are not revoked (never their secrets). Scope `admin`: a workspace's
 /// admin key lists its own workspace's keys, the operator every workspace's.
-#[utoipa::path(get, path = "/api/v1/api-keys", tag = "api-keys", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/api-keys", tag = "api-keys",
     params(("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)),
     responses((status = 200, body = List<ApiKey>), (status = 403, body = cella_types::ErrorBody)))]
 pub async fn list(
@@ -108,7 +108,7 @@ pub async fn list(
 /// Revoke an API key; it gets 401 from the next request on. Scope `admin`, for a key of the
 /// caller's workspace (the operator: of any); another workspace's key answers 404. Only the
 /// operator revokes an operator key.
-#[utoipa::path(delete, path = "/api/v1/api-keys/{id}", tag = "api-keys", security(("bearer" = [])),
+#[utoipa::path(delete, path = "/api/v1/api-keys/{id}", tag = "api-keys",
     params(("id" = String, Path)), responses((status = 200, body = Data<ApiKey>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn revoke(
     State(state): State<Arc<AppState>>,

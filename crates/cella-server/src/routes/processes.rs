@@ -49,7 +49,7 @@ fn one(r: AgentResponse) -> Result<Process, ApiError> {
 }
 
 /// Start a command in the background; it outlives the request. Scope `sandboxes:exec`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/processes", tag = "processes", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/processes", tag = "processes",
     params(("id" = String, Path)), request_body = StartProcess,
     responses((status = 201, body = Data<Process>), (status = 400, body = cella_types::ErrorBody),
               (status = 409, body = cella_types::ErrorBody)))]
@@ -84,7 +84,7 @@ pub async fn start(
 }
 
 /// Processes started through the API: running ones, and the last 64 that exited. Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/processes", tag = "processes", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/processes", tag = "processes",
     params(("id" = String, Path)), responses((status = 200, body = List<Process>), (status = 409, body = cella_types::ErrorBody)))]
 pub async fn list(
     State(state): State<Arc<AppState>>,
@@ -102,7 +102,7 @@ pub async fn list(
 }
 
 /// One process: state and exit code. Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/processes/{pid}", tag = "processes", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/processes/{pid}", tag = "processes",
     params(("id" = String, Path), ("pid" = i32, Path)),
     responses((status = 200, body = Data<Process>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn get(
@@ -133,7 +133,7 @@ fn signal_number(v: &serde_json::Value) -> Option<i32> {
 }
 
 /// Send a signal (`SIGTERM`, `TERM` or 15). Scope `sandboxes:exec`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/processes/{pid}/signal", tag = "processes", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/processes/{pid}/signal", tag = "processes",
     params(("id" = String, Path), ("pid" = i32, Path)), request_body = SignalRequest,
     responses((status = 200, body = Data<Process>), (status = 404, body = cella_types::ErrorBody),
               (status = 409, body = cella_types::ErrorBody, description = "the process has exited")))]
@@ -158,7 +158,7 @@ pub async fn signal(
 
 /// Write the raw body to the process's standard input (`close=true` closes it afterwards).
 /// Scope `sandboxes:exec`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "processes", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "processes",
     params(("id" = String, Path), ("pid" = i32, Path), ("close" = Option<bool>, Query)),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 200, body = Data<Process>), (status = 404, body = cella_types::ErrorBody),
@@ -202,7 +202,7 @@ pub async fn stdin(
 /// Follow a process's output as server-sent events (`from=start`, the default, replays what the
 /// ring buffer holds; `from=now` only new output), then one `exit`. Leaving does not stop the
 /// process. Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/processes/{pid}/output", tag = "processes", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/processes/{pid}/output", tag = "processes",
     params(("id" = String, Path), ("pid" = i32, Path), ("from" = Option<String>, Query, description = "start (default) or now")),
     responses((status = 200, content_type = "text/event-stream"), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn output(

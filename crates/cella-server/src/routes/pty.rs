@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 /// Open an interactive terminal (a login `bash`, or `sh` where bash is absent, unless `command`
 /// says otherwise). Scope `sandboxes:exec`.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/pty", tag = "processes", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/pty", tag = "processes",
     params(("id" = String, Path), ("cols" = Option<u16>, Query, description = "default 80"),
            ("rows" = Option<u16>, Query, description = "default 24"),
            ("command" = Option<String>, Query, description = "a shell command line instead of the login shell"),

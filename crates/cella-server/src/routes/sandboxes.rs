@@ -24,7 +24,7 @@ async fn find(state: &AppState, auth: &Auth, id: &str) -> Result<SandboxRow, Api
 }
 
 /// Create a sandbox. Scope `sandboxes:write`. 201 once running (`wait`, the default), else 202.
-#[utoipa::path(post, path = "/api/v1/sandboxes", tag = "sandboxes", security(("bearer" = [])), request_body = CreateSandbox,
+#[utoipa::path(post, path = "/api/v1/sandboxes", tag = "sandboxes", request_body = CreateSandbox,
     responses((status = 201, body = Data<Sandbox>, description = "running and ready"),
               (status = 202, body = Data<Sandbox>, description = "provisioning (wait: false)"),
               (status = 400, body = cella_types::ErrorBody), (status = 404, body = cella_types::ErrorBody),
@@ -46,7 +46,7 @@ pub async fn create(
 }
 
 /// List the workspace's sandboxes, newest first. Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/sandboxes", tag = "sandboxes", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/sandboxes", tag = "sandboxes",
     params(("limit" = Option<u32>, Query, description = "1-1000, default 100"), ("cursor" = Option<String>, Query),
            ("state" = Option<SandboxState>, Query), ("metadata.<key>" = Option<String>, Query, description = "metadata equality filter; repeatable")),
     responses((status = 200, body = List<Sandbox>), (status = 400, body = cella_types::ErrorBody)))]
@@ -95,7 +95,7 @@ pub async fn list(
 }
 
 /// One sandbox. Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{id}", tag = "sandboxes", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path)), responses((status = 200, body = Data<Sandbox>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn get(
     State(state): State<Arc<AppState>>,
@@ -108,7 +108,7 @@ pub async fn get(
 }
 
 /// Destroy a sandbox from any state; idempotent. Scope `sandboxes:write`.
-#[utoipa::path(delete, path = "/api/v1/sandboxes/{id}", tag = "sandboxes", security(("bearer" = [])),
+#[utoipa::path(delete, path = "/api/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path)), responses((status = 200, body = Data<Sandbox>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn destroy(
     State(state): State<Arc<AppState>>,
@@ -122,7 +122,7 @@ pub async fn destroy(
 }
 
 /// Run a command to its end and return its output. Scope `sandboxes:exec`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/exec", tag = "sandboxes", security(("bearer" = [])), request_body = ExecRequest,
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/exec", tag = "sandboxes", request_body = ExecRequest,
     params(("id" = String, Path)),
     responses((status = 200, body = Data<ExecResult>), (status = 400, body = cella_types::ErrorBody),
               (status = 404, body = cella_types::ErrorBody), (status = 409, body = cella_types::ErrorBody)))]
@@ -138,7 +138,7 @@ pub async fn exec(
 }
 
 /// Freeze every process of a running sandbox; memory is kept. Scope `sandboxes:write`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/pause", tag = "sandboxes", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/pause", tag = "sandboxes",
     params(("id" = String, Path)),
     responses((status = 200, body = Data<Sandbox>), (status = 404, body = cella_types::ErrorBody),
               (status = 409, body = cella_types::ErrorBody, description = "not running")))]
@@ -154,7 +154,7 @@ pub async fn pause(
 }
 
 /// Thaw a paused sandbox, or boot a stopped one again on its kept files. Scope `sandboxes:write`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/resume", tag = "sandboxes", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/resume", tag = "sandboxes",
     params(("id" = String, Path)),
     responses((status = 200, body = Data<Sandbox>), (status = 404, body = cella_types::ErrorBody),
               (status = 409, body = cella_types::ErrorBody, description = "neither paused nor stopped"),
@@ -171,7 +171,7 @@ pub async fn resume(
 }
 
 /// End every process of a persistent sandbox and keep its files. Scope `sandboxes:write`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/stop", tag = "sandboxes", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/stop", tag = "sandboxes",
     params(("id" = String, Path)),
     responses((status = 200, body = Data<Sandbox>), (status = 404, body = cella_types::ErrorBody),
               (status = 409, body = cella_types::ErrorBody, description = "neither running nor paused, or not persistent")))]
@@ -187,7 +187,7 @@ pub async fn stop(
 }
 
 /// Set the active-session timeout and restart its timer. Scope `sandboxes:write`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/timeout", tag = "sandboxes", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/timeout", tag = "sandboxes",
     params(("id" = String, Path)), request_body = SetTimeout,
     responses((status = 200, body = Data<Sandbox>), (status = 400, body = cella_types::ErrorBody),
               (status = 404, body = cella_types::ErrorBody), (status = 409, body = cella_types::ErrorBody)))]
@@ -205,7 +205,7 @@ pub async fn set_timeout(
 }
 
 /// Running, paused and billed seconds, CPU seconds and memory MiB-seconds. Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/usage", tag = "sandboxes", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/sandboxes/{id}/usage", tag = "sandboxes",
     params(("id" = String, Path)),
     responses((status = 200, body = Data<Usage>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn usage(
@@ -222,7 +222,7 @@ pub async fn usage(
 /// Run a command and stream its output as server-sent events: `stdout` and `stderr` (each a
 /// JSON string of text, or `{"b64"}` for bytes that are not UTF-8), then one `exit` (or `error`).
 /// A client that hangs up kills the command. Scope `sandboxes:exec`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/exec/stream", tag = "sandboxes", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/exec/stream", tag = "sandboxes",
     request_body = ExecRequest, params(("id" = String, Path)),
     responses((status = 200, content_type = "text/event-stream", description = "stdout, stderr, then exit"),
               (status = 400, body = cella_types::ErrorBody), (status = 404, body = cella_types::ErrorBody),
@@ -259,7 +259,7 @@ pub async fn exec_stream(
 /// The URLs at which a port of the sandbox is reachable through the preview proxy (signed
 /// when the sandbox's preview is private, with a token valid for `[preview] token_ttl_sec`).
 /// Any port can be previewed; this only hands out its addresses. Scope `sandboxes:write`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/expose", tag = "sandboxes", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/expose", tag = "sandboxes",
     params(("id" = String, Path)), request_body = cella_types::ExposeRequest,
     responses((status = 200, body = Data<cella_types::Exposed>), (status = 400, body = cella_types::ErrorBody),
               (status = 404, body = cella_types::ErrorBody)))]
@@ -302,7 +302,7 @@ pub async fn expose(
 /// A new preview token of the sandbox (`{"ttl_sec"?, "rotate"?}`; no body is fine): valid for
 /// `ttl_sec` (default `[preview] token_ttl_sec`, at most 30 days); `rotate: true` first voids
 /// every token of the sandbox handed out before. Scope `sandboxes:write`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/preview-token", tag = "sandboxes", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/preview-token", tag = "sandboxes",
     params(("id" = String, Path)), request_body = cella_types::PreviewTokenRequest,
     responses((status = 200, body = Data<cella_types::PreviewToken>), (status = 400, body = cella_types::ErrorBody),
               (status = 404, body = cella_types::ErrorBody), (status = 409, body = cella_types::ErrorBody)))]

@@ -98,7 +98,7 @@ async fn take(
 
 /// Snapshot a sandbox's files (running: frozen for the instant the copy takes; paused or
 /// stopped: copied as they are). Scope `sandboxes:write`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/snapshots", tag = "snapshots", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/snapshots", tag = "snapshots",
     params(("id" = String, Path)),
     responses((status = 201, body = Data<Snapshot>), (status = 404, body = cella_types::ErrorBody),
               (status = 409, body = cella_types::ErrorBody)))]
@@ -114,7 +114,7 @@ pub async fn create(
 }
 
 /// The workspace's snapshots, newest first. Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/snapshots", tag = "snapshots", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/snapshots", tag = "snapshots",
     params(("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)),
     responses((status = 200, body = List<Snapshot>)))]
 pub async fn list(
@@ -151,7 +151,7 @@ async fn own_snapshot(state: &AppState, auth: &Auth, id: &str) -> Result<Snapsho
 }
 
 /// One snapshot. Scope `sandboxes:read`.
-#[utoipa::path(get, path = "/api/v1/snapshots/{id}", tag = "snapshots", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/snapshots/{id}", tag = "snapshots",
     params(("id" = String, Path)),
     responses((status = 200, body = Data<Snapshot>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn get(
@@ -166,7 +166,7 @@ pub async fn get(
 
 /// Delete a snapshot. Sandboxes made from it keep their own copy of its files, so this is
 /// always allowed. Scope `sandboxes:write`.
-#[utoipa::path(delete, path = "/api/v1/snapshots/{id}", tag = "snapshots", security(("bearer" = [])),
+#[utoipa::path(delete, path = "/api/v1/snapshots/{id}", tag = "snapshots",
     params(("id" = String, Path)),
     responses((status = 200, body = Data<Snapshot>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn delete(
@@ -196,7 +196,7 @@ pub async fn delete(
 /// The source keeps running (frozen only while its files are copied). Processes and memory do
 /// not carry over on the namespace backend: the new sandboxes boot fresh on the copied files.
 /// Scope `sandboxes:write`.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/fork", tag = "snapshots", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/sandboxes/{id}/fork", tag = "snapshots",
     params(("id" = String, Path)), request_body = ForkRequest,
     responses((status = 201, body = ForkResult), (status = 404, body = cella_types::ErrorBody),
               (status = 409, body = cella_types::ErrorBody), (status = 429, body = cella_types::ErrorBody)))]

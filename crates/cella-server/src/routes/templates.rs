@@ -7,14 +7,14 @@ use cella_types::{Data, Template, TemplateCatalog};
 use std::sync::Arc;
 
 /// The catalog of templates, sizes, readiness and resource contracts. Any valid key.
-#[utoipa::path(get, path = "/api/v1/templates", tag = "templates", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/templates", tag = "templates",
     responses((status = 200, body = TemplateCatalog), (status = 401, body = cella_types::ErrorBody)))]
 pub async fn list(State(state): State<Arc<AppState>>, auth: Auth) -> Json<TemplateCatalog> {
     Json(state.catalog.catalog(&auth.workspace_id))
 }
 
 /// One template, with its sizes and contracts.
-#[utoipa::path(get, path = "/api/v1/templates/{id}", tag = "templates", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/templates/{id}", tag = "templates",
     params(("id" = String, Path, description = "Template id")),
     responses((status = 200, body = Data<Template>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn get(
@@ -35,7 +35,7 @@ pub async fn get(
 /// the build, whose state and log `GET .../builds/{build_id}` reads while it runs. Posting the
 /// spec of an existing template of the workspace rebuilds it (unchanged leading steps come
 /// from the layer cache). Scope `templates:write`.
-#[utoipa::path(post, path = "/api/v1/templates", tag = "templates", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/templates", tag = "templates",
     request_body = cella_types::TemplateSpec,
     responses((status = 202, body = Data<cella_types::TemplateBuild>), (status = 400, body = cella_types::ErrorBody),
               (status = 409, body = cella_types::ErrorBody)))]
@@ -57,7 +57,7 @@ pub async fn build(
 
 /// A custom template's builds, newest first (at most 50), without their logs (read one build
 /// for its log). Any valid key of the template's workspace.
-#[utoipa::path(get, path = "/api/v1/templates/{id}/builds", tag = "templates", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/templates/{id}/builds", tag = "templates",
     params(("id" = String, Path)),
     responses((status = 200, body = cella_types::List<cella_types::TemplateBuild>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn builds(
@@ -85,7 +85,7 @@ pub async fn builds(
 
 /// A build's state, steps and log (`log_offset`: only the log after that many bytes). Any
 /// valid key of the template's workspace.
-#[utoipa::path(get, path = "/api/v1/templates/{id}/builds/{build_id}", tag = "templates", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/templates/{id}/builds/{build_id}", tag = "templates",
     params(("id" = String, Path), ("build_id" = String, Path), ("log_offset" = Option<u64>, Query)),
     responses((status = 200, body = Data<cella_types::TemplateBuild>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn build_status(
@@ -128,7 +128,7 @@ pub async fn build_status(
 
 /// Delete a custom template: refused with 409 while sandboxes or snapshots use it; layers no
 /// other template uses are removed. Scope `templates:write`.
-#[utoipa::path(delete, path = "/api/v1/templates/{id}", tag = "templates", security(("bearer" = [])),
+#[utoipa::path(delete, path = "/api/v1/templates/{id}", tag = "templates",
     params(("id" = String, Path)),
     responses((status = 200, body = Data<Template>), (status = 404, body = cella_types::ErrorBody),
               (status = 409, body = cella_types::ErrorBody)))]
@@ -146,7 +146,7 @@ pub async fn delete(
 /// Import an image from an archive (an OCI layout or a `docker save` tarball, as a tar body),
 /// for templates to build on with `"image": "upload:<id>"` (the CLI does this for
 /// `oci-archive:`, `oci:` and `docker-archive:` images). Scope `templates:write`.
-#[utoipa::path(post, path = "/api/v1/images", tag = "templates", security(("bearer" = [])),
+#[utoipa::path(post, path = "/api/v1/images", tag = "templates",
     params(("name" = Option<String>, Query)),
     request_body(content = Vec<u8>, content_type = "application/x-tar"),
     responses((status = 201, body = Data<crate::images::ImportedImage>), (status = 400, body = cella_types::ErrorBody)))]
@@ -179,7 +179,7 @@ pub async fn import_image(
 }
 
 /// The workspace's imported images, oldest first. Any valid key of the workspace.
-#[utoipa::path(get, path = "/api/v1/images", tag = "templates", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/images", tag = "templates",
     responses((status = 200, body = cella_types::List<crate::images::ImportedImage>)))]
 pub async fn images(
     State(state): State<Arc<AppState>>,
@@ -196,7 +196,7 @@ pub async fn images(
 /// Delete an imported image: its layers that no template and no other image uses leave the
 /// layer store, and its bytes leave the workspace's storage. Templates built on it keep
 /// working. Scope `templates:write`.
-#[utoipa::path(delete, path = "/api/v1/images/{id}", tag = "templates", security(("bearer" = [])),
+#[utoipa::path(delete, path = "/api/v1/images/{id}", tag = "templates",
     params(("id" = String, Path)),
     responses((status = 200, body = Data<crate::images::ImportedImage>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn delete_image(

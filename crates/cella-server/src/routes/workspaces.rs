@@ -35,7 +35,7 @@ fn check_name(name: &str) -> Result<(), ApiError> {
 }
 
 /// Create a workspace (tenant). The operator only.
-#[utoipa::path(post, path = "/api/v1/workspaces", tag = "workspaces", security(("bearer" = [])), request_body = CreateWorkspace,
+#[utoipa::path(post, path = "/api/v1/workspaces", tag = "workspaces", request_body = CreateWorkspace,
     responses((status = 201, body = Data<Workspace>), (status = 400, body = cella_types::ErrorBody), (status = 403, body = cella_types::ErrorBody)))]
 pub async fn create(
     State(state): State<Arc<AppState>>,
@@ -55,7 +55,7 @@ pub async fn create(
 
 /// List workspaces, oldest first. Scope `admin`: the operator sees every workspace (but the
 /// internal ones), a workspace's admin key its own.
-#[utoipa::path(get, path = "/api/v1/workspaces", tag = "workspaces", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/workspaces", tag = "workspaces",
     params(("limit" = Option<u32>, Query, description = "1-1000, default 100"), ("cursor" = Option<String>, Query, description = "from next_cursor")),
     responses((status = 200, body = List<Workspace>), (status = 403, body = cella_types::ErrorBody)))]
 pub async fn list(
@@ -96,7 +96,7 @@ async fn find(state: &AppState, auth: &Auth, id: &str) -> Result<WorkspaceRow, A
 
 /// One workspace. Any key for its own workspace; the operator for any (another workspace
 /// answers 404 to every other key).
-#[utoipa::path(get, path = "/api/v1/workspaces/{id}", tag = "workspaces", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/workspaces/{id}", tag = "workspaces",
     params(("id" = String, Path)), responses((status = 200, body = Data<Workspace>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn get(
     State(state): State<Arc<AppState>>,
@@ -110,7 +110,7 @@ pub async fn get(
 
 /// What a workspace stores against its storage quota, by kind. Any key for its own
 /// workspace; the operator for any.
-#[utoipa::path(get, path = "/api/v1/workspaces/{id}/storage", tag = "workspaces", security(("bearer" = [])),
+#[utoipa::path(get, path = "/api/v1/workspaces/{id}/storage", tag = "workspaces",
     params(("id" = String, Path)), responses((status = 200, body = Data<WorkspaceStorage>), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn storage(
     State(state): State<Arc<AppState>>,
@@ -133,7 +133,7 @@ pub async fn storage(
 
 /// Change a workspace's name, plan or settings. Scope `admin`, for the key's own workspace (the
 /// operator: any). The plan is the operator's to change.
-#[utoipa::path(patch, path = "/api/v1/workspaces/{id}", tag = "workspaces", security(("bearer" = [])), request_body = UpdateWorkspace,
+#[utoipa::path(patch, path = "/api/v1/workspaces/{id}", tag = "workspaces", request_body = UpdateWorkspace,
     params(("id" = String, Path)), responses((status = 200, body = Data<Workspace>), (status = 400, body = cella_types::ErrorBody), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn update(
     State(state): State<Arc<AppState>>,
