@@ -380,7 +380,7 @@ fn clear(data: &Path) {
             std::thread::sleep(Duration::from_millis(10));
         }
         for d in cgroup_dirs(&id) {
-            let _ = std::fs::remove_dir(d);
+            remove_cgroup_tree(&d);
         }
     }
     // The server's own cgroup parent, `cella/<instance>`, in every hierarchy.
@@ -393,6 +393,16 @@ fn clear(data: &Path) {
             let _ = std::fs::remove_dir(root.join("cella").join(instance.trim()));
         }
     }
+}
+
+/// Removes a cgroup directory and the cgroups below it (the agent's exec cgroups), deepest first.
+fn remove_cgroup_tree(dir: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup_tree(&e.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 impl Drop for Server {
