@@ -14,7 +14,11 @@
 //! - egress: IPv6 is refused, established flows pass, then the sandbox's own chain decides; an
 //!   interface with no chain yet (a sandbox still booting) is refused: the firewall fails closed.
 //! - input: nothing from a sandbox reaches the host itself (its loopback services, the API port,
-//!   anything) except answers to connections the host opened (the preview proxy, later).
+//!   anything) except answers to connections the host opened (the preview proxy), and, for a
+//!   sandbox with model access ([`EgressRules::host_port`]), TCP to exactly one port on the host
+//!   end of its own link, from its own address: an element `ifindex . sandbox address . host
+//!   address . port` of the shared set `host_in` (elements of gone interfaces can never match
+//!   again: indexes are not reused; they are removed with the boot's rules).
 //! - the floor: each server's set `floor_<instance>` holds what no tenant's policy opens
 //!   (loopback, link-local with the metadata address, multicast, the sandbox subnet, every
 //!   address of the host's own interfaces, and the operator's `deny_always` ranges). A sandbox's
@@ -124,6 +128,10 @@ pub struct EgressRules {
     pub deny: Vec<Net>,
     /// Resolvers the sandbox may send DNS to (when `open`), even in closed ranges.
     pub dns: Vec<Ipv4Addr>,
+    /// A TCP port the sandbox may reach on the host end of its link (the server's port, for
+    /// the model gateway), whatever the rest says.
+    #[serde(default)]
+    pub host_port: Option<u16>,
 }
 
 #[derive(Debug, Clone)]
@@ -211,13 +219,14 @@ impl Firewall {
         let p = crate::namespace::net::IFACE_PREFIX;
         let closed = CLOSED_RANGES.join(", ");
         let floor = self.floor_script(&self.floor_now());
+        let host_in = HOST_IN_SET;
         format!(
             r#"add table inet cella
 add map inet cella by_iif {{ type iface_index : verdict; }}
 add set inet cella closed {{ type ipv4_addr; flags interval; }}
 flush set inet cella closed
 add element inet cella closed {{ {closed} }}
-{floor}add chain inet cella refuse
+{host_in}{floor}add chain inet cella refuse
 flush chain inet cella refuse
 add rule inet cella refuse meta l4proto tcp reject with tcp reset
 add rule inet cella refuse reject with icmpx type admin-prohibited
@@ -236,6 +245,7 @@ add rule inet cella forward iifname "{p}*" jump egress
 add chain inet cella input {{ type filter hook input priority -10; policy accept; }}
 flush chain inet cella input
 add rule inet cella input iifname "{p}*" ct state established,related accept
+add rule inet cella input iifname "{p}*" meta l4proto tcp iif . ip saddr . ip daddr . tcp dport @host_in accept
 add rule inet cella input iifname "{p}*" jump refuse
 add table ip cella_nat
 add chain ip cella_nat postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}
@@ -246,14 +256,37 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
     }
 
     /// Installs (or replaces) the chain of sandbox `id`'s boot whose host interface has index
-    /// `ifindex`.
-    pub fn install(&self, id: &str, ifindex: u32, rules: &EgressRules) -> Result<(), DriverError> {
-        nft(&self.chain_script(id, ifindex, rules))
+    /// `ifindex`; `link` is (host end, sandbox end) of its link, for [`EgressRules::host_port`].
+    pub fn install(
+        &self,
+        id: &str,
+        ifindex: u32,
+        link: Option<(Ipv4Addr, Ipv4Addr)>,
+        rules: &EgressRules,
+    ) -> Result<(), DriverError> {
+        nft(&self.chain_script(id, ifindex, link, rules))
     }
 
-    fn chain_script(&self, id: &str, ifindex: u32, rules: &EgressRules) -> String {
+    fn chain_script(
+        &self,
+        id: &str,
+        ifindex: u32,
+        link: Option<(Ipv4Addr, Ipv4Addr)>,
+        rules: &EgressRules,
+    ) -> String {
         let c = self.chain(id, ifindex);
         let mut s = format!("add chain inet cella {c}\nflush chain inet cella {c}\n");
+        // The host's port on the link's host end (input hook), or none: the boot's elements
+        // are replaced as a whole.
+        s += HOST_IN_SET;
+        if rules.host_port.is_some() {
+            s += &self.host_in_removal(ifindex);
+        }
+        if let (Some(port), Some((host, sandbox))) = (rules.host_port, link) {
+            s += &format!(
+                "add element inet cella host_in {{ {ifindex} . {sandbox} . {host} . {port} }}\n"
+            );
+        }
         let list = |nets: &[Net]| {
             nets.iter()
                 .map(|n| n.to_string())
@@ -294,11 +327,49 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
         s
     }
 
+    /// `delete element` lines for the `host_in` elements of interface `ifindex` (none when
+    /// the set cannot be read).
+    fn host_in_removal(&self, ifindex: u32) -> String {
+        let Ok(v) = nft_json(&["list", "set", "inet", "cella", "host_in"]) else {
+            return String::new();
+        };
+        let mut s = String::new();
+        for set in items(&v, "set") {
+            for e in set["elem"].as_array().into_iter().flatten() {
+                let Some(parts) = e["concat"].as_array() else {
+                    continue;
+                };
+                let key = |i: usize| {
+                    parts
+                        .get(i)
+                        .map(|p| p.to_string().trim_matches('"').to_string())
+                };
+                let matches = parts.first().and_then(|p| p.as_u64()) == Some(ifindex as u64)
+                    || parts.first().and_then(|p| p.as_str()).is_some_and(|name| {
+                        crate::namespace::net::ifindex(name).ok() == Some(ifindex)
+                    });
+                if let (true, Some(a), Some(b), Some(c), Some(d)) =
+                    (matches, key(0), key(1), key(2), key(3))
+                {
+                    let a = if parts[0].is_string() {
+                        format!("\"{a}\"")
+                    } else {
+                        a
+                    };
+                    s +=
+                        &format!("delete element inet cella host_in {{ {a} . {b} . {c} . {d} }}\n");
+                }
+            }
+        }
+        s
+    }
+
     /// Removes the rules of one boot of sandbox `id` (one batch). Idempotent.
     pub fn remove_boot(&self, id: &str, ifindex: u32) -> Result<(), DriverError> {
         let c = self.chain(id, ifindex);
         let batch = format!(
-            "delete element inet cella by_iif {{ {ifindex} }}\nflush chain inet cella {c}\ndelete chain inet cella {c}\n"
+            "{}delete element inet cella by_iif {{ {ifindex} }}\nflush chain inet cella {c}\ndelete chain inet cella {c}\n",
+            self.host_in_removal(ifindex)
         );
         if nft(&batch).is_ok() {
             return Ok(());
@@ -392,6 +463,10 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
     }
 }
 
+/// The set of links' host ports (see the module docs); `add` keeps its elements.
+const HOST_IN_SET: &str =
+    "add set inet cella host_in { type iface_index . ipv4_addr . ipv4_addr . inet_service; }\n";
+
 /// Every IPv4 address of the host's interfaces (not the host ends of sandbox links, which the
 /// sandbox subnet in the floor covers).
 pub fn host_addresses() -> Vec<Ipv4Addr> {
@@ -479,8 +554,10 @@ mod tests {
             ],
             deny: vec![Net("1.2.3.4".parse().unwrap(), 32)],
             dns: vec!["10.255.255.53".parse().unwrap()],
+            host_port: None,
         };
-        let s = fw.chain_script("sabc", 17, &rules);
+        let s = fw.chain_script("sabc", 17, None, &rules);
+        assert!(!s.contains("add element inet cella host_in"), "{s}");
         let dns = s.find("th dport 53 accept").unwrap();
         let floor = s.find("ip daddr @floor_i1 jump refuse").unwrap();
         let deny = s.find("1.2.3.4/32 } jump refuse").unwrap();
@@ -496,12 +573,33 @@ mod tests {
         assert!(s.contains("{ 17 : jump sb_i1_sabc_17 }"));
         assert!(s.trim_end().ends_with("jump sb_i1_sabc_17 }"));
         let closed_rules = EgressRules::default();
-        let s = fw.chain_script("sabc", 17, &closed_rules);
+        let s = fw.chain_script("sabc", 17, None, &closed_rules);
         assert!(
             !s.contains("accept"),
             "egress deny with no allow list opens nothing: {s}"
         );
         assert!(s.contains("@floor_i1 jump refuse"));
+    }
+
+    #[test]
+    fn a_host_port_opens_exactly_that_port_of_the_links_host_end() {
+        let fw = fw();
+        let rules = EgressRules {
+            host_port: Some(7070),
+            ..Default::default()
+        };
+        let link = Some(("10.9.0.1".parse().unwrap(), "10.9.0.2".parse().unwrap()));
+        let s = fw.chain_script("sabc", 17, link, &rules);
+        assert!(
+            s.contains("add element inet cella host_in { 17 . 10.9.0.2 . 10.9.0.1 . 7070 }"),
+            "{s}"
+        );
+        // The egress chain opens nothing for it.
+        assert!(!s.contains(" accept"), "{s}");
+        let base = fw.base_script();
+        let input = base.find("tcp dport @host_in accept").unwrap();
+        let refuse = base.find("input iifname \"cv*\" jump refuse").unwrap();
+        assert!(input < refuse, "{base}");
     }
 
     #[test]

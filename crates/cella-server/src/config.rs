@@ -30,6 +30,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub server: ServerConfig,
     pub quotas: QuotasConfig,
+    /// The model gateway (`cella_gateway::config`).
+    pub gateway: cella_gateway::GatewayConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -361,6 +363,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             server: ServerConfig::default(),
             quotas: QuotasConfig::default(),
+            gateway: Default::default(),
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod catalog;
 pub mod config;
 pub mod error;
 pub mod extract;
+pub mod gateway;
 pub mod images;
 pub mod lifecycle;
 pub mod network;
@@ -78,6 +79,8 @@ pub struct AppState {
     pub previews: preview::Previews,
     /// Bytes the output of buffered execs may hold together (`[exec] buffer_budget_bytes`).
     pub exec_budget: Arc<tokio::sync::Semaphore>,
+    /// The model gateway and its sandboxes' tokens (`gateway`).
+    pub gateway: gateway::GatewayState,
 }
 
 impl AppState {
@@ -268,6 +271,7 @@ pub const BODY_LIMIT: usize = 4 * 1024 * 1024;
 /// that makes errors and request ids uniform.
 pub fn router(state: Arc<AppState>) -> Router {
     routes::table::router(&state)
+        .merge(gateway::routes())
         .fallback(routes::meta::not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(CatchPanicLayer::custom(
@@ -284,6 +288,18 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             body_idle,
         ))
+        .with_state(state)
+}
+
+/// The model gateway's routes alone, with the same request ids and error envelope: what a
+/// sandbox's link listener serves (`gateway`).
+pub fn gateway_router(state: Arc<AppState>) -> Router {
+    gateway::routes()
+        .fallback(routes::meta::not_found)
+        .layer(CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| ApiError::internal().into_response(),
+        ))
+        .layer(axum::middleware::from_fn(request_context))
         .with_state(state)
 }
 
@@ -572,7 +588,9 @@ async fn assemble(
             .unwrap_or(usize::MAX)
             .min(tokio::sync::Semaphore::MAX_PERMITS),
     ));
+    let gw = cella_gateway::Gateway::new(&config.gateway).map_err(ServeError::Config)?;
     let state = Arc::new(AppState {
+        gateway: gateway::GatewayState::new(gw),
         exec_budget,
         config,
         store,
@@ -587,6 +605,7 @@ async fn assemble(
         builds: Default::default(),
         previews: Default::default(),
     });
+    state.gateway.set_app(&state);
     builds::restore(&state).await?;
     Ok((state, lock))
 }
@@ -605,6 +624,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         })?;
     let (state, _lock) = build_state(config).await?;
     sandboxes::reconcile(&state).await?;
+    gateway::restore(&state).await?;
     lifecycle::spawn_timers(state.clone());
     network::spawn_refresh(state.clone());
     pool::spawn(state.clone());
@@ -650,7 +670,7 @@ pub async fn serve_http(
     loop {
         let stream = tokio::select! {
             r = listener.accept() => match r {
-                Ok((s, _)) => s,
+                Ok(v) => v,
                 Err(e) => {
                     // Out of descriptors and the like: wait a little rather than spin.
                     tracing::warn!("accepting a connection: {e}");
@@ -660,8 +680,16 @@ pub async fn serve_http(
             },
             _ = &mut shutdown => break,
         };
+        let (stream, peer) = stream;
         let _ = stream.set_nodelay(true);
-        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        // Every request knows its connection's peer (the gateway checks a token's address).
+        let svc = hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_request(
+            app.clone(),
+            move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(gateway::PeerAddr(peer));
+                req
+            },
+        ));
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
             // HTTP/2 with prior knowledge or HTTP/1: the first bytes say, within the header

@@ -218,6 +218,7 @@ pub async fn stop(state: &AppState, id: &str) -> Result<Sandbox, SandboxError> {
             state: row.state.as_str().to_string(),
         });
     }
+    crate::gateway::end_boot(state, id).await;
     settle(state, &mut row, now_ms());
     state
         .driver

@@ -169,7 +169,7 @@ async fn refresh_once(state: &crate::AppState, dns: &[Ipv4Addr], installed: &mut
             continue;
         }
         seen.insert(row.id.clone());
-        let rules = rules(policy, dns).await;
+        let rules = crate::gateway::egress_rules(state, &row.id, policy, dns).await;
         if !installed.differs(&row.id, &rules) {
             continue;
         }

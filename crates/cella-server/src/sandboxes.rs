@@ -247,9 +247,14 @@ pub async fn create(
     req: CreateSandbox,
 ) -> Result<Sandbox, ApiError> {
     let (workspace, cap) = workspace_cap(state, auth).await?;
+    let model_access = req.model_access.unwrap_or(false);
+    if model_access {
+        crate::gateway::check_model_access(state)?;
+    }
     let row = admit(state, auth, &req, &workspace).await?;
-    // The fast path: a sandbox of the warm pool, already running.
-    if req.wait.unwrap_or(true) && row.snapshot_id.is_none() {
+    // The fast path: a sandbox of the warm pool, already running (not for model access,
+    // whose token and firewall opening are made at its boot).
+    if req.wait.unwrap_or(true) && row.snapshot_id.is_none() && !model_access {
         match crate::pool::claim(state, &row, cap).await? {
             Some(Ok(claimed)) => {
                 if state_of(&claimed) == SandboxState::Error {
@@ -267,6 +272,12 @@ pub async fn create(
     }
     if !state.store.insert_sandbox_capped(&row, cap).await? {
         return Err(at_cap(cap, &workspace.plan));
+    }
+    if model_access {
+        state
+            .store
+            .set_model_access(&row.id, &row.workspace_id, now_ms())
+            .await?;
     }
     // Boot in a task of its own: a client that hangs up must not leave a half-made sandbox.
     let id = row.id.clone();
@@ -319,6 +330,7 @@ pub async fn destroy(
         return Ok(to_wire(state, &row));
     }
     transitions::check(state_of(&row), Event::Destroy)?;
+    crate::gateway::end_boot(state, id).await;
     let now = now_ms();
     settle(state, &mut row, now);
     state
@@ -362,6 +374,7 @@ pub(crate) async fn mark_gone(
     if seen.is_some() && handle.as_ref() != seen {
         return;
     }
+    crate::gateway::end_boot(state, id).await;
     // Bank the CPU time of this boot while its cgroup still exists.
     settle(state, &mut row, now_ms());
     let res = if keep {
@@ -725,7 +738,8 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
                     // Its firewall rules again: whatever happened to the host's ruleset while
                     // the server was down (a flush, a reload, an older version's rules) heals.
                     if let (Some(dns), Some(_)) = (&state.network, &h.net) {
-                        let rules = crate::network::rules(&row.network, dns).await;
+                        let rules =
+                            crate::gateway::egress_rules(state, &row.id, &row.network, dns).await;
                         if let Err(e) = state.driver.update_network(&h, &rules).await {
                             tracing::warn!(
                                 sandbox = row.id,

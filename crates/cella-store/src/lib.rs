@@ -20,6 +20,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub mod artifacts;
+pub mod gateway;
 pub mod keys;
 pub mod layers;
 pub mod meta;
@@ -29,6 +30,7 @@ pub mod templates;
 pub mod workspaces;
 
 pub use artifacts::ArtifactRow;
+pub use gateway::SandboxTokenRow;
 pub use keys::KeyRow;
 pub use layers::StorageUse;
 pub use sandboxes::{Claim, SandboxFilter, SandboxRow, CAPPED_STATES};

@@ -408,6 +408,7 @@ async fn workspace_columns_round_trip_and_bad_ones_are_corrupt() {
         tasks_enabled: true,
         compute_rate: 0.5,
         session_limit_min: 30,
+        model_allowlist: vec!["m1".into()],
     };
     store.update_workspace(&w).await.unwrap();
     let back = store.workspace("ws1").await.unwrap().unwrap();

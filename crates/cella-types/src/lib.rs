@@ -133,18 +133,22 @@ pub enum Scope {
     TasksRead,
     #[serde(rename = "tasks:write")]
     TasksWrite,
+    /// Calls to the model gateway (`/gateway/...`) with this API key.
+    #[serde(rename = "models:use")]
+    ModelsUse,
     #[serde(rename = "admin")]
     Admin,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 7] = [
+    pub const ALL: [Scope; 8] = [
         Scope::SandboxesRead,
         Scope::SandboxesWrite,
         Scope::SandboxesExec,
         Scope::TemplatesWrite,
         Scope::TasksRead,
         Scope::TasksWrite,
+        Scope::ModelsUse,
         Scope::Admin,
     ];
 
@@ -156,6 +160,7 @@ impl Scope {
             Scope::TemplatesWrite => "templates:write",
             Scope::TasksRead => "tasks:read",
             Scope::TasksWrite => "tasks:write",
+            Scope::ModelsUse => "models:use",
             Scope::Admin => "admin",
         }
     }
@@ -229,6 +234,43 @@ pub struct WorkspaceSettings {
     /// Ceiling of one task run, in minutes.
     #[serde(default = "default_session_limit")]
     pub session_limit_min: u32,
+    /// Models the workspace may use through the model gateway (empty: every model the
+    /// gateway serves). At most 256 names, each 1-200 printable characters, no repeats.
+    #[serde(default, deserialize_with = "model_allowlist")]
+    pub model_allowlist: Vec<String>,
+}
+
+/// The most names `model_allowlist` takes.
+pub const MAX_MODEL_ALLOWLIST: usize = 256;
+
+fn model_allowlist<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    use serde::de::Error;
+    let v = Vec::<String>::deserialize(d)?;
+    if v.len() > MAX_MODEL_ALLOWLIST {
+        return Err(D::Error::custom(format!(
+            "model_allowlist takes at most {MAX_MODEL_ALLOWLIST} models"
+        )));
+    }
+    for (i, m) in v.iter().enumerate() {
+        if m.is_empty() || m.len() > 200 || m.chars().any(|c| c.is_control()) {
+            return Err(D::Error::custom(format!(
+                "model_allowlist[{i}] must be 1-200 printable characters"
+            )));
+        }
+        if v[..i].contains(m) {
+            return Err(D::Error::custom(format!(
+                "model_allowlist names {m:?} twice"
+            )));
+        }
+    }
+    Ok(v)
+}
+
+impl WorkspaceSettings {
+    /// Whether the allow-list lets `model` through (an empty list lets every model through).
+    pub fn allows_model(&self, model: &str) -> bool {
+        self.model_allowlist.is_empty() || self.model_allowlist.iter().any(|m| m == model)
+    }
 }
 
 fn default_session_limit() -> u32 {
@@ -564,6 +606,10 @@ pub struct CreateSandbox {
     pub preview: Option<PreviewSettings>,
     /// Preview traffic resumes the sandbox when it is paused (default false: 409).
     pub auto_resume: Option<bool>,
+    /// Give the sandbox access to the model gateway (default false): it gets a sandbox token
+    /// and `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY` in its
+    /// environment. Needs a server whose sandboxes have a network.
+    pub model_access: Option<bool>,
 }
 
 /// Whether a sandbox may open connections to destinations its lists do not name.

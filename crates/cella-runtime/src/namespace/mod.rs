@@ -445,7 +445,8 @@ impl NamespaceDriver {
                         .map_err(|e| DriverError::Network(format!("host end: {e}")))
                         .and_then(|ifindex| {
                             info.ifindex = ifindex;
-                            n.firewall.install(&spec.id, ifindex, rules)
+                            let link = Some((info.host_addr, info.sandbox_addr));
+                            n.firewall.install(&spec.id, ifindex, link, rules)
                         });
                     handle.net = Some(info);
                     r
@@ -725,6 +726,7 @@ impl Driver for NamespaceDriver {
         };
         let (fw, id, rules) = (n.firewall.clone(), handle.id.clone(), rules.clone());
         let (recorded, iface) = (info.ifindex, info.iface.clone());
+        let link = Some((info.host_addr, info.sandbox_addr));
         tokio::task::spawn_blocking(move || {
             // A handle from before interface indexes were recorded: look it up, and clear
             // what older versions left for this sandbox.
@@ -733,7 +735,7 @@ impl Driver for NamespaceDriver {
                     .map_err(|e| DriverError::Network(format!("{iface}: {e}")))?,
                 i => i,
             };
-            fw.install(&id, ifindex, &rules)?;
+            fw.install(&id, ifindex, link, &rules)?;
             if recorded == 0 {
                 fw.remove_others(&id, ifindex)?;
             }

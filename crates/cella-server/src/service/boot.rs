@@ -46,7 +46,9 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                 disk_size_mb: row.disk_size_mb as u32,
                 pids_max: (row.cpu_count as u32 * 1024).max(1024),
                 network: match &state.network {
-                    Some(dns) => Some(crate::network::rules(&row.network, dns).await),
+                    Some(dns) => {
+                        Some(crate::gateway::egress_rules(state, &row.id, &row.network, dns).await)
+                    }
                     None => None,
                 },
                 snapshot: row.snapshot_id.clone(),
@@ -57,9 +59,17 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
     };
     // A template app starts with its sandbox, which is ready only once the app is.
     let result = match result {
+        Ok(handle) => {
+            crate::gateway::start_boot(state, &row.id, &row.workspace_id, &handle).await;
+            Ok(handle)
+        }
+        Err(e) => Err(e),
+    };
+    let result = match result {
         Ok(handle) => match start_template_app(state, row, &handle).await {
             Ok(()) => Ok(handle),
             Err(reason) => {
+                crate::gateway::end_boot(state, &row.id).await;
                 // A sandbox booted again on kept files keeps them; a new one is cleared.
                 let keep = row.persistent && row.started_at.is_some();
                 let _ = if keep {

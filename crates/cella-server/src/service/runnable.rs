@@ -102,6 +102,8 @@ pub struct Runnable {
     pub handle: SandboxHandle,
     workdir: Option<String>,
     user: Option<ExecUser>,
+    /// The model gateway's variables, when the sandbox has model access (`gateway`).
+    gateway_env: BTreeMap<String, String>,
 }
 
 impl Runnable {
@@ -118,11 +120,13 @@ impl Runnable {
     /// and readiness check.
     pub fn booting(state: &AppState, row: SandboxRow, handle: SandboxHandle) -> Runnable {
         let (workdir, user) = state.catalog.exec_defaults(&row.template_id);
+        let gateway_env = state.gateway.env_of(&row.id);
         Runnable {
             row,
             handle,
             workdir,
             user,
+            gateway_env,
         }
     }
 
@@ -174,6 +178,7 @@ impl Runnable {
         check_map("env", &req_env, true)?;
         let mut env = base_env(home, name);
         env.extend(self.row.env.clone());
+        env.extend(self.gateway_env.clone());
         env.extend(req_env);
         Ok(ExecSpec {
             argv,

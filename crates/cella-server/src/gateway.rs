@@ -1,0 +1,472 @@
+//! The model gateway's server side: its routes, who may call them, sandbox tokens, and
+//! metering (the proxying itself is `cella-gateway`).
+//!
+//! Routes (outside `/api/v1` and its route table; they answer in the providers' shapes):
+//! `POST /gateway/openai/v1/chat/completions`, `POST /gateway/openai/v1/responses`,
+//! `GET /gateway/openai/v1/models`, `POST /gateway/anthropic/v1/messages`.
+//!
+//! **Callers.** A credential comes as `Authorization: Bearer` or `x-api-key`. A **sandbox
+//! token** (`cst_` and 43 random letters and digits, about 256 bits) is minted for each boot of
+//! a sandbox created with `"model_access": true`, stored only as its SHA-256, and valid while
+//! that boot lives: it is revoked when the sandbox is stopped, destroyed or found gone (then
+//! 401 at once), and at start for every sandbox that is not live. It is accepted only from its
+//! sandbox's own address (403 from anywhere else). The token is handed to the sandbox in the
+//! environment of its commands only (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, with the base
+//! URLs), kept in the server's memory for that, and never logged, put in argv or answered by
+//! the API. After a restart of the server the sandboxes that still run get a new token for new
+//! commands; the old one stays valid for the processes that hold it until the sandbox ends.
+//! An **API key** with the scope `models:use` (or `admin`) works too.
+//!
+//! **Reaching it.** A sandbox reaches the gateway at the host end of its link, on the server's
+//! port: its firewall lets exactly that through ([`cella_runtime::firewall`], `host_port`).
+//! When the server listens on one address only (say `127.0.0.1`), a listener of the gateway's
+//! routes alone is opened on the link's host end for the life of the boot. Sandboxes on a
+//! server without sandbox networking cannot reach the host, so `model_access` is refused there
+//! (400).
+//!
+//! **Metering.** [`ServerMeter`] admits a request when the workspace's `model_allowlist` holds
+//! its model (an empty list: every model; else 403) and records what it used.
+
+use crate::error::ApiError;
+use crate::util::{hash_key, new_id, now_ms};
+use crate::AppState;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use cella_gateway::{Api, BoxFuture, Caller, Meter, Metered, Refusal};
+use cella_runtime::SandboxHandle;
+use cella_store::SandboxTokenRow;
+use cella_types::{ErrorCode, SandboxState, Scope};
+use rand::distributions::{Alphanumeric, DistString};
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+
+/// How sandbox tokens begin (an API key begins `cella_`).
+pub const TOKEN_PREFIX: &str = "cst_";
+
+/// The peer address of a request's connection (set by `serve_http`).
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// The gateway and what the server keeps for the sandboxes that use it.
+pub struct GatewayState {
+    pub gateway: cella_gateway::Gateway,
+    links: Mutex<HashMap<String, Link>>,
+    /// The server's state, for the link listeners' routers (set once it is made).
+    app: std::sync::OnceLock<std::sync::Weak<AppState>>,
+}
+
+/// A running boot of a sandbox with model access.
+struct Link {
+    env: BTreeMap<String, String>,
+    /// Stops the boot's own listener, when it has one.
+    _stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl GatewayState {
+    pub fn new(gateway: cella_gateway::Gateway) -> GatewayState {
+        GatewayState {
+            gateway,
+            links: Mutex::new(HashMap::new()),
+            app: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Called once the server's state is made.
+    pub fn set_app(&self, app: &Arc<AppState>) {
+        let _ = self.app.set(Arc::downgrade(app));
+    }
+
+    /// The gateway variables of sandbox `id`'s commands (empty: it has no model access now).
+    pub fn env_of(&self, id: &str) -> BTreeMap<String, String> {
+        self.links
+            .lock()
+            .ok()
+            .and_then(|l| l.get(id).map(|x| x.env.clone()))
+            .unwrap_or_default()
+    }
+
+    fn forget(&self, id: &str) {
+        if let Ok(mut l) = self.links.lock() {
+            l.remove(id); // dropping the sender stops the listener
+        }
+    }
+}
+
+/// The gateway's routes.
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/gateway/openai/v1/chat/completions", post(chat))
+        .route("/gateway/openai/v1/responses", post(responses))
+        .route("/gateway/openai/v1/models", get(models))
+        .route("/gateway/anthropic/v1/messages", post(messages))
+}
+
+async fn chat(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    proxy(state, Api::ChatCompletions, req).await
+}
+
+async fn responses(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    proxy(state, Api::Responses, req).await
+}
+
+async fn messages(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    proxy(state, Api::Messages, req).await
+}
+
+async fn models(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    let (parts, _) = req.into_parts();
+    let caller = match caller(&state, &parts).await {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let settings = match state.store.workspace(&caller.workspace_id).await {
+        Ok(Some(w)) => w.settings,
+        _ => return finished(ApiError::internal().into_response()),
+    };
+    finished(state.gateway.gateway.models(&|m| settings.allows_model(m)))
+}
+
+async fn proxy(state: Arc<AppState>, api: Api, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let caller = match caller(&state, &parts).await {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let meter: Arc<dyn Meter> = Arc::new(ServerMeter {
+        state: state.clone(),
+    });
+    let res = state
+        .gateway
+        .gateway
+        .handle(api, caller, meter, &parts.headers, parts.uri.query(), body)
+        .await;
+    finished(res)
+}
+
+/// Marks an answer of the gateway as final (its body is the provider's or our envelope
+/// already; the outer layers leave it as it is).
+fn finished(mut r: Response) -> Response {
+    r.extensions_mut().insert(crate::error::Enveloped);
+    r
+}
+
+fn refuse(code: ErrorCode, message: &str) -> Response {
+    finished(ApiError::new(code, message).into_response())
+}
+
+/// The credential of a request: `Authorization: Bearer X` or `x-api-key: X`.
+fn credential(headers: &HeaderMap) -> Option<String> {
+    if let Some(v) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        if let Some(s) = v
+            .strip_prefix("Bearer ")
+            .or_else(|| v.strip_prefix("bearer "))
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
+            return Some(s.to_string());
+        }
+    }
+    headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+/// Who calls (see the module docs): 401 without a valid credential, 403 for a token used from
+/// elsewhere than its sandbox or a key without `models:use`.
+async fn caller(state: &AppState, req: &axum::http::request::Parts) -> Result<Caller, Response> {
+    let request_id = req
+        .extensions
+        .get::<crate::RequestId>()
+        .map(|r| r.0.clone())
+        .unwrap_or_else(|| new_id("req"));
+    let peer = req.extensions.get::<PeerAddr>().map(|p| p.0.ip());
+    let Some(secret) = credential(&req.headers) else {
+        return Err(refuse(
+            ErrorCode::Unauthorized,
+            "missing credential; send `Authorization: Bearer <sandbox token or API key>` or `x-api-key`",
+        ));
+    };
+    if secret.starts_with(TOKEN_PREFIX) {
+        let row = match state.store.sandbox_token_by_hash(&hash_key(&secret)).await {
+            Ok(r) => r,
+            Err(e) => return Err(finished(ApiError::from(e).into_response())),
+        };
+        let Some(row) = row.filter(|t| t.revoked_at.is_none()) else {
+            return Err(refuse(
+                ErrorCode::Unauthorized,
+                "invalid sandbox token (its sandbox has ended, or it never existed)",
+            ));
+        };
+        let sb = match state.store.sandbox(&row.sandbox_id).await {
+            Ok(s) => s,
+            Err(e) => return Err(finished(ApiError::from(e).into_response())),
+        };
+        let Some(sb) = sb.filter(|s| {
+            matches!(
+                crate::service::rows::state_of(s),
+                SandboxState::Running | SandboxState::Paused
+            )
+        }) else {
+            return Err(refuse(
+                ErrorCode::Unauthorized,
+                "invalid sandbox token (its sandbox has ended)",
+            ));
+        };
+        if let Some(net) = crate::service::rows::handle_of(&sb).and_then(|h| h.net) {
+            if peer != Some(IpAddr::V4(net.sandbox_addr)) {
+                return Err(finished(
+                    ApiError::new(
+                        ErrorCode::Forbidden,
+                        "this sandbox token is valid only from its own sandbox",
+                    )
+                    .into_response(),
+                ));
+            }
+        }
+        return Ok(Caller {
+            workspace_id: row.workspace_id,
+            sandbox_id: Some(row.sandbox_id),
+            request_id,
+        });
+    }
+    // An API key, however it was sent.
+    let mut h = HeaderMap::new();
+    if let Ok(v) = HeaderValue::from_str(&format!("Bearer {secret}")) {
+        h.insert(header::AUTHORIZATION, v);
+    }
+    let auth = crate::auth::authenticate(state, &h)
+        .await
+        .map_err(|e| finished(e.into_response()))?;
+    if !auth.has(Scope::ModelsUse) {
+        return Err(finished(
+            ApiError::new(
+                ErrorCode::Forbidden,
+                "this API key lacks the scope models:use",
+            )
+            .with_details(serde_json::json!({ "required_scope": "models:use" }))
+            .into_response(),
+        ));
+    }
+    Ok(Caller {
+        workspace_id: auth.workspace_id,
+        sandbox_id: None,
+        request_id,
+    })
+}
+
+/// Admission and metering over the server's store.
+pub struct ServerMeter {
+    pub state: Arc<AppState>,
+}
+
+impl Meter for ServerMeter {
+    fn admit<'a>(
+        &'a self,
+        caller: &'a Caller,
+        model: &'a str,
+    ) -> BoxFuture<'a, Result<(), Refusal>> {
+        Box::pin(async move {
+            let ws = match self.state.store.workspace(&caller.workspace_id).await {
+                Ok(Some(w)) => w,
+                Ok(None) => return Err(Refusal::Forbidden("the workspace is gone".into())),
+                Err(e) => {
+                    tracing::error!("reading a workspace for the gateway: {e}");
+                    return Err(Refusal::Unavailable(
+                        "the gateway cannot check this request now".into(),
+                    ));
+                }
+            };
+            if !ws.settings.allows_model(model) {
+                return Err(Refusal::Forbidden(format!(
+                    "model {model:?} is not in this workspace's model_allowlist"
+                )));
+            }
+            funds(&self.state, &caller.workspace_id).await
+        })
+    }
+
+    fn record(&self, caller: Caller, m: Metered) -> BoxFuture<'static, ()> {
+        let state = self.state.clone();
+        Box::pin(async move { record(&state, caller, m).await })
+    }
+}
+
+/// 402 once the workspace has nothing left to spend.
+async fn funds(_state: &AppState, _workspace_id: &str) -> Result<(), Refusal> {
+    Ok(())
+}
+
+/// One model request's usage and cost, written against its sandbox.
+async fn record(_state: &AppState, caller: Caller, m: Metered) {
+    tracing::info!(
+        workspace = caller.workspace_id,
+        sandbox = caller.sandbox_id.as_deref().unwrap_or(""),
+        request_id = caller.request_id,
+        model = m.model,
+        input_tokens = m.usage.input_tokens,
+        output_tokens = m.usage.output_tokens,
+        cost = %cella_gateway::Micros(m.cost_micros),
+        complete = m.complete,
+        "model request"
+    );
+}
+
+/// The egress rules of a sandbox's boot: its policy's, and the server's port on the link's
+/// host end when it has model access.
+pub async fn egress_rules(
+    state: &AppState,
+    id: &str,
+    policy: &cella_types::NetworkPolicy,
+    dns: &[std::net::Ipv4Addr],
+) -> cella_runtime::firewall::EgressRules {
+    let mut rules = crate::network::rules(policy, dns).await;
+    if state.store.has_model_access(id).await.unwrap_or(false) {
+        rules.host_port = Some(state.config.listen.port());
+    }
+    rules
+}
+
+/// A new token for a boot of sandbox `id` (of `workspace_id`): stored by hash; returned once.
+async fn mint(state: &AppState, id: &str, workspace_id: &str) -> Result<String, ApiError> {
+    let secret = format!(
+        "{TOKEN_PREFIX}{}",
+        Alphanumeric.sample_string(&mut rand::thread_rng(), 43)
+    );
+    state
+        .store
+        .insert_sandbox_token(&SandboxTokenRow {
+            id: new_id("tok"),
+            hash: hash_key(&secret),
+            sandbox_id: id.to_string(),
+            workspace_id: workspace_id.to_string(),
+            created_at: now_ms(),
+            revoked_at: None,
+        })
+        .await?;
+    Ok(secret)
+}
+
+/// At a boot of a sandbox with model access (or when the server finds it running again):
+/// a token, the variables of its commands, and its link's listener when the server needs one.
+pub async fn start_boot(state: &AppState, id: &str, workspace_id: &str, handle: &SandboxHandle) {
+    match state.store.has_model_access(id).await {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => {
+            tracing::error!(sandbox = id, "reading its model access: {e}");
+            return;
+        }
+    }
+    let Some(net) = &handle.net else {
+        return;
+    };
+    let token = match mint(state, id, workspace_id).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(sandbox = id, "minting its gateway token: {}", e.message);
+            return;
+        }
+    };
+    let port = state.config.listen.port();
+    let base = format!("http://{}:{port}/gateway", net.host_addr);
+    let env: BTreeMap<String, String> = [
+        ("OPENAI_BASE_URL", format!("{base}/openai/v1")),
+        ("OPENAI_API_KEY", token.clone()),
+        ("ANTHROPIC_BASE_URL", format!("{base}/anthropic")),
+        ("ANTHROPIC_API_KEY", token),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let app = state.gateway.app.get().and_then(|w| w.upgrade());
+    let stop = if state.config.listen.ip().is_unspecified() {
+        None // the server's own listener takes the link's address too
+    } else if let Some(app) = app {
+        match tokio::net::TcpListener::bind((net.host_addr, port)).await {
+            Ok(listener) => {
+                let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                let st = app;
+                tokio::spawn(async move {
+                    let app = crate::gateway_router(st.clone());
+                    crate::serve_http(listener, app, &st.config.server, async {
+                        let _ = rx.await;
+                    })
+                    .await;
+                });
+                Some(tx)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    sandbox = id,
+                    "opening the gateway on {}:{port}: {e}",
+                    net.host_addr
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+    if let Ok(mut l) = state.gateway.links.lock() {
+        l.insert(id.to_string(), Link { env, _stop: stop });
+    }
+}
+
+/// When a boot of sandbox `id` ends (stop, destroy, found gone): its tokens are revoked at
+/// once and its listener closed.
+pub async fn end_boot(state: &AppState, id: &str) {
+    state.gateway.forget(id);
+    if let Err(e) = state.store.revoke_sandbox_tokens(id, now_ms()).await {
+        tracing::error!(sandbox = id, "revoking its gateway tokens: {e}");
+    }
+}
+
+/// At start, after `reconcile`: tokens of sandboxes that are not live are revoked; running and
+/// paused sandboxes with model access get a token for new commands and their listener again.
+pub async fn restore(state: &Arc<AppState>) -> Result<(), cella_store::StoreError> {
+    for id in state.store.sandboxes_with_live_tokens().await? {
+        let row = state.store.sandbox(&id).await?;
+        let live = row.as_ref().is_some_and(|r| {
+            matches!(
+                crate::service::rows::state_of(r),
+                SandboxState::Running | SandboxState::Paused
+            )
+        });
+        if !live {
+            state.store.revoke_sandbox_tokens(&id, now_ms()).await?;
+        }
+    }
+    for row in state.store.live_sandboxes().await? {
+        if !matches!(
+            crate::service::rows::state_of(&row),
+            SandboxState::Running | SandboxState::Paused
+        ) {
+            continue;
+        }
+        if let Some(h) = crate::service::rows::handle_of(&row) {
+            start_boot(state, &row.id, &row.workspace_id, &h).await;
+        }
+    }
+    Ok(())
+}
+
+/// 400 unless this server can give sandboxes model access.
+pub fn check_model_access(state: &AppState) -> Result<(), ApiError> {
+    if state.network.is_none() || state.firewall.is_none() {
+        return Err(ApiError::invalid(
+            "model_access",
+            "this server runs sandboxes without a network, so they cannot reach the model gateway",
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! The model gateway's tables: `sandbox_model_access` (sandboxes made with model access) and
+//! `sandbox_tokens` (their tokens, by hash only; see the migration `0014_gateway.sql`).
+
+use crate::{Result, Store};
+use sqlx::FromRow;
+
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+pub struct SandboxTokenRow {
+    pub id: String,
+    pub hash: String,
+    pub sandbox_id: String,
+    pub workspace_id: String,
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
+}
+
+impl Store {
+    /// Marks a sandbox as one with model access.
+    pub async fn set_model_access(
+        &self,
+        sandbox_id: &str,
+        workspace_id: &str,
+        now: i64,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT OR IGNORE INTO sandbox_model_access (sandbox_id, workspace_id, created_at) \
+             VALUES (?, ?, ?)",
+        )
+        .bind(sandbox_id)
+        .bind(workspace_id)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn has_model_access(&self, sandbox_id: &str) -> Result<bool> {
+        let n: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM sandbox_model_access WHERE sandbox_id = ?")
+                .bind(sandbox_id)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(n > 0)
+    }
+
+    pub async fn insert_sandbox_token(&self, t: &SandboxTokenRow) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO sandbox_tokens (id, hash, sandbox_id, workspace_id, created_at, revoked_at) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&t.id)
+        .bind(&t.hash)
+        .bind(&t.sandbox_id)
+        .bind(&t.workspace_id)
+        .bind(t.created_at)
+        .bind(t.revoked_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn sandbox_token_by_hash(&self, hash: &str) -> Result<Option<SandboxTokenRow>> {
+        Ok(sqlx::query_as(
+            "SELECT id, hash, sandbox_id, workspace_id, created_at, revoked_at \
+             FROM sandbox_tokens WHERE hash = ?",
+        )
+        .bind(hash)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Revokes every live token of a sandbox; returns how many.
+    pub async fn revoke_sandbox_tokens(&self, sandbox_id: &str, now: i64) -> Result<u64> {
+        let r = sqlx::query(
+            "UPDATE sandbox_tokens SET revoked_at = ? WHERE sandbox_id = ? AND revoked_at IS NULL",
+        )
+        .bind(now)
+        .bind(sandbox_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
+    }
+
+    /// Sandbox ids that hold a live token.
+    pub async fn sandboxes_with_live_tokens(&self) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT DISTINCT sandbox_id FROM sandbox_tokens WHERE revoked_at IS NULL",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}
