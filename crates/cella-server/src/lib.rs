@@ -13,6 +13,7 @@
 //! so admission, the pool, the lifecycle, the timers and `reconcile` run without root.
 
 pub mod auth;
+pub mod billing;
 pub mod builds;
 pub mod catalog;
 pub mod config;
@@ -60,6 +61,8 @@ use tower_http::catch_panic::CatchPanicLayer;
 pub struct AppState {
     pub config: Config,
     pub store: Store,
+    /// Wallets, the ledger, reservations and settlement (over the same store).
+    pub billing: cella_billing::Billing,
     pub driver: Arc<dyn Driver>,
     pub catalog: Catalog,
     pub locks: sandboxes::Locks,
@@ -575,6 +578,7 @@ async fn assemble(
     let state = Arc::new(AppState {
         exec_budget,
         config,
+        billing: cella_billing::Billing::new(&store),
         store,
         driver: backend.driver,
         catalog,
