@@ -25,7 +25,12 @@
 //! (400).
 //!
 //! **Metering.** [`ServerMeter`] admits a request when the workspace's `model_allowlist` holds
-//! its model (an empty list: every model; else 403) and records what it used.
+//! its model (an empty list: every model; else 403) and, for a model with a price, while the
+//! workspace's wallet has something `available` (else 402 `INSUFFICIENT_FUNDS`). Each request
+//! that reported usage becomes one `model` ledger entry (`Billing::charge_model`) against its
+//! sandbox, of its exact cost; an admitted request is always recorded, even when that takes the
+//! wallet below zero (the next one is refused). The ledger's idempotency key is an id the
+//! server makes for the request, never the client's `x-request-id`.
 
 use crate::error::ApiError;
 use crate::util::{hash_key, new_id, now_ms};
@@ -184,11 +189,8 @@ fn credential(headers: &HeaderMap) -> Option<String> {
 /// Who calls (see the module docs): 401 without a valid credential, 403 for a token used from
 /// elsewhere than its sandbox or a key without `models:use`.
 async fn caller(state: &AppState, req: &axum::http::request::Parts) -> Result<Caller, Response> {
-    let request_id = req
-        .extensions
-        .get::<crate::RequestId>()
-        .map(|r| r.0.clone())
-        .unwrap_or_else(|| new_id("req"));
+    // The ledger's key for this request: the server's own (a client's x-request-id could repeat).
+    let request_id = new_id("gwr");
     let peer = req.extensions.get::<PeerAddr>().map(|p| p.0.ip());
     let Some(secret) = credential(&req.headers) else {
         return Err(refuse(
@@ -291,7 +293,7 @@ impl Meter for ServerMeter {
                     "model {model:?} is not in this workspace's model_allowlist"
                 )));
             }
-            funds(&self.state, &caller.workspace_id).await
+            funds(&self.state, &caller.workspace_id, model).await
         })
     }
 
@@ -301,14 +303,51 @@ impl Meter for ServerMeter {
     }
 }
 
-/// 402 once the workspace has nothing left to spend.
-async fn funds(_state: &AppState, _workspace_id: &str) -> Result<(), Refusal> {
-    Ok(())
+/// 402 once the workspace has nothing left to spend (a free model is always admitted).
+async fn funds(state: &AppState, workspace_id: &str, model: &str) -> Result<(), Refusal> {
+    let free = state
+        .config
+        .gateway
+        .prices
+        .get(model)
+        .is_some_and(|p| p.input.0 == 0 && p.output.0 == 0);
+    if free {
+        return Ok(());
+    }
+    match state.billing.available(workspace_id).await {
+        Ok(a) if a.micros() > 0 => Ok(()),
+        Ok(a) => Err(Refusal::InsufficientFunds(format!(
+            "the workspace's wallet is spent (available {a}); add credits to use models"
+        ))),
+        Err(e) => {
+            tracing::error!(workspace = workspace_id, "reading the wallet: {e}");
+            Err(Refusal::Unavailable(
+                "the gateway cannot check this workspace's funds now".into(),
+            ))
+        }
+    }
 }
 
-/// One model request's usage and cost, written against its sandbox.
-async fn record(_state: &AppState, caller: Caller, m: Metered) {
-    tracing::info!(
+/// One model request's usage and cost: a `model` ledger entry against its sandbox.
+async fn record(state: &AppState, caller: Caller, m: Metered) {
+    let charge = cella_billing::ModelCharge {
+        workspace_id: caller.workspace_id.clone(),
+        sandbox_id: caller.sandbox_id.clone(),
+        task_id: None,
+        model: m.model.clone(),
+        input_tokens: m.usage.input_tokens,
+        output_tokens: m.usage.output_tokens,
+        amount: cella_types::Money::from_micros(m.cost_micros.max(0)),
+        request_id: caller.request_id.clone(),
+    };
+    if let Err(e) = state.billing.charge_model(charge).await {
+        tracing::error!(
+            workspace = caller.workspace_id,
+            request_id = caller.request_id,
+            "writing a model request's ledger entry: {e}"
+        );
+    }
+    tracing::debug!(
         workspace = caller.workspace_id,
         sandbox = caller.sandbox_id.as_deref().unwrap_or(""),
         request_id = caller.request_id,

@@ -13,6 +13,7 @@
 //! so admission, the pool, the lifecycle, the timers and `reconcile` run without root.
 
 pub mod auth;
+pub mod billing;
 pub mod builds;
 pub mod catalog;
 pub mod config;
@@ -61,6 +62,8 @@ use tower_http::catch_panic::CatchPanicLayer;
 pub struct AppState {
     pub config: Config,
     pub store: Store,
+    /// Wallets, the ledger, reservations and settlement (over the same store).
+    pub billing: cella_billing::Billing,
     pub driver: Arc<dyn Driver>,
     pub catalog: Catalog,
     pub locks: sandboxes::Locks,
@@ -593,6 +596,7 @@ async fn assemble(
         gateway: gateway::GatewayState::new(gw),
         exec_budget,
         config,
+        billing: cella_billing::Billing::new(&store),
         store,
         driver: backend.driver,
         catalog,

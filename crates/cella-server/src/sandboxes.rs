@@ -67,6 +67,9 @@ pub fn to_wire(app: &AppState, row: &SandboxRow) -> Sandbox {
             public: row.preview_public,
         },
         auto_resume: row.auto_resume,
+        compute_rate: row.compute_rate,
+        compute_cost: crate::billing::compute_cost_of(row, now),
+        model_cost: row.model_cost,
     }
 }
 

@@ -4,12 +4,14 @@
 //! three cannot drift apart. The contract these types follow is `shared/api-v1.md`; the project's
 //! own reference is `docs/api.md`.
 
+pub mod money;
 pub mod sizes;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
 
+pub use money::{Money, MoneyError};
 pub use sizes::{ResourceContract, Size, ALL_SIZES};
 
 /// `{"data": ...}`: the body of every successful single-object response.
@@ -228,9 +230,10 @@ impl WorkspaceKind {
 pub struct WorkspaceSettings {
     #[serde(default)]
     pub tasks_enabled: bool,
-    /// Compute price per second, in the workspace's currency.
+    /// Compute price per running second, in the workspace's currency (a decimal string with at
+    /// most 6 decimals, at least 0). Each sandbox keeps the rate of when it was created.
     #[serde(default)]
-    pub compute_rate: f64,
+    pub compute_rate: Money,
     /// Ceiling of one task run, in minutes.
     #[serde(default = "default_session_limit")]
     pub session_limit_min: u32,
@@ -520,6 +523,14 @@ pub struct Sandbox {
     pub preview: PreviewSettings,
     /// Preview traffic resumes it when it is paused.
     pub auto_resume: bool,
+    /// Compute price per running second, the workspace's `compute_rate` when it was created.
+    pub compute_rate: Money,
+    /// Compute charged for it: while it lives, what it has cost so far (its running seconds,
+    /// at least 60, times `compute_rate`; 0 at a rate of 0); once destroyed, its one `compute`
+    /// ledger entry.
+    pub compute_cost: Money,
+    /// The sum of its `model` ledger entries (model gateway requests).
+    pub model_cost: Money,
 }
 
 /// Preview access of a sandbox.

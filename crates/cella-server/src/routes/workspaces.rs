@@ -171,10 +171,11 @@ pub async fn update(
             }
             e
         })?;
-        if settings.compute_rate < 0.0 || !settings.compute_rate.is_finite() {
+        if settings.compute_rate.is_negative() || settings.compute_rate > cella_billing::MAX_BALANCE
+        {
             return Err(ApiError::invalid(
                 "settings.compute_rate",
-                "compute_rate must be a number of at least 0",
+                "compute_rate must be a decimal string of at least 0, like \"0.000100\"",
             ));
         }
         row.settings = settings;
