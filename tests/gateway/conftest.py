@@ -26,16 +26,20 @@ from standin import ANTHROPIC_KEY, StandIn  # noqa: E402
 
 interrupt_on_sigterm()
 
-# Per million tokens. gpt-test: 21 in, 9 out → 21 × 2.5 + 9 × 10 = 142.5 → 143 micro-units.
+# Per million tokens. The models of the functional tests are free (a workspace with an empty
+# wallet may use them); the priced ones are metered: gpt-priced, 21 in and 9 out, costs
+# 21 × 2.5 + 9 × 10 = 142.5 → 143 micro-units; claude-priced (17 + 3 cached) × 3 + 8 × 15 = 180.
 PRICES = {
-    "gpt-test": ("2.500000", "10.000000"),
-    "gpt-test-bad": ("1", "1"),
-    "gpt-test-die": ("1", "1"),
-    "gpt-other": ("1", "1"),
-    "gpt-down": ("1", "1"),
-    "claude-test": ("3.000000", "15.000000"),
-    "claude-test-bad": ("1", "1"),
-    "claude-test-die": ("1", "1"),
+    "gpt-test": ("0", "0"),
+    "gpt-priced": ("2.500000", "10.000000"),
+    "claude-priced": ("3.000000", "15.000000"),
+    "gpt-test-bad": ("0", "0"),
+    "gpt-test-die": ("0", "0"),
+    "gpt-other": ("0", "0"),
+    "gpt-down": ("0", "0"),
+    "claude-test": ("0", "0"),
+    "claude-test-bad": ("0", "0"),
+    "claude-test-die": ("0", "0"),
 }
 
 
@@ -58,14 +62,14 @@ name = "standin-openai"
 kind = "openai"
 base_url = "{standin.url}/v1"
 api_key_env = "STANDIN_OPENAI_KEY"
-models = ["gpt-test", "gpt-test-bad", "gpt-test-die", "gpt-other"]
+models = ["gpt-test", "gpt-priced", "gpt-test-bad", "gpt-test-die", "gpt-other"]
 
 [[gateway.upstreams]]
 name = "standin-anthropic"
 kind = "anthropic"
 base_url = "{standin.url}"
 api_key = "{ANTHROPIC_KEY}"
-models = ["claude-test", "claude-test-bad", "claude-test-die"]
+models = ["claude-test", "claude-priced", "claude-test-bad", "claude-test-die"]
 
 [[gateway.upstreams]]
 name = "down"

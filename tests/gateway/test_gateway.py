@@ -333,3 +333,49 @@ def test_a_sandbox_token_works_only_from_its_sandbox_and_dies_with_it(server, mo
     assert api.delete(f"/sandboxes/{sb['id']}").status_code == 200
     with pytest.raises(openai.AuthenticationError):
         oai(server, token).chat.completions.create(model="gpt-test", messages=MSGS)
+
+
+# --- metering (the ledger) ----------------------------------------------------------------
+
+
+def credit(admin: httpx.Client, workspace: str, amount: str) -> None:
+    r = admin.post(f"/workspaces/{workspace}/wallet/credits", json={"amount": amount, "reference": "gateway tests"})
+    if r.status_code in (404, 405):
+        pytest.skip("this build has no wallet routes yet")
+    assert r.status_code in (200, 201), r.text
+
+
+def model_entries(admin: httpx.Client, workspace: str, n: int) -> List[Dict[str, Any]]:
+    """The workspace's model entries once there are `n` (each is written as its answer ends)."""
+    import time
+
+    for _ in range(300):
+        r = admin.get(f"/workspaces/{workspace}/ledger", params={"limit": "1000"})
+        assert r.status_code == 200, r.text
+        got = [e for e in r.json()["data"] if e["kind"] == "model"]
+        if len(got) >= n:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"fewer than {n} model entries")
+
+
+def test_metering_writes_exact_model_entries_and_refuses_a_spent_wallet(server, admin):
+    r = admin.post("/workspaces", json={"name": "gateway-metering", "plan": "developer", "kind": "organization"})
+    ws = r.json()["data"]["id"]
+    key = new_key(admin, ws, ["models:use"])
+    with pytest.raises(openai.APIStatusError) as e:
+        oai(server, key).chat.completions.create(model="gpt-priced", messages=MSGS)
+    assert e.value.status_code == 402
+    credit(admin, ws, "0.000400")
+    c = oai(server, key)
+    assert c.chat.completions.create(model="gpt-priced", messages=MSGS).usage.prompt_tokens == 21
+    list(c.chat.completions.create(model="gpt-priced", messages=MSGS, stream=True))
+    with ant(server, key).messages.stream(model="claude-priced", max_tokens=8, messages=MSGS) as s:
+        s.get_final_message()
+    got = model_entries(admin, ws, 3)
+    assert sorted(x["amount"] for x in got) == ["-0.000143", "-0.000143", "-0.000180"]
+    # 400 - 466 < 0: the wallet is spent, the next request is refused.
+    with pytest.raises(openai.APIStatusError) as e:
+        c.chat.completions.create(model="gpt-priced", messages=MSGS)
+    assert e.value.status_code == 402
+    assert len(model_entries(admin, ws, 3)) == 3

@@ -1,0 +1,229 @@
+//! The model gateway's metering, over the real router and ledger. The upstream is a stand-in
+//! model server written here (no model provider is reachable from tests): it answers OpenAI
+//! chat completions (whole, and streamed with the usage chunk when asked for it) and Anthropic
+//! messages (streamed: `message_start` and cumulative `message_delta` usage), and checks the
+//! upstream key it gets.
+
+use super::*;
+use axum::response::IntoResponse;
+use cella_types::Money;
+
+const UP_KEY: &str = "sk-standin";
+
+async fn standin_chat(
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    if headers.get("authorization").and_then(|v| v.to_str().ok()) != Some("Bearer sk-standin") {
+        return (
+            axum::http::StatusCode::UNAUTHORIZED,
+            "{\"error\":{\"message\":\"bad key\"}}",
+        )
+            .into_response();
+    }
+    let v: Value = serde_json::from_slice(&body).unwrap_or_default();
+    if v["stream"] == true {
+        let usage = v["stream_options"]["include_usage"] == true;
+        let mut s = String::new();
+        for piece in ["Hel", "lo"] {
+            s += &format!(
+                "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{piece}\"}}}}],\"usage\":null}}\n\n"
+            );
+        }
+        if usage {
+            s += "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":1000,\"completion_tokens\":333}}\n\n";
+        }
+        s += "data: [DONE]\n\n";
+        return ([("content-type", "text/event-stream")], s).into_response();
+    }
+    axum::Json(serde_json::json!({
+        "id": "c1", "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 21, "completion_tokens": 9, "total_tokens": 30}
+    }))
+    .into_response()
+}
+
+async fn standin_messages() -> axum::response::Response {
+    let s = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":17,\"cache_read_input_tokens\":3,\"output_tokens\":1}}}\n\n\
+             event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n\
+             event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":4}}\n\n\
+             event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":8}}\n\n\
+             event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+    ([("content-type", "text/event-stream")], s).into_response()
+}
+
+async fn standin() -> String {
+    let app = axum::Router::new()
+        .route("/v1/chat/completions", axum::routing::post(standin_chat))
+        .route("/v1/messages", axum::routing::post(standin_messages));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    format!("http://{addr}")
+}
+
+async fn gateway_server() -> (Server, String) {
+    let up = standin().await;
+    let cfg = format!(
+        r#"
+[[upstreams]]
+name = "o"
+kind = "openai"
+base_url = "{up}/v1"
+api_key = "{UP_KEY}"
+models = ["gpt-test", "gpt-free"]
+[[upstreams]]
+name = "a"
+kind = "anthropic"
+base_url = "{up}"
+api_key = "k"
+models = ["claude-test"]
+[prices.gpt-test]
+input = "2.500000"
+output = "10.000000"
+[prices.gpt-free]
+input = "0"
+output = "0"
+[prices.claude-test]
+input = "3"
+output = "15"
+"#
+    );
+    let gw: cella_gateway::GatewayConfig = toml::from_str(&cfg).unwrap();
+    let s = Server::start_with(|c| c.gateway = gw).await;
+    let ws = s
+        .state
+        .store
+        .meta_get("default_workspace")
+        .await
+        .unwrap()
+        .unwrap();
+    let (status, v) = s
+        .call(
+            "POST",
+            "/api/v1/api-keys",
+            Some(serde_json::json!({"workspace_id": ws, "name": "m", "scopes": ["models:use"]})),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let key = v["data"]["key"].as_str().unwrap().to_string();
+    (s, key)
+}
+
+async fn gw(s: &Server, key: &str, path: &str, body: Value) -> (u16, String) {
+    let req = Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("x-api-key", key)
+        .header("content-type", "application/json")
+        .header("x-request-id", "same-id-every-time")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let res = s.app.clone().oneshot(req).await.unwrap();
+    let status = res.status().as_u16();
+    let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The workspace's model entries once `n` are written (the entry is written just after the
+/// answer ends).
+async fn model_entries(s: &Server, n: usize) -> Vec<cella_billing::LedgerEntry> {
+    let ws = s
+        .state
+        .store
+        .meta_get("default_workspace")
+        .await
+        .unwrap()
+        .unwrap();
+    for _ in 0..200 {
+        let e: Vec<_> = s
+            .state
+            .billing
+            .ledger(&ws, 100, None)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == cella_billing::EntryKind::Model)
+            .collect();
+        if e.len() >= n {
+            return e;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("fewer than {n} model entries");
+}
+
+#[tokio::test]
+async fn each_request_is_one_model_entry_of_its_exact_cost_and_a_spent_wallet_is_402() {
+    let (s, key) = gateway_server().await;
+    let ws = s
+        .state
+        .store
+        .meta_get("default_workspace")
+        .await
+        .unwrap()
+        .unwrap();
+    let chat = "/gateway/openai/v1/chat/completions";
+    let body =
+        serde_json::json!({"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]});
+    // Nothing in the wallet: a priced model is refused, a free one is not.
+    let (st, b) = gw(&s, &key, chat, body.clone()).await;
+    assert_eq!(st, 402, "{b}");
+    assert!(b.contains("INSUFFICIENT_FUNDS"), "{b}");
+    let free = serde_json::json!({"model": "gpt-free", "messages": []});
+    assert_eq!(gw(&s, &key, chat, free).await.0, 200);
+    model_entries(&s, 1).await;
+
+    s.state
+        .billing
+        .credit(&ws, Money::from_micros(10_000), Some("test"))
+        .await
+        .unwrap();
+    // 21 in × 2.5 + 9 out × 10 per million: 142.5 micro-units, rounded up to 143.
+    let (st, b) = gw(&s, &key, chat, body.clone()).await;
+    assert_eq!(st, 200, "{b}");
+    let e = model_entries(&s, 2).await;
+    assert_eq!(e[0].amount, Money::from_micros(-143));
+    assert_eq!(e[0].model.as_deref(), Some("gpt-test"));
+    assert_eq!((e[0].input_tokens, e[0].output_tokens), (Some(21), Some(9)));
+    assert_eq!(e[0].sandbox_id, None);
+
+    // A stream the client asked no usage of: the gateway asked, and meters the usage chunk:
+    // 1000 × 2.5 + 333 × 10 = 5830 micro-units.
+    let mut sb = body.clone();
+    sb["stream"] = true.into();
+    let (st, text) = gw(&s, &key, chat, sb).await;
+    assert_eq!(st, 200);
+    assert!(
+        text.contains("\"Hel\"") && text.contains("[DONE]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"prompt_tokens\":1000"),
+        "the usage chunk is passed through"
+    );
+    let e = model_entries(&s, 3).await;
+    assert_eq!(e[0].amount, Money::from_micros(-5830));
+
+    // Anthropic: (17 + 3 cached) × 3 + 8 (the latest cumulative count) × 15 = 180.
+    let m = serde_json::json!({"model": "claude-test", "max_tokens": 5, "stream": true, "messages": []});
+    let (st, text) = gw(&s, &key, "/gateway/anthropic/v1/messages", m.clone()).await;
+    assert_eq!(st, 200, "{text}");
+    let e = model_entries(&s, 4).await;
+    assert_eq!(e[0].amount, Money::from_micros(-180));
+    assert_eq!((e[0].input_tokens, e[0].output_tokens), (Some(20), Some(8)));
+
+    // 10000 - 143 - 5830 - 180 = 3847 left: admitted, and recorded although it goes below 0.
+    let big = serde_json::json!({"model": "gpt-test", "stream": true, "messages": []});
+    assert_eq!(gw(&s, &key, chat, big.clone()).await.0, 200);
+    model_entries(&s, 5).await;
+    let w = s.state.billing.wallet(&ws).await.unwrap();
+    assert_eq!(w.available, Money::from_micros(3847 - 5830));
+    // Spent: 402, and nothing more is written.
+    let (st, b) = gw(&s, &key, chat, big).await;
+    assert_eq!(st, 402, "{b}");
+    assert_eq!(model_entries(&s, 5).await.len(), 5);
+}
