@@ -2,6 +2,10 @@
 //! figure through the real HTTP API, runs the peers (`runc run`, `bwrap --unshare-all`) in the
 //! same run, and prints a table (`--json FILE` writes the figures). It builds nothing: it runs
 //! the `cella` binary that sits beside it (build both with `cargo build --release`).
+//! The model gateway's overhead is measured against a stand-in upstream of its own (`gateway`);
+//! `--gateway-only` measures just that.
+
+mod gateway;
 
 use clap::Parser;
 use reqwest::blocking::Client;
@@ -26,6 +30,9 @@ struct Args {
     /// The cella binary (default: beside this one).
     #[arg(long)]
     cella: Option<PathBuf>,
+    /// Only the model gateway's figures.
+    #[arg(long)]
+    gateway_only: bool,
 }
 
 struct Server {
@@ -38,7 +45,7 @@ struct Server {
 impl Server {
     // The child is killed and waited for in `Drop`.
     #[allow(clippy::zombie_processes)]
-    fn start(bin: &Path) -> Server {
+    fn start(bin: &Path, extra_config: &str) -> Server {
         let dir = tempfile::Builder::new()
             .prefix("cella-bench-")
             .tempdir()
@@ -51,7 +58,7 @@ impl Server {
         let cfg = dir.path().join("config.toml");
         // No rate limits: the bench measures the server, not its throttle.
         // A warm pool for `small` only: cold creates are measured on `xs`.
-        std::fs::write(&cfg, "[rate_limits]\nread = { per_second = 0.0, burst = 1 }\nlifecycle = { per_second = 0.0, burst = 1 }\nexec = { per_second = 0.0, burst = 1 }\n[pool]\ndefault = 0\nsizes = { small = 2 }\n").unwrap();
+        std::fs::write(&cfg, format!("{}{extra_config}", "[rate_limits]\nread = { per_second = 0.0, burst = 1 }\nlifecycle = { per_second = 0.0, burst = 1 }\nexec = { per_second = 0.0, burst = 1 }\n[pool]\ndefault = 0\nsizes = { small = 2 }\n")).unwrap();
         let child = Command::new(bin)
             .args([
                 "serve",
@@ -339,8 +346,47 @@ fn main() {
     );
     let q = args.quick;
     let n = if q { 10 } else { 50 };
-    let s = Server::start(&bin);
+    let standin = gateway::StandIn::start();
+    let s = Server::start(&bin, &standin.config());
     let mut series: Vec<Series> = Vec::new();
+
+    // The model gateway against its stand-in upstream, directly and through the gateway.
+    let gw = gateway::measure(
+        &standin,
+        &s.url,
+        KEY,
+        if q { 200 } else { 1000 },
+        if q { 3.0 } else { 10.0 },
+    );
+    let gw_p50 = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        pct(&v, 0.5)
+    };
+    let gw_added = gw_p50(&gw.gateway_ms) - gw_p50(&gw.direct_ms);
+    let gw_ttfb_added = gw_p50(&gw.gateway_ttfb_ms) - gw_p50(&gw.direct_ttfb_ms);
+    let print_gateway = || {
+        println!(
+            "gateway_whole_ms       direct p50 {:.3}   via gateway p50 {:.3}   added {:.3}   (target added <= 1)",
+            gw_p50(&gw.direct_ms),
+            gw_p50(&gw.gateway_ms),
+            gw_added
+        );
+        println!(
+            "gateway_ttfb_ms        direct p50 {:.3}   via gateway p50 {:.3}   added {:.3}   (target added <= 1)",
+            gw_p50(&gw.direct_ttfb_ms),
+            gw_p50(&gw.gateway_ttfb_ms),
+            gw_ttfb_added
+        );
+        println!(
+            "gateway_rps_32_conns   via gateway {:.0}   direct {:.0}   (target >= 2000)",
+            gw.gateway_rps, gw.direct_rps
+        );
+    };
+    if args.gateway_only {
+        print_gateway();
+        return;
+    }
 
     // Create (wait) then a first `exec true`, cold (no pool for xs); destroy.
     let mut create = Vec::new();
@@ -638,6 +684,7 @@ fn main() {
             }
         }
     }
+    print_gateway();
     println!("api_get_rps            {rps:.0}   (target >= 10000)");
     println!("upload_mb_s            {upload:.0}   download_mb_s {download:.0}   (target >= 300)");
     println!(
@@ -677,6 +724,9 @@ fn main() {
             "download_mb_s": download.round(),
             "peer_runc_ms_p50": p("peer_runc_ms", 0.5),
             "peer_bwrap_ms_p50": p("peer_bwrap_ms", 0.5),
+            "gateway_added_ms_p50": (gw_added * 1000.0).round() / 1000.0,
+            "gateway_ttfb_added_ms_p50": (gw_ttfb_added * 1000.0).round() / 1000.0,
+            "gateway_rps_32": gw.gateway_rps.round(),
             "quick": q,
         });
         std::fs::write(&path, serde_json::to_vec_pretty(&out).unwrap()).expect("writing the JSON");
