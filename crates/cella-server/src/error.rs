@@ -138,6 +138,12 @@ impl From<crate::service::SandboxError> for ApiError {
                 e.retry_after = Some(5);
                 e
             }
+            E::InsufficientFunds {
+                needed,
+                available,
+                what,
+            } => crate::billing::insufficient(needed, available, what),
+            E::Billing(b) => b.into(),
             E::RestartFailed { id, reason } => ApiError::unavailable(message)
                 .with_details(json!({ "sandbox_id": id, "reason": reason })),
             E::Agent {

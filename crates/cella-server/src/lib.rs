@@ -609,7 +609,10 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         })?;
     let (state, _lock) = build_state(config).await?;
     sandboxes::reconcile(&state).await?;
+    // Settles what a crash left unsettled, before any request.
+    billing::recover(&state, true).await;
     lifecycle::spawn_timers(state.clone());
+    billing::spawn(state.clone());
     network::spawn_refresh(state.clone());
     pool::spawn(state.clone());
     let addr = listener.local_addr().map_err(ServeError::Serve)?;

@@ -11,7 +11,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
 
-pub use money::{Money, MoneyError};
+pub use money::{
+    CreditRequest, LedgerEntry, LedgerKind, Money, MoneyError, UsageDay, UsageFigures, UsageReport,
+    Wallet,
+};
 pub use sizes::{ResourceContract, Size, ALL_SIZES};
 
 /// `{"data": ...}`: the body of every successful single-object response.

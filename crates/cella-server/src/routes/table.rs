@@ -19,7 +19,7 @@ use crate::auth::{authenticate, Auth};
 use crate::error::ApiError;
 use crate::ratelimit::Group;
 use crate::routes::{
-    artifacts, code, files, keys, meta, processes as procs, pty, sandboxes as sb, snapshots,
+    artifacts, code, files, keys, meta, money, processes as procs, pty, sandboxes as sb, snapshots,
     templates, workspaces,
 };
 use crate::AppState;
@@ -167,6 +167,12 @@ pub fn table() -> Vec<Route> {
         row!(keys::create, ADMIN, None),
         row!(keys::list, ADMIN, None),
         row!(keys::revoke, ADMIN, None),
+        // Money: a workspace's own admin reads its wallet, ledger and usage (the operator any);
+        // only the operator adds credits.
+        row!(money::wallet, ADMIN, None),
+        row!(money::credit, Operator("add credits to a wallet"), None),
+        row!(money::ledger, ADMIN, None),
+        row!(money::usage, ADMIN, None),
         // Templates and images.
         row!(templates::list, AnyKey, Some(Read)),
         row!(templates::build, TEMPLATES, None),
