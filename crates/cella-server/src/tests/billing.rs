@@ -191,3 +191,34 @@ async fn model_charges_show_on_the_sandbox() {
     let entries = s.state.billing.ledger(&ws, 10, None).await.expect("ledger");
     assert_eq!(entries.len(), 3, "the credit and two model entries");
 }
+
+#[tokio::test]
+async fn a_fork_reserves_for_each_child_or_makes_none() {
+    let s = Server::start().await;
+    let ws = funded(&s, "0.01", "1.5").await;
+    let src = id(&s.create(json!({})).await);
+    // Two children need 1.2; 0.9 is available: 402, and no child is made.
+    let (status, v) = s
+        .call(
+            "POST",
+            &format!("/api/v1/sandboxes/{src}/fork"),
+            Some(json!({ "count": 2 })),
+        )
+        .await;
+    assert_eq!((status, error(&v).0), (402, "INSUFFICIENT_FUNDS"), "{v}");
+    assert_eq!(s.listed().await, vec![src.clone()]);
+    assert_eq!(holders(&s).await.len(), 1);
+    let (status, v) = s
+        .call(
+            "POST",
+            &format!("/api/v1/sandboxes/{src}/fork"),
+            Some(json!({ "count": 1 })),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let child = &v["data"][0];
+    assert_eq!(child["compute_rate"], "0.010000");
+    assert_eq!(holders(&s).await.len(), 2);
+    let w = s.state.billing.wallet(&ws).await.expect("wallet");
+    assert_eq!((w.reserved, w.available), (m("1.2"), m("0.3")));
+}
