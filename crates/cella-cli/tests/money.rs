@@ -622,3 +622,48 @@ fn a_charge_is_written_exactly_once_across_a_kill_9_at_any_step_of_settling() {
     assert_consistent(&s, &ws);
     assert_eq!(wallet(&s, &ws)["reserved"], "0.000000");
 }
+
+#[test]
+fn sigkill_at_any_moment_around_destroys_never_charges_twice() {
+    let mut s = Server::start();
+    let (ws, key) = billed_workspace(&s, "0.001");
+    credit(&s, &ws, "10");
+    let mut ids = Vec::new();
+    for delay_ms in [0u64, 3, 10, 30, 80] {
+        let id = s.create_as(&key, json!({}));
+        ids.push(id.clone());
+        // A destroy in flight, and the server killed a moment later.
+        let (url, k) = (s.url.clone(), key.clone());
+        let t = std::thread::spawn(move || {
+            let _ = reqwest::blocking::Client::new()
+                .delete(format!("{url}/api/v1/sandboxes/{id}"))
+                .bearer_auth(k)
+                .send();
+        });
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        s.kill9();
+        let _ = t.join();
+        s.restart();
+        assert_consistent(&s, &ws);
+    }
+    // Whatever each kill interrupted: destroyed ones have exactly one compute entry; the
+    // others are destroyed now and get theirs.
+    for id in &ids {
+        let d = s.req(
+            "DELETE",
+            &format!("/api/v1/sandboxes/{id}"),
+            Some(&key),
+            None,
+        );
+        assert_eq!(d.status, 200, "{}", d.body);
+    }
+    let entries = ledger(&s, &ws);
+    for id in &ids {
+        let c = compute_entries(&entries, id);
+        assert_eq!(c.len(), 1, "{id}: {entries:?}");
+        let obj = s.req("GET", &format!("/api/v1/sandboxes/{id}"), Some(&key), None);
+        assert_eq!(money(&obj.data()["compute_cost"]), -money(&c[0]["amount"]));
+    }
+    assert_consistent(&s, &ws);
+    assert_eq!(wallet(&s, &ws)["reserved"], "0.000000");
+}

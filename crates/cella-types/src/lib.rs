@@ -485,12 +485,15 @@ pub struct Sandbox {
     /// Preview traffic resumes it when it is paused.
     pub auto_resume: bool,
     /// Compute price per running second, the workspace's `compute_rate` when it was created.
+    #[serde(default)]
     pub compute_rate: Money,
     /// Compute charged for it: while it lives, what it has cost so far (its running seconds,
     /// at least 60, times `compute_rate`; 0 at a rate of 0); once destroyed, its one `compute`
     /// ledger entry.
+    #[serde(default)]
     pub compute_cost: Money,
     /// The sum of its `model` ledger entries (model gateway requests).
+    #[serde(default)]
     pub model_cost: Money,
 }
 
