@@ -15,12 +15,12 @@
 //! workspaces a key sees or changes (`workspaces::get`, `storage`, `update`, `keys::list`,
 //! `revoke`), and that only the operator changes a plan (`workspaces::update`).
 
-use crate::auth::{authenticate, Auth};
+use crate::auth::{authenticate_request, Auth};
 use crate::error::ApiError;
 use crate::ratelimit::Group;
 use crate::routes::{
-    artifacts, code, files, keys, meta, processes as procs, pty, sandboxes as sb, snapshots,
-    templates, workspaces,
+    artifacts, code, files, keys, meta, people, processes as procs, pty, sandboxes as sb,
+    snapshots, templates, workspaces,
 };
 use crate::AppState;
 use axum::extract::{Request, State};
@@ -46,6 +46,12 @@ pub enum Access {
     /// The server's operator (`admin` checked first, then the operator); the text ends the
     /// sentence "only the server's operator (the bootstrap key) may ...".
     Operator(&'static str),
+    /// The operator, or anyone without a key when the server's config has `[auth] signup =
+    /// true` (making users).
+    SignUp,
+    /// A signed-in user (a session cookie); the text ends the sentence "only a signed-in user
+    /// ... may ...".
+    User(&'static str),
 }
 
 impl Access {
@@ -58,6 +64,11 @@ impl Access {
                 auth.require(Scope::Admin)?;
                 auth.require_operator(what)
             }
+            Access::SignUp => {
+                auth.require(Scope::Admin)?;
+                auth.require_operator("make users (unless [auth] signup = true)")
+            }
+            Access::User(what) => auth.require_user(what),
         }
     }
 
@@ -68,7 +79,8 @@ impl Access {
             Access::Public => None,
             Access::AnyKey => Some(Vec::new()),
             Access::Scopes(s) => Some(s.iter().map(|s| s.as_str()).collect()),
-            Access::Operator(_) => Some(vec![Scope::Admin.as_str()]),
+            Access::Operator(_) | Access::SignUp => Some(vec![Scope::Admin.as_str()]),
+            Access::User(_) => Some(Vec::new()),
         }
     }
 }
@@ -148,7 +160,7 @@ macro_rules! row {
 
 /// Every route of the API.
 pub fn table() -> Vec<Route> {
-    use Access::{AnyKey, Operator, Public, Scopes};
+    use Access::{AnyKey, Operator, Public, Scopes, SignUp, User};
     use Group::{Exec, Lifecycle, Read};
     const ADMIN: Access = Scopes(&[Scope::Admin]);
     const READ: Access = Scopes(&[Scope::SandboxesRead]);
@@ -167,6 +179,17 @@ pub fn table() -> Vec<Route> {
         row!(keys::create, ADMIN, None),
         row!(keys::list, ADMIN, None),
         row!(keys::revoke, ADMIN, None),
+        // People: users, sessions, members. Sign-ins are limited per email and address by the
+        // sign-in limiter (`service::people`), not by a group of the workspace limiter.
+        row!(people::create_user, SignUp, None),
+        row!(people::sign_in, Public, None),
+        row!(people::sign_out, User("sign out"), None),
+        row!(people::me, User("read /me"), None),
+        row!(people::list_members, AnyKey, None),
+        row!(people::add_member, ADMIN, None),
+        row!(people::update_member, ADMIN, None),
+        // Anybody may leave; removing someone else is the handler's admin check.
+        row!(people::remove_member, AnyKey, None),
         // Templates and images.
         row!(templates::list, AnyKey, Some(Read)),
         row!(templates::build, TEMPLATES, None),
@@ -288,13 +311,16 @@ async fn guard(
     mut req: Request,
     next: Next,
 ) -> Response {
-    if policy.access == Access::Public {
+    if policy.access == Access::Public
+        || (policy.access == Access::SignUp && state.config.auth.signup)
+    {
         return next.run(req).await;
     }
-    let auth = match authenticate(&state, req.headers()).await {
-        Ok(a) => a,
-        Err(e) => return e.into_response(),
-    };
+    let auth =
+        match authenticate_request(&state, req.method(), req.uri().path(), req.headers()).await {
+            Ok(a) => a,
+            Err(e) => return e.into_response(),
+        };
     let decision = policy
         .limit
         .and_then(|g| state.limiter.take(&auth.workspace_id, g).map(|d| (g, d)));
@@ -389,7 +415,8 @@ mod tests {
                 group_by_url(&method, &path),
                 "rate-limit group of {m} {path}"
             );
-            let public = ["/healthz", "/api/v1/openapi.json"].contains(&path.as_str());
+            let public =
+                ["/healthz", "/api/v1/openapi.json", "/api/v1/sessions"].contains(&path.as_str());
             assert_eq!(p.access == Access::Public, public, "{m} {path}");
             // Sandboxes' routes need a sandboxes scope: reads `read` (the terminal runs a
             // shell: `exec`), the rest `write` or `exec`.
@@ -452,6 +479,8 @@ mod tests {
         assert_eq!(documented, routed);
     }
 
+    const READ_WRITE: Access = Access::Scopes(&[Scope::SandboxesRead, Scope::SandboxesWrite]);
+
     #[test]
     fn access_checks_name_the_first_missing_scope() {
         let auth = |scopes: &[Scope], operator| Auth {
@@ -459,6 +488,7 @@ mod tests {
             workspace_id: "ws".into(),
             scopes: scopes.to_vec(),
             operator,
+            principal: crate::auth::Principal::Key,
         };
         let run = Access::Scopes(&[Scope::SandboxesWrite, Scope::SandboxesExec]);
         let e = run
@@ -480,5 +510,25 @@ mod tests {
         assert_eq!(e.details.unwrap()["required"], "operator");
         assert!(op.check(&auth(&[Scope::Admin], true)).is_ok());
         assert!(Access::AnyKey.check(&auth(&[], false)).is_ok());
+        // Users' routes: a key (the operator's too) is no user.
+        let e = Access::User("read /me")
+            .check(&auth(&[Scope::Admin], true))
+            .unwrap_err();
+        assert_eq!(e.details.unwrap()["required"], "session");
+        let member = Auth {
+            principal: crate::auth::Principal::User {
+                user_id: "usr".into(),
+                session_id: "ses".into(),
+                role: cella_types::Role::Member,
+                csrf_token: "c".into(),
+            },
+            ..auth(&cella_types::Role::Member.scopes(), false)
+        };
+        assert!(Access::User("read /me").check(&member).is_ok());
+        assert!(READ_WRITE.check(&member).is_ok());
+        let e = Access::Scopes(&[Scope::Admin]).check(&member).unwrap_err();
+        assert!(e.message.contains("role"), "{}", e.message);
+        assert!(Access::SignUp.check(&member).is_err());
+        assert!(Access::SignUp.check(&auth(&[Scope::Admin], true)).is_ok());
     }
 }
