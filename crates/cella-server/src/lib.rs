@@ -453,6 +453,8 @@ async fn open_data_dir(config: &Config) -> Result<DataDir, ServeError> {
         source,
     })?;
     bootstrap(&store, config, &dir).await?;
+    // Sessions that ran out while the server was down (each is also removed when next used).
+    store.delete_expired_sessions(util::now_ms()).await?;
     Ok(DataDir {
         lock,
         store,

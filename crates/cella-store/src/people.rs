@@ -381,3 +381,138 @@ impl Store {
         Ok(r.rows_affected())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ws(id: &str, kind: &str) -> WorkspaceRow {
+        WorkspaceRow {
+            id: id.into(),
+            name: id.into(),
+            plan: "developer".into(),
+            kind: kind.into(),
+            created_at: 0,
+            settings: Default::default(),
+        }
+    }
+
+    fn user(id: &str, email: &str, personal: &str) -> UserRow {
+        UserRow {
+            id: id.into(),
+            email: email.into(),
+            name: id.into(),
+            password_hash: "$argon2id$x".into(),
+            personal_workspace_id: personal.into(),
+            created_at: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn users_are_unique_by_email_whatever_its_case_and_own_their_workspace() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db.sqlite")).await.unwrap();
+        store
+            .insert_user(
+                &user("usra", "Ann@Example.org", "wsa"),
+                &ws("wsa", "personal"),
+            )
+            .await
+            .unwrap();
+        let e = store
+            .insert_user(
+                &user("usrb", "ann@example.ORG", "wsb"),
+                &ws("wsb", "personal"),
+            )
+            .await
+            .unwrap_err();
+        assert!(e.is_unique_violation(), "{e}");
+        // Nothing of the refused one was kept (its workspace neither).
+        assert!(store.workspace("wsb").await.unwrap().is_none());
+        let found = store
+            .user_by_email("ANN@example.org")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(found.id, "usra");
+        assert_eq!(found.email, "Ann@Example.org");
+        assert_eq!(
+            store.member_role("wsa", "usra").await.unwrap(),
+            Some(Role::Owner)
+        );
+    }
+
+    #[tokio::test]
+    async fn the_last_owner_is_neither_demoted_nor_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db.sqlite")).await.unwrap();
+        store
+            .insert_workspace(&ws("org", "organization"))
+            .await
+            .unwrap();
+        for (id, p) in [("usra", "wsa"), ("usrb", "wsb")] {
+            store
+                .insert_user(&user(id, &format!("{id}@x.org"), p), &ws(p, "personal"))
+                .await
+                .unwrap();
+        }
+        store
+            .insert_member("org", "usra", Role::Owner, 2)
+            .await
+            .unwrap();
+        store
+            .insert_member("org", "usrb", Role::Member, 3)
+            .await
+            .unwrap();
+        assert!(store
+            .insert_member("org", "usrb", Role::Admin, 4)
+            .await
+            .unwrap_err()
+            .is_unique_violation());
+        assert_eq!(
+            store
+                .set_member_role("org", "usra", Role::Admin)
+                .await
+                .unwrap(),
+            MemberChange::LastOwner
+        );
+        assert_eq!(
+            store.remove_member("org", "usra").await.unwrap(),
+            MemberChange::LastOwner
+        );
+        assert_eq!(
+            store
+                .set_member_role("org", "nobody", Role::Admin)
+                .await
+                .unwrap(),
+            MemberChange::NotFound
+        );
+        assert_eq!(
+            store
+                .set_member_role("org", "usrb", Role::Owner)
+                .await
+                .unwrap(),
+            MemberChange::Done
+        );
+        assert_eq!(
+            store.remove_member("org", "usra").await.unwrap(),
+            MemberChange::Done
+        );
+        let left: Vec<(String, Role)> = store
+            .list_members("org", 10, None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(_, m)| (m.user_id, m.role))
+            .collect();
+        assert_eq!(left, [("usrb".to_string(), Role::Owner)]);
+        let mine: Vec<String> = store
+            .memberships_of("usrb")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(w, _)| w.id)
+            .collect();
+        assert_eq!(mine, ["wsb", "org"]);
+    }
+}

@@ -77,11 +77,30 @@ impl Access {
     fn security(self) -> Option<Vec<&'static str>> {
         match self {
             Access::Public => None,
-            Access::AnyKey => Some(Vec::new()),
+            Access::AnyKey | Access::User(_) => Some(Vec::new()),
             Access::Scopes(s) => Some(s.iter().map(|s| s.as_str()).collect()),
             Access::Operator(_) | Access::SignUp => Some(vec![Scope::Admin.as_str()]),
-            Access::User(_) => Some(Vec::new()),
         }
+    }
+
+    /// The operation's security requirements in the OpenAPI document (None: public): a bearer
+    /// key with the scopes, or a session whose role gives them (`session`, the cookie); the
+    /// users' own routes take a session only, making users also nothing (`{}`) when sign-up is
+    /// open.
+    pub fn requirements(self) -> Option<Vec<SecurityRequirement>> {
+        let scopes = self.security()?;
+        Some(match self {
+            Access::User(_) => vec![SecurityRequirement::new("session", scopes)],
+            Access::SignUp => vec![
+                SecurityRequirement::new("bearer", scopes),
+                SecurityRequirement::default(),
+            ],
+            Access::Operator(_) => vec![SecurityRequirement::new("bearer", scopes)],
+            _ => vec![
+                SecurityRequirement::new("bearer", scopes.clone()),
+                SecurityRequirement::new("session", scopes),
+            ],
+        })
     }
 }
 
@@ -267,10 +286,7 @@ fn assemble(
     for Route { policy, api: mut r } in table() {
         for item in r.1.paths.values_mut() {
             for op in operations_mut(item) {
-                op.security = policy
-                    .access
-                    .security()
-                    .map(|scopes| vec![SecurityRequirement::new("bearer", scopes)]);
+                op.security = policy.access.requirements();
                 if let Some(g) = policy.limit {
                     op.extensions.get_or_insert_with(Default::default).merge(
                         utoipa::openapi::extensions::ExtensionsBuilder::new()
@@ -469,10 +485,7 @@ mod tests {
         let routed: BTreeSet<_> = rows()
             .into_iter()
             .map(|(m, path, p)| {
-                let sec = p
-                    .access
-                    .security()
-                    .map(|s| vec![SecurityRequirement::new("bearer", s)]);
+                let sec = p.access.requirements();
                 (m, path, serde_json::to_string(&sec).unwrap())
             })
             .collect();
