@@ -930,7 +930,8 @@ fn fail(e: ClientError) -> ExitCode {
         ClientError::Api { status: 401, .. } | ClientError::NoKey => {
             let default = cella_server::config::default_data_dir().join("bootstrap.key");
             eprintln!(
-                "  hint: pass an API key in CELLA_API_KEY (or --api-key). On the server's host, \
+                "  hint: pass an API key in CELLA_API_KEY (or --api-key), or sign in with `cella \
+                 login`. On the server's host, \
                  the first start wrote its admin key to DATA_DIR/bootstrap.key: {} by default, \
                  or DIR/bootstrap.key for `cella serve --data-dir DIR`.",
                 default.display()

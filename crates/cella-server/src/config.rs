@@ -485,6 +485,23 @@ mod tests {
     }
 
     #[test]
+    fn auth_settings_have_defaults_and_ranges() {
+        let c: Config = toml::from_str("[auth]\nsignup = true\n").unwrap();
+        assert!(c.auth.signup && !c.auth.secure_cookies);
+        assert_eq!(c.auth.session_ttl_hours, 168);
+        assert!(c.auth.check().is_ok());
+        assert!(toml::from_str::<Config>("[auth]\nsign_up = true\n").is_err());
+        for bad in [
+            "[auth]\nsession_ttl_hours = 0\n",
+            "[auth]\nfailures_per_email = 0\n",
+            "[auth]\nfailure_refill_sec = 0\n",
+        ] {
+            let c: Config = toml::from_str(bad).unwrap();
+            assert!(c.auth.check().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn preview_settings_out_of_range_are_refused() {
         let c: Config =
             toml::from_str("[preview]\ntoken_ttl_sec = 60\nresume_interval_sec = 0\n").unwrap();

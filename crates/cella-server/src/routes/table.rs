@@ -7,13 +7,16 @@
 //! [`document`] the OpenAPI paths (with each operation's required scopes under `security`
 //! and its group under `x-rate-limit-group`), both from [`table`].
 //!
-//! The guard, per request: authenticates the key (401), takes a token of the route's rate-limit
-//! group (429), then checks the route's [`Access`] (403), before the handler runs; the handler
-//! finds the caller as an [`Auth`] extractor. Checks that depend on the request itself stay in
+//! The guard, per request: authenticates the caller (401; a key, or a session cookie with its
+//! CSRF and origin checks and the workspace it selects: `crate::auth`), takes a token of the
+//! route's rate-limit group (429), then checks the route's [`Access`] (403), before the handler
+//! runs; the handler finds the caller as an [`Auth`] extractor. A signed-in user's role gives
+//! the scopes the check sees, so one table serves keys and sessions alike. Checks that depend on the request itself stay in
 //! their handlers: which workspace a key may make keys for and with which scopes
 //! (`keys::create`: its own, or any for the operator; at most the caller's scopes), which
 //! workspaces a key sees or changes (`workspaces::get`, `storage`, `update`, `keys::list`,
-//! `revoke`), and that only the operator changes a plan (`workspaces::update`).
+//! `revoke`, the members routes), that only the operator changes a plan (`workspaces::update`),
+//! and who may touch owners or leave (`people::update_member`, `remove_member`).
 
 use crate::auth::{authenticate_request, Auth};
 use crate::error::ApiError;

@@ -427,7 +427,8 @@ impl SignInLimiter {
     }
 
     fn keys(email_key: &str, addr: Option<IpAddr>) -> Vec<(String, u32)> {
-        let mut k = vec![(format!("email:{email_key}"), 0)];
+        // The email's hash: a bucket's key has one size whatever the body sent.
+        let mut k = vec![(format!("email:{}", hash_key(email_key)), 0)];
         if let Some(a) = addr {
             k.push((format!("addr:{a}"), 1));
         }
@@ -498,7 +499,7 @@ impl SignInLimiter {
 
     pub fn succeeded(&self, email_key: &str) {
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        buckets.remove(&format!("email:{email_key}"));
+        buckets.remove(&format!("email:{}", hash_key(email_key)));
     }
 }
 
