@@ -446,10 +446,36 @@ fn members_roles_and_settings_in_an_organization() {
     assert_eq!(r.data()["settings"]["tasks_enabled"], false);
     assert_eq!(r.data()["settings"]["session_limit_min"], 60);
     assert_eq!(r.data()["settings"]["heartbeat_timeout_sec"], 120);
+    let sb = as_user(
+        &s,
+        &m,
+        "POST",
+        "/api/v1/sandboxes",
+        Some(json!({ "size": "xs" })),
+        Some(&acme),
+    );
+    assert_eq!(sb.status, 201, "{}", sb.body);
+    assert_eq!(sb.data()["owner_id"], member["id"], "{}", sb.body);
+    let sb_id = sb.data()["id"].as_str().unwrap().to_string();
+    let sb_path = format!("/api/v1/sandboxes/{sb_id}");
+    let out = as_user(
+        &s,
+        &m,
+        "POST",
+        &format!("{sb_path}/exec"),
+        Some(json!({ "command": "echo hi" })),
+        Some(&acme),
+    );
+    assert_eq!(out.data()["stdout"], "hi\n", "{}", out.body);
+    // It is acme's: the owner sees it there, not in their personal workspace; outsiders never.
     assert_eq!(
-        as_user(&s, &m, "GET", "/api/v1/sandboxes", None, Some(&acme)).status,
+        as_user(&s, &o, "GET", &sb_path, None, Some(&acme)).status,
         200
     );
+    as_user(&s, &o, "GET", &sb_path, None, None).assert_error(404, "NOT_FOUND");
+    as_user(&s, &x, "GET", &sb_path, None, None).assert_error(404, "NOT_FOUND");
+    let r = as_user(&s, &m, "DELETE", &sb_path, None, Some(&acme));
+    assert_eq!(r.status, 200, "{}", r.body);
     for (method, path, body) in [
         (
             "PATCH",
