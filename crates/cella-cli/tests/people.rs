@@ -855,3 +855,133 @@ fn cli_admin_user_create_login_and_logout() {
     let out = cli(&s, home.path(), &list, "", None);
     assert!(!out.status.success());
 }
+
+/// Every new route's body, query and headers, broken in the ways a client (or a fuzzer) breaks
+/// them: never a 5xx, always the error envelope, and no user, member or session made.
+#[test]
+fn broken_bodies_and_headers_never_get_a_server_error() {
+    let s = Server::start();
+    let pw = "a good password";
+    create_user(&s, "ok@example.org", "Ok", pw);
+    let ws = s.post(
+        "/api/v1/workspaces",
+        json!({ "name": "org", "kind": "organization" }),
+    );
+    let org = ws.data()["id"].as_str().unwrap().to_string();
+    s.post(
+        &format!("/api/v1/workspaces/{org}/members"),
+        json!({ "email": "ok@example.org", "role": "owner" }),
+    );
+    let u = sign_in(&s, "ok@example.org", pw);
+    let long = "x".repeat(100_000);
+    let bodies: Vec<Vec<u8>> = [
+        "null", "[]", "\"x\"", "1", "-1", "1e999", "{", "{}}", "{\"a\":", "\u{0}",
+        "{\"email\": null, \"password\": null}",
+        "{\"email\": [], \"name\": {}, \"password\": 1}",
+        "{\"email\": \"a@b\", \"name\": \"n\", \"password\": \"\\u0000\\u0000\\u0000\\u0000\\u0000\\u0000\\u0000\\u0000\"}",
+        "{\"email\": \"\\ud800@x\", \"password\": \"12345678\"}",
+        "{\"role\": \"owner\", \"email\": 99999999999999999999999}",
+        "{\"role\": null}", "{\"role\": [\"owner\"]}", "{\"role\": \"OWNER\"}",
+        "{\"settings\": null}", "{\"settings\": []}", "{\"settings\": {\"session_limit_min\": 1e30}}",
+        "{\"settings\": {\"heartbeat_timeout_sec\": 18446744073709551616}}",
+        "{\"settings\": {\"session_limit_min\": -1, \"tasks_enabled\": null}}",
+    ]
+    .iter()
+    .map(|b| b.as_bytes().to_vec())
+    .chain([
+        json!({ "email": long, "name": long, "password": long }).to_string().into_bytes(),
+        json!({ "email": format!("{long}@x.org"), "password": "12345678" }).to_string().into_bytes(),
+        vec![0xff, 0xfe, 0x00],
+    ])
+    .collect();
+    let m = format!("/api/v1/workspaces/{org}/members");
+    let routes: Vec<(&str, String)> = vec![
+        ("POST", "/api/v1/users".into()),
+        ("POST", "/api/v1/sessions".into()),
+        ("PATCH", format!("/api/v1/workspaces/{org}")),
+        ("POST", m.clone()),
+        ("PATCH", format!("{m}/usrnope")),
+        ("DELETE", format!("{m}/usrnope")),
+        ("DELETE", "/api/v1/sessions/current".into()),
+    ];
+    let cookie = format!("cella_session={}", u.token);
+    for (method, path) in &routes {
+        for body in &bodies {
+            for session in [false, true] {
+                let r = if session {
+                    s.raw(
+                        method,
+                        path,
+                        None,
+                        Some(body.clone()),
+                        &[
+                            ("cookie", cookie.as_str()),
+                            ("x-csrf-token", u.csrf.as_str()),
+                            ("x-cella-workspace", org.as_str()),
+                        ],
+                    )
+                } else {
+                    s.raw(method, path, Some(KEY), Some(body.clone()), &[])
+                };
+                assert!(
+                    r.status < 500,
+                    "{method} {path} {:?}: {} {}",
+                    String::from_utf8_lossy(body),
+                    r.status,
+                    r.body
+                );
+                if r.status >= 400 {
+                    r.assert_error(r.status, r.code());
+                }
+            }
+        }
+    }
+    // Queries and headers.
+    for q in [
+        "limit=0",
+        "limit=-1",
+        "limit=abc",
+        "cursor=zzz",
+        "nope=1",
+        "limit=1001",
+    ] {
+        let r = s.get(&format!("{m}?{q}"));
+        r.assert_error(400, "INVALID_REQUEST");
+    }
+    for h in [
+        ("cookie", "cella_session="),
+        ("cookie", "cella_session"),
+        ("cookie", ";;;=;"),
+        ("cookie", "cella_session=a; cella_session=b"),
+        ("x-cella-workspace", ""),
+        ("x-cella-workspace", "../../etc"),
+        ("x-cella-workspace", "wspool"),
+    ] {
+        let mut headers = vec![h];
+        if h.0 != "cookie" {
+            headers.push(("cookie", cookie.as_str()));
+        }
+        let r = s.raw("GET", "/api/v1/me", None, None, &headers);
+        assert!(
+            r.status < 500 && r.status >= 400 || r.status == 200,
+            "{h:?}: {}",
+            r.status
+        );
+        if r.status >= 400 {
+            r.assert_error(r.status, r.code());
+        }
+    }
+    // Nothing was made: still one user's workspace plus the org and the default one, one member.
+    let members = s.get(&m);
+    assert_eq!(
+        members.data().as_array().unwrap().len(),
+        1,
+        "{}",
+        members.body
+    );
+    let r = s.post(
+        "/api/v1/sessions",
+        json!({ "email": "ok@example.org", "password": pw }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+}
