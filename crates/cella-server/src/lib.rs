@@ -81,6 +81,8 @@ pub struct AppState {
     pub previews: preview::Previews,
     /// Bytes the output of buffered execs may hold together (`[exec] buffer_budget_bytes`).
     pub exec_budget: Arc<tokio::sync::Semaphore>,
+    /// Failed sign-ins per email and client address.
+    pub sign_in: service::people::SignInLimiter,
 }
 
 impl AppState {
@@ -293,6 +295,10 @@ pub fn router(state: Arc<AppState>) -> Router {
 #[derive(Clone)]
 pub struct RequestId(pub String);
 
+/// The address a request's connection came from (set by [`serve_http`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub std::net::SocketAddr);
+
 /// A request body stream that notes when it was read to its end.
 struct BodyEnd {
     inner: axum::body::BodyDataStream,
@@ -419,6 +425,7 @@ struct DataDir {
 /// the default workspace and the bootstrap key at first start. Needs no privilege.
 async fn open_data_dir(config: &Config) -> Result<DataDir, ServeError> {
     config.preview.check().map_err(ServeError::Config)?;
+    config.auth.check().map_err(ServeError::Config)?;
     let dir = config.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(|source| ServeError::DataDir {
         path: dir.clone(),
@@ -449,6 +456,8 @@ async fn open_data_dir(config: &Config) -> Result<DataDir, ServeError> {
         source,
     })?;
     bootstrap(&store, config, &dir).await?;
+    // Sessions that ran out while the server was down (each is also removed when next used).
+    store.delete_expired_sessions(util::now_ms()).await?;
     Ok(DataDir {
         lock,
         store,
@@ -575,7 +584,9 @@ async fn assemble(
             .unwrap_or(usize::MAX)
             .min(tokio::sync::Semaphore::MAX_PERMITS),
     ));
+    let sign_in = service::people::SignInLimiter::new(&config.auth);
     let state = Arc::new(AppState {
+        sign_in,
         exec_budget,
         config,
         billing: cella_billing::Billing::new(&store),
@@ -655,9 +666,9 @@ pub async fn serve_http(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok((s, _)) => s,
+                Ok(v) => v,
                 Err(e) => {
                     // Out of descriptors and the like: wait a little rather than spin.
                     tracing::warn!("accepting a connection: {e}");
@@ -668,7 +679,10 @@ pub async fn serve_http(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let svc = hyper_util::service::TowerToHyperService::new(tower::Layer::layer(
+            &axum::Extension(ClientAddr(peer)),
+            app.clone(),
+        ));
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
             // HTTP/2 with prior knowledge or HTTP/1: the first bytes say, within the header

@@ -235,6 +235,13 @@ pub struct WorkspaceSettings {
     /// Ceiling of one task run, in minutes.
     #[serde(default = "default_session_limit")]
     pub session_limit_min: u32,
+    /// Seconds a task run's agent may go without a heartbeat before the run is failed.
+    #[serde(default = "default_heartbeat_timeout")]
+    pub heartbeat_timeout_sec: u32,
+}
+
+fn default_heartbeat_timeout() -> u32 {
+    120
 }
 
 fn default_session_limit() -> u32 {
@@ -317,6 +324,126 @@ pub struct CreateApiKey {
     pub scopes: Vec<Scope>,
     /// RFC 3339 time after which the key stops working.
     pub expires_at: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// People: users, sessions, members
+// ---------------------------------------------------------------------------------------------
+
+/// A user's role in a workspace. Owners and admins manage the workspace (settings, members,
+/// keys: the `admin` scope of that workspace); members use it (sandboxes, templates, tasks).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Owner,
+    Admin,
+    Member,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Owner => "owner",
+            Role::Admin => "admin",
+            Role::Member => "member",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Role> {
+        [Role::Owner, Role::Admin, Role::Member]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
+    /// The scopes the role gives in its workspace.
+    pub fn scopes(self) -> Vec<Scope> {
+        match self {
+            Role::Owner | Role::Admin => vec![Scope::Admin],
+            Role::Member => vec![
+                Scope::SandboxesRead,
+                Scope::SandboxesWrite,
+                Scope::SandboxesExec,
+                Scope::TemplatesWrite,
+                Scope::TasksRead,
+                Scope::TasksWrite,
+            ],
+        }
+    }
+}
+
+/// A person who signs in (never their password or its hash).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct User {
+    pub id: String,
+    pub email: String,
+    pub name: String,
+    pub created_at: String,
+}
+
+/// `POST /api/v1/users`.
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateUser {
+    pub email: String,
+    pub name: String,
+    /// 8 to 1024 bytes.
+    pub password: String,
+}
+
+/// `POST /api/v1/sessions`.
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    pub email: String,
+    pub password: String,
+}
+
+/// The answer to a sign-in (the token itself is in the `Set-Cookie` only).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Session {
+    pub user: User,
+    /// Send it back in `x-csrf-token` with every cookie-authenticated write.
+    pub csrf_token: String,
+    pub expires_at: String,
+}
+
+/// One workspace of the signed-in user, with their role in it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MeWorkspace {
+    pub workspace: Workspace,
+    pub role: Role,
+}
+
+/// `GET /api/v1/me`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Me {
+    pub user: User,
+    pub workspaces: Vec<MeWorkspace>,
+    pub csrf_token: String,
+}
+
+/// A member of a workspace.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct Member {
+    pub user_id: String,
+    pub email: String,
+    pub name: String,
+    pub role: Role,
+}
+
+/// `POST /api/v1/workspaces/{id}/members`: adds an existing user.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AddMember {
+    pub email: String,
+    pub role: Role,
+}
+
+/// `PATCH /api/v1/workspaces/{id}/members/{user_id}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateMember {
+    pub role: Role,
 }
 
 // ---------------------------------------------------------------------------------------------

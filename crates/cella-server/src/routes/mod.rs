@@ -8,6 +8,7 @@ pub mod files;
 pub mod keys;
 pub mod meta;
 pub mod money;
+pub mod people;
 pub mod processes;
 pub mod pty;
 pub mod sandboxes;
