@@ -228,7 +228,7 @@ pub struct ModelCharge {
 pub struct Settlement {
     pub workspace_id: String,
     pub holder: Holder,
-    /// What it cost (at least 0); the entry's amount is its negation. Zero writes no entry.
+    /// What it cost (at least 0); the entry's amount is its negation.
     pub cost: Money,
     pub compute_sec: i64,
     pub running_ms: i64,
@@ -525,6 +525,23 @@ impl Billing {
         Ok(r.rows_affected() == 1)
     }
 
+    /// Hands `from`'s reservation to `to` (a sandbox that got another id than the one reserved
+    /// for: a warm pool claim). False when `from` holds none.
+    pub async fn transfer(&self, from: &Holder, to: &Holder) -> Result<bool> {
+        let r = sqlx::query(
+            "UPDATE reservations SET holder_kind = ?3, holder_id = ?4, updated_at = ?5 \
+             WHERE holder_kind = ?1 AND holder_id = ?2",
+        )
+        .bind(from.kind())
+        .bind(from.id())
+        .bind(to.kind())
+        .bind(to.id())
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
     /// What `holder` holds reserved, if anything.
     pub async fn reservation(&self, holder: &Holder) -> Result<Option<Money>> {
         let v: Option<i64> = sqlx::query_scalar(
@@ -572,9 +589,10 @@ impl Billing {
     }
 
     /// Charges a holder's final compute cost, exactly once: in one transaction, its one
-    /// `compute` entry (unless written before, or the cost is zero) and the removal of its
+    /// `compute` entry (of 0 too, so every settled holder has one) and the removal of its
     /// reservation. Settling a holder again writes nothing and answers the entry written the
-    /// first time. The charge is the real cost even where it exceeds the reservation.
+    /// first time. The charge is the real cost even where it exceeds the reservation. (A holder
+    /// that should leave no entry at all, a run cancelled while queued, is [`Billing::release`]d.)
     pub async fn settle(&self, s: &Settlement) -> Result<Option<LedgerEntry>> {
         if s.cost.is_negative() || s.cost > MAX_BALANCE {
             return Err(BillingError::InvalidAmount(format!(
@@ -589,9 +607,7 @@ impl Billing {
         };
         let mut tx = self.pool.begin().await?;
         // The first statement writes, so the transaction holds the write lock from its start.
-        let seq = if s.cost.is_zero() {
-            None
-        } else {
+        let seq = {
             let e = NewEntry {
                 workspace_id: &s.workspace_id,
                 kind: Some(EntryKind::Compute),

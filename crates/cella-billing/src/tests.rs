@@ -191,7 +191,7 @@ async fn settling_charges_once_and_frees_the_reservation() {
     let w = b.wallet("ws").await.unwrap();
     assert_eq!((w.balance, w.reserved), (m("69"), Money::ZERO));
     assert_eq!(b.ledger("ws", 10, None).await.unwrap().len(), 2);
-    // A zero cost writes no entry but still frees the reservation.
+    // A zero cost writes an entry of 0 and frees the reservation.
     let t = Holder::Task("t1".into());
     b.reserve("ws", &t, m("5")).await.unwrap();
     let zero = Settlement {
@@ -199,7 +199,8 @@ async fn settling_charges_once_and_frees_the_reservation() {
         cost: Money::ZERO,
         ..s.clone()
     };
-    assert_eq!(b.settle(&zero).await.unwrap(), None);
+    let z = b.settle(&zero).await.unwrap().unwrap();
+    assert_eq!((z.amount, z.task_id.as_deref()), (Money::ZERO, Some("t1")));
     assert_eq!(b.available("ws").await.unwrap(), m("69"));
     let costs = b.sandbox_costs(&["sbx"]).await.unwrap();
     assert_eq!(costs["sbx"], (Some(m("31")), Money::ZERO));

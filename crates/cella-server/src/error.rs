@@ -138,6 +138,12 @@ impl From<crate::service::SandboxError> for ApiError {
                 e.retry_after = Some(5);
                 e
             }
+            E::InsufficientFunds {
+                needed,
+                available,
+                what,
+            } => crate::billing::insufficient(needed, available, what),
+            E::Billing(b) => b.into(),
             E::RestartFailed { id, reason } => ApiError::unavailable(message)
                 .with_details(json!({ "sandbox_id": id, "reason": reason })),
             E::Agent {
@@ -182,6 +188,39 @@ impl From<crate::service::SandboxError> for ApiError {
             | E::Driver { .. }
             | E::Store(_)
             | E::Io { .. } => {
+                tracing::error!("{message}");
+                ApiError::internal()
+            }
+        }
+    }
+}
+
+impl From<crate::service::people::PeopleError> for ApiError {
+    fn from(e: crate::service::people::PeopleError) -> Self {
+        use crate::service::people::PeopleError as E;
+        let message = e.to_string();
+        match e {
+            E::Invalid { field, message } => ApiError::invalid(field, message),
+            E::EmailTaken => ApiError::new(ErrorCode::Conflict, message)
+                .with_details(json!({ "field": "email" })),
+            E::BadCredentials => ApiError::new(ErrorCode::Unauthorized, message),
+            E::RateLimited { retry_after } => {
+                let mut e = ApiError::new(ErrorCode::RateLimited, message)
+                    .with_details(json!({ "group": "sign-in" }));
+                e.retry_after = Some(retry_after);
+                e
+            }
+            E::NotFound(what) => ApiError::not_found(what),
+            E::LastOwner => {
+                ApiError::new(ErrorCode::Conflict, message).with_details(json!({ "field": "role" }))
+            }
+            E::Forbidden(m) => ApiError::new(ErrorCode::Forbidden, m),
+            E::KeyWorkspaceNotFound => ApiError::new(ErrorCode::NotFound, message)
+                .with_details(json!({ "field": "workspace_id" })),
+            E::ScopeNotHeld(s) => ApiError::new(ErrorCode::Forbidden, message)
+                .with_details(json!({ "field": "scopes", "required_scope": s.as_str() })),
+            E::Conflict(m) => ApiError::new(ErrorCode::Conflict, m),
+            E::Hash(_) | E::Store(_) => {
                 tracing::error!("{message}");
                 ApiError::internal()
             }

@@ -46,15 +46,11 @@ use cella_store::SandboxTokenRow;
 use cella_types::{ErrorCode, SandboxState, Scope};
 use rand::distributions::{Alphanumeric, DistString};
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 /// How sandbox tokens begin (an API key begins `cella_`).
 pub const TOKEN_PREFIX: &str = "cst_";
-
-/// The peer address of a request's connection (set by `serve_http`).
-#[derive(Debug, Clone, Copy)]
-pub struct PeerAddr(pub SocketAddr);
 
 /// The gateway and what the server keeps for the sandboxes that use it.
 pub struct GatewayState {
@@ -191,7 +187,7 @@ fn credential(headers: &HeaderMap) -> Option<String> {
 async fn caller(state: &AppState, req: &axum::http::request::Parts) -> Result<Caller, Response> {
     // The ledger's key for this request: the server's own (a client's x-request-id could repeat).
     let request_id = new_id("gwr");
-    let peer = req.extensions.get::<PeerAddr>().map(|p| p.0.ip());
+    let peer = req.extensions.get::<crate::ClientAddr>().map(|p| p.0.ip());
     let Some(secret) = credential(&req.headers) else {
         return Err(refuse(
             ErrorCode::Unauthorized,

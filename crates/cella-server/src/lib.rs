@@ -84,6 +84,8 @@ pub struct AppState {
     pub exec_budget: Arc<tokio::sync::Semaphore>,
     /// The model gateway and its sandboxes' tokens (`gateway`).
     pub gateway: gateway::GatewayState,
+    /// Failed sign-ins per email and client address.
+    pub sign_in: service::people::SignInLimiter,
 }
 
 impl AppState {
@@ -309,6 +311,10 @@ pub fn gateway_router(state: Arc<AppState>) -> Router {
 #[derive(Clone)]
 pub struct RequestId(pub String);
 
+/// The address a request's connection came from (set by [`serve_http`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub std::net::SocketAddr);
+
 /// A request body stream that notes when it was read to its end.
 struct BodyEnd {
     inner: axum::body::BodyDataStream,
@@ -435,6 +441,7 @@ struct DataDir {
 /// the default workspace and the bootstrap key at first start. Needs no privilege.
 async fn open_data_dir(config: &Config) -> Result<DataDir, ServeError> {
     config.preview.check().map_err(ServeError::Config)?;
+    config.auth.check().map_err(ServeError::Config)?;
     let dir = config.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(|source| ServeError::DataDir {
         path: dir.clone(),
@@ -465,6 +472,8 @@ async fn open_data_dir(config: &Config) -> Result<DataDir, ServeError> {
         source,
     })?;
     bootstrap(&store, config, &dir).await?;
+    // Sessions that ran out while the server was down (each is also removed when next used).
+    store.delete_expired_sessions(util::now_ms()).await?;
     Ok(DataDir {
         lock,
         store,
@@ -592,8 +601,10 @@ async fn assemble(
             .min(tokio::sync::Semaphore::MAX_PERMITS),
     ));
     let gw = cella_gateway::Gateway::new(&config.gateway).map_err(ServeError::Config)?;
+    let sign_in = service::people::SignInLimiter::new(&config.auth);
     let state = Arc::new(AppState {
         gateway: gateway::GatewayState::new(gw),
+        sign_in,
         exec_budget,
         config,
         billing: cella_billing::Billing::new(&store),
@@ -628,8 +639,11 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         })?;
     let (state, _lock) = build_state(config).await?;
     sandboxes::reconcile(&state).await?;
+    // Settles what a crash left unsettled, before any request.
+    billing::recover(&state, true).await;
     gateway::restore(&state).await?;
     lifecycle::spawn_timers(state.clone());
+    billing::spawn(state.clone());
     network::spawn_refresh(state.clone());
     pool::spawn(state.clone());
     let addr = listener.local_addr().map_err(ServeError::Serve)?;
@@ -672,7 +686,7 @@ pub async fn serve_http(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(v) => v,
                 Err(e) => {
@@ -684,15 +698,10 @@ pub async fn serve_http(
             },
             _ = &mut shutdown => break,
         };
-        let (stream, peer) = stream;
         let _ = stream.set_nodelay(true);
-        // Every request knows its connection's peer (the gateway checks a token's address).
-        let svc = hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_request(
+        let svc = hyper_util::service::TowerToHyperService::new(tower::Layer::layer(
+            &axum::Extension(ClientAddr(peer)),
             app.clone(),
-            move |mut req: axum::http::Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(gateway::PeerAddr(peer));
-                req
-            },
         ));
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {

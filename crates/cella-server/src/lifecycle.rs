@@ -163,6 +163,8 @@ pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, SandboxError>
         Event::Restart
     };
     check(from, event)?;
+    // Its reservation raised first: 402 when the wallet cannot cover more running.
+    crate::billing::cover_resume(state, &row, now).await?;
     if event == Event::Unpause {
         let h = handle(&row)?;
         state
@@ -199,6 +201,7 @@ pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, SandboxError>
         apply(&mut row, Event::Restart)?;
         boot_locked(state, &mut row).await;
         if state_of(&row) == SandboxState::Error {
+            crate::billing::settle_logged(state, &row).await;
             return Err(SandboxError::RestartFailed {
                 id: row.id.clone(),
                 reason: row.state_reason.clone(),

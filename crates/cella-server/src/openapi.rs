@@ -1,7 +1,7 @@
 //! The OpenAPI 3 document: the info, the security scheme and the shared schemas here; the
 //! paths come from the route table ([`crate::routes::table`]) and the handlers' annotations.
 
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 struct BearerAuth;
@@ -17,6 +17,16 @@ impl Modify for BearerAuth {
                     .bearer_format("API key")
                     .build(),
             ),
+        );
+        // A signed-in user's cookie (`POST /api/v1/sessions`); writes also need the header
+        // `x-csrf-token`, and the header `x-cella-workspace` picks the workspace.
+        components.add_security_scheme(
+            "session",
+            SecurityScheme::ApiKey(ApiKey::Cookie(ApiKeyValue::with_description(
+                "cella_session",
+                "The session cookie of POST /api/v1/sessions. Writes need `x-csrf-token`; \
+                 `x-cella-workspace` selects the workspace (default: the personal one).",
+            ))),
         );
     }
 }

@@ -2,7 +2,8 @@
 //! `kill -9` of the server loses no acknowledged write). Rows are plain structs; turning them
 //! into wire objects is the server's business.
 //!
-//! One module per table: [`workspaces`], [`keys`] (`api_keys`), [`sandboxes`] (with the warm
+//! One module per table: [`workspaces`], [`keys`] (`api_keys`), [`people`] (`users`, `members`,
+//! `sessions`), [`sandboxes`] (with the warm
 //! pool's claims), [`snapshots`], [`artifacts`], [`templates`] (`templates` and
 //! `template_builds`), [`layers`] (`layer_charges` and the storage a workspace uses) and
 //! [`meta`]. The `ledger` and `reservations` tables (migration `0013_money`) are read and
@@ -25,6 +26,7 @@ pub mod gateway;
 pub mod keys;
 pub mod layers;
 pub mod meta;
+pub mod people;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod templates;
@@ -34,6 +36,7 @@ pub use artifacts::ArtifactRow;
 pub use gateway::SandboxTokenRow;
 pub use keys::KeyRow;
 pub use layers::StorageUse;
+pub use people::{MemberChange, MemberRow, SessionRow, UserRow};
 pub use sandboxes::{Claim, SandboxFilter, SandboxRow, CAPPED_STATES};
 pub use snapshots::SnapshotRow;
 pub use templates::{BuildRow, TemplateRow, BUILD_STATES};

@@ -601,6 +601,21 @@ impl Store {
         Ok(())
     }
 
+    /// Sandboxes that ended (destroyed or in error) after money came to this data directory
+    /// (migration 13), have a compute rate, and have no compute ledger entry yet:
+    /// the ones billing still has to settle.
+    pub async fn unsettled_sandboxes(&self) -> Result<Vec<SandboxRow>> {
+        let q = format!(
+            "SELECT {SANDBOX_COLS} FROM sandboxes WHERE state IN ('destroyed', 'error') \
+             AND rate_micros > 0 AND compute_charged IS NULL AND started_at IS NOT NULL \
+             AND COALESCE(destroyed_at, created_at) >= COALESCE((SELECT \
+                 CAST(strftime('%s', installed_on) AS INTEGER) * 1000 FROM _sqlx_migrations \
+                 WHERE version = 13), 0) \
+             ORDER BY seq"
+        );
+        typed(sqlx::query_as(&q).fetch_all(&self.pool).await?)
+    }
+
     /// Every sandbox that is not in a terminal state, across workspaces.
     pub async fn live_sandboxes(&self) -> Result<Vec<SandboxRow>> {
         let q = format!(

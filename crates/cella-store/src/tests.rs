@@ -408,6 +408,7 @@ async fn workspace_columns_round_trip_and_bad_ones_are_corrupt() {
         tasks_enabled: true,
         compute_rate: cella_types::Money::from_micros(500_000),
         session_limit_min: 30,
+        heartbeat_timeout_sec: 300,
         model_allowlist: vec!["m1".into()],
     };
     store.update_workspace(&w).await.unwrap();

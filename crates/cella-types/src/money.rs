@@ -186,6 +186,104 @@ impl<'de> Deserialize<'de> for Money {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Wallet, ledger and usage (the wire objects)
+// ---------------------------------------------------------------------------------------------
+
+/// `GET /api/v1/workspaces/{id}/wallet`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Wallet {
+    /// The sum of every ledger entry's amount.
+    pub balance: Money,
+    /// Held for running sandboxes (and task runs): not spent yet, not available either.
+    pub reserved: Money,
+    /// `balance - reserved`: what new sandboxes and runs may still take.
+    pub available: Money,
+    pub currency: String,
+}
+
+/// `POST /api/v1/workspaces/{id}/wallet/credits` (the operator only).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreditRequest {
+    /// More than 0, at most 1000000000000.
+    pub amount: Money,
+    /// Free text kept with the entry (an invoice number, a note): 1-200 characters.
+    pub reference: String,
+}
+
+/// What a ledger entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LedgerKind {
+    Credit,
+    Compute,
+    Model,
+    Refund,
+}
+
+/// One entry of `GET /api/v1/workspaces/{id}/ledger`. Absent fields do not apply to its kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LedgerEntry {
+    pub id: String,
+    pub at: String,
+    pub kind: LedgerKind,
+    /// Positive for credits and refunds, negative for charges.
+    pub amount: Money,
+    /// The balance right after this entry.
+    pub balance_after: Money,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    /// Model entries: the model, and the tokens the upstream reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
+    /// Compute entries: the seconds billed (at least 60) and the rate per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_sec: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_rate: Option<Money>,
+}
+
+/// Usage figures of one day, or of the whole range.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct UsageFigures {
+    /// Billed compute seconds of sandboxes (and runs) that settled then.
+    pub compute_sec: i64,
+    pub compute_cost: Money,
+    pub model_requests: i64,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub model_cost: Money,
+}
+
+/// One UTC day of `GET /api/v1/workspaces/{id}/usage`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct UsageDay {
+    /// `YYYY-MM-DD` (UTC).
+    pub date: String,
+    #[serde(flatten)]
+    pub figures: UsageFigures,
+}
+
+/// `GET /api/v1/workspaces/{id}/usage`: the days with any usage in `[from, to)`, oldest first,
+/// and their totals.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct UsageReport {
+    pub from: String,
+    pub to: String,
+    pub currency: String,
+    pub days: Vec<UsageDay>,
+    pub totals: UsageFigures,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

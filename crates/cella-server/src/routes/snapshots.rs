@@ -302,9 +302,19 @@ async fn make_children(
                 now,
             )
         };
-        if !state.store.insert_sandbox_capped(&child, cap).await? {
+        // Each child reserves its 60-second minimum, as a create does.
+        if let Err(e) = crate::billing::admit(state, &child).await {
             for made in &ids {
                 let _ = state.store.delete_sandbox(made).await;
+                crate::billing::abandon(state, made).await;
+            }
+            return Err(e);
+        }
+        if !state.store.insert_sandbox_capped(&child, cap).await? {
+            crate::billing::abandon(state, &child.id).await;
+            for made in &ids {
+                let _ = state.store.delete_sandbox(made).await;
+                crate::billing::abandon(state, made).await;
             }
             let mut e = ApiError::new(
                 ErrorCode::ConcurrencyLimit,
@@ -331,6 +341,9 @@ async fn make_children(
     let mut out = Vec::new();
     for cid in &ids {
         if let Some(r) = state.store.sandbox(cid).await? {
+            if r.state == SandboxState::Error {
+                crate::billing::settle_logged(state, &r).await;
+            }
             out.push(r);
         }
     }

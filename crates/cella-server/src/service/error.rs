@@ -81,6 +81,16 @@ pub enum SandboxError {
     /// The sandbox's agent refused or did not answer.
     #[error("{}: {source}", .op.name())]
     Agent { op: AgentOp, source: ClientError },
+    /// The workspace's wallet does not cover what this needs (402).
+    #[error("the workspace's wallet has {available} available; {what} needs {needed} (add credits first)")]
+    InsufficientFunds {
+        needed: cella_types::Money,
+        available: cella_types::Money,
+        what: &'static str,
+    },
+    /// The ledger or a reservation could not be read or written.
+    #[error("billing: {0}")]
+    Billing(#[from] cella_billing::BillingError),
     /// The agent answered with something the operation does not expect.
     #[error("unexpected answer of the agent to {0}")]
     UnexpectedAnswer(&'static str),

@@ -9,7 +9,9 @@
 //! - [`runnable`]: the one way to get a running sandbox (row, handle, and exec specs with its
 //!   template's defaults), the one timeout check, and ownership of a sandbox by a workspace.
 //! - [`boot`]: booting a sandbox (and its template's app), and settling its clock.
-//! - [`accounts`]: new workspaces and API keys (for the routes and the bootstrap).
+//! - [`accounts`]: new workspaces and API keys (for the routes and the bootstrap), changes to
+//!   workspaces and keys.
+//! - [`people`]: users, sessions, sign-in limits, members and roles.
 //! - [`error`]: the errors, and which agent operation an agent error came from.
 //!
 //! The rest of the sandbox service (create, destroy, exec) is in `crate::sandboxes`
@@ -18,6 +20,7 @@
 pub mod accounts;
 pub mod boot;
 pub mod error;
+pub mod people;
 pub mod rows;
 pub mod runnable;
 pub mod transitions;
