@@ -625,7 +625,12 @@ async fn run(
                             Err(e) => {
                                 if charges.over {
                                     // Not kept: nothing holds a layer this build just made.
-                                    let _ = crate::quotas::remove_unheld(state, &names).await;
+                                    let _ = crate::quotas::remove_unheld(
+                                        state,
+                                        &names,
+                                        &crate::images::all_layer_dirs(state),
+                                    )
+                                    .await;
                                 }
                                 Err(e)
                             }
@@ -689,7 +694,14 @@ async fn run(
         .is_none()
     {
         // What this build charged goes with the template.
-        let _ = crate::quotas::release(state, crate::quotas::TEMPLATE, &spec.id, Vec::new()).await;
+        let _ = crate::quotas::release(
+            state,
+            crate::quotas::TEMPLATE,
+            &spec.id,
+            Vec::new(),
+            &crate::images::all_layer_dirs(state),
+        )
+        .await;
         return Err("the template was deleted during its build".into());
     }
     state.catalog.put(TemplateEntry {
@@ -791,6 +803,7 @@ impl Charges<'_> {
             crate::quotas::TEMPLATE,
             &self.owner,
             &new,
+            &crate::images::all_layer_dirs(self.state),
         )
         .await
         {
@@ -1084,7 +1097,7 @@ pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateE
     for r in state.store.pool_rows().await? {
         if r.template_id == key {
             let _g = state.locks.lock(&r.id).await;
-            let h = crate::service::rows::handle_of(&r);
+            let h = crate::rows::handle_of(&r);
             let _ = state.driver.destroy(&r.id, h.as_ref()).await;
             let _ = state.store.delete_sandbox(&r.id).await;
         }
@@ -1102,6 +1115,13 @@ pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateE
         .flat_map(|i| i.layers.iter())
         .filter_map(|l| crate::layers::name_of(&layers_root, l))
         .collect();
-    crate::quotas::release(state, crate::quotas::TEMPLATE, key, listed).await?;
+    crate::quotas::release(
+        state,
+        crate::quotas::TEMPLATE,
+        key,
+        listed,
+        &crate::images::all_layer_dirs(state),
+    )
+    .await?;
     Ok(t)
 }

@@ -134,13 +134,16 @@ impl Default for PreviewConfig {
     }
 }
 
+/// The longest a preview token may be valid (30 days).
+pub const PREVIEW_MAX_TTL_SEC: u64 = 30 * 86400;
+
 impl PreviewConfig {
     /// What the server refuses to start with.
     pub fn check(&self) -> Result<(), String> {
-        if !(1..=crate::preview::MAX_TTL_SEC).contains(&self.token_ttl_sec) {
+        if !(1..=PREVIEW_MAX_TTL_SEC).contains(&self.token_ttl_sec) {
             return Err(format!(
                 "preview.token_ttl_sec must be from 1 to {}",
-                crate::preview::MAX_TTL_SEC
+                PREVIEW_MAX_TTL_SEC
             ));
         }
         let d = self.domain.trim_end_matches('.');
@@ -441,7 +444,7 @@ mod tests {
                 ..Default::default()
             },
             PreviewConfig {
-                token_ttl_sec: crate::preview::MAX_TTL_SEC + 1,
+                token_ttl_sec: PREVIEW_MAX_TTL_SEC + 1,
                 ..Default::default()
             },
             PreviewConfig {

@@ -206,7 +206,14 @@ pub async fn delete(
         .iter()
         .filter_map(|l| crate::layers::name_of(&root, l))
         .collect();
-    crate::quotas::release(state, crate::quotas::IMAGE, id, names).await?;
+    crate::quotas::release(
+        state,
+        crate::quotas::IMAGE,
+        id,
+        names,
+        &all_layer_dirs(state),
+    )
+    .await?;
     Ok(img)
 }
 

@@ -27,6 +27,7 @@ pub mod preview;
 pub mod quotas;
 pub mod ratelimit;
 pub mod routes;
+pub mod rows;
 pub mod runs;
 pub mod sandboxes;
 pub mod service;

@@ -9,9 +9,9 @@
 //! terminal or output stream for as long as it lasts, and output written by a process started
 //! through the API (the agent is asked before an idle pause). Listing sandboxes does not count.
 
+use crate::rows::{handle_of, state_of, stop_clock};
 use crate::sandboxes::{destroy, to_wire};
 use crate::service::boot::{boot_locked, settle};
-use crate::service::rows::{handle_of, state_of, stop_clock};
 use crate::service::transitions::{apply, check, Event};
 use crate::service::{check_timeout, SandboxError};
 use crate::util::{now_ms, rfc3339};

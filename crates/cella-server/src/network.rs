@@ -179,14 +179,14 @@ async fn refresh_once(state: &crate::AppState, dns: &[Ipv4Addr], installed: &mut
         let Ok(Some(now)) = state.store.sandbox(&row.id).await else {
             continue;
         };
-        let st = crate::service::rows::state_of(&now);
+        let st = crate::rows::state_of(&now);
         if !matches!(
             st,
             cella_types::SandboxState::Running | cella_types::SandboxState::Paused
         ) {
             continue;
         }
-        let Some(handle) = crate::service::rows::handle_of(&now) else {
+        let Some(handle) = crate::rows::handle_of(&now) else {
             continue;
         };
         if handle.net.is_none() || !state.driver.alive(&handle) {

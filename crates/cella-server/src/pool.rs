@@ -17,8 +17,8 @@
 //! Readiness (`GET /api/v1/templates`) reads [`Pool::ready`]: `fast_ready` only where a ready
 //! pool sandbox waits now.
 
+use crate::rows::state_of;
 use crate::service::boot::boot_locked;
-use crate::service::rows::state_of;
 use crate::AppState;
 use cella_store::{SandboxRow, POOL_WORKSPACE};
 use cella_types::{Readiness, SandboxState, Size, ALL_SIZES};
@@ -237,7 +237,7 @@ pub async fn drain(state: &AppState) {
 
 /// Removes a pool sandbox from the host and the store (the caller holds its lock).
 async fn discard(state: &AppState, row: &SandboxRow) -> Result<(), cella_store::StoreError> {
-    let handle = crate::service::rows::handle_of(row);
+    let handle = crate::rows::handle_of(row);
     if let Err(e) = state.driver.destroy(&row.id, handle.as_ref()).await {
         tracing::warn!(sandbox = row.id, "removing a pool sandbox: {e}");
         return Ok(());
@@ -253,7 +253,7 @@ async fn agent_touched(
     row: &SandboxRow,
     req: cella_agent::proto::Request,
 ) -> Result<(), String> {
-    let handle = crate::service::rows::handle_of(row).ok_or("it has no runtime record")?;
+    let handle = crate::rows::handle_of(row).ok_or("it has no runtime record")?;
     let agent = state.driver.agent(&handle);
     let ask = agent.call(&req);
     match tokio::time::timeout(Duration::from_secs(3), ask).await {
@@ -295,7 +295,7 @@ pub async fn claim(
     want.timeout_at = (!want.always_on).then_some(now + want.timeout_sec * 1000);
     // Bill from now: the CPU time the sandbox spent waiting in the pool is not the caller's.
     let baseline = |old: &SandboxRow| {
-        crate::service::rows::handle_of(old)
+        crate::rows::handle_of(old)
             .and_then(|h| state.driver.usage(&h))
             .map(|u| -(u.cpu_ns as i64))
             .unwrap_or(0)
@@ -323,7 +323,7 @@ pub async fn claim(
                     "warm pool sandbox not handed out, destroyed: {e}"
                 );
                 // Removed whatever the driver says: the row is the caller's by now.
-                let h = crate::service::rows::handle_of(&row);
+                let h = crate::rows::handle_of(&row);
                 let _ = state.driver.destroy(&row.id, h.as_ref()).await;
                 state.store.delete_sandbox(&row.id).await?;
                 if tries >= 3 {
@@ -332,7 +332,7 @@ pub async fn claim(
             }
         }
     };
-    let handle = crate::service::rows::handle_of(&row);
+    let handle = crate::rows::handle_of(&row);
     let policy = row.network.clone();
     if policy != cella_types::NetworkPolicy::default() {
         if let (Some(dns), Some(h)) = (&state.network, &handle) {

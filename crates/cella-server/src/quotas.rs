@@ -43,6 +43,7 @@ use crate::AppState;
 use cella_types::ErrorCode;
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 
 /// A workspace's storage: what it uses and its quota (None: no quota).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,12 +158,13 @@ pub async fn uncharge(
     kind: &str,
     owner: &str,
     layers: &[String],
+    image_layers: &[PathBuf],
 ) -> Result<(), ApiError> {
     state
         .store
         .uncharge_layers(workspace_id, kind, owner, layers)
         .await?;
-    remove_unheld(state, layers).await
+    remove_unheld(state, layers, image_layers).await
 }
 
 /// Takes back every charge of `owner` (a deleted image or template) and removes the layers of
@@ -172,18 +174,24 @@ pub async fn release(
     kind: &str,
     owner: &str,
     also: Vec<String>,
+    image_layers: &[PathBuf],
 ) -> Result<(), ApiError> {
     let mut names = state.store.release_owner(kind, owner).await?;
     names.extend(also);
     names.sort();
     names.dedup();
-    remove_unheld(state, &names).await
+    remove_unheld(state, &names, image_layers).await
 }
 
 /// Removes from the layer store those of `names` that no workspace is charged for, no template
-/// of the catalog lists and no imported image lists. Only names the store makes are touched
-/// (never a path outside it).
-pub async fn remove_unheld(state: &AppState, names: &[String]) -> Result<(), ApiError> {
+/// of the catalog lists and no imported image lists (`image_layers`, which the caller reads
+/// with `crate::images::all_layer_dirs`: this module does not know image records). Only names
+/// the store makes are touched (never a path outside it).
+pub async fn remove_unheld(
+    state: &AppState,
+    names: &[String],
+    image_layers: &[PathBuf],
+) -> Result<(), ApiError> {
     let _g = state.locks.lock(LAYERS_LOCK).await;
     let charged = state.store.layers_charged(names).await?;
     let root = state.config.data_dir.join("layers");
@@ -193,7 +201,7 @@ pub async fn remove_unheld(state: &AppState, names: &[String]) -> Result<(), Api
         .iter()
         .filter_map(|t| t.image.as_ref())
         .flat_map(|i| i.layers.clone())
-        .chain(crate::images::all_layer_dirs(state))
+        .chain(image_layers.iter().cloned())
         .filter_map(|l| crate::layers::name_of(&root, &l))
         .collect();
     let Ok(store) = crate::layers::Dir::open(&root) else {

@@ -22,9 +22,9 @@ use tokio::sync::mpsc;
 /// Workspaces made on or after 2026-10-11 (UTC) get a 30-minute idle timeout when none is given.
 const IDLE_DEFAULT_FROM_MS: i64 = 1_791_676_800_000;
 const IDLE_DEFAULT_SEC: u32 = 1800;
+pub use crate::rows::{handle_of, state_of, stop_clock, Locks};
 pub(crate) use crate::service::boot::{boot, settle};
 pub(crate) use crate::service::owned;
-pub use crate::service::rows::{handle_of, state_of, stop_clock, Locks};
 pub(crate) use crate::service::runnable::{check_map, DEFAULT_TIMEOUT_SEC, MAX_TIMEOUT_SEC};
 const DEFAULT_TEMPLATE: &str = "base";
 

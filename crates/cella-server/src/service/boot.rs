@@ -2,9 +2,9 @@
 //! that is ready; the result (`running` or `error`) is recorded through the transition table.
 //! Also banking a boot's clock and CPU time when it ends.
 
-use super::rows::{handle_of, state_of, stop_clock};
 use super::transitions::{self, Event};
 use super::{Runnable, SandboxError};
+use crate::rows::{handle_of, state_of, stop_clock};
 use crate::util::now_ms;
 use crate::AppState;
 use cella_runtime::{DriverError, SandboxHandle, SandboxSpec};
@@ -34,7 +34,7 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
     let result = match image {
         None => Err(DriverError::Image(format!(
             "template {} has no image on this host",
-            crate::catalog::public_id(&row.template_id)
+            crate::util::public_id(&row.template_id)
         ))),
         Some(image) => {
             let spec = SandboxSpec {

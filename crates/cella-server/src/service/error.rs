@@ -1,13 +1,16 @@
 //! The service layer's errors: what went wrong, in domain terms, with its cause.
 //!
-//! Services return these; `crate::error` turns them into the API's envelope in one place
-//! (`impl From<SandboxError> for ApiError`), logging the causes of internal ones (never sent
-//! to the client).
+//! Services return these; they become the API's envelope here, in one place
+//! (`impl From<SandboxError> for ApiError`), which logs the causes of internal ones (never sent
+//! to the client). `crate::error` (the envelope itself) is a leaf below the services.
 
 use super::transitions::Refused;
+use crate::error::ApiError;
 use cella_agent::client::ClientError;
 use cella_runtime::DriverError;
 use cella_store::StoreError;
+use cella_types::ErrorCode;
+use serde_json::json;
 
 /// Which kind of agent operation failed: the same refusal of the agent means a different
 /// field (or code) depending on what was asked.
@@ -154,6 +157,82 @@ impl From<DriverError> for SandboxError {
         SandboxError::Driver {
             what: "driver",
             source,
+        }
+    }
+}
+
+/// The one place a [`SandboxError`] becomes the API's envelope; the causes of internal errors
+/// are logged here, never sent.
+impl From<SandboxError> for ApiError {
+    fn from(e: SandboxError) -> Self {
+        use cella_agent::proto::ErrorKind as K;
+        use SandboxError as E;
+        let message = e.to_string();
+        match e {
+            E::NotFound(what) => ApiError::not_found(what),
+            E::Invalid { field, message } => ApiError::invalid(&field, message),
+            E::NotRunning { state, reason, .. } => {
+                ApiError::new(ErrorCode::SandboxNotRunning, message)
+                    .with_details(json!({ "state": state, "reason": reason }))
+            }
+            E::Gone { .. } => ApiError::new(ErrorCode::SandboxNotRunning, message),
+            E::Refused(r) => ApiError::new(ErrorCode::Conflict, message)
+                .with_details(json!({ "state": r.state.as_str() })),
+            E::NotPersistent { state } => ApiError::new(ErrorCode::Conflict, message)
+                .with_details(json!({ "state": state, "persistent": false })),
+            E::ConcurrencyLimit { cap, plan } => {
+                let mut e = ApiError::new(ErrorCode::ConcurrencyLimit, message)
+                    .with_details(json!({ "limit": cap, "plan": plan }));
+                e.retry_after = Some(5);
+                e
+            }
+            E::RestartFailed { id, reason } => ApiError::unavailable(message)
+                .with_details(json!({ "sandbox_id": id, "reason": reason })),
+            E::Agent {
+                op,
+                source: ClientError::Refused { kind, message: m },
+            } => match (&op, kind) {
+                (AgentOp::RunFile { path }, K::NoSpace) => {
+                    // The sandbox's disk is full: 507, as an upload would answer.
+                    ApiError::new(
+                        ErrorCode::InsufficientStorage,
+                        format!("writing {path}: {m}"),
+                    )
+                }
+                (AgentOp::RunFile { path }, _) => {
+                    ApiError::invalid("files", format!("writing {path}: {m}"))
+                }
+                (AgentOp::Pty, K::BadCwd) => ApiError::invalid("cwd", m),
+                (AgentOp::Pty, _) => ApiError::invalid("command", m),
+                (AgentOp::Code, K::Conflict) => ApiError::new(ErrorCode::Conflict, m),
+                (AgentOp::Code, K::BadRequest) => ApiError::invalid("language", m),
+                (AgentOp::Code, _) | (_, K::Internal) => {
+                    tracing::warn!("{}: {m}", op.name());
+                    ApiError::internal()
+                }
+                (_, K::NotFound) => ApiError::new(ErrorCode::NotFound, m),
+                (_, K::Conflict) => ApiError::new(ErrorCode::Conflict, m),
+                (AgentOp::Files, K::BadRequest | K::BadCwd) => ApiError::invalid("path", m),
+                (AgentOp::Files, K::TooLarge) => ApiError::new(ErrorCode::PayloadTooLarge, m),
+                (_, K::BadCwd) => ApiError::invalid("cwd", m),
+                (_, K::BadRequest | K::TooLarge) => ApiError::invalid("command", m),
+                (_, K::NoSpace) => ApiError::new(ErrorCode::InsufficientStorage, m),
+                (_, K::Busy) => ApiError::new(ErrorCode::ConcurrencyLimit, m),
+                (_, K::Unavailable) => ApiError::unavailable(m),
+            },
+            E::Agent { .. } => {
+                tracing::warn!("{message}");
+                ApiError::unavailable("the sandbox's agent did not answer")
+            }
+            E::UnexpectedAnswer(_)
+            | E::NoRuntime(_)
+            | E::NoWorkspace(_)
+            | E::Driver { .. }
+            | E::Store(_)
+            | E::Io { .. } => {
+                tracing::error!("{message}");
+                ApiError::internal()
+            }
         }
     }
 }

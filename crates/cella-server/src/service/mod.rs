@@ -4,7 +4,6 @@
 //! typed errors ([`SandboxError`]) that `crate::error` turns into the API's envelope in one
 //! place. What is here so far:
 //!
-//! - [`rows`]: reading a sandbox's row (state, handle, clock) and the per-sandbox lock; a leaf.
 //! - [`transitions`]: every state change of a sandbox, as one table checked in one function.
 //! - [`runnable`]: the one way to get a running sandbox (row, handle, and exec specs with its
 //!   template's defaults), the one timeout check, and ownership of a sandbox by a workspace.
@@ -18,7 +17,8 @@
 pub mod accounts;
 pub mod boot;
 pub mod error;
-pub mod rows;
+/// Reading rows is a leaf of the server (`crate::rows`), named here too.
+pub use crate::rows;
 pub mod runnable;
 pub mod transitions;
 

@@ -2,9 +2,9 @@
 //! give me its handle", fills in what its template sets for commands, and turns an exec
 //! request into the agent's spec.
 
-use super::rows::{handle_of, state_of};
 use super::SandboxError;
 use crate::auth::Auth;
+use crate::rows::{handle_of, state_of};
 use crate::AppState;
 use cella_agent::client::AgentClient;
 use cella_runtime::rootfs::USER_UID;

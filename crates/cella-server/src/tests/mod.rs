@@ -5,6 +5,7 @@
 
 mod admission;
 mod lifecycle;
+mod modules;
 mod pool;
 mod reconcile;
 mod routes;
