@@ -992,20 +992,33 @@ fn shell_quote(s: &str) -> String {
 /// At start: custom templates back into the catalog (and charged for their layers when they
 /// were not yet: kept by a server from before layers were charged); builds the server did not
 /// finish fail.
+///
+/// A corrupt template row does not stop the server: it is logged with its id and left out of
+/// the catalog (its charges stay), and the others go on.
 pub async fn restore(state: &AppState) -> Result<(), cella_store::StoreError> {
-    for t in state.store.templates().await? {
-        let spec = &t.spec;
+    for t in state.store.templates_each().await? {
         // Both NULL until the template's first build is ready; a value that does not decode
         // is a corrupt row (an error naming it), never a default.
-        let image: Option<TemplateImage> = t
-            .image
-            .as_deref()
-            .map(|i| cella_store::decode_json("templates", &t.id, "image", i))
-            .transpose()?;
-        let defaults: TemplateDefaults = match t.defaults.as_deref() {
-            Some(d) => cella_store::decode_json("templates", &t.id, "defaults", d)?,
-            None => TemplateDefaults::default(),
+        let decoded = t.and_then(|t| {
+            let image: Option<TemplateImage> = t
+                .image
+                .as_deref()
+                .map(|i| cella_store::decode_json("templates", &t.id, "image", i))
+                .transpose()?;
+            let defaults: TemplateDefaults = match t.defaults.as_deref() {
+                Some(d) => cella_store::decode_json("templates", &t.id, "defaults", d)?,
+                None => TemplateDefaults::default(),
+            };
+            Ok((t, image, defaults))
+        });
+        let (t, image, defaults) = match decoded {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!("template skipped at start: {e}");
+                continue;
+            }
         };
+        let spec = &t.spec;
         state.catalog.put(TemplateEntry {
             id: t.id.clone(),
             name: t.name.clone(),
@@ -1097,7 +1110,7 @@ pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateE
     for r in state.store.pool_rows().await? {
         if r.template_id == key {
             let _g = state.locks.lock(&r.id).await;
-            let h = crate::rows::handle_of(&r);
+            let h = crate::rows::handle_or_none(&r);
             let _ = state.driver.destroy(&r.id, h.as_ref()).await;
             let _ = state.store.delete_sandbox(&r.id).await;
         }

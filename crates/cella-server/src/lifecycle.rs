@@ -9,7 +9,7 @@
 //! terminal or output stream for as long as it lasts, and output written by a process started
 //! through the API (the agent is asked before an idle pause). Listing sandboxes does not count.
 
-use crate::rows::{handle_of, state_of, stop_clock};
+use crate::rows::{handle_of, handle_or_none, state_of, stop_clock};
 use crate::sandboxes::{destroy, to_wire};
 use crate::service::boot::{boot_locked, settle};
 use crate::service::transitions::{apply, check, Event};
@@ -122,7 +122,7 @@ async fn load(state: &AppState, id: &str) -> Result<SandboxRow, SandboxError> {
 }
 
 fn handle(row: &SandboxRow) -> Result<cella_runtime::SandboxHandle, SandboxError> {
-    handle_of(row).ok_or_else(|| SandboxError::NoRuntime(row.id.clone()))
+    handle_of(row)?.ok_or_else(|| SandboxError::NoRuntime(row.id.clone()))
 }
 
 /// Freezes a running sandbox. `reason` says why when the server decided (a timer).
@@ -221,7 +221,7 @@ pub async fn stop(state: &AppState, id: &str) -> Result<Sandbox, SandboxError> {
     settle(state, &mut row, now_ms());
     state
         .driver
-        .stop(id, handle_of(&row).as_ref())
+        .stop(id, handle_or_none(&row).as_ref())
         .await
         .map_err(SandboxError::driver("stop"))?;
     apply(&mut row, Event::Stop)?;
@@ -256,7 +256,7 @@ pub fn usage(state: &AppState, row: &SandboxRow) -> Usage {
     let now = now_ms();
     let running_ms = row.running_ms + row.running_since.map(|s| (now - s).max(0)).unwrap_or(0);
     let paused_ms = row.paused_ms + row.paused_since.map(|s| (now - s).max(0)).unwrap_or(0);
-    let live = handle_of(row).and_then(|h| state.driver.usage(&h));
+    let live = handle_or_none(row).and_then(|h| state.driver.usage(&h));
     // A sandbox claimed from the warm pool starts from a negative baseline (its waiting time).
     let cpu_ns = (row.cpu_ns + live.map(|u| u.cpu_ns as i64).unwrap_or(0)).max(0) as u64;
     Usage {
@@ -366,7 +366,7 @@ pub(crate) async fn check_liveness(state: &AppState) {
         if !matches!(state_of(&row), SandboxState::Running | SandboxState::Paused) {
             continue;
         }
-        if let Some(h) = handle_of(&row) {
+        if let Some(h) = handle_or_none(&row) {
             if !state.driver.alive(&h) {
                 tracing::warn!(sandbox = row.id, "sandbox init is gone");
                 let reason = "sandbox processes are gone: its init process died";
@@ -379,7 +379,7 @@ pub(crate) async fn check_liveness(state: &AppState) {
 /// Whether a process started through the API wrote output within the idle timeout (asked of
 /// the agent only when the sandbox is about to be paused for idleness). Counts as activity.
 async fn recent_process_output(state: &AppState, row: &SandboxRow) -> bool {
-    let Some(h) = handle_of(row) else {
+    let Some(h) = handle_or_none(row) else {
         return false;
     };
     let agent = state.driver.agent(&h);
@@ -404,7 +404,7 @@ async fn sample_memory(state: &AppState, elapsed_ms: i64) {
         .iter()
         .filter(|r| state_of(r) == SandboxState::Running)
         .filter_map(|r| {
-            let u = state.driver.usage(&handle_of(r)?)?;
+            let u = state.driver.usage(&handle_or_none(r)?)?;
             Some((
                 r.id.clone(),
                 (u.memory_bytes / (1024 * 1024)) as i64 * elapsed_ms,

@@ -186,7 +186,7 @@ async fn refresh_once(state: &crate::AppState, dns: &[Ipv4Addr], installed: &mut
         ) {
             continue;
         }
-        let Some(handle) = crate::rows::handle_of(&now) else {
+        let Some(handle) = crate::rows::handle_or_none(&now) else {
             continue;
         };
         if handle.net.is_none() || !state.driver.alive(&handle) {

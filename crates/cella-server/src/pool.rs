@@ -237,7 +237,7 @@ pub async fn drain(state: &AppState) {
 
 /// Removes a pool sandbox from the host and the store (the caller holds its lock).
 async fn discard(state: &AppState, row: &SandboxRow) -> Result<(), cella_store::StoreError> {
-    let handle = crate::rows::handle_of(row);
+    let handle = crate::rows::handle_or_none(row);
     if let Err(e) = state.driver.destroy(&row.id, handle.as_ref()).await {
         tracing::warn!(sandbox = row.id, "removing a pool sandbox: {e}");
         return Ok(());
@@ -253,7 +253,7 @@ async fn agent_touched(
     row: &SandboxRow,
     req: cella_agent::proto::Request,
 ) -> Result<(), String> {
-    let handle = crate::rows::handle_of(row).ok_or("it has no runtime record")?;
+    let handle = crate::rows::handle_or_none(row).ok_or("it has no runtime record")?;
     let agent = state.driver.agent(&handle);
     let ask = agent.call(&req);
     match tokio::time::timeout(Duration::from_secs(3), ask).await {
@@ -295,7 +295,7 @@ pub async fn claim(
     want.timeout_at = (!want.always_on).then_some(now + want.timeout_sec * 1000);
     // Bill from now: the CPU time the sandbox spent waiting in the pool is not the caller's.
     let baseline = |old: &SandboxRow| {
-        crate::rows::handle_of(old)
+        crate::rows::handle_or_none(old)
             .and_then(|h| state.driver.usage(&h))
             .map(|u| -(u.cpu_ns as i64))
             .unwrap_or(0)
@@ -323,7 +323,7 @@ pub async fn claim(
                     "warm pool sandbox not handed out, destroyed: {e}"
                 );
                 // Removed whatever the driver says: the row is the caller's by now.
-                let h = crate::rows::handle_of(&row);
+                let h = crate::rows::handle_or_none(&row);
                 let _ = state.driver.destroy(&row.id, h.as_ref()).await;
                 state.store.delete_sandbox(&row.id).await?;
                 if tries >= 3 {
@@ -332,7 +332,7 @@ pub async fn claim(
             }
         }
     };
-    let handle = crate::rows::handle_of(&row);
+    let handle = crate::rows::handle_or_none(&row);
     let policy = row.network.clone();
     if policy != cella_types::NetworkPolicy::default() {
         if let (Some(dns), Some(h)) = (&state.network, &handle) {
@@ -341,7 +341,14 @@ pub async fn claim(
                 tracing::error!(sandbox = row.id, "installing the egress policy: {e}");
                 row.state_reason = Some(format!("failed to start: {e}"));
                 let _ = state.driver.destroy(&row.id, Some(h)).await;
-                row.state = SandboxState::Error;
+                // Its processes are gone: the transition table's `Lost` (a claimed sandbox
+                // runs, so it is allowed; were it refused, the state is left as it is).
+                if let Err(r) = crate::service::transitions::apply(
+                    &mut row,
+                    crate::service::transitions::Event::Lost,
+                ) {
+                    tracing::error!(sandbox = row.id, "marking a claimed sandbox failed: {r}");
+                }
                 row.ready = false;
                 row.runtime = None;
                 row.timeout_at = None;

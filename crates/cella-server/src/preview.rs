@@ -35,7 +35,7 @@
 //! beyond that the answer is a 429 page with `Retry-After`.
 
 use crate::lifecycle;
-use crate::rows::{handle_of, state_of};
+use crate::rows::state_of;
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -387,7 +387,7 @@ async fn live(state: &AppState, id: &str) -> Result<(SandboxRow, SandboxHandle),
             ))
         }
     }
-    let handle = handle_of(&row).ok_or_else(gone)?;
+    let handle = crate::rows::handle_or_none(&row).ok_or_else(gone)?;
     Ok((row, handle))
 }
 

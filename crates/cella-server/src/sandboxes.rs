@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 /// Workspaces made on or after 2026-10-11 (UTC) get a 30-minute idle timeout when none is given.
 const IDLE_DEFAULT_FROM_MS: i64 = 1_791_676_800_000;
 const IDLE_DEFAULT_SEC: u32 = 1800;
-pub use crate::rows::{handle_of, state_of, stop_clock, Locks};
+pub use crate::rows::{handle_of, handle_or_none, state_of, stop_clock, Locks};
 pub(crate) use crate::service::boot::{boot, settle};
 pub(crate) use crate::service::owned;
 pub(crate) use crate::service::runnable::{check_map, DEFAULT_TIMEOUT_SEC, MAX_TIMEOUT_SEC};
@@ -323,7 +323,7 @@ pub async fn destroy(
     settle(state, &mut row, now);
     state
         .driver
-        .destroy(id, handle_of(&row).as_ref())
+        .destroy(id, handle_or_none(&row).as_ref())
         .await
         .map_err(SandboxError::driver("destroy"))?;
     transitions::apply(&mut row, Event::Destroy)?;
@@ -358,7 +358,7 @@ pub(crate) async fn mark_gone(
     if transitions::check(state_of(&row), event).is_err() {
         return; // already stopped, destroyed or in error
     }
-    let handle = handle_of(&row);
+    let handle = handle_or_none(&row);
     if seen.is_some() && handle.as_ref() != seen {
         return;
     }
@@ -697,17 +697,35 @@ pub async fn exec_failure(
 
 /// At start: find every sandbox again, report honestly the ones whose processes are gone, and
 /// clear whatever is left on the host of sandboxes that are not live.
+///
+/// A corrupt row (a column that does not decode, its runtime record included) does not stop
+/// the server: it is logged with its id and skipped, and what it has on the host is left as it
+/// is (neither marked gone nor cleared), for an operator to look at; the others go on.
 pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> {
-    let live = state.store.live_sandboxes().await?;
+    let live = state.store.live_sandboxes_each().await?;
     let mut keep = std::collections::HashSet::new();
+    // Sandboxes whose host state stays as it is: the running ones, and the corrupt rows.
     let mut running = std::collections::HashSet::new();
+    let mut skip = |e: cella_store::StoreError| {
+        tracing::error!("sandbox skipped at start, left as it is: {e}");
+        if let cella_store::StoreError::Corrupt { id, .. } = e {
+            running.insert(id);
+        }
+    };
+    let mut found = Vec::new();
     for row in live {
+        match row.and_then(|row| Ok((handle_of(&row)?, row))) {
+            Ok(found_row) => found.push(found_row),
+            Err(e) => skip(e),
+        }
+    }
+    for (handle, row) in found {
         let st = state_of(&row);
         // Whatever happens below, a persistent sandbox past provisioning keeps its files.
         if row.persistent && st != SandboxState::Provisioning {
             keep.insert(row.id.clone());
         }
-        match (st, handle_of(&row)) {
+        match (st, handle) {
             (SandboxState::Stopped, _) => {}
             (SandboxState::Provisioning, _) => {
                 let reason = "the server stopped while the sandbox was being created";

@@ -8,7 +8,7 @@
 use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::extract::{ApiBody, Page, QueryPairs};
-use crate::sandboxes::{handle_of, state_of, to_wire};
+use crate::sandboxes::{state_of, to_wire};
 use crate::util::{new_id, now_ms, rfc3339};
 use crate::AppState;
 use axum::extract::{Path, State};
@@ -49,7 +49,7 @@ async fn take(
     internal: bool,
 ) -> Result<(SnapshotRow, cella_runtime::SnapshotInfo), ApiError> {
     let handle = match state_of(row) {
-        SandboxState::Running | SandboxState::Paused => handle_of(row),
+        SandboxState::Running | SandboxState::Paused => crate::rows::handle_or_none(row),
         SandboxState::Stopped => None,
         other => {
             return Err(ApiError::new(

@@ -4,7 +4,7 @@
 
 use super::transitions::{self, Event};
 use super::{Runnable, SandboxError};
-use crate::rows::{handle_of, state_of, stop_clock};
+use crate::rows::{handle_or_none, state_of, stop_clock};
 use crate::util::now_ms;
 use crate::AppState;
 use cella_runtime::{DriverError, SandboxHandle, SandboxSpec};
@@ -107,7 +107,7 @@ pub fn settle(state: &AppState, row: &mut SandboxRow, now: i64) {
     if let Some(since) = row.paused_since.take() {
         row.paused_ms += (now - since).max(0);
     }
-    if let Some(u) = handle_of(row).and_then(|h| state.driver.usage(&h)) {
+    if let Some(u) = handle_or_none(row).and_then(|h| state.driver.usage(&h)) {
         row.cpu_ns += u.cpu_ns as i64;
     }
 }
@@ -125,8 +125,10 @@ async fn start_template_app(
     let Some(start) = t.defaults.start.clone() else {
         return Ok(());
     };
+    // The row as it will be once booted (a copy, never stored), for the exec spec's defaults.
     let mut boot_row = row.clone();
-    boot_row.state = SandboxState::Running;
+    super::transitions::apply(&mut boot_row, super::transitions::Event::Booted)
+        .map_err(|r| r.to_string())?;
     boot_row.runtime = serde_json::to_string(handle).ok();
     let boot = Runnable::booting(state, boot_row, handle.clone());
     let spec = boot

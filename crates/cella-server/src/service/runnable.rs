@@ -110,7 +110,7 @@ impl Runnable {
         if state_of(&row) != SandboxState::Running {
             return Err(SandboxError::not_running(&row));
         }
-        let handle = handle_of(&row).ok_or_else(|| SandboxError::NoRuntime(row.id.clone()))?;
+        let handle = handle_of(&row)?.ok_or_else(|| SandboxError::NoRuntime(row.id.clone()))?;
         Ok(Runnable::booting(state, row, handle))
     }
 
