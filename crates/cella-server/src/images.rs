@@ -98,9 +98,9 @@ pub async fn import(
             ));
         }
         if total > room {
-            return Err(
-                storage.refusal(total, "this upload (cut off when it passed the room left)")
-            );
+            return Err(storage
+                .refusal(total, "this upload (cut off when it passed the room left)")
+                .into());
         }
         f.write_all(&chunk)
             .await
@@ -120,7 +120,7 @@ pub async fn import(
         Ok(p) => p,
         Err(crate::oci::PrepareError::OverQuota { needed, .. }) => {
             let now = crate::quotas::storage(state, &ws).await?;
-            return Err(now.refusal(needed, "this image"));
+            return Err(now.refusal(needed, "this image").into());
         }
         Err(crate::oci::PrepareError::Invalid(e)) => return Err(ApiError::invalid("body", e)),
     };

@@ -60,7 +60,7 @@ impl Storage {
 
     /// Refuses an operation that would store `adding` more bytes than the quota leaves
     /// (`adding` 0: refuses when nothing is left at all).
-    pub fn check(self, adding: u64, what: &str) -> Result<(), ApiError> {
+    pub fn check(self, adding: u64, what: &str) -> Result<(), StorageFull> {
         let Some(quota) = self.quota else {
             return Ok(());
         };
@@ -75,20 +75,36 @@ impl Storage {
         Err(self.refusal(adding, what))
     }
 
-    /// The 507 for `what`, which needs `adding` bytes more than the quota leaves.
-    pub fn refusal(self, adding: u64, what: &str) -> ApiError {
-        let quota = self.quota.unwrap_or(u64::MAX);
-        ApiError::new(
-            ErrorCode::InsufficientStorage,
-            format!(
-                "{what} needs {adding} bytes; the workspace stores {} of its {quota}-byte storage \
-                 quota (delete snapshots, artifacts, templates or images to make room)",
-                self.used
-            ),
-        )
-        .with_details(
-            json!({ "used_bytes": self.used, "quota_bytes": quota, "needed_bytes": adding }),
-        )
+    /// The refusal of `what`, which needs `adding` bytes more than the quota leaves.
+    pub fn refusal(self, adding: u64, what: &str) -> StorageFull {
+        StorageFull {
+            what: what.to_string(),
+            needed: adding,
+            used: self.used,
+            quota: self.quota.unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// An operation that would pass its workspace's storage quota: 507 `INSUFFICIENT_STORAGE`
+/// with `details.used_bytes`, `quota_bytes` and `needed_bytes`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{what} needs {needed} bytes; the workspace stores {used} of its {quota}-byte storage \
+     quota (delete snapshots, artifacts, templates or images to make room)"
+)]
+pub struct StorageFull {
+    pub what: String,
+    pub needed: u64,
+    pub used: u64,
+    pub quota: u64,
+}
+
+impl From<StorageFull> for ApiError {
+    fn from(e: StorageFull) -> Self {
+        let details =
+            json!({ "used_bytes": e.used, "quota_bytes": e.quota, "needed_bytes": e.needed });
+        ApiError::new(ErrorCode::InsufficientStorage, e.to_string()).with_details(details)
     }
 }
 
@@ -218,7 +234,10 @@ pub async fn remove_unheld(
 }
 
 /// The storage of workspace `workspace_id` now.
-pub async fn storage(state: &AppState, workspace_id: &str) -> Result<Storage, ApiError> {
+pub async fn storage(
+    state: &AppState,
+    workspace_id: &str,
+) -> Result<Storage, cella_store::StoreError> {
     let used = state.store.storage_used(workspace_id).await?;
     let plan = state
         .store
@@ -244,7 +263,7 @@ mod tests {
         };
         assert_eq!(s.room(), 100);
         assert!(s.check(100, "x").is_ok());
-        let e = s.check(101, "a snapshot").unwrap_err();
+        let e: ApiError = s.check(101, "a snapshot").unwrap_err().into();
         assert_eq!(e.code, ErrorCode::InsufficientStorage);
         assert_eq!(e.details.unwrap()["quota_bytes"], 1000);
         assert!(s.check(0, "x").is_ok());

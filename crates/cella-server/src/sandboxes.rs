@@ -25,6 +25,7 @@ const IDLE_DEFAULT_SEC: u32 = 1800;
 pub use crate::rows::{handle_of, handle_or_none, state_of, stop_clock, Locks};
 pub(crate) use crate::service::boot::{boot, settle};
 pub(crate) use crate::service::owned;
+pub(crate) use crate::service::runnable::workspace_cap;
 pub(crate) use crate::service::runnable::{check_map, DEFAULT_TIMEOUT_SEC, MAX_TIMEOUT_SEC};
 const DEFAULT_TEMPLATE: &str = "base";
 
@@ -71,22 +72,6 @@ pub fn to_wire(app: &AppState, row: &SandboxRow) -> Sandbox {
 }
 
 /// Checks a create request and turns it into a new row (not yet stored).
-/// The caller's workspace and its plan's cap on concurrent sandboxes.
-pub(crate) async fn workspace_cap(
-    state: &AppState,
-    auth: &Auth,
-) -> Result<(cella_store::WorkspaceRow, u32), ApiError> {
-    let workspace = state
-        .store
-        .workspace(&auth.workspace_id)
-        .await?
-        .ok_or_else(ApiError::internal)?;
-    let cap = cella_types::Plan::parse(&workspace.plan)
-        .unwrap_or(cella_types::Plan::Developer)
-        .concurrency_cap();
-    Ok((workspace, cap))
-}
-
 async fn admit(
     state: &AppState,
     auth: &Auth,

@@ -236,3 +236,30 @@ impl From<SandboxError> for ApiError {
         }
     }
 }
+
+/// The one place a [`SnapshotError`](super::snapshots::SnapshotError) becomes the envelope.
+impl From<super::snapshots::SnapshotError> for ApiError {
+    fn from(e: super::snapshots::SnapshotError) -> Self {
+        use super::snapshots::SnapshotError as E;
+        let message = e.to_string();
+        match e {
+            E::NotFound => ApiError::not_found("snapshot"),
+            E::NoFiles { .. } | E::NotForkable { .. } | E::Booting { .. } | E::Unsupported(_) => {
+                ApiError::new(ErrorCode::Conflict, message)
+            }
+            E::OverCap { count, cap } => {
+                let mut e = ApiError::new(ErrorCode::ConcurrencyLimit, message)
+                    .with_details(json!({ "limit": cap, "count": count }));
+                e.retry_after = Some(5);
+                e
+            }
+            E::Full(full) => full.into(),
+            E::Sandbox(e) => e.into(),
+            E::Store(e) => e.into(),
+            E::Driver { .. } | E::Task { .. } => {
+                tracing::error!("{message}");
+                ApiError::internal()
+            }
+        }
+    }
+}

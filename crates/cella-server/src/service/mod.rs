@@ -9,6 +9,7 @@
 //!   template's defaults), the one timeout check, and ownership of a sandbox by a workspace.
 //! - [`boot`]: booting a sandbox (and its template's app), and settling its clock.
 //! - [`accounts`]: new workspaces and API keys (for the routes and the bootstrap).
+//! - [`snapshots`]: taking, listing and deleting snapshots, and forks.
 //! - [`error`]: the errors, and which agent operation an agent error came from.
 //!
 //! The rest of the sandbox service (create, destroy, exec) is in `crate::sandboxes`
@@ -20,6 +21,7 @@ pub mod error;
 /// Reading rows is a leaf of the server (`crate::rows`), named here too.
 pub use crate::rows;
 pub mod runnable;
+pub mod snapshots;
 pub mod transitions;
 
 pub use error::{AgentOp, SandboxError};

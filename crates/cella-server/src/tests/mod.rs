@@ -9,6 +9,7 @@ mod modules;
 mod pool;
 mod reconcile;
 mod routes;
+mod snapshots;
 mod timers;
 
 use crate::testing::FakeDriver;
