@@ -25,7 +25,7 @@
 
 use crate::auth::Auth;
 use crate::catalog::{TemplateDefaults, TemplateEntry};
-use crate::error::ApiError;
+use crate::error::{ApiError, Internal};
 use crate::util::{new_id, now_ms, rfc3339};
 use crate::AppState;
 use cella_runtime::rootfs::{TemplateImage, USER_UID};
@@ -819,7 +819,7 @@ impl Charges<'_> {
 /// Fails unless every layer of `names` is in the store, complete.
 fn present(state: &AppState, names: &[String]) -> Result<(), ApiError> {
     let root = crate::layers::Dir::open(&state.config.data_dir.join("layers"))
-        .map_err(|_| ApiError::internal())?;
+        .map_err(Internal::io("opening the layer store"))?;
     let ready = |n: &String| {
         crate::layers::is_ready(&root, n, crate::layers::VERIFIED)
             || crate::layers::is_ready(&root, n, crate::layers::COMPLETE)

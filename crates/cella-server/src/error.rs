@@ -1,4 +1,6 @@
-//! The one place where failures become the API's error envelope.
+//! The API's error envelope ([`ApiError`]), and [`Internal`]: a failure of the server itself,
+//! with its cause, which becomes a generic 500 `INTERNAL` (the cause logged there, once, never
+//! sent to the client). A leaf: the services' errors map to the envelope in `service::error`.
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -40,6 +42,8 @@ impl ApiError {
     pub fn invalid(field: &str, message: impl Into<String>) -> Self {
         ApiError::new(ErrorCode::InvalidRequest, message).with_details(json!({ "field": field }))
     }
+    /// The generic 500 body. Prefer returning an [`Internal`] (or a service error) with the
+    /// cause, which logs it and answers this.
     pub fn internal() -> Self {
         ApiError::new(
             ErrorCode::Internal,
@@ -112,4 +116,48 @@ pub fn for_status(status: StatusCode) -> ApiError {
         _ => status.canonical_reason().unwrap_or("error").to_lowercase(),
     };
     ApiError::new(code, message)
+}
+
+/// A failure of the server itself (a host file, a task, a value it wrote), with its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum Internal {
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Json {
+        what: &'static str,
+        source: serde_json::Error,
+    },
+    /// A task of the server's ended without its answer (it panicked or was cancelled).
+    #[error("{what}: {source}")]
+    Task {
+        what: &'static str,
+        source: tokio::task::JoinError,
+    },
+    /// Something the server expected to find or hold did not hold (what, and of what).
+    #[error("{0}")]
+    Broken(String),
+}
+
+impl Internal {
+    /// A `map_err` adapter for host I/O: `.map_err(Internal::io("creating the images dir"))`.
+    pub fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Internal {
+        move |source| Internal::Io { what, source }
+    }
+    pub fn json(what: &'static str) -> impl FnOnce(serde_json::Error) -> Internal {
+        move |source| Internal::Json { what, source }
+    }
+    pub fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Internal {
+        move |source| Internal::Task { what, source }
+    }
+}
+
+impl From<Internal> for ApiError {
+    fn from(e: Internal) -> Self {
+        tracing::error!("{e}");
+        ApiError::internal()
+    }
 }

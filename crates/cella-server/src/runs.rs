@@ -9,7 +9,7 @@
 //! `DATA/artifacts/<id>`, until their retention time is up (the lifecycle timer deletes them).
 
 use crate::auth::Auth;
-use crate::error::ApiError;
+use crate::error::{ApiError, Internal};
 use crate::sandboxes::{self, USER_UID};
 use crate::service::{AgentOp, Runnable, SandboxError};
 use crate::util::{new_id, now_ms, rfc3339};
@@ -121,7 +121,7 @@ pub async fn run(
     let mut guard = HangUp(Some(tx));
     let (st, auth2) = (state.clone(), auth.clone());
     let task = tokio::spawn(async move { run_task(&st, &auth2, req, files, rx).await });
-    let res = task.await.map_err(|_| ApiError::internal())?;
+    let res = task.await.map_err(Internal::task("a run's task"))?;
     guard.0 = None; // answered: nothing to cancel
     res
 }
@@ -560,7 +560,7 @@ pub async fn collect(
         let part = dir.join(format!("{id}.part"));
         let mut f = tokio::fs::File::create(&part)
             .await
-            .map_err(|_| ApiError::internal())?;
+            .map_err(Internal::io("creating an artifact's file"))?;
         let mut size = 0u64;
         let mut ok = true;
         while let Some(chunk) = reader.next_chunk().await {
@@ -585,7 +585,7 @@ pub async fn collect(
         drop(f);
         tokio::fs::rename(&part, dir.join(&id))
             .await
-            .map_err(|_| ApiError::internal())?;
+            .map_err(Internal::io("keeping an artifact's file"))?;
         budget -= size;
         let a = ArtifactRow {
             seq: 0,

@@ -4,7 +4,7 @@
 //! runs and fills in its template's defaults); booting is in `service::boot`.
 
 use crate::auth::Auth;
-use crate::error::ApiError;
+use crate::error::{ApiError, Internal};
 use crate::service::transitions::{self, Event};
 use crate::service::{check_timeout, Runnable, SandboxError};
 use crate::util::{new_id, now_ms, rfc3339};
@@ -259,22 +259,18 @@ pub async fn create(
     let boot = tokio::spawn(async move { boot(&st, &id).await });
     if req.wait.unwrap_or(true) {
         let _ = boot.await;
-        let row = state
-            .store
-            .sandbox(&row.id)
-            .await?
-            .ok_or_else(ApiError::internal)?;
+        let row = state.store.sandbox(&row.id).await?.ok_or_else(|| {
+            Internal::Broken(format!("sandbox {} lost its row in its boot", row.id))
+        })?;
         if state_of(&row) == SandboxState::Error {
             return Err(ApiError::unavailable("the sandbox failed to start")
                 .with_details(json!({ "sandbox_id": row.id, "reason": row.state_reason })));
         }
         return Ok(to_wire(state, &row));
     }
-    let row = state
-        .store
-        .sandbox(&row.id)
-        .await?
-        .ok_or_else(ApiError::internal)?;
+    let row = state.store.sandbox(&row.id).await?.ok_or_else(|| {
+        Internal::Broken(format!("sandbox {} lost its row after its create", row.id))
+    })?;
     Ok(to_wire(state, &row))
 }
 

@@ -112,7 +112,7 @@ async fn stat_entry(agent: &AgentClient, path: &str) -> Result<FileEntry, ApiErr
         .map_err(agent_error)?
     {
         AgentResponse::Stat(i) => Ok(entry(i)),
-        _ => Err(ApiError::internal()),
+        _ => Err(crate::service::SandboxError::UnexpectedAnswer("a file's stat").into()),
     }
 }
 
@@ -324,7 +324,7 @@ pub async fn list(
             next_cursor: None,
             truncated,
         })),
-        _ => Err(ApiError::internal()),
+        _ => Err(crate::service::SandboxError::UnexpectedAnswer("listing a directory").into()),
     }
 }
 
