@@ -5,21 +5,23 @@
 //! own and destroys its sandbox whatever happens: the command fails or times out, the client
 //! hangs up (the run is then cancelled at once), or a step fails.
 //!
+//! Bad input (a file's path or encoding, the globs, command and argv) is refused before any
+//! sandbox is made. The errors are [`RunError`] (in `crate::service::error`, where they become
+//! the envelope).
+//!
 //! Artifacts are files the server keeps after the sandbox is gone, under
 //! `DATA/artifacts/<id>`, until their retention time is up (the lifecycle timer deletes them).
 
 use crate::auth::Auth;
-use crate::error::{ApiError, Internal};
+use crate::error::Internal;
 use crate::sandboxes::{self, USER_UID};
-use crate::service::{AgentOp, Runnable, SandboxError};
+use crate::service::{AgentOp, RunError, Runnable, SandboxError};
 use crate::util::{new_id, now_ms, rfc3339};
 use crate::AppState;
 use cella_agent::client::{AgentClient, ClientError, WriteError};
 use cella_agent::proto::{FileInfo, Request, Response as AgentResponse};
 use cella_store::ArtifactRow;
-use cella_types::{
-    Artifact, CreateSandbox, ErrorCode, ExecRequest, ExecUser, RunRequest, RunResult,
-};
+use cella_types::{Artifact, CreateSandbox, ExecRequest, ExecUser, RunRequest, RunResult};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
@@ -44,13 +46,13 @@ pub fn wire(state: &AppState, a: &ArtifactRow) -> Artifact {
 }
 
 /// A run's file contents, decoded (before any sandbox is made, so bad input changes nothing).
-fn decode_files(req: &RunRequest) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
+fn decode_files(req: &RunRequest) -> Result<Vec<(String, Vec<u8>)>, RunError> {
     use base64::Engine;
     let mut out = Vec::new();
     for (i, f) in req.files.iter().enumerate() {
         let field = format!("files[{i}]");
         if f.path.is_empty() || f.path.contains('\0') {
-            return Err(ApiError::invalid(
+            return Err(RunError::invalid(
                 &format!("{field}.path"),
                 "path must not be empty",
             ));
@@ -60,10 +62,10 @@ fn decode_files(req: &RunRequest) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
             "base64" => base64::engine::general_purpose::STANDARD
                 .decode(f.content.trim())
                 .map_err(|e| {
-                    ApiError::invalid(&format!("{field}.content"), format!("not base64: {e}"))
+                    RunError::invalid(&format!("{field}.content"), format!("not base64: {e}"))
                 })?,
             other => {
-                return Err(ApiError::invalid(
+                return Err(RunError::invalid(
                     &format!("{field}.encoding"),
                     format!("encoding {other:?}: use utf8 or base64"),
                 ))
@@ -74,15 +76,15 @@ fn decode_files(req: &RunRequest) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
     Ok(out)
 }
 
-fn check_globs(globs: &[String], field: &str) -> Result<(), ApiError> {
+fn check_globs(globs: &[String], field: &str) -> Result<(), RunError> {
     if globs.len() > MAX_GLOBS {
-        return Err(ApiError::invalid(
+        return Err(RunError::invalid(
             field,
             format!("at most {MAX_GLOBS} entries"),
         ));
     }
     if globs.iter().any(|g| g.is_empty() || g.contains('\0')) {
-        return Err(ApiError::invalid(field, "entries must not be empty"));
+        return Err(RunError::invalid(field, "entries must not be empty"));
     }
     Ok(())
 }
@@ -103,19 +105,19 @@ pub async fn run(
     state: &Arc<AppState>,
     auth: &Auth,
     req: RunRequest,
-) -> Result<RunResult, ApiError> {
+) -> Result<RunResult, RunError> {
     let files = decode_files(&req)?;
     check_globs(&req.artifacts, "artifacts")?;
     match (&req.command, &req.argv) {
         (Some(_), None) => {}
         (None, Some(a)) if !a.is_empty() => {}
         (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
+            return Err(RunError::invalid(
                 "command",
                 "give command or argv, not both",
             ))
         }
-        _ => return Err(ApiError::invalid("command", "command or argv is required")),
+        _ => return Err(RunError::invalid("command", "command or argv is required")),
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
     let mut guard = HangUp(Some(tx));
@@ -132,7 +134,7 @@ async fn run_task(
     req: RunRequest,
     files: Vec<(String, Vec<u8>)>,
     hang_up: tokio::sync::oneshot::Receiver<()>,
-) -> Result<RunResult, ApiError> {
+) -> Result<RunResult, RunError> {
     let timeout = req.timeout_sec.unwrap_or(3600);
     let create = CreateSandbox {
         template_id: req.template_id.clone(),
@@ -147,7 +149,9 @@ async fn run_task(
         wait: Some(true),
         ..Default::default()
     };
-    let sb = sandboxes::create(state, auth, create).await?;
+    let sb = sandboxes::create(state, auth, create)
+        .await
+        .map_err(RunError::Create)?;
     let id = sb.id.clone();
     let work = async {
         let row = state
@@ -185,7 +189,7 @@ async fn run_task(
         } else {
             collect(state, &sb, &req.artifacts, &cwd, user).await?
         };
-        Ok::<_, ApiError>(RunResult {
+        Ok::<_, RunError>(RunResult {
             exit_code: result.exit_code,
             stdout: result.stdout,
             stderr: result.stderr,
@@ -197,7 +201,7 @@ async fn run_task(
     };
     let outcome = tokio::select! {
         r = work => r,
-        _ = hang_up => Err(ApiError::new(ErrorCode::Conflict, "the client went away; the run was cancelled")),
+        _ = hang_up => Err(RunError::Cancelled),
     };
     let reason = match &outcome {
         Ok(_) => "one-shot run finished",
@@ -215,7 +219,7 @@ async fn write_file(
     path: &str,
     uid: u32,
     bytes: Vec<u8>,
-) -> Result<(), ApiError> {
+) -> Result<(), RunError> {
     let chunks = futures_util::stream::iter(vec![Ok::<_, std::io::Error>(bytes)]);
     let max = state.config.files.max_upload_bytes;
     match sb
@@ -224,10 +228,9 @@ async fn write_file(
         .await
     {
         Ok(_) => Ok(()),
-        Err(WriteError::TooLarge) => Err(ApiError::new(
-            ErrorCode::PayloadTooLarge,
-            format!("{path} is over the upload limit"),
-        )),
+        Err(WriteError::TooLarge) => Err(RunError::TooLarge {
+            path: path.to_string(),
+        }),
         Err(WriteError::Agent(e)) => Err(AgentOp::RunFile {
             path: path.to_string(),
         }
@@ -521,7 +524,7 @@ pub async fn collect(
     globs: &[String],
     cwd: &str,
     user: ExecUser,
-) -> Result<Vec<ArtifactRow>, ApiError> {
+) -> Result<Vec<ArtifactRow>, RunError> {
     check_globs(globs, "paths")?;
     let row = &sb.row;
     // The workspace's storage quota bounds what this collection may keep.

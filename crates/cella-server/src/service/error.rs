@@ -6,6 +6,7 @@
 
 use super::transitions::Refused;
 use crate::error::ApiError;
+use crate::quotas::StorageFull;
 use cella_agent::client::ClientError;
 use cella_runtime::DriverError;
 use cella_store::StoreError;
@@ -260,6 +261,54 @@ impl From<super::snapshots::SnapshotError> for ApiError {
                 tracing::error!("{message}");
                 ApiError::internal()
             }
+        }
+    }
+}
+
+/// Why a one-shot run (`crate::runs::run`) or a collection of artifacts failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A request field, the sandbox's state, its agent (see [`SandboxError`]).
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// Making the run's sandbox failed (the create answers the envelope itself).
+    #[error("creating the run's sandbox: {}", .0.message)]
+    Create(ApiError),
+    /// One of the run's files is larger than an upload may be.
+    #[error("{path} is over the upload limit")]
+    TooLarge { path: String },
+    /// The client hung up before the answer: the run was stopped and its sandbox destroyed.
+    #[error("the client went away; the run was cancelled")]
+    Cancelled,
+    /// The workspace's storage quota has no room for artifacts.
+    #[error(transparent)]
+    Full(#[from] StorageFull),
+    /// A failure of the server itself.
+    #[error(transparent)]
+    Internal(#[from] crate::error::Internal),
+    /// The store failed.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl RunError {
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        RunError::Sandbox(SandboxError::invalid(field, message))
+    }
+}
+
+/// The one place a [`RunError`] becomes the envelope.
+impl From<RunError> for ApiError {
+    fn from(e: RunError) -> Self {
+        let message = e.to_string();
+        match e {
+            RunError::Sandbox(e) => e.into(),
+            RunError::Create(e) => e,
+            RunError::TooLarge { .. } => ApiError::new(ErrorCode::PayloadTooLarge, message),
+            RunError::Cancelled => ApiError::new(ErrorCode::Conflict, message),
+            RunError::Full(e) => e.into(),
+            RunError::Internal(e) => e.into(),
+            RunError::Store(e) => e.into(),
         }
     }
 }

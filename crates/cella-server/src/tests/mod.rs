@@ -9,6 +9,7 @@ mod modules;
 mod pool;
 mod reconcile;
 mod routes;
+mod runs;
 mod snapshots;
 mod timers;
 
