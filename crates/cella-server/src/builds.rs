@@ -26,6 +26,7 @@
 use crate::auth::Auth;
 use crate::catalog::{TemplateDefaults, TemplateEntry};
 use crate::error::{ApiError, Internal};
+use crate::service::TemplateError;
 use crate::util::{new_id, now_ms, rfc3339};
 use crate::AppState;
 use cella_runtime::rootfs::{TemplateImage, USER_UID};
@@ -86,14 +87,16 @@ fn kind(step: &TemplateStep) -> &'static str {
     }
 }
 
-fn decode(name: &str, f: &InlineFile) -> Result<Vec<u8>, ApiError> {
+fn decode(name: &str, f: &InlineFile) -> Result<Vec<u8>, TemplateError> {
     use base64::Engine;
     match f.encoding.as_deref().unwrap_or("utf8") {
         "utf8" | "utf-8" => Ok(f.content.clone().into_bytes()),
         "base64" => base64::engine::general_purpose::STANDARD
             .decode(f.content.trim())
-            .map_err(|e| ApiError::invalid(&format!("files.{name}"), format!("not base64: {e}"))),
-        other => Err(ApiError::invalid(
+            .map_err(|e| {
+                TemplateError::invalid(&format!("files.{name}"), format!("not base64: {e}"))
+            }),
+        other => Err(TemplateError::invalid(
             &format!("files.{name}.encoding"),
             format!("encoding {other:?}: use utf8 or base64"),
         )),
@@ -120,7 +123,11 @@ pub fn wire(b: &BuildRow, log_offset: usize) -> TemplateBuild {
 
 impl Builds {
     /// A build as it stands now (memory while it runs, else the store).
-    pub async fn get(&self, state: &AppState, id: &str) -> Result<Option<BuildRow>, ApiError> {
+    pub async fn get(
+        &self,
+        state: &AppState,
+        id: &str,
+    ) -> Result<Option<BuildRow>, cella_store::StoreError> {
         let Some(mut row) = state.store.build(id).await? else {
             return Ok(None);
         };
@@ -141,9 +148,9 @@ pub async fn start(
     state: &Arc<AppState>,
     auth: &Auth,
     spec: TemplateSpec,
-) -> Result<TemplateBuild, ApiError> {
+) -> Result<TemplateBuild, TemplateError> {
     if !valid_template_id(&spec.id) {
-        return Err(ApiError::invalid(
+        return Err(TemplateError::invalid(
             "id",
             "template ids are 1-40 lowercase letters, digits or '-', starting with a letter",
         ));
@@ -151,10 +158,7 @@ pub async fn start(
     // Ids are per workspace: only a built-in id is taken; the workspace's own template of
     // this id is rebuilt; another workspace's of the same id is none of this one's business.
     if state.catalog.builtin(&spec.id).is_some() {
-        return Err(ApiError::new(
-            ErrorCode::Conflict,
-            format!("{} is a built-in template", spec.id),
-        ));
+        return Err(TemplateError::BuiltIn(spec.id.clone()));
     }
     let key = match state.catalog.visible(&spec.id, &auth.workspace_id) {
         Some(own) => own.id,
@@ -163,15 +167,18 @@ pub async fn start(
     let base = match &spec.image {
         Some(image) => {
             if spec.from.is_some() {
-                return Err(ApiError::invalid("from", "give from or image, not both"));
+                return Err(TemplateError::invalid(
+                    "from",
+                    "give from or image, not both",
+                ));
             }
             if let Some(up) = image.strip_prefix("upload:") {
                 if crate::images::get(state, &auth.workspace_id, up).is_none() {
-                    return Err(ApiError::not_found("image"));
+                    return Err(TemplateError::NotFound("image"));
                 }
             } else {
                 let Ok(reference) = image.parse::<crate::oci::Reference>() else {
-                    return Err(ApiError::invalid(
+                    return Err(TemplateError::invalid(
                         "image",
                         format!("{image:?} is not an image reference"),
                     ));
@@ -182,7 +189,7 @@ pub async fn start(
                 if let Err(e @ crate::oci::RegistryRefused::Address { .. }) =
                     crate::oci::check_registry(reference.resolve_registry(), &regs).await
                 {
-                    return Err(ApiError::invalid("image", e.to_string()));
+                    return Err(TemplateError::invalid("image", e.to_string()));
                 }
             }
             // The image's layers are pulled by the build; it starts from nothing.
@@ -203,7 +210,7 @@ pub async fn start(
         None => {
             let from = spec.from.clone().unwrap_or_else(|| "base".into());
             if from == spec.id {
-                return Err(ApiError::invalid(
+                return Err(TemplateError::invalid(
                     "from",
                     "a template cannot build on itself",
                 ));
@@ -211,12 +218,9 @@ pub async fn start(
             let base = state
                 .catalog
                 .visible(&from, &auth.workspace_id)
-                .ok_or_else(|| ApiError::not_found("template"))?;
+                .ok_or(TemplateError::NotFound("template"))?;
             if base.image.is_none() {
-                return Err(ApiError::new(
-                    ErrorCode::Conflict,
-                    format!("template {from} is not built (yet)"),
-                ));
+                return Err(TemplateError::NotBuilt(from));
             }
             base
         }
@@ -230,26 +234,26 @@ pub async fn start(
         match step {
             TemplateStep::Copy(c) => {
                 if !files.contains_key(&c.src) {
-                    return Err(ApiError::invalid(
+                    return Err(TemplateError::invalid(
                         &format!("{field}.copy.src"),
                         format!("{:?} is not one of the spec's files", c.src),
                     ));
                 }
                 if c.dest.is_empty() {
-                    return Err(ApiError::invalid(
+                    return Err(TemplateError::invalid(
                         &format!("{field}.copy.dest"),
                         "dest is empty",
                     ));
                 }
             }
             TemplateStep::Workdir(w) if !w.starts_with('/') => {
-                return Err(ApiError::invalid(
+                return Err(TemplateError::invalid(
                     &format!("{field}.workdir"),
                     "workdir must be absolute",
                 ))
             }
             TemplateStep::Run(c) if c.trim().is_empty() => {
-                return Err(ApiError::invalid(
+                return Err(TemplateError::invalid(
                     &format!("{field}.run"),
                     "the command is empty",
                 ))
@@ -258,7 +262,7 @@ pub async fn start(
         }
     }
     if spec.warm.is_some_and(|w| w > 10) {
-        return Err(ApiError::invalid("warm", "warm is at most 10"));
+        return Err(TemplateError::invalid("warm", "warm is at most 10"));
     }
     let now = now_ms();
     let trow = TemplateRow {
@@ -283,13 +287,7 @@ pub async fn start(
         Err(e) => return Err(e.into()),
     };
     if !stored {
-        return Err(ApiError::new(
-            ErrorCode::Conflict,
-            format!(
-                "template {} is being created by another request; try again",
-                spec.id
-            ),
-        ));
+        return Err(TemplateError::Racing(spec.id.clone()));
     }
     // The build works on the internal key; the workspace sees `spec.id`.
     let spec = TemplateSpec {
@@ -807,11 +805,7 @@ impl Charges<'_> {
         )
         .await
         {
-            tracing::error!(
-                template = self.owner,
-                "giving back a build's charges: {}",
-                e.message
-            );
+            tracing::error!(template = self.owner, "giving back a build's charges: {e}");
         }
     }
 }
@@ -1086,25 +1080,23 @@ pub async fn restore(state: &AppState) -> Result<(), cella_store::StoreError> {
 }
 
 /// Deletes a custom template when nothing uses it, with the layers no other template uses.
-pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateEntry, ApiError> {
-    let t = state
-        .catalog
-        .visible(id, &auth.workspace_id)
-        .ok_or_else(|| ApiError::not_found("template"))?;
+pub async fn delete(
+    state: &AppState,
+    auth: &Auth,
+    id: &str,
+) -> Result<TemplateEntry, TemplateError> {
+    let t = template(state, auth, id)?;
     if t.workspace_id.is_none() {
-        return Err(ApiError::new(
-            ErrorCode::Conflict,
-            format!("{id} is a built-in template"),
-        ));
+        return Err(TemplateError::BuiltIn(id.to_string()));
     }
     let key = t.id.as_str();
     let (sandboxes, snapshots) = state.store.template_users(key).await?;
     if sandboxes > 0 || snapshots > 0 {
-        return Err(ApiError::new(
-            ErrorCode::Conflict,
-            format!("template {id} is in use by {sandboxes} sandbox(es) and {snapshots} snapshot(s); destroy or delete them first"),
-        )
-        .with_details(serde_json::json!({ "sandboxes": sandboxes, "snapshots": snapshots })));
+        return Err(TemplateError::InUse {
+            id: id.to_string(),
+            sandboxes,
+            snapshots,
+        });
     }
     // Pool sandboxes of this template go first.
     for r in state.store.pool_rows().await? {
@@ -1137,4 +1129,50 @@ pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateE
     )
     .await?;
     Ok(t)
+}
+
+/// Template `id` as the caller sees it (a built-in one, or the workspace's own).
+pub fn template(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateEntry, TemplateError> {
+    state
+        .catalog
+        .visible(id, &auth.workspace_id)
+        .ok_or(TemplateError::NotFound("template"))
+}
+
+/// The builds of the workspace's own template `id`, newest first (at most `limit`).
+pub async fn builds_of(
+    state: &AppState,
+    auth: &Auth,
+    id: &str,
+    limit: u32,
+) -> Result<Vec<BuildRow>, TemplateError> {
+    let t = template(state, auth, id)?;
+    if t.workspace_id.as_deref() != Some(auth.workspace_id.as_str()) {
+        return Err(TemplateError::NotFound("template"));
+    }
+    let rows = state.store.builds_of(&t.id, limit).await?;
+    Ok(rows
+        .into_iter()
+        .filter(|b| b.workspace_id == auth.workspace_id)
+        .collect())
+}
+
+/// Build `build_id` of the caller's template `id`, as it stands now.
+pub async fn build_of(
+    state: &AppState,
+    auth: &Auth,
+    id: &str,
+    build_id: &str,
+) -> Result<BuildRow, TemplateError> {
+    let key = state
+        .catalog
+        .visible(id, &auth.workspace_id)
+        .map(|t| t.id)
+        .unwrap_or_default();
+    state
+        .builds
+        .get(state, build_id)
+        .await?
+        .filter(|b| b.template_id == key && b.workspace_id == auth.workspace_id)
+        .ok_or(TemplateError::NotFound("build"))
 }

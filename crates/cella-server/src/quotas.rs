@@ -175,7 +175,7 @@ pub async fn uncharge(
     owner: &str,
     layers: &[String],
     image_layers: &[PathBuf],
-) -> Result<(), ApiError> {
+) -> Result<(), cella_store::StoreError> {
     state
         .store
         .uncharge_layers(workspace_id, kind, owner, layers)
@@ -191,7 +191,7 @@ pub async fn release(
     owner: &str,
     also: Vec<String>,
     image_layers: &[PathBuf],
-) -> Result<(), ApiError> {
+) -> Result<(), cella_store::StoreError> {
     let mut names = state.store.release_owner(kind, owner).await?;
     names.extend(also);
     names.sort();
@@ -207,7 +207,7 @@ pub async fn remove_unheld(
     state: &AppState,
     names: &[String],
     image_layers: &[PathBuf],
-) -> Result<(), ApiError> {
+) -> Result<(), cella_store::StoreError> {
     let _g = state.locks.lock(LAYERS_LOCK).await;
     let charged = state.store.layers_charged(names).await?;
     let root = state.config.data_dir.join("layers");

@@ -312,3 +312,64 @@ impl From<RunError> for ApiError {
         }
     }
 }
+
+/// Why an operation on a custom template (`crate::builds`: build, list its builds, delete)
+/// failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// A field of the spec is not valid.
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    /// No such template, image or build for the caller; `.0` is what was looked for.
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    /// Built-in templates are neither built nor deleted through the API.
+    #[error("{0} is a built-in template")]
+    BuiltIn(String),
+    /// The base template has no image yet.
+    #[error("template {0} is not built (yet)")]
+    NotBuilt(String),
+    /// Another request creates a template of this id in the workspace right now.
+    #[error("template {0} is being created by another request; try again")]
+    Racing(String),
+    /// Sandboxes or snapshots still use the template.
+    #[error("template {id} is in use by {sandboxes} sandbox(es) and {snapshots} snapshot(s); destroy or delete them first")]
+    InUse {
+        id: String,
+        sandboxes: i64,
+        snapshots: i64,
+    },
+    /// The store failed.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl TemplateError {
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        TemplateError::Invalid {
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The one place a [`TemplateError`] becomes the envelope.
+impl From<TemplateError> for ApiError {
+    fn from(e: TemplateError) -> Self {
+        let message = e.to_string();
+        match e {
+            TemplateError::Invalid { field, message } => ApiError::invalid(&field, message),
+            TemplateError::NotFound(what) => ApiError::not_found(what),
+            TemplateError::BuiltIn(_) | TemplateError::NotBuilt(_) | TemplateError::Racing(_) => {
+                ApiError::new(ErrorCode::Conflict, message)
+            }
+            TemplateError::InUse {
+                sandboxes,
+                snapshots,
+                ..
+            } => ApiError::new(ErrorCode::Conflict, message)
+                .with_details(json!({ "sandboxes": sandboxes, "snapshots": snapshots })),
+            TemplateError::Store(e) => e.into(),
+        }
+    }
+}

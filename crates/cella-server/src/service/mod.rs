@@ -24,5 +24,5 @@ pub mod runnable;
 pub mod snapshots;
 pub mod transitions;
 
-pub use error::{AgentOp, RunError, SandboxError};
+pub use error::{AgentOp, RunError, SandboxError, TemplateError};
 pub use runnable::{check_timeout, owned, runnable, Runnable};

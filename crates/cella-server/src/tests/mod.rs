@@ -11,6 +11,7 @@ mod reconcile;
 mod routes;
 mod runs;
 mod snapshots;
+mod templates;
 mod timers;
 
 use crate::testing::FakeDriver;
