@@ -22,6 +22,44 @@
 //!
 //! A build runs in a task of its own; its log and step states are kept in memory while it runs
 //! (readable at once) and written to the store at every step and at its end.
+//!
+//! How a build goes (`POST /api/v1/templates`):
+//!
+//! 1. [`start`] checks the spec before anything is stored: the id (1-40 lowercase letters, digits
+//!    or `-`, starting with a letter; a built-in id is a 409), the base (`image`: a reference that
+//!    parses, a registry not on an internal address, or `upload:<id>` of the workspace's own
+//!    imported image; else `from`, default `base`, visible to the workspace and built), the
+//!    `files` (utf8 or base64), each step's fields, and `warm` (at most 10). Errors are
+//!    `service::TemplateError`. `Store::upsert_template` inserts the row or updates the
+//!    workspace's own (its `image` and `defaults` stay as the last good build set them); the
+//!    build row goes in `queued`, with a step per step (`image` first for an image), and a task
+//!    runs it; the route answers 202.
+//! 2. For an image, the pull (cella-image's `oci`) gives its layers and its defaults; the
+//!    skeleton layer goes on top. For each `run` or `copy` step the cache key is the digest so
+//!    far: a layer already complete under that key is used as it is (`cached`), else `run_step`
+//!    makes it. After each step the progress is written to the build's row.
+//! 3. `run_step` boots a build sandbox through the driver with no row: id `bld...`, hostname
+//!    `build`, the layers so far and the base's binds, the `small` shape, 4096 pids, the default
+//!    egress rules and a plain writable layer (no disk image). A `run` step is one exec of
+//!    `/bin/bash -c 'mkdir -p DIR && cd DIR && CMD'` as the user in force (root by default), 30
+//!    minutes at most, its output appended to the log as it comes; a `copy` step is one file
+//!    write, as an upload is. On success the sandbox is stopped and its writable layer exported
+//!    into the layer store (`root.part`, renamed `root` with `complete` beside it); it is
+//!    destroyed whatever happened. Overlayfs wrote the upper directory in its own format, so it
+//!    serves as a lower layer as it is.
+//! 4. At the end the image and the defaults (with the spec's `start`, `ready`, `port` and `warm`)
+//!    go to the template's row and to the catalog, and the warm pool is woken for `warm`. The row
+//!    is written `ready` or `failed` (`error` names the step and why), with `finished_at`. A
+//!    build's log keeps at most 4 MiB; `GET .../builds/{build_id}` reads the progress in memory
+//!    while the build is live ([`Builds::get`]) and starts the log at `log_offset`, moved to a
+//!    character boundary.
+//! 5. At start, [`restore`] (in `build_state`, before `reconcile`) puts every stored template back
+//!    in the catalog (a corrupt row is logged and left out) and fails the builds still `queued` or
+//!    `building`; their build sandboxes are leftovers that `reconcile` destroys.
+//!
+//! [`delete`] answers 404 for a template the workspace does not see, 409 for a built-in one and
+//! while sandboxes (pool ones excepted) or snapshots use it; it destroys the template's pool
+//! sandboxes, takes it out of the catalog, deletes its rows and gives back its charges.
 
 use crate::auth::Auth;
 use crate::catalog::{TemplateDefaults, TemplateEntry};

@@ -11,6 +11,27 @@
 //! namespace backend (the part that needs root), or by [`build_state_with`] over any other
 //! [`Backend`]: the unit tests give it the in-memory driver of `testing` (built for tests only),
 //! so admission, the pool, the lifecycle, the timers and `reconcile` run without root.
+//!
+//! What a server keeps in its data directory:
+//!
+//! ```text
+//! DATA_DIR/
+//!   cella.db              SQLite (WAL, synchronous=FULL)
+//!   bootstrap.key         the admin key of the first start (0600)
+//!   server.lock           flock: one server per data dir
+//!   instance-id           the id that names this data dir's cgroup subtree and firewall chains
+//!   userns                the uid base, when sandboxes run in user namespaces
+//!   templates/base/v1-<fingerprint>/rootfs/
+//!                         the base image's small root, built at a start when missing
+//!   layers/<key>/root     a layer of a custom template's step, or of an image
+//!                         (oci-sha256-<hex>), complete beside it once whole
+//!   sandboxes/<id>/       disk.img (the sparse ext4 disk holding the writable layer), its mount
+//!                         points, launch.json, init.log; a stopped sandbox keeps its disk
+//!   run/<id>.sock         the agent's socket, reachable only from the host
+//!   snapshots/<id>/       disk.img: a snapshot's sparse copy of a sandbox's disk (0700)
+//!   images/<id>.json      an imported image's record
+//!   artifacts/<id>        an artifact's bytes (<id>.part while it is copied)
+//! ```
 
 pub mod auth;
 pub mod builds;

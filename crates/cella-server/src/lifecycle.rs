@@ -8,6 +8,26 @@
 //! processes, files, terminal, timeout, usage, resume; later previews), a running exec, an open
 //! terminal or output stream for as long as it lasts, and output written by a process started
 //! through the API (the agent is asked before an idle pause). Listing sandboxes does not count.
+//!
+//! Pause, resume, stop and the timers take the sandbox's lock, reload the row, ask the transition
+//! table, call the driver and write the row. Pause is the cgroup freezer (the sandbox keeps its
+//! link and its firewall rules); stop (persistent only) removes its rules and keeps the writable
+//! layer (the disk image); resume from `stopped` claims a plan slot in one SQL statement
+//! (`Store::claim_slot`) and boots again on the same layer, with a new link and rules built again
+//! from the stored policy.
+//!
+//! [`spawn_timers`] starts one task after `reconcile`. Every tick (250 ms) it pauses (persistent)
+//! or destroys a running sandbox past its `timeout_at`, and pauses one idle for
+//! `idle_timeout_sec` (never an `always_on` one). Every 4th tick it samples memory into the usage
+//! figures and runs `check_liveness` (`Driver::alive`: the init's pid still has its recorded start
+//! time, no round trip to the agent) for every running and paused sandbox, marking gone one that
+//! died; then `runs::expire` deletes the artifacts whose time is up. Every 8th tick it writes the
+//! activity map to `last_activity_at`.
+//!
+//! The activity map ([`Activity`]) keeps when each sandbox was last named by a call and its
+//! [`Busy`] guards (exec, streamed exec, transfers, output followers, terminals): busy is never
+//! idle. Before an idle pause the loop asks the agent when a background process last wrote, and
+//! spares a sandbox whose processes wrote within the idle timeout.
 
 use crate::rows::{handle_of, handle_or_none, state_of, stop_clock};
 use crate::sandboxes::{destroy, to_wire};

@@ -11,6 +11,22 @@
 //!
 //! Artifacts are files the server keeps after the sandbox is gone, under
 //! `DATA/artifacts/<id>`, until their retention time is up (the lifecycle timer deletes them).
+//!
+//! How a run goes (`POST /api/v1/sandboxes/run`): [`run`] checks the request, then holds a
+//! `HangUp` guard whose drop (the request's future dropped: the client went away) cancels the
+//! run. `run_task` runs in a task of its own: `sandboxes::create` with `wait` (the warm pool's
+//! fast path included), not persistent, no idle timer, the command's timeout plus 600 s; then, in
+//! a `select!` against the hang-up, each file as an upload owned by the run's user, the command
+//! through `sandboxes::exec`, and [`collect`] when globs were given. Whatever the outcome the
+//! sandbox is destroyed, with its `state_reason`. On a hang-up the work's future is dropped: its
+//! connection to the agent closes, so the agent kills the command's tree.
+//!
+//! [`collect`] (also behind `POST .../artifacts`) matches the globs here against the agent's
+//! directory listings, as the run's user may read them (only regular files, never through a
+//! symlink), and copies each file, up to `[artifacts] max_files`, into `DATA/artifacts/<id>.part`,
+//! renamed `<id>` once whole; a file past what is left of `max_bytes` (and of the workspace's
+//! storage quota) is left out. `GET /api/v1/artifacts/{id}` streams the file; the timer loop calls
+//! [`expire`], which deletes expired rows and their files.
 
 use crate::auth::Auth;
 use crate::error::Internal;

@@ -679,6 +679,19 @@ pub async fn exec_failure(
 /// At start: find every sandbox again, report honestly the ones whose processes are gone, and
 /// clear whatever is left on the host of sandboxes that are not live.
 ///
+/// PID 1 of each sandbox is reparented to the server (a child subreaper, to reap it at destroy)
+/// and, once that exits, to the host's init, so sandboxes outlive the server. This leaves
+/// `stopped` rows alone, moves `provisioning` ones to `error`, and probes `running` and `paused`
+/// ones, keeping those alive (the warm pool's among them); internal snapshots of forks the
+/// server did not finish are deleted; then, for every id `Driver::leftovers` finds (a
+/// directory, cgroup or firewall chain) that is not a sandbox found alive, a stopped sandbox
+/// gets `Driver::stop` without a handle (its files stay; a cgroup or an earlier boot's chain
+/// goes), and anything else `Driver::destroy` (the sandboxes of build steps the server did not
+/// finish among them: `builds::restore`, earlier in the start, failed their builds). A sandbox
+/// found dead (here, by a failed exec, or by the liveness check) goes through [`mark_gone`],
+/// which acts only if the dead handle is still the row's: a persistent one that had started
+/// goes to `stopped`, its layer kept; any other goes to `error` and is removed.
+///
 /// A corrupt row (a column that does not decode, its runtime record included) does not stop
 /// the server: it is logged with its id and skipped, and what it has on the host is left as it
 /// is (neither marked gone nor cleared), for an operator to look at; the others go on.

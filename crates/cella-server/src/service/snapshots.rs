@@ -15,6 +15,12 @@
 //! its own, so a client that hangs up leaves no half-made fork and no internal snapshot behind
 //! (a server that stops meanwhile removes it at its next start, in `reconcile`).
 //!
+//! A create with `snapshot_id` records it in the new row; the boot passes it to the driver
+//! (`SandboxSpec::snapshot`), which copies the snapshot's image into the sandbox's own disk at
+//! its first boot. That is why a delete waits for `provisioning` sandboxes of the snapshot
+//! (`Store::booting_from_snapshot`). The driver's side of the copy (freeze, `syncfs`, sparse
+//! copy, thaw) is told at the namespace driver's `take_snapshot`.
+//!
 //! Routes parse, call one function here and encode; the errors are [`SnapshotError`], which
 //! `service::error` turns into the API's envelope.
 
