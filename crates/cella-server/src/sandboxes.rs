@@ -2,6 +2,29 @@
 //!
 //! A running sandbox to exec in comes from `service::Runnable` (the one place that checks it
 //! runs and fills in its template's defaults); booting is in `service::boot`.
+//!
+//! A create (`POST /api/v1/sandboxes`): `admit` loads the `snapshot_id`'s row, if any (the
+//! workspace's own, not internal; it gives the template and the size), resolves the template (a
+//! built-in one or the workspace's own) and the size, checks readiness, timeouts, metadata, the
+//! environment (the template's defaults with the request's over it, checked and stored together)
+//! and the egress policy (`network::check`: every entry parses, at most 64 in a list, and every
+//! domain resolves now, else a 400 on `network.allow` or `network.deny`), and builds a row in
+//! `provisioning`. With `wait` and no `snapshot_id`, `pool::claim` tries the warm pool first;
+//! otherwise `Store::insert_sandbox_capped` inserts the row only if the workspace is under its
+//! plan's cap, in one SQL statement (else 429 `CONCURRENCY_LIMIT`). The boot runs in a task of its
+//! own under the sandbox's lock (`service::boot`): the driver launches it (see the namespace
+//! driver's `launch`), then a template's `start` command runs, as a background process tagged
+//! `template-app` with the template's exec defaults, until its ready check passes (a command, or a
+//! TCP connect to its port; a failure ends the sandbox and fails the boot). The row turns
+//! `running` with its `timeout_at`, or `error` with its `state_reason` (a waiting create then
+//! answers 503).
+//!
+//! A streamed exec (`POST .../exec/stream`) runs `Driver::exec` in a task whose output flows
+//! through a channel into the response; `sse::OutputEncoder` makes each read a `stdout` or
+//! `stderr` event (a JSON string, or `{"b64"}`; a character split between reads waits in a
+//! `Utf8Carry`), and the last event is `exit` or `error`. A client that leaves drops the receiver,
+//! so the agent's connection closes and it kills the command. A failed exec probes the sandbox;
+//! one whose processes are gone is marked so (`mark_gone`, 409).
 
 use crate::auth::Auth;
 use crate::error::{ApiError, Internal};
@@ -688,7 +711,7 @@ pub async fn exec_failure(
 /// gets `Driver::stop` without a handle (its files stay; a cgroup or an earlier boot's chain
 /// goes), and anything else `Driver::destroy` (the sandboxes of build steps the server did not
 /// finish among them: `builds::restore`, earlier in the start, failed their builds). A sandbox
-/// found dead (here, by a failed exec, or by the liveness check) goes through [`mark_gone`],
+/// found dead (here, by a failed exec, or by the liveness check) goes through `mark_gone`,
 /// which acts only if the dead handle is still the row's: a persistent one that had started
 /// goes to `stopped`, its layer kept; any other goes to `error` and is removed.
 ///

@@ -475,6 +475,13 @@ impl NamespaceDriver {
 
     /// Ends the sandbox's processes and drops its cgroup and socket; with `keep_files`, its
     /// writable layer stays for a later boot.
+    ///
+    /// It starts with the firewall rules. When the handle knows the boot's interface index, the
+    /// boot's rules are removed in a thread of their own and the call goes on without waiting
+    /// (deleting nftables objects waits for an RCU grace period); as the index is never reused,
+    /// rules that outlive the answer by a few milliseconds apply to nothing. Without an index (no
+    /// handle), every chain of the sandbox's id and its map entries go at once. The link needs
+    /// nothing: it went with the namespace.
     fn remove(
         &self,
         id: &str,

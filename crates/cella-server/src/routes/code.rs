@@ -1,4 +1,12 @@
 //! The code interpreter: persistent Python and JavaScript contexts (the agent's `kernel.rs`).
+//!
+//! The handler checks the scope, then the body or query: `code_language` gives the language's
+//! canonical name (`python`, `javascript`) or a 400 `UNKNOWN_LANGUAGE`; a cell's timeout defaults
+//! to, and is capped at, `MAX_CELL_TIMEOUT_SEC`. The sandbox must be running (409, never waking
+//! it); `call` builds the exec spec of a plain exec (user, home, environment, the template's
+//! defaults) and sends one `Request::Code`, whose spec is used only if the kernel has to start.
+//! The answer becomes a `CodeResult` (`error` and `outputs` left out when empty, `restarted` only
+//! when true).
 
 use crate::auth::Auth;
 use crate::error::{ApiError, Internal};
