@@ -4,8 +4,9 @@
 //! materializes the base template, finds every sandbox again (reporting the ones that died), and
 //! serves the routes of [`router`]. Every route is one row of `routes::table` (its handler, who
 //! may call it, its rate limit), from which the router and the OpenAPI paths are both built.
-//! Handlers live in `routes`, sandbox logic in `sandboxes`, and every failure becomes the error
-//! envelope in `error`.
+//! Handlers live in `routes`, the operations in `service` (and `sandboxes`, `lifecycle`,
+//! `runs`, `builds`), and every failure becomes the error envelope of `error` (the services'
+//! typed errors in `service::error`).
 //!
 //! The state the routes share ([`AppState`]) is made by [`build_state`], which sets up the Linux
 //! namespace backend (the part that needs root), or by [`build_state_with`] over any other
