@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod people;
 mod processes;
 mod snapshots;
 mod templates;
@@ -24,7 +25,8 @@ struct Conn {
     /// Server URL.
     #[arg(long, env = "CELLA_SERVER", default_value = cella_client::DEFAULT_SERVER, global = true)]
     server: String,
-    /// API key (default: the local server's bootstrap key, when readable).
+    /// API key (default: the session of `cella login`, else the local server's bootstrap key,
+    /// when readable).
     #[arg(long, env = "CELLA_API_KEY", hide_env_values = true, global = true)]
     api_key: Option<String>,
     /// Print JSON instead of text (the API's `data`: an object, or an array for lists).
@@ -120,6 +122,16 @@ enum Command {
     },
     /// Send a signal to a process started through the API.
     Kill(processes::KillArgs),
+    /// The server operator's commands (users).
+    #[command(subcommand)]
+    Admin(people::AdminCmd),
+    /// Sign in as a user; later commands use the session when no API key is given.
+    Login(people::LoginArgs),
+    /// Sign out: end the kept session and forget it.
+    Logout {
+        #[command(flatten)]
+        conn: Conn,
+    },
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit,
 }
@@ -517,6 +529,9 @@ async fn run(cmd: Command) -> ExitCode {
         }) => code_run(id, file, language, context, timeout, conn).await,
         Command::Ps { id, conn } => processes::list(id, conn).await,
         Command::Kill(a) => processes::kill(a).await,
+        Command::Admin(c) => people::admin(c).await,
+        Command::Login(a) => people::login(a).await,
+        Command::Logout { conn } => people::logout(conn).await,
         Command::SandboxInit => unreachable!("handled before the runtime starts"),
     }
 }
@@ -565,7 +580,16 @@ async fn serve(
 }
 
 fn client(conn: &Conn) -> Client {
-    let key = conn.api_key.clone().filter(|k| !k.is_empty()).or_else(|| {
+    let key = conn.api_key.clone().filter(|k| !k.is_empty());
+    // No key given: the session `cella login` kept for this server.
+    if key.is_none() {
+        if let Some(c) = people::stored(&conn.server) {
+            if let Ok(client) = Client::with_session(&conn.server, &c.session, &c.csrf_token) {
+                return client;
+            }
+        }
+    }
+    let key = key.or_else(|| {
         // Convenience on the server's own host: the bootstrap key of the default data dir.
         std::fs::read_to_string(cella_server::config::default_data_dir().join("bootstrap.key"))
             .ok()
@@ -906,7 +930,8 @@ fn fail(e: ClientError) -> ExitCode {
         ClientError::Api { status: 401, .. } | ClientError::NoKey => {
             let default = cella_server::config::default_data_dir().join("bootstrap.key");
             eprintln!(
-                "  hint: pass an API key in CELLA_API_KEY (or --api-key). On the server's host, \
+                "  hint: pass an API key in CELLA_API_KEY (or --api-key), or sign in with `cella \
+                 login`. On the server's host, \
                  the first start wrote its admin key to DATA_DIR/bootstrap.key: {} by default, \
                  or DIR/bootstrap.key for `cella serve --data-dir DIR`.",
                 default.display()

@@ -27,6 +27,15 @@ fn health_and_openapi_need_no_key_and_cover_every_route() {
         ("/api/v1/workspaces", &["get", "post"]),
         ("/api/v1/workspaces/{id}", &["get", "patch"]),
         ("/api/v1/workspaces/{id}/storage", &["get"]),
+        ("/api/v1/workspaces/{id}/members", &["get", "post"]),
+        (
+            "/api/v1/workspaces/{id}/members/{user_id}",
+            &["patch", "delete"],
+        ),
+        ("/api/v1/users", &["post"]),
+        ("/api/v1/sessions", &["post"]),
+        ("/api/v1/sessions/current", &["delete"]),
+        ("/api/v1/me", &["get"]),
         ("/api/v1/images", &["get", "post"]),
         ("/api/v1/images/{id}", &["delete"]),
         ("/api/v1/api-keys", &["get", "post"]),
@@ -699,16 +708,32 @@ fn every_documented_route_checks_the_scopes_and_rate_limit_its_document_names() 
             .replace("{id}", "nx")
             .replace("{pid}", "1")
             .replace("{build_id}", "nx")
-            .replace("{context}", "nx");
+            .replace("{context}", "nx")
+            .replace("{user_id}", "nx");
         for (method, op) in item.as_object().unwrap() {
             let m = method.to_uppercase();
             let what = format!("{m} {path}");
             let Some(security) = op.get("security") else {
-                assert_eq!(s.req(&m, &url, None, None).status, 200, "{what}");
+                if m == "GET" {
+                    assert_eq!(s.req(&m, &url, None, None).status, 200, "{what}");
+                } else {
+                    // Signing in: no key needed, the body is checked.
+                    s.req(&m, &url, None, Some(&json!({})))
+                        .assert_error(400, "INVALID_REQUEST");
+                }
                 continue;
             };
             s.req(&m, &url, None, Some(&json!({})))
                 .assert_error(401, "UNAUTHORIZED");
+            // A signed-in user's own routes: a key is no user.
+            if security[0].get("bearer").is_none() {
+                assert!(security[0]["session"].is_array(), "{what}: {security}");
+                let r = s.req(&m, &url, Some(KEY), Some(&json!({})));
+                r.assert_error(403, "FORBIDDEN");
+                assert_eq!(r.body["error"]["details"]["required"], "session", "{what}");
+                checked += 1;
+                continue;
+            }
             let scopes: Vec<&str> = security[0]["bearer"]
                 .as_array()
                 .unwrap_or_else(|| panic!("{what}: {security}"))

@@ -1,5 +1,6 @@
 //! Attacks between tenants, as a hostile tenant with only the keys it gets would try them: a
-//! workspace's admin key on another workspace's objects (workspaces, plans, keys), keys for the
+//! workspace's admin key, and a signed-in owner of it, on another workspace's objects
+//! (workspaces, plans, settings, storage, members, keys), keys for the
 //! warm pool's internal workspace, a pool sandbox touched before its claim, and template ids
 //! squatted or probed across workspaces. Each must fail with a clear error and change nothing.
 
@@ -57,12 +58,35 @@ fn a_workspace_admin_manages_its_own_workspace_only() {
     assert_eq!(b_keys.len(), 1);
     let b_key_id = b_keys[0].0.clone();
 
+    // B has a member (its owner), whom A's admin tries to change and remove.
+    let bob = s.post(
+        "/api/v1/users",
+        json!({ "email": "bob@example.org", "name": "Bob", "password": "bob's password" }),
+    );
+    assert_eq!(bob.status, 201, "{}", bob.body);
+    let bob_id = bob.data()["id"].as_str().unwrap().to_string();
+    let added = s.post(
+        &format!("/api/v1/workspaces/{wb}/members"),
+        json!({ "email": "bob@example.org", "role": "owner" }),
+    );
+    assert_eq!(added.status, 201, "{}", added.body);
+    let b_members = s.get(&format!("/api/v1/workspaces/{wb}/members")).body;
+
     // Every admin route on the other workspace: 404, as for an id that does not exist.
-    req(&s, &ka, "GET", &format!("/api/v1/workspaces/{wb}"), None).assert_error(404, "NOT_FOUND");
+    for path in [
+        format!("/api/v1/workspaces/{wb}"),
+        format!("/api/v1/workspaces/{wb}/storage"),
+        format!("/api/v1/workspaces/{wb}/members"),
+    ] {
+        req(&s, &ka, "GET", &path, None).assert_error(404, "NOT_FOUND");
+    }
     for body in [
         json!({ "name": "pwned" }),
         json!({ "plan": "enterprise" }),
         json!({ "settings": { "compute_rate": 0.0 } }),
+        json!({ "settings": { "tasks_enabled": true } }),
+        json!({ "settings": { "session_limit_min": 5 } }),
+        json!({ "settings": { "heartbeat_timeout_sec": 3600 } }),
     ] {
         req(
             &s,
@@ -73,6 +97,33 @@ fn a_workspace_admin_manages_its_own_workspace_only() {
         )
         .assert_error(404, "NOT_FOUND");
     }
+    let members = format!("/api/v1/workspaces/{wb}/members");
+    req(
+        &s,
+        &ka,
+        "POST",
+        &members,
+        Some(json!({ "email": "bob@example.org", "role": "member" })),
+    )
+    .assert_error(404, "NOT_FOUND");
+    req(
+        &s,
+        &ka,
+        "PATCH",
+        &format!("{members}/{bob_id}"),
+        Some(json!({ "role": "member" })),
+    )
+    .assert_error(404, "NOT_FOUND");
+    req(&s, &ka, "DELETE", &format!("{members}/{bob_id}"), None).assert_error(404, "NOT_FOUND");
+    // Naming B in the workspace header does not help a key of A either.
+    let r = s.raw(
+        "GET",
+        "/api/v1/sandboxes",
+        Some(&ka),
+        None,
+        &[("x-cella-workspace", wb.as_str())],
+    );
+    r.assert_error(404, "NOT_FOUND");
     let r = req(
         &s,
         &ka,
@@ -204,9 +255,112 @@ fn a_workspace_admin_manages_its_own_workspace_only() {
     )
     .assert_error(403, "FORBIDDEN");
 
+    // A signed-in owner of A (a session, not a key) gets the same 404s on B, whichever
+    // workspace it names in the header.
+    let ann = s.post(
+        "/api/v1/users",
+        json!({ "email": "ann@example.org", "name": "Ann", "password": "ann's password" }),
+    );
+    assert_eq!(ann.status, 201, "{}", ann.body);
+    let r = s.post(
+        &format!("/api/v1/workspaces/{wa}/members"),
+        json!({ "email": "ann@example.org", "role": "owner" }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let si = s.raw(
+        "POST",
+        "/api/v1/sessions",
+        None,
+        Some(
+            json!({ "email": "ann@example.org", "password": "ann's password" })
+                .to_string()
+                .into_bytes(),
+        ),
+        &[],
+    );
+    assert_eq!(si.status, 201, "{}", si.body);
+    let cookie = si.headers["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let csrf = si.data()["csrf_token"].as_str().unwrap().to_string();
+    let b_keys_path = format!("/api/v1/api-keys/{b_key_id}");
+    let b_member_path = format!("{members}/{bob_id}");
+    let attempts: Vec<(&str, String, Option<Value>)> = vec![
+        ("GET", format!("/api/v1/workspaces/{wb}"), None),
+        ("GET", format!("/api/v1/workspaces/{wb}/storage"), None),
+        ("GET", members.clone(), None),
+        (
+            "PATCH",
+            format!("/api/v1/workspaces/{wb}"),
+            Some(json!({ "name": "pwned" })),
+        ),
+        (
+            "PATCH",
+            format!("/api/v1/workspaces/{wb}"),
+            Some(json!({ "settings": { "tasks_enabled": true } })),
+        ),
+        (
+            "POST",
+            members.clone(),
+            Some(json!({ "email": "ann@example.org", "role": "owner" })),
+        ),
+        (
+            "PATCH",
+            b_member_path.clone(),
+            Some(json!({ "role": "member" })),
+        ),
+        ("DELETE", b_member_path.clone(), None),
+        (
+            "POST",
+            "/api/v1/api-keys".to_string(),
+            Some(json!({ "workspace_id": wb, "name": "x", "scopes": ["admin"] })),
+        ),
+        ("DELETE", b_keys_path.clone(), None),
+    ];
+    for ws_header in [None, Some(wa.as_str()), Some(wb.as_str())] {
+        for (method, path, body) in &attempts {
+            let mut h = vec![("cookie", cookie.as_str()), ("x-csrf-token", csrf.as_str())];
+            if let Some(w) = ws_header {
+                h.push(("x-cella-workspace", w));
+            }
+            let r = s.raw(
+                method,
+                path,
+                None,
+                body.as_ref().map(|b| b.to_string().into_bytes()),
+                &h,
+            );
+            r.assert_error(404, "NOT_FOUND");
+        }
+    }
+    // Its own keys list shows none of B's.
+    let h = [("cookie", cookie.as_str())];
+    let own = s.raw("GET", "/api/v1/api-keys", None, None, &h);
+    assert_eq!(own.status, 200, "{}", own.body);
+    assert!(!own.body.to_string().contains(&b_key_id));
+    let own = s.raw(
+        "GET",
+        "/api/v1/workspaces",
+        None,
+        None,
+        &[
+            ("cookie", cookie.as_str()),
+            ("x-cella-workspace", wa.as_str()),
+        ],
+    );
+    assert!(!own.body.to_string().contains(&wb), "{}", own.body);
+
     // Nothing changed, as the operator sees it; B's key still works.
     assert_eq!(s.get(&format!("/api/v1/workspaces/{wb}")).data(), &b_before);
     assert_eq!(keys_of(&s, &wb), b_keys);
+    assert_eq!(
+        s.get(&format!("/api/v1/workspaces/{wb}/members")).body,
+        b_members
+    );
     assert_eq!(
         req(&s, &kb, "GET", &format!("/api/v1/workspaces/{wb}"), None).status,
         200

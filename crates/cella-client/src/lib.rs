@@ -90,6 +90,31 @@ impl Client {
         }
     }
 
+    /// A client that signs its requests with a session of `POST /api/v1/sessions` (the
+    /// `cella_session` cookie's value) instead of a key, sending the session's CSRF token with
+    /// every request. `cella login` keeps these.
+    pub fn with_session(server: &str, session: &str, csrf_token: &str) -> Result<Client, Error> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        let bad = |_| Error::Decode("a stored session that is not a header value".into());
+        let mut cookie =
+            reqwest::header::HeaderValue::from_str(&format!("cella_session={session}"))
+                .map_err(bad)?;
+        cookie.set_sensitive(true);
+        let mut csrf = reqwest::header::HeaderValue::from_str(csrf_token).map_err(bad)?;
+        csrf.set_sensitive(true);
+        headers.insert(reqwest::header::COOKIE, cookie);
+        headers.insert("x-csrf-token", csrf);
+        let http = reqwest::Client::builder()
+            .default_headers(headers)
+            .build()
+            .map_err(|e| Error::Decode(e.to_string()))?;
+        Ok(Client {
+            base: server.trim_end_matches('/').to_string(),
+            key: None,
+            http,
+        })
+    }
+
     /// Server from `CELLA_SERVER` (default `http://127.0.0.1:7070`), key from `CELLA_API_KEY`.
     pub fn from_env() -> Result<Client, Error> {
         let server = std::env::var("CELLA_SERVER").unwrap_or_else(|_| DEFAULT_SERVER.into());
@@ -669,6 +694,53 @@ impl Client {
 
     pub async fn create_api_key(&self, req: &CreateApiKey) -> Result<ApiKey, Error> {
         self.data(Method::POST, "/api/v1/api-keys", Some(req)).await
+    }
+
+    /// Makes a user (the operator's key, or none on a server with open sign-up).
+    pub async fn create_user(&self, req: &CreateUser) -> Result<User, Error> {
+        self.data(Method::POST, "/api/v1/users", Some(req)).await
+    }
+
+    /// Signs in; answers the session and its token (the `cella_session` cookie's value), for
+    /// [`Client::with_session`].
+    pub async fn sign_in(&self, email: &str, password: &str) -> Result<(Session, String), Error> {
+        let res = self
+            .http
+            .post(format!("{}/api/v1/sessions", self.base))
+            .json(&CreateSession {
+                email: email.to_string(),
+                password: password.to_string(),
+            })
+            .send()
+            .await
+            .map_err(self.connect_err())?;
+        let res = self.check(res).await?;
+        let token = res
+            .headers()
+            .get_all(reqwest::header::SET_COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find_map(|c| {
+                c.split(';')
+                    .next()
+                    .and_then(|kv| kv.trim().strip_prefix("cella_session="))
+                    .map(String::from)
+            })
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| Error::Decode("no session cookie in the answer".into()))?;
+        let body: Data<Session> = res.json().await.map_err(|e| Error::Decode(e.to_string()))?;
+        Ok((body.data, token))
+    }
+
+    /// Ends this client's session (one of [`Client::with_session`]).
+    pub async fn sign_out(&self) -> Result<serde_json::Value, Error> {
+        self.data::<(), _>(Method::DELETE, "/api/v1/sessions/current", None)
+            .await
+    }
+
+    /// The signed-in user and their workspaces.
+    pub async fn me(&self) -> Result<Me, Error> {
+        self.data::<(), _>(Method::GET, "/api/v1/me", None).await
     }
 }
 

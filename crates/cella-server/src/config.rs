@@ -30,6 +30,65 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub server: ServerConfig,
     pub quotas: QuotasConfig,
+    pub auth: AuthConfig,
+}
+
+/// `[auth]`: users, sign-up and sign-in sessions.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Anyone may make a user (`POST /api/v1/users` without a key); default false: the
+    /// operator only.
+    pub signup: bool,
+    /// Mark session cookies `Secure` on every answer (default false: only when the request
+    /// came over TLS, or through a proxy that says so with `X-Forwarded-Proto: https`).
+    pub secure_cookies: bool,
+    /// Hours a session lasts after its last use (default 168, a week; 1 to 8760).
+    pub session_ttl_hours: u64,
+    /// Failed sign-ins one email may have in a row before sign-ins for it get 429 (default 5).
+    pub failures_per_email: u32,
+    /// Failed sign-ins one client address may have in a row before its sign-ins get 429
+    /// (default 20).
+    pub failures_per_address: u32,
+    /// Seconds after which one past failure is forgiven (default 60): after a lockout, one
+    /// more attempt is allowed every this many seconds.
+    pub failure_refill_sec: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            signup: false,
+            secure_cookies: false,
+            session_ttl_hours: 168,
+            failures_per_email: 5,
+            failures_per_address: 20,
+            failure_refill_sec: 60,
+        }
+    }
+}
+
+impl AuthConfig {
+    /// How long a session lasts, in milliseconds.
+    pub fn session_ttl_ms(&self) -> i64 {
+        (self.session_ttl_hours as i64).saturating_mul(3_600_000)
+    }
+
+    /// What the server refuses to start with.
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=8760).contains(&self.session_ttl_hours) {
+            return Err("auth.session_ttl_hours must be from 1 to 8760".into());
+        }
+        if self.failures_per_email == 0 || self.failures_per_address == 0 {
+            return Err(
+                "auth.failures_per_email and failures_per_address must be at least 1".into(),
+            );
+        }
+        if !(1..=86400).contains(&self.failure_refill_sec) {
+            return Err("auth.failure_refill_sec must be from 1 to 86400".into());
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -364,6 +423,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             server: ServerConfig::default(),
             quotas: QuotasConfig::default(),
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -430,6 +490,23 @@ mod tests {
         assert_eq!(c.sizes.disabled, vec![Size::Xl]);
         assert_eq!(c.exec.output_cap_bytes, 16 * 1024 * 1024);
         assert!(toml::from_str::<Config>("lisen = \"x\"").is_err());
+    }
+
+    #[test]
+    fn auth_settings_have_defaults_and_ranges() {
+        let c: Config = toml::from_str("[auth]\nsignup = true\n").unwrap();
+        assert!(c.auth.signup && !c.auth.secure_cookies);
+        assert_eq!(c.auth.session_ttl_hours, 168);
+        assert!(c.auth.check().is_ok());
+        assert!(toml::from_str::<Config>("[auth]\nsign_up = true\n").is_err());
+        for bad in [
+            "[auth]\nsession_ttl_hours = 0\n",
+            "[auth]\nfailures_per_email = 0\n",
+            "[auth]\nfailure_refill_sec = 0\n",
+        ] {
+            let c: Config = toml::from_str(bad).unwrap();
+            assert!(c.auth.check().is_err(), "{bad}");
+        }
     }
 
     #[test]

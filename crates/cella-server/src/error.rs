@@ -161,3 +161,32 @@ impl From<Internal> for ApiError {
         ApiError::internal()
     }
 }
+
+/// 402 `INSUFFICIENT_FUNDS`, with what was needed and what is available.
+pub fn insufficient(
+    needed: cella_types::Money,
+    available: cella_types::Money,
+    what: &str,
+) -> ApiError {
+    ApiError::new(
+        ErrorCode::InsufficientFunds,
+        format!(
+            "the workspace's wallet has {available} available; {what} needs {needed} (add credits first)"
+        ),
+    )
+    .with_details(json!({ "needed": needed, "available": available }))
+}
+
+impl From<cella_billing::BillingError> for ApiError {
+    fn from(e: cella_billing::BillingError) -> Self {
+        match e {
+            cella_billing::BillingError::InsufficientFunds { needed, available } => {
+                insufficient(needed, available, "this")
+            }
+            other => {
+                tracing::error!("billing: {other}");
+                ApiError::internal()
+            }
+        }
+    }
+}

@@ -35,6 +35,7 @@
 //! ```
 
 pub mod auth;
+pub mod billing;
 pub mod builds;
 pub mod catalog;
 pub mod config;
@@ -53,6 +54,7 @@ pub mod rows;
 pub mod runs;
 pub mod sandboxes;
 pub mod service;
+pub mod snapshots;
 pub mod sse;
 #[cfg(any(test, feature = "fake"))]
 pub mod testing;
@@ -83,6 +85,8 @@ use tower_http::catch_panic::CatchPanicLayer;
 pub struct AppState {
     pub config: Config,
     pub store: Store,
+    /// Wallets, the ledger, reservations and settlement (over the same store).
+    pub billing: cella_billing::Billing,
     pub driver: Arc<dyn Driver>,
     pub catalog: Catalog,
     pub locks: sandboxes::Locks,
@@ -101,6 +105,8 @@ pub struct AppState {
     pub previews: preview::Previews,
     /// Bytes the output of buffered execs may hold together (`[exec] buffer_budget_bytes`).
     pub exec_budget: Arc<tokio::sync::Semaphore>,
+    /// Failed sign-ins per email and client address.
+    pub sign_in: service::people::SignInLimiter,
 }
 
 impl AppState {
@@ -313,6 +319,10 @@ pub fn router(state: Arc<AppState>) -> Router {
 #[derive(Clone)]
 pub struct RequestId(pub String);
 
+/// The address a request's connection came from (set by [`serve_http`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub std::net::SocketAddr);
+
 /// A request body stream that notes when it was read to its end.
 struct BodyEnd {
     inner: axum::body::BodyDataStream,
@@ -439,6 +449,7 @@ struct DataDir {
 /// the default workspace and the bootstrap key at first start. Needs no privilege.
 async fn open_data_dir(config: &Config) -> Result<DataDir, ServeError> {
     config.preview.check().map_err(ServeError::Config)?;
+    config.auth.check().map_err(ServeError::Config)?;
     let dir = config.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(|source| ServeError::DataDir {
         path: dir.clone(),
@@ -469,6 +480,8 @@ async fn open_data_dir(config: &Config) -> Result<DataDir, ServeError> {
         source,
     })?;
     bootstrap(&store, config, &dir).await?;
+    // Sessions that ran out while the server was down (each is also removed when next used).
+    store.delete_expired_sessions(util::now_ms()).await?;
     Ok(DataDir {
         lock,
         store,
@@ -595,9 +608,12 @@ async fn assemble(
             .unwrap_or(usize::MAX)
             .min(tokio::sync::Semaphore::MAX_PERMITS),
     ));
+    let sign_in = service::people::SignInLimiter::new(&config.auth);
     let state = Arc::new(AppState {
+        sign_in,
         exec_budget,
         config,
+        billing: cella_billing::Billing::new(&store),
         store,
         driver: backend.driver,
         catalog,
@@ -628,7 +644,10 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         })?;
     let (state, _lock) = build_state(config).await?;
     sandboxes::reconcile(&state).await?;
+    // Settles what a crash left unsettled, before any request.
+    billing::recover(&state, true).await;
     lifecycle::spawn_timers(state.clone());
+    lifecycle::spawn_billing(state.clone());
     network::spawn_refresh(state.clone());
     pool::spawn(state.clone());
     let addr = listener.local_addr().map_err(ServeError::Serve)?;
@@ -671,9 +690,9 @@ pub async fn serve_http(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok((s, _)) => s,
+                Ok(v) => v,
                 Err(e) => {
                     // Out of descriptors and the like: wait a little rather than spin.
                     tracing::warn!("accepting a connection: {e}");
@@ -684,7 +703,10 @@ pub async fn serve_http(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let svc = hyper_util::service::TowerToHyperService::new(tower::Layer::layer(
+            &axum::Extension(ClientAddr(peer)),
+            app.clone(),
+        ));
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
             // HTTP/2 with prior knowledge or HTTP/1: the first bytes say, within the header

@@ -183,6 +183,8 @@ pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, SandboxError>
         Event::Restart
     };
     check(from, event)?;
+    // Its reservation raised first: 402 when the wallet cannot cover more running.
+    crate::billing::cover_resume(state, &row, now).await?;
     if event == Event::Unpause {
         let h = handle(&row)?;
         state
@@ -219,6 +221,7 @@ pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, SandboxError>
         apply(&mut row, Event::Restart)?;
         boot_locked(state, &mut row).await;
         if state_of(&row) == SandboxState::Error {
+            crate::billing::settle_logged(state, &row).await;
             return Err(SandboxError::RestartFailed {
                 id: row.id.clone(),
                 reason: row.state_reason.clone(),
@@ -436,4 +439,29 @@ async fn sample_memory(state: &AppState, elapsed_ms: i64) {
             tracing::warn!("recording memory usage: {e}");
         }
     }
+}
+
+/// One billing tick ([`crate::billing::tick`]), pausing the running sandboxes the wallet cannot
+/// cover.
+pub async fn billing_tick(state: &AppState, sweep: bool) {
+    for id in crate::billing::tick(state, sweep).await {
+        tracing::info!(sandbox = id, "pausing: the wallet cannot cover it");
+        if let Err(e) = pause(state, &id, Some(crate::billing::OUT_OF_FUNDS)).await {
+            tracing::warn!(sandbox = id, "pausing for funds: {e}");
+        }
+    }
+}
+
+/// Starts the billing ticker (see `crate::billing`'s module docs).
+pub fn spawn_billing(state: Arc<AppState>) {
+    tokio::spawn(async move {
+        let mut t = tokio::time::interval(crate::billing::TICK);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut n: u32 = 0;
+        loop {
+            t.tick().await;
+            n = n.wrapping_add(1);
+            billing_tick(&state, n.is_multiple_of(crate::billing::SWEEP_TICKS)).await;
+        }
+    });
 }

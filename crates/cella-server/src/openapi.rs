@@ -2,7 +2,7 @@
 //! paths come from the route table, which makes the whole document
 //! (`crate::routes::table::document`) from this base and the handlers' annotations; a leaf.
 
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 struct BearerAuth;
@@ -18,6 +18,16 @@ impl Modify for BearerAuth {
                     .bearer_format("API key")
                     .build(),
             ),
+        );
+        // A signed-in user's cookie (`POST /api/v1/sessions`); writes also need the header
+        // `x-csrf-token`, and the header `x-cella-workspace` picks the workspace.
+        components.add_security_scheme(
+            "session",
+            SecurityScheme::ApiKey(ApiKey::Cookie(ApiKeyValue::with_description(
+                "cella_session",
+                "The session cookie of POST /api/v1/sessions. Writes need `x-csrf-token`; \
+                 `x-cella-workspace` selects the workspace (default: the personal one).",
+            ))),
         );
     }
 }

@@ -91,6 +91,9 @@ pub fn to_wire(app: &AppState, row: &SandboxRow) -> Sandbox {
             public: row.preview_public,
         },
         auto_resume: row.auto_resume,
+        compute_rate: row.compute_rate,
+        compute_cost: crate::billing::compute_cost_of(row, now),
+        model_cost: row.model_cost,
     }
 }
 
@@ -256,11 +259,30 @@ pub async fn create(
 ) -> Result<Sandbox, ApiError> {
     let (workspace, cap) = workspace_cap(state, auth).await?;
     let row = admit(state, auth, &req, &workspace).await?;
+    // Its 60-second minimum reserved first (402 and nothing made when the wallet is short).
+    crate::billing::admit(state, &row).await?;
+    let made = create_admitted(state, &req, row.clone(), &workspace, cap).await;
+    if made.is_err() {
+        crate::billing::abandon(state, &row.id).await;
+    }
+    made
+}
+
+async fn create_admitted(
+    state: &Arc<AppState>,
+    req: &CreateSandbox,
+    row: SandboxRow,
+    workspace: &cella_store::WorkspaceRow,
+    cap: u32,
+) -> Result<Sandbox, ApiError> {
     // The fast path: a sandbox of the warm pool, already running.
     if req.wait.unwrap_or(true) && row.snapshot_id.is_none() {
         match crate::pool::claim(state, &row, cap).await? {
             Some(Ok(claimed)) => {
+                // The reservation follows the pool sandbox's id.
+                crate::billing::moved(state, &row.id, &claimed).await;
                 if state_of(&claimed) == SandboxState::Error {
+                    crate::billing::settle_free(state, &claimed).await;
                     return Err(
                         ApiError::unavailable("the sandbox failed to start").with_details(
                             json!({ "sandbox_id": claimed.id, "reason": claimed.state_reason }),
@@ -279,13 +301,22 @@ pub async fn create(
     // Boot in a task of its own: a client that hangs up must not leave a half-made sandbox.
     let id = row.id.clone();
     let st = state.clone();
-    let boot = tokio::spawn(async move { boot(&st, &id).await });
+    let boot = tokio::spawn(async move {
+        boot(&st, &id).await;
+        // A sandbox that failed to start is settled at once (at 0: it never ran).
+        if let Ok(Some(r)) = st.store.sandbox(&id).await {
+            if state_of(&r) == SandboxState::Error {
+                crate::billing::settle_logged(&st, &r).await;
+            }
+        }
+    });
     if req.wait.unwrap_or(true) {
         let _ = boot.await;
         let row = state.store.sandbox(&row.id).await?.ok_or_else(|| {
             Internal::Broken(format!("sandbox {} lost its row in its boot", row.id))
         })?;
         if state_of(&row) == SandboxState::Error {
+            // Made and settled: its reservation is gone already (not abandoned twice).
             return Err(ApiError::unavailable("the sandbox failed to start")
                 .with_details(json!({ "sandbox_id": row.id, "reason": row.state_reason })));
         }
@@ -340,6 +371,10 @@ pub async fn destroy(
         row.state_reason = reason.map(str::to_string);
     }
     state.store.update_sandbox(&row).await?;
+    // Its one compute entry (a crash before it is recovered at the next start).
+    cella_billing::fault("destroy:before-settle");
+    crate::billing::settle_logged(state, &row).await;
+    let row = state.store.sandbox(id).await?.unwrap_or(row);
     Ok(to_wire(state, &row))
 }
 
@@ -386,6 +421,10 @@ pub(crate) async fn mark_gone(
     row.state_reason = Some(reason.to_string());
     if let Err(e) = state.store.update_sandbox(&row).await {
         tracing::error!(sandbox = id, "recording a sandbox that is gone: {e}");
+        return;
+    }
+    if row.state.is_terminal() {
+        crate::billing::settle_logged(state, &row).await;
     }
 }
 

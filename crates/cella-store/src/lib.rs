@@ -2,10 +2,12 @@
 //! `kill -9` of the server loses no acknowledged write). Rows are plain structs; turning them
 //! into wire objects is the server's business.
 //!
-//! One module per table: [`workspaces`], [`keys`] (`api_keys`), [`sandboxes`] (with the warm
+//! One module per table: [`workspaces`], [`keys`] (`api_keys`), [`people`] (`users`, `members`,
+//! `sessions`), [`sandboxes`] (with the warm
 //! pool's claims), [`snapshots`], [`artifacts`], [`templates`] (`templates` and
 //! `template_builds`), [`layers`] (`layer_charges` and the storage a workspace uses) and
-//! [`meta`]. This file keeps [`Store`] (open and migrate), the error type and the re-exports.
+//! [`meta`]. The `ledger` and `reservations` tables (migration `0013_money`) are read and
+//! written by `cella-billing` only, over [`Store::pool`]. This file keeps [`Store`] (open and migrate), the error type and the re-exports.
 //!
 //! Rows are typed: states and sizes are the enums of `cella-types`, JSON columns are decoded
 //! into their types when a row is read. Each table reads its rows into a private raw struct
@@ -23,6 +25,7 @@ pub mod artifacts;
 pub mod keys;
 pub mod layers;
 pub mod meta;
+pub mod people;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod templates;
@@ -31,6 +34,7 @@ pub mod workspaces;
 pub use artifacts::ArtifactRow;
 pub use keys::KeyRow;
 pub use layers::StorageUse;
+pub use people::{MemberChange, MemberRow, SessionRow, UserRow};
 pub use sandboxes::{Claim, SandboxFilter, SandboxRow, CAPPED_STATES};
 pub use snapshots::SnapshotRow;
 pub use templates::{BuildRow, TemplateRow, BUILD_STATES};
@@ -156,8 +160,9 @@ impl Store {
         Ok(Store { pool })
     }
 
-    /// The connection pool, for raw SQL in tests (corrupting a row on purpose).
-    #[doc(hidden)]
+    /// The connection pool: for the crates that keep their own tables in this database
+    /// (`cella-billing`: `ledger` and `reservations`, made by this crate's migrations), and for
+    /// raw SQL in tests (corrupting a row on purpose).
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }

@@ -8,7 +8,7 @@
 //! server's opaque record of the running sandbox and stays text here.
 
 use crate::{decode_json, decode_name, encode_json, Result, Store, StoreError, POOL_WORKSPACE};
-use cella_types::{NetworkPolicy, SandboxState, Size};
+use cella_types::{Money, NetworkPolicy, SandboxState, Size};
 use sqlx::FromRow;
 use std::collections::BTreeMap;
 
@@ -46,7 +46,9 @@ pub struct SandboxRow {
     pub timeout_at: Option<i64>,
     pub state_reason: Option<String>,
     pub runtime: Option<String>,
-    pub compute_rate: f64,
+    /// Compute price per running second, snapshotted from the workspace's settings at create
+    /// (column `rate_micros`).
+    pub compute_rate: Money,
     pub paused_ms: i64,
     pub paused_since: Option<i64>,
     pub last_activity_at: Option<i64>,
@@ -59,6 +61,11 @@ pub struct SandboxRow {
     pub preview_public: bool,
     /// Preview traffic resumes the sandbox when it is paused.
     pub auto_resume: bool,
+    /// The amount of its one compute ledger entry, once settled (kept by the ledger's trigger;
+    /// never written through this struct).
+    pub compute_charged: Option<Money>,
+    /// The sum of its model ledger entries (kept by the ledger's trigger, likewise).
+    pub model_cost: Money,
 }
 
 impl SandboxRow {
@@ -101,7 +108,7 @@ impl SandboxRow {
             timeout_at: None,
             state_reason: None,
             runtime: None,
-            compute_rate: 0.0,
+            compute_rate: Money::ZERO,
             paused_ms: 0,
             paused_since: None,
             last_activity_at: None,
@@ -111,6 +118,8 @@ impl SandboxRow {
             snapshot_id: None,
             preview_public: true,
             auto_resume: false,
+            compute_charged: None,
+            model_cost: Money::ZERO,
         }
     }
 }
@@ -145,7 +154,7 @@ struct Raw {
     timeout_at: Option<i64>,
     state_reason: Option<String>,
     runtime: Option<String>,
-    compute_rate: f64,
+    rate_micros: i64,
     paused_ms: i64,
     paused_since: Option<i64>,
     last_activity_at: Option<i64>,
@@ -155,6 +164,8 @@ struct Raw {
     snapshot_id: Option<String>,
     preview_public: bool,
     auto_resume: bool,
+    compute_charged: Option<i64>,
+    model_micros: i64,
 }
 
 impl TryFrom<Raw> for SandboxRow {
@@ -190,7 +201,7 @@ impl TryFrom<Raw> for SandboxRow {
             timeout_at: r.timeout_at,
             state_reason: r.state_reason,
             runtime: r.runtime,
-            compute_rate: r.compute_rate,
+            compute_rate: Money::from_micros(r.rate_micros),
             paused_ms: r.paused_ms,
             paused_since: r.paused_since,
             last_activity_at: r.last_activity_at,
@@ -199,6 +210,8 @@ impl TryFrom<Raw> for SandboxRow {
             snapshot_id: r.snapshot_id,
             preview_public: r.preview_public,
             auto_resume: r.auto_resume,
+            compute_charged: r.compute_charged.map(Money::from_micros),
+            model_cost: Money::from_micros(r.model_micros),
         })
     }
 }
@@ -235,9 +248,9 @@ pub struct SandboxFilter {
 const SANDBOX_COLS: &str = "seq, id, workspace_id, owner_id, template_id, state, size, \
         cpu_count, memory_mb, disk_size_mb, ready, ready_at, timeout_sec, always_on, persistent, \
         idle_timeout_sec, metadata, env, created_at, started_at, destroyed_at, total_runtime_sec, \
-        running_ms, running_since, timeout_at, state_reason, runtime, compute_rate, paused_ms, \
+        running_ms, running_since, timeout_at, state_reason, runtime, rate_micros, paused_ms, \
         paused_since, last_activity_at, cpu_ns, memory_mib_ms, network, snapshot_id, preview_public, \
-        auto_resume";
+        auto_resume, compute_charged, model_micros";
 
 impl Store {
     /// Inserts a sandbox unless its workspace already holds `cap` sandboxes in a capped state.
@@ -246,7 +259,7 @@ impl Store {
         let q = format!(
             "INSERT INTO sandboxes (id, workspace_id, owner_id, template_id, state, size, cpu_count, memory_mb, \
              disk_size_mb, ready, timeout_sec, always_on, persistent, idle_timeout_sec, metadata, env, created_at, \
-             compute_rate, network, snapshot_id, preview_public, auto_resume) \
+             rate_micros, network, snapshot_id, preview_public, auto_resume) \
              SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
              WHERE (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ?"
         );
@@ -268,7 +281,7 @@ impl Store {
             .bind(encode_json(TABLE, &s.id, "metadata", &s.metadata)?)
             .bind(encode_json(TABLE, &s.id, "env", &s.env)?)
             .bind(s.created_at)
-            .bind(s.compute_rate)
+            .bind(s.compute_rate.micros())
             .bind(encode_json(TABLE, &s.id, "network", &s.network)?)
             .bind(&s.snapshot_id)
             .bind(s.preview_public)
@@ -375,7 +388,7 @@ impl Store {
             .bind(row.timeout_at)
             .bind(&row.state_reason)
             .bind(&row.runtime)
-            .bind(row.compute_rate)
+            .bind(row.compute_rate.micros())
             .bind(row.paused_ms)
             .bind(row.paused_since)
             .bind(row.last_activity_at)
@@ -385,6 +398,8 @@ impl Store {
             .bind(&row.snapshot_id)
             .bind(row.preview_public)
             .bind(row.auto_resume)
+            .bind(row.compute_charged.map(Money::micros))
+            .bind(row.model_cost.micros())
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
@@ -584,6 +599,21 @@ impl Store {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Sandboxes that ended (destroyed or in error) after money came to this data directory
+    /// (migration 13), have a compute rate, and have no compute ledger entry yet:
+    /// the ones billing still has to settle.
+    pub async fn unsettled_sandboxes(&self) -> Result<Vec<SandboxRow>> {
+        let q = format!(
+            "SELECT {SANDBOX_COLS} FROM sandboxes WHERE state IN ('destroyed', 'error') \
+             AND rate_micros > 0 AND compute_charged IS NULL AND started_at IS NOT NULL \
+             AND COALESCE(destroyed_at, created_at) >= COALESCE((SELECT \
+                 CAST(strftime('%s', installed_on) AS INTEGER) * 1000 FROM _sqlx_migrations \
+                 WHERE version = 13), 0) \
+             ORDER BY seq"
+        );
+        typed(sqlx::query_as(&q).fetch_all(&self.pool).await?)
     }
 
     /// Every sandbox that is not in a terminal state, across workspaces.

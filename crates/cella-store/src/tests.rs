@@ -406,8 +406,9 @@ async fn workspace_columns_round_trip_and_bad_ones_are_corrupt() {
     w.plan = "business".into();
     w.settings = cella_types::WorkspaceSettings {
         tasks_enabled: true,
-        compute_rate: 0.5,
+        compute_rate: cella_types::Money::from_micros(500_000),
         session_limit_min: 30,
+        heartbeat_timeout_sec: 300,
     };
     store.update_workspace(&w).await.unwrap();
     let back = store.workspace("ws1").await.unwrap().unwrap();
@@ -594,4 +595,101 @@ async fn a_corrupt_pool_row_fails_the_claim_and_stays_in_the_pool() {
         .await
         .unwrap();
     assert_eq!(ws, POOL_WORKSPACE);
+}
+
+/// A data directory from before money: compute rates stored as REAL (sandboxes) and JSON
+/// numbers (settings) keep their values, in micro-units, rounded to the nearest one.
+#[tokio::test]
+async fn upgrade_keeps_compute_rates_as_micro_units() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old-migrations");
+    std::fs::create_dir(&old).unwrap();
+    let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    for e in std::fs::read_dir(&all).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().into_string().unwrap();
+        if name.as_str() < "0013" {
+            std::fs::copy(e.path(), old.join(&name)).unwrap();
+        }
+    }
+    let path = dir.path().join("db.sqlite");
+    {
+        let opts = SqliteConnectOptions::from_str("sqlite://")
+            .unwrap()
+            .filename(&path)
+            .create_if_missing(true);
+        let pool = SqlitePool::connect_with(opts).await.unwrap();
+        sqlx::migrate::Migrator::new(old.as_path())
+            .await
+            .unwrap()
+            .run(&pool)
+            .await
+            .unwrap();
+        for (id, settings) in [
+            (
+                "wsa",
+                r#"{"tasks_enabled":false,"compute_rate":0.5,"session_limit_min":60}"#,
+            ),
+            ("wsb", r#"{"compute_rate":0.0001234567}"#),
+            ("wsc", r#"{"compute_rate":0.0}"#),
+            ("wsd", r#"{"session_limit_min":30}"#),
+            ("wse", r#"{"compute_rate":12}"#),
+        ] {
+            sqlx::query("INSERT INTO workspaces (id, name, plan, kind, created_at, settings) VALUES (?, 'w', 'developer', 'organization', 0, ?)")
+                .bind(id)
+                .bind(settings)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        for (id, rate) in [("sba", 0.25), ("sbb", 0.0000015), ("sbc", -1.0)] {
+            sqlx::query(
+                "INSERT INTO sandboxes (id, workspace_id, owner_id, template_id, state, size, cpu_count, \
+                 memory_mb, disk_size_mb, timeout_sec, always_on, persistent, idle_timeout_sec, created_at, compute_rate) \
+                 VALUES (?, 'wsa', 'k', 'base', 'destroyed', 'small', 2, 4096, 10240, 3600, 0, 1, 0, 0, ?)",
+            )
+            .bind(id)
+            .bind(rate)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        pool.close().await;
+    }
+    let store = Store::open(&path).await.unwrap();
+    let rate = |id: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .workspace(id)
+                .await
+                .unwrap()
+                .unwrap()
+                .settings
+                .compute_rate
+                .to_string()
+        }
+    };
+    assert_eq!(rate("wsa").await, "0.500000");
+    assert_eq!(rate("wsb").await, "0.000123");
+    assert_eq!(rate("wsc").await, "0.000000");
+    assert_eq!(rate("wsd").await, "0.000000");
+    assert_eq!(rate("wse").await, "12.000000");
+    let w = store.workspace("wsa").await.unwrap().unwrap();
+    assert_eq!(w.settings.session_limit_min, 60);
+    let sb = |id: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .sandbox(id)
+                .await
+                .unwrap()
+                .unwrap()
+                .compute_rate
+                .micros()
+        }
+    };
+    assert_eq!(sb("sba").await, 250_000);
+    assert!([1, 2].contains(&sb("sbb").await), "rounded to a micro-unit");
+    assert_eq!(sb("sbc").await, 0, "a negative rate becomes 0");
 }

@@ -4,12 +4,17 @@
 //! three cannot drift apart. The contract these types follow is `shared/api-v1.md`; the project's
 //! own reference is `docs/api.md`.
 
+pub mod money;
 pub mod sizes;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
 
+pub use money::{
+    CreditRequest, LedgerEntry, LedgerKind, Money, MoneyError, UsageDay, UsageFigures, UsageReport,
+    Wallet,
+};
 pub use sizes::{ResourceContract, Size, ALL_SIZES};
 
 /// `{"data": ...}`: the body of every successful single-object response.
@@ -223,12 +228,20 @@ impl WorkspaceKind {
 pub struct WorkspaceSettings {
     #[serde(default)]
     pub tasks_enabled: bool,
-    /// Compute price per second, in the workspace's currency.
+    /// Compute price per running second, in the workspace's currency (a decimal string with at
+    /// most 6 decimals, at least 0). Each sandbox keeps the rate of when it was created.
     #[serde(default)]
-    pub compute_rate: f64,
+    pub compute_rate: Money,
     /// Ceiling of one task run, in minutes.
     #[serde(default = "default_session_limit")]
     pub session_limit_min: u32,
+    /// Seconds a task run's agent may go without a heartbeat before the run is failed.
+    #[serde(default = "default_heartbeat_timeout")]
+    pub heartbeat_timeout_sec: u32,
+}
+
+fn default_heartbeat_timeout() -> u32 {
+    120
 }
 
 fn default_session_limit() -> u32 {
@@ -311,6 +324,126 @@ pub struct CreateApiKey {
     pub scopes: Vec<Scope>,
     /// RFC 3339 time after which the key stops working.
     pub expires_at: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// People: users, sessions, members
+// ---------------------------------------------------------------------------------------------
+
+/// A user's role in a workspace. Owners and admins manage the workspace (settings, members,
+/// keys: the `admin` scope of that workspace); members use it (sandboxes, templates, tasks).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Owner,
+    Admin,
+    Member,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Owner => "owner",
+            Role::Admin => "admin",
+            Role::Member => "member",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Role> {
+        [Role::Owner, Role::Admin, Role::Member]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
+    /// The scopes the role gives in its workspace.
+    pub fn scopes(self) -> Vec<Scope> {
+        match self {
+            Role::Owner | Role::Admin => vec![Scope::Admin],
+            Role::Member => vec![
+                Scope::SandboxesRead,
+                Scope::SandboxesWrite,
+                Scope::SandboxesExec,
+                Scope::TemplatesWrite,
+                Scope::TasksRead,
+                Scope::TasksWrite,
+            ],
+        }
+    }
+}
+
+/// A person who signs in (never their password or its hash).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct User {
+    pub id: String,
+    pub email: String,
+    pub name: String,
+    pub created_at: String,
+}
+
+/// `POST /api/v1/users`.
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateUser {
+    pub email: String,
+    pub name: String,
+    /// 8 to 1024 bytes.
+    pub password: String,
+}
+
+/// `POST /api/v1/sessions`.
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    pub email: String,
+    pub password: String,
+}
+
+/// The answer to a sign-in (the token itself is in the `Set-Cookie` only).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Session {
+    pub user: User,
+    /// Send it back in `x-csrf-token` with every cookie-authenticated write.
+    pub csrf_token: String,
+    pub expires_at: String,
+}
+
+/// One workspace of the signed-in user, with their role in it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MeWorkspace {
+    pub workspace: Workspace,
+    pub role: Role,
+}
+
+/// `GET /api/v1/me`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Me {
+    pub user: User,
+    pub workspaces: Vec<MeWorkspace>,
+    pub csrf_token: String,
+}
+
+/// A member of a workspace.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct Member {
+    pub user_id: String,
+    pub email: String,
+    pub name: String,
+    pub role: Role,
+}
+
+/// `POST /api/v1/workspaces/{id}/members`: adds an existing user.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AddMember {
+    pub email: String,
+    pub role: Role,
+}
+
+/// `PATCH /api/v1/workspaces/{id}/members/{user_id}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateMember {
+    pub role: Role,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -478,6 +611,17 @@ pub struct Sandbox {
     pub preview: PreviewSettings,
     /// Preview traffic resumes it when it is paused.
     pub auto_resume: bool,
+    /// Compute price per running second, the workspace's `compute_rate` when it was created.
+    #[serde(default)]
+    pub compute_rate: Money,
+    /// Compute charged for it: while it lives, what it has cost so far (its running seconds,
+    /// at least 60, times `compute_rate`; 0 at a rate of 0); once destroyed, its one `compute`
+    /// ledger entry.
+    #[serde(default)]
+    pub compute_cost: Money,
+    /// The sum of its `model` ledger entries (model gateway requests).
+    #[serde(default)]
+    pub model_cost: Money,
 }
 
 /// Preview access of a sandbox.

@@ -55,6 +55,9 @@ def test_create_with_every_option(server: Server, tag: str) -> None:
         assert info.created_at is not None and info.created_at.tzinfo is not None
         assert info.started_at is not None and info.destroyed_at is None
         assert info.raw["id"] == sb.id
+        # money: exact decimals (the test server's workspace has a rate of 0)
+        assert info.raw["compute_rate"] == "0.000000" and info.compute_rate == 0
+        assert info.compute_cost == 0 and info.model_cost == 0
         # the sandbox's env reaches its commands
         assert sb.commands.run("echo $GREETING").stdout == "hello sandbox\n"
     # the context manager destroyed it

@@ -157,3 +157,25 @@ def test_async_request_on_a_dropped_connection_is_sent_again() -> None:
         assert len(srv.answered) == 3
     finally:
         srv.close()
+
+
+def test_money_fields_are_exact_decimals() -> None:
+    from decimal import Decimal
+
+    from cella.models import SandboxInfo, parse_money
+
+    info = SandboxInfo.from_dict(
+        {"id": "sb1", "state": "running", "compute_rate": "0.000100", "compute_cost": "0.006000", "model_cost": "0.000000"}
+    )
+    assert info.compute_rate == Decimal("0.0001") and isinstance(info.compute_rate, Decimal)
+    assert info.compute_cost == Decimal("0.006") and info.model_cost == 0
+    # an older server without the fields: 0
+    assert SandboxInfo.from_dict({"id": "sb2", "state": "running"}).compute_cost == 0
+    assert parse_money("-1.500000") == Decimal("-1.5")
+    for bad in (0.1, "abc"):
+        try:
+            parse_money(bad)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(bad)

@@ -142,6 +142,12 @@ export interface SandboxInfo {
   destroyedAt: Date | null;
   stateReason: string | null;
   network: Required<NetworkPolicy>;
+  /** Compute price per running second, a decimal string (`"0.000100"`): the workspace's rate when it was created. */
+  computeRate: string;
+  /** Compute charged so far (at least 60 s x rate once it started), final once destroyed; a decimal string. */
+  computeCost: string;
+  /** What its model gateway requests cost, a decimal string. */
+  modelCost: string;
   [field: string]: unknown;
 }
 

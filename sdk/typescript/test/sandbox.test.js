@@ -55,6 +55,10 @@ describe('Sandbox.create', () => {
       assert.deepEqual(sb.info.metadata, { team: 'sdk', run: 'create' });
       assert.equal(sb.info.network.egress, 'deny');
       assert.ok(sb.info.createdAt instanceof Date);
+      // Money stays an exact decimal string (the test workspace's rate is 0).
+      assert.equal(sb.info.computeRate, '0.000000');
+      assert.equal(sb.info.computeCost, '0.000000');
+      assert.equal(sb.info.modelCost, '0.000000');
       const r = await sb.commands.run('echo $GREETING');
       assert.equal(r.stdout, 'hello\n');
     } finally {

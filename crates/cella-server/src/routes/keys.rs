@@ -1,14 +1,14 @@
 use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::extract::{cursor_for, reject_unknown, ApiBody, Page, QueryPairs};
-use crate::service::accounts::new_key;
-use crate::util::{now_ms, parse_rfc3339, rfc3339};
+use crate::service::accounts;
+use crate::util::rfc3339;
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use cella_store::KeyRow;
-use cella_types::{ApiKey, CreateApiKey, Data, ErrorCode, List};
+use cella_types::{ApiKey, CreateApiKey, Data, List};
 use std::sync::Arc;
 
 pub fn to_wire(k: &KeyRow) -> ApiKey {
@@ -26,7 +26,7 @@ pub fn to_wire(k: &KeyRow) -> ApiKey {
 }
 
 /// Create an API key for a workspace; the key is in this answer only. Scope `admin`: a
-/// workspace's admin key makes keys of its own workspace, the operator of any (another
+/// workspace's admin (key, owner or admin) makes keys of its own workspace, the operator of any (another
 /// workspace, and an internal one for everybody, answers 404). No key makes a key with a scope
 /// it does not hold.
 #[utoipa::path(post, path = "/api/v1/api-keys", tag = "api-keys", request_body = CreateApiKey,
@@ -37,47 +37,7 @@ pub async fn create(
     body: ApiBody,
 ) -> Result<(StatusCode, Json<Data<ApiKey>>), ApiError> {
     let req: CreateApiKey = body.json()?;
-    if req.name.trim().is_empty() || req.name.len() > 200 {
-        return Err(ApiError::invalid(
-            "name",
-            "name must be 1 to 200 characters",
-        ));
-    }
-    if req.scopes.is_empty() {
-        return Err(ApiError::invalid("scopes", "give at least one scope"));
-    }
-    let expires_at = match &req.expires_at {
-        None => None,
-        Some(s) => {
-            let t = parse_rfc3339(s).ok_or_else(|| {
-                ApiError::invalid("expires_at", "expires_at must be an RFC 3339 time")
-            })?;
-            if t <= now_ms() {
-                return Err(ApiError::invalid(
-                    "expires_at",
-                    "expires_at must be in the future",
-                ));
-            }
-            Some(t)
-        }
-    };
-    if !auth.manages(&req.workspace_id) || state.store.workspace(&req.workspace_id).await?.is_none()
-    {
-        return Err(ApiError::not_found("workspace")
-            .with_details(serde_json::json!({ "field": "workspace_id" })));
-    }
-    if let Some(s) = req.scopes.iter().find(|s| !auth.has(**s)) {
-        return Err(ApiError::new(
-            ErrorCode::Forbidden,
-            format!(
-                "a key cannot make a key with a scope it does not hold ({})",
-                s.as_str()
-            ),
-        )
-        .with_details(serde_json::json!({ "field": "scopes", "required_scope": s.as_str() })));
-    }
-    let (row, secret) = new_key(&req.workspace_id, &req.name, &req.scopes, expires_at, None);
-    state.store.insert_key(&row).await?;
+    let (row, secret) = accounts::create_key(&state, &auth, &req).await?;
     let mut key = to_wire(&row);
     key.key = Some(secret);
     Ok((StatusCode::CREATED, Json(Data { data: key })))
@@ -115,19 +75,7 @@ pub async fn revoke(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<ApiKey>>, ApiError> {
-    let row = state
-        .store
-        .key(&id)
-        .await?
-        .filter(|k| k.revoked_at.is_none() && auth.manages(&k.workspace_id))
-        .ok_or_else(|| ApiError::not_found("API key"))?;
-    if row.operator && !auth.operator {
-        return Err(ApiError::new(
-            ErrorCode::Forbidden,
-            "only the operator may revoke the operator's key",
-        ));
-    }
-    state.store.revoke_key(&id, now_ms()).await?;
+    let row = accounts::revoke_key(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: to_wire(&row),
     }))

@@ -7,6 +7,8 @@ pub mod code;
 pub mod files;
 pub mod keys;
 pub mod meta;
+pub mod money;
+pub mod people;
 pub mod processes;
 pub mod pty;
 pub mod sandboxes;

@@ -1,12 +1,12 @@
 //! The snapshot and fork routes: each parses its request, calls one function of
-//! [`crate::service::snapshots`] (where what a snapshot is, and what a fork does, is told) and
+//! [`crate::snapshots`] (where what a snapshot is, and what a fork does, is told) and
 //! encodes the answer.
 
 use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::extract::{ApiBody, Page, QueryPairs};
 use crate::sandboxes::to_wire;
-use crate::service::snapshots as service;
+use crate::snapshots as service;
 use crate::util::rfc3339;
 use crate::AppState;
 use axum::extract::{Path, State};

@@ -7,20 +7,23 @@
 //! [`document`] the OpenAPI paths (with each operation's required scopes under `security`
 //! and its group under `x-rate-limit-group`), both from [`table`].
 //!
-//! The guard, per request: authenticates the key (401), takes a token of the route's rate-limit
-//! group (429), then checks the route's [`Access`] (403), before the handler runs; the handler
-//! finds the caller as an [`Auth`] extractor. Checks that depend on the request itself stay in
+//! The guard, per request: authenticates the caller (401; a key, or a session cookie with its
+//! CSRF and origin checks and the workspace it selects: `crate::auth`), takes a token of the
+//! route's rate-limit group (429), then checks the route's [`Access`] (403), before the handler
+//! runs; the handler finds the caller as an [`Auth`] extractor. A signed-in user's role gives
+//! the scopes the check sees, so one table serves keys and sessions alike. Checks that depend on the request itself stay in
 //! their handlers: which workspace a key may make keys for and with which scopes
 //! (`keys::create`: its own, or any for the operator; at most the caller's scopes), which
 //! workspaces a key sees or changes (`workspaces::get`, `storage`, `update`, `keys::list`,
-//! `revoke`), and that only the operator changes a plan (`workspaces::update`).
+//! `revoke`, the members routes), that only the operator changes a plan (`workspaces::update`),
+//! and who may touch owners or leave (`people::update_member`, `remove_member`).
 
-use crate::auth::{authenticate, Auth};
+use crate::auth::{authenticate_request, Auth};
 use crate::error::ApiError;
 use crate::ratelimit::Group;
 use crate::routes::{
-    artifacts, code, files, keys, meta, processes as procs, pty, sandboxes as sb, snapshots,
-    templates, workspaces,
+    artifacts, code, files, keys, meta, money, people, processes as procs, pty, sandboxes as sb,
+    snapshots, templates, workspaces,
 };
 use crate::AppState;
 use axum::extract::{Request, State};
@@ -46,6 +49,12 @@ pub enum Access {
     /// The server's operator (`admin` checked first, then the operator); the text ends the
     /// sentence "only the server's operator (the bootstrap key) may ...".
     Operator(&'static str),
+    /// The operator, or anyone without a key when the server's config has `[auth] signup =
+    /// true` (making users).
+    SignUp,
+    /// A signed-in user (a session cookie); the text ends the sentence "only a signed-in user
+    /// ... may ...".
+    User(&'static str),
 }
 
 impl Access {
@@ -58,6 +67,11 @@ impl Access {
                 auth.require(Scope::Admin)?;
                 auth.require_operator(what)
             }
+            Access::SignUp => {
+                auth.require(Scope::Admin)?;
+                auth.require_operator("make users (unless [auth] signup = true)")
+            }
+            Access::User(what) => auth.require_user(what),
         }
     }
 
@@ -66,10 +80,30 @@ impl Access {
     fn security(self) -> Option<Vec<&'static str>> {
         match self {
             Access::Public => None,
-            Access::AnyKey => Some(Vec::new()),
+            Access::AnyKey | Access::User(_) => Some(Vec::new()),
             Access::Scopes(s) => Some(s.iter().map(|s| s.as_str()).collect()),
-            Access::Operator(_) => Some(vec![Scope::Admin.as_str()]),
+            Access::Operator(_) | Access::SignUp => Some(vec![Scope::Admin.as_str()]),
         }
+    }
+
+    /// The operation's security requirements in the OpenAPI document (None: public): a bearer
+    /// key with the scopes, or a session whose role gives them (`session`, the cookie); the
+    /// users' own routes take a session only, making users also nothing (`{}`) when sign-up is
+    /// open.
+    pub fn requirements(self) -> Option<Vec<SecurityRequirement>> {
+        let scopes = self.security()?;
+        Some(match self {
+            Access::User(_) => vec![SecurityRequirement::new("session", scopes)],
+            Access::SignUp => vec![
+                SecurityRequirement::new("bearer", scopes),
+                SecurityRequirement::default(),
+            ],
+            Access::Operator(_) => vec![SecurityRequirement::new("bearer", scopes)],
+            _ => vec![
+                SecurityRequirement::new("bearer", scopes.clone()),
+                SecurityRequirement::new("session", scopes),
+            ],
+        })
     }
 }
 
@@ -148,7 +182,7 @@ macro_rules! row {
 
 /// Every route of the API.
 pub fn table() -> Vec<Route> {
-    use Access::{AnyKey, Operator, Public, Scopes};
+    use Access::{AnyKey, Operator, Public, Scopes, SignUp, User};
     use Group::{Exec, Lifecycle, Read};
     const ADMIN: Access = Scopes(&[Scope::Admin]);
     const READ: Access = Scopes(&[Scope::SandboxesRead]);
@@ -167,6 +201,23 @@ pub fn table() -> Vec<Route> {
         row!(keys::create, ADMIN, None),
         row!(keys::list, ADMIN, None),
         row!(keys::revoke, ADMIN, None),
+        // Money: a workspace's own admin reads its wallet, ledger and usage (the operator any);
+        // only the operator adds credits.
+        row!(money::wallet, ADMIN, None),
+        row!(money::credit, Operator("add credits to a wallet"), None),
+        row!(money::ledger, ADMIN, None),
+        row!(money::usage, ADMIN, None),
+        // People: users, sessions, members. Sign-ins are limited per email and address by the
+        // sign-in limiter (`service::people`), not by a group of the workspace limiter.
+        row!(people::create_user, SignUp, None),
+        row!(people::sign_in, Public, None),
+        row!(people::sign_out, User("sign out"), None),
+        row!(people::me, User("read /me"), None),
+        row!(people::list_members, AnyKey, None),
+        row!(people::add_member, ADMIN, None),
+        row!(people::update_member, ADMIN, None),
+        // Anybody may leave; removing someone else is the handler's admin check.
+        row!(people::remove_member, AnyKey, None),
         // Templates and images.
         row!(templates::list, AnyKey, Some(Read)),
         row!(templates::build, TEMPLATES, None),
@@ -244,10 +295,7 @@ fn assemble(
     for Route { policy, api: mut r } in table() {
         for item in r.1.paths.values_mut() {
             for op in operations_mut(item) {
-                op.security = policy
-                    .access
-                    .security()
-                    .map(|scopes| vec![SecurityRequirement::new("bearer", scopes)]);
+                op.security = policy.access.requirements();
                 if let Some(g) = policy.limit {
                     op.extensions.get_or_insert_with(Default::default).merge(
                         utoipa::openapi::extensions::ExtensionsBuilder::new()
@@ -288,13 +336,16 @@ async fn guard(
     mut req: Request,
     next: Next,
 ) -> Response {
-    if policy.access == Access::Public {
+    if policy.access == Access::Public
+        || (policy.access == Access::SignUp && state.config.auth.signup)
+    {
         return next.run(req).await;
     }
-    let auth = match authenticate(&state, req.headers()).await {
-        Ok(a) => a,
-        Err(e) => return e.into_response(),
-    };
+    let auth =
+        match authenticate_request(&state, req.method(), req.uri().path(), req.headers()).await {
+            Ok(a) => a,
+            Err(e) => return e.into_response(),
+        };
     let decision = policy
         .limit
         .and_then(|g| state.limiter.take(&auth.workspace_id, g).map(|d| (g, d)));
@@ -389,7 +440,8 @@ mod tests {
                 group_by_url(&method, &path),
                 "rate-limit group of {m} {path}"
             );
-            let public = ["/healthz", "/api/v1/openapi.json"].contains(&path.as_str());
+            let public =
+                ["/healthz", "/api/v1/openapi.json", "/api/v1/sessions"].contains(&path.as_str());
             assert_eq!(p.access == Access::Public, public, "{m} {path}");
             // Sandboxes' routes need a sandboxes scope: reads `read` (the terminal runs a
             // shell: `exec`), the rest `write` or `exec`.
@@ -442,15 +494,14 @@ mod tests {
         let routed: BTreeSet<_> = rows()
             .into_iter()
             .map(|(m, path, p)| {
-                let sec = p
-                    .access
-                    .security()
-                    .map(|s| vec![SecurityRequirement::new("bearer", s)]);
+                let sec = p.access.requirements();
                 (m, path, serde_json::to_string(&sec).unwrap())
             })
             .collect();
         assert_eq!(documented, routed);
     }
+
+    const READ_WRITE: Access = Access::Scopes(&[Scope::SandboxesRead, Scope::SandboxesWrite]);
 
     #[test]
     fn access_checks_name_the_first_missing_scope() {
@@ -459,6 +510,7 @@ mod tests {
             workspace_id: "ws".into(),
             scopes: scopes.to_vec(),
             operator,
+            principal: crate::auth::Principal::Key,
         };
         let run = Access::Scopes(&[Scope::SandboxesWrite, Scope::SandboxesExec]);
         let e = run
@@ -480,5 +532,25 @@ mod tests {
         assert_eq!(e.details.unwrap()["required"], "operator");
         assert!(op.check(&auth(&[Scope::Admin], true)).is_ok());
         assert!(Access::AnyKey.check(&auth(&[], false)).is_ok());
+        // Users' routes: a key (the operator's too) is no user.
+        let e = Access::User("read /me")
+            .check(&auth(&[Scope::Admin], true))
+            .unwrap_err();
+        assert_eq!(e.details.unwrap()["required"], "session");
+        let member = Auth {
+            principal: crate::auth::Principal::User {
+                user_id: "usr".into(),
+                session_id: "ses".into(),
+                role: cella_types::Role::Member,
+                csrf_token: "c".into(),
+            },
+            ..auth(&cella_types::Role::Member.scopes(), false)
+        };
+        assert!(Access::User("read /me").check(&member).is_ok());
+        assert!(READ_WRITE.check(&member).is_ok());
+        let e = Access::Scopes(&[Scope::Admin]).check(&member).unwrap_err();
+        assert!(e.message.contains("role"), "{}", e.message);
+        assert!(Access::SignUp.check(&member).is_err());
+        assert!(Access::SignUp.check(&auth(&[Scope::Admin], true)).is_ok());
     }
 }

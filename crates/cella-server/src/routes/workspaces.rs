@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use cella_store::WorkspaceRow;
 use cella_types::{
-    CreateWorkspace, Data, List, Plan, Scope, UpdateWorkspace, Workspace, WorkspaceKind,
+    CreateWorkspace, Data, List, Plan, UpdateWorkspace, Workspace, WorkspaceKind,
     WorkspaceSettings, WorkspaceStorage,
 };
 use std::sync::Arc;
@@ -82,16 +82,9 @@ pub async fn list(
 }
 
 async fn find(state: &AppState, auth: &Auth, id: &str) -> Result<WorkspaceRow, ApiError> {
-    // A key sees its own workspace; only the operator sees the others; nobody the internal ones.
-    let visible = id == auth.workspace_id || (auth.operator && auth.has(Scope::Admin));
-    if !visible || cella_store::is_internal_workspace(id) {
-        return Err(ApiError::not_found("workspace"));
-    }
-    state
-        .store
-        .workspace(id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("workspace"))
+    // A caller sees the workspace it acts in; only the operator sees the others; nobody the
+    // internal ones.
+    Ok(crate::service::people::visible_workspace(state, auth, id).await?)
 }
 
 /// One workspace. Any key for its own workspace; the operator for any (another workspace
@@ -131,8 +124,10 @@ pub async fn storage(
     }))
 }
 
-/// Change a workspace's name, plan or settings. Scope `admin`, for the key's own workspace (the
-/// operator: any). The plan is the operator's to change.
+/// Change a workspace's name, plan or settings. Scope `admin` (an admin key, or a signed-in
+/// owner or admin; members get 403), for the caller's own workspace (the operator: any). The
+/// plan is the operator's to change. Settings not named keep their values; an unknown one, a
+/// wrong type or a value out of range is 400 naming `settings.<field>`.
 #[utoipa::path(patch, path = "/api/v1/workspaces/{id}", tag = "workspaces", request_body = UpdateWorkspace,
     params(("id" = String, Path)), responses((status = 200, body = Data<Workspace>), (status = 400, body = cella_types::ErrorBody), (status = 404, body = cella_types::ErrorBody)))]
 pub async fn update(
@@ -171,13 +166,15 @@ pub async fn update(
             }
             e
         })?;
-        if settings.compute_rate < 0.0 || !settings.compute_rate.is_finite() {
+        if settings.compute_rate.is_negative() || settings.compute_rate > cella_billing::MAX_BALANCE
+        {
             return Err(ApiError::invalid(
                 "settings.compute_rate",
-                "compute_rate must be a number of at least 0",
+                "compute_rate must be a decimal string of at least 0, like \"0.000100\"",
             ));
         }
         row.settings = settings;
+        crate::service::accounts::check_settings(&row.settings)?;
     }
     state.store.update_workspace(&row).await?;
     Ok(Json(Data {

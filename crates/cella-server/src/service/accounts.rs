@@ -1,10 +1,97 @@
-//! Accounts: new workspaces and API keys, made the same way by the routes and by the server's
-//! bootstrap (which must not depend on the HTTP layer). A key's secret is returned once and
-//! stored only as its hash.
+//! Accounts: workspaces and API keys. New ones are made the same way by the routes and by the
+//! server's bootstrap (which must not depend on the HTTP layer). A key's secret is returned once
+//! and stored only as its hash.
+//!
+//! Who may do what ([`Auth::manages`]): the operator every workspace (but the internal ones), a
+//! workspace's admin (an admin key of it, or a signed-in owner or admin) that workspace only;
+//! another workspace is 404 to it, as one that does not exist. No caller makes a key with a
+//! scope it does not hold, and only the operator revokes the operator's key.
 
-use crate::util::{hash_key, new_id, new_key_secret, now_ms};
+use super::people::PeopleError;
+use crate::auth::Auth;
+use crate::util::{hash_key, new_id, new_key_secret, now_ms, parse_rfc3339};
+use crate::AppState;
 use cella_store::{KeyRow, WorkspaceRow};
-use cella_types::{Plan, Scope, WorkspaceKind, WorkspaceSettings};
+use cella_types::{CreateApiKey, Plan, Scope, WorkspaceKind, WorkspaceSettings};
+
+type Result<T> = std::result::Result<T, PeopleError>;
+
+fn invalid(field: &'static str, message: impl Into<String>) -> PeopleError {
+    PeopleError::Invalid {
+        field,
+        message: message.into(),
+    }
+}
+
+/// Makes and stores a key for `req.workspace_id`; answers the row and the secret.
+pub async fn create_key(
+    state: &AppState,
+    auth: &Auth,
+    req: &CreateApiKey,
+) -> Result<(KeyRow, String)> {
+    if req.name.trim().is_empty() || req.name.len() > 200 {
+        return Err(invalid("name", "name must be 1 to 200 characters"));
+    }
+    if req.scopes.is_empty() {
+        return Err(invalid("scopes", "give at least one scope"));
+    }
+    let expires_at = match &req.expires_at {
+        None => None,
+        Some(s) => {
+            let t = parse_rfc3339(s)
+                .ok_or_else(|| invalid("expires_at", "expires_at must be an RFC 3339 time"))?;
+            if t <= now_ms() {
+                return Err(invalid("expires_at", "expires_at must be in the future"));
+            }
+            Some(t)
+        }
+    };
+    if !auth.manages(&req.workspace_id) || state.store.workspace(&req.workspace_id).await?.is_none()
+    {
+        return Err(PeopleError::KeyWorkspaceNotFound);
+    }
+    if let Some(s) = req.scopes.iter().find(|s| !auth.has(**s)) {
+        return Err(PeopleError::ScopeNotHeld(*s));
+    }
+    let (row, secret) = new_key(&req.workspace_id, &req.name, &req.scopes, expires_at, None);
+    state.store.insert_key(&row).await?;
+    Ok((row, secret))
+}
+
+/// Revokes a key the caller manages; answers it as it was.
+pub async fn revoke_key(state: &AppState, auth: &Auth, id: &str) -> Result<KeyRow> {
+    let row = state
+        .store
+        .key(id)
+        .await?
+        .filter(|k| k.revoked_at.is_none() && auth.manages(&k.workspace_id))
+        .ok_or(PeopleError::NotFound("API key"))?;
+    if row.operator && !auth.operator {
+        return Err(PeopleError::Forbidden(
+            "only the operator may revoke the operator's key".into(),
+        ));
+    }
+    state.store.revoke_key(id, now_ms()).await?;
+    Ok(row)
+}
+
+/// The ranges of the settings the server checks (besides their types): 400 naming
+/// `settings.<field>`.
+pub fn check_settings(s: &WorkspaceSettings) -> Result<()> {
+    if !(1..=1440).contains(&s.session_limit_min) {
+        return Err(invalid(
+            "settings.session_limit_min",
+            "session_limit_min must be from 1 to 1440 (minutes)",
+        ));
+    }
+    if !(10..=86400).contains(&s.heartbeat_timeout_sec) {
+        return Err(invalid(
+            "settings.heartbeat_timeout_sec",
+            "heartbeat_timeout_sec must be from 10 to 86400 (seconds)",
+        ));
+    }
+    Ok(())
+}
 
 /// Makes a key (not stored yet); returns the row and the secret (to store only as a hash).
 pub fn new_key(
@@ -46,7 +133,61 @@ pub fn new_workspace(name: &str, plan: Plan, kind: WorkspaceKind) -> WorkspaceRo
         created_at: now_ms(),
         settings: WorkspaceSettings {
             session_limit_min: 60,
+            heartbeat_timeout_sec: 120,
             ..Default::default()
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_workspaces_have_the_default_settings_and_ranges_are_checked() {
+        let w = new_workspace("w", Plan::Developer, WorkspaceKind::Organization);
+        assert_eq!(w.settings.session_limit_min, 60);
+        assert_eq!(w.settings.heartbeat_timeout_sec, 120);
+        assert!(!w.settings.tasks_enabled);
+        assert!(check_settings(&w.settings).is_ok());
+        // The defaults of a stored row without the fields are the same.
+        let parsed: WorkspaceSettings = serde_json::from_str("{}").unwrap();
+        assert_eq!(parsed.session_limit_min, 60);
+        assert_eq!(parsed.heartbeat_timeout_sec, 120);
+        for (f, bad) in [
+            (
+                "settings.session_limit_min",
+                WorkspaceSettings {
+                    session_limit_min: 0,
+                    ..w.settings.clone()
+                },
+            ),
+            (
+                "settings.session_limit_min",
+                WorkspaceSettings {
+                    session_limit_min: 1441,
+                    ..w.settings.clone()
+                },
+            ),
+            (
+                "settings.heartbeat_timeout_sec",
+                WorkspaceSettings {
+                    heartbeat_timeout_sec: 9,
+                    ..w.settings.clone()
+                },
+            ),
+            (
+                "settings.heartbeat_timeout_sec",
+                WorkspaceSettings {
+                    heartbeat_timeout_sec: 86401,
+                    ..w.settings.clone()
+                },
+            ),
+        ] {
+            match check_settings(&bad) {
+                Err(PeopleError::Invalid { field, .. }) => assert_eq!(field, f),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 }

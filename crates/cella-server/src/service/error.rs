@@ -85,6 +85,16 @@ pub enum SandboxError {
     /// The sandbox's agent refused or did not answer.
     #[error("{}: {source}", .op.name())]
     Agent { op: AgentOp, source: ClientError },
+    /// The workspace's wallet does not cover what this needs (402).
+    #[error("the workspace's wallet has {available} available; {what} needs {needed} (add credits first)")]
+    InsufficientFunds {
+        needed: cella_types::Money,
+        available: cella_types::Money,
+        what: &'static str,
+    },
+    /// The ledger or a reservation could not be read or written.
+    #[error("billing: {0}")]
+    Billing(#[from] cella_billing::BillingError),
     /// The agent answered with something the operation does not expect.
     #[error("unexpected answer of the agent to {0}")]
     UnexpectedAnswer(&'static str),
@@ -187,6 +197,12 @@ impl From<SandboxError> for ApiError {
                 e.retry_after = Some(5);
                 e
             }
+            E::InsufficientFunds {
+                needed,
+                available,
+                what,
+            } => crate::error::insufficient(needed, available, what),
+            E::Billing(b) => b.into(),
             E::RestartFailed { id, reason } => ApiError::unavailable(message)
                 .with_details(json!({ "sandbox_id": id, "reason": reason })),
             E::Agent {
@@ -238,10 +254,64 @@ impl From<SandboxError> for ApiError {
     }
 }
 
-/// The one place a [`SnapshotError`](super::snapshots::SnapshotError) becomes the envelope.
-impl From<super::snapshots::SnapshotError> for ApiError {
-    fn from(e: super::snapshots::SnapshotError) -> Self {
-        use super::snapshots::SnapshotError as E;
+/// Why a snapshot operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// No such snapshot in the caller's workspace (internal ones are never found).
+    #[error("snapshot not found")]
+    NotFound,
+    /// The sandbox's state has no files to copy.
+    #[error(
+        "sandbox is {}: only a running, paused or stopped sandbox has files to copy",
+        .state.as_str()
+    )]
+    NoFiles { state: cella_types::SandboxState },
+    /// The sandbox's state cannot be forked.
+    #[error(
+        "sandbox is {}: only a running, paused or stopped sandbox can be forked",
+        .state.as_str()
+    )]
+    NotForkable { state: cella_types::SandboxState },
+    /// Sandboxes that have not booted yet still need the snapshot's files.
+    #[error("{booting} sandbox(es) are starting from this snapshot; delete it once they run")]
+    Booting { booting: i64 },
+    /// The wallet cannot hold a child's 60-second minimum (402), or billing failed: as
+    /// `crate::billing` answered.
+    #[error("billing a fork's child: {}", .0.message)]
+    Billing(ApiError),
+    /// The fork would pass the workspace's cap of concurrent sandboxes.
+    #[error("forking {count} would pass the workspace's cap of {cap} concurrent sandboxes")]
+    OverCap { count: u32, cap: u32 },
+    /// The workspace's storage quota has no room for it.
+    #[error(transparent)]
+    Full(#[from] StorageFull),
+    /// The backend cannot snapshot this sandbox.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The sandbox, its workspace or a request field (see [`SandboxError`]).
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// The driver failed to copy the files.
+    #[error("snapshot of sandbox {sandbox}: {source}")]
+    Driver {
+        sandbox: String,
+        source: cella_runtime::DriverError,
+    },
+    /// The store failed.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// The fork's own task ended without an answer (it panicked).
+    #[error("the fork of sandbox {sandbox} ended without an answer: {source}")]
+    Task {
+        sandbox: String,
+        source: tokio::task::JoinError,
+    },
+}
+
+/// The one place a [`SnapshotError`] becomes the envelope.
+impl From<SnapshotError> for ApiError {
+    fn from(e: SnapshotError) -> Self {
+        use SnapshotError as E;
         let message = e.to_string();
         match e {
             E::NotFound => ApiError::not_found("snapshot"),
@@ -255,6 +325,7 @@ impl From<super::snapshots::SnapshotError> for ApiError {
                 e
             }
             E::Full(full) => full.into(),
+            E::Billing(e) => e,
             E::Sandbox(e) => e.into(),
             E::Store(e) => e.into(),
             E::Driver { .. } | E::Task { .. } => {
@@ -370,6 +441,40 @@ impl From<TemplateError> for ApiError {
             } => ApiError::new(ErrorCode::Conflict, message)
                 .with_details(json!({ "sandboxes": sandboxes, "snapshots": snapshots })),
             TemplateError::Store(e) => e.into(),
+        }
+    }
+}
+
+/// The one place a [`PeopleError`](super::people::PeopleError) becomes the envelope.
+impl From<super::people::PeopleError> for ApiError {
+    fn from(e: super::people::PeopleError) -> Self {
+        use super::people::PeopleError as E;
+        let message = e.to_string();
+        match e {
+            E::Invalid { field, message } => ApiError::invalid(field, message),
+            E::EmailTaken => ApiError::new(ErrorCode::Conflict, message)
+                .with_details(json!({ "field": "email" })),
+            E::BadCredentials => ApiError::new(ErrorCode::Unauthorized, message),
+            E::RateLimited { retry_after } => {
+                let mut e = ApiError::new(ErrorCode::RateLimited, message)
+                    .with_details(json!({ "group": "sign-in" }));
+                e.retry_after = Some(retry_after);
+                e
+            }
+            E::NotFound(what) => ApiError::not_found(what),
+            E::LastOwner => {
+                ApiError::new(ErrorCode::Conflict, message).with_details(json!({ "field": "role" }))
+            }
+            E::Forbidden(m) => ApiError::new(ErrorCode::Forbidden, m),
+            E::KeyWorkspaceNotFound => ApiError::new(ErrorCode::NotFound, message)
+                .with_details(json!({ "field": "workspace_id" })),
+            E::ScopeNotHeld(s) => ApiError::new(ErrorCode::Forbidden, message)
+                .with_details(json!({ "field": "scopes", "required_scope": s.as_str() })),
+            E::Conflict(m) => ApiError::new(ErrorCode::Conflict, m),
+            E::Hash(_) | E::Store(_) => {
+                tracing::error!("{message}");
+                ApiError::internal()
+            }
         }
     }
 }

@@ -4,6 +4,7 @@
 //! in a temporary data directory and talks to it through the real router, as a client would.
 
 mod admission;
+mod billing;
 mod lifecycle;
 mod modules;
 mod pool;

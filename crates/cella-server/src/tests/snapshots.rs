@@ -1,4 +1,4 @@
-//! Snapshots and forks (`service::snapshots`): taken and forked in the states that have files,
+//! Snapshots and forks (`crate::snapshots`): taken and forked in the states that have files,
 //! refused (with the error a client gets, and nothing made) in the others, for bad requests
 //! and when the backend cannot copy.
 

@@ -8,6 +8,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal, InvalidOperation
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 _TIME = re.compile(
@@ -33,6 +34,21 @@ def parse_time(value: Any) -> Optional[datetime]:
         digits = tz[1:].replace(":", "")
         tzinfo = timezone(sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:])))
     return datetime(year, month, day, hour, minute, second, micro, tzinfo=tzinfo)
+
+
+def parse_money(value: Any) -> Decimal:
+    """An amount as the server sends it (a decimal string such as ``"12.500000"``) as an exact
+    ``Decimal``; None or absent is 0. Never goes through a float."""
+    if value is None:
+        return Decimal("0")
+    if isinstance(value, Decimal):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"not a decimal amount: {value!r}")
+    try:
+        return Decimal(value)
+    except InvalidOperation:
+        raise ValueError(f"not a decimal amount: {value!r}") from None
 
 
 def _str_map(value: Any) -> Dict[str, str]:
@@ -89,6 +105,12 @@ class SandboxInfo:
     state_reason: Optional[str] = None
     network: Optional[NetworkPolicy] = None
     resource_contract: Dict[str, Any] = field(default_factory=dict)
+    #: Compute price per running second, the workspace's rate when the sandbox was created.
+    compute_rate: Decimal = Decimal("0")
+    #: Compute charged so far (at least 60 s x rate once it started); final once destroyed.
+    compute_cost: Decimal = Decimal("0")
+    #: What its model gateway requests cost.
+    model_cost: Decimal = Decimal("0")
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -119,6 +141,9 @@ class SandboxInfo:
             state_reason=d.get("state_reason"),
             network=NetworkPolicy.from_dict(d["network"]) if isinstance(d.get("network"), Mapping) else None,
             resource_contract=dict(d.get("resource_contract") or {}),
+            compute_rate=parse_money(d.get("compute_rate")),
+            compute_cost=parse_money(d.get("compute_cost")),
+            model_cost=parse_money(d.get("model_cost")),
             raw=dict(d),
         )
 

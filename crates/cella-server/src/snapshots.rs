@@ -22,71 +22,23 @@
 //! copy, thaw) is told at the namespace driver's `take_snapshot`.
 //!
 //! Routes parse, call one function here and encode; the errors are [`SnapshotError`], which
-//! `service::error` turns into the API's envelope.
+//! `service::error` holds and turns into the API's envelope. This module sits above
+//! `service` and `billing` (each child of a fork reserves its 60-second minimum, as a create
+//! does), so it is not inside `service`.
 
-use super::error::SandboxError;
 use crate::auth::Auth;
-use crate::quotas::StorageFull;
 use crate::rows::state_of;
+pub use crate::service::error::SnapshotError;
+use crate::service::SandboxError;
 use crate::util::{new_id, now_ms};
 use crate::AppState;
 use cella_runtime::{DriverError, SnapshotInfo};
-use cella_store::{SandboxRow, SnapshotRow, StoreError};
+use cella_store::{SandboxRow, SnapshotRow};
 use cella_types::{ForkRequest, SandboxState};
 use std::sync::Arc;
 
 /// The most sandboxes one fork makes.
 pub const MAX_FORK: u32 = 10;
-
-/// Why a snapshot operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SnapshotError {
-    /// No such snapshot in the caller's workspace (internal ones are never found).
-    #[error("snapshot not found")]
-    NotFound,
-    /// The sandbox's state has no files to copy.
-    #[error(
-        "sandbox is {}: only a running, paused or stopped sandbox has files to copy",
-        .state.as_str()
-    )]
-    NoFiles { state: SandboxState },
-    /// The sandbox's state cannot be forked.
-    #[error(
-        "sandbox is {}: only a running, paused or stopped sandbox can be forked",
-        .state.as_str()
-    )]
-    NotForkable { state: SandboxState },
-    /// Sandboxes that have not booted yet still need the snapshot's files.
-    #[error("{booting} sandbox(es) are starting from this snapshot; delete it once they run")]
-    Booting { booting: i64 },
-    /// The fork would pass the workspace's cap of concurrent sandboxes.
-    #[error("forking {count} would pass the workspace's cap of {cap} concurrent sandboxes")]
-    OverCap { count: u32, cap: u32 },
-    /// The workspace's storage quota has no room for it.
-    #[error(transparent)]
-    Full(#[from] StorageFull),
-    /// The backend cannot snapshot this sandbox.
-    #[error("{0}")]
-    Unsupported(String),
-    /// The sandbox, its workspace or a request field (see [`SandboxError`]).
-    #[error(transparent)]
-    Sandbox(#[from] SandboxError),
-    /// The driver failed to copy the files.
-    #[error("snapshot of sandbox {sandbox}: {source}")]
-    Driver {
-        sandbox: String,
-        source: DriverError,
-    },
-    /// The store failed.
-    #[error("store: {0}")]
-    Store(#[from] StoreError),
-    /// The fork's own task ended without an answer (it panicked).
-    #[error("the fork of sandbox {sandbox} ended without an answer: {source}")]
-    Task {
-        sandbox: String,
-        source: tokio::task::JoinError,
-    },
-}
 
 fn driver_error(sandbox: &str, e: DriverError) -> SnapshotError {
     match e {
@@ -148,7 +100,7 @@ async fn copy(
 /// Takes a snapshot of the caller's sandbox `id`.
 pub async fn take(state: &AppState, auth: &Auth, id: &str) -> Result<SnapshotRow, SnapshotError> {
     let _guard = state.locks.lock(id).await;
-    let row = super::owned(state, auth, id).await?;
+    let row = crate::service::owned(state, auth, id).await?;
     Ok(copy(state, &row, false).await?.0)
 }
 
@@ -210,7 +162,7 @@ pub fn check_fork(req: &ForkRequest) -> Result<u32, SnapshotError> {
         return Err(SandboxError::invalid("count", "count must be from 1 to 10").into());
     }
     if let Some(m) = &req.metadata {
-        super::runnable::check_map("metadata", m, false)?;
+        crate::service::runnable::check_map("metadata", m, false)?;
     }
     Ok(count)
 }
@@ -224,7 +176,7 @@ pub async fn fork(
 ) -> Result<Fork, SnapshotError> {
     let count = check_fork(&req)?;
     let guard = state.locks.lock(id).await;
-    let source = super::owned(state, auth, id).await?;
+    let source = crate::service::owned(state, auth, id).await?;
     let st = state_of(&source);
     if !matches!(
         st,
@@ -232,7 +184,7 @@ pub async fn fork(
     ) {
         return Err(SnapshotError::NotForkable { state: st });
     }
-    let (_, cap) = super::runnable::workspace_cap(state, auth).await?;
+    let (_, cap) = crate::service::runnable::workspace_cap(state, auth).await?;
     let (snap, info) = copy(state, &source, true).await?;
     drop(guard);
     // From here on a task of its own: a client that hangs up leaves no half-made fork and no
@@ -297,9 +249,19 @@ async fn make_children(
                 now,
             )
         };
-        if !state.store.insert_sandbox_capped(&child, cap).await? {
+        // Each child reserves its 60-second minimum, as a create does.
+        if let Err(e) = crate::billing::admit(state, &child).await {
             for made in &ids {
                 let _ = state.store.delete_sandbox(made).await;
+                crate::billing::abandon(state, made).await;
+            }
+            return Err(SnapshotError::Billing(e));
+        }
+        if !state.store.insert_sandbox_capped(&child, cap).await? {
+            crate::billing::abandon(state, &child.id).await;
+            for made in &ids {
+                let _ = state.store.delete_sandbox(made).await;
+                crate::billing::abandon(state, made).await;
             }
             return Err(SnapshotError::OverCap { count, cap });
         }
@@ -309,7 +271,7 @@ async fn make_children(
         .iter()
         .map(|cid| {
             let (st, cid) = (state.clone(), cid.clone());
-            tokio::spawn(async move { super::boot::boot(&st, &cid).await })
+            tokio::spawn(async move { crate::service::boot::boot(&st, &cid).await })
         })
         .collect();
     for b in boots {
@@ -318,6 +280,9 @@ async fn make_children(
     let mut out = Vec::new();
     for cid in &ids {
         if let Some(r) = state.store.sandbox(cid).await? {
+            if r.state == SandboxState::Error {
+                crate::billing::settle_logged(state, &r).await;
+            }
             out.push(r);
         }
     }

@@ -1,0 +1,273 @@
+use super::*;
+
+async fn billing() -> (tempfile::TempDir, Billing) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("cella.db")).await.unwrap();
+    (dir, Billing::new(&store))
+}
+
+fn m(s: &str) -> Money {
+    s.parse().unwrap()
+}
+
+fn model(ws: &str, request_id: &str, amount: &str) -> ModelCharge {
+    ModelCharge {
+        workspace_id: ws.into(),
+        sandbox_id: Some("sb1".into()),
+        task_id: None,
+        model: "gpt-test".into(),
+        input_tokens: 1000,
+        output_tokens: 20,
+        amount: m(amount),
+        request_id: request_id.into(),
+    }
+}
+
+/// The amounts of a workspace's entries, and its balance: they must agree.
+async fn sum_and_balance(b: &Billing, ws: &str) -> (Money, Money) {
+    let entries = b.ledger(ws, 1000, None).await.unwrap();
+    let sum = entries
+        .iter()
+        .fold(Money::ZERO, |a, e| a.checked_add(e.amount).unwrap());
+    (sum, b.wallet(ws).await.unwrap().balance)
+}
+
+#[tokio::test]
+async fn credits_and_charges_sum_to_the_balance_entry_by_entry() {
+    let (_d, b) = billing().await;
+    assert_eq!(
+        b.wallet("ws1").await.unwrap(),
+        Wallet {
+            balance: Money::ZERO,
+            reserved: Money::ZERO,
+            available: Money::ZERO
+        }
+    );
+    let c = b.credit("ws1", m("10"), Some("invoice 1")).await.unwrap();
+    assert_eq!(
+        (c.kind, c.amount, c.balance_after),
+        (EntryKind::Credit, m("10"), m("10"))
+    );
+    assert_eq!(c.reference.as_deref(), Some("invoice 1"));
+    let e = b
+        .charge_model(model("ws1", "r1", "0.000123"))
+        .await
+        .unwrap();
+    assert_eq!((e.amount, e.balance_after), (m("-0.000123"), m("9.999877")));
+    assert_eq!((e.input_tokens, e.output_tokens), (Some(1000), Some(20)));
+    b.credit("ws2", m("5"), None).await.unwrap();
+    let (sum, balance) = sum_and_balance(&b, "ws1").await;
+    assert_eq!((sum, balance), (m("9.999877"), m("9.999877")));
+    // Newest first, each balance the one before plus its amount.
+    let entries = b.ledger("ws1", 10, None).await.unwrap();
+    assert_eq!(entries.len(), 2);
+    assert_eq!(entries[0].kind, EntryKind::Model);
+    assert_eq!(
+        entries[1].balance_after.checked_add(entries[0].amount),
+        Some(entries[0].balance_after)
+    );
+    // Pages.
+    let older = b.ledger("ws1", 10, Some(entries[0].seq)).await.unwrap();
+    assert_eq!(older.len(), 1);
+    assert_eq!(older[0].id, entries[1].id);
+    assert_eq!(b.wallet("ws2").await.unwrap().balance, m("5"));
+}
+
+#[tokio::test]
+async fn bad_amounts_are_refused_and_write_nothing() {
+    let (_d, b) = billing().await;
+    for bad in ["0", "-1"] {
+        assert!(matches!(
+            b.credit("ws", m(bad), None).await,
+            Err(BillingError::InvalidAmount(_))
+        ));
+    }
+    assert!(b.credit("ws", Money::MAX, None).await.is_err());
+    b.credit("ws", MAX_BALANCE, None).await.unwrap();
+    assert!(matches!(
+        b.credit("ws", m("0.000001"), None).await,
+        Err(BillingError::OutOfRange)
+    ));
+    assert!(b.charge_model(model("ws", "neg", "-1")).await.is_err());
+    assert_eq!(b.ledger("ws", 10, None).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_model_charge_is_written_once_per_request_and_may_overrun() {
+    let (_d, b) = billing().await;
+    b.credit("ws", m("1"), None).await.unwrap();
+    let first = b.charge_model(model("ws", "req-a", "0.75")).await.unwrap();
+    let again = b.charge_model(model("ws", "req-a", "0.75")).await.unwrap();
+    assert_eq!(first, again);
+    // Admitted requests are recorded even past what is available.
+    let over = b.charge_model(model("ws", "req-b", "0.5")).await.unwrap();
+    assert_eq!(over.balance_after, m("-0.25"));
+    assert_eq!(b.available("ws").await.unwrap(), m("-0.25"));
+    assert_eq!(b.ledger("ws", 10, None).await.unwrap().len(), 3);
+    // The same request id in another workspace is another request.
+    b.charge_model(model("other", "req-a", "0.1"))
+        .await
+        .unwrap();
+    let costs = b.sandbox_costs(&["sb1", "nothing"]).await.unwrap();
+    assert_eq!(costs["sb1"], (None, m("1.35")));
+    assert!(!costs.contains_key("nothing"));
+}
+
+#[tokio::test]
+async fn reservations_never_exceed_the_balance_even_when_concurrent() {
+    let (_d, b) = billing().await;
+    b.credit("ws", m("10"), None).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let b = b.clone();
+        tasks.push(tokio::spawn(async move {
+            b.reserve("ws", &Holder::Sandbox(format!("sb{i}")), m("1"))
+                .await
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(()) => ok += 1,
+            Err(BillingError::InsufficientFunds { needed, .. }) => assert_eq!(needed, m("1")),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(ok, 10);
+    let w = b.wallet("ws").await.unwrap();
+    assert_eq!(
+        (w.balance, w.reserved, w.available),
+        (m("10"), m("10"), m("0"))
+    );
+    let held: Vec<Holder> = b
+        .reservations()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.holder)
+        .collect();
+    assert_eq!(held.len(), 10);
+    // The wallet is fully held: no raise is granted.
+    for h in &held {
+        assert!(!b.hold(h, m("2")).await.unwrap());
+    }
+    // Lowering always works, and frees what a raise may take.
+    assert!(b.hold(&held[0], m("0.5")).await.unwrap());
+    assert!(b.hold(&held[1], m("1.5")).await.unwrap());
+    assert!(!b.hold(&held[2], m("1.000001")).await.unwrap());
+    assert_eq!(b.available("ws").await.unwrap(), Money::ZERO);
+    // A holder without a reservation cannot raise one.
+    assert!(!b.hold(&Holder::Task("t".into()), m("0")).await.unwrap());
+    b.release(&held[3]).await.unwrap();
+    assert_eq!(b.available("ws").await.unwrap(), m("1"));
+    assert_eq!(b.reservations().await.unwrap().len(), 9);
+}
+
+#[tokio::test]
+async fn settling_charges_once_and_frees_the_reservation() {
+    let (_d, b) = billing().await;
+    b.credit("ws", m("100"), None).await.unwrap();
+    let h = Holder::Sandbox("sbx".into());
+    b.reserve("ws", &h, m("30")).await.unwrap();
+    let s = Settlement {
+        workspace_id: "ws".into(),
+        holder: h.clone(),
+        cost: compute_cost(m("0.5"), 61_001),
+        compute_sec: billed_seconds(61_001),
+        running_ms: 61_001,
+        rate: m("0.5"),
+    };
+    assert_eq!(s.cost, m("31"));
+    let e = b.settle(&s).await.unwrap().unwrap();
+    assert_eq!(
+        (e.kind, e.amount, e.compute_sec),
+        (EntryKind::Compute, m("-31"), Some(62))
+    );
+    assert_eq!(e.sandbox_id.as_deref(), Some("sbx"));
+    assert_eq!(b.reservation(&h).await.unwrap(), None);
+    // Again (a retry, a restart's recovery): the same entry, nothing new.
+    assert_eq!(b.settle(&s).await.unwrap(), Some(e.clone()));
+    assert_eq!(b.compute_entry("ws", &h).await.unwrap(), Some(e));
+    let w = b.wallet("ws").await.unwrap();
+    assert_eq!((w.balance, w.reserved), (m("69"), Money::ZERO));
+    assert_eq!(b.ledger("ws", 10, None).await.unwrap().len(), 2);
+    // A zero cost writes an entry of 0 and frees the reservation.
+    let t = Holder::Task("t1".into());
+    b.reserve("ws", &t, m("5")).await.unwrap();
+    let zero = Settlement {
+        holder: t.clone(),
+        cost: Money::ZERO,
+        ..s.clone()
+    };
+    let z = b.settle(&zero).await.unwrap().unwrap();
+    assert_eq!((z.amount, z.task_id.as_deref()), (Money::ZERO, Some("t1")));
+    assert_eq!(b.available("ws").await.unwrap(), m("69"));
+    let costs = b.sandbox_costs(&["sbx"]).await.unwrap();
+    assert_eq!(costs["sbx"], (Some(m("31")), Money::ZERO));
+}
+
+#[tokio::test]
+async fn the_ledger_refuses_updates_and_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("cella.db")).await.unwrap();
+    let b = Billing::new(&store);
+    b.credit("ws", m("1"), None).await.unwrap();
+    for sql in [
+        "UPDATE ledger SET amount = 1000000000",
+        "DELETE FROM ledger",
+        "UPDATE ledger SET balance_after = 0 WHERE kind = 'credit'",
+    ] {
+        let e = sqlx::query(sql).execute(store.pool()).await.unwrap_err();
+        assert!(e.to_string().contains("append-only"), "{sql}: {e}");
+    }
+    assert_eq!(b.wallet("ws").await.unwrap().balance, m("1"));
+}
+
+#[test]
+fn compute_is_billed_per_second_with_a_minimum_of_sixty() {
+    assert_eq!(billed_seconds(0), 60);
+    assert_eq!(billed_seconds(-5), 60);
+    assert_eq!(billed_seconds(59_999), 60);
+    assert_eq!(billed_seconds(60_000), 60);
+    assert_eq!(billed_seconds(60_001), 61);
+    assert_eq!(billed_seconds(3_600_000), 3600);
+    assert_eq!(compute_cost(m("0.001"), 1000), m("0.06"));
+    assert_eq!(compute_cost(m("0.000001"), 90_500), m("0.000091"));
+    assert_eq!(compute_cost(Money::ZERO, 1_000_000), Money::ZERO);
+    assert_eq!(compute_cost(Money::MAX, i64::MAX), MAX_BALANCE);
+}
+
+#[tokio::test]
+async fn usage_is_per_day_from_compute_and_model_entries() {
+    let (_d, b) = billing().await;
+    b.credit("ws", m("100"), None).await.unwrap();
+    b.charge_model(model("ws", "a", "0.2")).await.unwrap();
+    b.charge_model(model("ws", "b", "0.3")).await.unwrap();
+    b.settle(&Settlement {
+        workspace_id: "ws".into(),
+        holder: Holder::Sandbox("s".into()),
+        cost: m("6"),
+        compute_sec: 60,
+        running_ms: 3000,
+        rate: m("0.1"),
+    })
+    .await
+    .unwrap();
+    let days = b.usage("ws", 0, i64::MAX).await.unwrap();
+    assert_eq!(days.len(), 1);
+    let f = days[0].1;
+    assert_eq!(
+        f,
+        UsageFigures {
+            compute_sec: 60,
+            compute_cost: m("6"),
+            model_requests: 2,
+            input_tokens: 2000,
+            output_tokens: 40,
+            model_cost: m("0.5"),
+        }
+    );
+    assert_eq!(days[0].0.len(), 10, "a date: {}", days[0].0);
+    assert!(b.usage("ws", 0, 1).await.unwrap().is_empty());
+    assert!(b.usage("other", 0, i64::MAX).await.unwrap().is_empty());
+}
