@@ -24,8 +24,9 @@
 //! `tests/modules.rs`, reads the sources and fails on one). The leaves are `util`, `error` (the
 //! envelope and `error::Internal`), `rows` (reading a sandbox's row, the per-sandbox lock),
 //! `config` (with `ratelimit`), `auth`; `network`, `quotas` and `images` sit on them; `service`
-//! on those; then `pool`, `catalog`, `sandboxes`, `runs`, `lifecycle`, `builds`, `preview`;
-//! `routes` on top.
+//! on those; then `billing` (which answers what the lifecycle should pause, rather than
+//! pausing), `pool`, `catalog`, `sandboxes`, `snapshots`, `runs`, `lifecycle`, `builds`,
+//! `preview`; `routes` on top.
 //! Shared state lives in `AppState` (the crate root), passed in. A type two modules need goes
 //! down to a leaf, never up.
 

@@ -16,7 +16,7 @@
 //!   only an owner (or the operator) makes, changes or removes an owner; anybody may leave; the
 //!   last owner can neither leave nor be demoted. A personal workspace has its owner only.
 //!
-//! Errors are [`PeopleError`]s, which `crate::error` turns into the API's envelope.
+//! Errors are [`PeopleError`]s, which `service::error` turns into the API's envelope.
 
 use crate::auth::Auth;
 use crate::config::AuthConfig;
