@@ -10,6 +10,23 @@
 //! not answer within the timeout plus [`GRACE`], the agent kills it and starts afresh at the next
 //! call, and the answer says that the contexts were lost. Each call runs in a task of its own, so
 //! a client that hangs up mid-cell never leaves half a request in the kernel's input.
+//!
+//! `Kernels` holds one slot per language behind an async mutex, and what it knows of each
+//! (running, busy, contexts) behind a plain lock: `State` is answered from the latter, so a `GET`
+//! never starts a kernel and never waits for a cell. A kernel runs `python3` or `node` on its
+//! driver with the same `Jail` as an exec (`PYTHONUNBUFFERED=1`, `MPLBACKEND=Agg` added); stdout
+//! and stderr are `/dev/null`. A missing program is a `Conflict` refusal (409). At EOF (the kernel
+//! died) or past the deadline, the agent kills the kernel's tree, forgets it and its contexts, and
+//! answers with `restarted: true`; `ResetAll` kills it the same way, under the slot's lock.
+//!
+//! The drivers speak the same protocol (their header comments have it). `python.py` keeps a module
+//! per context (installed as `__main__` while its cells run), allows top-level `await`, evaluates a
+//! cell's last expression apart, points descriptors 1 and 2 at fresh memfds for the cell,
+//! interrupts it with `setitimer` and `SIGALRM`, and collects rich outputs (`_repr_*_`, `display`,
+//! pyplot figures). `node.js` keeps a `vm` context per context, turns top-level `let`, `const` and
+//! `class` into `var`, and runs a cell with `await` as an async function body raced against a
+//! timer, others as a `vm.Script` with its `timeout`. Both move their protocol descriptors to
+//! private close-on-exec copies, so the processes a cell starts do not inherit them.
 
 use crate::harden::Jail;
 use crate::proto::{CodeOp, ErrorKind, ExecSpec, KernelState, Response};

@@ -1,6 +1,10 @@
 //! Background processes: started by `Spawn`, they belong to the agent, not to a connection.
 //! Each keeps its last output in a bounded ring buffer that followers replay, and stays listed
 //! after it exits (the most recent [`KEEP_EXITED`]) so that its exit code can be read.
+//!
+//! A process starts with the same `Jail` as an exec, keeps stdin open, and pumps output into its
+//! ring buffer ([`RING_BYTES`]) and a broadcast channel; `Follow` replays the ring (or not) and
+//! streams frames until `Exit`, which the server sends on as server-sent events.
 
 use crate::harden::Jail;
 use crate::proto::{

@@ -77,13 +77,16 @@ fn a_workspace_admin_manages_its_own_workspace_only() {
         format!("/api/v1/workspaces/{wb}"),
         format!("/api/v1/workspaces/{wb}/storage"),
         format!("/api/v1/workspaces/{wb}/members"),
+        format!("/api/v1/workspaces/{wb}/wallet"),
+        format!("/api/v1/workspaces/{wb}/ledger"),
+        format!("/api/v1/workspaces/{wb}/usage"),
     ] {
         req(&s, &ka, "GET", &path, None).assert_error(404, "NOT_FOUND");
     }
     for body in [
         json!({ "name": "pwned" }),
         json!({ "plan": "enterprise" }),
-        json!({ "settings": { "compute_rate": 0.0 } }),
+        json!({ "settings": { "compute_rate": "0.500000" } }),
         json!({ "settings": { "tasks_enabled": true } }),
         json!({ "settings": { "session_limit_min": 5 } }),
         json!({ "settings": { "heartbeat_timeout_sec": 3600 } }),
@@ -96,6 +99,17 @@ fn a_workspace_admin_manages_its_own_workspace_only() {
             Some(body),
         )
         .assert_error(404, "NOT_FOUND");
+    }
+    // Credits are the operator's alone: a workspace admin gets 403 for any wallet, its own too.
+    for w in [&wb, &wa] {
+        req(
+            &s,
+            &ka,
+            "POST",
+            &format!("/api/v1/workspaces/{w}/wallet/credits"),
+            Some(json!({ "amount": "1000.000000", "reference": "free money" })),
+        )
+        .assert_error(403, "FORBIDDEN");
     }
     let members = format!("/api/v1/workspaces/{wb}/members");
     req(
@@ -293,6 +307,9 @@ fn a_workspace_admin_manages_its_own_workspace_only() {
         ("GET", format!("/api/v1/workspaces/{wb}"), None),
         ("GET", format!("/api/v1/workspaces/{wb}/storage"), None),
         ("GET", members.clone(), None),
+        ("GET", format!("/api/v1/workspaces/{wb}/wallet"), None),
+        ("GET", format!("/api/v1/workspaces/{wb}/ledger"), None),
+        ("GET", format!("/api/v1/workspaces/{wb}/usage"), None),
         (
             "PATCH",
             format!("/api/v1/workspaces/{wb}"),
@@ -356,6 +373,10 @@ fn a_workspace_admin_manages_its_own_workspace_only() {
 
     // Nothing changed, as the operator sees it; B's key still works.
     assert_eq!(s.get(&format!("/api/v1/workspaces/{wb}")).data(), &b_before);
+    let wallet = s.get(&format!("/api/v1/workspaces/{wb}/wallet"));
+    assert_eq!(wallet.data()["balance"], "0.000000", "{}", wallet.body);
+    let ledger = s.get(&format!("/api/v1/workspaces/{wb}/ledger"));
+    assert_eq!(ledger.data(), &json!([]), "{}", ledger.body);
     assert_eq!(keys_of(&s, &wb), b_keys);
     assert_eq!(
         s.get(&format!("/api/v1/workspaces/{wb}/members")).body,

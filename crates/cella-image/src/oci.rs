@@ -36,6 +36,15 @@
 //! public address to the check and a private one to the connection. The build's error then
 //! names the host, the address and how an operator allows it. [`check_registry`] is the same
 //! rule applied early, when a template is created, for a clear 400.
+//!
+//! Unpacking: the first bytes of a layer decide its decompression (gzip `1f 8b`, zstd
+//! `28 b5 2f fd`, else plain tar; a media type ending in `+gzip` or `+zstd` on anything else is an
+//! error); entries unpack with permissions and owners and without extended attributes, whiteouts
+//! through `safe_join` (no `..`, no symlink on the way); device nodes and FIFOs are skipped.
+//! `defaults_of` reads `Env`, `WorkingDir` (when absolute) and `User` (`root` or `0`, with or
+//! without a group: root; any other: `user`) from the image's configuration. The skeleton layer
+//! holds the mount points (`proc`, `sys`, `dev`, `run`, `tmp` 1777), `home/user` and the
+//! server's resolvers, laid over every image template.
 
 use crate::layers::{self, Digest, Dir, Hasher};
 use cella_types::{ExecUser, RegistryAuth};

@@ -10,6 +10,13 @@
 //!
 //! The loop ioctls are written here (a few lines) because the maintained loop-device crate
 //! generates its bindings at build time and would need libclang on every build machine.
+//!
+//! The loop device is set up with raw ioctls (`LOOP_CONFIGURE`, or `LOOP_SET_FD` then
+//! `LOOP_SET_STATUS64` on kernels before 5.8) with `LO_FLAGS_AUTOCLEAR`, and its handle is closed
+//! once mounted, so it detaches by itself when the sandbox's mount namespace goes. Nothing of a
+//! sandbox is mounted in the host's mount namespace. Without a disk (`[disk] quota = false`, a
+//! sandbox made before disk quotas, or a build step's sandbox), `upper/`, `work/` and `binds/` are
+//! plain directories in `sandboxes/<id>/`, and a stop removes `work/` too.
 
 use crate::DriverError;
 use std::fs::{File, OpenOptions};

@@ -6,6 +6,17 @@
 //! an overlay of its own (a sandbox's changes there stay in its own writable layer). Nothing private
 //! of the host is copied: `/etc` is built from a list of public configuration files, never from
 //! `shadow`, keys or the host's users.
+//!
+//! The public `/etc` entries are those named in `ETC_COPY` (certificates, locale, alternatives,
+//! fonts, ...); `copy_tree` skips a file that not every user may read and a directory that not
+//! every user may list. The image's directory is named `v1-` and a fingerprint
+//! (`etc_fingerprint`: the size and modification time of each of those entries and of the resolver
+//! file). Installing packages on the host usually changes some of them, so the server's next start
+//! builds a new image beside the old one; sandboxes booted from then on use it, running and paused
+//! ones keep theirs, and so do custom templates built on the old one. Old image directories are
+//! not garbage-collected yet. The `/usr` overlay is mounted without `nosuid` and `nodev`, like the
+//! root overlay: set-uid bits give nothing under `no_new_privs`, and no command can make a device
+//! node; a template from an image has no binds at all.
 
 use crate::DriverError;
 use serde::{Deserialize, Serialize};

@@ -22,6 +22,20 @@
 //! Why hand-written system calls: neither nix nor rustix wraps `mount_setattr` with an idmap;
 //! the three calls below are the kernel's documented interface (`open_tree`, `mount_setattr`,
 //! `move_mount`).
+//!
+//! The layer's id base is recorded in a file `ids` in its root (the disk's root, or the sandbox's
+//! directory for a plain layer; outside the sandbox's view); `ShiftIds` at boot moves a layer from
+//! another base (set-uid bits kept), and `export_layer` moves a build step's layer back to ids from
+//! 0. `/dev`, `/dev/shm` and `/run` are tmpfs mounts owned by the base, and `devpts` uses gid
+//! base+5 for `tty`. A bind that is neither layered nor read-only is made read-only. At start the
+//! server probes ([`probe`], in a throwaway mount namespace of a forked child) that it can make
+//! such a namespace and mount an overlay on id-mapped copies of its layers (overlayfs before 5.19
+//! refuses id-mapped layers); `[isolation] userns` unset uses them when it can (warning when not),
+//! `true` refuses to start without, `false` turns them off. `DATA/userns` records that a data
+//! directory's sandboxes run with them: a later probe failure then stops the server instead of
+//! quietly running sandboxes as the host's root. [`shift_tree`] walks by directory descriptors
+//! (`O_NOFOLLOW`, one file system, hard links once) and runs only while no process of the sandbox
+//! does; file capabilities and ACL entries are not moved.
 
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;

@@ -323,7 +323,7 @@ pub async fn authenticate_request(
         }
     };
     if now - session.last_used_at > 60_000 {
-        let expires = now + crate::service::people::ttl_ms(&state.config.auth);
+        let expires = now + state.config.auth.session_ttl_ms();
         let _ = state.store.touch_session(&session.id, now, expires).await;
     }
     Ok(Auth {

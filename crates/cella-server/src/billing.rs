@@ -35,8 +35,7 @@ use crate::service::SandboxError;
 use crate::AppState;
 use cella_billing::{BillingError, Holder, Settlement};
 use cella_store::SandboxRow;
-use cella_types::{ErrorCode, Money, SandboxState};
-use serde_json::json;
+use cella_types::{Money, SandboxState};
 
 /// Seconds of cost a running sandbox's reservation is raised to, ahead of what it has accrued.
 pub const AHEAD_SEC: i64 = 30;
@@ -71,30 +70,8 @@ fn ahead(row: &SandboxRow, now: i64, secs: i64) -> Money {
     cella_billing::compute_cost(row.compute_rate, running_ms(row, now) + secs * 1000)
 }
 
-/// 402 `INSUFFICIENT_FUNDS`, with what was needed and what is available.
-pub fn insufficient(needed: Money, available: Money, what: &str) -> ApiError {
-    ApiError::new(
-        ErrorCode::InsufficientFunds,
-        format!(
-            "the workspace's wallet has {available} available; {what} needs {needed} (add credits first)"
-        ),
-    )
-    .with_details(json!({ "needed": needed, "available": available }))
-}
-
-impl From<BillingError> for ApiError {
-    fn from(e: BillingError) -> Self {
-        match e {
-            BillingError::InsufficientFunds { needed, available } => {
-                insufficient(needed, available, "this")
-            }
-            other => {
-                tracing::error!("billing: {other}");
-                ApiError::internal()
-            }
-        }
-    }
-}
+/// 402 `INSUFFICIENT_FUNDS` (in `crate::error`, a leaf, with the `BillingError` mapping).
+pub use crate::error::insufficient;
 
 /// At create: holds the 60-second minimum of a new sandbox (not yet stored), or 402.
 pub async fn admit(state: &AppState, row: &SandboxRow) -> Result<(), ApiError> {
@@ -228,19 +205,22 @@ pub const OUT_OF_FUNDS: &str =
 
 /// Once a second: keeps every running sandbox's reservation ahead of its cost (pausing those
 /// the wallet cannot cover), lowers paused and stopped sandboxes' to what they cost so far,
-/// and (with `sweep`) settles ended sandboxes and drops orphaned reservations.
-pub async fn tick(state: &AppState, sweep: bool) {
+/// and (with `sweep`) settles ended sandboxes and drops orphaned reservations. Answers the
+/// running sandboxes the wallet cannot cover, for the caller to pause
+/// (`lifecycle::billing_tick`: this module sits below the lifecycle).
+pub async fn tick(state: &AppState, sweep: bool) -> Vec<String> {
+    let mut unaffordable = Vec::new();
     if sweep {
         recover(state, false).await;
     }
     let Ok(rows) = state.store.live_sandboxes().await else {
-        return;
+        return unaffordable;
     };
     let held: std::collections::HashMap<Holder, Money> = match state.billing.reservations().await {
         Ok(r) => r.into_iter().map(|r| (r.holder, r.amount)).collect(),
         Err(e) => {
             tracing::warn!("billing tick: {e}");
-            return;
+            return unaffordable;
         }
     };
     let now = crate::util::now_ms();
@@ -253,12 +233,7 @@ pub async fn tick(state: &AppState, sweep: bool) {
                     continue;
                 }
                 if !raise(state, &row.id).await {
-                    tracing::info!(sandbox = row.id, "pausing: the wallet cannot cover it");
-                    if let Err(e) =
-                        crate::lifecycle::pause(state, &row.id, Some(OUT_OF_FUNDS)).await
-                    {
-                        tracing::warn!(sandbox = row.id, "pausing for funds: {e}");
-                    }
+                    unaffordable.push(row.id.clone());
                 }
             }
             SandboxState::Paused | SandboxState::Stopped => {
@@ -275,6 +250,7 @@ pub async fn tick(state: &AppState, sweep: bool) {
             _ => {}
         }
     }
+    unaffordable
 }
 
 /// Raises a running sandbox's reservation to [`AHEAD_SEC`] ahead (under its lock, from its row
@@ -356,20 +332,9 @@ pub async fn recover(state: &AppState, at_start: bool) {
 }
 
 /// How often [`tick`] runs.
-const TICK: std::time::Duration = std::time::Duration::from_secs(1);
+pub const TICK: std::time::Duration = std::time::Duration::from_secs(1);
 /// Every how many ticks a tick also sweeps ([`recover`]).
-const SWEEP_TICKS: u32 = 15;
+pub const SWEEP_TICKS: u32 = 15;
 
-/// Starts the billing ticker (see the module docs).
-pub fn spawn(state: std::sync::Arc<AppState>) {
-    tokio::spawn(async move {
-        let mut t = tokio::time::interval(TICK);
-        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut n: u32 = 0;
-        loop {
-            t.tick().await;
-            n = n.wrapping_add(1);
-            tick(&state, n.is_multiple_of(SWEEP_TICKS)).await;
-        }
-    });
-}
+// The billing ticker is started by `lifecycle::spawn_billing` (it pauses what the wallet
+// cannot cover, which this module, below the lifecycle, does not).

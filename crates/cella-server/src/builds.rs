@@ -22,10 +22,49 @@
 //!
 //! A build runs in a task of its own; its log and step states are kept in memory while it runs
 //! (readable at once) and written to the store at every step and at its end.
+//!
+//! How a build goes (`POST /api/v1/templates`):
+//!
+//! 1. [`start`] checks the spec before anything is stored: the id (1-40 lowercase letters, digits
+//!    or `-`, starting with a letter; a built-in id is a 409), the base (`image`: a reference that
+//!    parses, a registry not on an internal address, or `upload:<id>` of the workspace's own
+//!    imported image; else `from`, default `base`, visible to the workspace and built), the
+//!    `files` (utf8 or base64), each step's fields, and `warm` (at most 10). Errors are
+//!    `service::TemplateError`. `Store::upsert_template` inserts the row or updates the
+//!    workspace's own (its `image` and `defaults` stay as the last good build set them); the
+//!    build row goes in `queued`, with a step per step (`image` first for an image), and a task
+//!    runs it; the route answers 202.
+//! 2. For an image, the pull (cella-image's `oci`) gives its layers and its defaults; the
+//!    skeleton layer goes on top. For each `run` or `copy` step the cache key is the digest so
+//!    far: a layer already complete under that key is used as it is (`cached`), else `run_step`
+//!    makes it. After each step the progress is written to the build's row.
+//! 3. `run_step` boots a build sandbox through the driver with no row: id `bld...`, hostname
+//!    `build`, the layers so far and the base's binds, the `small` shape, 4096 pids, the default
+//!    egress rules and a plain writable layer (no disk image). A `run` step is one exec of
+//!    `/bin/bash -c 'mkdir -p DIR && cd DIR && CMD'` as the user in force (root by default), 30
+//!    minutes at most, its output appended to the log as it comes; a `copy` step is one file
+//!    write, as an upload is. On success the sandbox is stopped and its writable layer exported
+//!    into the layer store (`root.part`, renamed `root` with `complete` beside it); it is
+//!    destroyed whatever happened. Overlayfs wrote the upper directory in its own format, so it
+//!    serves as a lower layer as it is.
+//! 4. At the end the image and the defaults (with the spec's `start`, `ready`, `port` and `warm`)
+//!    go to the template's row and to the catalog, and the warm pool is woken for `warm`. The row
+//!    is written `ready` or `failed` (`error` names the step and why), with `finished_at`. A
+//!    build's log keeps at most 4 MiB; `GET .../builds/{build_id}` reads the progress in memory
+//!    while the build is live ([`Builds::get`]) and starts the log at `log_offset`, moved to a
+//!    character boundary.
+//! 5. At start, [`restore`] (in `build_state`, before `reconcile`) puts every stored template back
+//!    in the catalog (a corrupt row is logged and left out) and fails the builds still `queued` or
+//!    `building`; their build sandboxes are leftovers that `reconcile` destroys.
+//!
+//! [`delete`] answers 404 for a template the workspace does not see, 409 for a built-in one and
+//! while sandboxes (pool ones excepted) or snapshots use it; it destroys the template's pool
+//! sandboxes, takes it out of the catalog, deletes its rows and gives back its charges.
 
 use crate::auth::Auth;
 use crate::catalog::{TemplateDefaults, TemplateEntry};
-use crate::error::ApiError;
+use crate::error::{ApiError, Internal};
+use crate::service::TemplateError;
 use crate::util::{new_id, now_ms, rfc3339};
 use crate::AppState;
 use cella_runtime::rootfs::{TemplateImage, USER_UID};
@@ -86,14 +125,16 @@ fn kind(step: &TemplateStep) -> &'static str {
     }
 }
 
-fn decode(name: &str, f: &InlineFile) -> Result<Vec<u8>, ApiError> {
+fn decode(name: &str, f: &InlineFile) -> Result<Vec<u8>, TemplateError> {
     use base64::Engine;
     match f.encoding.as_deref().unwrap_or("utf8") {
         "utf8" | "utf-8" => Ok(f.content.clone().into_bytes()),
         "base64" => base64::engine::general_purpose::STANDARD
             .decode(f.content.trim())
-            .map_err(|e| ApiError::invalid(&format!("files.{name}"), format!("not base64: {e}"))),
-        other => Err(ApiError::invalid(
+            .map_err(|e| {
+                TemplateError::invalid(&format!("files.{name}"), format!("not base64: {e}"))
+            }),
+        other => Err(TemplateError::invalid(
             &format!("files.{name}.encoding"),
             format!("encoding {other:?}: use utf8 or base64"),
         )),
@@ -120,7 +161,11 @@ pub fn wire(b: &BuildRow, log_offset: usize) -> TemplateBuild {
 
 impl Builds {
     /// A build as it stands now (memory while it runs, else the store).
-    pub async fn get(&self, state: &AppState, id: &str) -> Result<Option<BuildRow>, ApiError> {
+    pub async fn get(
+        &self,
+        state: &AppState,
+        id: &str,
+    ) -> Result<Option<BuildRow>, cella_store::StoreError> {
         let Some(mut row) = state.store.build(id).await? else {
             return Ok(None);
         };
@@ -141,9 +186,9 @@ pub async fn start(
     state: &Arc<AppState>,
     auth: &Auth,
     spec: TemplateSpec,
-) -> Result<TemplateBuild, ApiError> {
+) -> Result<TemplateBuild, TemplateError> {
     if !valid_template_id(&spec.id) {
-        return Err(ApiError::invalid(
+        return Err(TemplateError::invalid(
             "id",
             "template ids are 1-40 lowercase letters, digits or '-', starting with a letter",
         ));
@@ -151,10 +196,7 @@ pub async fn start(
     // Ids are per workspace: only a built-in id is taken; the workspace's own template of
     // this id is rebuilt; another workspace's of the same id is none of this one's business.
     if state.catalog.builtin(&spec.id).is_some() {
-        return Err(ApiError::new(
-            ErrorCode::Conflict,
-            format!("{} is a built-in template", spec.id),
-        ));
+        return Err(TemplateError::BuiltIn(spec.id.clone()));
     }
     let key = match state.catalog.visible(&spec.id, &auth.workspace_id) {
         Some(own) => own.id,
@@ -163,15 +205,18 @@ pub async fn start(
     let base = match &spec.image {
         Some(image) => {
             if spec.from.is_some() {
-                return Err(ApiError::invalid("from", "give from or image, not both"));
+                return Err(TemplateError::invalid(
+                    "from",
+                    "give from or image, not both",
+                ));
             }
             if let Some(up) = image.strip_prefix("upload:") {
                 if crate::images::get(state, &auth.workspace_id, up).is_none() {
-                    return Err(ApiError::not_found("image"));
+                    return Err(TemplateError::NotFound("image"));
                 }
             } else {
                 let Ok(reference) = image.parse::<crate::oci::Reference>() else {
-                    return Err(ApiError::invalid(
+                    return Err(TemplateError::invalid(
                         "image",
                         format!("{image:?} is not an image reference"),
                     ));
@@ -182,7 +227,7 @@ pub async fn start(
                 if let Err(e @ crate::oci::RegistryRefused::Address { .. }) =
                     crate::oci::check_registry(reference.resolve_registry(), &regs).await
                 {
-                    return Err(ApiError::invalid("image", e.to_string()));
+                    return Err(TemplateError::invalid("image", e.to_string()));
                 }
             }
             // The image's layers are pulled by the build; it starts from nothing.
@@ -203,7 +248,7 @@ pub async fn start(
         None => {
             let from = spec.from.clone().unwrap_or_else(|| "base".into());
             if from == spec.id {
-                return Err(ApiError::invalid(
+                return Err(TemplateError::invalid(
                     "from",
                     "a template cannot build on itself",
                 ));
@@ -211,12 +256,9 @@ pub async fn start(
             let base = state
                 .catalog
                 .visible(&from, &auth.workspace_id)
-                .ok_or_else(|| ApiError::not_found("template"))?;
+                .ok_or(TemplateError::NotFound("template"))?;
             if base.image.is_none() {
-                return Err(ApiError::new(
-                    ErrorCode::Conflict,
-                    format!("template {from} is not built (yet)"),
-                ));
+                return Err(TemplateError::NotBuilt(from));
             }
             base
         }
@@ -230,26 +272,26 @@ pub async fn start(
         match step {
             TemplateStep::Copy(c) => {
                 if !files.contains_key(&c.src) {
-                    return Err(ApiError::invalid(
+                    return Err(TemplateError::invalid(
                         &format!("{field}.copy.src"),
                         format!("{:?} is not one of the spec's files", c.src),
                     ));
                 }
                 if c.dest.is_empty() {
-                    return Err(ApiError::invalid(
+                    return Err(TemplateError::invalid(
                         &format!("{field}.copy.dest"),
                         "dest is empty",
                     ));
                 }
             }
             TemplateStep::Workdir(w) if !w.starts_with('/') => {
-                return Err(ApiError::invalid(
+                return Err(TemplateError::invalid(
                     &format!("{field}.workdir"),
                     "workdir must be absolute",
                 ))
             }
             TemplateStep::Run(c) if c.trim().is_empty() => {
-                return Err(ApiError::invalid(
+                return Err(TemplateError::invalid(
                     &format!("{field}.run"),
                     "the command is empty",
                 ))
@@ -258,7 +300,7 @@ pub async fn start(
         }
     }
     if spec.warm.is_some_and(|w| w > 10) {
-        return Err(ApiError::invalid("warm", "warm is at most 10"));
+        return Err(TemplateError::invalid("warm", "warm is at most 10"));
     }
     let now = now_ms();
     let trow = TemplateRow {
@@ -283,13 +325,7 @@ pub async fn start(
         Err(e) => return Err(e.into()),
     };
     if !stored {
-        return Err(ApiError::new(
-            ErrorCode::Conflict,
-            format!(
-                "template {} is being created by another request; try again",
-                spec.id
-            ),
-        ));
+        return Err(TemplateError::Racing(spec.id.clone()));
     }
     // The build works on the internal key; the workspace sees `spec.id`.
     let spec = TemplateSpec {
@@ -625,7 +661,12 @@ async fn run(
                             Err(e) => {
                                 if charges.over {
                                     // Not kept: nothing holds a layer this build just made.
-                                    let _ = crate::quotas::remove_unheld(state, &names).await;
+                                    let _ = crate::quotas::remove_unheld(
+                                        state,
+                                        &names,
+                                        &crate::images::all_layer_dirs(state),
+                                    )
+                                    .await;
                                 }
                                 Err(e)
                             }
@@ -689,7 +730,14 @@ async fn run(
         .is_none()
     {
         // What this build charged goes with the template.
-        let _ = crate::quotas::release(state, crate::quotas::TEMPLATE, &spec.id, Vec::new()).await;
+        let _ = crate::quotas::release(
+            state,
+            crate::quotas::TEMPLATE,
+            &spec.id,
+            Vec::new(),
+            &crate::images::all_layer_dirs(state),
+        )
+        .await;
         return Err("the template was deleted during its build".into());
     }
     state.catalog.put(TemplateEntry {
@@ -791,14 +839,11 @@ impl Charges<'_> {
             crate::quotas::TEMPLATE,
             &self.owner,
             &new,
+            &crate::images::all_layer_dirs(self.state),
         )
         .await
         {
-            tracing::error!(
-                template = self.owner,
-                "giving back a build's charges: {}",
-                e.message
-            );
+            tracing::error!(template = self.owner, "giving back a build's charges: {e}");
         }
     }
 }
@@ -806,7 +851,7 @@ impl Charges<'_> {
 /// Fails unless every layer of `names` is in the store, complete.
 fn present(state: &AppState, names: &[String]) -> Result<(), ApiError> {
     let root = crate::layers::Dir::open(&state.config.data_dir.join("layers"))
-        .map_err(|_| ApiError::internal())?;
+        .map_err(Internal::io("opening the layer store"))?;
     let ready = |n: &String| {
         crate::layers::is_ready(&root, n, crate::layers::VERIFIED)
             || crate::layers::is_ready(&root, n, crate::layers::COMPLETE)
@@ -979,20 +1024,33 @@ fn shell_quote(s: &str) -> String {
 /// At start: custom templates back into the catalog (and charged for their layers when they
 /// were not yet: kept by a server from before layers were charged); builds the server did not
 /// finish fail.
+///
+/// A corrupt template row does not stop the server: it is logged with its id and left out of
+/// the catalog (its charges stay), and the others go on.
 pub async fn restore(state: &AppState) -> Result<(), cella_store::StoreError> {
-    for t in state.store.templates().await? {
-        let spec = &t.spec;
+    for t in state.store.templates_each().await? {
         // Both NULL until the template's first build is ready; a value that does not decode
         // is a corrupt row (an error naming it), never a default.
-        let image: Option<TemplateImage> = t
-            .image
-            .as_deref()
-            .map(|i| cella_store::decode_json("templates", &t.id, "image", i))
-            .transpose()?;
-        let defaults: TemplateDefaults = match t.defaults.as_deref() {
-            Some(d) => cella_store::decode_json("templates", &t.id, "defaults", d)?,
-            None => TemplateDefaults::default(),
+        let decoded = t.and_then(|t| {
+            let image: Option<TemplateImage> = t
+                .image
+                .as_deref()
+                .map(|i| cella_store::decode_json("templates", &t.id, "image", i))
+                .transpose()?;
+            let defaults: TemplateDefaults = match t.defaults.as_deref() {
+                Some(d) => cella_store::decode_json("templates", &t.id, "defaults", d)?,
+                None => TemplateDefaults::default(),
+            };
+            Ok((t, image, defaults))
+        });
+        let (t, image, defaults) = match decoded {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!("template skipped at start: {e}");
+                continue;
+            }
         };
+        let spec = &t.spec;
         state.catalog.put(TemplateEntry {
             id: t.id.clone(),
             name: t.name.clone(),
@@ -1060,31 +1118,29 @@ pub async fn restore(state: &AppState) -> Result<(), cella_store::StoreError> {
 }
 
 /// Deletes a custom template when nothing uses it, with the layers no other template uses.
-pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateEntry, ApiError> {
-    let t = state
-        .catalog
-        .visible(id, &auth.workspace_id)
-        .ok_or_else(|| ApiError::not_found("template"))?;
+pub async fn delete(
+    state: &AppState,
+    auth: &Auth,
+    id: &str,
+) -> Result<TemplateEntry, TemplateError> {
+    let t = template(state, auth, id)?;
     if t.workspace_id.is_none() {
-        return Err(ApiError::new(
-            ErrorCode::Conflict,
-            format!("{id} is a built-in template"),
-        ));
+        return Err(TemplateError::BuiltIn(id.to_string()));
     }
     let key = t.id.as_str();
     let (sandboxes, snapshots) = state.store.template_users(key).await?;
     if sandboxes > 0 || snapshots > 0 {
-        return Err(ApiError::new(
-            ErrorCode::Conflict,
-            format!("template {id} is in use by {sandboxes} sandbox(es) and {snapshots} snapshot(s); destroy or delete them first"),
-        )
-        .with_details(serde_json::json!({ "sandboxes": sandboxes, "snapshots": snapshots })));
+        return Err(TemplateError::InUse {
+            id: id.to_string(),
+            sandboxes,
+            snapshots,
+        });
     }
     // Pool sandboxes of this template go first.
     for r in state.store.pool_rows().await? {
         if r.template_id == key {
             let _g = state.locks.lock(&r.id).await;
-            let h = crate::service::rows::handle_of(&r);
+            let h = crate::rows::handle_or_none(&r);
             let _ = state.driver.destroy(&r.id, h.as_ref()).await;
             let _ = state.store.delete_sandbox(&r.id).await;
         }
@@ -1102,6 +1158,59 @@ pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateE
         .flat_map(|i| i.layers.iter())
         .filter_map(|l| crate::layers::name_of(&layers_root, l))
         .collect();
-    crate::quotas::release(state, crate::quotas::TEMPLATE, key, listed).await?;
+    crate::quotas::release(
+        state,
+        crate::quotas::TEMPLATE,
+        key,
+        listed,
+        &crate::images::all_layer_dirs(state),
+    )
+    .await?;
     Ok(t)
+}
+
+/// Template `id` as the caller sees it (a built-in one, or the workspace's own).
+pub fn template(state: &AppState, auth: &Auth, id: &str) -> Result<TemplateEntry, TemplateError> {
+    state
+        .catalog
+        .visible(id, &auth.workspace_id)
+        .ok_or(TemplateError::NotFound("template"))
+}
+
+/// The builds of the workspace's own template `id`, newest first (at most `limit`).
+pub async fn builds_of(
+    state: &AppState,
+    auth: &Auth,
+    id: &str,
+    limit: u32,
+) -> Result<Vec<BuildRow>, TemplateError> {
+    let t = template(state, auth, id)?;
+    if t.workspace_id.as_deref() != Some(auth.workspace_id.as_str()) {
+        return Err(TemplateError::NotFound("template"));
+    }
+    let rows = state.store.builds_of(&t.id, limit).await?;
+    Ok(rows
+        .into_iter()
+        .filter(|b| b.workspace_id == auth.workspace_id)
+        .collect())
+}
+
+/// Build `build_id` of the caller's template `id`, as it stands now.
+pub async fn build_of(
+    state: &AppState,
+    auth: &Auth,
+    id: &str,
+    build_id: &str,
+) -> Result<BuildRow, TemplateError> {
+    let key = state
+        .catalog
+        .visible(id, &auth.workspace_id)
+        .map(|t| t.id)
+        .unwrap_or_default();
+    state
+        .builds
+        .get(state, build_id)
+        .await?
+        .filter(|b| b.template_id == key && b.workspace_id == auth.workspace_id)
+        .ok_or(TemplateError::NotFound("build"))
 }

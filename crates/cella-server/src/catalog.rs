@@ -14,10 +14,7 @@ use cella_types::{
     Readiness, ShapeContracts, Size, Template, TemplateCatalog, TemplateSize, ALL_SIZES,
 };
 
-/// The id a workspace knows a template by, from the template's internal key.
-pub fn public_id(key: &str) -> &str {
-    key.split_once('.').map_or(key, |(public, _)| public)
-}
+pub use crate::util::public_id;
 
 /// A new internal key for a custom template of public id `public`.
 pub fn new_key(public: &str) -> String {

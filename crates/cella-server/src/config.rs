@@ -71,6 +71,11 @@ impl Default for AuthConfig {
 }
 
 impl AuthConfig {
+    /// How long a session lasts, in milliseconds.
+    pub fn session_ttl_ms(&self) -> i64 {
+        (self.session_ttl_hours as i64).saturating_mul(3_600_000)
+    }
+
     /// What the server refuses to start with.
     pub fn check(&self) -> Result<(), String> {
         if !(1..=8760).contains(&self.session_ttl_hours) {
@@ -190,13 +195,16 @@ impl Default for PreviewConfig {
     }
 }
 
+/// The longest a preview token may be valid (30 days).
+pub const PREVIEW_MAX_TTL_SEC: u64 = 30 * 86400;
+
 impl PreviewConfig {
     /// What the server refuses to start with.
     pub fn check(&self) -> Result<(), String> {
-        if !(1..=crate::preview::MAX_TTL_SEC).contains(&self.token_ttl_sec) {
+        if !(1..=PREVIEW_MAX_TTL_SEC).contains(&self.token_ttl_sec) {
             return Err(format!(
                 "preview.token_ttl_sec must be from 1 to {}",
-                crate::preview::MAX_TTL_SEC
+                PREVIEW_MAX_TTL_SEC
             ));
         }
         let d = self.domain.trim_end_matches('.');
@@ -516,7 +524,7 @@ mod tests {
                 ..Default::default()
             },
             PreviewConfig {
-                token_ttl_sec: crate::preview::MAX_TTL_SEC + 1,
+                token_ttl_sec: PREVIEW_MAX_TTL_SEC + 1,
                 ..Default::default()
             },
             PreviewConfig {

@@ -1,4 +1,6 @@
-//! The one place where failures become the API's error envelope.
+//! The API's error envelope ([`ApiError`]), and [`Internal`]: a failure of the server itself,
+//! with its cause, which becomes a generic 500 `INTERNAL` (the cause logged there, once, never
+//! sent to the client). A leaf: the services' errors map to the envelope in `service::error`.
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -40,6 +42,8 @@ impl ApiError {
     pub fn invalid(field: &str, message: impl Into<String>) -> Self {
         ApiError::new(ErrorCode::InvalidRequest, message).with_details(json!({ "field": field }))
     }
+    /// The generic 500 body. Prefer returning an [`Internal`] (or a service error) with the
+    /// cause, which logs it and answers this.
     pub fn internal() -> Self {
         ApiError::new(
             ErrorCode::Internal,
@@ -114,114 +118,73 @@ pub fn for_status(status: StatusCode) -> ApiError {
     ApiError::new(code, message)
 }
 
-impl From<crate::service::SandboxError> for ApiError {
-    fn from(e: crate::service::SandboxError) -> Self {
-        use crate::service::{AgentOp, SandboxError as E};
-        use cella_agent::client::ClientError;
-        use cella_agent::proto::ErrorKind as K;
-        let message = e.to_string();
-        match e {
-            E::NotFound(what) => ApiError::not_found(what),
-            E::Invalid { field, message } => ApiError::invalid(&field, message),
-            E::NotRunning { state, reason, .. } => {
-                ApiError::new(ErrorCode::SandboxNotRunning, message)
-                    .with_details(json!({ "state": state, "reason": reason }))
-            }
-            E::Gone { .. } => ApiError::new(ErrorCode::SandboxNotRunning, message),
-            E::Refused(r) => ApiError::new(ErrorCode::Conflict, message)
-                .with_details(json!({ "state": r.state.as_str() })),
-            E::NotPersistent { state } => ApiError::new(ErrorCode::Conflict, message)
-                .with_details(json!({ "state": state, "persistent": false })),
-            E::ConcurrencyLimit { cap, plan } => {
-                let mut e = ApiError::new(ErrorCode::ConcurrencyLimit, message)
-                    .with_details(json!({ "limit": cap, "plan": plan }));
-                e.retry_after = Some(5);
-                e
-            }
-            E::InsufficientFunds {
-                needed,
-                available,
-                what,
-            } => crate::billing::insufficient(needed, available, what),
-            E::Billing(b) => b.into(),
-            E::RestartFailed { id, reason } => ApiError::unavailable(message)
-                .with_details(json!({ "sandbox_id": id, "reason": reason })),
-            E::Agent {
-                op,
-                source: ClientError::Refused { kind, message: m },
-            } => match (&op, kind) {
-                (AgentOp::RunFile { path }, K::NoSpace) => {
-                    // The sandbox's disk is full: 507, as an upload would answer.
-                    ApiError::new(
-                        ErrorCode::InsufficientStorage,
-                        format!("writing {path}: {m}"),
-                    )
-                }
-                (AgentOp::RunFile { path }, _) => {
-                    ApiError::invalid("files", format!("writing {path}: {m}"))
-                }
-                (AgentOp::Pty, K::BadCwd) => ApiError::invalid("cwd", m),
-                (AgentOp::Pty, _) => ApiError::invalid("command", m),
-                (AgentOp::Code, K::Conflict) => ApiError::new(ErrorCode::Conflict, m),
-                (AgentOp::Code, K::BadRequest) => ApiError::invalid("language", m),
-                (AgentOp::Code, _) | (_, K::Internal) => {
-                    tracing::warn!("{}: {m}", op.name());
-                    ApiError::internal()
-                }
-                (_, K::NotFound) => ApiError::new(ErrorCode::NotFound, m),
-                (_, K::Conflict) => ApiError::new(ErrorCode::Conflict, m),
-                (AgentOp::Files, K::BadRequest | K::BadCwd) => ApiError::invalid("path", m),
-                (AgentOp::Files, K::TooLarge) => ApiError::new(ErrorCode::PayloadTooLarge, m),
-                (_, K::BadCwd) => ApiError::invalid("cwd", m),
-                (_, K::BadRequest | K::TooLarge) => ApiError::invalid("command", m),
-                (_, K::NoSpace) => ApiError::new(ErrorCode::InsufficientStorage, m),
-                (_, K::Busy) => ApiError::new(ErrorCode::ConcurrencyLimit, m),
-                (_, K::Unavailable) => ApiError::unavailable(m),
-            },
-            E::Agent { .. } => {
-                tracing::warn!("{message}");
-                ApiError::unavailable("the sandbox's agent did not answer")
-            }
-            E::UnexpectedAnswer(_)
-            | E::NoRuntime(_)
-            | E::NoWorkspace(_)
-            | E::Driver { .. }
-            | E::Store(_)
-            | E::Io { .. } => {
-                tracing::error!("{message}");
-                ApiError::internal()
-            }
-        }
+/// A failure of the server itself (a host file, a task, a value it wrote), with its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum Internal {
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Json {
+        what: &'static str,
+        source: serde_json::Error,
+    },
+    /// A task of the server's ended without its answer (it panicked or was cancelled).
+    #[error("{what}: {source}")]
+    Task {
+        what: &'static str,
+        source: tokio::task::JoinError,
+    },
+    /// Something the server expected to find or hold did not hold (what, and of what).
+    #[error("{0}")]
+    Broken(String),
+}
+
+impl Internal {
+    /// A `map_err` adapter for host I/O: `.map_err(Internal::io("creating the images dir"))`.
+    pub fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Internal {
+        move |source| Internal::Io { what, source }
+    }
+    pub fn json(what: &'static str) -> impl FnOnce(serde_json::Error) -> Internal {
+        move |source| Internal::Json { what, source }
+    }
+    pub fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Internal {
+        move |source| Internal::Task { what, source }
     }
 }
 
-impl From<crate::service::people::PeopleError> for ApiError {
-    fn from(e: crate::service::people::PeopleError) -> Self {
-        use crate::service::people::PeopleError as E;
-        let message = e.to_string();
+impl From<Internal> for ApiError {
+    fn from(e: Internal) -> Self {
+        tracing::error!("{e}");
+        ApiError::internal()
+    }
+}
+
+/// 402 `INSUFFICIENT_FUNDS`, with what was needed and what is available.
+pub fn insufficient(
+    needed: cella_types::Money,
+    available: cella_types::Money,
+    what: &str,
+) -> ApiError {
+    ApiError::new(
+        ErrorCode::InsufficientFunds,
+        format!(
+            "the workspace's wallet has {available} available; {what} needs {needed} (add credits first)"
+        ),
+    )
+    .with_details(json!({ "needed": needed, "available": available }))
+}
+
+impl From<cella_billing::BillingError> for ApiError {
+    fn from(e: cella_billing::BillingError) -> Self {
         match e {
-            E::Invalid { field, message } => ApiError::invalid(field, message),
-            E::EmailTaken => ApiError::new(ErrorCode::Conflict, message)
-                .with_details(json!({ "field": "email" })),
-            E::BadCredentials => ApiError::new(ErrorCode::Unauthorized, message),
-            E::RateLimited { retry_after } => {
-                let mut e = ApiError::new(ErrorCode::RateLimited, message)
-                    .with_details(json!({ "group": "sign-in" }));
-                e.retry_after = Some(retry_after);
-                e
+            cella_billing::BillingError::InsufficientFunds { needed, available } => {
+                insufficient(needed, available, "this")
             }
-            E::NotFound(what) => ApiError::not_found(what),
-            E::LastOwner => {
-                ApiError::new(ErrorCode::Conflict, message).with_details(json!({ "field": "role" }))
-            }
-            E::Forbidden(m) => ApiError::new(ErrorCode::Forbidden, m),
-            E::KeyWorkspaceNotFound => ApiError::new(ErrorCode::NotFound, message)
-                .with_details(json!({ "field": "workspace_id" })),
-            E::ScopeNotHeld(s) => ApiError::new(ErrorCode::Forbidden, message)
-                .with_details(json!({ "field": "scopes", "required_scope": s.as_str() })),
-            E::Conflict(m) => ApiError::new(ErrorCode::Conflict, m),
-            E::Hash(_) | E::Store(_) => {
-                tracing::error!("{message}");
+            other => {
+                tracing::error!("billing: {other}");
                 ApiError::internal()
             }
         }

@@ -13,7 +13,7 @@
 //! image holds its layers' charge until `DELETE /api/v1/images/{id}`.
 
 use crate::auth::Auth;
-use crate::error::ApiError;
+use crate::error::{ApiError, Internal};
 use crate::AppState;
 use cella_types::ErrorCode;
 use futures_util::StreamExt;
@@ -76,7 +76,7 @@ pub async fn import(
     let images = dir(state);
     tokio::fs::create_dir_all(&images)
         .await
-        .map_err(|_| ApiError::internal())?;
+        .map_err(Internal::io("making the images directory"))?;
     let id = crate::util::new_id("img");
     let tar = images.join(format!("{id}.tar"));
     let work = images.join(format!("{id}.work"));
@@ -84,7 +84,7 @@ pub async fn import(
     let _scratch = Scratch(vec![tar.clone(), work.clone()]);
     let mut f = tokio::fs::File::create(&tar)
         .await
-        .map_err(|_| ApiError::internal())?;
+        .map_err(Internal::io("creating an upload's archive file"))?;
     let mut stream = body.into_data_stream();
     let mut total = 0u64;
     while let Some(chunk) = stream.next().await {
@@ -98,15 +98,17 @@ pub async fn import(
             ));
         }
         if total > room {
-            return Err(
-                storage.refusal(total, "this upload (cut off when it passed the room left)")
-            );
+            return Err(storage
+                .refusal(total, "this upload (cut off when it passed the room left)")
+                .into());
         }
         f.write_all(&chunk)
             .await
-            .map_err(|_| ApiError::internal())?;
+            .map_err(Internal::io("writing an upload's archive"))?;
     }
-    f.flush().await.map_err(|_| ApiError::internal())?;
+    f.flush()
+        .await
+        .map_err(Internal::io("writing an upload's archive"))?;
     drop(f);
     let layers_root = state.config.data_dir.join("layers");
     let budget = crate::quotas::budget(state, &ws).await?;
@@ -115,12 +117,12 @@ pub async fn import(
         crate::oci::prepare_archive(&t2, &layers_root, &w2, &ws2, &budget)
     })
     .await
-    .map_err(|_| ApiError::internal())?;
+    .map_err(Internal::task("unpacking an upload"))?;
     let prepared = match prepared {
         Ok(p) => p,
         Err(crate::oci::PrepareError::OverQuota { needed, .. }) => {
             let now = crate::quotas::storage(state, &ws).await?;
-            return Err(now.refusal(needed, "this image"));
+            return Err(now.refusal(needed, "this image").into());
         }
         Err(crate::oci::PrepareError::Invalid(e)) => return Err(ApiError::invalid("body", e)),
     };
@@ -147,11 +149,10 @@ pub async fn import(
                 workdir: pulled.defaults.workdir.clone(),
                 user: pulled.defaults.user,
             };
-            std::fs::write(
-                images2.join(format!("{id2}.json")),
-                serde_json::to_vec(&rec).unwrap_or_default(),
-            )
-            .map_err(|_| ApiError::internal())?;
+            let json =
+                serde_json::to_vec(&rec).map_err(Internal::json("encoding an image's record"))?;
+            std::fs::write(images2.join(format!("{id2}.json")), json)
+                .map_err(Internal::io("writing an image's record"))?;
             Ok(rec)
         },
     )
@@ -199,14 +200,21 @@ pub async fn delete(
 ) -> Result<ImportedImage, ApiError> {
     let img = get(state, workspace_id, id).ok_or_else(|| ApiError::not_found("image"))?;
     std::fs::remove_file(dir(state).join(format!("{id}.json")))
-        .map_err(|_| ApiError::internal())?;
+        .map_err(Internal::io("removing an image's record"))?;
     let root = state.config.data_dir.join("layers");
     let names = img
         .layer_dirs
         .iter()
         .filter_map(|l| crate::layers::name_of(&root, l))
         .collect();
-    crate::quotas::release(state, crate::quotas::IMAGE, id, names).await?;
+    crate::quotas::release(
+        state,
+        crate::quotas::IMAGE,
+        id,
+        names,
+        &all_layer_dirs(state),
+    )
+    .await?;
     Ok(img)
 }
 

@@ -4,13 +4,35 @@
 //! materializes the base template, finds every sandbox again (reporting the ones that died), and
 //! serves the routes of [`router`]. Every route is one row of `routes::table` (its handler, who
 //! may call it, its rate limit), from which the router and the OpenAPI paths are both built.
-//! Handlers live in `routes`, sandbox logic in `sandboxes`, and every failure becomes the error
-//! envelope in `error`.
+//! Handlers live in `routes`, the operations in `service` (and `sandboxes`, `lifecycle`,
+//! `runs`, `builds`), and every failure becomes the error envelope of `error` (the services'
+//! typed errors in `service::error`).
 //!
 //! The state the routes share ([`AppState`]) is made by [`build_state`], which sets up the Linux
 //! namespace backend (the part that needs root), or by [`build_state_with`] over any other
 //! [`Backend`]: the unit tests give it the in-memory driver of `testing` (built for tests only),
 //! so admission, the pool, the lifecycle, the timers and `reconcile` run without root.
+//!
+//! What a server keeps in its data directory:
+//!
+//! ```text
+//! DATA_DIR/
+//!   cella.db              SQLite (WAL, synchronous=FULL)
+//!   bootstrap.key         the admin key of the first start (0600)
+//!   server.lock           flock: one server per data dir
+//!   instance-id           the id that names this data dir's cgroup subtree and firewall chains
+//!   userns                the uid base, when sandboxes run in user namespaces
+//!   templates/base/v1-<fingerprint>/rootfs/
+//!                         the base image's small root, built at a start when missing
+//!   layers/<key>/root     a layer of a custom template's step, or of an image
+//!                         (oci-sha256-<hex>), complete beside it once whole
+//!   sandboxes/<id>/       disk.img (the sparse ext4 disk holding the writable layer), its mount
+//!                         points, launch.json, init.log; a stopped sandbox keeps its disk
+//!   run/<id>.sock         the agent's socket, reachable only from the host
+//!   snapshots/<id>/       disk.img: a snapshot's sparse copy of a sandbox's disk (0700)
+//!   images/<id>.json      an imported image's record
+//!   artifacts/<id>        an artifact's bytes (<id>.part while it is copied)
+//! ```
 
 pub mod auth;
 pub mod billing;
@@ -29,9 +51,11 @@ pub mod preview;
 pub mod quotas;
 pub mod ratelimit;
 pub mod routes;
+pub mod rows;
 pub mod runs;
 pub mod sandboxes;
 pub mod service;
+pub mod snapshots;
 pub mod sse;
 #[cfg(any(test, feature = "fake"))]
 pub mod testing;
@@ -643,7 +667,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     billing::recover(&state, true).await;
     gateway::restore(&state).await?;
     lifecycle::spawn_timers(state.clone());
-    billing::spawn(state.clone());
+    lifecycle::spawn_billing(state.clone());
     network::spawn_refresh(state.clone());
     pool::spawn(state.clone());
     let addr = listener.local_addr().map_err(ServeError::Serve)?;

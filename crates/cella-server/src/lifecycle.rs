@@ -8,10 +8,30 @@
 //! processes, files, terminal, timeout, usage, resume; later previews), a running exec, an open
 //! terminal or output stream for as long as it lasts, and output written by a process started
 //! through the API (the agent is asked before an idle pause). Listing sandboxes does not count.
+//!
+//! Pause, resume, stop and the timers take the sandbox's lock, reload the row, ask the transition
+//! table, call the driver and write the row. Pause is the cgroup freezer (the sandbox keeps its
+//! link and its firewall rules); stop (persistent only) removes its rules and keeps the writable
+//! layer (the disk image); resume from `stopped` claims a plan slot in one SQL statement
+//! (`Store::claim_slot`) and boots again on the same layer, with a new link and rules built again
+//! from the stored policy.
+//!
+//! [`spawn_timers`] starts one task after `reconcile`. Every tick (250 ms) it pauses (persistent)
+//! or destroys a running sandbox past its `timeout_at`, and pauses one idle for
+//! `idle_timeout_sec` (never an `always_on` one). Every 4th tick it samples memory into the usage
+//! figures and runs `check_liveness` (`Driver::alive`: the init's pid still has its recorded start
+//! time, no round trip to the agent) for every running and paused sandbox, marking gone one that
+//! died; then `runs::expire` deletes the artifacts whose time is up. Every 8th tick it writes the
+//! activity map to `last_activity_at`.
+//!
+//! The activity map ([`Activity`]) keeps when each sandbox was last named by a call and its
+//! [`Busy`] guards (exec, streamed exec, transfers, output followers, terminals): busy is never
+//! idle. Before an idle pause the loop asks the agent when a background process last wrote, and
+//! spares a sandbox whose processes wrote within the idle timeout.
 
+use crate::rows::{handle_of, handle_or_none, state_of, stop_clock};
 use crate::sandboxes::{destroy, to_wire};
 use crate::service::boot::{boot_locked, settle};
-use crate::service::rows::{handle_of, state_of, stop_clock};
 use crate::service::transitions::{apply, check, Event};
 use crate::service::{check_timeout, SandboxError};
 use crate::util::{now_ms, rfc3339};
@@ -122,7 +142,7 @@ async fn load(state: &AppState, id: &str) -> Result<SandboxRow, SandboxError> {
 }
 
 fn handle(row: &SandboxRow) -> Result<cella_runtime::SandboxHandle, SandboxError> {
-    handle_of(row).ok_or_else(|| SandboxError::NoRuntime(row.id.clone()))
+    handle_of(row)?.ok_or_else(|| SandboxError::NoRuntime(row.id.clone()))
 }
 
 /// Freezes a running sandbox. `reason` says why when the server decided (a timer).
@@ -225,7 +245,7 @@ pub async fn stop(state: &AppState, id: &str) -> Result<Sandbox, SandboxError> {
     settle(state, &mut row, now_ms());
     state
         .driver
-        .stop(id, handle_of(&row).as_ref())
+        .stop(id, handle_or_none(&row).as_ref())
         .await
         .map_err(SandboxError::driver("stop"))?;
     apply(&mut row, Event::Stop)?;
@@ -260,7 +280,7 @@ pub fn usage(state: &AppState, row: &SandboxRow) -> Usage {
     let now = now_ms();
     let running_ms = row.running_ms + row.running_since.map(|s| (now - s).max(0)).unwrap_or(0);
     let paused_ms = row.paused_ms + row.paused_since.map(|s| (now - s).max(0)).unwrap_or(0);
-    let live = handle_of(row).and_then(|h| state.driver.usage(&h));
+    let live = handle_or_none(row).and_then(|h| state.driver.usage(&h));
     // A sandbox claimed from the warm pool starts from a negative baseline (its waiting time).
     let cpu_ns = (row.cpu_ns + live.map(|u| u.cpu_ns as i64).unwrap_or(0)).max(0) as u64;
     Usage {
@@ -370,7 +390,7 @@ pub(crate) async fn check_liveness(state: &AppState) {
         if !matches!(state_of(&row), SandboxState::Running | SandboxState::Paused) {
             continue;
         }
-        if let Some(h) = handle_of(&row) {
+        if let Some(h) = handle_or_none(&row) {
             if !state.driver.alive(&h) {
                 tracing::warn!(sandbox = row.id, "sandbox init is gone");
                 let reason = "sandbox processes are gone: its init process died";
@@ -383,7 +403,7 @@ pub(crate) async fn check_liveness(state: &AppState) {
 /// Whether a process started through the API wrote output within the idle timeout (asked of
 /// the agent only when the sandbox is about to be paused for idleness). Counts as activity.
 async fn recent_process_output(state: &AppState, row: &SandboxRow) -> bool {
-    let Some(h) = handle_of(row) else {
+    let Some(h) = handle_or_none(row) else {
         return false;
     };
     let agent = state.driver.agent(&h);
@@ -408,7 +428,7 @@ async fn sample_memory(state: &AppState, elapsed_ms: i64) {
         .iter()
         .filter(|r| state_of(r) == SandboxState::Running)
         .filter_map(|r| {
-            let u = state.driver.usage(&handle_of(r)?)?;
+            let u = state.driver.usage(&handle_or_none(r)?)?;
             Some((
                 r.id.clone(),
                 (u.memory_bytes / (1024 * 1024)) as i64 * elapsed_ms,
@@ -420,4 +440,29 @@ async fn sample_memory(state: &AppState, elapsed_ms: i64) {
             tracing::warn!("recording memory usage: {e}");
         }
     }
+}
+
+/// One billing tick ([`crate::billing::tick`]), pausing the running sandboxes the wallet cannot
+/// cover.
+pub async fn billing_tick(state: &AppState, sweep: bool) {
+    for id in crate::billing::tick(state, sweep).await {
+        tracing::info!(sandbox = id, "pausing: the wallet cannot cover it");
+        if let Err(e) = pause(state, &id, Some(crate::billing::OUT_OF_FUNDS)).await {
+            tracing::warn!(sandbox = id, "pausing for funds: {e}");
+        }
+    }
+}
+
+/// Starts the billing ticker (see `crate::billing`'s module docs).
+pub fn spawn_billing(state: Arc<AppState>) {
+    tokio::spawn(async move {
+        let mut t = tokio::time::interval(crate::billing::TICK);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut n: u32 = 0;
+        loop {
+            t.tick().await;
+            n = n.wrapping_add(1);
+            billing_tick(&state, n.is_multiple_of(crate::billing::SWEEP_TICKS)).await;
+        }
+    });
 }

@@ -5,6 +5,13 @@
 //! resolve to other addresses gets its rules replaced (one atomic batch), so a deny entry keeps
 //! denying a domain that moved, and an allow entry follows it. The same task reads the host's
 //! addresses again for the firewall's floor.
+//!
+//! `check` at create: `NetworkPolicy::validate` (an IPv4 address, a CIDR cut to its network
+//! address, or a domain; IPv6 refused; at most 64 entries per list), then every domain looked up
+//! (3 s each, IPv4 answers only). [`rules`] at each boot (create, and resume from `stopped`),
+//! and when a create claims a pool sandbox whose policy is not the default: CIDRs as they are,
+//! domains looked up again into /32s (one that no longer resolves adds nothing), both lists
+//! sorted and deduplicated; so the rules hold addresses, not names.
 
 use crate::error::ApiError;
 use cella_runtime::firewall::{EgressRules, Net};
@@ -179,14 +186,14 @@ async fn refresh_once(state: &crate::AppState, dns: &[Ipv4Addr], installed: &mut
         let Ok(Some(now)) = state.store.sandbox(&row.id).await else {
             continue;
         };
-        let st = crate::service::rows::state_of(&now);
+        let st = crate::rows::state_of(&now);
         if !matches!(
             st,
             cella_types::SandboxState::Running | cella_types::SandboxState::Paused
         ) {
             continue;
         }
-        let Some(handle) = crate::service::rows::handle_of(&now) else {
+        let Some(handle) = crate::rows::handle_or_none(&now) else {
             continue;
         };
         if handle.net.is_none() || !state.driver.alive(&handle) {

@@ -1,5 +1,6 @@
-//! The OpenAPI 3 document: the info, the security scheme and the shared schemas here; the
-//! paths come from the route table ([`crate::routes::table`]) and the handlers' annotations.
+//! The OpenAPI 3 document's base: the info, the security scheme and the shared schemas. The
+//! paths come from the route table, which makes the whole document
+//! (`crate::routes::table::document`) from this base and the handlers' annotations; a leaf.
 
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -38,8 +39,3 @@ impl Modify for BearerAuth {
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
-
-/// The whole document: [`ApiDoc`] with every route of the table.
-pub fn document() -> utoipa::openapi::OpenApi {
-    crate::routes::table::document()
-}

@@ -16,9 +16,31 @@
 //!
 //! Readiness (`GET /api/v1/templates`) reads [`Pool::ready`]: `fast_ready` only where a ready
 //! pool sandbox waits now.
+//!
+//! - *Claim* ([`claim`]; `Store::claim_pooled`, one transaction). Its first statement reserves a
+//!   ready pool sandbox: an `UPDATE` that gives the oldest `running`, `ready` row of the pool's
+//!   workspace of that template and size to the caller's workspace, only while the workspace's
+//!   count of capped states is under its cap. Two concurrent claims never get the same row, and
+//!   the cap is never passed. The row is then inserted again as the request's (a new `seq`: it
+//!   lists as the newest), keeping what the running sandbox fixes (its id, which is its hostname,
+//!   size, resources, state, handle). The claim sets the clocks to now, counts the pool sandbox
+//!   gone at once (`Pool::claimed`, which wakes the refill) and starts its CPU seconds at zero
+//!   (`cpu_ns` is minus the cgroup's CPU time so far). A failure to install a non-default egress
+//!   policy destroys the sandbox and marks its row failed through the transition table (`Lost`).
+//! - *Refill* ([`spawn`], started after `reconcile`) loops on `refill`, woken by a claim or after
+//!   5 s. Per template and size the target is `[pool] sizes[size]`, else `[pool] default` (a
+//!   custom template's own `warm`, in its default size only), 0 for a missing size. While booting
+//!   and ready ones are fewer, `boot_one` inserts a row in the pool's workspace and boots it like
+//!   any sandbox, at least `[pool] boot_interval_ms` after the last pool boot; one that fails is
+//!   discarded and tried again at the next round. Ready rows beyond the target are discarded
+//!   (`trim`). For `reconcile`, the liveness check and the timers, pool rows are sandboxes like
+//!   any other; one that dies goes to `error` and no longer counts.
+//! - *Clean stop*: after SIGTERM or Ctrl-C, `serve` calls [`drain`]: no more pool boots, and every
+//!   pool sandbox is destroyed (users' sandboxes run on; the pool is booted again at the next
+//!   start). A `kill -9` leaves the pool to the next start, which finds it like any sandbox.
 
+use crate::rows::state_of;
 use crate::service::boot::boot_locked;
-use crate::service::rows::state_of;
 use crate::AppState;
 use cella_store::{SandboxRow, POOL_WORKSPACE};
 use cella_types::{Readiness, SandboxState, Size, ALL_SIZES};
@@ -237,7 +259,7 @@ pub async fn drain(state: &AppState) {
 
 /// Removes a pool sandbox from the host and the store (the caller holds its lock).
 async fn discard(state: &AppState, row: &SandboxRow) -> Result<(), cella_store::StoreError> {
-    let handle = crate::service::rows::handle_of(row);
+    let handle = crate::rows::handle_or_none(row);
     if let Err(e) = state.driver.destroy(&row.id, handle.as_ref()).await {
         tracing::warn!(sandbox = row.id, "removing a pool sandbox: {e}");
         return Ok(());
@@ -253,7 +275,7 @@ async fn agent_touched(
     row: &SandboxRow,
     req: cella_agent::proto::Request,
 ) -> Result<(), String> {
-    let handle = crate::service::rows::handle_of(row).ok_or("it has no runtime record")?;
+    let handle = crate::rows::handle_or_none(row).ok_or("it has no runtime record")?;
     let agent = state.driver.agent(&handle);
     let ask = agent.call(&req);
     match tokio::time::timeout(Duration::from_secs(3), ask).await {
@@ -295,7 +317,7 @@ pub async fn claim(
     want.timeout_at = (!want.always_on).then_some(now + want.timeout_sec * 1000);
     // Bill from now: the CPU time the sandbox spent waiting in the pool is not the caller's.
     let baseline = |old: &SandboxRow| {
-        crate::service::rows::handle_of(old)
+        crate::rows::handle_or_none(old)
             .and_then(|h| state.driver.usage(&h))
             .map(|u| -(u.cpu_ns as i64))
             .unwrap_or(0)
@@ -323,7 +345,7 @@ pub async fn claim(
                     "warm pool sandbox not handed out, destroyed: {e}"
                 );
                 // Removed whatever the driver says: the row is the caller's by now.
-                let h = crate::service::rows::handle_of(&row);
+                let h = crate::rows::handle_or_none(&row);
                 let _ = state.driver.destroy(&row.id, h.as_ref()).await;
                 state.store.delete_sandbox(&row.id).await?;
                 if tries >= 3 {
@@ -332,7 +354,7 @@ pub async fn claim(
             }
         }
     };
-    let handle = crate::service::rows::handle_of(&row);
+    let handle = crate::rows::handle_or_none(&row);
     let policy = row.network.clone();
     if policy != cella_types::NetworkPolicy::default() {
         if let (Some(dns), Some(h)) = (&state.network, &handle) {
@@ -341,7 +363,14 @@ pub async fn claim(
                 tracing::error!(sandbox = row.id, "installing the egress policy: {e}");
                 row.state_reason = Some(format!("failed to start: {e}"));
                 let _ = state.driver.destroy(&row.id, Some(h)).await;
-                row.state = SandboxState::Error;
+                // Its processes are gone: the transition table's `Lost` (a claimed sandbox
+                // runs, so it is allowed; were it refused, the state is left as it is).
+                if let Err(r) = crate::service::transitions::apply(
+                    &mut row,
+                    crate::service::transitions::Event::Lost,
+                ) {
+                    tracing::error!(sandbox = row.id, "marking a claimed sandbox failed: {r}");
+                }
                 row.ready = false;
                 row.runtime = None;
                 row.timeout_at = None;

@@ -35,7 +35,7 @@
 //! beyond that the answer is a 429 page with `Retry-After`.
 
 use crate::lifecycle;
-use crate::service::rows::{handle_of, state_of};
+use crate::rows::state_of;
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -55,8 +55,8 @@ use std::time::{Duration, Instant};
 pub const TOKEN_HEADER: &str = "x-cella-preview-token";
 pub const TOKEN_PARAM: &str = "cella_preview_token";
 const COOKIE: &str = "cella_preview_token";
-/// The longest a preview token may be valid (30 days).
-pub const MAX_TTL_SEC: u64 = 30 * 86400;
+/// The longest a preview token may be valid (30 days; the config's bound).
+pub const MAX_TTL_SEC: u64 = crate::config::PREVIEW_MAX_TTL_SEC;
 /// What every path-form answer carries: no same-origin access for a browser that renders it.
 const PATH_FORM_CSP: &str =
     "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads";
@@ -387,7 +387,7 @@ async fn live(state: &AppState, id: &str) -> Result<(SandboxRow, SandboxHandle),
             ))
         }
     }
-    let handle = handle_of(&row).ok_or_else(gone)?;
+    let handle = crate::rows::handle_or_none(&row).ok_or_else(gone)?;
     Ok((row, handle))
 }
 
@@ -430,7 +430,7 @@ async fn resume_for_preview(state: &Arc<AppState>, row: &SandboxRow) -> Result<(
 /// Per-sandbox and per-workspace allowances of preview-triggered resumes.
 #[derive(Default)]
 pub struct Previews {
-    gate: crate::service::rows::Locks,
+    gate: crate::rows::Locks,
     limits: Mutex<ResumeLimits>,
 }
 

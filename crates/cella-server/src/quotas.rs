@@ -43,6 +43,7 @@ use crate::AppState;
 use cella_types::ErrorCode;
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 
 /// A workspace's storage: what it uses and its quota (None: no quota).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +60,7 @@ impl Storage {
 
     /// Refuses an operation that would store `adding` more bytes than the quota leaves
     /// (`adding` 0: refuses when nothing is left at all).
-    pub fn check(self, adding: u64, what: &str) -> Result<(), ApiError> {
+    pub fn check(self, adding: u64, what: &str) -> Result<(), StorageFull> {
         let Some(quota) = self.quota else {
             return Ok(());
         };
@@ -74,20 +75,36 @@ impl Storage {
         Err(self.refusal(adding, what))
     }
 
-    /// The 507 for `what`, which needs `adding` bytes more than the quota leaves.
-    pub fn refusal(self, adding: u64, what: &str) -> ApiError {
-        let quota = self.quota.unwrap_or(u64::MAX);
-        ApiError::new(
-            ErrorCode::InsufficientStorage,
-            format!(
-                "{what} needs {adding} bytes; the workspace stores {} of its {quota}-byte storage \
-                 quota (delete snapshots, artifacts, templates or images to make room)",
-                self.used
-            ),
-        )
-        .with_details(
-            json!({ "used_bytes": self.used, "quota_bytes": quota, "needed_bytes": adding }),
-        )
+    /// The refusal of `what`, which needs `adding` bytes more than the quota leaves.
+    pub fn refusal(self, adding: u64, what: &str) -> StorageFull {
+        StorageFull {
+            what: what.to_string(),
+            needed: adding,
+            used: self.used,
+            quota: self.quota.unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// An operation that would pass its workspace's storage quota: 507 `INSUFFICIENT_STORAGE`
+/// with `details.used_bytes`, `quota_bytes` and `needed_bytes`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{what} needs {needed} bytes; the workspace stores {used} of its {quota}-byte storage \
+     quota (delete snapshots, artifacts, templates or images to make room)"
+)]
+pub struct StorageFull {
+    pub what: String,
+    pub needed: u64,
+    pub used: u64,
+    pub quota: u64,
+}
+
+impl From<StorageFull> for ApiError {
+    fn from(e: StorageFull) -> Self {
+        let details =
+            json!({ "used_bytes": e.used, "quota_bytes": e.quota, "needed_bytes": e.needed });
+        ApiError::new(ErrorCode::InsufficientStorage, e.to_string()).with_details(details)
     }
 }
 
@@ -157,12 +174,13 @@ pub async fn uncharge(
     kind: &str,
     owner: &str,
     layers: &[String],
-) -> Result<(), ApiError> {
+    image_layers: &[PathBuf],
+) -> Result<(), cella_store::StoreError> {
     state
         .store
         .uncharge_layers(workspace_id, kind, owner, layers)
         .await?;
-    remove_unheld(state, layers).await
+    remove_unheld(state, layers, image_layers).await
 }
 
 /// Takes back every charge of `owner` (a deleted image or template) and removes the layers of
@@ -172,18 +190,24 @@ pub async fn release(
     kind: &str,
     owner: &str,
     also: Vec<String>,
-) -> Result<(), ApiError> {
+    image_layers: &[PathBuf],
+) -> Result<(), cella_store::StoreError> {
     let mut names = state.store.release_owner(kind, owner).await?;
     names.extend(also);
     names.sort();
     names.dedup();
-    remove_unheld(state, &names).await
+    remove_unheld(state, &names, image_layers).await
 }
 
 /// Removes from the layer store those of `names` that no workspace is charged for, no template
-/// of the catalog lists and no imported image lists. Only names the store makes are touched
-/// (never a path outside it).
-pub async fn remove_unheld(state: &AppState, names: &[String]) -> Result<(), ApiError> {
+/// of the catalog lists and no imported image lists (`image_layers`, which the caller reads
+/// with `crate::images::all_layer_dirs`: this module does not know image records). Only names
+/// the store makes are touched (never a path outside it).
+pub async fn remove_unheld(
+    state: &AppState,
+    names: &[String],
+    image_layers: &[PathBuf],
+) -> Result<(), cella_store::StoreError> {
     let _g = state.locks.lock(LAYERS_LOCK).await;
     let charged = state.store.layers_charged(names).await?;
     let root = state.config.data_dir.join("layers");
@@ -193,7 +217,7 @@ pub async fn remove_unheld(state: &AppState, names: &[String]) -> Result<(), Api
         .iter()
         .filter_map(|t| t.image.as_ref())
         .flat_map(|i| i.layers.clone())
-        .chain(crate::images::all_layer_dirs(state))
+        .chain(image_layers.iter().cloned())
         .filter_map(|l| crate::layers::name_of(&root, &l))
         .collect();
     let Ok(store) = crate::layers::Dir::open(&root) else {
@@ -210,7 +234,10 @@ pub async fn remove_unheld(state: &AppState, names: &[String]) -> Result<(), Api
 }
 
 /// The storage of workspace `workspace_id` now.
-pub async fn storage(state: &AppState, workspace_id: &str) -> Result<Storage, ApiError> {
+pub async fn storage(
+    state: &AppState,
+    workspace_id: &str,
+) -> Result<Storage, cella_store::StoreError> {
     let used = state.store.storage_used(workspace_id).await?;
     let plan = state
         .store
@@ -236,7 +263,7 @@ mod tests {
         };
         assert_eq!(s.room(), 100);
         assert!(s.check(100, "x").is_ok());
-        let e = s.check(101, "a snapshot").unwrap_err();
+        let e: ApiError = s.check(101, "a snapshot").unwrap_err().into();
         assert_eq!(e.code, ErrorCode::InsufficientStorage);
         assert_eq!(e.details.unwrap()["quota_bytes"], 1000);
         assert!(s.check(0, "x").is_ok());

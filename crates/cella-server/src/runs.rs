@@ -5,21 +5,39 @@
 //! own and destroys its sandbox whatever happens: the command fails or times out, the client
 //! hangs up (the run is then cancelled at once), or a step fails.
 //!
+//! Bad input (a file's path or encoding, the globs, command and argv) is refused before any
+//! sandbox is made. The errors are [`RunError`] (in `crate::service::error`, where they become
+//! the envelope).
+//!
 //! Artifacts are files the server keeps after the sandbox is gone, under
 //! `DATA/artifacts/<id>`, until their retention time is up (the lifecycle timer deletes them).
+//!
+//! How a run goes (`POST /api/v1/sandboxes/run`): [`run`] checks the request, then holds a
+//! `HangUp` guard whose drop (the request's future dropped: the client went away) cancels the
+//! run. `run_task` runs in a task of its own: `sandboxes::create` with `wait` (the warm pool's
+//! fast path included), not persistent, no idle timer, the command's timeout plus 600 s; then, in
+//! a `select!` against the hang-up, each file as an upload owned by the run's user, the command
+//! through `sandboxes::exec`, and [`collect`] when globs were given. Whatever the outcome the
+//! sandbox is destroyed, with its `state_reason`. On a hang-up the work's future is dropped: its
+//! connection to the agent closes, so the agent kills the command's tree.
+//!
+//! [`collect`] (also behind `POST .../artifacts`) matches the globs here against the agent's
+//! directory listings, as the run's user may read them (only regular files, never through a
+//! symlink), and copies each file, up to `[artifacts] max_files`, into `DATA/artifacts/<id>.part`,
+//! renamed `<id>` once whole; a file past what is left of `max_bytes` (and of the workspace's
+//! storage quota) is left out. `GET /api/v1/artifacts/{id}` streams the file; the timer loop calls
+//! [`expire`], which deletes expired rows and their files.
 
 use crate::auth::Auth;
-use crate::error::ApiError;
+use crate::error::Internal;
 use crate::sandboxes::{self, USER_UID};
-use crate::service::{AgentOp, Runnable, SandboxError};
+use crate::service::{AgentOp, RunError, Runnable, SandboxError};
 use crate::util::{new_id, now_ms, rfc3339};
 use crate::AppState;
 use cella_agent::client::{AgentClient, ClientError, WriteError};
 use cella_agent::proto::{FileInfo, Request, Response as AgentResponse};
 use cella_store::ArtifactRow;
-use cella_types::{
-    Artifact, CreateSandbox, ErrorCode, ExecRequest, ExecUser, RunRequest, RunResult,
-};
+use cella_types::{Artifact, CreateSandbox, ExecRequest, ExecUser, RunRequest, RunResult};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
@@ -44,13 +62,13 @@ pub fn wire(state: &AppState, a: &ArtifactRow) -> Artifact {
 }
 
 /// A run's file contents, decoded (before any sandbox is made, so bad input changes nothing).
-fn decode_files(req: &RunRequest) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
+fn decode_files(req: &RunRequest) -> Result<Vec<(String, Vec<u8>)>, RunError> {
     use base64::Engine;
     let mut out = Vec::new();
     for (i, f) in req.files.iter().enumerate() {
         let field = format!("files[{i}]");
         if f.path.is_empty() || f.path.contains('\0') {
-            return Err(ApiError::invalid(
+            return Err(RunError::invalid(
                 &format!("{field}.path"),
                 "path must not be empty",
             ));
@@ -60,10 +78,10 @@ fn decode_files(req: &RunRequest) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
             "base64" => base64::engine::general_purpose::STANDARD
                 .decode(f.content.trim())
                 .map_err(|e| {
-                    ApiError::invalid(&format!("{field}.content"), format!("not base64: {e}"))
+                    RunError::invalid(&format!("{field}.content"), format!("not base64: {e}"))
                 })?,
             other => {
-                return Err(ApiError::invalid(
+                return Err(RunError::invalid(
                     &format!("{field}.encoding"),
                     format!("encoding {other:?}: use utf8 or base64"),
                 ))
@@ -74,15 +92,15 @@ fn decode_files(req: &RunRequest) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
     Ok(out)
 }
 
-fn check_globs(globs: &[String], field: &str) -> Result<(), ApiError> {
+fn check_globs(globs: &[String], field: &str) -> Result<(), RunError> {
     if globs.len() > MAX_GLOBS {
-        return Err(ApiError::invalid(
+        return Err(RunError::invalid(
             field,
             format!("at most {MAX_GLOBS} entries"),
         ));
     }
     if globs.iter().any(|g| g.is_empty() || g.contains('\0')) {
-        return Err(ApiError::invalid(field, "entries must not be empty"));
+        return Err(RunError::invalid(field, "entries must not be empty"));
     }
     Ok(())
 }
@@ -103,25 +121,25 @@ pub async fn run(
     state: &Arc<AppState>,
     auth: &Auth,
     req: RunRequest,
-) -> Result<RunResult, ApiError> {
+) -> Result<RunResult, RunError> {
     let files = decode_files(&req)?;
     check_globs(&req.artifacts, "artifacts")?;
     match (&req.command, &req.argv) {
         (Some(_), None) => {}
         (None, Some(a)) if !a.is_empty() => {}
         (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
+            return Err(RunError::invalid(
                 "command",
                 "give command or argv, not both",
             ))
         }
-        _ => return Err(ApiError::invalid("command", "command or argv is required")),
+        _ => return Err(RunError::invalid("command", "command or argv is required")),
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
     let mut guard = HangUp(Some(tx));
     let (st, auth2) = (state.clone(), auth.clone());
     let task = tokio::spawn(async move { run_task(&st, &auth2, req, files, rx).await });
-    let res = task.await.map_err(|_| ApiError::internal())?;
+    let res = task.await.map_err(Internal::task("a run's task"))?;
     guard.0 = None; // answered: nothing to cancel
     res
 }
@@ -132,7 +150,7 @@ async fn run_task(
     req: RunRequest,
     files: Vec<(String, Vec<u8>)>,
     hang_up: tokio::sync::oneshot::Receiver<()>,
-) -> Result<RunResult, ApiError> {
+) -> Result<RunResult, RunError> {
     let timeout = req.timeout_sec.unwrap_or(3600);
     let create = CreateSandbox {
         template_id: req.template_id.clone(),
@@ -147,7 +165,9 @@ async fn run_task(
         wait: Some(true),
         ..Default::default()
     };
-    let sb = sandboxes::create(state, auth, create).await?;
+    let sb = sandboxes::create(state, auth, create)
+        .await
+        .map_err(RunError::Create)?;
     let id = sb.id.clone();
     let work = async {
         let row = state
@@ -185,7 +205,7 @@ async fn run_task(
         } else {
             collect(state, &sb, &req.artifacts, &cwd, user).await?
         };
-        Ok::<_, ApiError>(RunResult {
+        Ok::<_, RunError>(RunResult {
             exit_code: result.exit_code,
             stdout: result.stdout,
             stderr: result.stderr,
@@ -197,7 +217,7 @@ async fn run_task(
     };
     let outcome = tokio::select! {
         r = work => r,
-        _ = hang_up => Err(ApiError::new(ErrorCode::Conflict, "the client went away; the run was cancelled")),
+        _ = hang_up => Err(RunError::Cancelled),
     };
     let reason = match &outcome {
         Ok(_) => "one-shot run finished",
@@ -215,7 +235,7 @@ async fn write_file(
     path: &str,
     uid: u32,
     bytes: Vec<u8>,
-) -> Result<(), ApiError> {
+) -> Result<(), RunError> {
     let chunks = futures_util::stream::iter(vec![Ok::<_, std::io::Error>(bytes)]);
     let max = state.config.files.max_upload_bytes;
     match sb
@@ -224,10 +244,9 @@ async fn write_file(
         .await
     {
         Ok(_) => Ok(()),
-        Err(WriteError::TooLarge) => Err(ApiError::new(
-            ErrorCode::PayloadTooLarge,
-            format!("{path} is over the upload limit"),
-        )),
+        Err(WriteError::TooLarge) => Err(RunError::TooLarge {
+            path: path.to_string(),
+        }),
         Err(WriteError::Agent(e)) => Err(AgentOp::RunFile {
             path: path.to_string(),
         }
@@ -521,7 +540,7 @@ pub async fn collect(
     globs: &[String],
     cwd: &str,
     user: ExecUser,
-) -> Result<Vec<ArtifactRow>, ApiError> {
+) -> Result<Vec<ArtifactRow>, RunError> {
     check_globs(globs, "paths")?;
     let row = &sb.row;
     // The workspace's storage quota bounds what this collection may keep.
@@ -560,7 +579,7 @@ pub async fn collect(
         let part = dir.join(format!("{id}.part"));
         let mut f = tokio::fs::File::create(&part)
             .await
-            .map_err(|_| ApiError::internal())?;
+            .map_err(Internal::io("creating an artifact's file"))?;
         let mut size = 0u64;
         let mut ok = true;
         while let Some(chunk) = reader.next_chunk().await {
@@ -585,7 +604,7 @@ pub async fn collect(
         drop(f);
         tokio::fs::rename(&part, dir.join(&id))
             .await
-            .map_err(|_| ApiError::internal())?;
+            .map_err(Internal::io("keeping an artifact's file"))?;
         budget -= size;
         let a = ArtifactRow {
             seq: 0,

@@ -2,9 +2,32 @@
 //!
 //! A running sandbox to exec in comes from `service::Runnable` (the one place that checks it
 //! runs and fills in its template's defaults); booting is in `service::boot`.
+//!
+//! A create (`POST /api/v1/sandboxes`): `admit` loads the `snapshot_id`'s row, if any (the
+//! workspace's own, not internal; it gives the template and the size), resolves the template (a
+//! built-in one or the workspace's own) and the size, checks readiness, timeouts, metadata, the
+//! environment (the template's defaults with the request's over it, checked and stored together)
+//! and the egress policy (`network::check`: every entry parses, at most 64 in a list, and every
+//! domain resolves now, else a 400 on `network.allow` or `network.deny`), and builds a row in
+//! `provisioning`. With `wait` and no `snapshot_id`, `pool::claim` tries the warm pool first;
+//! otherwise `Store::insert_sandbox_capped` inserts the row only if the workspace is under its
+//! plan's cap, in one SQL statement (else 429 `CONCURRENCY_LIMIT`). The boot runs in a task of its
+//! own under the sandbox's lock (`service::boot`): the driver launches it (see the namespace
+//! driver's `launch`), then a template's `start` command runs, as a background process tagged
+//! `template-app` with the template's exec defaults, until its ready check passes (a command, or a
+//! TCP connect to its port; a failure ends the sandbox and fails the boot). The row turns
+//! `running` with its `timeout_at`, or `error` with its `state_reason` (a waiting create then
+//! answers 503).
+//!
+//! A streamed exec (`POST .../exec/stream`) runs `Driver::exec` in a task whose output flows
+//! through a channel into the response; `sse::OutputEncoder` makes each read a `stdout` or
+//! `stderr` event (a JSON string, or `{"b64"}`; a character split between reads waits in a
+//! `Utf8Carry`), and the last event is `exit` or `error`. A client that leaves drops the receiver,
+//! so the agent's connection closes and it kills the command. A failed exec probes the sandbox;
+//! one whose processes are gone is marked so (`mark_gone`, 409).
 
 use crate::auth::Auth;
-use crate::error::ApiError;
+use crate::error::{ApiError, Internal};
 use crate::service::transitions::{self, Event};
 use crate::service::{check_timeout, Runnable, SandboxError};
 use crate::util::{new_id, now_ms, rfc3339};
@@ -22,9 +45,10 @@ use tokio::sync::mpsc;
 /// Workspaces made on or after 2026-10-11 (UTC) get a 30-minute idle timeout when none is given.
 const IDLE_DEFAULT_FROM_MS: i64 = 1_791_676_800_000;
 const IDLE_DEFAULT_SEC: u32 = 1800;
+pub use crate::rows::{handle_of, handle_or_none, state_of, stop_clock, Locks};
 pub(crate) use crate::service::boot::{boot, settle};
 pub(crate) use crate::service::owned;
-pub use crate::service::rows::{handle_of, state_of, stop_clock, Locks};
+pub(crate) use crate::service::runnable::workspace_cap;
 pub(crate) use crate::service::runnable::{check_map, DEFAULT_TIMEOUT_SEC, MAX_TIMEOUT_SEC};
 const DEFAULT_TEMPLATE: &str = "base";
 
@@ -74,22 +98,6 @@ pub fn to_wire(app: &AppState, row: &SandboxRow) -> Sandbox {
 }
 
 /// Checks a create request and turns it into a new row (not yet stored).
-/// The caller's workspace and its plan's cap on concurrent sandboxes.
-pub(crate) async fn workspace_cap(
-    state: &AppState,
-    auth: &Auth,
-) -> Result<(cella_store::WorkspaceRow, u32), ApiError> {
-    let workspace = state
-        .store
-        .workspace(&auth.workspace_id)
-        .await?
-        .ok_or_else(ApiError::internal)?;
-    let cap = cella_types::Plan::parse(&workspace.plan)
-        .unwrap_or(cella_types::Plan::Developer)
-        .concurrency_cap();
-    Ok((workspace, cap))
-}
-
 async fn admit(
     state: &AppState,
     auth: &Auth,
@@ -316,11 +324,9 @@ async fn create_admitted(
     });
     if req.wait.unwrap_or(true) {
         let _ = boot.await;
-        let row = state
-            .store
-            .sandbox(&row.id)
-            .await?
-            .ok_or_else(ApiError::internal)?;
+        let row = state.store.sandbox(&row.id).await?.ok_or_else(|| {
+            Internal::Broken(format!("sandbox {} lost its row in its boot", row.id))
+        })?;
         if state_of(&row) == SandboxState::Error {
             // Made and settled: its reservation is gone already (not abandoned twice).
             return Err(ApiError::unavailable("the sandbox failed to start")
@@ -328,11 +334,9 @@ async fn create_admitted(
         }
         return Ok(to_wire(state, &row));
     }
-    let row = state
-        .store
-        .sandbox(&row.id)
-        .await?
-        .ok_or_else(ApiError::internal)?;
+    let row = state.store.sandbox(&row.id).await?.ok_or_else(|| {
+        Internal::Broken(format!("sandbox {} lost its row after its create", row.id))
+    })?;
     Ok(to_wire(state, &row))
 }
 
@@ -367,7 +371,7 @@ pub async fn destroy(
     settle(state, &mut row, now);
     state
         .driver
-        .destroy(id, handle_of(&row).as_ref())
+        .destroy(id, handle_or_none(&row).as_ref())
         .await
         .map_err(SandboxError::driver("destroy"))?;
     transitions::apply(&mut row, Event::Destroy)?;
@@ -406,7 +410,7 @@ pub(crate) async fn mark_gone(
     if transitions::check(state_of(&row), event).is_err() {
         return; // already stopped, destroyed or in error
     }
-    let handle = handle_of(&row);
+    let handle = handle_or_none(&row);
     if seen.is_some() && handle.as_ref() != seen {
         return;
     }
@@ -750,17 +754,48 @@ pub async fn exec_failure(
 
 /// At start: find every sandbox again, report honestly the ones whose processes are gone, and
 /// clear whatever is left on the host of sandboxes that are not live.
+///
+/// PID 1 of each sandbox is reparented to the server (a child subreaper, to reap it at destroy)
+/// and, once that exits, to the host's init, so sandboxes outlive the server. This leaves
+/// `stopped` rows alone, moves `provisioning` ones to `error`, and probes `running` and `paused`
+/// ones, keeping those alive (the warm pool's among them); internal snapshots of forks the
+/// server did not finish are deleted; then, for every id `Driver::leftovers` finds (a
+/// directory, cgroup or firewall chain) that is not a sandbox found alive, a stopped sandbox
+/// gets `Driver::stop` without a handle (its files stay; a cgroup or an earlier boot's chain
+/// goes), and anything else `Driver::destroy` (the sandboxes of build steps the server did not
+/// finish among them: `builds::restore`, earlier in the start, failed their builds). A sandbox
+/// found dead (here, by a failed exec, or by the liveness check) goes through `mark_gone`,
+/// which acts only if the dead handle is still the row's: a persistent one that had started
+/// goes to `stopped`, its layer kept; any other goes to `error` and is removed.
+///
+/// A corrupt row (a column that does not decode, its runtime record included) does not stop
+/// the server: it is logged with its id and skipped, and what it has on the host is left as it
+/// is (neither marked gone nor cleared), for an operator to look at; the others go on.
 pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> {
-    let live = state.store.live_sandboxes().await?;
+    let live = state.store.live_sandboxes_each().await?;
     let mut keep = std::collections::HashSet::new();
+    // Sandboxes whose host state stays as it is: the running ones, and the corrupt rows.
     let mut running = std::collections::HashSet::new();
+    let mut skip = |e: cella_store::StoreError| {
+        tracing::error!("sandbox skipped at start, left as it is: {e}");
+        if let cella_store::StoreError::Corrupt { id, .. } = e {
+            running.insert(id);
+        }
+    };
+    let mut found = Vec::new();
     for row in live {
+        match row.and_then(|row| Ok((handle_of(&row)?, row))) {
+            Ok(found_row) => found.push(found_row),
+            Err(e) => skip(e),
+        }
+    }
+    for (handle, row) in found {
         let st = state_of(&row);
         // Whatever happens below, a persistent sandbox past provisioning keeps its files.
         if row.persistent && st != SandboxState::Provisioning {
             keep.insert(row.id.clone());
         }
-        match (st, handle_of(&row)) {
+        match (st, handle) {
             (SandboxState::Stopped, _) => {}
             (SandboxState::Provisioning, _) => {
                 let reason = "the server stopped while the sandbox was being created";

@@ -46,6 +46,11 @@ pub fn hash_key(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
+/// The id a workspace knows a template by, from the template's internal key.
+pub fn public_id(key: &str) -> &str {
+    key.split_once('.').map_or(key, |(public, _)| public)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

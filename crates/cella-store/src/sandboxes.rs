@@ -623,4 +623,15 @@ impl Store {
         );
         typed(sqlx::query_as(&q).fetch_all(&self.pool).await?)
     }
+
+    /// [`Store::live_sandboxes`], each row decoded on its own: a corrupt row is its own
+    /// [`StoreError::Corrupt`] (with its id) among the others, for the start of the server,
+    /// which skips it and goes on with the rest.
+    pub async fn live_sandboxes_each(&self) -> Result<Vec<Result<SandboxRow>>> {
+        let q = format!(
+            "SELECT {SANDBOX_COLS} FROM sandboxes WHERE state NOT IN ('destroyed', 'error') ORDER BY seq"
+        );
+        let rows: Vec<Raw> = sqlx::query_as(&q).fetch_all(&self.pool).await?;
+        Ok(rows.into_iter().map(SandboxRow::try_from).collect())
+    }
 }

@@ -156,6 +156,17 @@ impl Store {
         rows.into_iter().map(TemplateRow::try_from).collect()
     }
 
+    /// [`Store::templates`], each row decoded on its own (a corrupt one is its own error, with
+    /// its id), for the start of the server, which skips it and goes on.
+    pub async fn templates_each(&self) -> Result<Vec<Result<TemplateRow>>> {
+        let rows: Vec<RawTemplate> = sqlx::query_as(&format!(
+            "SELECT {TEMPLATE_COLS} FROM templates ORDER BY seq"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(TemplateRow::try_from).collect())
+    }
+
     pub async fn template(&self, id: &str) -> Result<Option<TemplateRow>> {
         let raw: Option<RawTemplate> = sqlx::query_as(&format!(
             "SELECT {TEMPLATE_COLS} FROM templates WHERE id = ?"

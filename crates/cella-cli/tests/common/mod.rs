@@ -1,5 +1,16 @@
 //! The test harness: starts the real `cella` binary as a server on a free port with a fresh data
 //! directory, talks to it over HTTP, and afterwards clears every sandbox it left on the host.
+//!
+//! Unit tests sit next to the code (and the server's, over the fake driver, in
+//! `cella-server/src/tests/`, without root). The integration suites here run the real binary as a
+//! server and talk to it as a client would; each file's module doc says what it covers. Test
+//! servers keep no warm pool unless a test asks for one (`[pool]` in its configuration): every
+//! test's server would otherwise boot sandboxes ahead. Suites that need programs the host may not
+//! have (a registry and `skopeo` for `images.rs`, Chromium for the browser test of previews) skip
+//! those tests when they are missing. `bash .ci/run`, as root, installs what the tests need, runs
+//! the Rust tests, then the kernels' driver tests (`crates/cella-agent/kernels/test_kernels.py`,
+//! which drive `python.py` and `node.js` over their protocol, with no sandbox and no server), then
+//! the TypeScript and Python SDKs' suites against the server just built.
 #![allow(dead_code)]
 
 use reqwest::blocking::Client;

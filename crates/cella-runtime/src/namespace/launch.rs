@@ -6,6 +6,35 @@
 //! unshares the namespaces, and forks: the child is PID 1 of the new PID namespace, builds the
 //! root, binds the agent's socket, pivots, and becomes the agent. The launcher prints the child's
 //! host pid as one JSON line and exits, so the sandbox is no child of the server and outlives it.
+//!
+//! In order: the driver creates the cgroup (on v1 only in the memory, cpu, cpuacct, pids and
+//! freezer hierarchies), starts the launcher with an empty environment and sends it the cgroup's
+//! path as the first line of its stdin; while the launcher joins that cgroup, the driver makes the
+//! sandbox's disk at its first boot (a copy of the snapshot's image when `SandboxSpec::snapshot`
+//! is set, else `disk::ensure_image`) and writes `launch.json` (with the subnet and a first slot to
+//! try, when the sandbox gets a network); then the whole configuration follows on stdin.
+//!
+//! The launcher closes inherited descriptors, joins the cgroup, makes the sandbox's user namespace
+//! (`userns::create`: a helper child running as the sandbox's accounting uid unshares it, the
+//! launcher writes its `uid_map`/`gid_map`, keeps a descriptor and lets the helper go; before the
+//! PID namespace, whose first child would otherwise be the helper), opens the host's network
+//! namespace, unshares the mount, UTS, IPC, network, PID and cgroup namespaces (all owned by the
+//! host's user namespace), sets the new network namespace's `ip_unprivileged_port_start` to 0 and
+//! `ping_group_range` to every group, makes the sandbox's link (`net::setup_inside`), and forks.
+//! The child (PID 1) applies the mount plan (`mounts::plan`: `MakePrivate`; `Disk`, the image on a
+//! free loop device with auto-clear, mounted `nosuid`, `nodev`, in this mount namespace only;
+//! `ShiftIds`; `PrepareUpper`, which writes `/etc/hostname` and `/etc/hosts` into the upper layer,
+//! removing, never following, whatever the sandbox left there; with a user namespace, `Idmap` of
+//! every template layer and bind source; the overlay root; the template's binds, a `layered` one
+//! as an overlay of its own; `/proc` and `/sys` with the `MASKED` and `READ_ONLY` paths, a minimal
+//! `/dev` whose nodes are made with `mknod`, `/run`). It sets the hostname, brings up `lo`, binds
+//! the agent's socket on the host side, pivots (the old root is detached; the overlay keeps the
+//! disk mounted), enters the user namespace as its root (`userns::enter`), puts its standard
+//! streams on `/dev/null` and becomes the agent. The launcher prints
+//! `{"ok": true, "pid": N, "net": {...}}` and exits. The driver records pid, process start time,
+//! socket, cgroup and link as the `SandboxHandle`; with a network it configures the host end
+//! (`net::host_up`) and installs this boot's chain (until then the firewall refuses whatever the
+//! sandbox sends; a failure here ends the sandbox and fails the boot), and pings the agent.
 
 use super::{mounts, LaunchConfig};
 use nix::sched::{unshare, CloneFlags};

@@ -226,6 +226,15 @@ impl NamespaceDriver {
     }
 
     /// The snapshot copy itself (blocking): freeze, sync, copy, thaw.
+    ///
+    /// Without a disk image there is nothing to copy (`Unsupported`). Otherwise it makes
+    /// `snapshots/<snap>/` (0700); for a live sandbox (its init's pid with the recorded start
+    /// time) it freezes the cgroup unless it is frozen already, calls `syncfs` on a descriptor
+    /// of `/proc/<pid>/root` (the sandbox's overlay root: the sync passes through the overlay to
+    /// the disk's ext4 and its loop device, into the image file), copies, and thaws the cgroup
+    /// if it froze it, timing the freeze (`paused_us`). A stopped sandbox's image, mounted
+    /// nowhere, is copied as it lies. The copy is sparse ([`crate::disk::copy_sparse`]); its
+    /// `size_bytes` is the copy's allocated blocks.
     fn take_snapshot(
         &self,
         id: &str,
@@ -467,6 +476,13 @@ impl NamespaceDriver {
 
     /// Ends the sandbox's processes and drops its cgroup and socket; with `keep_files`, its
     /// writable layer stays for a later boot.
+    ///
+    /// It starts with the firewall rules. When the handle knows the boot's interface index, the
+    /// boot's rules are removed in a thread of their own and the call goes on without waiting
+    /// (deleting nftables objects waits for an RCU grace period); as the index is never reused,
+    /// rules that outlive the answer by a few milliseconds apply to nothing. Without an index (no
+    /// handle), every chain of the sandbox's id and its map entries go at once. The link needs
+    /// nothing: it went with the namespace.
     fn remove(
         &self,
         id: &str,

@@ -10,6 +10,15 @@
 //!
 //! Slots are shared by every server on the host: a slot is taken when its interface name exists,
 //! and the launcher moves on to the next slot when the kernel answers EEXIST.
+//!
+//! Slot `n` is the block at subnet + 4n (a /16 holds 16384); its host end is named `cv<n>`. The
+//! launcher tries up to 4096 slots from the driver's guess (one past the highest `cv*` at start,
+//! then one past the last slot taken). It opens the host's network namespace before it unshares,
+//! so that one netlink request (`RTM_NEWLINK` with `NLM_F_EXCL`) makes the pair from inside, the
+//! peer moved to the host's namespace by that descriptor; netlink is used only there, for the one
+//! request no ioctl offers; `eth0`'s address, its state and the default route are plain ioctls.
+//! IPv6 is turned off inside before the pair exists, and on the host end by [`host_up`], so
+//! neither end gets a link-local address around the IPv4 firewall.
 
 use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL,

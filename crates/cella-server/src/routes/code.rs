@@ -1,7 +1,15 @@
 //! The code interpreter: persistent Python and JavaScript contexts (the agent's `kernel.rs`).
+//!
+//! The handler checks the scope, then the body or query: `code_language` gives the language's
+//! canonical name (`python`, `javascript`) or a 400 `UNKNOWN_LANGUAGE`; a cell's timeout defaults
+//! to, and is capped at, `MAX_CELL_TIMEOUT_SEC`. The sandbox must be running (409, never waking
+//! it); `call` builds the exec spec of a plain exec (user, home, environment, the template's
+//! defaults) and sends one `Request::Code`, whose spec is used only if the kernel has to start.
+//! The answer becomes a `CodeResult` (`error` and `outputs` left out when empty, `restarted` only
+//! when true).
 
 use crate::auth::Auth;
-use crate::error::ApiError;
+use crate::error::{ApiError, Internal};
 use crate::extract::{ApiBody, QueryPairs};
 use crate::service::{runnable, AgentOp, Runnable, SandboxError};
 use crate::AppState;
@@ -162,8 +170,8 @@ pub async fn state_of(
 ) -> Result<Json<Data<CodeState>>, ApiError> {
     let sb = runnable(&state, &auth, &id).await?;
     let answer = call(&state, &sb, "python", CodeOp::State).await?;
-    let kernels: Vec<KernelInfo> =
-        serde_json::from_value(answer["kernels"].clone()).map_err(|_| ApiError::internal())?;
+    let kernels: Vec<KernelInfo> = serde_json::from_value(answer["kernels"].clone())
+        .map_err(Internal::json("the code interpreter's kernels"))?;
     Ok(Json(Data {
         data: CodeState { kernels },
     }))
@@ -182,8 +190,8 @@ pub async fn contexts(
     let lang = language_query(&q)?;
     let sb = runnable(&state, &auth, &id).await?;
     let answer = call(&state, &sb, lang, CodeOp::State).await?;
-    let kernels: Vec<KernelInfo> =
-        serde_json::from_value(answer["kernels"].clone()).map_err(|_| ApiError::internal())?;
+    let kernels: Vec<KernelInfo> = serde_json::from_value(answer["kernels"].clone())
+        .map_err(Internal::json("the code interpreter's kernels"))?;
     let data = kernels
         .into_iter()
         .filter(|k| k.language == lang)
@@ -225,8 +233,10 @@ pub async fn create_context(
     )
     .await?;
     if answer["ok"] != Value::Bool(true) {
-        tracing::warn!(sandbox = id, "context create: {answer}");
-        return Err(ApiError::internal());
+        return Err(Internal::Broken(format!(
+            "code context create in sandbox {id} answered {answer}"
+        ))
+        .into());
     }
     let created = answer["created"].as_bool().unwrap_or(false);
     Ok((
@@ -291,8 +301,8 @@ pub async fn reset_all(
     let sb = runnable(&state, &auth, &id).await?;
     call(&state, &sb, lang, CodeOp::ResetAll).await?;
     let answer = call(&state, &sb, lang, CodeOp::State).await?;
-    let kernels: Vec<KernelInfo> =
-        serde_json::from_value(answer["kernels"].clone()).map_err(|_| ApiError::internal())?;
+    let kernels: Vec<KernelInfo> = serde_json::from_value(answer["kernels"].clone())
+        .map_err(Internal::json("the code interpreter's kernels"))?;
     Ok(Json(Data {
         data: CodeState { kernels },
     }))

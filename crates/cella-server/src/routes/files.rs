@@ -1,6 +1,18 @@
 //! The files routes. Every operation is carried out by the sandbox's agent, whose root is the
 //! sandbox's root, so no path (`..`, absolute or escaping symlinks) can reach the host.
 //! Uploads and downloads stream through: the server never holds a whole file.
+//!
+//! An upload (`PUT`) with a `Content-Length` over `[files] max_upload_bytes` is a 413 at once.
+//! `AgentClient::write_file` sends `Write`, the body's chunks as `Data` frames, then `DataEnd`; the
+//! agent writes beside the target (a `.cella-upload-` file; missing parents are made) and at
+//! `DataEnd` syncs, sets mode and owner, and renames it into place. Past the limit the client
+//! shuts the connection and waits until the agent removed the partial file; the handler drains a
+//! bounded part of the body so that the client can read the 413. A download (`GET`) sends `Read`
+//! and streams the agent's `Data` frames as the body (only a few frames are in flight either way,
+//! so the server's memory stays flat); a suffix `Range` first learns the size, a range outside the
+//! file is a 416 with `Content-Range: bytes */SIZE`. A watch (the agent's inotify) is sent on as
+//! server-sent events; the agent's own upload files are hidden (their `create` and `modify` are
+//! dropped, and the rename that lands one is the target's `create`).
 
 use crate::auth::Auth;
 use crate::error::ApiError;
@@ -112,7 +124,7 @@ async fn stat_entry(agent: &AgentClient, path: &str) -> Result<FileEntry, ApiErr
         .map_err(agent_error)?
     {
         AgentResponse::Stat(i) => Ok(entry(i)),
-        _ => Err(ApiError::internal()),
+        _ => Err(crate::service::SandboxError::UnexpectedAnswer("a file's stat").into()),
     }
 }
 
@@ -324,7 +336,7 @@ pub async fn list(
             next_cursor: None,
             truncated,
         })),
-        _ => Err(ApiError::internal()),
+        _ => Err(crate::service::SandboxError::UnexpectedAnswer("listing a directory").into()),
     }
 }
 

@@ -15,7 +15,7 @@ pub async fn healthz() -> Json<Health> {
 /// This document.
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "server", responses((status = 200, description = "OpenAPI 3 document")))]
 pub async fn openapi() -> impl IntoResponse {
-    Json(crate::openapi::document())
+    Json(crate::routes::table::document())
 }
 
 pub async fn not_found() -> ApiError {

@@ -44,7 +44,7 @@ async fn call(agent: &AgentClient, req: &Request) -> Result<AgentResponse, ApiEr
 fn one(r: AgentResponse) -> Result<Process, ApiError> {
     match r {
         AgentResponse::Process(p) => Ok(wire(p)),
-        _ => Err(ApiError::internal()),
+        _ => Err(crate::service::SandboxError::UnexpectedAnswer("a process request").into()),
     }
 }
 
@@ -77,7 +77,9 @@ pub async fn start(
     let agent = sb.agent(&state);
     let pid = match call(&agent, &Request::Spawn { spec, tag }).await? {
         AgentResponse::Started { pid } => pid,
-        _ => return Err(ApiError::internal()),
+        _ => {
+            return Err(crate::service::SandboxError::UnexpectedAnswer("starting a process").into())
+        }
     };
     let p = one(call(&agent, &Request::Process { pid }).await?)?;
     Ok((StatusCode::CREATED, Json(Data { data: p })))
@@ -97,7 +99,7 @@ pub async fn list(
             data: processes.into_iter().map(wire).collect(),
             next_cursor: None,
         })),
-        _ => Err(ApiError::internal()),
+        _ => Err(crate::service::SandboxError::UnexpectedAnswer("listing processes").into()),
     }
 }
 

@@ -4,6 +4,14 @@
 //! resizes (any other text frame is typed as input). When the program ends the server sends a
 //! text frame `{"exit": {"exit_code": N}}` and closes; when the client closes, the program is
 //! hung up (SIGHUP, then SIGKILL).
+//!
+//! The route takes the `WebSocketUpgrade` as a `Result`, so it checks the scope first, then that
+//! the request is an upgrade (else 400, `field: "upgrade"`), then the query and the state, all
+//! before upgrading. The spec is built like an exec's with `TERM=xterm-256color`; the default
+//! program is `bash -l` when `/bin/bash` exists, else `sh -l`. Input and resizes go to the agent's
+//! `PtyWriter`; the `PtyReader`'s output is relayed as binary frames and a last `{"exit"}` text
+//! frame. A client that leaves drops the writer: the agent sends `SIGHUP` to the program's group,
+//! then kills its tree 200 ms later.
 
 use crate::auth::Auth;
 use crate::error::ApiError;

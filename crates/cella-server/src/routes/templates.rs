@@ -1,3 +1,6 @@
+//! The template and image routes: each parses its request, calls one function of
+//! `crate::builds` (custom templates) or `crate::images` (archive uploads) and encodes.
+
 use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::AppState;
@@ -22,10 +25,7 @@ pub async fn get(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<Template>>, ApiError> {
-    let t = state
-        .catalog
-        .visible(&id, &auth.workspace_id)
-        .ok_or_else(|| ApiError::not_found("template"))?;
+    let t = crate::builds::template(&state, &auth, &id)?;
     Ok(Json(Data {
         data: state.catalog.entry(&t),
     }))
@@ -67,16 +67,10 @@ pub async fn builds(
     q: crate::extract::QueryPairs,
 ) -> Result<Json<cella_types::List<cella_types::TemplateBuild>>, ApiError> {
     crate::extract::reject_unknown(&q.0)?;
-    let t = state
-        .catalog
-        .visible(&id, &auth.workspace_id)
-        .filter(|t| t.workspace_id.as_deref() == Some(auth.workspace_id.as_str()))
-        .ok_or_else(|| ApiError::not_found("template"))?;
-    let rows = state.store.builds_of(&t.id, 50).await?;
+    let rows = crate::builds::builds_of(&state, &auth, &id, 50).await?;
     Ok(Json(cella_types::List {
         data: rows
             .iter()
-            .filter(|b| b.workspace_id == auth.workspace_id)
             .map(|b| crate::builds::wire(b, b.log.len()))
             .collect(),
         next_cursor: None,
@@ -110,17 +104,7 @@ pub async fn build_status(
             }
         }
     }
-    let key = state
-        .catalog
-        .visible(&id, &auth.workspace_id)
-        .map(|t| t.id)
-        .unwrap_or_default();
-    let b = state
-        .builds
-        .get(&state, &build_id)
-        .await?
-        .filter(|b| b.template_id == key && b.workspace_id == auth.workspace_id)
-        .ok_or_else(|| ApiError::not_found("build"))?;
+    let b = crate::builds::build_of(&state, &auth, &id, &build_id).await?;
     Ok(Json(Data {
         data: crate::builds::wire(&b, offset),
     }))

@@ -2,9 +2,9 @@
 //! that is ready; the result (`running` or `error`) is recorded through the transition table.
 //! Also banking a boot's clock and CPU time when it ends.
 
-use super::rows::{handle_of, state_of, stop_clock};
 use super::transitions::{self, Event};
 use super::{Runnable, SandboxError};
+use crate::rows::{handle_or_none, state_of, stop_clock};
 use crate::util::now_ms;
 use crate::AppState;
 use cella_runtime::{DriverError, SandboxHandle, SandboxSpec};
@@ -34,7 +34,7 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
     let result = match image {
         None => Err(DriverError::Image(format!(
             "template {} has no image on this host",
-            crate::catalog::public_id(&row.template_id)
+            crate::util::public_id(&row.template_id)
         ))),
         Some(image) => {
             let spec = SandboxSpec {
@@ -117,7 +117,7 @@ pub fn settle(state: &AppState, row: &mut SandboxRow, now: i64) {
     if let Some(since) = row.paused_since.take() {
         row.paused_ms += (now - since).max(0);
     }
-    if let Some(u) = handle_of(row).and_then(|h| state.driver.usage(&h)) {
+    if let Some(u) = handle_or_none(row).and_then(|h| state.driver.usage(&h)) {
         row.cpu_ns += u.cpu_ns as i64;
     }
 }
@@ -135,8 +135,10 @@ async fn start_template_app(
     let Some(start) = t.defaults.start.clone() else {
         return Ok(());
     };
+    // The row as it will be once booted (a copy, never stored), for the exec spec's defaults.
     let mut boot_row = row.clone();
-    boot_row.state = SandboxState::Running;
+    super::transitions::apply(&mut boot_row, super::transitions::Event::Booted)
+        .map_err(|r| r.to_string())?;
     boot_row.runtime = serde_json::to_string(handle).ok();
     let boot = Runnable::booting(state, boot_row, handle.clone());
     let spec = boot

@@ -1,13 +1,17 @@
 //! The service layer's errors: what went wrong, in domain terms, with its cause.
 //!
-//! Services return these; `crate::error` turns them into the API's envelope in one place
-//! (`impl From<SandboxError> for ApiError`), logging the causes of internal ones (never sent
-//! to the client).
+//! Services return these; they become the API's envelope here, in one place
+//! (`impl From<SandboxError> for ApiError`), which logs the causes of internal ones (never sent
+//! to the client). `crate::error` (the envelope itself) is a leaf below the services.
 
 use super::transitions::Refused;
+use crate::error::ApiError;
+use crate::quotas::StorageFull;
 use cella_agent::client::ClientError;
 use cella_runtime::DriverError;
 use cella_store::StoreError;
+use cella_types::ErrorCode;
+use serde_json::json;
 
 /// Which kind of agent operation failed: the same refusal of the agent means a different
 /// field (or code) depending on what was asked.
@@ -164,6 +168,313 @@ impl From<DriverError> for SandboxError {
         SandboxError::Driver {
             what: "driver",
             source,
+        }
+    }
+}
+
+/// The one place a [`SandboxError`] becomes the API's envelope; the causes of internal errors
+/// are logged here, never sent.
+impl From<SandboxError> for ApiError {
+    fn from(e: SandboxError) -> Self {
+        use cella_agent::proto::ErrorKind as K;
+        use SandboxError as E;
+        let message = e.to_string();
+        match e {
+            E::NotFound(what) => ApiError::not_found(what),
+            E::Invalid { field, message } => ApiError::invalid(&field, message),
+            E::NotRunning { state, reason, .. } => {
+                ApiError::new(ErrorCode::SandboxNotRunning, message)
+                    .with_details(json!({ "state": state, "reason": reason }))
+            }
+            E::Gone { .. } => ApiError::new(ErrorCode::SandboxNotRunning, message),
+            E::Refused(r) => ApiError::new(ErrorCode::Conflict, message)
+                .with_details(json!({ "state": r.state.as_str() })),
+            E::NotPersistent { state } => ApiError::new(ErrorCode::Conflict, message)
+                .with_details(json!({ "state": state, "persistent": false })),
+            E::ConcurrencyLimit { cap, plan } => {
+                let mut e = ApiError::new(ErrorCode::ConcurrencyLimit, message)
+                    .with_details(json!({ "limit": cap, "plan": plan }));
+                e.retry_after = Some(5);
+                e
+            }
+            E::InsufficientFunds {
+                needed,
+                available,
+                what,
+            } => crate::error::insufficient(needed, available, what),
+            E::Billing(b) => b.into(),
+            E::RestartFailed { id, reason } => ApiError::unavailable(message)
+                .with_details(json!({ "sandbox_id": id, "reason": reason })),
+            E::Agent {
+                op,
+                source: ClientError::Refused { kind, message: m },
+            } => match (&op, kind) {
+                (AgentOp::RunFile { path }, K::NoSpace) => {
+                    // The sandbox's disk is full: 507, as an upload would answer.
+                    ApiError::new(
+                        ErrorCode::InsufficientStorage,
+                        format!("writing {path}: {m}"),
+                    )
+                }
+                (AgentOp::RunFile { path }, _) => {
+                    ApiError::invalid("files", format!("writing {path}: {m}"))
+                }
+                (AgentOp::Pty, K::BadCwd) => ApiError::invalid("cwd", m),
+                (AgentOp::Pty, _) => ApiError::invalid("command", m),
+                (AgentOp::Code, K::Conflict) => ApiError::new(ErrorCode::Conflict, m),
+                (AgentOp::Code, K::BadRequest) => ApiError::invalid("language", m),
+                (AgentOp::Code, _) | (_, K::Internal) => {
+                    tracing::warn!("{}: {m}", op.name());
+                    ApiError::internal()
+                }
+                (_, K::NotFound) => ApiError::new(ErrorCode::NotFound, m),
+                (_, K::Conflict) => ApiError::new(ErrorCode::Conflict, m),
+                (AgentOp::Files, K::BadRequest | K::BadCwd) => ApiError::invalid("path", m),
+                (AgentOp::Files, K::TooLarge) => ApiError::new(ErrorCode::PayloadTooLarge, m),
+                (_, K::BadCwd) => ApiError::invalid("cwd", m),
+                (_, K::BadRequest | K::TooLarge) => ApiError::invalid("command", m),
+                (_, K::NoSpace) => ApiError::new(ErrorCode::InsufficientStorage, m),
+                (_, K::Busy) => ApiError::new(ErrorCode::ConcurrencyLimit, m),
+                (_, K::Unavailable) => ApiError::unavailable(m),
+            },
+            E::Agent { .. } => {
+                tracing::warn!("{message}");
+                ApiError::unavailable("the sandbox's agent did not answer")
+            }
+            E::UnexpectedAnswer(_)
+            | E::NoRuntime(_)
+            | E::NoWorkspace(_)
+            | E::Driver { .. }
+            | E::Store(_)
+            | E::Io { .. } => {
+                tracing::error!("{message}");
+                ApiError::internal()
+            }
+        }
+    }
+}
+
+/// Why a snapshot operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// No such snapshot in the caller's workspace (internal ones are never found).
+    #[error("snapshot not found")]
+    NotFound,
+    /// The sandbox's state has no files to copy.
+    #[error(
+        "sandbox is {}: only a running, paused or stopped sandbox has files to copy",
+        .state.as_str()
+    )]
+    NoFiles { state: cella_types::SandboxState },
+    /// The sandbox's state cannot be forked.
+    #[error(
+        "sandbox is {}: only a running, paused or stopped sandbox can be forked",
+        .state.as_str()
+    )]
+    NotForkable { state: cella_types::SandboxState },
+    /// Sandboxes that have not booted yet still need the snapshot's files.
+    #[error("{booting} sandbox(es) are starting from this snapshot; delete it once they run")]
+    Booting { booting: i64 },
+    /// The wallet cannot hold a child's 60-second minimum (402), or billing failed: as
+    /// `crate::billing` answered.
+    #[error("billing a fork's child: {}", .0.message)]
+    Billing(ApiError),
+    /// The fork would pass the workspace's cap of concurrent sandboxes.
+    #[error("forking {count} would pass the workspace's cap of {cap} concurrent sandboxes")]
+    OverCap { count: u32, cap: u32 },
+    /// The workspace's storage quota has no room for it.
+    #[error(transparent)]
+    Full(#[from] StorageFull),
+    /// The backend cannot snapshot this sandbox.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The sandbox, its workspace or a request field (see [`SandboxError`]).
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// The driver failed to copy the files.
+    #[error("snapshot of sandbox {sandbox}: {source}")]
+    Driver {
+        sandbox: String,
+        source: cella_runtime::DriverError,
+    },
+    /// The store failed.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// The fork's own task ended without an answer (it panicked).
+    #[error("the fork of sandbox {sandbox} ended without an answer: {source}")]
+    Task {
+        sandbox: String,
+        source: tokio::task::JoinError,
+    },
+}
+
+/// The one place a [`SnapshotError`] becomes the envelope.
+impl From<SnapshotError> for ApiError {
+    fn from(e: SnapshotError) -> Self {
+        use SnapshotError as E;
+        let message = e.to_string();
+        match e {
+            E::NotFound => ApiError::not_found("snapshot"),
+            E::NoFiles { .. } | E::NotForkable { .. } | E::Booting { .. } | E::Unsupported(_) => {
+                ApiError::new(ErrorCode::Conflict, message)
+            }
+            E::OverCap { count, cap } => {
+                let mut e = ApiError::new(ErrorCode::ConcurrencyLimit, message)
+                    .with_details(json!({ "limit": cap, "count": count }));
+                e.retry_after = Some(5);
+                e
+            }
+            E::Full(full) => full.into(),
+            E::Billing(e) => e,
+            E::Sandbox(e) => e.into(),
+            E::Store(e) => e.into(),
+            E::Driver { .. } | E::Task { .. } => {
+                tracing::error!("{message}");
+                ApiError::internal()
+            }
+        }
+    }
+}
+
+/// Why a one-shot run (`crate::runs::run`) or a collection of artifacts failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A request field, the sandbox's state, its agent (see [`SandboxError`]).
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// Making the run's sandbox failed (the create answers the envelope itself).
+    #[error("creating the run's sandbox: {}", .0.message)]
+    Create(ApiError),
+    /// One of the run's files is larger than an upload may be.
+    #[error("{path} is over the upload limit")]
+    TooLarge { path: String },
+    /// The client hung up before the answer: the run was stopped and its sandbox destroyed.
+    #[error("the client went away; the run was cancelled")]
+    Cancelled,
+    /// The workspace's storage quota has no room for artifacts.
+    #[error(transparent)]
+    Full(#[from] StorageFull),
+    /// A failure of the server itself.
+    #[error(transparent)]
+    Internal(#[from] crate::error::Internal),
+    /// The store failed.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl RunError {
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        RunError::Sandbox(SandboxError::invalid(field, message))
+    }
+}
+
+/// The one place a [`RunError`] becomes the envelope.
+impl From<RunError> for ApiError {
+    fn from(e: RunError) -> Self {
+        let message = e.to_string();
+        match e {
+            RunError::Sandbox(e) => e.into(),
+            RunError::Create(e) => e,
+            RunError::TooLarge { .. } => ApiError::new(ErrorCode::PayloadTooLarge, message),
+            RunError::Cancelled => ApiError::new(ErrorCode::Conflict, message),
+            RunError::Full(e) => e.into(),
+            RunError::Internal(e) => e.into(),
+            RunError::Store(e) => e.into(),
+        }
+    }
+}
+
+/// Why an operation on a custom template (`crate::builds`: build, list its builds, delete)
+/// failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// A field of the spec is not valid.
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    /// No such template, image or build for the caller; `.0` is what was looked for.
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    /// Built-in templates are neither built nor deleted through the API.
+    #[error("{0} is a built-in template")]
+    BuiltIn(String),
+    /// The base template has no image yet.
+    #[error("template {0} is not built (yet)")]
+    NotBuilt(String),
+    /// Another request creates a template of this id in the workspace right now.
+    #[error("template {0} is being created by another request; try again")]
+    Racing(String),
+    /// Sandboxes or snapshots still use the template.
+    #[error("template {id} is in use by {sandboxes} sandbox(es) and {snapshots} snapshot(s); destroy or delete them first")]
+    InUse {
+        id: String,
+        sandboxes: i64,
+        snapshots: i64,
+    },
+    /// The store failed.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl TemplateError {
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        TemplateError::Invalid {
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The one place a [`TemplateError`] becomes the envelope.
+impl From<TemplateError> for ApiError {
+    fn from(e: TemplateError) -> Self {
+        let message = e.to_string();
+        match e {
+            TemplateError::Invalid { field, message } => ApiError::invalid(&field, message),
+            TemplateError::NotFound(what) => ApiError::not_found(what),
+            TemplateError::BuiltIn(_) | TemplateError::NotBuilt(_) | TemplateError::Racing(_) => {
+                ApiError::new(ErrorCode::Conflict, message)
+            }
+            TemplateError::InUse {
+                sandboxes,
+                snapshots,
+                ..
+            } => ApiError::new(ErrorCode::Conflict, message)
+                .with_details(json!({ "sandboxes": sandboxes, "snapshots": snapshots })),
+            TemplateError::Store(e) => e.into(),
+        }
+    }
+}
+
+/// The one place a [`PeopleError`](super::people::PeopleError) becomes the envelope.
+impl From<super::people::PeopleError> for ApiError {
+    fn from(e: super::people::PeopleError) -> Self {
+        use super::people::PeopleError as E;
+        let message = e.to_string();
+        match e {
+            E::Invalid { field, message } => ApiError::invalid(field, message),
+            E::EmailTaken => ApiError::new(ErrorCode::Conflict, message)
+                .with_details(json!({ "field": "email" })),
+            E::BadCredentials => ApiError::new(ErrorCode::Unauthorized, message),
+            E::RateLimited { retry_after } => {
+                let mut e = ApiError::new(ErrorCode::RateLimited, message)
+                    .with_details(json!({ "group": "sign-in" }));
+                e.retry_after = Some(retry_after);
+                e
+            }
+            E::NotFound(what) => ApiError::not_found(what),
+            E::LastOwner => {
+                ApiError::new(ErrorCode::Conflict, message).with_details(json!({ "field": "role" }))
+            }
+            E::Forbidden(m) => ApiError::new(ErrorCode::Forbidden, m),
+            E::KeyWorkspaceNotFound => ApiError::new(ErrorCode::NotFound, message)
+                .with_details(json!({ "field": "workspace_id" })),
+            E::ScopeNotHeld(s) => ApiError::new(ErrorCode::Forbidden, message)
+                .with_details(json!({ "field": "scopes", "required_scope": s.as_str() })),
+            E::Conflict(m) => ApiError::new(ErrorCode::Conflict, m),
+            E::Hash(_) | E::Store(_) => {
+                tracing::error!("{message}");
+                ApiError::internal()
+            }
         }
     }
 }

@@ -16,7 +16,7 @@
 //!   only an owner (or the operator) makes, changes or removes an owner; anybody may leave; the
 //!   last owner can neither leave nor be demoted. A personal workspace has its owner only.
 //!
-//! Errors are [`PeopleError`]s, which `crate::error` turns into the API's envelope.
+//! Errors are [`PeopleError`]s, which `service::error` turns into the API's envelope.
 
 use crate::auth::Auth;
 use crate::config::AuthConfig;
@@ -240,7 +240,7 @@ pub async fn sign_in(
 
 /// How long a session lasts after its last use.
 pub fn ttl_ms(c: &AuthConfig) -> i64 {
-    (c.session_ttl_hours as i64).saturating_mul(3_600_000)
+    c.session_ttl_ms()
 }
 
 pub async fn sign_out(state: &AppState, session_id: &str) -> Result<()> {

@@ -2,9 +2,9 @@
 //! give me its handle", fills in what its template sets for commands, and turns an exec
 //! request into the agent's spec.
 
-use super::rows::{handle_of, state_of};
 use super::SandboxError;
 use crate::auth::Auth;
+use crate::rows::{handle_of, state_of};
 use crate::AppState;
 use cella_agent::client::AgentClient;
 use cella_runtime::rootfs::USER_UID;
@@ -66,6 +66,22 @@ pub fn check_map(field: &str, m: &BTreeMap<String, String>, env: bool) -> Result
     Ok(())
 }
 
+/// The caller's workspace and its plan's cap of concurrent sandboxes.
+pub async fn workspace_cap(
+    state: &AppState,
+    auth: &Auth,
+) -> Result<(cella_store::WorkspaceRow, u32), SandboxError> {
+    let workspace = state
+        .store
+        .workspace(&auth.workspace_id)
+        .await?
+        .ok_or_else(|| SandboxError::NoWorkspace(auth.workspace_id.clone()))?;
+    let cap = cella_types::Plan::parse(&workspace.plan)
+        .unwrap_or(cella_types::Plan::Developer)
+        .concurrency_cap();
+    Ok((workspace, cap))
+}
+
 /// The caller's sandbox `id` (not found for another workspace's, and for the pool's).
 pub async fn owned(state: &AppState, auth: &Auth, id: &str) -> Result<SandboxRow, SandboxError> {
     state
@@ -112,7 +128,7 @@ impl Runnable {
         if state_of(&row) != SandboxState::Running {
             return Err(SandboxError::not_running(&row));
         }
-        let handle = handle_of(&row).ok_or_else(|| SandboxError::NoRuntime(row.id.clone()))?;
+        let handle = handle_of(&row)?.ok_or_else(|| SandboxError::NoRuntime(row.id.clone()))?;
         Ok(Runnable::booting(state, row, handle))
     }
 

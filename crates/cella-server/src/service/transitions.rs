@@ -92,7 +92,7 @@ pub fn check(from: SandboxState, event: Event) -> Result<SandboxState, Refused> 
 
 /// [`check`] on a row, and the new state written into it.
 pub fn apply(row: &mut SandboxRow, event: Event) -> Result<SandboxState, Refused> {
-    let to = check(crate::service::rows::state_of(row), event)?;
+    let to = check(crate::rows::state_of(row), event)?;
     row.state = to;
     Ok(to)
 }

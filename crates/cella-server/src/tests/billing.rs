@@ -82,7 +82,7 @@ async fn the_ticker_pauses_what_the_wallet_cannot_cover_and_resume_waits_for_a_c
     let mut row = s.state.store.sandbox(&id).await.expect("row").expect("row");
     row.running_ms = 55_000;
     s.state.store.update_sandbox(&row).await.expect("update");
-    crate::billing::tick(&s.state, false).await;
+    crate::lifecycle::billing_tick(&s.state, false).await;
     let got = s.get(&id).await;
     assert_eq!(got["state"], "paused", "{got}");
     assert_eq!(got["state_reason"], crate::billing::OUT_OF_FUNDS);
@@ -101,7 +101,7 @@ async fn the_ticker_pauses_what_the_wallet_cannot_cover_and_resume_waits_for_a_c
         .expect("credit");
     let (status, v) = s.act(&id, "resume").await;
     assert_eq!(status, 200, "{v}");
-    crate::billing::tick(&s.state, false).await;
+    crate::lifecycle::billing_tick(&s.state, false).await;
     assert_eq!(s.get(&id).await["state"], "running", "covered now");
     let (status, d) = s
         .call("DELETE", &format!("/api/v1/sandboxes/{id}"), None)

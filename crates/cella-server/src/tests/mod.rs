@@ -7,9 +7,13 @@ mod admission;
 mod billing;
 mod gateway;
 mod lifecycle;
+mod modules;
 mod pool;
 mod reconcile;
 mod routes;
+mod runs;
+mod snapshots;
+mod templates;
 mod timers;
 
 use crate::testing::FakeDriver;

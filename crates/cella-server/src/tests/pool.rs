@@ -107,7 +107,9 @@ async fn a_touched_pool_sandbox_is_destroyed_not_handed_out() {
     let pooled = pool_ids(&s).await;
     // Something reaches the first one's agent and runs a command; the second one dies.
     let row = s.state.store.sandbox(&pooled[0]).await.unwrap().unwrap();
-    let handle = crate::sandboxes::handle_of(&row).expect("a handle");
+    let handle = crate::sandboxes::handle_of(&row)
+        .expect("a runtime record that decodes")
+        .expect("a handle");
     let agent = s.state.driver.agent(&handle);
     let spec = ExecSpec {
         argv: vec!["touch".into(), "/tmp/planted".into()],

@@ -132,3 +132,48 @@ async fn a_host_that_lost_everything_reports_every_sandbox() {
     assert_eq!(s.get(&lost).await["state"], "error");
     assert!(s.fake.ids().is_empty());
 }
+
+#[tokio::test]
+async fn a_corrupt_row_at_start_is_skipped_and_the_others_are_reconciled() {
+    let s = Server::start().await;
+    let fine = id(&s.create(json!({})).await);
+    let died = id(&s.create(json!({})).await);
+    let bad_json = id(&s.create(json!({})).await);
+    let bad_runtime = id(&s.create(json!({})).await);
+    // One row whose JSON column does not decode, one whose runtime record does not.
+    for (column, sandbox) in [("metadata", &bad_json), ("runtime", &bad_runtime)] {
+        sqlx::query(&format!(
+            "UPDATE sandboxes SET {column} = '{{not json' WHERE id = ?"
+        ))
+        .bind(sandbox)
+        .execute(s.state.store.pool())
+        .await
+        .expect("corrupt a row");
+    }
+    assert!(s.fake.kill(&died));
+    // The server starts and reconciles (`restart` fails the test when it does not).
+    let s = s.restart().await;
+    assert_eq!(s.get(&fine).await["state"], "running");
+    assert_eq!(s.fake.state(&fine), Some(FakeState::Running));
+    let sb = s.get(&died).await;
+    assert_eq!(sb["state"], "stopped", "the dead one is reported: {sb}");
+    // What the corrupt rows have on the host is left as it is, not cleared as a leftover.
+    for sandbox in [&bad_json, &bad_runtime] {
+        assert_eq!(s.fake.state(sandbox), Some(FakeState::Running), "{sandbox}");
+    }
+    // Asked for, the corrupt row is a generic internal error (the cause is only logged).
+    let (status, v) = s
+        .call("GET", &format!("/api/v1/sandboxes/{bad_json}"), None)
+        .await;
+    assert_eq!((status, error(&v).0), (500, "INTERNAL"), "{v}");
+    assert!(!v.to_string().contains("not JSON"), "{v}");
+    // A sandbox whose runtime record is corrupt is refused as internal, not run without it.
+    let (status, v) = s
+        .call(
+            "POST",
+            &format!("/api/v1/sandboxes/{bad_runtime}/exec"),
+            Some(json!({"command": "true"})),
+        )
+        .await;
+    assert_eq!((status, error(&v).0), (500, "INTERNAL"), "{v}");
+}

@@ -3,7 +3,7 @@
 //! everything else in the server may use it, it uses nothing of the server.
 
 use cella_runtime::SandboxHandle;
-use cella_store::SandboxRow;
+use cella_store::{SandboxRow, StoreError};
 use cella_types::SandboxState;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,10 +32,26 @@ pub fn state_of(row: &SandboxRow) -> SandboxState {
     row.state
 }
 
-pub fn handle_of(row: &SandboxRow) -> Option<SandboxHandle> {
+/// The sandbox's runtime handle (`None` when it has none yet). A runtime column that does
+/// not decode is [`StoreError::Corrupt`] naming the sandbox, never read as "no handle".
+pub fn handle_of(row: &SandboxRow) -> Result<Option<SandboxHandle>, StoreError> {
     row.runtime
         .as_deref()
-        .and_then(|r| serde_json::from_str(r).ok())
+        .map(|r| {
+            serde_json::from_str(r)
+                .map_err(|e| StoreError::corrupt("sandboxes", &row.id, format!("runtime: {e}")))
+        })
+        .transpose()
+}
+
+/// [`handle_of`] for cleanup and best-effort paths (destroy, stop, usage, firewall refresh),
+/// which go on without a handle: a corrupt runtime column is logged with the sandbox's id and
+/// read as none.
+pub fn handle_or_none(row: &SandboxRow) -> Option<SandboxHandle> {
+    handle_of(row).unwrap_or_else(|e| {
+        tracing::error!(sandbox = row.id, "{e}");
+        None
+    })
 }
 
 /// Stops the running-time clock of a row (when it runs) at `now`.

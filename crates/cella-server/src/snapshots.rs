@@ -1,0 +1,290 @@
+//! Snapshots of a sandbox's files, and forks (a snapshot taken for new sandboxes at once).
+//!
+//! A snapshot is a copy of the sandbox's writable layer (its disk image) taken while its
+//! processes are frozen for the instant the copy needs; the template's layers stay shared. A
+//! running sandbox is frozen for the copy, a paused or stopped one is copied as it is; any
+//! other state has no files to copy (409). A sandbox made from a snapshot gets its own copy of
+//! it, so nothing depends on a snapshot once created from it: deleting a snapshot is always
+//! allowed and never affects a sandbox, except while a sandbox that has not booted yet still
+//! needs its files (409 until it runs).
+//!
+//! A snapshot counts against its workspace's storage quota: refused when nothing is left, and
+//! not kept when the copy would pass it (507). A fork takes an internal snapshot (not listed,
+//! not charged), makes `count` (1-10) new sandboxes on it within the workspace's concurrency cap
+//! (none made past it: 429), boots them, and removes the snapshot; that part runs in a task of
+//! its own, so a client that hangs up leaves no half-made fork and no internal snapshot behind
+//! (a server that stops meanwhile removes it at its next start, in `reconcile`).
+//!
+//! A create with `snapshot_id` records it in the new row; the boot passes it to the driver
+//! (`SandboxSpec::snapshot`), which copies the snapshot's image into the sandbox's own disk at
+//! its first boot. That is why a delete waits for `provisioning` sandboxes of the snapshot
+//! (`Store::booting_from_snapshot`). The driver's side of the copy (freeze, `syncfs`, sparse
+//! copy, thaw) is told at the namespace driver's `take_snapshot`.
+//!
+//! Routes parse, call one function here and encode; the errors are [`SnapshotError`], which
+//! `service::error` holds and turns into the API's envelope. This module sits above
+//! `service` and `billing` (each child of a fork reserves its 60-second minimum, as a create
+//! does), so it is not inside `service`.
+
+use crate::auth::Auth;
+use crate::rows::state_of;
+pub use crate::service::error::SnapshotError;
+use crate::service::SandboxError;
+use crate::util::{new_id, now_ms};
+use crate::AppState;
+use cella_runtime::{DriverError, SnapshotInfo};
+use cella_store::{SandboxRow, SnapshotRow};
+use cella_types::{ForkRequest, SandboxState};
+use std::sync::Arc;
+
+/// The most sandboxes one fork makes.
+pub const MAX_FORK: u32 = 10;
+
+fn driver_error(sandbox: &str, e: DriverError) -> SnapshotError {
+    match e {
+        DriverError::Unsupported(m) => SnapshotError::Unsupported(m),
+        source => SnapshotError::Driver {
+            sandbox: sandbox.to_string(),
+            source,
+        },
+    }
+}
+
+/// Copies the files of `row` into a new snapshot (the caller holds its lock and checked the
+/// workspace). `internal`: a fork's, neither listed nor held to the quota.
+async fn copy(
+    state: &AppState,
+    row: &SandboxRow,
+    internal: bool,
+) -> Result<(SnapshotRow, SnapshotInfo), SnapshotError> {
+    let handle = match state_of(row) {
+        SandboxState::Running | SandboxState::Paused => crate::rows::handle_of(row)?,
+        SandboxState::Stopped => None,
+        state => return Err(SnapshotError::NoFiles { state }),
+    };
+    // The workspace's storage quota: a snapshot that would pass it is not kept.
+    let storage = crate::quotas::storage(state, &row.workspace_id).await?;
+    if !internal {
+        storage.check(0, "a snapshot")?;
+    }
+    let snap_id = new_id("snap");
+    let info = state
+        .driver
+        .snapshot(&row.id, handle.as_ref(), &snap_id)
+        .await
+        .map_err(|e| driver_error(&row.id, e))?;
+    if !internal {
+        if let Err(e) = storage.check(info.size_bytes, "this snapshot") {
+            let _ = state.driver.delete_snapshot(&snap_id).await;
+            return Err(e.into());
+        }
+    }
+    let snap = SnapshotRow {
+        seq: 0,
+        id: snap_id,
+        workspace_id: row.workspace_id.clone(),
+        sandbox_id: row.id.clone(),
+        template_id: row.template_id.clone(),
+        size: row.size,
+        created_at: now_ms(),
+        size_bytes: info.size_bytes as i64,
+        internal,
+    };
+    if let Err(e) = state.store.insert_snapshot(&snap).await {
+        let _ = state.driver.delete_snapshot(&snap.id).await;
+        return Err(e.into());
+    }
+    Ok((snap, info))
+}
+
+/// Takes a snapshot of the caller's sandbox `id`.
+pub async fn take(state: &AppState, auth: &Auth, id: &str) -> Result<SnapshotRow, SnapshotError> {
+    let _guard = state.locks.lock(id).await;
+    let row = crate::service::owned(state, auth, id).await?;
+    Ok(copy(state, &row, false).await?.0)
+}
+
+/// The workspace's snapshots, newest first: up to `limit` older than `before_seq`, and whether
+/// there are more.
+pub async fn list(
+    state: &AppState,
+    auth: &Auth,
+    limit: u32,
+    before_seq: Option<i64>,
+) -> Result<(Vec<SnapshotRow>, bool), SnapshotError> {
+    let mut rows = state
+        .store
+        .list_snapshots(&auth.workspace_id, limit + 1, before_seq)
+        .await?;
+    let more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    Ok((rows, more))
+}
+
+/// The caller's snapshot `id`.
+pub async fn get(state: &AppState, auth: &Auth, id: &str) -> Result<SnapshotRow, SnapshotError> {
+    state
+        .store
+        .snapshot(id)
+        .await?
+        .filter(|s| s.workspace_id == auth.workspace_id && !s.internal)
+        .ok_or(SnapshotError::NotFound)
+}
+
+/// Deletes the caller's snapshot `id` (refused while a sandbox still boots from it).
+pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<SnapshotRow, SnapshotError> {
+    let snap = get(state, auth, id).await?;
+    // Sandboxes that have not booted yet still need its files: their first boot copies them.
+    let booting = state.store.booting_from_snapshot(id).await?;
+    if booting > 0 {
+        return Err(SnapshotError::Booting { booting });
+    }
+    state.store.delete_snapshot(id).await?;
+    if let Err(e) = state.driver.delete_snapshot(id).await {
+        tracing::error!(snapshot = id, "removing snapshot files: {e}");
+    }
+    Ok(snap)
+}
+
+/// What a fork made.
+pub struct Fork {
+    /// The new sandboxes, as they are after their boot.
+    pub children: Vec<SandboxRow>,
+    /// How long the source was frozen for the copy.
+    pub source_paused_us: u64,
+}
+
+/// Checks a fork request before anything is done: its `count` (1 to [`MAX_FORK`]) and its
+/// `metadata`. Answers the count.
+pub fn check_fork(req: &ForkRequest) -> Result<u32, SnapshotError> {
+    let count = req.count.unwrap_or(1);
+    if !(1..=MAX_FORK).contains(&count) {
+        return Err(SandboxError::invalid("count", "count must be from 1 to 10").into());
+    }
+    if let Some(m) = &req.metadata {
+        crate::service::runnable::check_map("metadata", m, false)?;
+    }
+    Ok(count)
+}
+
+/// Forks the caller's sandbox `id`: `count` new sandboxes whose files equal its files now.
+pub async fn fork(
+    state: &Arc<AppState>,
+    auth: &Auth,
+    id: &str,
+    req: ForkRequest,
+) -> Result<Fork, SnapshotError> {
+    let count = check_fork(&req)?;
+    let guard = state.locks.lock(id).await;
+    let source = crate::service::owned(state, auth, id).await?;
+    let st = state_of(&source);
+    if !matches!(
+        st,
+        SandboxState::Running | SandboxState::Paused | SandboxState::Stopped
+    ) {
+        return Err(SnapshotError::NotForkable { state: st });
+    }
+    let (_, cap) = crate::service::runnable::workspace_cap(state, auth).await?;
+    let (snap, info) = copy(state, &source, true).await?;
+    drop(guard);
+    // From here on a task of its own: a client that hangs up leaves no half-made fork and no
+    // internal snapshot behind.
+    let st = state.clone();
+    let key = auth.key_id.clone();
+    let sandbox = source.id.clone();
+    let work = tokio::spawn(async move {
+        let res = make_children(&st, &source, &snap, &req, &key, count, cap).await;
+        if let Err(e) = st.driver.delete_snapshot(&snap.id).await {
+            tracing::error!(snapshot = snap.id, "removing a fork's snapshot: {e}");
+        }
+        let _ = st.store.delete_snapshot(&snap.id).await;
+        res
+    });
+    let children = work
+        .await
+        .map_err(|source| SnapshotError::Task { sandbox, source })??;
+    Ok(Fork {
+        children,
+        source_paused_us: info.paused_us,
+    })
+}
+
+async fn make_children(
+    state: &Arc<AppState>,
+    source: &SandboxRow,
+    snap: &SnapshotRow,
+    req: &ForkRequest,
+    key_id: &str,
+    count: u32,
+    cap: u32,
+) -> Result<Vec<SandboxRow>, SnapshotError> {
+    let mut metadata = source.metadata.clone();
+    metadata.extend(req.metadata.clone().unwrap_or_default());
+    let now = now_ms();
+    let mut ids: Vec<String> = Vec::new();
+    for _ in 0..count {
+        let child = SandboxRow {
+            owner_id: key_id.to_string(),
+            timeout_sec: source.timeout_sec,
+            always_on: source.always_on,
+            persistent: source.persistent,
+            idle_timeout_sec: source.idle_timeout_sec,
+            metadata: metadata.clone(),
+            env: source.env.clone(),
+            compute_rate: source.compute_rate,
+            network: source.network.clone(),
+            snapshot_id: Some(snap.id.clone()),
+            preview_public: source.preview_public,
+            auto_resume: source.auto_resume,
+            ..SandboxRow::new(
+                new_id("sb"),
+                source.workspace_id.clone(),
+                source.template_id.clone(),
+                source.size,
+                (
+                    source.cpu_count as u32,
+                    source.memory_mb as u32,
+                    source.disk_size_mb as u32,
+                ),
+                now,
+            )
+        };
+        // Each child reserves its 60-second minimum, as a create does.
+        if let Err(e) = crate::billing::admit(state, &child).await {
+            for made in &ids {
+                let _ = state.store.delete_sandbox(made).await;
+                crate::billing::abandon(state, made).await;
+            }
+            return Err(SnapshotError::Billing(e));
+        }
+        if !state.store.insert_sandbox_capped(&child, cap).await? {
+            crate::billing::abandon(state, &child.id).await;
+            for made in &ids {
+                let _ = state.store.delete_sandbox(made).await;
+                crate::billing::abandon(state, made).await;
+            }
+            return Err(SnapshotError::OverCap { count, cap });
+        }
+        ids.push(child.id);
+    }
+    let boots: Vec<_> = ids
+        .iter()
+        .map(|cid| {
+            let (st, cid) = (state.clone(), cid.clone());
+            tokio::spawn(async move { crate::service::boot::boot(&st, &cid).await })
+        })
+        .collect();
+    for b in boots {
+        let _ = b.await;
+    }
+    let mut out = Vec::new();
+    for cid in &ids {
+        if let Some(r) = state.store.sandbox(cid).await? {
+            if r.state == SandboxState::Error {
+                crate::billing::settle_logged(state, &r).await;
+            }
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
