@@ -220,7 +220,12 @@ async fn caller(state: &AppState, req: &axum::http::request::Parts) -> Result<Ca
                 "invalid sandbox token (its sandbox has ended)",
             ));
         };
-        if let Some(net) = crate::service::rows::handle_of(&sb).and_then(|h| h.net) {
+        // A runtime record that does not read opens nothing.
+        let net = match crate::service::rows::handle_of(&sb) {
+            Ok(h) => h.and_then(|h| h.net),
+            Err(e) => return Err(finished(ApiError::from(e).into_response())),
+        };
+        if let Some(net) = net {
             if peer != Some(IpAddr::V4(net.sandbox_addr)) {
                 return Err(finished(
                     ApiError::new(
@@ -488,7 +493,7 @@ pub async fn restore(state: &Arc<AppState>) -> Result<(), cella_store::StoreErro
         ) {
             continue;
         }
-        if let Some(h) = crate::service::rows::handle_of(&row) {
+        if let Ok(Some(h)) = crate::service::rows::handle_of(&row) {
             start_boot(state, &row.id, &row.workspace_id, &h).await;
         }
     }
