@@ -90,6 +90,22 @@ impl GatewayState {
             .unwrap_or_default()
     }
 
+    /// [`start_boot`], for the layers below this module (`service`).
+    pub async fn start_boot(
+        &self,
+        state: &AppState,
+        id: &str,
+        workspace_id: &str,
+        handle: &SandboxHandle,
+    ) {
+        start_boot(state, id, workspace_id, handle).await
+    }
+
+    /// [`end_boot`], for the layers below this module (`service`).
+    pub async fn end_boot(&self, state: &AppState, id: &str) {
+        end_boot(state, id).await
+    }
+
     fn forget(&self, id: &str) {
         if let Ok(mut l) = self.links.lock() {
             l.remove(id); // dropping the sender stops the listener
@@ -359,21 +375,6 @@ async fn record(state: &AppState, caller: Caller, m: Metered) {
         complete = m.complete,
         "model request"
     );
-}
-
-/// The egress rules of a sandbox's boot: its policy's, and the server's port on the link's
-/// host end when it has model access.
-pub async fn egress_rules(
-    state: &AppState,
-    id: &str,
-    policy: &cella_types::NetworkPolicy,
-    dns: &[std::net::Ipv4Addr],
-) -> cella_runtime::firewall::EgressRules {
-    let mut rules = crate::network::rules(policy, dns).await;
-    if state.store.has_model_access(id).await.unwrap_or(false) {
-        rules.host_port = Some(state.config.listen.port());
-    }
-    rules
 }
 
 /// A new token for a boot of sandbox `id` (of `workspace_id`): stored by hash; returned once.

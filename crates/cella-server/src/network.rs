@@ -51,6 +51,21 @@ pub async fn rules(policy: &NetworkPolicy, dns: &[Ipv4Addr]) -> EgressRules {
     rules_by(policy, dns, |d| async move { lookup(&d).await }).await
 }
 
+/// The egress rules of a sandbox's boot: its policy's, and the server's port on the link's
+/// host end when it has model access.
+pub async fn egress_rules(
+    state: &crate::AppState,
+    id: &str,
+    policy: &cella_types::NetworkPolicy,
+    dns: &[std::net::Ipv4Addr],
+) -> cella_runtime::firewall::EgressRules {
+    let mut rules = rules(policy, dns).await;
+    if state.store.has_model_access(id).await.unwrap_or(false) {
+        rules.host_port = Some(state.config.listen.port());
+    }
+    rules
+}
+
 /// [`rules`] with the lookup given (tests give their own).
 pub async fn rules_by<F, Fut>(policy: &NetworkPolicy, dns: &[Ipv4Addr], look: F) -> EgressRules
 where
@@ -176,7 +191,7 @@ async fn refresh_once(state: &crate::AppState, dns: &[Ipv4Addr], installed: &mut
             continue;
         }
         seen.insert(row.id.clone());
-        let rules = crate::gateway::egress_rules(state, &row.id, policy, dns).await;
+        let rules = egress_rules(state, &row.id, policy, dns).await;
         if !installed.differs(&row.id, &rules) {
             continue;
         }

@@ -814,7 +814,7 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
                     // the server was down (a flush, a reload, an older version's rules) heals.
                     if let (Some(dns), Some(_)) = (&state.network, &h.net) {
                         let rules =
-                            crate::gateway::egress_rules(state, &row.id, &row.network, dns).await;
+                            crate::network::egress_rules(state, &row.id, &row.network, dns).await;
                         if let Err(e) = state.driver.update_network(&h, &rules).await {
                             tracing::warn!(
                                 sandbox = row.id,

@@ -47,7 +47,7 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                 pids_max: (row.cpu_count as u32 * 1024).max(1024),
                 network: match &state.network {
                     Some(dns) => {
-                        Some(crate::gateway::egress_rules(state, &row.id, &row.network, dns).await)
+                        Some(crate::network::egress_rules(state, &row.id, &row.network, dns).await)
                     }
                     None => None,
                 },
@@ -60,7 +60,10 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
     // A template app starts with its sandbox, which is ready only once the app is.
     let result = match result {
         Ok(handle) => {
-            crate::gateway::start_boot(state, &row.id, &row.workspace_id, &handle).await;
+            state
+                .gateway
+                .start_boot(state, &row.id, &row.workspace_id, &handle)
+                .await;
             Ok(handle)
         }
         Err(e) => Err(e),
@@ -69,7 +72,7 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
         Ok(handle) => match start_template_app(state, row, &handle).await {
             Ok(()) => Ok(handle),
             Err(reason) => {
-                crate::gateway::end_boot(state, &row.id).await;
+                state.gateway.end_boot(state, &row.id).await;
                 // A sandbox booted again on kept files keeps them; a new one is cleared.
                 let keep = row.persistent && row.started_at.is_some();
                 let _ = if keep {
