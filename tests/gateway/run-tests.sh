@@ -34,7 +34,7 @@ fi
 venv_py="$work/venv/bin/python"
 
 echo "== installing openai, anthropic, httpx and pytest into a virtualenv"
-"$venv_py" -m pip install --quiet --disable-pip-version-check openai anthropic httpx pytest
+"$venv_py" -m pip install --quiet --disable-pip-version-check openai anthropic httpx pytest hypothesis
 
 echo "== gateway tests (server: $CELLA_BIN)"
 cd "$here"

@@ -379,3 +379,68 @@ def test_metering_writes_exact_model_entries_and_refuses_a_spent_wallet(server, 
         c.chat.completions.create(model="gpt-priced", messages=MSGS)
     assert e.value.status_code == 402
     assert len(model_entries(admin, ws, 3)) == 3
+
+
+# --- bad input: the gateway's own parsing never answers 5xx ------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+GATEWAY_POSTS = ["/gateway/openai/v1/chat/completions", "/gateway/openai/v1/responses",
+                 "/gateway/anthropic/v1/messages"]
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40),
+    lambda kids: st.lists(kids, max_size=5) | st.dictionaries(st.text(max_size=12), kids, max_size=5),
+    max_leaves=30,
+)
+# A body whose model the gateway does not serve (absent, of the wrong type, or unknown), with
+# anything else beside it: the gateway itself must refuse it with a 4xx, never pass it on.
+BAD_MODEL = st.one_of(st.none(), st.integers(), st.lists(st.text(max_size=5), max_size=3),
+                      st.text(max_size=60).filter(lambda m: m not in PRICES_SERVED))
+PRICES_SERVED = {"gpt-test", "gpt-priced", "claude-priced", "gpt-test-bad", "gpt-test-die",
+                 "gpt-other", "gpt-down", "claude-test", "claude-test-bad", "claude-test-die"}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(path=st.sampled_from(GATEWAY_POSTS), extra=st.dictionaries(st.text(max_size=12), JSON, max_size=6),
+       model=BAD_MODEL, drop_model=st.booleans(), stream=JSON)
+def test_fuzzed_bodies_never_get_a_5xx(server, models_key, path, extra, model, drop_model, stream):
+    body = dict(extra)
+    body.pop("model", None)
+    if not drop_model:
+        body["model"] = model
+    if stream is not None:
+        body["stream"] = stream
+    r = httpx.post(server.url + path, headers={"Authorization": f"Bearer {models_key}"},
+                   json=body, timeout=30)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:300], body)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(path=st.sampled_from(GATEWAY_POSTS), raw=st.binary(max_size=300))
+def test_bodies_that_are_not_json_objects_are_400(server, models_key, path, raw):
+    r = httpx.post(server.url + path, headers={"Authorization": f"Bearer {models_key}",
+                                              "Content-Type": "application/json"},
+                   content=raw, timeout=30)
+    try:
+        is_object = isinstance(json.loads(raw), dict)
+    except ValueError:
+        is_object = False
+    if not is_object:
+        assert r.status_code == 400, (r.status_code, r.text[:300], raw)
+    else:
+        assert 400 <= r.status_code < 500, (r.status_code, r.text[:300], raw)
+
+
+def test_deep_huge_and_oversized_bodies_are_refused_cleanly(server, models_key):
+    h = {"Authorization": f"Bearer {models_key}", "Content-Type": "application/json"}
+    url = server.url + "/gateway/openai/v1/chat/completions"
+    deep = "[" * 100_000 + "]" * 100_000
+    for raw in [deep, '{"model": ' + "9" * 100_000 + "}", '{"model": "gpt-test", "messages": ' + deep + "}"]:
+        r = httpx.post(url, headers=h, content=raw.encode(), timeout=60)
+        assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
+    # Past [gateway] max_body_bytes (32 MiB by default): 413, before anything goes upstream.
+    big = b'{"model": "gpt-test", "messages": [], "pad": "' + b"x" * (33 << 20) + b'"}'
+    r = httpx.post(url, headers=h, content=big, timeout=120)
+    assert r.status_code == 413, (r.status_code, r.text[:300])
