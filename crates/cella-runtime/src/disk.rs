@@ -168,12 +168,34 @@ fn attach(image: &Path) -> std::io::Result<(std::path::PathBuf, File)> {
     Err(std::io::Error::other("no free loop device"))
 }
 
+/// Why a sandbox's disk could not be mounted.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("creating {}: {source}", .target.display())]
+    Create {
+        target: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("attaching {} to a loop device: {source}", .image.display())]
+    Attach {
+        image: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("mounting the sandbox disk: {0}")]
+    Mount(nix::errno::Errno),
+}
+
 /// Mounts `image` on `target` (in the calling process's mount namespace).
-pub fn mount_image(image: &Path, target: &Path) -> Result<(), String> {
+pub fn mount_image(image: &Path, target: &Path) -> Result<(), MountError> {
     use nix::mount::{mount, MsFlags};
-    std::fs::create_dir_all(target).map_err(|e| format!("creating {}: {e}", target.display()))?;
-    let (dev, handle) = attach(image)
-        .map_err(|e| format!("attaching {} to a loop device: {e}", image.display()))?;
+    std::fs::create_dir_all(target).map_err(|source| MountError::Create {
+        target: target.to_path_buf(),
+        source,
+    })?;
+    let (dev, handle) = attach(image).map_err(|source| MountError::Attach {
+        image: image.to_path_buf(),
+        source,
+    })?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     let r = mount(
         Some(dev.as_path()),
@@ -182,7 +204,7 @@ pub fn mount_image(image: &Path, target: &Path) -> Result<(), String> {
         flags,
         None::<&str>,
     )
-    .map_err(|e| format!("mounting the sandbox disk: {e}"));
+    .map_err(MountError::Mount);
     // From here the mount holds the device; when the mount goes (with the sandbox's mount
     // namespace) the device detaches by itself. On failure this close detaches it at once.
     drop(handle);

@@ -43,6 +43,50 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+/// Why a user namespace, or an id-mapped mount, could not be made. The messages name the step
+/// that failed and its cause (they reach the server's log and the boot's error).
+#[derive(Debug, thiserror::Error)]
+pub enum UsernsError {
+    /// `[isolation] uid_base` leaves no room for the range and its accounting uids.
+    #[error("uid_base {base} must be at least {min} and leave room for {room} ids above it")]
+    BadBase { base: u32, min: u32, room: u32 },
+    /// The helper child could not unshare a user namespace as this uid.
+    #[error("making a user namespace as uid {0} failed")]
+    Refused(u32),
+    /// A system call failed (`step` names it).
+    #[error("{step}: {source}")]
+    Sys {
+        step: &'static str,
+        source: nix::errno::Errno,
+    },
+    /// A host-side step failed (`what` names it and its path).
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    /// A system call failed, without a step named.
+    #[error(transparent)]
+    Errno(#[from] nix::errno::Errno),
+    /// A directory of the probe could not be made.
+    #[error(transparent)]
+    Dir(#[from] std::io::Error),
+    /// A path holds a NUL byte.
+    #[error(transparent)]
+    Nul(#[from] std::ffi::NulError),
+}
+
+impl UsernsError {
+    fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> UsernsError {
+        let what = what.into();
+        move |source| UsernsError::Io { what, source }
+    }
+
+    fn sys(step: &'static str) -> impl FnOnce(nix::errno::Errno) -> UsernsError {
+        move |source| UsernsError::Sys { step, source }
+    }
+}
+
 /// Ids a sandbox's user namespace maps: `0..count` inside is `base..base + count` on the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdMap {
@@ -56,15 +100,15 @@ impl IdMap {
     pub const DEFAULT_BASE: u32 = 1_000_000_000;
     pub const COUNT: u32 = 65536;
 
-    pub fn new(base: u32) -> Result<IdMap, String> {
+    pub fn new(base: u32) -> Result<IdMap, UsernsError> {
         // The range, then as many accounting uids (see [`IdMap::owner`]), all below 2^31 (ids
         // some programs keep in a signed int, and the most `ping_group_range` takes).
         if base < Self::COUNT || base > i32::MAX as u32 - 2 * Self::COUNT {
-            return Err(format!(
-                "uid_base {base} must be at least {} and leave room for {} ids above it",
-                Self::COUNT,
-                2 * Self::COUNT
-            ));
+            return Err(UsernsError::BadBase {
+                base,
+                min: Self::COUNT,
+                room: 2 * Self::COUNT,
+            });
         }
         Ok(IdMap {
             base,
@@ -92,7 +136,7 @@ pub const MARKER: &str = "ids";
 
 /// Makes a user namespace with `map`, owned by host uid `owner`, and returns a descriptor of
 /// it. Where the host refuses user namespaces to other uids than root, root owns it.
-pub fn create(map: &IdMap, owner: u32) -> Result<OwnedFd, String> {
+pub fn create(map: &IdMap, owner: u32) -> Result<OwnedFd, UsernsError> {
     create_as(map, owner).or_else(|e| match owner {
         0 => Err(e),
         _ => {
@@ -105,18 +149,21 @@ pub fn create(map: &IdMap, owner: u32) -> Result<OwnedFd, String> {
 /// [`create`] with exactly this owner. A helper process creates the namespace and is gone when
 /// this returns; the namespace lives on as long as the descriptor (or a process in it). The
 /// helper makes only raw system calls, so the caller may be multi-threaded.
-fn create_as(map: &IdMap, owner: u32) -> Result<OwnedFd, String> {
+fn create_as(map: &IdMap, owner: u32) -> Result<OwnedFd, UsernsError> {
     // Close-on-exec: a child another thread of the caller starts meanwhile must not keep the
     // helper waiting.
     let pipe =
-        || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"));
+        || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(UsernsError::sys("pipe"));
     let (ready_r, ready_w) = pipe()?;
     let (hold_r, hold_w) = pipe()?;
     // SAFETY: the child makes only raw system calls (not the C library's set*id wrappers, which
     // synchronise threads) and leaves with _exit.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+        return Err(UsernsError::Io {
+            what: "fork".into(),
+            source: std::io::Error::last_os_error(),
+        });
     }
     if pid == 0 {
         // SAFETY: raw system calls on descriptors this process owns.
@@ -142,17 +189,17 @@ fn create_as(map: &IdMap, owner: u32) -> Result<OwnedFd, String> {
     drop(hold_r);
     let res = (|| {
         let mut ok = [0u8; 1];
-        let n = nix::unistd::read(ready_r.as_raw_fd(), &mut ok).map_err(|e| e.to_string())?;
+        let n = nix::unistd::read(ready_r.as_raw_fd(), &mut ok)?;
         if n != 1 || ok[0] != 1 {
-            return Err(format!("making a user namespace as uid {owner} failed"));
+            return Err(UsernsError::Refused(owner));
         }
         let line = format!("0 {} {}\n", map.base, map.count);
         for f in ["uid_map", "gid_map"] {
             std::fs::write(format!("/proc/{pid}/{f}"), &line)
-                .map_err(|e| format!("writing {f}: {e}"))?;
+                .map_err(UsernsError::io(format!("writing {f}")))?;
         }
         let ns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
-            .map_err(|e| format!("opening the user namespace: {e}"))?;
+            .map_err(UsernsError::io("opening the user namespace"))?;
         Ok(OwnedFd::from(ns))
     })();
     drop(hold_w);
@@ -162,29 +209,27 @@ fn create_as(map: &IdMap, owner: u32) -> Result<OwnedFd, String> {
 
 /// A detached copy of the mount at `src` whose files appear through `userns`'s id mapping
 /// (owner 0 on disk is the range's base). Attach it with [`attach`].
-pub fn idmapped_clone(src: &Path, userns: BorrowedFd<'_>) -> Result<OwnedFd, String> {
-    let path = CString::new(src.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+pub fn idmapped_clone(src: &Path, userns: BorrowedFd<'_>) -> Result<OwnedFd, UsernsError> {
+    let path = CString::new(src.as_os_str().as_bytes())?;
     // SAFETY: valid pointers; a returned descriptor is ours.
     match unsafe { raw_idmapped_clone(&path, &idmap_attr(userns.as_raw_fd())) } {
         Ok(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
-        Err(step) => Err(format!(
-            "{step} {}: {}",
-            src.display(),
-            std::io::Error::last_os_error()
-        )),
+        Err(step) => Err(UsernsError::Io {
+            what: format!("{step} {}", src.display()),
+            source: std::io::Error::last_os_error(),
+        }),
     }
 }
 
 /// Attaches a detached mount (from [`idmapped_clone`]) at `target`.
-pub fn attach(tree: &OwnedFd, target: &Path) -> Result<(), String> {
-    let path = CString::new(target.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+pub fn attach(tree: &OwnedFd, target: &Path) -> Result<(), UsernsError> {
+    let path = CString::new(target.as_os_str().as_bytes())?;
     // SAFETY: valid pointers.
     if !unsafe { raw_attach(tree.as_raw_fd(), &path) } {
-        return Err(format!(
-            "attaching the id-mapped mount at {}: {}",
-            target.display(),
-            std::io::Error::last_os_error()
-        ));
+        return Err(UsernsError::Io {
+            what: format!("attaching the id-mapped mount at {}", target.display()),
+            source: std::io::Error::last_os_error(),
+        });
     }
     Ok(())
 }
@@ -250,15 +295,15 @@ unsafe fn raw_attach(tree: libc::c_int, target: &std::ffi::CStr) -> bool {
 
 /// Moves the calling (single-threaded) process into `userns` as its root: uid and gid 0 there,
 /// no supplementary groups, every capability in that namespace and none outside it.
-pub fn enter(userns: OwnedFd) -> Result<(), String> {
+pub fn enter(userns: OwnedFd) -> Result<(), UsernsError> {
     nix::sched::setns(&userns, nix::sched::CloneFlags::CLONE_NEWUSER)
-        .map_err(|e| format!("entering the user namespace: {e}"))?;
+        .map_err(UsernsError::sys("entering the user namespace"))?;
     drop(userns);
     let root_u = nix::unistd::Uid::from_raw(0);
     let root_g = nix::unistd::Gid::from_raw(0);
-    nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
-    nix::unistd::setresgid(root_g, root_g, root_g).map_err(|e| format!("setresgid: {e}"))?;
-    nix::unistd::setresuid(root_u, root_u, root_u).map_err(|e| format!("setresuid: {e}"))?;
+    nix::unistd::setgroups(&[]).map_err(UsernsError::sys("setgroups"))?;
+    nix::unistd::setresgid(root_g, root_g, root_g).map_err(UsernsError::sys("setresgid"))?;
+    nix::unistd::setresuid(root_u, root_u, root_u).map_err(UsernsError::sys("setresuid"))?;
     Ok(())
 }
 
@@ -266,7 +311,7 @@ pub fn enter(userns: OwnedFd) -> Result<(), String> {
 /// throwaway mount namespace, each directory is id-mapped and the lot mounted as the lower
 /// layers of an overlay, as a boot does (kernels before 5.19 take id-mapped mounts but refuse
 /// them as overlay layers). `scratch` is a directory to work in, removed after.
-pub fn probe(map: &IdMap, dirs: &[&Path], scratch: &Path) -> Result<(), String> {
+pub fn probe(map: &IdMap, dirs: &[&Path], scratch: &Path) -> Result<(), UsernsError> {
     let ns = create(map, map.owner("probe"))?;
     let _ = std::fs::remove_dir_all(scratch);
     let res = probe_overlay(&ns, dirs, scratch);
@@ -274,18 +319,18 @@ pub fn probe(map: &IdMap, dirs: &[&Path], scratch: &Path) -> Result<(), String> 
     res
 }
 
-fn probe_overlay(ns: &OwnedFd, dirs: &[&Path], scratch: &Path) -> Result<(), String> {
-    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|e| e.to_string());
+fn probe_overlay(ns: &OwnedFd, dirs: &[&Path], scratch: &Path) -> Result<(), UsernsError> {
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes());
     let mut srcs = Vec::new();
     let mut targets = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
         let t = scratch.join(format!("l{i}"));
-        std::fs::create_dir_all(&t).map_err(|e| format!("{}: {e}", t.display()))?;
+        std::fs::create_dir_all(&t).map_err(UsernsError::io(t.display().to_string()))?;
         srcs.push(c(d)?);
         targets.push(c(&t)?);
     }
     for d in ["upper", "work", "merged"] {
-        std::fs::create_dir_all(scratch.join(d)).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(scratch.join(d))?;
     }
     let lower: Vec<String> = (0..dirs.len())
         .map(|i| scratch.join(format!("l{i}")).display().to_string())
@@ -295,16 +340,18 @@ fn probe_overlay(ns: &OwnedFd, dirs: &[&Path], scratch: &Path) -> Result<(), Str
         lower.join(":"),
         scratch.join("upper").display(),
         scratch.join("work").display()
-    ))
-    .map_err(|e| e.to_string())?;
+    ))?;
     let merged = c(&scratch.join("merged"))?;
     let attr = idmap_attr(ns.as_raw_fd());
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     // SAFETY: everything the child needs is allocated above; it makes only raw system calls,
     // reports the step that failed and its errno, and leaves with _exit.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+        return Err(UsernsError::Io {
+            what: "fork".into(),
+            source: std::io::Error::last_os_error(),
+        });
     }
     if pid == 0 {
         unsafe {
@@ -364,10 +411,10 @@ fn probe_overlay(ns: &OwnedFd, dirs: &[&Path], scratch: &Path) -> Result<(), Str
         4 => "attaching an id-mapped mount",
         _ => "mounting an overlay on id-mapped layers (this kernel may not support it: 5.19 or later does)",
     };
-    Err(format!(
-        "{what}: {}",
-        std::io::Error::from_raw_os_error(errno)
-    ))
+    Err(UsernsError::Io {
+        what: what.into(),
+        source: std::io::Error::from_raw_os_error(errno),
+    })
 }
 
 /// The base a writable layer's ids use, as its marker records (None: no marker; a layer that

@@ -84,7 +84,9 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), String> {
     // The user namespace comes first: made by a helper child, which must not become PID 1 of the
     // new PID namespace. Init uses it for its id-mapped mounts and enters it at the end.
     let userns = match &cfg.userns {
-        Some(map) => Some(crate::userns::create(map, map.owner(&cfg.id))?),
+        Some(map) => {
+            Some(crate::userns::create(map, map.owner(&cfg.id)).map_err(|e| e.to_string())?)
+        }
         None => None,
     };
     let host_ns = match cfg.network {
@@ -190,7 +192,7 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd, userns: Option<OwnedFd>) -> Str
     // range, with capabilities only there.
     if let Some(ns) = userns {
         if let Err(e) = crate::userns::enter(ns) {
-            return fail(&mut ready, e);
+            return fail(&mut ready, e.to_string());
         }
     }
     let mut by_kind: Vec<(&str, f64)> = Vec::new();

@@ -410,8 +410,8 @@ pub fn apply(op: &MountOp, userns: Option<BorrowedFd<'_>>) -> Result<(), String>
         MountOp::ShiftIds { layer, upper, to } => shift_layer(layer, upper, *to),
         MountOp::Idmap { src, target } => {
             let ns = userns.ok_or("an id-mapped mount needs the user namespace")?;
-            let tree = crate::userns::idmapped_clone(src, ns)?;
-            crate::userns::attach(&tree, target)
+            let tree = crate::userns::idmapped_clone(src, ns).map_err(|e| e.to_string())?;
+            crate::userns::attach(&tree, target).map_err(|e| e.to_string())
         }
         MountOp::MakePrivate => mount(NONE, "/", NONE, MsFlags::MS_REC | MsFlags::MS_PRIVATE, NONE)
             .map_err(|e| format!("making / private: {e}")),
@@ -532,7 +532,9 @@ pub fn apply(op: &MountOp, userns: Option<BorrowedFd<'_>>) -> Result<(), String>
             std::os::unix::fs::symlink(to, link).map_err(|e| err("linking", link, e))?;
             give(link, *owner)
         }
-        MountOp::Disk { image, target } => crate::disk::mount_image(image, target),
+        MountOp::Disk { image, target } => {
+            crate::disk::mount_image(image, target).map_err(|e| e.to_string())
+        }
         MountOp::PrepareUpper {
             upper,
             work,
