@@ -30,7 +30,6 @@
 //! its reservation (then the wallet can end below zero); the first tick after a start pauses
 //! the sandboxes the wallet cannot cover any more.
 
-use crate::error::ApiError;
 use crate::service::SandboxError;
 use crate::AppState;
 use cella_billing::{BillingError, Holder, Settlement};
@@ -74,7 +73,7 @@ fn ahead(row: &SandboxRow, now: i64, secs: i64) -> Money {
 pub use crate::error::insufficient;
 
 /// At create: holds the 60-second minimum of a new sandbox (not yet stored), or 402.
-pub async fn admit(state: &AppState, row: &SandboxRow) -> Result<(), ApiError> {
+pub async fn admit(state: &AppState, row: &SandboxRow) -> Result<(), SandboxError> {
     if !billed(row) {
         return Ok(());
     }
@@ -85,11 +84,13 @@ pub async fn admit(state: &AppState, row: &SandboxRow) -> Result<(), ApiError> {
         .await
     {
         Ok(()) => Ok(()),
-        Err(BillingError::InsufficientFunds { available, .. }) => Err(insufficient(
-            needed,
-            available,
-            "a sandbox at this compute rate (its 60-second minimum)",
-        )),
+        Err(BillingError::InsufficientFunds { available, .. }) => {
+            Err(SandboxError::InsufficientFunds {
+                needed,
+                available,
+                what: "a sandbox at this compute rate (its 60-second minimum)",
+            })
+        }
         Err(e) => Err(e.into()),
     }
 }

@@ -502,9 +502,9 @@ pub async fn restore(state: &Arc<AppState>) -> Result<(), cella_store::StoreErro
 }
 
 /// 400 unless this server can give sandboxes model access.
-pub fn check_model_access(state: &AppState) -> Result<(), ApiError> {
+pub fn check_model_access(state: &AppState) -> Result<(), crate::service::SandboxError> {
     if state.network.is_none() || state.firewall.is_none() {
-        return Err(ApiError::invalid(
+        return Err(crate::service::SandboxError::invalid(
             "model_access",
             "this server runs sandboxes without a network, so they cannot reach the model gateway",
         ));

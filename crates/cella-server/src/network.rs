@@ -13,7 +13,6 @@
 //! domains looked up again into /32s (one that no longer resolves adds nothing), both lists
 //! sorted and deduplicated; so the rules hold addresses, not names.
 
-use crate::error::ApiError;
 use cella_runtime::firewall::{EgressRules, Net};
 use cella_types::{Destination, Egress, NetworkPolicy};
 use std::net::Ipv4Addr;
@@ -22,11 +21,19 @@ use std::time::Duration;
 /// How long one domain lookup may take.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// A policy given at create that does not check: `field` is the list at fault.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct BadPolicy {
+    pub field: &'static str,
+    pub message: String,
+}
+
 /// Checks a policy given at create: every entry parses and every domain resolves now.
-pub async fn check(policy: &NetworkPolicy) -> Result<(), ApiError> {
+pub async fn check(policy: &NetworkPolicy) -> Result<(), BadPolicy> {
     policy
         .validate()
-        .map_err(|(field, msg)| ApiError::invalid(field, msg))?;
+        .map_err(|(field, message)| BadPolicy { field, message })?;
     for (field, list) in [
         ("network.allow", &policy.allow),
         ("network.deny", &policy.deny),
@@ -34,10 +41,10 @@ pub async fn check(policy: &NetworkPolicy) -> Result<(), ApiError> {
         for entry in list {
             if let Ok(Destination::Domain(d)) = Destination::parse(entry) {
                 if lookup(&d).await.is_empty() {
-                    return Err(ApiError::invalid(
+                    return Err(BadPolicy {
                         field,
-                        format!("{d} does not resolve to an IPv4 address"),
-                    ));
+                        message: format!("{d} does not resolve to an IPv4 address"),
+                    });
                 }
             }
         }
@@ -291,11 +298,7 @@ mod tests {
             ),
         ] {
             let e = check(&p).await.unwrap_err();
-            let d = e
-                .details
-                .as_ref()
-                .and_then(|d| d["field"].as_str().map(String::from));
-            assert_eq!(d.as_deref(), Some(field), "{p:?}");
+            assert_eq!(e.field, field, "{p:?}");
         }
     }
 

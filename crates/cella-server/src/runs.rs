@@ -165,9 +165,7 @@ async fn run_task(
         wait: Some(true),
         ..Default::default()
     };
-    let sb = sandboxes::create(state, auth, create)
-        .await
-        .map_err(RunError::Create)?;
+    let sb = sandboxes::create(state, auth, create).await?;
     let id = sb.id.clone();
     let work = async {
         let row = state

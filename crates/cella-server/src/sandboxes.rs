@@ -27,7 +27,7 @@
 //! one whose processes are gone is marked so (`mark_gone`, 409).
 
 use crate::auth::Auth;
-use crate::error::{ApiError, Internal};
+use crate::error::Internal;
 use crate::service::transitions::{self, Event};
 use crate::service::{check_timeout, Runnable, SandboxError};
 use crate::util::{new_id, now_ms, rfc3339};
@@ -35,10 +35,7 @@ use crate::AppState;
 pub(crate) use cella_runtime::rootfs::USER_UID;
 use cella_runtime::{DriverError, ExecEvent, Probe, SandboxHandle};
 use cella_store::SandboxRow;
-use cella_types::{
-    CreateSandbox, ErrorCode, ExecRequest, ExecResult, Readiness, Sandbox, SandboxState, Size,
-};
-use serde_json::json;
+use cella_types::{CreateSandbox, ExecRequest, ExecResult, Readiness, Sandbox, SandboxState, Size};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -103,7 +100,7 @@ async fn admit(
     auth: &Auth,
     req: &CreateSandbox,
     workspace: &cella_store::WorkspaceRow,
-) -> Result<SandboxRow, ApiError> {
+) -> Result<SandboxRow, SandboxError> {
     let snapshot = match &req.snapshot_id {
         None => None,
         Some(sid) => {
@@ -112,12 +109,12 @@ async fn admit(
                 .snapshot(sid)
                 .await?
                 .filter(|s| s.workspace_id == auth.workspace_id && !s.internal)
-                .ok_or_else(|| ApiError::not_found("snapshot"))?;
+                .ok_or(SandboxError::NotFound("snapshot"))?;
             if req.template_id.as_ref().is_some_and(|t| {
                 state.catalog.visible(t, &auth.workspace_id).map(|e| e.id)
                     != Some(snap.template_id.clone())
             }) {
-                return Err(ApiError::invalid(
+                return Err(SandboxError::invalid(
                     "template_id",
                     format!(
                         "snapshot {sid} is of template {}; leave template_id out or give that one",
@@ -144,7 +141,7 @@ async fn admit(
         }),
         None => state.catalog.visible(&template_id, &auth.workspace_id),
     }
-    .ok_or_else(|| ApiError::not_found("template"))?;
+    .ok_or(SandboxError::NotFound("template"))?;
     let template = &template;
     let compat = [
         ("cpu_count", req.cpu_count),
@@ -153,7 +150,7 @@ async fn admit(
     ];
     let size = if compat.iter().any(|(_, v)| v.is_some()) {
         if let Some((missing, _)) = compat.iter().find(|(_, v)| v.is_none()) {
-            return Err(ApiError::invalid(
+            return Err(SandboxError::invalid(
                 missing,
                 "cpu_count, memory_mb and disk_size_mb must be given together and match one published contract",
             ));
@@ -163,12 +160,13 @@ async fn admit(
             req.memory_mb.unwrap_or(0),
             req.disk_size_mb.unwrap_or(0),
         );
-        let size = Size::from_shape(c, m, d).ok_or_else(|| {
-            ApiError::invalid("cpu_count", format!("no published contract has {c} vCPU, {m} MiB memory and {d} MiB disk"))
-                .with_details(json!({ "field": "cpu_count", "contracts": cella_types::ALL_SIZES.map(|s| s.contract()) }))
+        let size = Size::from_shape(c, m, d).ok_or(SandboxError::NoContract {
+            cpu: c,
+            memory_mb: m,
+            disk_mb: d,
         })?;
         if req.size.is_some_and(|s| s != size) {
-            return Err(ApiError::invalid(
+            return Err(SandboxError::invalid(
                 "size",
                 "size does not match the compatibility resource fields",
             ));
@@ -180,7 +178,7 @@ async fn admit(
     };
     if let Some(snap) = &snapshot {
         if snap.size != size {
-            return Err(ApiError::invalid(
+            return Err(SandboxError::invalid(
                 "size",
                 format!(
                     "snapshot {} holds the disk of a {} sandbox and starts only as {}",
@@ -193,14 +191,10 @@ async fn admit(
         return Err(no_image_yet(state, template).await);
     }
     if state.catalog.readiness(template, size) == Readiness::Missing {
-        return Err(ApiError::new(
-            ErrorCode::SizeUnavailable,
-            format!(
-                "size {size} is not available for template {} on this server",
-                crate::catalog::public_id(&template_id)
-            ),
-        )
-        .with_details(json!({ "field": "size", "size": size.as_str() })));
+        return Err(SandboxError::SizeUnavailable {
+            size,
+            template: crate::catalog::public_id(&template_id).to_string(),
+        });
     }
     let timeout_sec = check_timeout(
         "timeout_sec",
@@ -208,7 +202,7 @@ async fn admit(
     )?;
     let idle_timeout_sec = match req.idle_timeout_sec {
         Some(v) if v > MAX_TIMEOUT_SEC => {
-            return Err(ApiError::invalid(
+            return Err(SandboxError::invalid(
                 "idle_timeout_sec",
                 "idle_timeout_sec must be from 0 to 86400",
             ))
@@ -256,7 +250,7 @@ pub async fn create(
     state: &Arc<AppState>,
     auth: &Auth,
     req: CreateSandbox,
-) -> Result<Sandbox, ApiError> {
+) -> Result<Sandbox, SandboxError> {
     let (workspace, cap) = workspace_cap(state, auth).await?;
     let model_access = req.model_access.unwrap_or(false);
     if model_access {
@@ -278,7 +272,7 @@ async fn create_admitted(
     row: SandboxRow,
     workspace: &cella_store::WorkspaceRow,
     cap: u32,
-) -> Result<Sandbox, ApiError> {
+) -> Result<Sandbox, SandboxError> {
     let model_access = req.model_access.unwrap_or(false);
     // The fast path: a sandbox of the warm pool, already running (not for model access,
     // whose token and firewall opening are made at its boot).
@@ -289,11 +283,10 @@ async fn create_admitted(
                 crate::billing::moved(state, &row.id, &claimed).await;
                 if state_of(&claimed) == SandboxState::Error {
                     crate::billing::settle_free(state, &claimed).await;
-                    return Err(
-                        ApiError::unavailable("the sandbox failed to start").with_details(
-                            json!({ "sandbox_id": claimed.id, "reason": claimed.state_reason }),
-                        ),
-                    );
+                    return Err(SandboxError::StartFailed {
+                        id: claimed.id,
+                        reason: claimed.state_reason,
+                    });
                 }
                 return Ok(to_wire(state, &claimed));
             }
@@ -329,8 +322,10 @@ async fn create_admitted(
         })?;
         if state_of(&row) == SandboxState::Error {
             // Made and settled: its reservation is gone already (not abandoned twice).
-            return Err(ApiError::unavailable("the sandbox failed to start")
-                .with_details(json!({ "sandbox_id": row.id, "reason": row.state_reason })));
+            return Err(SandboxError::StartFailed {
+                id: row.id,
+                reason: row.state_reason,
+            });
         }
         return Ok(to_wire(state, &row));
     }
@@ -340,14 +335,11 @@ async fn create_admitted(
     Ok(to_wire(state, &row))
 }
 
-fn at_cap(cap: u32, plan: &str) -> ApiError {
-    let mut e = ApiError::new(
-        ErrorCode::ConcurrencyLimit,
-        format!("workspace holds its plan's cap of {cap} concurrent sandboxes; destroy one first"),
-    )
-    .with_details(json!({ "limit": cap, "plan": plan }));
-    e.retry_after = Some(5);
-    e
+fn at_cap(cap: u32, plan: &str) -> SandboxError {
+    SandboxError::AtCap {
+        cap,
+        plan: plan.to_string(),
+    }
 }
 
 /// Destroys a sandbox from any state; idempotent. `reason` says why when the server decided.
@@ -445,37 +437,21 @@ pub(crate) async fn mark_gone(
 /// Why a custom template cannot start sandboxes yet: its last build failed (with its id and
 /// error), or it is still being built. 400 `SIZE_UNAVAILABLE` (no size of it is available),
 /// naming the build to look at.
-async fn no_image_yet(state: &AppState, template: &crate::catalog::TemplateEntry) -> ApiError {
-    let id = crate::catalog::public_id(&template.id);
+async fn no_image_yet(state: &AppState, template: &crate::catalog::TemplateEntry) -> SandboxError {
     let last = state
         .store
         .builds_of(&template.id, 1)
         .await
         .ok()
         .and_then(|b| b.into_iter().next());
-    let (message, details) = match last {
-        Some(b) if b.state == "failed" => (
-            format!(
-                "template {id} has no image: its build {} failed ({}); see GET /api/v1/templates/{id}/builds/{}",
-                b.id,
-                b.error.as_deref().unwrap_or("no reason recorded"),
-                b.id
-            ),
-            json!({ "template_id": id, "build_id": b.id, "build_state": b.state }),
-        ),
-        Some(b) => (
-            format!(
-                "template {id} is still being built (build {} is {}); create its sandboxes once it is ready",
-                b.id, b.state
-            ),
-            json!({ "template_id": id, "build_id": b.id, "build_state": b.state }),
-        ),
-        None => (
-            format!("template {id} has no image on this server"),
-            json!({ "template_id": id }),
-        ),
-    };
-    ApiError::new(ErrorCode::SizeUnavailable, message).with_details(details)
+    SandboxError::NoImage {
+        template: crate::catalog::public_id(&template.id).to_string(),
+        build: last.map(|b| crate::service::LastBuild {
+            id: b.id,
+            state: b.state,
+            error: b.error,
+        }),
+    }
 }
 
 /// One output stream of a buffered exec, as kept: chunks as they came (no copy while

@@ -255,7 +255,7 @@ async fn make_children(
                 let _ = state.store.delete_sandbox(made).await;
                 crate::billing::abandon(state, made).await;
             }
-            return Err(SnapshotError::Billing(e));
+            return Err(SnapshotError::Sandbox(e));
         }
         if !state.store.insert_sandbox_capped(&child, cap).await? {
             crate::billing::abandon(state, &child.id).await;

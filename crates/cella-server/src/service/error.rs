@@ -79,6 +79,31 @@ pub enum SandboxError {
     /// The workspace holds its plan's cap of concurrent sandboxes.
     #[error("workspace holds its plan's cap of {cap} concurrent sandboxes")]
     ConcurrencyLimit { cap: u32, plan: String },
+    /// The workspace holds its plan's cap of concurrent sandboxes, at a create.
+    #[error("workspace holds its plan's cap of {cap} concurrent sandboxes; destroy one first")]
+    AtCap { cap: u32, plan: String },
+    /// The compatibility resource fields of a create match no published contract.
+    #[error("no published contract has {cpu} vCPU, {memory_mb} MiB memory and {disk_mb} MiB disk")]
+    NoContract {
+        cpu: u32,
+        memory_mb: u32,
+        disk_mb: u32,
+    },
+    /// The size has no image of the template on this server.
+    #[error("size {size} is not available for template {template} on this server")]
+    SizeUnavailable {
+        size: cella_types::Size,
+        template: String,
+    },
+    /// A custom template has no image yet: its last build failed, or one still runs.
+    #[error("{}", no_image(.template, .build.as_ref()))]
+    NoImage {
+        template: String,
+        build: Option<LastBuild>,
+    },
+    /// A new sandbox did not boot.
+    #[error("the sandbox failed to start")]
+    StartFailed { id: String, reason: Option<String> },
     /// A stopped sandbox did not boot again.
     #[error("the sandbox failed to start again")]
     RestartFailed { id: String, reason: Option<String> },
@@ -113,12 +138,45 @@ pub enum SandboxError {
     /// The store failed.
     #[error("store: {0}")]
     Store(#[from] StoreError),
+    /// A failure of the server itself.
+    #[error(transparent)]
+    Internal(#[from] crate::error::Internal),
     /// A host-side failure around an operation (a directory, a file), with its cause.
     #[error("{what}: {source}")]
     Io {
         what: &'static str,
         source: std::io::Error,
     },
+}
+
+/// The last build of a custom template without an image.
+#[derive(Debug, Clone)]
+pub struct LastBuild {
+    pub id: String,
+    pub state: String,
+    pub error: Option<String>,
+}
+
+fn no_image(id: &str, build: Option<&LastBuild>) -> String {
+    match build {
+        Some(b) if b.state == "failed" => format!(
+            "template {id} has no image: its build {} failed ({}); see GET /api/v1/templates/{id}/builds/{}",
+            b.id,
+            b.error.as_deref().unwrap_or("no reason recorded"),
+            b.id
+        ),
+        Some(b) => format!(
+            "template {id} is still being built (build {} is {}); create its sandboxes once it is ready",
+            b.id, b.state
+        ),
+        None => format!("template {id} has no image on this server"),
+    }
+}
+
+impl From<crate::network::BadPolicy> for SandboxError {
+    fn from(e: crate::network::BadPolicy) -> Self {
+        SandboxError::invalid(e.field, e.message)
+    }
 }
 
 fn hint(id: &str, state: &str) -> String {
@@ -191,7 +249,7 @@ impl From<SandboxError> for ApiError {
                 .with_details(json!({ "state": r.state.as_str() })),
             E::NotPersistent { state } => ApiError::new(ErrorCode::Conflict, message)
                 .with_details(json!({ "state": state, "persistent": false })),
-            E::ConcurrencyLimit { cap, plan } => {
+            E::ConcurrencyLimit { cap, plan } | E::AtCap { cap, plan } => {
                 let mut e = ApiError::new(ErrorCode::ConcurrencyLimit, message)
                     .with_details(json!({ "limit": cap, "plan": plan }));
                 e.retry_after = Some(5);
@@ -203,8 +261,26 @@ impl From<SandboxError> for ApiError {
                 what,
             } => crate::error::insufficient(needed, available, what),
             E::Billing(b) => b.into(),
-            E::RestartFailed { id, reason } => ApiError::unavailable(message)
-                .with_details(json!({ "sandbox_id": id, "reason": reason })),
+            E::NoContract { .. } => ApiError::invalid("cpu_count", message).with_details(json!({
+                "field": "cpu_count",
+                "contracts": cella_types::ALL_SIZES.map(|s| s.contract())
+            })),
+            E::SizeUnavailable { size, .. } => ApiError::new(ErrorCode::SizeUnavailable, message)
+                .with_details(json!({ "field": "size", "size": size.as_str() })),
+            E::NoImage { template, build } => {
+                let details = match build {
+                    Some(b) => {
+                        json!({ "template_id": template, "build_id": b.id, "build_state": b.state })
+                    }
+                    None => json!({ "template_id": template }),
+                };
+                ApiError::new(ErrorCode::SizeUnavailable, message).with_details(details)
+            }
+            E::Internal(e) => e.into(),
+            E::RestartFailed { id, reason } | E::StartFailed { id, reason } => {
+                ApiError::unavailable(message)
+                    .with_details(json!({ "sandbox_id": id, "reason": reason }))
+            }
             E::Agent {
                 op,
                 source: ClientError::Refused { kind, message: m },
@@ -275,10 +351,6 @@ pub enum SnapshotError {
     /// Sandboxes that have not booted yet still need the snapshot's files.
     #[error("{booting} sandbox(es) are starting from this snapshot; delete it once they run")]
     Booting { booting: i64 },
-    /// The wallet cannot hold a child's 60-second minimum (402), or billing failed: as
-    /// `crate::billing` answered.
-    #[error("billing a fork's child: {}", .0.message)]
-    Billing(ApiError),
     /// The fork would pass the workspace's cap of concurrent sandboxes.
     #[error("forking {count} would pass the workspace's cap of {cap} concurrent sandboxes")]
     OverCap { count: u32, cap: u32 },
@@ -325,7 +397,6 @@ impl From<SnapshotError> for ApiError {
                 e
             }
             E::Full(full) => full.into(),
-            E::Billing(e) => e,
             E::Sandbox(e) => e.into(),
             E::Store(e) => e.into(),
             E::Driver { .. } | E::Task { .. } => {
@@ -342,9 +413,6 @@ pub enum RunError {
     /// A request field, the sandbox's state, its agent (see [`SandboxError`]).
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
-    /// Making the run's sandbox failed (the create answers the envelope itself).
-    #[error("creating the run's sandbox: {}", .0.message)]
-    Create(ApiError),
     /// One of the run's files is larger than an upload may be.
     #[error("{path} is over the upload limit")]
     TooLarge { path: String },
@@ -374,7 +442,6 @@ impl From<RunError> for ApiError {
         let message = e.to_string();
         match e {
             RunError::Sandbox(e) => e.into(),
-            RunError::Create(e) => e,
             RunError::TooLarge { .. } => ApiError::new(ErrorCode::PayloadTooLarge, message),
             RunError::Cancelled => ApiError::new(ErrorCode::Conflict, message),
             RunError::Full(e) => e.into(),

@@ -39,5 +39,5 @@ pub use crate::rows;
 pub mod runnable;
 pub mod transitions;
 
-pub use error::{AgentOp, RunError, SandboxError, SnapshotError, TemplateError};
+pub use error::{AgentOp, LastBuild, RunError, SandboxError, SnapshotError, TemplateError};
 pub use runnable::{check_timeout, owned, runnable, Runnable};
