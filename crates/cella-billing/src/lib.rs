@@ -304,6 +304,33 @@ const BALANCE_SQL: &str =
 const RESERVED_SQL: &str =
     "COALESCE((SELECT SUM(amount) FROM reservations WHERE workspace_id = ?1), 0)";
 
+/// The idempotency key of a model request's entry.
+fn model_key(c: &ModelCharge) -> String {
+    format!("model:{}", c.request_id)
+}
+
+/// The ledger entry of one model request (`key` from [`model_key`]).
+fn model_entry<'a>(c: &'a ModelCharge, key: &'a str) -> Result<NewEntry<'a>> {
+    if c.amount.is_negative() || c.amount > MAX_BALANCE {
+        return Err(BillingError::InvalidAmount(format!(
+            "a model charge is from 0 to {MAX_BALANCE}"
+        )));
+    }
+    let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    Ok(NewEntry {
+        workspace_id: &c.workspace_id,
+        kind: Some(EntryKind::Model),
+        amount: -c.amount.micros(),
+        sandbox_id: c.sandbox_id.as_deref(),
+        task_id: c.task_id.as_deref(),
+        model: Some(&c.model),
+        input_tokens: Some(tokens(c.input_tokens)),
+        output_tokens: Some(tokens(c.output_tokens)),
+        once_key: Some(key.to_string()),
+        ..Default::default()
+    })
+}
+
 /// A new entry to write.
 #[derive(Default)]
 struct NewEntry<'a> {
@@ -437,32 +464,45 @@ impl Billing {
     /// One `model` ledger entry; idempotent on request_id. A request that was admitted is
     /// always recorded, even when it takes the available amount below zero.
     pub async fn charge_model(&self, c: ModelCharge) -> Result<LedgerEntry> {
-        if c.amount.is_negative() || c.amount > MAX_BALANCE {
-            return Err(BillingError::InvalidAmount(format!(
-                "a model charge is from 0 to {MAX_BALANCE}"
-            )));
-        }
-        let key = format!("model:{}", c.request_id);
-        let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        let e = NewEntry {
-            workspace_id: &c.workspace_id,
-            kind: Some(EntryKind::Model),
-            amount: -c.amount.micros(),
-            sandbox_id: c.sandbox_id.as_deref(),
-            task_id: c.task_id.as_deref(),
-            model: Some(&c.model),
-            input_tokens: Some(tokens(c.input_tokens)),
-            output_tokens: Some(tokens(c.output_tokens)),
-            once_key: Some(key.clone()),
-            ..Default::default()
-        };
-        if let Some(seq) = self.append(&self.pool, e).await? {
+        let key = model_key(&c);
+        if let Some(seq) = self.append(&self.pool, model_entry(&c, &key)?).await? {
             return self.entry_by_seq(seq).await;
         }
         // Written before (the same request), or the balance would leave its range.
         self.entry_by_key(&c.workspace_id, &key)
             .await?
             .ok_or(BillingError::OutOfRange)
+    }
+
+    /// Many model charges in one transaction (one commit), each as [`Billing::charge_model`]
+    /// writes it: one that was written before is left as it is. An error (one amount out of
+    /// range among them, or the store) writes none of them ([`meter`] then writes each alone).
+    pub async fn charge_models(&self, charges: &[ModelCharge]) -> Result<()> {
+        let keys: Vec<String> = charges.iter().map(model_key).collect();
+        let entries = charges
+            .iter()
+            .zip(&keys)
+            .map(|(c, k)| model_entry(c, k))
+            .collect::<Result<Vec<_>>>()?;
+        let mut tx = self.pool.begin().await?;
+        let mut unwritten = Vec::new();
+        for (e, c) in entries.into_iter().zip(charges) {
+            if self.append(&mut *tx, e).await?.is_none() {
+                unwritten.push(c);
+            }
+        }
+        tx.commit().await?;
+        // Not written: the same request before (fine), or the balance would leave its range.
+        for c in unwritten {
+            if self
+                .entry_by_key(&c.workspace_id, &model_key(c))
+                .await?
+                .is_none()
+            {
+                return Err(BillingError::OutOfRange);
+            }
+        }
+        Ok(())
     }
 
     /// Holds `amount` for `holder` when the wallet's available amount covers it; a holder that
@@ -743,6 +783,9 @@ impl Billing {
         Ok(out)
     }
 }
+
+pub mod meter;
+pub use meter::ModelMeter;
 
 #[cfg(test)]
 mod tests;

@@ -271,3 +271,44 @@ async fn usage_is_per_day_from_compute_and_model_entries() {
     assert!(b.usage("ws", 0, 1).await.unwrap().is_empty());
     assert!(b.usage("other", 0, i64::MAX).await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn the_meter_writes_many_concurrent_charges_in_groups_each_once() {
+    let (_d, b) = billing().await;
+    b.credit("ws", m("100"), None).await.unwrap();
+    let meter = ModelMeter::spawn(b.clone());
+    let mut tasks = Vec::new();
+    for i in 0..600 {
+        let meter = meter.clone();
+        tasks.push(tokio::spawn(async move {
+            // Every request id twice: the second is the same request, written once.
+            meter
+                .submit(model("ws", &format!("r{i}"), "0.000100"))
+                .await;
+            meter
+                .submit(model("ws", &format!("r{i}"), "0.000100"))
+                .await;
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    meter.flush().await;
+    let entries = b.ledger("ws", 1000, None).await.unwrap();
+    assert_eq!(entries.len(), 601, "one credit and one entry per request");
+    let (sum, balance) = sum_and_balance(&b, "ws").await;
+    assert_eq!((sum, balance), (m("99.940000"), m("99.940000")));
+}
+
+#[tokio::test]
+async fn a_charge_that_cannot_be_written_does_not_take_its_group_with_it() {
+    let (_d, b) = billing().await;
+    let meter = ModelMeter::spawn(b.clone());
+    meter.submit(model("ws", "ok-1", "0.5")).await;
+    meter.submit(model("ws", "bad", "-1")).await;
+    meter.submit(model("ws", "ok-2", "0.25")).await;
+    meter.flush().await;
+    let entries = b.ledger("ws", 10, None).await.unwrap();
+    assert_eq!(entries.len(), 2);
+    assert_eq!(b.wallet("ws").await.unwrap().balance, m("-0.75"));
+}

@@ -27,7 +27,7 @@
 //! **Metering.** [`ServerMeter`] admits a request when the workspace's `model_allowlist` holds
 //! its model (an empty list: every model; else 403) and, for a model with a price, while the
 //! workspace's wallet has something `available` (else 402 `INSUFFICIENT_FUNDS`). Each request
-//! that reported usage becomes one `model` ledger entry (`Billing::charge_model`) against its
+//! that reported usage becomes one `model` ledger entry (queued to `ModelMeter`, written in groups) against its
 //! sandbox, of its exact cost; an admitted request is always recorded, even when that takes the
 //! wallet below zero (the next one is refused). The ledger's idempotency key is an id the
 //! server makes for the request, never the client's `x-request-id`.
@@ -357,13 +357,7 @@ async fn record(state: &AppState, caller: Caller, m: Metered) {
         amount: cella_types::Money::from_micros(m.cost_micros.max(0)),
         request_id: caller.request_id.clone(),
     };
-    if let Err(e) = state.billing.charge_model(charge).await {
-        tracing::error!(
-            workspace = caller.workspace_id,
-            request_id = caller.request_id,
-            "writing a model request's ledger entry: {e}"
-        );
-    }
+    state.model_meter.submit(charge).await;
     tracing::debug!(
         workspace = caller.workspace_id,
         sandbox = caller.sandbox_id.as_deref().unwrap_or(""),

@@ -88,6 +88,8 @@ pub struct AppState {
     pub store: Store,
     /// Wallets, the ledger, reservations and settlement (over the same store).
     pub billing: cella_billing::Billing,
+    /// The gateway's model charges, written in groups off the request's path.
+    pub model_meter: cella_billing::ModelMeter,
     pub driver: Arc<dyn Driver>,
     pub catalog: Catalog,
     pub locks: sandboxes::Locks,
@@ -626,12 +628,14 @@ async fn assemble(
     ));
     let gw = cella_gateway::Gateway::new(&config.gateway).map_err(ServeError::Config)?;
     let sign_in = service::people::SignInLimiter::new(&config.auth);
+    let billing = cella_billing::Billing::new(&store);
     let state = Arc::new(AppState {
         gateway: gateway::GatewayState::new(gw),
         sign_in,
         exec_budget,
         config,
-        billing: cella_billing::Billing::new(&store),
+        model_meter: cella_billing::ModelMeter::spawn(billing.clone()),
+        billing,
         store,
         driver: backend.driver,
         catalog,
@@ -683,6 +687,8 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         shutdown_signal(),
     )
     .await;
+    // Model charges still queued are written before the process ends.
+    state.model_meter.flush().await;
     // Users' sandboxes run on without the server; the warm pool is the server's own and is
     // booted again at the next start, so a clean stop leaves none of it behind.
     pool::drain(&state).await;
