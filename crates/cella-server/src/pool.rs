@@ -267,6 +267,23 @@ async fn discard(state: &AppState, row: &SandboxRow) -> Result<(), cella_store::
     state.store.delete_sandbox(&row.id).await
 }
 
+/// Why a pool sandbox must not be handed out (its agent's answer to a seal or a ping).
+#[derive(Debug, thiserror::Error)]
+enum Untrusted {
+    #[error("it has no runtime record")]
+    NoRuntime,
+    #[error("{0} request(s) ran or changed something in it while it waited")]
+    Touched(u64),
+    #[error("its agent was never sealed")]
+    NeverSealed,
+    #[error("its agent answered {0}")]
+    Unexpected(String),
+    #[error(transparent)]
+    Agent(#[from] cella_agent::client::ClientError),
+    #[error("its agent did not answer in time")]
+    Timeout,
+}
+
 /// Asks a pool sandbox's agent (one round trip, a short deadline) whether anything touched it
 /// since it was sealed (`Seal` seals it now; `Ping` only asks). Err says why it must not be
 /// handed out: touched, never sealed, or no answer.
@@ -274,8 +291,8 @@ async fn agent_touched(
     state: &AppState,
     row: &SandboxRow,
     req: cella_agent::proto::Request,
-) -> Result<(), String> {
-    let handle = crate::rows::handle_or_none(row).ok_or("it has no runtime record")?;
+) -> Result<(), Untrusted> {
+    let handle = crate::rows::handle_or_none(row).ok_or(Untrusted::NoRuntime)?;
     let agent = state.driver.agent(&handle);
     let ask = agent.call(&req);
     match tokio::time::timeout(Duration::from_secs(3), ask).await {
@@ -284,15 +301,13 @@ async fn agent_touched(
         })) => Ok(()),
         Ok(Ok(cella_agent::proto::Response::Pong {
             touched: Some(n), ..
-        })) => Err(format!(
-            "{n} request(s) ran or changed something in it while it waited"
-        )),
+        })) => Err(Untrusted::Touched(n)),
         Ok(Ok(cella_agent::proto::Response::Pong { touched: None, .. })) => {
-            Err("its agent was never sealed".into())
+            Err(Untrusted::NeverSealed)
         }
-        Ok(Ok(other)) => Err(format!("its agent answered {other:?}")),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("its agent did not answer in time".into()),
+        Ok(Ok(other)) => Err(Untrusted::Unexpected(format!("{other:?}"))),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(Untrusted::Timeout),
     }
 }
 
