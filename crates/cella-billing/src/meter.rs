@@ -44,16 +44,14 @@ impl ModelMeter {
 
     /// Queues one charge. Waits only when [`QUEUE`] entries are already waiting.
     pub async fn submit(&self, charge: ModelCharge) {
-        if let Err(mpsc::error::SendError(item)) =
+        if let Err(mpsc::error::SendError(Item::Charge(c))) =
             self.tx.send(Item::Charge(Box::new(charge))).await
         {
-            if let Item::Charge(c) = item {
-                tracing::error!(
-                    workspace = c.workspace_id,
-                    request_id = c.request_id,
-                    "the model charge writer is gone; this request's entry is not written"
-                );
-            }
+            tracing::error!(
+                workspace = c.workspace_id,
+                request_id = c.request_id,
+                "the model charge writer is gone; this request's entry is not written"
+            );
         }
     }
 
