@@ -250,18 +250,8 @@ pub fn compute_cost(rate: Money, running_ms: i64) -> Money {
         .min(MAX_BALANCE)
 }
 
-/// One usage figure of a day (or of a whole range).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct UsageFigures {
-    pub compute_sec: i64,
-    /// What compute cost (positive).
-    pub compute_cost: Money,
-    pub model_requests: i64,
-    pub input_tokens: i64,
-    pub output_tokens: i64,
-    /// What model requests cost (positive).
-    pub model_cost: Money,
-}
+/// One usage figure of a day (or of a whole range): the API's own type.
+pub use cella_types::UsageFigures;
 
 /// Aborts the process here when `CELLA_TEST_ABORT_AT` names `point` (a test's stand-in for a
 /// `kill -9` at that moment). Points: `settle:before` (nothing written yet),

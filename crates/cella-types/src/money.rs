@@ -253,7 +253,7 @@ pub struct LedgerEntry {
 }
 
 /// Usage figures of one day, or of the whole range.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UsageFigures {
     /// Billed compute seconds of sandboxes (and runs) that settled then.
     pub compute_sec: i64,
@@ -262,6 +262,18 @@ pub struct UsageFigures {
     pub input_tokens: i64,
     pub output_tokens: i64,
     pub model_cost: Money,
+}
+
+impl UsageFigures {
+    /// Adds `other` to these figures (for totals), saturating rather than wrapping.
+    pub fn add(&mut self, other: &UsageFigures) {
+        self.compute_sec = self.compute_sec.saturating_add(other.compute_sec);
+        self.compute_cost = self.compute_cost.saturating_add(other.compute_cost);
+        self.model_requests = self.model_requests.saturating_add(other.model_requests);
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.model_cost = self.model_cost.saturating_add(other.model_cost);
+    }
 }
 
 /// One UTC day of `GET /api/v1/workspaces/{id}/usage`.

@@ -218,21 +218,8 @@ pub async fn usage(
     let mut totals = UsageFigures::default();
     let days = rows
         .into_iter()
-        .map(|(date, f)| {
-            let figures = UsageFigures {
-                compute_sec: f.compute_sec,
-                compute_cost: f.compute_cost,
-                model_requests: f.model_requests,
-                input_tokens: f.input_tokens,
-                output_tokens: f.output_tokens,
-                model_cost: f.model_cost,
-            };
-            totals.compute_sec += figures.compute_sec;
-            totals.compute_cost = totals.compute_cost.saturating_add(figures.compute_cost);
-            totals.model_requests += figures.model_requests;
-            totals.input_tokens += figures.input_tokens;
-            totals.output_tokens += figures.output_tokens;
-            totals.model_cost = totals.model_cost.saturating_add(figures.model_cost);
+        .map(|(date, figures)| {
+            totals.add(&figures);
             UsageDay { date, figures }
         })
         .collect();
