@@ -6,6 +6,7 @@
 
 pub mod money;
 pub mod sizes;
+pub mod tasks;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -16,6 +17,9 @@ pub use money::{
     Wallet,
 };
 pub use sizes::{ResourceContract, Size, ALL_SIZES};
+pub use tasks::{
+    CreateTask, PullRequest, StopReason, Task, TaskEvent, TaskProgress, TaskState, MAX_TASK_BYTES,
+};
 
 /// `{"data": ...}`: the body of every successful single-object response.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -67,6 +71,8 @@ pub enum ErrorCode {
     InsufficientStorage,
     /// 408: the request's body stopped arriving.
     RequestTimeout,
+    /// 410: the thing existed but is gone for good (a finished run's live log).
+    Gone,
     Internal,
     Unavailable,
 }
@@ -90,6 +96,7 @@ impl ErrorCode {
             ErrorCode::RangeNotSatisfiable => "RANGE_NOT_SATISFIABLE",
             ErrorCode::InsufficientStorage => "INSUFFICIENT_STORAGE",
             ErrorCode::RequestTimeout => "REQUEST_TIMEOUT",
+            ErrorCode::Gone => "GONE",
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::Unavailable => "UNAVAILABLE",
         }
@@ -111,6 +118,7 @@ impl ErrorCode {
             ErrorCode::RangeNotSatisfiable => 416,
             ErrorCode::InsufficientStorage => 507,
             ErrorCode::RequestTimeout => 408,
+            ErrorCode::Gone => 410,
             ErrorCode::Internal => 500,
             ErrorCode::Unavailable => 503,
         }
