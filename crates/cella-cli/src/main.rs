@@ -10,6 +10,7 @@ use std::process::ExitCode;
 mod people;
 mod processes;
 mod snapshots;
+mod tasks;
 mod templates;
 mod transfer;
 
@@ -132,6 +133,10 @@ enum Command {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Repository task runs: an agent works on a repository in a fresh sandbox; the branch is
+    /// pushed as a draft pull request.
+    #[command(subcommand)]
+    Task(tasks::TaskCmd),
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit,
 }
@@ -532,6 +537,7 @@ async fn run(cmd: Command) -> ExitCode {
         Command::Admin(c) => people::admin(c).await,
         Command::Login(a) => people::login(a).await,
         Command::Logout { conn } => people::logout(conn).await,
+        Command::Task(c) => tasks::run(c).await,
         Command::SandboxInit => unreachable!("handled before the runtime starts"),
     }
 }

@@ -742,6 +742,189 @@ impl Client {
     pub async fn me(&self) -> Result<Me, Error> {
         self.data::<(), _>(Method::GET, "/api/v1/me", None).await
     }
+
+    /// Starts a task run (`POST /api/v1/tasks`): queued at once, or refused with nothing queued.
+    pub async fn create_task(&self, req: &CreateTask) -> Result<Task, Error> {
+        self.data(Method::POST, "/api/v1/tasks", Some(req)).await
+    }
+
+    /// One page of the workspace's task runs, newest first.
+    pub async fn list_tasks(&self, filter: &TaskFilter) -> Result<List<Task>, Error> {
+        self.call::<(), _>(Method::GET, "/api/v1/tasks", &filter.query(), None)
+            .await
+    }
+
+    /// Every task run matching `filter` (its `limit` is the page size), following the cursor.
+    pub async fn all_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, Error> {
+        let mut f = filter.clone();
+        let mut out = Vec::new();
+        loop {
+            let page = self.list_tasks(&f).await?;
+            out.extend(page.data);
+            match page.next_cursor {
+                Some(c) if Some(&c) != f.cursor.as_ref() => f.cursor = Some(c),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    pub async fn get_task(&self, id: &str) -> Result<Task, Error> {
+        self.data::<(), _>(Method::GET, &format!("/api/v1/tasks/{}", seg(id)), None)
+            .await
+    }
+
+    /// Cancels a run (idempotent; a run that has ended comes back unchanged).
+    pub async fn cancel_task(&self, id: &str) -> Result<Task, Error> {
+        self.data::<(), _>(
+            Method::POST,
+            &format!("/api/v1/tasks/{}/cancel", seg(id)),
+            None,
+        )
+        .await
+    }
+
+    /// Follows a run's events (`GET /api/v1/tasks/{id}/events`): the current state first, then
+    /// each change and progress count, until the stream ends after a terminal state. Returns the
+    /// last state seen.
+    pub async fn task_events(
+        &self,
+        id: &str,
+        mut on_event: impl FnMut(&TaskEvent),
+    ) -> Result<Option<TaskState>, Error> {
+        let res = self
+            .authed(Method::GET, &format!("/api/v1/tasks/{}/events", seg(id)))
+            .header(reqwest::header::ACCEPT, "text/event-stream")
+            .send()
+            .await
+            .map_err(self.connect_err())?;
+        let mut last = None;
+        self.sse(res, |name, data| {
+            if let Some(ev) = task_event(name, data) {
+                if let TaskEvent::State { state, .. } = &ev {
+                    last = Some(*state);
+                }
+                on_event(&ev);
+            }
+        })
+        .await?;
+        Ok(last)
+    }
+
+    /// Follows a run's live log (`GET /api/v1/tasks/{id}/log`) while it runs; ends when the run
+    /// does. A run that has ended answers `GONE` (410): its output was never kept.
+    pub async fn task_log(&self, id: &str, mut on_output: impl FnMut(Output)) -> Result<(), Error> {
+        let res = self
+            .authed(Method::GET, &format!("/api/v1/tasks/{}/log", seg(id)))
+            .header(reqwest::header::ACCEPT, "text/event-stream")
+            .send()
+            .await
+            .map_err(self.connect_err())?;
+        self.sse(res, |name, data| {
+            if name != "output" {
+                return;
+            }
+            let text = data["text"].as_str().unwrap_or("").as_bytes().to_vec();
+            on_output(if data["stream"] == "stderr" {
+                Output::Stderr(text)
+            } else {
+                Output::Stdout(text)
+            });
+        })
+        .await
+    }
+
+    /// Reads a stream of server-sent events until it ends, handing each (name, JSON data) on.
+    async fn sse(
+        &self,
+        res: reqwest::Response,
+        mut on_event: impl FnMut(&str, &serde_json::Value),
+    ) -> Result<(), Error> {
+        use futures_util::StreamExt;
+        let res = self.check(res).await?;
+        let mut body = res.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(chunk) = body.next().await {
+            buf.extend_from_slice(&chunk.map_err(|e| Error::Decode(e.to_string()))?);
+            // Normalise CRLF framing so `\n\n` ends every event.
+            if buf.contains(&b'\r') {
+                buf.retain(|b| *b != b'\r');
+            }
+            while let Some(end) = find_event_end(&buf) {
+                let block = String::from_utf8_lossy(&buf[..end]).into_owned();
+                buf.drain(..end + 2);
+                if let Some((name, data)) = parse_event(&block) {
+                    if name == "error" {
+                        if let Ok(e) = serde_json::from_value::<ErrorBody>(data.clone()) {
+                            return Err(Error::Api {
+                                status: 0,
+                                code: e.error.code,
+                                message: e.error.message,
+                                details: e.error.details,
+                                request_id: String::new(),
+                            });
+                        }
+                    }
+                    on_event(&name, &data);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Filters and paging of `GET /api/v1/tasks`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    pub state: Option<TaskState>,
+    /// `owner/name`.
+    pub repository: Option<String>,
+    /// 1-1000 (the server's default: 100).
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+}
+
+impl TaskFilter {
+    fn query(&self) -> Vec<(String, String)> {
+        let mut q = Vec::new();
+        if let Some(s) = self.state {
+            q.push(("state".to_string(), s.as_str().to_string()));
+        }
+        if let Some(r) = &self.repository {
+            q.push(("repository".to_string(), r.clone()));
+        }
+        if let Some(l) = self.limit {
+            q.push(("limit".to_string(), l.to_string()));
+        }
+        if let Some(c) = &self.cursor {
+            q.push(("cursor".to_string(), c.clone()));
+        }
+        q
+    }
+}
+
+/// An id as one path segment: anything but the id alphabet is percent-encoded, so a bad id is
+/// a 404 of the route, never another route.
+fn seg(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for b in id.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A task event from its SSE name and data (the data is the `TaskEvent` JSON; its `event`
+/// field is taken from the SSE name when absent). Unknown events are skipped.
+fn task_event(name: &str, data: &serde_json::Value) -> Option<TaskEvent> {
+    let mut data = data.clone();
+    if let Some(o) = data.as_object_mut() {
+        o.entry("event")
+            .or_insert_with(|| serde_json::Value::String(name.to_string()));
+    }
+    serde_json::from_value(data).ok()
 }
 
 /// Output of a streamed command.
@@ -801,5 +984,46 @@ mod tests {
         let (_, d) = parse_event("event: stderr\ndata: {\"b64\":\"/wA=\"}").unwrap();
         assert_eq!(decode_output(&d).unwrap(), vec![0xff, 0]);
         assert_eq!(find_event_end(b"event: a\ndata: 1\n\nrest"), Some(16));
+    }
+
+    #[test]
+    fn task_events_parse_with_or_without_their_tag() {
+        let d = serde_json::json!({"state": "running", "at": "2026-01-01T00:00:00Z",
+            "failure_reason": null, "stop_reason": null});
+        match task_event("state", &d) {
+            Some(TaskEvent::State { state, .. }) => assert_eq!(state, TaskState::Running),
+            other => panic!("{other:?}"),
+        }
+        let d = serde_json::json!({"event": "progress", "steps": 2, "commits": 1,
+            "files_changed": 1});
+        assert_eq!(
+            task_event("progress", &d),
+            Some(TaskEvent::Progress(TaskProgress {
+                steps: 2,
+                commits: 1,
+                files_changed: 1
+            }))
+        );
+        assert_eq!(task_event("nonsense", &serde_json::json!({})), None);
+    }
+
+    #[test]
+    fn task_filters_become_the_query_and_ids_stay_one_segment() {
+        let f = TaskFilter {
+            state: Some(TaskState::Queued),
+            repository: Some("acme/web".into()),
+            limit: Some(5),
+            cursor: None,
+        };
+        assert_eq!(
+            f.query(),
+            vec![
+                ("state".to_string(), "queued".to_string()),
+                ("repository".to_string(), "acme/web".to_string()),
+                ("limit".to_string(), "5".to_string()),
+            ]
+        );
+        assert_eq!(seg("tsk_abc-1"), "tsk_abc-1");
+        assert_eq!(seg("../x?y"), "%2E%2E%2Fx%3Fy");
     }
 }
