@@ -730,6 +730,37 @@ impl Billing {
         Ok(out)
     }
 
+    /// For each of the task runs given: what its model entries cost (positive) and how many
+    /// there are.
+    pub async fn task_model_costs(
+        &self,
+        task_ids: &[&str],
+    ) -> Result<HashMap<String, (Money, i64)>> {
+        let mut out = HashMap::new();
+        if task_ids.is_empty() {
+            return Ok(out);
+        }
+        let ids = format!(
+            "[{}]",
+            task_ids
+                .iter()
+                .map(|s| format!("\"{}\"", s.replace(['"', '\\'], "")))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+            "SELECT task_id, -COALESCE(SUM(amount), 0), COUNT(*) FROM ledger \
+             WHERE kind = 'model' AND task_id IN (SELECT value FROM json_each(?)) GROUP BY task_id",
+        )
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
+        for (id, cost, n) in rows {
+            out.insert(id, (Money::from_micros(cost), n));
+        }
+        Ok(out)
+    }
+
     /// Usage of a workspace from its ledger's compute and model entries written in
     /// `[from_ms, to_ms)`, per UTC day (`YYYY-MM-DD`, oldest first). Compute counts on the day
     /// it settled.

@@ -33,6 +33,13 @@ pub struct Config {
     /// The model gateway (`cella_gateway::config`).
     pub gateway: cella_gateway::GatewayConfig,
     pub auth: AuthConfig,
+    /// `[tasks]`: task runs on this server (runner slots, branch prefix, heartbeats, grace).
+    pub tasks: cella_tasks::TasksConfig,
+    /// `[[forges]]`: where repositories live (the first is the default; none: one `git` forge
+    /// named `local` over `DATA_DIR/repos/{repository}`).
+    pub forges: Vec<cella_tasks::ForgeConfig>,
+    /// `[[agents]]`: what runs a task (the first is the default; none: the built-in agent).
+    pub agents: Vec<cella_tasks::AgentConfig>,
 }
 
 /// `[auth]`: users, sign-up and sign-in sessions.
@@ -427,6 +434,9 @@ impl Default for Config {
             quotas: QuotasConfig::default(),
             gateway: Default::default(),
             auth: AuthConfig::default(),
+            tasks: Default::default(),
+            forges: Vec::new(),
+            agents: Vec::new(),
         }
     }
 }
@@ -457,6 +467,70 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The forges runs may use: `[[forges]]`, or the embedded default (a `git` forge named
+    /// `local` over `DATA_DIR/repos`).
+    pub fn forges(&self) -> Vec<cella_tasks::ForgeConfig> {
+        if self.forges.is_empty() {
+            vec![cella_tasks::ForgeConfig::local_default(
+                &self.data_dir.join("repos"),
+            )]
+        } else {
+            self.forges.clone()
+        }
+    }
+
+    /// The agents runs may use: `[[agents]]`, or the built-in agent.
+    pub fn agents(&self) -> Vec<cella_tasks::AgentConfig> {
+        if self.agents.is_empty() {
+            vec![cella_tasks::AgentConfig::builtin_default()]
+        } else {
+            self.agents.clone()
+        }
+    }
+
+    /// What the server refuses to start with in `[tasks]`, `[[forges]]` and `[[agents]]`.
+    pub fn check_tasks(&self) -> Result<(), String> {
+        let t = &self.tasks;
+        if !(1..=1024).contains(&t.runners) {
+            return Err("tasks.runners must be from 1 to 1024".into());
+        }
+        if !(1..=3600).contains(&t.heartbeat_interval_sec) {
+            return Err("tasks.heartbeat_interval_sec must be from 1 to 3600".into());
+        }
+        if t.grace_sec > 3600 {
+            return Err("tasks.grace_sec must be from 0 to 3600".into());
+        }
+        let prefix_ok = !t.branch_prefix.is_empty()
+            && t.branch_prefix.len() <= 100
+            && t.branch_prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "/._-".contains(c))
+            && !t.branch_prefix.starts_with(['/', '.', '-'])
+            && !t.branch_prefix.contains("..")
+            && !t.branch_prefix.contains("//");
+        if !prefix_ok {
+            return Err(
+                "tasks.branch_prefix must be 1-100 of letters, digits and /._- (not starting with /, . or -)"
+                    .into(),
+            );
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, f) in self.forges.iter().enumerate() {
+            f.validate().map_err(|e| format!("forges[{i}]: {e}"))?;
+            if !names.insert(f.name.clone()) {
+                return Err(format!("forges[{i}]: the name {:?} is used twice", f.name));
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, a) in self.agents.iter().enumerate() {
+            a.validate().map_err(|e| format!("agents[{i}]: {e}"))?;
+            if !names.insert(a.name.clone()) {
+                return Err(format!("agents[{i}]: the name {:?} is used twice", a.name));
+            }
+        }
+        Ok(())
+    }
+
     /// Which registries an image pull may reach: those listed in `[images]
     /// insecure_registries` on any address, never the server's own listen address.
     pub fn registries(&self) -> cella_image::oci::Registries {

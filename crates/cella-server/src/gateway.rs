@@ -56,8 +56,18 @@ pub const TOKEN_PREFIX: &str = "cst_";
 pub struct GatewayState {
     pub gateway: cella_gateway::Gateway,
     links: Mutex<HashMap<String, Link>>,
+    /// Task runs' sandboxes: sandbox id -> the run it serves and what its reservation has left
+    /// for model requests (micro-units).
+    tasks: Mutex<HashMap<String, TaskBudget>>,
     /// The server's state, for the link listeners' routers (set once it is made).
     app: std::sync::OnceLock<std::sync::Weak<AppState>>,
+}
+
+/// What a task run's sandbox may still spend on models.
+#[derive(Debug, Clone)]
+struct TaskBudget {
+    task_id: String,
+    left: i64,
 }
 
 /// A running boot of a sandbox with model access.
@@ -72,6 +82,7 @@ impl GatewayState {
         GatewayState {
             gateway,
             links: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(HashMap::new()),
             app: std::sync::OnceLock::new(),
         }
     }
@@ -104,6 +115,52 @@ impl GatewayState {
     /// [`end_boot`], for the layers below this module (`service`).
     pub async fn end_boot(&self, state: &AppState, id: &str) {
         end_boot(state, id).await
+    }
+
+    /// Sandbox `sandbox_id` serves task run `task_id`, which may spend `budget` on models
+    /// (its reservation's model part): its model requests are charged to the run.
+    pub fn bind_task(&self, sandbox_id: &str, task_id: &str, budget: cella_types::Money) {
+        if let Ok(mut t) = self.tasks.lock() {
+            t.insert(
+                sandbox_id.to_string(),
+                TaskBudget {
+                    task_id: task_id.to_string(),
+                    left: budget.micros(),
+                },
+            );
+        }
+    }
+
+    /// The run sandbox `sandbox_id` serves, if any.
+    pub fn task_of(&self, sandbox_id: &str) -> Option<String> {
+        self.tasks
+            .lock()
+            .ok()
+            .and_then(|t| t.get(sandbox_id).map(|b| b.task_id.clone()))
+    }
+
+    /// The run's sandbox ended: its requests are no longer the run's.
+    pub fn unbind_task(&self, sandbox_id: &str) {
+        if let Ok(mut t) = self.tasks.lock() {
+            t.remove(sandbox_id);
+        }
+    }
+
+    /// What the run of sandbox `sandbox_id` may still spend (None: not a run's sandbox).
+    fn task_budget(&self, sandbox_id: &str) -> Option<TaskBudget> {
+        self.tasks
+            .lock()
+            .ok()
+            .and_then(|t| t.get(sandbox_id).cloned())
+    }
+
+    /// Takes `cost` off the budget of sandbox `sandbox_id`'s run.
+    fn spend(&self, sandbox_id: &str, cost: i64) {
+        if let Ok(mut t) = self.tasks.lock() {
+            if let Some(b) = t.get_mut(sandbox_id) {
+                b.left = b.left.saturating_sub(cost);
+            }
+        }
     }
 
     fn forget(&self, id: &str) {
@@ -200,7 +257,10 @@ fn credential(headers: &HeaderMap) -> Option<String> {
 
 /// Who calls (see the module docs): 401 without a valid credential, 403 for a token used from
 /// elsewhere than its sandbox or a key without `models:use`.
-async fn caller(state: &AppState, req: &axum::http::request::Parts) -> Result<Caller, Response> {
+pub(crate) async fn caller(
+    state: &AppState,
+    req: &axum::http::request::Parts,
+) -> Result<Caller, Response> {
     // The ledger's key for this request: the server's own (a client's x-request-id could repeat).
     let request_id = new_id("gwr");
     let peer = req.extensions.get::<crate::ClientAddr>().map(|p| p.0.ip());
@@ -310,6 +370,18 @@ impl Meter for ServerMeter {
                     "model {model:?} is not in this workspace's model_allowlist"
                 )));
             }
+            if let Some(b) = caller
+                .sandbox_id
+                .as_deref()
+                .and_then(|s| self.state.gateway.task_budget(s))
+            {
+                if b.left <= 0 && !free_model(&self.state, model) {
+                    return Err(Refusal::InsufficientFunds(
+                        "this task run's reservation for model requests is spent ([gateway] reserve_per_run)"
+                            .into(),
+                    ));
+                }
+            }
             funds(&self.state, &caller.workspace_id, model).await
         })
     }
@@ -321,14 +393,17 @@ impl Meter for ServerMeter {
 }
 
 /// 402 once the workspace has nothing left to spend (a free model is always admitted).
-async fn funds(state: &AppState, workspace_id: &str, model: &str) -> Result<(), Refusal> {
-    let free = state
+fn free_model(state: &AppState, model: &str) -> bool {
+    state
         .config
         .gateway
         .prices
         .get(model)
-        .is_some_and(|p| p.input.0 == 0 && p.output.0 == 0);
-    if free {
+        .is_some_and(|p| p.input.0 == 0 && p.output.0 == 0)
+}
+
+async fn funds(state: &AppState, workspace_id: &str, model: &str) -> Result<(), Refusal> {
+    if free_model(state, model) {
         return Ok(());
     }
     match state.billing.available(workspace_id).await {
@@ -347,10 +422,27 @@ async fn funds(state: &AppState, workspace_id: &str, model: &str) -> Result<(), 
 
 /// One model request's usage and cost: a `model` ledger entry against its sandbox.
 async fn record(state: &AppState, caller: Caller, m: Metered) {
+    let task_id = caller
+        .sandbox_id
+        .as_deref()
+        .and_then(|s| state.gateway.task_of(s));
+    if let (Some(sb), Some(task)) = (caller.sandbox_id.as_deref(), task_id.as_deref()) {
+        // The run's reservation covered this request: what it cost is taken off it (the
+        // ledger entry now holds it), so the wallet counts it once.
+        let cost = m.cost_micros.max(0);
+        state.gateway.spend(sb, cost);
+        let h = cella_billing::Holder::Task(task.to_string());
+        if let Ok(Some(held)) = state.billing.reservation(&h).await {
+            let lower = cella_types::Money::from_micros((held.micros() - cost).max(0));
+            if let Err(e) = state.billing.hold(&h, lower).await {
+                tracing::warn!(task = task, "lowering a run's reservation: {e}");
+            }
+        }
+    }
     let charge = cella_billing::ModelCharge {
         workspace_id: caller.workspace_id.clone(),
         sandbox_id: caller.sandbox_id.clone(),
-        task_id: None,
+        task_id,
         model: m.model.clone(),
         input_tokens: m.usage.input_tokens,
         output_tokens: m.usage.output_tokens,
@@ -393,19 +485,20 @@ async fn mint(state: &AppState, id: &str, workspace_id: &str) -> Result<String, 
 
 /// At a boot of a sandbox with model access (or when the server finds it running again):
 /// a token, the variables of its commands, and its link's listener when the server needs one.
-pub async fn start_boot(state: &AppState, id: &str, workspace_id: &str, handle: &SandboxHandle) {
-    match state.store.has_model_access(id).await {
-        Ok(true) => {}
-        Ok(false) => return,
+pub async fn start_boot(state: &AppState, id: &str, _workspace_id: &str, handle: &SandboxHandle) {
+    // The workspace its model access bills to (a task run's, for a run's sandbox).
+    let workspace_id = match state.store.model_access_workspace(id).await {
+        Ok(Some(w)) => w,
+        Ok(None) => return,
         Err(e) => {
             tracing::error!(sandbox = id, "reading its model access: {e}");
             return;
         }
-    }
+    };
     let Some(net) = &handle.net else {
         return;
     };
-    let token = match mint(state, id, workspace_id).await {
+    let token = match mint(state, id, &workspace_id).await {
         Ok(t) => t,
         Err(e) => {
             tracing::error!(sandbox = id, "minting its gateway token: {}", e.message);

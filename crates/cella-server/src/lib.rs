@@ -57,6 +57,7 @@ pub mod sandboxes;
 pub mod service;
 pub mod snapshots;
 pub mod sse;
+pub mod tasks;
 #[cfg(any(test, feature = "fake"))]
 pub mod testing;
 #[cfg(test)]
@@ -112,6 +113,8 @@ pub struct AppState {
     pub gateway: gateway::GatewayState,
     /// Failed sign-ins per email and client address.
     pub sign_in: service::people::SignInLimiter,
+    /// Task runs: runner slots, live runs, their events (`tasks`).
+    pub tasks: tasks::TasksState,
 }
 
 impl AppState {
@@ -303,6 +306,7 @@ pub const BODY_LIMIT: usize = 4 * 1024 * 1024;
 pub fn router(state: Arc<AppState>) -> Router {
     routes::table::router(&state)
         .merge(gateway::routes())
+        .merge(tasks::heartbeat::routes())
         .fallback(routes::meta::not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(CatchPanicLayer::custom(
@@ -326,6 +330,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// sandbox's link listener serves (`gateway`).
 pub fn gateway_router(state: Arc<AppState>) -> Router {
     gateway::routes()
+        .merge(tasks::heartbeat::routes())
         .fallback(routes::meta::not_found)
         .layer(CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| ApiError::internal().into_response(),
@@ -468,6 +473,7 @@ struct DataDir {
 async fn open_data_dir(config: &Config) -> Result<DataDir, ServeError> {
     config.preview.check().map_err(ServeError::Config)?;
     config.auth.check().map_err(ServeError::Config)?;
+    config.check_tasks().map_err(ServeError::Config)?;
     let dir = config.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(|source| ServeError::DataDir {
         path: dir.clone(),
@@ -630,6 +636,7 @@ async fn assemble(
     let sign_in = service::people::SignInLimiter::new(&config.auth);
     let billing = cella_billing::Billing::new(&store);
     let state = Arc::new(AppState {
+        tasks: tasks::TasksState::new(config.tasks.runners.max(1)),
         gateway: gateway::GatewayState::new(gw),
         sign_in,
         exec_budget,
@@ -670,6 +677,9 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     // Settles what a crash left unsettled, before any request.
     billing::recover(&state, true).await;
     gateway::restore(&state).await?;
+    // Runs the previous process left alive end as `server_restart`; queued ones start.
+    tasks::runner::recover(&state).await;
+    tasks::runner::spawn(state.clone());
     lifecycle::spawn_timers(state.clone());
     lifecycle::spawn_billing(state.clone());
     network::spawn_refresh(state.clone());
@@ -689,10 +699,18 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     .await;
     // Model charges still queued are written before the process ends.
     state.model_meter.flush().await;
+    // Nothing of an ended run's message stays in the store's files: the messages are NULL
+    // (secure_delete zeroed their bytes) and the WAL is written back and truncated.
+    if let Err(e) = state.store.clear_ended_task_messages().await {
+        tracing::warn!("clearing ended runs' messages: {e}");
+    }
     // Users' sandboxes run on without the server; the warm pool is the server's own and is
     // booted again at the next start, so a clean stop leaves none of it behind.
     pool::drain(&state).await;
     state.driver.tidy();
+    if let Err(e) = state.store.checkpoint().await {
+        tracing::warn!("checkpointing the store: {e}");
+    }
     Ok(())
 }
 

@@ -34,6 +34,19 @@ impl Store {
         Ok(())
     }
 
+    /// The workspace a sandbox's model access bills to (a task run's sandbox belongs to the
+    /// server's internal workspace; its model access, and its tokens, to the run's).
+    pub async fn model_access_workspace(&self, sandbox_id: &str) -> Result<Option<String>> {
+        Ok(
+            sqlx::query_scalar(
+                "SELECT workspace_id FROM sandbox_model_access WHERE sandbox_id = ?",
+            )
+            .bind(sandbox_id)
+            .fetch_optional(&self.pool)
+            .await?,
+        )
+    }
+
     pub async fn has_model_access(&self, sandbox_id: &str) -> Result<bool> {
         let n: i64 =
             sqlx::query_scalar("SELECT COUNT(*) FROM sandbox_model_access WHERE sandbox_id = ?")

@@ -4,7 +4,7 @@
 //!
 //! One module per table: [`workspaces`], [`keys`] (`api_keys`), [`people`] (`users`, `members`,
 //! `sessions`), [`sandboxes`] (with the warm
-//! pool's claims), [`snapshots`], [`artifacts`], [`templates`] (`templates` and
+//! pool's claims), [`snapshots`], [`tasks`], [`artifacts`], [`templates`] (`templates` and
 //! `template_builds`), [`layers`] (`layer_charges` and the storage a workspace uses) and
 //! [`meta`]. The `ledger` and `reservations` tables (migration `0013_money`) are read and
 //! written by `cella-billing` only, over [`Store::pool`]. This file keeps [`Store`] (open and migrate), the error type and the re-exports.
@@ -29,6 +29,7 @@ pub mod meta;
 pub mod people;
 pub mod sandboxes;
 pub mod snapshots;
+pub mod tasks;
 pub mod templates;
 pub mod workspaces;
 
@@ -39,6 +40,7 @@ pub use layers::StorageUse;
 pub use people::{MemberChange, MemberRow, SessionRow, UserRow};
 pub use sandboxes::{Claim, SandboxFilter, SandboxRow, CAPPED_STATES};
 pub use snapshots::SnapshotRow;
+pub use tasks::{TaskEnd, TaskFilter, TaskRow};
 pub use templates::{BuildRow, TemplateRow, BUILD_STATES};
 pub use workspaces::WorkspaceRow;
 
@@ -134,10 +136,14 @@ pub(crate) fn decode_name<T>(
 /// The internal workspace that owns the warm pool's sandboxes until they are claimed.
 pub const POOL_WORKSPACE: &str = "wspool";
 
-/// Workspaces the server keeps for itself ([`POOL_WORKSPACE`]): never addressable through the
-/// API, by any key, the operator's included.
+/// The internal workspace that owns task runs' sandboxes (migration `0015_tasks`): the run is
+/// what its workspace sees and pays for; its sandbox is the server's own.
+pub const TASKS_WORKSPACE: &str = "wstasks";
+
+/// Workspaces the server keeps for itself ([`POOL_WORKSPACE`], [`TASKS_WORKSPACE`]): never
+/// addressable through the API, by any key, the operator's included.
 pub fn is_internal_workspace(id: &str) -> bool {
-    id == POOL_WORKSPACE
+    id == POOL_WORKSPACE || id == TASKS_WORKSPACE
 }
 
 #[derive(Clone)]
@@ -153,7 +159,10 @@ impl Store {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(10))
-            .foreign_keys(true);
+            .foreign_keys(true)
+            // Deleted and overwritten content (a task's message once its run ended) is zeroed
+            // in the file, not left in free pages.
+            .pragma("secure_delete", "ON");
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .connect_with(opts)
@@ -167,6 +176,16 @@ impl Store {
     /// raw SQL in tests (corrupting a row on purpose).
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// At a clean stop: the WAL is written back into the database and truncated to nothing
+    /// (`wal_checkpoint(TRUNCATE)`), so no page of an older version of a row (a task's message
+    /// before it was cleared) stays in the WAL file.
+    pub async fn checkpoint(&self) -> Result<()> {
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 }
 

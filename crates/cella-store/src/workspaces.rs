@@ -82,10 +82,11 @@ impl Store {
         after_seq: Option<i64>,
     ) -> Result<Vec<(i64, WorkspaceRow)>> {
         let rows: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT seq, id FROM workspaces WHERE seq > ? AND id != ? ORDER BY seq LIMIT ?",
+            "SELECT seq, id FROM workspaces WHERE seq > ? AND id NOT IN (?, ?) ORDER BY seq LIMIT ?",
         )
         .bind(after_seq.unwrap_or(0))
         .bind(POOL_WORKSPACE)
+        .bind(crate::TASKS_WORKSPACE)
         .bind(limit as i64)
         .fetch_all(&self.pool)
         .await?;

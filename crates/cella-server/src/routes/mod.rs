@@ -14,5 +14,6 @@ pub mod pty;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod table;
+pub mod tasks;
 pub mod templates;
 pub mod workspaces;

@@ -23,7 +23,7 @@ use crate::error::ApiError;
 use crate::ratelimit::Group;
 use crate::routes::{
     artifacts, code, files, keys, meta, money, people, processes as procs, pty, sandboxes as sb,
-    snapshots, templates, workspaces,
+    snapshots, tasks, templates, workspaces,
 };
 use crate::AppState;
 use axum::extract::{Request, State};
@@ -189,6 +189,8 @@ pub fn table() -> Vec<Route> {
     const WRITE: Access = Scopes(&[Scope::SandboxesWrite]);
     const EXEC: Access = Scopes(&[Scope::SandboxesExec]);
     const TEMPLATES: Access = Scopes(&[Scope::TemplatesWrite]);
+    const TASKS_READ: Access = Scopes(&[Scope::TasksRead]);
+    const TASKS_WRITE: Access = Scopes(&[Scope::TasksWrite]);
     vec![
         row!(meta::healthz, Public, None),
         row!(meta::openapi, Public, None),
@@ -283,6 +285,13 @@ pub fn table() -> Vec<Route> {
         row!(artifacts::list, READ, Some(Read)),
         row!(artifacts::download, READ, Some(Read)),
         row!(artifacts::delete, WRITE, None),
+        // Task runs (not in a rate-limit group: the runner slots bound them).
+        row!(tasks::create, TASKS_WRITE, None),
+        row!(tasks::list, TASKS_READ, None),
+        row!(tasks::get, TASKS_READ, None),
+        row!(tasks::cancel, TASKS_WRITE, None),
+        row!(tasks::events, TASKS_READ, None),
+        row!(tasks::log, TASKS_READ, None),
     ]
 }
 

@@ -12,6 +12,11 @@ use cella_store::SandboxRow;
 use cella_types::{ExecRequest, SandboxState};
 use tokio::sync::mpsc;
 
+/// The directory under the data directory that holds the copy of the server's executable
+/// task sandboxes see, and where they see it.
+pub const TOOLS_DIR: &str = "tools";
+pub const TOOLS_MOUNT: &str = "/opt/cella";
+
 /// Starts a sandbox that is in `provisioning`; records `running` or `error`.
 pub async fn boot(state: &AppState, id: &str) {
     let _guard = state.locks.lock(id).await;
@@ -36,7 +41,17 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
             "template {} has no image on this host",
             crate::util::public_id(&row.template_id)
         ))),
-        Some(image) => {
+        Some(mut image) => {
+            // A task run's sandbox gets the server's own executable, read-only, at
+            // `/opt/cella` (`cella __task-agent` runs from there; `crate::tasks`).
+            if row.workspace_id == cella_store::TASKS_WORKSPACE {
+                image.binds.push(cella_runtime::rootfs::Bind {
+                    src: state.config.data_dir.join(TOOLS_DIR),
+                    dst: std::path::PathBuf::from(TOOLS_MOUNT),
+                    readonly: true,
+                    layered: false,
+                });
+            }
             let spec = SandboxSpec {
                 id: row.id.clone(),
                 hostname: row.id.clone(),

@@ -545,3 +545,70 @@ impl From<super::people::PeopleError> for ApiError {
         }
     }
 }
+
+/// Why an operation on a task run (`crate::tasks`) failed. The messages never carry the task
+/// message, repository content or a credential.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    /// A request field is not valid (400, `details.field`).
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    /// The workspace's `tasks_enabled` is false (403, `details.reason = "tasks_disabled"`).
+    #[error("task runs are not enabled for this workspace (its settings' tasks_enabled is false)")]
+    Disabled,
+    /// No such run (or another workspace's).
+    #[error("task not found")]
+    NotFound,
+    /// The forge cannot read the repository, or the base branch does not exist (404).
+    #[error("{0}")]
+    Repository(String),
+    /// The forge could not be reached or refused the server (503).
+    #[error("{0}")]
+    Forge(String),
+    /// The wallet's `available` does not cover the run's worst case (402).
+    #[error("the workspace's wallet has {available} available; a task run at this compute rate and session limit needs {needed} (add credits first)")]
+    InsufficientFunds {
+        needed: cella_types::Money,
+        available: cella_types::Money,
+    },
+    /// The run has ended: its live log is gone (410).
+    #[error("the run has ended; its live log is no longer available (it is never stored)")]
+    Gone,
+    #[error(transparent)]
+    Billing(#[from] cella_billing::BillingError),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Internal(#[from] crate::error::Internal),
+}
+
+impl TaskError {
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        TaskError::Invalid {
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The one place a [`TaskError`] becomes the envelope.
+impl From<TaskError> for ApiError {
+    fn from(e: TaskError) -> Self {
+        let message = e.to_string();
+        match e {
+            TaskError::Invalid { field, message } => ApiError::invalid(&field, message),
+            TaskError::Disabled => ApiError::new(ErrorCode::Forbidden, message)
+                .with_details(json!({ "reason": "tasks_disabled" })),
+            TaskError::NotFound => ApiError::not_found("task"),
+            TaskError::Repository(m) => ApiError::new(ErrorCode::NotFound, m),
+            TaskError::Forge(m) => ApiError::unavailable(m),
+            TaskError::InsufficientFunds { needed, available } => {
+                crate::error::insufficient(needed, available, "a task run (its worst case)")
+            }
+            TaskError::Gone => ApiError::new(ErrorCode::Gone, message),
+            TaskError::Billing(b) => b.into(),
+            TaskError::Store(e) => e.into(),
+            TaskError::Internal(e) => e.into(),
+        }
+    }
+}

@@ -39,5 +39,7 @@ pub use crate::rows;
 pub mod runnable;
 pub mod transitions;
 
-pub use error::{AgentOp, LastBuild, RunError, SandboxError, SnapshotError, TemplateError};
+pub use error::{
+    AgentOp, LastBuild, RunError, SandboxError, SnapshotError, TaskError, TemplateError,
+};
 pub use runnable::{check_timeout, owned, runnable, Runnable};
