@@ -244,11 +244,12 @@ async fn follow_run(c: &Client, id: &str, conn: &Conn) -> ExitCode {
             drop(tx);
             r
         };
-        // The live log, opened once the agent is at work (it is never kept: a run that has
-        // ended answers 410, which is not an error here).
+        // The live log, opened as soon as the run is known to be alive (the server holds a
+        // queued run's log open until its agent starts, so no line is missed). It is never
+        // kept: a run that has ended answers 410, which is not an error here.
         let log = async {
             while let Some(state) = rx.recv().await {
-                if state == TaskState::Running {
+                if !state.is_terminal() {
                     let r = c.task_log(id, |o| write_log(o, json)).await;
                     match r {
                         Ok(()) | Err(cella_client::Error::Api { status: 410, .. }) => {}
