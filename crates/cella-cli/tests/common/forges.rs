@@ -9,7 +9,7 @@
 //!
 //! Each stand-in serves on 127.0.0.1 on a random port from a thread of its own (a tokio runtime
 //! there), and lives as long as the test holds it.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::result_large_err)]
 
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
