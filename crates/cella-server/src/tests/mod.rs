@@ -13,6 +13,7 @@ mod reconcile;
 mod routes;
 mod runs;
 mod snapshots;
+mod tasks;
 mod templates;
 mod timers;
 

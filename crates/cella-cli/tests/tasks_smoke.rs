@@ -1,0 +1,371 @@
+//! Task runs, end to end on the server's side (as root, real sandboxes, real git), with
+//! `command` agents so that no model is needed: the embedded `local` git forge over
+//! `DATA_DIR/repos/owner/name`, a repository made here by the test.
+//!
+//! Cases: an agent that edits and commits (`stopped`, the branch on the remote holds the edit,
+//! one compute entry with the run's id); an agent that exits 3 (`failed`, `agent_exit`); a hung
+//! agent whose supervisor (`cella __task-agent`) the test freezes with SIGSTOP from the host
+//! (`failed`, `heartbeat_lost`); a cancel while running (`cancelled`, the work pushed); a cancel
+//! while queued behind `runners = 1` (never starts, costs nothing); retention (after the run and
+//! a clean stop, neither the task message's marker nor a file's marker is anywhere under the data
+//! directory); the run's sandbox is not in the sandboxes API. The full suite with GitHub, GitLab
+//! and model stand-ins is `tasks.rs`.
+
+mod common;
+
+use common::{Server, KEY};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const CONFIG: &str = r#"
+[tasks]
+runners = 1
+heartbeat_interval_sec = 1
+grace_sec = 2
+
+[gateway]
+reserve_per_run = "0.500000"
+
+[[agents]]
+name = "edit"
+kind = "command"
+command = ["bash", "-c", "printf 'FILEMARK_%s\n' \"$CELLA_TASK_ID\" > notes.txt && git add notes.txt && git -c user.name=t -c user.email=t@e commit -qm 'agent edit' && echo edited"]
+
+[[agents]]
+name = "fail"
+kind = "command"
+command = ["bash", "-c", "echo failing; exit 3"]
+
+[[agents]]
+name = "hang"
+kind = "command"
+command = ["bash", "-c", "echo 'partial work' > partial.txt; sleep 600"]
+"#;
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A repository `acme/app` with one commit on `main`, under the server's `DATA_DIR/repos`.
+fn make_repo(s: &Server) -> std::path::PathBuf {
+    let dir = s.data_dir().join("repos/acme/app");
+    std::fs::create_dir_all(&dir).unwrap();
+    git(&dir, &["init", "-q", "-b", "main"]);
+    std::fs::write(dir.join("README.md"), "hello\n").unwrap();
+    git(&dir, &["add", "README.md"]);
+    git(
+        &dir,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@e",
+            "commit",
+            "-qm",
+            "first",
+        ],
+    );
+    dir
+}
+
+/// A workspace with task runs enabled, credited, at `rate`; returns (workspace id, key).
+fn workspace(s: &Server, rate: &str, heartbeat_timeout_sec: u32) -> (String, String) {
+    let (ws, key) = s.workspace_key(
+        "developer",
+        &["tasks:read", "tasks:write", "sandboxes:read"],
+    );
+    let r = s.req(
+        "PATCH",
+        &format!("/api/v1/workspaces/{ws}"),
+        Some(KEY),
+        Some(&json!({ "settings": {
+            "tasks_enabled": true,
+            "compute_rate": rate,
+            "session_limit_min": 5,
+            "heartbeat_timeout_sec": heartbeat_timeout_sec,
+        } })),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = s.post(
+        &format!("/api/v1/workspaces/{ws}/wallet/credits"),
+        json!({ "amount": "100.000000", "reference": "test" }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    (ws, key)
+}
+
+fn start(s: &Server, key: &str, agent: &str, task: &str) -> Value {
+    let r = s.req(
+        "POST",
+        "/api/v1/tasks",
+        Some(key),
+        Some(&json!({ "repository": "acme/app", "base_branch": "main", "task": task, "agent": agent })),
+    );
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    r.data().clone()
+}
+
+fn get(s: &Server, key: &str, id: &str) -> Value {
+    let r = s.req("GET", &format!("/api/v1/tasks/{id}"), Some(key), None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.data().clone()
+}
+
+fn wait_state(s: &Server, key: &str, id: &str, states: &[&str], secs: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let t = get(s, key, id);
+        if states.iter().any(|st| t["state"] == *st) {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "task {id} stayed {} (wanted {states:?}): {t}\n{}",
+            t["state"],
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Host pids of the `cella __task-agent` of run `id` (found by its environment).
+fn task_agent_pids(id: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    let want = format!("CELLA_TASK_ID={id}");
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        if args.len() < 2 || args[1] != b"__task-agent" {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        if env.split(|b| *b == 0).any(|v| v == want.as_bytes()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn ledger(s: &Server, ws: &str) -> Vec<Value> {
+    let r = s.get(&format!("/api/v1/workspaces/{ws}/ledger?limit=1000"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.data().as_array().unwrap().clone()
+}
+
+/// Every file under `dir` that holds `needle`.
+fn files_holding(dir: &Path, needle: &[u8]) -> Vec<String> {
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            let Ok(m) = std::fs::symlink_metadata(&p) else {
+                continue;
+            };
+            if m.is_dir() {
+                stack.push(p);
+            } else if m.is_file() {
+                if let Ok(b) = std::fs::read(&p) {
+                    if b.windows(needle.len()).any(|w| w == needle) {
+                        hits.push(p.display().to_string());
+                    }
+                }
+            }
+        }
+    }
+    hits
+}
+
+#[test]
+fn an_agent_that_edits_and_commits_stops_and_its_branch_holds_the_edit_and_nothing_is_kept() {
+    let mut s = Server::start_with(CONFIG);
+    let repo = make_repo(&s);
+    let (ws, key) = workspace(&s, "0.001000", 60);
+    let marker = "TASKMARK_7f3e9a1c";
+    let t = start(&s, &key, "edit", &format!("please edit: {marker}"));
+    let id = t["id"].as_str().unwrap().to_string();
+    assert_eq!(t["state"], "queued");
+    assert_eq!(t["branch"], format!("cella/{id}"));
+    assert_eq!(t["base_branch"], "main");
+    assert_eq!(t["forge"], "local");
+    let t = wait_state(&s, &key, &id, &["stopped", "failed", "cancelled"], 180);
+    assert_eq!(t["state"], "stopped", "{t}\n{}", s.log());
+    assert_eq!(t["stop_reason"], "agent_exit");
+    assert!(t["failure_reason"].is_null());
+    assert!(
+        t["pull_request"].is_null(),
+        "a git forge opens no pull request"
+    );
+    // The branch on the remote holds the agent's commit on top of main.
+    let branch = format!("cella/{id}");
+    let file = git(&repo, &["show", &format!("{branch}:notes.txt")]);
+    assert_eq!(file, format!("FILEMARK_{id}"));
+    let base = git(&repo, &["rev-parse", "main"]);
+    let parent = git(&repo, &["rev-parse", &format!("{branch}~1")]);
+    assert_eq!(parent, base);
+    // One compute entry with the run's id, of its cost.
+    let entries: Vec<Value> = ledger(&s, &ws)
+        .into_iter()
+        .filter(|e| e["kind"] == "compute")
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0]["task_id"], id.as_str());
+    assert!(entries[0]["sandbox_id"].is_null());
+    assert_eq!(t["compute_cost"], "0.060000", "60 s minimum at 0.001: {t}");
+    let w = s.get(&format!("/api/v1/workspaces/{ws}/wallet"));
+    assert_eq!(w.data()["reserved"], "0.000000", "{}", w.body);
+    // The live log is gone with the run.
+    let r = s.req("GET", &format!("/api/v1/tasks/{id}/log"), Some(&key), None);
+    r.assert_error(410, "GONE");
+    // The events stream of an ended run: its state, then the end.
+    let r = s.req(
+        "GET",
+        &format!("/api/v1/tasks/{id}/events"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(r.status, 200);
+    let evs = common::sse(r.body.as_str().unwrap_or(""));
+    assert_eq!(evs.len(), 1, "{evs:?}");
+    assert_eq!(evs[0].0, "state");
+    assert_eq!(evs[0].1["state"], "stopped");
+    // Retention: after a clean stop, neither marker is anywhere in the data directory (the
+    // repository the test made lives there too: it is the remote, and holds the file's marker
+    // as the forge would; it is left out).
+    s.stop();
+    let data = s.data_dir();
+    let msg_hits = files_holding(&data, marker.as_bytes());
+    assert!(
+        msg_hits.is_empty(),
+        "the task message is kept in {msg_hits:?}"
+    );
+    let file_marker = format!("FILEMARK_{id}");
+    let file_hits: Vec<String> = files_holding(&data, file_marker.as_bytes())
+        .into_iter()
+        .filter(|p| !p.starts_with(&repo.display().to_string()))
+        .collect();
+    assert!(
+        file_hits.is_empty(),
+        "repository content is kept in {file_hits:?}"
+    );
+    assert!(!data.join("tasks").join(&id).exists());
+}
+
+#[test]
+fn a_failing_agent_fails_with_agent_exit_and_a_frozen_supervisor_fails_with_heartbeat_lost() {
+    let s = Server::start_with(CONFIG);
+    make_repo(&s);
+    let (_ws, key) = workspace(&s, "0", 4);
+    let t = start(&s, &key, "fail", "fail please");
+    let id = t["id"].as_str().unwrap().to_string();
+    let t = wait_state(&s, &key, &id, &["stopped", "failed", "cancelled"], 180);
+    assert_eq!(t["state"], "failed", "{t}");
+    assert_eq!(t["stop_reason"], "agent_exit");
+    assert_eq!(t["failure_reason"], "agent_exit: exit code 3");
+
+    let t = start(&s, &key, "hang", "hang please");
+    let id = t["id"].as_str().unwrap().to_string();
+    wait_state(&s, &key, &id, &["running"], 180);
+    // The run's sandbox is the server's own: not in the sandboxes API.
+    let r = s.req("GET", "/api/v1/sandboxes", Some(&key), None);
+    assert_eq!(r.data().as_array().map(|a| a.len()), Some(0), "{}", r.body);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pids = loop {
+        let p = task_agent_pids(&id);
+        if !p.is_empty() {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "no __task-agent found");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for p in &pids {
+        unsafe { libc::kill(*p, libc::SIGSTOP) };
+    }
+    let t = wait_state(&s, &key, &id, &["stopped", "failed", "cancelled"], 60);
+    assert_eq!(t["state"], "failed", "{t}");
+    assert_eq!(t["stop_reason"], "heartbeat_lost");
+    assert!(t["failure_reason"]
+        .as_str()
+        .unwrap_or("")
+        .starts_with("heartbeat_lost"));
+    for p in &pids {
+        unsafe { libc::kill(*p, libc::SIGCONT) };
+    }
+}
+
+#[test]
+fn cancel_while_running_pushes_the_work_and_cancel_while_queued_never_starts() {
+    let s = Server::start_with(CONFIG);
+    let repo = make_repo(&s);
+    let (ws, key) = workspace(&s, "0.001000", 60);
+    let a = start(&s, &key, "hang", "first");
+    let a_id = a["id"].as_str().unwrap().to_string();
+    // runners = 1: the second waits.
+    let b = start(&s, &key, "edit", "second");
+    let b_id = b["id"].as_str().unwrap().to_string();
+    wait_state(&s, &key, &a_id, &["running"], 180);
+    assert_eq!(get(&s, &key, &b_id)["state"], "queued");
+    let r = s.req(
+        "POST",
+        &format!("/api/v1/tasks/{b_id}/cancel"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.data()["state"], "cancelled");
+    assert_eq!(r.data()["compute_cost"], "0.000000");
+    assert!(r.data()["started_at"].is_null());
+    // Give the agent a moment to write its partial work, then cancel it.
+    std::thread::sleep(Duration::from_secs(1));
+    let r = s.req(
+        "POST",
+        &format!("/api/v1/tasks/{a_id}/cancel"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let t = wait_state(&s, &key, &a_id, &["stopped", "failed", "cancelled"], 120);
+    assert_eq!(t["state"], "cancelled", "{t}\n{}", s.log());
+    assert_eq!(t["stop_reason"], "cancelled");
+    // What the agent did (uncommitted) was committed by Cella and pushed.
+    let file = git(&repo, &["show", &format!("cella/{a_id}:partial.txt")]);
+    assert_eq!(file, "partial work");
+    // Cancel again: the same answer, nothing changes.
+    let r = s.req(
+        "POST",
+        &format!("/api/v1/tasks/{a_id}/cancel"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.data()["state"], "cancelled");
+    // The queued run never started and left no ledger entry.
+    let b = get(&s, &key, &b_id);
+    assert_eq!(b["state"], "cancelled");
+    let computes: Vec<Value> = ledger(&s, &ws)
+        .into_iter()
+        .filter(|e| e["kind"] == "compute")
+        .collect();
+    assert_eq!(computes.len(), 1, "{computes:?}");
+    assert_eq!(computes[0]["task_id"], a_id.as_str());
+}

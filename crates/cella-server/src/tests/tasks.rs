@@ -1,0 +1,601 @@
+//! Task runs over the fake driver: the order and codes of a start's checks (each refusal
+//! queues nothing and reserves nothing), the queue with `runners = 1` (oldest first,
+//! round-robin across workspaces), a cancel while queued (never starts, costs nothing),
+//! settling exactly once, and recovery at start of runs the previous process left alive.
+//!
+//! Repositories are real git repositories in the test's data directory (the embedded `local`
+//! forge). The fake agent serves no file writes, so a run here ends `failed` with
+//! `provision_failed` once its sandbox is made: enough to see which run got a slot when.
+
+use super::*;
+use crate::testing::Op;
+use cella_billing::Holder;
+use cella_store::TaskRow;
+use cella_types::{Money, TaskState};
+use serde_json::json;
+use std::process::Command;
+use std::time::Duration;
+
+fn git(dir: &Path, args: &[&str]) {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", dir)
+        .output()
+        .expect("git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `owner/name` with one commit on `main`, under `DATA_DIR/repos`.
+fn repo(s: &Server, name: &str) {
+    let dir = s.config.data_dir.join("repos").join(name);
+    std::fs::create_dir_all(&dir).expect("repo dir");
+    git(&dir, &["init", "-q", "-b", "main"]);
+    std::fs::write(dir.join("README.md"), "hi\n").expect("file");
+    git(&dir, &["add", "README.md"]);
+    git(
+        &dir,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@e",
+            "commit",
+            "-qm",
+            "first",
+        ],
+    );
+}
+
+/// A server whose agent is a command (no model needed), `runners` slots, no model reserve.
+async fn server(runners: u32) -> Server {
+    Server::start_with(|c| {
+        c.tasks.runners = runners;
+        c.gateway.reserve_per_run = cella_gateway::Micros(0);
+        c.agents = vec![cella_tasks::AgentConfig {
+            command: vec!["true".into()],
+            ..cella_tasks::AgentConfig {
+                kind: cella_tasks::AgentKind::Command,
+                name: "cmd".into(),
+                ..cella_tasks::AgentConfig::builtin_default()
+            }
+        }];
+    })
+    .await
+}
+
+async fn default_ws(s: &Server) -> String {
+    s.state
+        .store
+        .meta_get("default_workspace")
+        .await
+        .expect("meta")
+        .expect("default workspace")
+}
+
+async fn settings(s: &Server, ws: &str, settings: Value) {
+    let (status, v) = s
+        .call(
+            "PATCH",
+            &format!("/api/v1/workspaces/{ws}"),
+            Some(json!({ "settings": settings })),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+}
+
+/// `s.call` with another key.
+async fn call_as(
+    s: &Server,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json");
+    let req = match body {
+        Some(b) => req.body(Body::from(b.to_string())),
+        None => req.body(Body::empty()),
+    }
+    .expect("request");
+    let res = s.app.clone().oneshot(req).await.expect("answer");
+    let status = res.status().as_u16();
+    let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (status, v)
+}
+
+/// A second workspace with task runs on, and a key of it.
+async fn other_workspace(s: &Server) -> (String, String) {
+    let (status, v) = s
+        .call(
+            "POST",
+            "/api/v1/workspaces",
+            Some(json!({ "name": "b", "plan": "developer", "kind": "organization" })),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let ws = v["data"]["id"].as_str().expect("id").to_string();
+    let (status, v) = s
+        .call(
+            "POST",
+            "/api/v1/api-keys",
+            Some(
+                json!({ "workspace_id": ws, "name": "k", "scopes": ["tasks:read", "tasks:write"] }),
+            ),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    settings(s, &ws, json!({ "tasks_enabled": true })).await;
+    (ws, v["data"]["key"].as_str().expect("key").to_string())
+}
+
+async fn listed(s: &Server) -> Vec<Value> {
+    let (status, v) = s.call("GET", "/api/v1/tasks", None).await;
+    assert_eq!(status, 200, "{v}");
+    v["data"].as_array().expect("list").clone()
+}
+
+async fn task(s: &Server, id: &str) -> Value {
+    let (status, v) = s.call("GET", &format!("/api/v1/tasks/{id}"), None).await;
+    assert_eq!(status, 200, "{v}");
+    v["data"].clone()
+}
+
+async fn wait_terminal(s: &Server, id: &str) -> Value {
+    for _ in 0..400 {
+        let t = task(s, id).await;
+        if ["stopped", "failed", "cancelled"].contains(&t["state"].as_str().unwrap_or("")) {
+            return t;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("task {id} did not end");
+}
+
+fn start_body(repository: &str) -> Value {
+    json!({ "repository": repository, "base_branch": "main", "task": "do it" })
+}
+
+#[tokio::test]
+async fn a_start_is_checked_in_order_and_a_refused_one_changes_nothing() {
+    let s = Server::start_with(|c| c.gateway.reserve_per_run = cella_gateway::Micros(0)).await;
+    let ws = default_ws(&s).await;
+    repo(&s, "acme/app");
+    let refused = |body: Value| {
+        let s = &s;
+        async move { s.call("POST", "/api/v1/tasks", Some(body)).await }
+    };
+    // 1. The body: unknown fields, an empty or oversized task, a bad repository name.
+    let (st, v) = refused(json!({ "repository": "acme/app", "task": "x", "extra": 1 })).await;
+    assert_eq!((st, error(&v).0), (400, "INVALID_REQUEST"), "{v}");
+    let (st, v) = refused(json!({ "repository": "acme/app", "task": "" })).await;
+    assert_eq!(
+        (st, error(&v).1["field"].as_str()),
+        (400, Some("task")),
+        "{v}"
+    );
+    let big = "x".repeat(cella_types::MAX_TASK_BYTES + 1);
+    let (st, v) = refused(json!({ "repository": "acme/app", "task": big })).await;
+    assert_eq!(
+        (st, error(&v).1["field"].as_str()),
+        (400, Some("task")),
+        "{v}"
+    );
+    let (st, v) = refused(json!({ "repository": "../etc", "task": "x", "forge": "nope" })).await;
+    assert_eq!(
+        (st, error(&v).1["field"].as_str()),
+        (400, Some("repository")),
+        "{v}"
+    );
+    // 2. Task runs disabled (before the forge and agent names are looked at).
+    let (st, v) = refused(json!({ "repository": "acme/app", "task": "x", "forge": "nope" })).await;
+    assert_eq!(st, 403, "{v}");
+    assert_eq!(
+        error(&v),
+        ("FORBIDDEN", &json!({ "reason": "tasks_disabled" }))
+    );
+    settings(&s, &ws, json!({ "tasks_enabled": true })).await;
+    // 3. The forge, 4. the agent, 5. the built-in agent needs a model upstream.
+    let (st, v) =
+        refused(json!({ "repository": "acme/app", "task": "x", "forge": "nope", "agent": "nope" }))
+            .await;
+    assert_eq!(
+        (st, error(&v).1["field"].as_str()),
+        (400, Some("forge")),
+        "{v}"
+    );
+    let (st, v) = refused(json!({ "repository": "acme/app", "task": "x", "agent": "nope" })).await;
+    assert_eq!(
+        (st, error(&v).1["field"].as_str()),
+        (400, Some("agent")),
+        "{v}"
+    );
+    let (st, v) = refused(json!({ "repository": "nobody/none", "task": "x" })).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("[[gateway.upstreams]]"),
+        "{v}"
+    );
+    assert!(listed(&s).await.is_empty());
+    // With a command agent: 6. the repository and base branch, 7. the wallet.
+    let s = server(2).await;
+    let ws = default_ws(&s).await;
+    repo(&s, "acme/app");
+    settings(&s, &ws, json!({ "tasks_enabled": true })).await;
+    let (st, v) = s
+        .call("POST", "/api/v1/tasks", Some(start_body("nobody/none")))
+        .await;
+    assert_eq!((st, error(&v).0), (404, "NOT_FOUND"), "{v}");
+    let (st, v) = s
+        .call(
+            "POST",
+            "/api/v1/tasks",
+            Some(json!({ "repository": "acme/app", "base_branch": "nope", "task": "x" })),
+        )
+        .await;
+    assert_eq!((st, error(&v).0), (404, "NOT_FOUND"), "{v}");
+    settings(&s, &ws, json!({ "compute_rate": "0.01" })).await;
+    let (st, v) = s
+        .call("POST", "/api/v1/tasks", Some(start_body("acme/app")))
+        .await;
+    assert_eq!((st, error(&v).0), (402, "INSUFFICIENT_FUNDS"), "{v}");
+    assert!(listed(&s).await.is_empty());
+    let w = s.state.billing.wallet(&ws).await.expect("wallet");
+    assert_eq!(w.reserved, Money::ZERO);
+    assert!(s.fake.calls().is_empty(), "nothing was booted");
+    // Enough for 60 minutes at 0.01/s: 36.
+    let (st, v) = s
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{ws}/wallet/credits"),
+            Some(json!({ "amount": "36", "reference": "t" })),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let (st, v) = s
+        .call("POST", "/api/v1/tasks", Some(start_body("acme/app")))
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let t = &v["data"];
+    assert_eq!(t["state"], "queued");
+    assert_eq!(t["base_branch"], "main");
+    assert_eq!(t["agent"], "cmd");
+    assert_eq!(t["forge"], "local");
+    assert_eq!(t["compute_rate"], "0.010000");
+    let w = s.state.billing.wallet(&ws).await.expect("wallet");
+    assert_eq!(w.reserved, "36".parse::<Money>().expect("m"));
+    // Another workspace's run is 404.
+    let (_, key) = other_workspace(&s).await;
+    let id = t["id"].as_str().expect("id");
+    let (st, _) = call_as(&s, &key, "GET", &format!("/api/v1/tasks/{id}"), None).await;
+    assert_eq!(st, 404);
+    let (st, _) = call_as(
+        &s,
+        &key,
+        "POST",
+        &format!("/api/v1/tasks/{id}/cancel"),
+        None,
+    )
+    .await;
+    assert_eq!(st, 404);
+}
+
+/// The order the runs' sandboxes were made in, as task ids.
+async fn boot_order(s: &Server) -> Vec<String> {
+    let mut by_sandbox = std::collections::HashMap::new();
+    for t in s
+        .state
+        .store
+        .tasks_in(&TaskState::ALL)
+        .await
+        .expect("tasks")
+    {
+        if let Some(sb) = t.sandbox_id {
+            by_sandbox.insert(sb, t.id);
+        }
+    }
+    s.fake
+        .calls()
+        .into_iter()
+        .filter(|c| c.op == Op::Create)
+        .filter_map(|c| by_sandbox.get(&c.id).cloned())
+        .collect()
+}
+
+#[tokio::test]
+async fn one_runner_starts_runs_one_at_a_time_oldest_first_round_robin_across_workspaces() {
+    let s = server(1).await;
+    let ws = default_ws(&s).await;
+    repo(&s, "acme/app");
+    settings(&s, &ws, json!({ "tasks_enabled": true })).await;
+    let (_, key_b) = other_workspace(&s).await;
+    // Each sandbox takes a while to make: the first run holds the one slot meanwhile.
+    s.fake.delay(Op::Create, Duration::from_millis(300));
+    crate::tasks::runner::spawn(s.state.clone());
+    let mut a = Vec::new();
+    for _ in 0..3 {
+        let (st, v) = s
+            .call("POST", "/api/v1/tasks", Some(start_body("acme/app")))
+            .await;
+        assert_eq!(st, 201, "{v}");
+        a.push(v["data"]["id"].as_str().expect("id").to_string());
+    }
+    let (st, v) = call_as(
+        &s,
+        &key_b,
+        "POST",
+        "/api/v1/tasks",
+        Some(start_body("acme/app")),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    let b = v["data"]["id"].as_str().expect("id").to_string();
+    // One at a time: never two runs past queued.
+    for _ in 0..20 {
+        let alive = s
+            .state
+            .store
+            .tasks_in(&[TaskState::Provisioning, TaskState::Running])
+            .await
+            .expect("tasks")
+            .len();
+        assert!(alive <= 1, "{alive} runs at once with one runner");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for id in a.iter().chain([&b]) {
+        let t = wait_terminal(&s, id).await;
+        assert_eq!(t["state"], "failed", "{t}");
+        assert!(
+            t["failure_reason"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("provision_failed"),
+            "{t}"
+        );
+    }
+    // The first went at once; then the other workspace's one run, before the first
+    // workspace's next ones.
+    assert_eq!(
+        boot_order(&s).await,
+        vec![a[0].clone(), b, a[1].clone(), a[2].clone()]
+    );
+    assert_eq!(s.state.tasks.slots.free(), 1, "every slot came back");
+    // Every run's sandbox is gone, and none was ever in the workspace's sandboxes.
+    assert!(s.listed().await.is_empty());
+    for t in s
+        .state
+        .store
+        .tasks_in(&TaskState::ALL)
+        .await
+        .expect("tasks")
+    {
+        let sb = s
+            .state
+            .store
+            .sandbox(t.sandbox_id.as_deref().expect("sandbox"))
+            .await
+            .expect("row")
+            .expect("sandbox row");
+        assert_eq!(sb.workspace_id, cella_store::TASKS_WORKSPACE);
+        assert!(sb.state.is_terminal(), "{:?}", sb.state);
+        assert!(
+            t.message.is_none(),
+            "the message is gone once the run ended"
+        );
+        let (st, _) = s
+            .call("GET", &format!("/api/v1/sandboxes/{}", sb.id), None)
+            .await;
+        assert_eq!(st, 404);
+    }
+}
+
+#[tokio::test]
+async fn a_run_cancelled_while_queued_never_starts_and_costs_nothing() {
+    let s = server(1).await;
+    let ws = default_ws(&s).await;
+    repo(&s, "acme/app");
+    settings(
+        &s,
+        &ws,
+        json!({ "tasks_enabled": true, "compute_rate": "0.001" }),
+    )
+    .await;
+    let (st, _) = s
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{ws}/wallet/credits"),
+            Some(json!({ "amount": "100", "reference": "t" })),
+        )
+        .await;
+    assert_eq!(st, 201);
+    s.fake.delay(Op::Create, Duration::from_millis(500));
+    crate::tasks::runner::spawn(s.state.clone());
+    let (_, v) = s
+        .call("POST", "/api/v1/tasks", Some(start_body("acme/app")))
+        .await;
+    let first = v["data"]["id"].as_str().expect("id").to_string();
+    let (_, v) = s
+        .call("POST", "/api/v1/tasks", Some(start_body("acme/app")))
+        .await;
+    let second = v["data"]["id"].as_str().expect("id").to_string();
+    assert_eq!(task(&s, &second).await["state"], "queued");
+    let (st, v) = s
+        .call("POST", &format!("/api/v1/tasks/{second}/cancel"), None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["data"]["state"], "cancelled");
+    assert_eq!(v["data"]["stop_reason"], "cancelled");
+    assert_eq!(v["data"]["compute_cost"], "0.000000");
+    assert!(v["data"]["started_at"].is_null());
+    // Idempotent.
+    let (st, v2) = s
+        .call("POST", &format!("/api/v1/tasks/{second}/cancel"), None)
+        .await;
+    assert_eq!(st, 200);
+    assert_eq!(v2["data"], v["data"]);
+    wait_terminal(&s, &first).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        boot_order(&s).await,
+        vec![first.clone()],
+        "the cancelled run never started"
+    );
+    let entries = s
+        .state
+        .billing
+        .ledger(&ws, 100, None)
+        .await
+        .expect("ledger");
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.task_id.as_deref() != Some(second.as_str())),
+        "no entry for the cancelled run"
+    );
+    assert!(s
+        .state
+        .billing
+        .reservation(&Holder::Task(second.clone()))
+        .await
+        .expect("reservation")
+        .is_none());
+    // The failed first run never reached running: its compute is settled at 0.
+    let w = s.state.billing.wallet(&ws).await.expect("wallet");
+    assert_eq!(w.reserved, Money::ZERO);
+    assert_eq!(w.balance, "100".parse::<Money>().expect("m"));
+    let row = s
+        .state
+        .store
+        .task(&second)
+        .await
+        .expect("row")
+        .expect("task");
+    assert!(row.message.is_none() && row.settled);
+}
+
+#[tokio::test]
+async fn runs_left_alive_by_a_crash_fail_with_server_restart_and_settle_exactly_once() {
+    let s = server(2).await;
+    let ws = default_ws(&s).await;
+    settings(&s, &ws, json!({ "tasks_enabled": true })).await;
+    s.state
+        .billing
+        .credit(&ws, "10".parse().expect("m"), None)
+        .await
+        .expect("credit");
+    let now = crate::util::now_ms();
+    let mut ids = Vec::new();
+    for (i, st) in ["queued", "provisioning", "running"].iter().enumerate() {
+        let id = format!("taskcrash{i}");
+        let mut row = TaskRow::queued(
+            id.clone(),
+            ws.clone(),
+            "k".into(),
+            "acme/app".into(),
+            "main".into(),
+            format!("cella/{id}"),
+            "local".into(),
+            "cmd".into(),
+            "secret task message".into(),
+            now - 120_000,
+        );
+        row.compute_rate = "0.01".parse().expect("m");
+        s.state.store.insert_task(&row).await.expect("insert");
+        s.state
+            .billing
+            .reserve(&ws, &Holder::Task(id.clone()), "1".parse().expect("m"))
+            .await
+            .expect("reserve");
+        if *st != "queued" {
+            assert!(s.state.store.claim_task(&id).await.expect("claim"));
+        }
+        if *st == "running" {
+            assert!(s
+                .state
+                .store
+                .task_running(&id, now - 90_000)
+                .await
+                .expect("run"));
+        }
+        ids.push(id);
+    }
+    // A reservation whose run was never stored (a crash inside a start).
+    s.state
+        .billing
+        .reserve(
+            &ws,
+            &Holder::Task("tasknever".into()),
+            "1".parse().expect("m"),
+        )
+        .await
+        .expect("reserve");
+    let s = s.restart().await;
+    crate::tasks::runner::recover(&s.state).await;
+    crate::tasks::runner::recover(&s.state).await; // twice: nothing twice
+    let queued = s
+        .state
+        .store
+        .task(&ids[0])
+        .await
+        .expect("row")
+        .expect("task");
+    assert_eq!(queued.state, TaskState::Queued, "queued runs stay queued");
+    assert!(queued.message.is_some());
+    for id in &ids[1..] {
+        let t = s.state.store.task(id).await.expect("row").expect("task");
+        assert_eq!(t.state, TaskState::Failed, "{t:?}");
+        assert_eq!(t.stop_reason, Some(cella_types::StopReason::ServerRestart));
+        assert!(t
+            .failure_reason
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("server_restart"));
+        assert!(t.message.is_none() && t.settled);
+    }
+    let entries = s
+        .state
+        .billing
+        .ledger(&ws, 100, None)
+        .await
+        .expect("ledger");
+    let computes: Vec<_> = entries
+        .iter()
+        .filter(|e| e.kind == cella_billing::EntryKind::Compute)
+        .collect();
+    // The provisioning run never ran: rate > 0, so one entry of 0; the running one ran 90 s.
+    assert_eq!(computes.len(), 2, "{computes:?}");
+    let running = computes
+        .iter()
+        .find(|e| e.task_id.as_deref() == Some(ids[2].as_str()))
+        .expect("the running run's entry");
+    assert!(running.amount.micros() <= -900_000, "{running:?}");
+    let held: Vec<Holder> = s
+        .state
+        .billing
+        .reservations()
+        .await
+        .expect("reservations")
+        .into_iter()
+        .map(|r| r.holder)
+        .collect();
+    assert_eq!(
+        held,
+        vec![Holder::Task(ids[0].clone())],
+        "only the queued run holds money"
+    );
+}
