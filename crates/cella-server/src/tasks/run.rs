@@ -325,6 +325,9 @@ fn git_failure(e: GitError) -> Ending {
         GitError::PushRefused(m) => Ending::failed(FailureKind::PushRefused, &m),
         GitError::BadBundle(m) => Ending::failed(FailureKind::BadHandoff, &m),
         GitError::Io(m) => Ending::failed(FailureKind::Internal, &format!("git: {m}")),
+        GitError::NotFound(m) | GitError::Unreachable(m) => {
+            Ending::failed(FailureKind::CloneFailed, &m)
+        }
     }
 }
 

@@ -161,7 +161,7 @@ pub async fn create(
             "the base branch {b} does not exist in {}",
             req.repository
         )),
-        GitError::CloneFailed(m) | GitError::Io(m) => {
+        GitError::CloneFailed(m) | GitError::Io(m) | GitError::NotFound(m) => {
             tracing::info!(
                 repository = req.repository,
                 "reading a repository failed: {m}"
