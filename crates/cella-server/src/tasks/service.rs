@@ -161,7 +161,11 @@ pub async fn create(
             "the base branch {b} does not exist in {}",
             req.repository
         )),
-        GitError::CloneFailed(m) | GitError::Io(m) => {
+        GitError::Unreachable(m) => TaskError::Forge(cella_tasks::failure::reason(
+            cella_tasks::FailureKind::ForgeError,
+            &format!("the remote is unreachable: {m}"),
+        )),
+        GitError::CloneFailed(m) | GitError::Io(m) | GitError::NotFound(m) => {
             tracing::info!(
                 repository = req.repository,
                 "reading a repository failed: {m}"
