@@ -325,9 +325,11 @@ fn git_failure(e: GitError) -> Ending {
         GitError::PushRefused(m) => Ending::failed(FailureKind::PushRefused, &m),
         GitError::BadBundle(m) => Ending::failed(FailureKind::BadHandoff, &m),
         GitError::Io(m) => Ending::failed(FailureKind::Internal, &format!("git: {m}")),
-        GitError::NotFound(m) | GitError::Unreachable(m) => {
-            Ending::failed(FailureKind::CloneFailed, &m)
-        }
+        GitError::NotFound(m) => Ending::failed(FailureKind::CloneFailed, &m),
+        GitError::Unreachable(m) => Ending::failed(
+            FailureKind::ForgeError,
+            &format!("the remote is unreachable: {m}"),
+        ),
     }
 }
 

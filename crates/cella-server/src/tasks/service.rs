@@ -161,6 +161,10 @@ pub async fn create(
             "the base branch {b} does not exist in {}",
             req.repository
         )),
+        GitError::Unreachable(m) => TaskError::Forge(cella_tasks::failure::reason(
+            cella_tasks::FailureKind::ForgeError,
+            &format!("the remote is unreachable: {m}"),
+        )),
         GitError::CloneFailed(m) | GitError::Io(m) | GitError::NotFound(m) => {
             tracing::info!(
                 repository = req.repository,

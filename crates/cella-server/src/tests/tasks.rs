@@ -154,8 +154,14 @@ async fn task(s: &Server, id: &str) -> Value {
 }
 
 async fn wait_terminal(s: &Server, id: &str) -> Value {
+    wait_terminal_as(s, &s.key, id).await
+}
+
+async fn wait_terminal_as(s: &Server, key: &str, id: &str) -> Value {
     for _ in 0..400 {
-        let t = task(s, id).await;
+        let (status, v) = call_as(s, key, "GET", &format!("/api/v1/tasks/{id}"), None).await;
+        assert_eq!(status, 200, "{v}");
+        let t = v["data"].clone();
         if ["stopped", "failed", "cancelled"].contains(&t["state"].as_str().unwrap_or("")) {
             return t;
         }
@@ -357,8 +363,8 @@ async fn one_runner_starts_runs_one_at_a_time_oldest_first_round_robin_across_wo
         assert!(alive <= 1, "{alive} runs at once with one runner");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    for id in a.iter().chain([&b]) {
-        let t = wait_terminal(&s, id).await;
+    for (key, id) in a.iter().map(|i| (&s.key, i)).chain([(&key_b, &b)]) {
+        let t = wait_terminal_as(&s, key, id).await;
         assert_eq!(t["state"], "failed", "{t}");
         assert!(
             t["failure_reason"]
