@@ -504,7 +504,7 @@ fn builtin_agent_without_an_upstream_is_400_naming_the_missing_section() {
     let repos = tempfile::tempdir().unwrap();
     make_repo(repos.path(), "acme/web", &[("README.md", "# web\n")]);
     let s = Server::start_with(&config(2, &git_forge("git", repos.path()), "", ""));
-    let (_ws, key) = workspace(&s, "0", "0", 5);
+    let (_ws, key) = workspace(&s, "0", "10", 5);
     let r = s.req(
         "POST",
         "/api/v1/tasks",
@@ -573,7 +573,7 @@ fn refused_starts_queue_nothing() {
         "only the credit"
     );
 
-    let (_ws, key) = workspace(&s, "0", "0", 5);
+    let (_ws, key) = workspace(&s, "0", "10", 5);
     // An unknown repository, a missing base branch: 404.
     s.req(
         "POST",
@@ -825,7 +825,7 @@ fn one_runner_runs_three_queued_runs_in_order_one_at_a_time() {
         &command_agent("short", &script),
         "",
     ));
-    let (_ws, key) = workspace(&s, "0", "0", 5);
+    let (_ws, key) = workspace(&s, "0", "10", 5);
     let ids: Vec<String> = (0..3)
         .map(|i| {
             let t = start(
@@ -897,7 +897,7 @@ fn gitlab_run_opens_a_draft_merge_request() {
         &command_agent("script", &script),
         "",
     ));
-    let (_ws, key) = workspace(&s, "0", "0", 5);
+    let (_ws, key) = workspace(&s, "0", "10", 5);
     let t = start(
         &s,
         &key,
@@ -1044,7 +1044,7 @@ rm -f {m}
         &command_agent("evil", &script),
         "",
     ));
-    let (_ws, key) = workspace(&s, "0", "0", 5);
+    let (_ws, key) = workspace(&s, "0", "10", 5);
     let t = start(
         &s,
         &key,
@@ -1104,7 +1104,7 @@ fn nothing_of_the_message_files_or_output_is_kept_after_a_clean_stop() {
         &command_agent("script", &script),
         "",
     ));
-    let (_ws, key) = workspace(&s, "0", "0", 5);
+    let (_ws, key) = workspace(&s, "0", "10", 5);
     let t = start(
         &s,
         &key,
@@ -1144,7 +1144,7 @@ fn live_log_streams_while_running_and_is_gone_after() {
         &command_agent("talk", script),
         "",
     ));
-    let (_ws, key) = workspace(&s, "0", "0", 5);
+    let (_ws, key) = workspace(&s, "0", "10", 5);
     let t = start(
         &s,
         &key,
@@ -1230,7 +1230,7 @@ fn cli_starts_follows_lists_gets_and_watches_runs() {
         &command_agent("script", &script),
         "",
     ));
-    let (_ws, key) = workspace(&s, "0", "0", 5);
+    let (_ws, key) = workspace(&s, "0", "10", 5);
     let out = cella(
         &s,
         &key,
