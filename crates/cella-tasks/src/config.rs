@@ -1,9 +1,15 @@
 //! `[tasks]`, `[[forges]]` and `[[agents]]` of the server's config file.
 //!
 //! With no `[[forges]]`, the server uses one `git` forge named `local` whose `url_template` is
-//! `{repository}` read as a local path (`owner/name` relative to nothing is refused: the template
-//! for the embedded default is an absolute directory the operator gives, see
-//! [`ForgeConfig::local_default`]). With no `[[agents]]`, the built-in agent.
+//! `<root>/{repository}` for a directory the server gives ([`ForgeConfig::local_default`]:
+//! `DATA_DIR/repos`), so `owner/name` is `<root>/owner/name` or `<root>/owner/name.git`. With no
+//! `[[agents]]`, the built-in agent ([`AgentConfig::builtin_default`]).
+//!
+//! The server checks the file at start: [`TasksConfig::validate`], and [`validate_all`] (each
+//! forge's and agent's fields for its kind, unique names). A `git` forge takes only
+//! `url_template` (an absolute path or an http(s) URL without credentials, with
+//! `{repository}`); a `github` forge an App (`app_id` + `private_key_file`) or a `token`, and
+//! optionally `api_url`; a `gitlab` forge `url` and `token`.
 
 use serde::Deserialize;
 use std::path::PathBuf;

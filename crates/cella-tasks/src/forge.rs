@@ -5,6 +5,27 @@
 //! permissions, revoked by [`Forge::close`]; a GitLab or fine-grained token; nothing for local
 //! paths). [`Forge::open_pull_request`] opens the draft. Every request to a forge's API carries a
 //! `User-Agent`. A credential is never logged, never put in argv, never sent into a sandbox.
+//!
+//! - `git`: `url_template` with `{repository}` replaced; a local path must exist (as given, or
+//!   with `.git` appended), a URL is checked by git. No credential, no pull request.
+//! - `github`, App: an RS256 JWT (`iat` a minute back, `exp` nine minutes on, `iss` the App id)
+//!   finds the installation (`GET /repos/{o}/{r}/installation`) and mints a token
+//!   (`POST /app/installations/{id}/access_tokens` with `repositories: [name]` and
+//!   `contents: write, pull_requests: write, metadata: read`); `GET /repos/{o}/{r}` gives
+//!   `default_branch` and `clone_url`; git authenticates as `x-access-token:<token>`; the draft
+//!   is `POST /repos/{o}/{r}/pulls` with `draft: true` (retried as a normal pull request where
+//!   the repository's plan has no drafts); [`Forge::close`] revokes the token
+//!   (`DELETE /installation/token`). With `token` (a fine-grained personal token) the same
+//!   calls, no minting, no revoking. Every request: `User-Agent: cella`,
+//!   `Accept: application/vnd.github+json`, `X-GitHub-Api-Version: 2022-11-28`. `api_url`
+//!   (default `https://api.github.com`) points at GitHub Enterprise Server (`.../api/v3`).
+//! - `gitlab`: `GET {url}/api/v4/projects/{path}` (URL-encoded, nested groups allowed) with
+//!   `PRIVATE-TOKEN` gives `default_branch`, `http_url_to_repo` and `id`; git authenticates as
+//!   `oauth2:<token>`; the draft is a merge request titled `Draft: ...`.
+//!
+//! A 403 or 404 on the repository is [`ForgeError::NotFound`]; other refusals are
+//! [`ForgeError::Refused`], 5xx/429 and network failures [`ForgeError::Unreachable`]. Their
+//! details are one line with every token removed.
 
 use crate::config::{ForgeConfig, ForgeKind};
 use cella_types::PullRequest;

@@ -1,18 +1,52 @@
 //! Git on the host, for task runs, trusting nothing the sandbox wrote.
 //!
-//! Every git process the server runs has `GIT_CONFIG_NOSYSTEM=1`, `GIT_CONFIG_GLOBAL` and `HOME`
-//! pointing at nothing of the host, `core.hooksPath` set to an empty directory, no
-//! `core.fsmonitor`, `protocol.allow` limited to what the forge needs, `GIT_TERMINAL_PROMPT=0`,
-//! and works on bare repositories only (no work tree, so no `.gitattributes` filters run). A
-//! credential reaches git through `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n`
-//! (an `http.extraHeader`), never through argv or a URL.
+//! Every git process the server runs gets a cleared environment: `GIT_CONFIG_NOSYSTEM=1`,
+//! `GIT_CONFIG_GLOBAL=/dev/null`, `HOME` an empty directory of the run (so no `~/.netrc`, no
+//! user config), `core.hooksPath` that empty directory, `core.fsmonitor=false`, no credential
+//! helper, `protocol.allow=never` with only the transport of the remote allowed (`file` for a
+//! local path, given to git as a `file://` URL so `--depth` holds and nothing is hard-linked;
+//! `http`/`https` for a URL), `http.followRedirects=false`, `GIT_TERMINAL_PROMPT=0`, an empty
+//! `GIT_ASKPASS`, a time limit, and it works on bare repositories only (no work tree, so no
+//! `.gitattributes` filter ever runs on the host). A credential reaches git through
+//! `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n` (an `http.extraHeader` with
+//! `Authorization: Basic base64(user:secret)`), never through argv or a URL; git's messages
+//! are cut to one line with credentials removed before they become errors.
 //!
-//! Inside the sandbox the checkout lives at [`SANDBOX_CHECKOUT`], owned by the sandbox's user.
+//! The run's steps:
+//! 1. [`HostGit::resolve_base`]: `git ls-remote` for the base branch and its tip (in a scratch
+//!    directory of its own, so it leaves nothing).
+//! 2. [`HostGit::clone_base`]: `git clone --bare --depth 1 --single-branch --branch <b>
+//!    --template=<empty>` into `<work>/repo.git`, killed and removed when it grows past
+//!    `max_repo_bytes` ([`GitError::TooLarge`]).
+//! 3. [`HostGit::pack`]: a tar of that git directory (its `config` replaced by a minimal one
+//!    without the remote's URL, no hooks), which the server writes to [`SANDBOX_TAR`].
+//! 4. [`sandbox_prepare`] (in the sandbox, as its user): unpacks it as
+//!    [`SANDBOX_CHECKOUT`]`/.git`, makes it a normal repository and checks out the run's branch
+//!    from the base commit.
+//! 5. [`sandbox_collect`] (in the sandbox, after the agent stopped): commits what is
+//!    uncommitted as `Cella <cella@localhost>`, and writes the bundle of `base..branch` to
+//!    [`SANDBOX_BUNDLE`] (none without new commits).
+//! 6. [`HostGit::receive_bundle`]: `git bundle verify` against the host's clone, the run's
+//!    branch must be among its heads, only that ref is fetched (with `transfer.fsckObjects`)
+//!    under a holding ref, and it must descend from the base commit
+//!    ([`GitError::BadBundle`] otherwise); nothing else of the bundle becomes a ref.
+//! 7. [`HostGit::push`]: `git push <remote> refs/heads/<b>:refs/heads/<b>`, that one ref, no
+//!    force ([`GitError::PushRefused`] when the remote refuses).
+//! 8. [`HostGit::remove`].
+//!
+//! A local repository owned by another user than the server's is refused by git itself
+//! ("dubious ownership"; [`GitError::NotFound`] says what to do): the server does not lift that
+//! guard, since such a repository's configuration could run commands as the server.
+//!
+//! Inside the sandbox the checkout lives at [`SANDBOX_CHECKOUT`], owned by the sandbox's user
+//! (the server makes that directory writable by the user, and the sandbox's template has `git`,
+//! `tar` and `sh`).
 
 use crate::forge::{Access, GitCredential};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::time::Duration;
 
 /// The checkout's path inside the run's sandbox (the agent's working directory).
 pub const SANDBOX_CHECKOUT: &str = "/workspace";
@@ -109,7 +143,16 @@ pub struct GitInvocation {
     pub args: Vec<OsString>,
     pub env: Vec<(String, OsString)>,
     pub cwd: PathBuf,
+    /// The process is killed after this long.
+    pub timeout: Duration,
 }
+
+/// How long a git process working only on the host's clone may take.
+const LOCAL_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long asking the remote for its branches may take.
+const LS_REMOTE_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a clone or a push may take.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// What every git process of a run is given: an empty directory for `HOME`, hooks and
 /// templates.
@@ -142,6 +185,9 @@ impl Hardening {
             ("gc.auto".into(), "0".into()),
             ("maintenance.auto".into(), "false".into()),
             ("advice.detachedHead".into(), "false".into()),
+            // A transfer slower than 1 KB/s for a minute is given up.
+            ("http.lowSpeedLimit".into(), "1000".into()),
+            ("http.lowSpeedTime".into(), "60".into()),
         ];
         if let Some(t) = transport {
             config.push((format!("protocol.{}.allow", t.protocol()), "always".into()));
@@ -186,6 +232,7 @@ impl Hardening {
             args,
             env,
             cwd: self.empty.clone(),
+            timeout: LOCAL_TIMEOUT,
         }
     }
 }
@@ -263,7 +310,14 @@ async fn run(inv: &GitInvocation, limit: Option<(&Path, u64)>) -> Result<Output,
             },
         }
     };
-    let (status, stdout, stderr) = tokio::join!(wait, read_out, read_err);
+    let all = async { tokio::join!(wait, read_out, read_err) };
+    let Ok((status, stdout, stderr)) = tokio::time::timeout(inv.timeout, all).await else {
+        // Dropping the child kills it (kill_on_drop).
+        return Err(GitError::Unreachable(format!(
+            "git did not finish within {} s",
+            inv.timeout.as_secs()
+        )));
+    };
     let status = status.map_err(|e| GitError::Io(format!("waiting for git: {e}")))?;
     let Some(status) = status else {
         return Err(GitError::TooLarge(limit.map(|l| l.1).unwrap_or(0)));
@@ -364,6 +418,15 @@ fn says_unreachable(stderr: &str) -> bool {
 }
 
 fn remote_error(stderr: &str, credential: Option<&GitCredential>) -> GitError {
+    if stderr.contains("dubious ownership") {
+        // git's own guard: a local repository owned by another user than the server's is
+        // not read (its configuration could run commands as the server).
+        return GitError::NotFound(
+            "the repository is owned by another user than the server's, and git refuses to read it; \
+             give the server a bare clone of its own (git clone --bare SOURCE DEST as the server's user)"
+                .into(),
+        );
+    }
     let s = summary(stderr, credential);
     if says_unreachable(stderr) {
         GitError::Unreachable(s)
@@ -446,7 +509,9 @@ impl HostGit {
         let (url, t) = git_url(&access.clone_url)?;
         let mut args = os(&["ls-remote", "--symref", &url]);
         args.extend(patterns.iter().map(OsString::from));
-        Ok(h.invocation(args, None, Some(t), access.credential.as_ref()))
+        let mut inv = h.invocation(args, None, Some(t), access.credential.as_ref());
+        inv.timeout = LS_REMOTE_TIMEOUT;
+        Ok(inv)
     }
 
     pub fn clone_invocation(
@@ -473,7 +538,9 @@ impl HostGit {
             &url,
         ]);
         args.push(dest.into_os_string());
-        Ok(h.invocation(args, None, Some(t), access.credential.as_ref()))
+        let mut inv = h.invocation(args, None, Some(t), access.credential.as_ref());
+        inv.timeout = TRANSFER_TIMEOUT;
+        Ok(inv)
     }
 
     pub fn push_invocation(
@@ -486,12 +553,14 @@ impl HostGit {
         let (url, t) = git_url(&access.clone_url)?;
         let refspec = format!("refs/heads/{branch}:refs/heads/{branch}");
         let args = os(&["push", "--porcelain", "--no-verify", "--", &url, &refspec]);
-        Ok(h.invocation(
+        let mut inv = h.invocation(
             args,
             Some(&checkout.git_dir),
             Some(t),
             access.credential.as_ref(),
-        ))
+        );
+        inv.timeout = TRANSFER_TIMEOUT;
+        Ok(inv)
     }
 
     /// The base branch to use and its tip (`git ls-remote`, with the run's credential):
@@ -931,7 +1000,8 @@ const PREPARE_SCRIPT: &str = r#"set -eu
 co="$1"; tarball="$2"; branch="$3"
 mkdir -p "$co/.git"
 tar -xf "$tarball" -C "$co/.git"
-rm -f "$tarball"
+# Best effort: a tar written by root into a sticky /tmp cannot be removed by the user.
+rm -f "$tarball" 2>/dev/null || true
 cd "$co"
 git config core.bare false
 git config core.logAllRefUpdates true
@@ -945,6 +1015,8 @@ co="$1"; bundle="$2"; base="$3"; branch="$4"; msg="$5"
 rm -f "$bundle"
 cd "$co"
 g() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c commit.gpgsign=false -c user.name=Cella -c user.email=cella@localhost "$@"; }
+# The agent is stopped: a lock it left (killed mid-command) is stale.
+rm -f .git/index.lock
 if ! g rev-parse -q --verify "refs/heads/$branch^{commit}" >/dev/null; then
   echo "cella: the branch $branch is gone; nothing to hand back" >&2
   exit 0
@@ -953,8 +1025,15 @@ g add -A
 if ! g diff --cached --quiet; then
   g commit -q --no-verify -m "$msg"
 fi
+# Work committed on another branch or a detached HEAD made from the run's branch counts too.
+head=$(g rev-parse -q --verify "HEAD^{commit}" || true)
+if [ -n "$head" ] && [ "$(g symbolic-ref -q HEAD || true)" != "refs/heads/$branch" ]; then
+  if g merge-base --is-ancestor "refs/heads/$branch" "$head"; then
+    g update-ref "refs/heads/$branch" "$head"
+  fi
+fi
 if [ -n "$(g rev-list -n 1 "$base..refs/heads/$branch")" ]; then
-  g bundle create "$bundle" "$base..refs/heads/$branch" 2>/dev/null
+  g bundle create "$bundle" "$base..refs/heads/$branch"
 fi
 "#;
 

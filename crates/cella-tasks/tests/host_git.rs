@@ -499,3 +499,72 @@ async fn a_push_the_remote_refuses_is_push_refused() {
         other => panic!("expected PushRefused, got {other:?}"),
     }
 }
+
+/// The agent was killed mid-command (a stale `index.lock`) and committed on a branch of its
+/// own made from the run's branch: collect still hands back all of its work.
+#[tokio::test]
+async fn collect_after_a_killed_agent_on_a_branch_of_its_own() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("repos");
+    let remote = root.join("acme/app");
+    make_repo(&remote);
+    let access = forge(&root).open(&repo("acme/app")).await.expect("open");
+    let hg = HostGit::new(&tmp.path().join("run"));
+    let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
+    let sbx = Sandbox::new(&tmp.path().join("sandbox"));
+    sbx.prepare(&hg.pack(&co).await.expect("pack"), BRANCH);
+
+    git(&sbx.checkout, &["checkout", "-q", "-b", "agent-own"]);
+    std::fs::write(sbx.checkout.join("A.md"), "committed\n").expect("w");
+    git(&sbx.checkout, &["add", "A.md"]);
+    git(&sbx.checkout, &["commit", "-q", "-m", "own branch"]);
+    std::fs::write(sbx.checkout.join("B.md"), "uncommitted\n").expect("w");
+    std::fs::write(sbx.checkout.join(".git/index.lock"), b"").expect("w");
+
+    sbx.collect(&co.base_sha, BRANCH, "Cella: left over");
+    let tip = hg
+        .receive_bundle(&co, &sbx.bundle, BRANCH)
+        .await
+        .expect("receive")
+        .expect("commits");
+    hg.push(&co, &access, BRANCH).await.expect("push");
+    assert_eq!(git(&remote, &["rev-parse", BRANCH]), tip);
+    assert_eq!(
+        git(&remote, &["show", &format!("{BRANCH}:A.md")]),
+        "committed"
+    );
+    assert_eq!(
+        git(&remote, &["show", &format!("{BRANCH}:B.md")]),
+        "uncommitted"
+    );
+}
+
+/// A local repository owned by another user is refused by git's own guard (its config could
+/// run commands as the server), with a message saying what to do.
+#[tokio::test]
+async fn a_repository_of_another_user_is_refused_clearly() {
+    let uid = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .expect("id");
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        eprintln!("skipped: needs root to give a repository to another user");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("repos");
+    let path = root.join("acme/app");
+    make_repo(&path);
+    let out = std::process::Command::new("chown")
+        .args(["-R", "1000:1000"])
+        .arg(&path)
+        .output()
+        .expect("chown");
+    assert!(out.status.success());
+    let access = forge(&root).open(&repo("acme/app")).await.expect("open");
+    let hg = HostGit::new(&tmp.path().join("run"));
+    match hg.resolve_base(&access, None).await {
+        Err(GitError::NotFound(m)) => assert!(m.contains("owned by another user"), "{m}"),
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+}
