@@ -50,8 +50,8 @@ pub enum ForgeKind {
     Gitlab,
 }
 
-/// One `[[forges]]` entry.
-#[derive(Debug, Clone, Deserialize)]
+/// One `[[forges]]` entry. `Debug` never shows the token.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ForgeConfig {
     pub name: String,
@@ -73,6 +73,21 @@ pub struct ForgeConfig {
     /// gitlab: the instance's base URL.
     #[serde(default)]
     pub url: Option<String>,
+}
+
+impl std::fmt::Debug for ForgeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForgeConfig")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("url_template", &self.url_template)
+            .field("app_id", &self.app_id)
+            .field("private_key_file", &self.private_key_file)
+            .field("api_url", &self.api_url)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("url", &self.url)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -458,6 +473,16 @@ egress = ["packages.example.org"]
         validate_all(&f.forges, &f.agents).expect("valid");
         assert_eq!(f.forges[1].kind, ForgeKind::Github);
         assert_eq!(f.agents[1].command.len(), 3);
+    }
+
+    #[test]
+    fn debug_hides_the_token() {
+        let f: ForgeConfig = toml::from_str(
+            "name = \"g\"\nkind = \"gitlab\"\nurl = \"https://g\"\ntoken = \"glpat-SECRET\"",
+        )
+        .expect("toml");
+        let d = format!("{f:?}");
+        assert!(!d.contains("SECRET") && d.contains("redacted"), "{d}");
     }
 
     #[test]

@@ -137,14 +137,28 @@ impl Transport {
 
 /// One git process as built: its argv (after `git`), its environment (the whole of it: the
 /// process gets nothing else) and its working directory. Pure data, so tests can check that no
-/// secret is in the argv.
-#[derive(Debug, Clone)]
+/// secret is in the argv. `Debug` shows the argv and the names of the variables only.
+#[derive(Clone)]
 pub struct GitInvocation {
     pub args: Vec<OsString>,
     pub env: Vec<(String, OsString)>,
     pub cwd: PathBuf,
     /// The process is killed after this long.
     pub timeout: Duration,
+}
+
+impl std::fmt::Debug for GitInvocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GitInvocation")
+            .field("args", &self.args)
+            .field(
+                "env",
+                &self.env.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+            )
+            .field("cwd", &self.cwd)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 /// How long a git process working only on the host's clone may take.
@@ -866,6 +880,32 @@ impl HostGit {
         )))
     }
 
+    /// The commits on `tip` beyond the base (for the pull request's body and progress).
+    pub async fn count_commits(&self, checkout: &Checkout, tip: &str) -> Result<u32, GitError> {
+        if !valid_sha(tip) {
+            return Err(GitError::Io("not a commit id".into()));
+        }
+        let h = self.hardening()?;
+        let range = format!("{}..{tip}", checkout.base_sha);
+        let out = run(
+            &h.invocation(
+                os(&["rev-list", "--count", &range]),
+                Some(&checkout.git_dir),
+                None,
+                None,
+            ),
+            None,
+        )
+        .await?;
+        if !out.ok {
+            return Err(GitError::Io(summary(&out.stderr, None)));
+        }
+        out.stdout
+            .trim()
+            .parse()
+            .map_err(|_| GitError::Io("rev-list answered garbage".into()))
+    }
+
     /// Removes the run's directory (idempotent).
     pub fn remove(&self) {
         let _ = std::fs::remove_dir_all(&self.work);
@@ -1172,7 +1212,10 @@ mod tests {
         };
         assert_clean_argv(&hg.ls_remote_invocation(&a, &["HEAD"]).expect("ls-remote"));
         assert_clean_argv(&hg.clone_invocation(&a, "main").expect("clone"));
-        assert_clean_argv(&hg.push_invocation(&co, &a, "cella/t").expect("push"));
+        let push = hg.push_invocation(&co, &a, "cella/t").expect("push");
+        assert_clean_argv(&push);
+        let dbg = format!("{push:?}");
+        assert!(!dbg.contains(SECRET) && !dbg.contains(&basic()), "{dbg}");
     }
 
     #[test]

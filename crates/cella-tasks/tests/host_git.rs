@@ -179,6 +179,7 @@ async fn a_run_end_to_end_over_local_paths() {
         .expect("receive")
         .expect("commits");
     assert_eq!(tip, git(&sbx.checkout, &["rev-parse", BRANCH]));
+    assert_eq!(hg.count_commits(&co, &tip).await.expect("count"), 2);
     hg.push(&co, &access, BRANCH).await.expect("push");
 
     assert_eq!(git(&remote, &["rev-parse", BRANCH]), tip);
