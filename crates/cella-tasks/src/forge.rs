@@ -200,7 +200,22 @@ impl Forge {
             }
             _ => None,
         };
+        // Redirects are followed only within the same origin: a token header (`PRIVATE-TOKEN`
+        // is not one reqwest strips by itself) never goes to another host.
+        let policy = reqwest::redirect::Policy::custom(|attempt| {
+            let same = attempt.previous().first().is_some_and(|first| {
+                first.scheme() == attempt.url().scheme()
+                    && first.host_str() == attempt.url().host_str()
+                    && first.port_or_known_default() == attempt.url().port_or_known_default()
+            });
+            if same && attempt.previous().len() < 5 {
+                attempt.follow()
+            } else {
+                attempt.stop()
+            }
+        });
         let http = reqwest::Client::builder()
+            .redirect(policy)
             .user_agent(USER_AGENT)
             .connect_timeout(std::time::Duration::from_secs(10))
             .timeout(std::time::Duration::from_secs(60))

@@ -464,3 +464,105 @@ async fn an_unreachable_forge_is_unreachable() {
         other => panic!("expected Unreachable, got {other:?}"),
     }
 }
+
+/// A repository whose plan has no draft pull requests: GitHub answers 422, and the pull request
+/// is opened as a normal one (reported with `draft: false`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn github_without_drafts_opens_a_normal_pull_request() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let git_root = tmp.path().join("served");
+    serve_repo(tmp.path(), &git_root, "acme/app");
+    let standin = StandIn::start_with(Kind::GithubToken, &git_root, &["acme/app"], &[], true).await;
+    let forge = Forge::from_config(ForgeConfig {
+        name: "gh".into(),
+        kind: ForgeKind::Github,
+        url_template: None,
+        app_id: None,
+        private_key_file: None,
+        api_url: Some(standin.base()),
+        token: Some(PAT.into()),
+        url: None,
+    })
+    .expect("forge");
+    let repo = RepoRef::parse("acme/app", false).expect("repo");
+    let (access, _) = round_trip(tmp.path(), &forge, &repo).await;
+    let pr = forge
+        .open_pull_request(&access, &spec("No drafts here"))
+        .await
+        .expect("pr")
+        .expect("one");
+    assert!(!pr.draft);
+    let seen = standin.seen.lock().expect("lock");
+    assert!(seen.violations.is_empty(), "{:?}", seen.violations);
+    assert_eq!(seen.pulls.len(), 1);
+    assert_eq!(seen.pulls[0]["draft"], false);
+    let posts = seen
+        .requests
+        .iter()
+        .filter(|r| r.as_str() == "POST /repos/acme/app/pulls")
+        .count();
+    assert_eq!(posts, 2, "a draft first, then a normal one");
+}
+
+/// A forge answering with a redirect to another host never gets the token sent there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_another_host_gets_no_token() {
+    use axum::routing::get;
+    use std::sync::{Arc, Mutex};
+    let got: Arc<Mutex<Vec<String>>> = Arc::default();
+    let g = got.clone();
+    let other = axum::Router::new().fallback(move |h: axum::http::HeaderMap| {
+        let g = g.clone();
+        async move {
+            let t = h
+                .get("private-token")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("none")
+                .to_string();
+            g.lock().expect("lock").push(t);
+            "{}"
+        }
+    });
+    let l2 = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let other_addr = l2.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(l2, other).await;
+    });
+    // "localhost" and "127.0.0.1" are different origins.
+    let target = format!("http://localhost:{}/stolen", other_addr.port());
+    let first = axum::Router::new().route(
+        "/api/v4/projects/{id}",
+        get(move || {
+            let target = target.clone();
+            async move { axum::response::Redirect::temporary(&target) }
+        }),
+    );
+    let l1 = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let first_addr = l1.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(l1, first).await;
+    });
+    let forge = Forge::from_config(ForgeConfig {
+        name: "gl".into(),
+        kind: ForgeKind::Gitlab,
+        url_template: None,
+        app_id: None,
+        private_key_file: None,
+        api_url: None,
+        token: Some(GITLAB_TOKEN.into()),
+        url: Some(format!("http://{first_addr}")),
+    })
+    .expect("forge");
+    let r = forge
+        .open(&RepoRef::parse("group/app", true).expect("repo"))
+        .await;
+    assert!(r.is_err(), "{r:?}");
+    assert!(
+        got.lock().expect("lock").is_empty(),
+        "the other host was asked"
+    );
+}

@@ -66,6 +66,8 @@ struct Ctx {
     /// GitHub: repositories without a readable `/repos` (installed, but hidden).
     hidden: HashSet<String>,
     gitlab: bool,
+    /// Answers a draft like GitHub does on a plan without drafts.
+    no_drafts: bool,
 }
 
 impl Ctx {
@@ -366,7 +368,15 @@ async fn gh_pulls(
             ctx.violation(format!("pull request without {k}: {v}"));
         }
     }
-    if v.get("draft") != Some(&json!(true)) {
+    let draft = v.get("draft") == Some(&json!(true));
+    if ctx.no_drafts && draft {
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({"message": "Draft pull requests are not supported in this repository.", "documentation_url": "https://docs.github.com/rest/pulls/pulls#create-a-pull-request"})),
+        )
+            .into_response();
+    }
+    if !draft && !ctx.no_drafts {
         ctx.violation(format!("pull request not a draft: {v}"));
     }
     if !branch_exists(&ctx, &full, &s("head")) {
@@ -397,7 +407,7 @@ async fn gh_pulls(
             "url": format!("{}/repos/{full}/pulls/{number}", ctx.base),
             "html_url": format!("{}/{full}/pull/{number}", ctx.base),
             "state": "open",
-            "draft": true,
+            "draft": draft,
             "head": {"ref": s("head"), "sha": "0"},
             "base": {"ref": s("base"), "sha": "0"},
         })),
@@ -648,6 +658,17 @@ impl StandIn {
     /// Serves `repos` (full names; each a bare repository at `<git_root>/<name>.git`), and
     /// `hidden` ones the App is installed on but whose `/repos` answers 404.
     pub async fn start(kind: Kind, git_root: &Path, repos: &[&str], hidden: &[&str]) -> StandIn {
+        StandIn::start_with(kind, git_root, repos, hidden, false).await
+    }
+
+    /// [`StandIn::start`]; `no_drafts` answers drafts as a plan without them does.
+    pub async fn start_with(
+        kind: Kind,
+        git_root: &Path,
+        repos: &[&str],
+        hidden: &[&str],
+        no_drafts: bool,
+    ) -> StandIn {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -671,6 +692,7 @@ impl StandIn {
             installed: repos.iter().chain(hidden).map(|s| s.to_string()).collect(),
             hidden: hidden.iter().map(|s| s.to_string()).collect(),
             gitlab,
+            no_drafts,
         };
         let app = Router::new()
             .route("/repos/{o}/{r}/installation", get(gh_installation))
