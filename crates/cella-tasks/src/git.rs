@@ -533,7 +533,16 @@ impl HostGit {
         access: &Access,
         branch: &str,
     ) -> Result<GitInvocation, GitError> {
-        let h = self.hardening()?;
+        self.clone_with(&self.hardening()?, access, Some(branch))
+    }
+
+    /// `branch` `None`: the remote's `HEAD`.
+    fn clone_with(
+        &self,
+        h: &Hardening,
+        access: &Access,
+        branch: Option<&str>,
+    ) -> Result<GitInvocation, GitError> {
         let (url, t) = git_url(&access.clone_url)?;
         let template = format!("--template={}", h.empty.display());
         let dest = self.repo_dir();
@@ -546,11 +555,11 @@ impl HostGit {
             "--no-tags",
             "--no-local",
             &template,
-            "--branch",
-            branch,
-            "--",
-            &url,
         ]);
+        if let Some(b) = branch {
+            args.extend(os(&["--branch", b]));
+        }
+        args.extend(os(&["--", &url]));
         args.push(dest.into_os_string());
         let mut inv = h.invocation(args, None, Some(t), access.credential.as_ref());
         inv.timeout = TRANSFER_TIMEOUT;
@@ -608,13 +617,22 @@ impl HostGit {
         max_bytes: u64,
     ) -> Result<Checkout, GitError> {
         let h = self.hardening()?;
-        let (branch, _) = resolve_base_with(self, &h, access, base_branch).await?;
+        // One git process: the clone itself tells a missing branch, and without a branch it
+        // takes the remote's HEAD.
+        let wanted = base_branch
+            .map(String::from)
+            .or_else(|| access.default_branch.clone());
+        if let Some(b) = &wanted {
+            if !valid_branch(b) {
+                return Err(GitError::BaseBranchMissing(b.clone()));
+            }
+        }
         let dest = self.repo_dir();
         if dest.exists() {
             std::fs::remove_dir_all(&dest)
                 .map_err(|e| GitError::Io(format!("removing an old clone: {e}")))?;
         }
-        let inv = self.clone_invocation(access, &branch)?;
+        let inv = self.clone_with(&h, access, wanted.as_deref())?;
         let out = match run(&inv, Some((&self.work, max_bytes))).await {
             Err(GitError::TooLarge(n)) => {
                 let _ = std::fs::remove_dir_all(&dest);
@@ -625,8 +643,10 @@ impl HostGit {
         if !out.ok {
             let _ = std::fs::remove_dir_all(&dest);
             let l = out.stderr.to_ascii_lowercase();
-            if l.contains("remote branch") && l.contains("not found") {
-                return Err(GitError::BaseBranchMissing(branch));
+            if let Some(b) = &wanted {
+                if l.contains("remote branch") && l.contains("not found") {
+                    return Err(GitError::BaseBranchMissing(b.clone()));
+                }
             }
             return Err(
                 match remote_error(&out.stderr, access.credential.as_ref()) {
@@ -639,6 +659,23 @@ impl HostGit {
             let _ = std::fs::remove_dir_all(&dest);
             return Err(GitError::TooLarge(max_bytes));
         }
+        let branch = match wanted {
+            Some(b) => b,
+            None => {
+                let out = run(
+                    &h.invocation(os(&["symbolic-ref", "-q", "HEAD"]), Some(&dest), None, None),
+                    None,
+                )
+                .await?;
+                match out.stdout.trim().strip_prefix("refs/heads/") {
+                    Some(b) if out.ok && valid_branch(b) => b.to_string(),
+                    _ => {
+                        let _ = std::fs::remove_dir_all(&dest);
+                        return Err(GitError::BaseBranchMissing("HEAD".into()));
+                    }
+                }
+            }
+        };
         let out = run(
             &h.invocation(
                 os(&[
@@ -656,10 +693,9 @@ impl HostGit {
         .await?;
         let sha = out.stdout.trim().to_string();
         if !out.ok || !valid_sha(&sha) {
+            // An empty repository: its default branch has no commit yet.
             let _ = std::fs::remove_dir_all(&dest);
-            return Err(GitError::CloneFailed(
-                "the clone has no commit for the base branch".into(),
-            ));
+            return Err(GitError::BaseBranchMissing(branch));
         }
         Ok(Checkout {
             git_dir: dest,

@@ -569,3 +569,27 @@ async fn a_repository_of_another_user_is_refused_clearly() {
         other => panic!("expected NotFound, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn an_empty_repository_has_no_base() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("repos");
+    let bare = root.join("acme/empty.git");
+    std::fs::create_dir_all(&bare).expect("mkdir");
+    git(&bare, &["init", "-q", "--bare", "-b", "main"]);
+    let access = forge(&root).open(&repo("acme/empty")).await.expect("open");
+    let hg = HostGit::new(&tmp.path().join("run"));
+    assert!(matches!(
+        hg.resolve_base(&access, None).await,
+        Err(GitError::BaseBranchMissing(_))
+    ));
+    assert!(matches!(
+        hg.clone_base(&access, None, 1 << 30).await,
+        Err(GitError::BaseBranchMissing(_))
+    ));
+    assert!(matches!(
+        hg.clone_base(&access, Some("main"), 1 << 30).await,
+        Err(GitError::BaseBranchMissing(b)) if b == "main"
+    ));
+    assert!(!tmp.path().join("run/repo.git").exists());
+}
