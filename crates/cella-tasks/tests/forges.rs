@@ -566,3 +566,73 @@ async fn a_redirect_to_another_host_gets_no_token() {
         "the other host was asked"
     );
 }
+
+/// A `git` forge whose `url_template` is an http URL: clone and push over smart HTTP, no
+/// credential, no pull request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_forge_over_http() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let git_root = tmp.path().join("served");
+    serve_repo(tmp.path(), &git_root, "acme/app");
+    let standin = StandIn::start(Kind::AnonymousGit, &git_root, &["acme/app"], &[]).await;
+    let forge = Forge::from_config(ForgeConfig {
+        name: "plain".into(),
+        kind: ForgeKind::Git,
+        url_template: Some(format!("{}/git/{{repository}}.git", standin.base())),
+        app_id: None,
+        private_key_file: None,
+        api_url: None,
+        token: None,
+        url: None,
+    })
+    .expect("forge");
+    let repo = RepoRef::parse("acme/app", false).expect("repo");
+    let access = forge.open(&repo).await.expect("open");
+    assert!(access.credential.is_none());
+    let hg = HostGit::new(&tmp.path().join("run"));
+    let (b, _) = hg.resolve_base(&access, None).await.expect("resolve");
+    assert_eq!(b, "main");
+    let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
+    let sbx = Sandbox::new(&tmp.path().join("sandbox"));
+    sbx.prepare(&hg.pack(&co).await.expect("pack"), BRANCH);
+    std::fs::write(sbx.checkout.join("EDIT.md"), "plain http\n").expect("w");
+    sbx.collect(&co.base_sha, BRANCH, "edit");
+    let tip = hg
+        .receive_bundle(&co, &sbx.bundle, BRANCH)
+        .await
+        .expect("receive")
+        .expect("commits");
+    hg.push(&co, &access, BRANCH).await.expect("push");
+    assert_eq!(
+        git(&git_root.join("acme/app.git"), &["rev-parse", BRANCH]),
+        tip
+    );
+    assert_eq!(
+        forge
+            .open_pull_request(&access, &spec("x"))
+            .await
+            .expect("none"),
+        None
+    );
+    // A repository the host does not have is NotFound at start.
+    let missing = forge
+        .open(&RepoRef::parse("acme/missing", false).expect("repo"))
+        .await
+        .expect("open");
+    match hg.resolve_base(&missing, None).await {
+        Err(GitError::NotFound(_)) => {}
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    // A host nothing listens on is Unreachable.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let mut down = access.clone();
+    down.clone_url = format!("http://127.0.0.1:{port}/git/acme/app.git");
+    match hg.resolve_base(&down, None).await {
+        Err(GitError::Unreachable(m)) => assert!(!m.contains('\n'), "{m}"),
+        other => panic!("expected Unreachable, got {other:?}"),
+    }
+    hg.remove();
+}

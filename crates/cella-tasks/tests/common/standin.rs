@@ -68,6 +68,8 @@ struct Ctx {
     gitlab: bool,
     /// Answers a draft like GitHub does on a plan without drafts.
     no_drafts: bool,
+    /// A plain git host: git over HTTP without credentials.
+    anonymous: bool,
 }
 
 impl Ctx {
@@ -563,7 +565,7 @@ async fn git_http(
                     token_may(&ctx, &p, &full)
                 }
         });
-    if !authorized {
+    if !authorized && !ctx.anonymous {
         ctx.seen.lock().expect("lock").git_refused += 1;
         return Response::builder()
             .status(StatusCode::UNAUTHORIZED)
@@ -652,6 +654,8 @@ pub enum Kind {
     /// A fine-grained personal token ([`PAT`]).
     GithubToken,
     Gitlab,
+    /// A plain git host serving without credentials (for a `git` forge with an http URL).
+    AnonymousGit,
 }
 
 impl StandIn {
@@ -682,8 +686,9 @@ impl StandIn {
                 false,
             ),
             Kind::GithubToken => (None, false),
-            Kind::Gitlab => (None, true),
+            Kind::Gitlab | Kind::AnonymousGit => (None, true),
         };
+        let anonymous = matches!(kind, Kind::AnonymousGit);
         let ctx = Ctx {
             seen: seen.clone(),
             git_root: git_root.to_path_buf(),
@@ -693,6 +698,7 @@ impl StandIn {
             hidden: hidden.iter().map(|s| s.to_string()).collect(),
             gitlab,
             no_drafts,
+            anonymous,
         };
         let app = Router::new()
             .route("/repos/{o}/{r}/installation", get(gh_installation))
