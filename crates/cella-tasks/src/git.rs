@@ -729,10 +729,13 @@ impl HostGit {
         }
         let h = self.hardening()?;
         let gd = Some(checkout.git_dir.as_path());
+        // Fixed words only: what git says about a bundle can quote names the sandbox chose,
+        // and a failure reason is stored.
         let bad = |what: &str, out: &Output| {
-            GitError::BadBundle(format!("{what}: {}", summary(&out.stderr, None)))
+            tracing::debug!(code = ?out.code, "a handed-back bundle was refused: {what}");
+            GitError::BadBundle(what.to_string())
         };
-        let mut bundle_arg = OsString::from(bundle.as_os_str());
+        let bundle_arg = OsString::from(bundle.as_os_str());
         if !bundle.is_absolute() {
             return Err(GitError::Io("the bundle's path must be absolute".into()));
         }
@@ -793,7 +796,6 @@ impl HostGit {
             return Ok(None);
         }
         let refspec = format!("+{want}:{INCOMING_REF}");
-        bundle_arg = OsString::from(bundle.as_os_str());
         let fetch = run(
             &h.invocation(
                 vec![
