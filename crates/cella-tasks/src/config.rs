@@ -230,7 +230,18 @@ pub fn validate_all(forges: &[ForgeConfig], agents: &[AgentConfig]) -> Result<()
 impl ForgeConfig {
     /// The embedded default: a `git` forge named `local` over local paths under `root`
     /// (`owner/name` is `<root>/owner/name` or `<root>/owner/name.git`).
+    ///
+    /// A relative `root` is taken from the current directory (git is given absolute paths).
     pub fn local_default(root: &std::path::Path) -> ForgeConfig {
+        let abs;
+        let root = if root.is_absolute() {
+            root
+        } else {
+            abs = std::env::current_dir()
+                .map(|d| d.join(root))
+                .unwrap_or_else(|_| root.to_path_buf());
+            abs.as_path()
+        };
         let root = root.to_string_lossy();
         let root = root.trim_end_matches('/');
         ForgeConfig {
@@ -499,6 +510,12 @@ egress = ["packages.example.org"]
             Some("/var/lib/cella/repos/{repository}")
         );
         AgentConfig::builtin_default().validate().expect("builtin");
+        let rel = ForgeConfig::local_default(std::path::Path::new("data/repos"));
+        rel.validate().expect("relative root made absolute");
+        assert!(rel
+            .url_template
+            .as_deref()
+            .is_some_and(|t| t.starts_with('/') && t.ends_with("/data/repos/{repository}")));
     }
 
     #[test]
