@@ -597,3 +597,93 @@ async fn an_empty_repository_has_no_base() {
     ));
     assert!(!tmp.path().join("run/repo.git").exists());
 }
+
+/// A branch whose tree holds a `.git` entry (which would take over the git directory of
+/// whoever checks it out) fails the host's object checks and is refused.
+#[tokio::test]
+async fn a_tree_with_a_dot_git_entry_is_refused() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("repos");
+    let remote = root.join("acme/app");
+    make_repo(&remote);
+    let access = forge(&root).open(&repo("acme/app")).await.expect("open");
+    let hg = HostGit::new(&tmp.path().join("run"));
+    let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
+    let sbx = Sandbox::new(&tmp.path().join("sandbox"));
+    sbx.prepare(&hg.pack(&co).await.expect("pack"), BRANCH);
+
+    let blob = {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("printf '[core]\\n\\tfsmonitor = touch /tmp/x\\n' | git hash-object -w --stdin")
+            .current_dir(&sbx.checkout)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .output()
+            .expect("hash-object");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let inner = {
+        let mut child = std::process::Command::new("git")
+            .arg("mktree")
+            .current_dir(&sbx.checkout)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("mktree");
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(format!("100644 blob {blob}\tconfig\n").as_bytes())
+            .expect("write");
+        let out = child.wait_with_output().expect("mktree");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let top = {
+        let mut child = std::process::Command::new("git")
+            .arg("mktree")
+            .current_dir(&sbx.checkout)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("mktree");
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(format!("040000 tree {inner}\t.git\n").as_bytes())
+            .expect("write");
+        let out = child.wait_with_output().expect("mktree");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(top.len(), 40, "mktree made the tree");
+    let commit = git(
+        &sbx.checkout,
+        &["commit-tree", &top, "-p", &co.base_sha, "-m", "evil"],
+    );
+    git(
+        &sbx.checkout,
+        &["update-ref", &format!("refs/heads/{BRANCH}"), &commit],
+    );
+    let b = sbx.bundle.to_str().expect("utf-8");
+    git(
+        &sbx.checkout,
+        &["bundle", "create", b, &format!("{}..{BRANCH}", co.base_sha)],
+    );
+    match hg.receive_bundle(&co, &sbx.bundle, BRANCH).await {
+        Err(GitError::BadBundle(_)) => {}
+        other => panic!("expected BadBundle, got {other:?}"),
+    }
+    assert!(
+        git_out(&co.git_dir, &["rev-parse", "--verify", "-q", BRANCH])
+            .stdout
+            .is_empty()
+    );
+}
