@@ -174,6 +174,8 @@ const MAX_DETAIL: usize = 300;
 struct Reply {
     status: reqwest::StatusCode,
     json: serde_json::Value,
+    /// GitHub's rate limit answer (a 403 or 429 with no requests left or a `retry-after`).
+    rate_limited: bool,
 }
 
 impl Forge {
@@ -391,7 +393,9 @@ impl Forge {
             .await?;
             match reply.status.as_u16() {
                 200 => {}
-                403 | 404 => return Err(ForgeError::NotFound(repo.as_path())),
+                403 | 404 if !reply.rate_limited => {
+                    return Err(ForgeError::NotFound(repo.as_path()))
+                }
                 _ => return Err(reply.error("finding the App's installation", &[&jwt])),
             }
             let id = reply
@@ -466,7 +470,7 @@ impl Forge {
         .await?;
         match reply.status.as_u16() {
             200 => {}
-            403 | 404 => return Err(ForgeError::NotFound(repo.as_path())),
+            403 | 404 if !reply.rate_limited => return Err(ForgeError::NotFound(repo.as_path())),
             _ => return Err(reply.error("reading the repository", &[token])),
         }
         let clone_url = reply
@@ -604,7 +608,7 @@ impl Forge {
         let reply = send(self.gitlab_request(reqwest::Method::GET, &url)?, &[token]).await?;
         match reply.status.as_u16() {
             200 => {}
-            403 | 404 => return Err(ForgeError::NotFound(repo.as_path())),
+            403 | 404 if !reply.rate_limited => return Err(ForgeError::NotFound(repo.as_path())),
             _ => return Err(reply.error("reading the project", &[token])),
         }
         let id = reply
@@ -738,6 +742,10 @@ async fn send(req: reqwest::RequestBuilder, secrets: &[&str]) -> Result<Reply, F
         .await
         .map_err(|e| ForgeError::Unreachable(one_line_err(&e, secrets)))?;
     let status = res.status();
+    let h = res.headers();
+    let rate_limited = matches!(status.as_u16(), 403 | 429)
+        && (h.get("retry-after").is_some()
+            || h.get("x-ratelimit-remaining").and_then(|v| v.to_str().ok()) == Some("0"));
     let mut body = Vec::new();
     while let Some(chunk) = res
         .chunk()
@@ -750,7 +758,11 @@ async fn send(req: reqwest::RequestBuilder, secrets: &[&str]) -> Result<Reply, F
         }
     }
     let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
-    Ok(Reply { status, json })
+    Ok(Reply {
+        status,
+        json,
+        rate_limited,
+    })
 }
 
 impl Reply {
@@ -786,7 +798,7 @@ impl Reply {
         } else {
             format!("{doing}: HTTP {}: {msg}", self.status.as_u16())
         };
-        if self.status.is_server_error() || self.status.as_u16() == 429 {
+        if self.status.is_server_error() || self.status.as_u16() == 429 || self.rate_limited {
             ForgeError::Unreachable(detail)
         } else {
             ForgeError::Refused(detail)

@@ -636,3 +636,43 @@ async fn git_forge_over_http() {
     }
     hg.remove();
 }
+
+/// GitHub's rate limit answer (403 with no requests left) is the forge being unavailable, not
+/// the repository being missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_github_is_unreachable_not_not_found() {
+    use axum::response::IntoResponse;
+    let app = axum::Router::new().fallback(|| async {
+        (
+            axum::http::StatusCode::FORBIDDEN,
+            [("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1")],
+            "{\"message\":\"API rate limit exceeded\"}",
+        )
+            .into_response()
+    });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    let forge = Forge::from_config(ForgeConfig {
+        name: "gh".into(),
+        kind: ForgeKind::Github,
+        url_template: None,
+        app_id: None,
+        private_key_file: None,
+        api_url: Some(format!("http://{addr}")),
+        token: Some(PAT.into()),
+        url: None,
+    })
+    .expect("forge");
+    match forge
+        .open(&RepoRef::parse("acme/app", false).expect("repo"))
+        .await
+    {
+        Err(ForgeError::Unreachable(m)) => assert!(m.contains("rate limit"), "{m}"),
+        other => panic!("expected Unreachable, got {other:?}"),
+    }
+}
