@@ -464,3 +464,215 @@ async fn an_unreachable_forge_is_unreachable() {
         other => panic!("expected Unreachable, got {other:?}"),
     }
 }
+
+/// A repository whose plan has no draft pull requests: GitHub answers 422, and the pull request
+/// is opened as a normal one (reported with `draft: false`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn github_without_drafts_opens_a_normal_pull_request() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let git_root = tmp.path().join("served");
+    serve_repo(tmp.path(), &git_root, "acme/app");
+    let standin = StandIn::start_with(Kind::GithubToken, &git_root, &["acme/app"], &[], true).await;
+    let forge = Forge::from_config(ForgeConfig {
+        name: "gh".into(),
+        kind: ForgeKind::Github,
+        url_template: None,
+        app_id: None,
+        private_key_file: None,
+        api_url: Some(standin.base()),
+        token: Some(PAT.into()),
+        url: None,
+    })
+    .expect("forge");
+    let repo = RepoRef::parse("acme/app", false).expect("repo");
+    let (access, _) = round_trip(tmp.path(), &forge, &repo).await;
+    let pr = forge
+        .open_pull_request(&access, &spec("No drafts here"))
+        .await
+        .expect("pr")
+        .expect("one");
+    assert!(!pr.draft);
+    let seen = standin.seen.lock().expect("lock");
+    assert!(seen.violations.is_empty(), "{:?}", seen.violations);
+    assert_eq!(seen.pulls.len(), 1);
+    assert_eq!(seen.pulls[0]["draft"], false);
+    let posts = seen
+        .requests
+        .iter()
+        .filter(|r| r.as_str() == "POST /repos/acme/app/pulls")
+        .count();
+    assert_eq!(posts, 2, "a draft first, then a normal one");
+}
+
+/// A forge answering with a redirect to another host never gets the token sent there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_another_host_gets_no_token() {
+    use axum::routing::get;
+    use std::sync::{Arc, Mutex};
+    let got: Arc<Mutex<Vec<String>>> = Arc::default();
+    let g = got.clone();
+    let other = axum::Router::new().fallback(move |h: axum::http::HeaderMap| {
+        let g = g.clone();
+        async move {
+            let t = h
+                .get("private-token")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("none")
+                .to_string();
+            g.lock().expect("lock").push(t);
+            "{}"
+        }
+    });
+    let l2 = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let other_addr = l2.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(l2, other).await;
+    });
+    // "localhost" and "127.0.0.1" are different origins.
+    let target = format!("http://localhost:{}/stolen", other_addr.port());
+    let first = axum::Router::new().route(
+        "/api/v4/projects/{id}",
+        get(move || {
+            let target = target.clone();
+            async move { axum::response::Redirect::temporary(&target) }
+        }),
+    );
+    let l1 = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let first_addr = l1.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(l1, first).await;
+    });
+    let forge = Forge::from_config(ForgeConfig {
+        name: "gl".into(),
+        kind: ForgeKind::Gitlab,
+        url_template: None,
+        app_id: None,
+        private_key_file: None,
+        api_url: None,
+        token: Some(GITLAB_TOKEN.into()),
+        url: Some(format!("http://{first_addr}")),
+    })
+    .expect("forge");
+    let r = forge
+        .open(&RepoRef::parse("group/app", true).expect("repo"))
+        .await;
+    assert!(r.is_err(), "{r:?}");
+    assert!(
+        got.lock().expect("lock").is_empty(),
+        "the other host was asked"
+    );
+}
+
+/// A `git` forge whose `url_template` is an http URL: clone and push over smart HTTP, no
+/// credential, no pull request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_forge_over_http() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let git_root = tmp.path().join("served");
+    serve_repo(tmp.path(), &git_root, "acme/app");
+    let standin = StandIn::start(Kind::AnonymousGit, &git_root, &["acme/app"], &[]).await;
+    let forge = Forge::from_config(ForgeConfig {
+        name: "plain".into(),
+        kind: ForgeKind::Git,
+        url_template: Some(format!("{}/git/{{repository}}.git", standin.base())),
+        app_id: None,
+        private_key_file: None,
+        api_url: None,
+        token: None,
+        url: None,
+    })
+    .expect("forge");
+    let repo = RepoRef::parse("acme/app", false).expect("repo");
+    let access = forge.open(&repo).await.expect("open");
+    assert!(access.credential.is_none());
+    let hg = HostGit::new(&tmp.path().join("run"));
+    let (b, _) = hg.resolve_base(&access, None).await.expect("resolve");
+    assert_eq!(b, "main");
+    let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
+    let sbx = Sandbox::new(&tmp.path().join("sandbox"));
+    sbx.prepare(&hg.pack(&co).await.expect("pack"), BRANCH);
+    std::fs::write(sbx.checkout.join("EDIT.md"), "plain http\n").expect("w");
+    sbx.collect(&co.base_sha, BRANCH, "edit");
+    let tip = hg
+        .receive_bundle(&co, &sbx.bundle, BRANCH)
+        .await
+        .expect("receive")
+        .expect("commits");
+    hg.push(&co, &access, BRANCH).await.expect("push");
+    assert_eq!(
+        git(&git_root.join("acme/app.git"), &["rev-parse", BRANCH]),
+        tip
+    );
+    assert_eq!(
+        forge
+            .open_pull_request(&access, &spec("x"))
+            .await
+            .expect("none"),
+        None
+    );
+    // A repository the host does not have is NotFound at start.
+    let missing = forge
+        .open(&RepoRef::parse("acme/missing", false).expect("repo"))
+        .await
+        .expect("open");
+    match hg.resolve_base(&missing, None).await {
+        Err(GitError::NotFound(_)) => {}
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    // A host nothing listens on is Unreachable.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let mut down = access.clone();
+    down.clone_url = format!("http://127.0.0.1:{port}/git/acme/app.git");
+    match hg.resolve_base(&down, None).await {
+        Err(GitError::Unreachable(m)) => assert!(!m.contains('\n'), "{m}"),
+        other => panic!("expected Unreachable, got {other:?}"),
+    }
+    hg.remove();
+}
+
+/// GitHub's rate limit answer (403 with no requests left) is the forge being unavailable, not
+/// the repository being missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_github_is_unreachable_not_not_found() {
+    use axum::response::IntoResponse;
+    let app = axum::Router::new().fallback(|| async {
+        (
+            axum::http::StatusCode::FORBIDDEN,
+            [("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1")],
+            "{\"message\":\"API rate limit exceeded\"}",
+        )
+            .into_response()
+    });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    let forge = Forge::from_config(ForgeConfig {
+        name: "gh".into(),
+        kind: ForgeKind::Github,
+        url_template: None,
+        app_id: None,
+        private_key_file: None,
+        api_url: Some(format!("http://{addr}")),
+        token: Some(PAT.into()),
+        url: None,
+    })
+    .expect("forge");
+    match forge
+        .open(&RepoRef::parse("acme/app", false).expect("repo"))
+        .await
+    {
+        Err(ForgeError::Unreachable(m)) => assert!(m.contains("rate limit"), "{m}"),
+        other => panic!("expected Unreachable, got {other:?}"),
+    }
+}

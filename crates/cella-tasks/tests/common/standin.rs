@@ -66,6 +66,10 @@ struct Ctx {
     /// GitHub: repositories without a readable `/repos` (installed, but hidden).
     hidden: HashSet<String>,
     gitlab: bool,
+    /// Answers a draft like GitHub does on a plan without drafts.
+    no_drafts: bool,
+    /// A plain git host: git over HTTP without credentials.
+    anonymous: bool,
 }
 
 impl Ctx {
@@ -366,7 +370,15 @@ async fn gh_pulls(
             ctx.violation(format!("pull request without {k}: {v}"));
         }
     }
-    if v.get("draft") != Some(&json!(true)) {
+    let draft = v.get("draft") == Some(&json!(true));
+    if ctx.no_drafts && draft {
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({"message": "Draft pull requests are not supported in this repository.", "documentation_url": "https://docs.github.com/rest/pulls/pulls#create-a-pull-request"})),
+        )
+            .into_response();
+    }
+    if !draft && !ctx.no_drafts {
         ctx.violation(format!("pull request not a draft: {v}"));
     }
     if !branch_exists(&ctx, &full, &s("head")) {
@@ -397,7 +409,7 @@ async fn gh_pulls(
             "url": format!("{}/repos/{full}/pulls/{number}", ctx.base),
             "html_url": format!("{}/{full}/pull/{number}", ctx.base),
             "state": "open",
-            "draft": true,
+            "draft": draft,
             "head": {"ref": s("head"), "sha": "0"},
             "base": {"ref": s("base"), "sha": "0"},
         })),
@@ -553,7 +565,7 @@ async fn git_http(
                     token_may(&ctx, &p, &full)
                 }
         });
-    if !authorized {
+    if !authorized && !ctx.anonymous {
         ctx.seen.lock().expect("lock").git_refused += 1;
         return Response::builder()
             .status(StatusCode::UNAUTHORIZED)
@@ -642,12 +654,25 @@ pub enum Kind {
     /// A fine-grained personal token ([`PAT`]).
     GithubToken,
     Gitlab,
+    /// A plain git host serving without credentials (for a `git` forge with an http URL).
+    AnonymousGit,
 }
 
 impl StandIn {
     /// Serves `repos` (full names; each a bare repository at `<git_root>/<name>.git`), and
     /// `hidden` ones the App is installed on but whose `/repos` answers 404.
     pub async fn start(kind: Kind, git_root: &Path, repos: &[&str], hidden: &[&str]) -> StandIn {
+        StandIn::start_with(kind, git_root, repos, hidden, false).await
+    }
+
+    /// [`StandIn::start`]; `no_drafts` answers drafts as a plan without them does.
+    pub async fn start_with(
+        kind: Kind,
+        git_root: &Path,
+        repos: &[&str],
+        hidden: &[&str],
+        no_drafts: bool,
+    ) -> StandIn {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -661,8 +686,9 @@ impl StandIn {
                 false,
             ),
             Kind::GithubToken => (None, false),
-            Kind::Gitlab => (None, true),
+            Kind::Gitlab | Kind::AnonymousGit => (None, true),
         };
+        let anonymous = matches!(kind, Kind::AnonymousGit);
         let ctx = Ctx {
             seen: seen.clone(),
             git_root: git_root.to_path_buf(),
@@ -671,6 +697,8 @@ impl StandIn {
             installed: repos.iter().chain(hidden).map(|s| s.to_string()).collect(),
             hidden: hidden.iter().map(|s| s.to_string()).collect(),
             gitlab,
+            no_drafts,
+            anonymous,
         };
         let app = Router::new()
             .route("/repos/{o}/{r}/installation", get(gh_installation))
