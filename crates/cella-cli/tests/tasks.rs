@@ -805,7 +805,12 @@ fn cancel_while_queued_provisioning_and_running() {
     while let Some(Ok(line)) = lines.next() {
         if line.contains("\"provisioning\"") || line.contains("\"running\"") {
             let r = cancel(&s, &key, &c_id);
-            seen = Some(r["state"].as_str().unwrap().to_string());
+            let at = if line.contains("\"provisioning\"") {
+                "provisioning"
+            } else {
+                "running"
+            };
+            seen = Some(format!("{at} (the cancel answered {})", r["state"]));
             break;
         }
     }
