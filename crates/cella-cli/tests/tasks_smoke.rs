@@ -275,7 +275,7 @@ fn an_agent_that_edits_and_commits_stops_and_its_branch_holds_the_edit_and_nothi
 fn a_failing_agent_fails_with_agent_exit_and_a_frozen_supervisor_fails_with_heartbeat_lost() {
     let s = Server::start_with(CONFIG);
     make_repo(&s);
-    let (_ws, key) = workspace(&s, "0", 4);
+    let (_ws, key) = workspace(&s, "0", 10);
     let t = start(&s, &key, "fail", "fail please");
     let id = t["id"].as_str().unwrap().to_string();
     let t = wait_state(&s, &key, &id, &["stopped", "failed", "cancelled"], 180);
