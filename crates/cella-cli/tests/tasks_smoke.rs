@@ -369,3 +369,47 @@ fn cancel_while_running_pushes_the_work_and_cancel_while_queued_never_starts() {
     assert_eq!(computes.len(), 1, "{computes:?}");
     assert_eq!(computes[0]["task_id"], a_id.as_str());
 }
+
+#[test]
+fn a_kill_9_mid_run_leaves_no_run_running_no_sandbox_and_one_charge_after_the_restart() {
+    let mut s = Server::start_with(CONFIG);
+    make_repo(&s);
+    let (ws, key) = workspace(&s, "0.001000", 60);
+    let t = start(&s, &key, "hang", "hang until the server dies");
+    let id = t["id"].as_str().unwrap().to_string();
+    wait_state(&s, &key, &id, &["running"], 180);
+    let queued = start(&s, &key, "fail", "queued behind it");
+    let queued_id = queued["id"].as_str().unwrap().to_string();
+    assert_eq!(get(&s, &key, &queued_id)["state"], "queued");
+    s.restart(); // kill -9, then a new server on the same data directory
+    let t = get(&s, &key, &id);
+    assert_eq!(t["state"], "failed", "{t}");
+    assert_eq!(t["stop_reason"], "server_restart");
+    assert!(t["failure_reason"]
+        .as_str()
+        .unwrap_or("")
+        .starts_with("server_restart"));
+    // The queued run survived the restart and runs now (one slot, so the slot came back).
+    let q = wait_state(&s, &key, &queued_id, &["stopped", "failed", "cancelled"], 180);
+    assert_eq!(q["failure_reason"], "agent_exit: exit code 3", "{q}");
+    // No supervisor of the killed run is left, and no sandbox is left on the host.
+    assert!(task_agent_pids(&id).is_empty());
+    let left: Vec<String> = std::fs::read_dir(s.data_dir().join("sandboxes"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "sandboxes left: {left:?}");
+    assert!(!s.data_dir().join("tasks").join(&id).exists());
+    // Charged once; a second restart charges nothing again.
+    s.restart();
+    let computes: Vec<Value> = ledger(&s, &ws)
+        .into_iter()
+        .filter(|e| e["kind"] == "compute" && e["task_id"] == id.as_str())
+        .collect();
+    assert_eq!(computes.len(), 1, "{computes:?}");
+    let w = s.get(&format!("/api/v1/workspaces/{ws}/wallet"));
+    assert_eq!(w.data()["reserved"], "0.000000", "{}", w.body);
+}
