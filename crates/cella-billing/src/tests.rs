@@ -312,3 +312,39 @@ async fn a_charge_that_cannot_be_written_does_not_take_its_group_with_it() {
     assert_eq!(entries.len(), 2);
     assert_eq!(b.wallet("ws").await.unwrap().balance, m("-0.75"));
 }
+
+/// A task run owns its reservation; its compute settles once with its `task_id`; its model
+/// entries are summed per run.
+#[tokio::test]
+async fn a_task_runs_reservation_settles_once_and_its_model_costs_are_its_own() {
+    let (_d, b) = billing().await;
+    b.credit("ws1", m("10"), None).await.unwrap();
+    let h = Holder::Task("task1".into());
+    b.reserve("ws1", &h, m("4")).await.unwrap();
+    assert_eq!(b.wallet("ws1").await.unwrap().available, m("6"));
+    for (i, amount) in ["0.25", "0.5"].iter().enumerate() {
+        let mut c = model("ws1", &format!("r{i}"), amount);
+        c.task_id = Some("task1".into());
+        b.charge_model(c).await.unwrap();
+    }
+    b.charge_model(model("ws1", "other", "1")).await.unwrap();
+    let costs = b.task_model_costs(&["task1", "task2"]).await.unwrap();
+    assert_eq!(costs.get("task1"), Some(&(m("0.75"), 2)));
+    assert_eq!(costs.get("task2"), None);
+    let s = Settlement {
+        workspace_id: "ws1".into(),
+        holder: h.clone(),
+        cost: m("0.6"),
+        compute_sec: 60,
+        running_ms: 30_000,
+        rate: m("0.01"),
+    };
+    let first = b.settle(&s).await.unwrap().unwrap();
+    let again = b.settle(&s).await.unwrap().unwrap();
+    assert_eq!(first, again, "settled once");
+    assert_eq!(first.task_id.as_deref(), Some("task1"));
+    assert_eq!(first.sandbox_id, None);
+    assert_eq!(b.reservation(&h).await.unwrap(), None);
+    let (sum, balance) = sum_and_balance(&b, "ws1").await;
+    assert_eq!((sum, balance), (m("7.65"), m("7.65")));
+}

@@ -8,7 +8,10 @@
 //! (`failed`, `heartbeat_lost`); a cancel while running (`cancelled`, the work pushed); a cancel
 //! while queued behind `runners = 1` (never starts, costs nothing); retention (after the run and
 //! a clean stop, neither the task message's marker nor a file's marker is anywhere under the data
-//! directory); the run's sandbox is not in the sandboxes API. The full suite with GitHub, GitLab
+//! directory); the run's sandbox is not in the sandboxes API; the session limit (SIGTERM, grace,
+//! SIGKILL; `stopped`, `session_limit`, the partial work pushed); a `kill -9` of the server
+//! mid-run (after the restart the run is `failed`, `server_restart`, no sandbox is left, the
+//! queued run starts, one charge across two restarts). The full suite with GitHub, GitLab
 //! and model stand-ins is `tasks.rs`.
 
 mod common;
@@ -275,7 +278,7 @@ fn an_agent_that_edits_and_commits_stops_and_its_branch_holds_the_edit_and_nothi
 fn a_failing_agent_fails_with_agent_exit_and_a_frozen_supervisor_fails_with_heartbeat_lost() {
     let s = Server::start_with(CONFIG);
     make_repo(&s);
-    let (_ws, key) = workspace(&s, "0", 4);
+    let (_ws, key) = workspace(&s, "0", 10);
     let t = start(&s, &key, "fail", "fail please");
     let id = t["id"].as_str().unwrap().to_string();
     let t = wait_state(&s, &key, &id, &["stopped", "failed", "cancelled"], 180);
@@ -368,4 +371,77 @@ fn cancel_while_running_pushes_the_work_and_cancel_while_queued_never_starts() {
         .collect();
     assert_eq!(computes.len(), 1, "{computes:?}");
     assert_eq!(computes[0]["task_id"], a_id.as_str());
+}
+
+#[test]
+fn a_kill_9_mid_run_leaves_no_run_running_no_sandbox_and_one_charge_after_the_restart() {
+    let mut s = Server::start_with(CONFIG);
+    make_repo(&s);
+    let (ws, key) = workspace(&s, "0.001000", 60);
+    let t = start(&s, &key, "hang", "hang until the server dies");
+    let id = t["id"].as_str().unwrap().to_string();
+    wait_state(&s, &key, &id, &["running"], 180);
+    let queued = start(&s, &key, "fail", "queued behind it");
+    let queued_id = queued["id"].as_str().unwrap().to_string();
+    assert_eq!(get(&s, &key, &queued_id)["state"], "queued");
+    s.restart(); // kill -9, then a new server on the same data directory
+    let t = get(&s, &key, &id);
+    assert_eq!(t["state"], "failed", "{t}");
+    assert_eq!(t["stop_reason"], "server_restart");
+    assert!(t["failure_reason"]
+        .as_str()
+        .unwrap_or("")
+        .starts_with("server_restart"));
+    // The queued run survived the restart and runs now (one slot, so the slot came back).
+    let q = wait_state(
+        &s,
+        &key,
+        &queued_id,
+        &["stopped", "failed", "cancelled"],
+        180,
+    );
+    assert_eq!(q["failure_reason"], "agent_exit: exit code 3", "{q}");
+    // No supervisor of the killed run is left, and no sandbox is left on the host.
+    assert!(task_agent_pids(&id).is_empty());
+    let left: Vec<String> = std::fs::read_dir(s.data_dir().join("sandboxes"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "sandboxes left: {left:?}");
+    assert!(!s.data_dir().join("tasks").join(&id).exists());
+    // Charged once; a second restart charges nothing again.
+    s.restart();
+    let computes: Vec<Value> = ledger(&s, &ws)
+        .into_iter()
+        .filter(|e| e["kind"] == "compute" && e["task_id"] == id.as_str())
+        .collect();
+    assert_eq!(computes.len(), 1, "{computes:?}");
+    let w = s.get(&format!("/api/v1/workspaces/{ws}/wallet"));
+    assert_eq!(w.data()["reserved"], "0.000000", "{}", w.body);
+}
+
+#[test]
+fn the_session_limit_stops_the_agent_and_pushes_what_it_did() {
+    let s = Server::start_with(CONFIG);
+    let repo = make_repo(&s);
+    let (_ws, key) = workspace(&s, "0", 60);
+    let r = s.req(
+        "PATCH",
+        &format!("/api/v1/workspaces/{_ws}"),
+        Some(KEY),
+        Some(&json!({ "settings": { "session_limit_min": 1 } })),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let t = start(&s, &key, "hang", "work until stopped");
+    let id = t["id"].as_str().unwrap().to_string();
+    assert_eq!(t["session_limit_min"], 1);
+    let t = wait_state(&s, &key, &id, &["stopped", "failed", "cancelled"], 240);
+    assert_eq!(t["state"], "stopped", "{t}");
+    assert_eq!(t["stop_reason"], "session_limit");
+    assert!(t["failure_reason"].is_null());
+    let file = git(&repo, &["show", &format!("cella/{id}:partial.txt")]);
+    assert_eq!(file, "partial work");
 }

@@ -1,7 +1,7 @@
 //! Unit tests of the store: caps, pool claims, listings, layer charges, typed columns.
 
 use super::*;
-use cella_types::{SandboxState, Size};
+use cella_types::{Money, SandboxState, Size, TaskState};
 
 fn sandbox(id: &str, ws: &str) -> SandboxRow {
     SandboxRow {
@@ -693,4 +693,79 @@ async fn upgrade_keeps_compute_rates_as_micro_units() {
     assert_eq!(sb("sba").await, 250_000);
     assert!([1, 2].contains(&sb("sbb").await), "rounded to a micro-unit");
     assert_eq!(sb("sbc").await, 0, "a negative rate becomes 0");
+}
+
+fn task(id: &str) -> TaskRow {
+    TaskRow::queued(
+        id.into(),
+        "ws1".into(),
+        "key1".into(),
+        "acme/app".into(),
+        "main".into(),
+        format!("cella/{id}"),
+        "local".into(),
+        "cmd".into(),
+        "MESSAGE_MARKER_91".into(),
+        1,
+    )
+}
+
+/// A run's states move only by conditional updates (a cancel and the runner never both win),
+/// its end clears its message, and the message's bytes leave the file (secure_delete, the WAL
+/// truncated by the checkpoint).
+#[tokio::test]
+async fn task_states_move_conditionally_and_an_ended_runs_message_leaves_the_files() {
+    let (dir, store) = store_with_ws().await;
+    let on: i64 = sqlx::query_scalar("PRAGMA secure_delete")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(on, 1, "secure_delete is on");
+    store.insert_task(&task("t1")).await.unwrap();
+    store.insert_task(&task("t2")).await.unwrap();
+    // t2 cancelled while queued: the runner's claim then fails.
+    assert!(store.cancel_queued_task("t2", 5).await.unwrap());
+    assert!(!store.claim_task("t2").await.unwrap());
+    assert!(!store.cancel_queued_task("t2", 6).await.unwrap());
+    // t1 claimed: a cancel-while-queued then fails.
+    assert!(store.claim_task("t1").await.unwrap());
+    assert!(!store.cancel_queued_task("t1", 5).await.unwrap());
+    assert!(store.task_running("t1", 10).await.unwrap());
+    assert!(!store.task_running("t1", 11).await.unwrap());
+    let end = TaskEnd {
+        state: TaskState::Stopped,
+        failure_reason: None,
+        stop_reason: Some(cella_types::StopReason::AgentExit),
+        pull_request: Some(cella_types::PullRequest {
+            number: 7,
+            url: "https://forge/pr/7".into(),
+            draft: true,
+        }),
+        ended_at: 20,
+        running_ms: 10,
+        compute_sec: 1,
+    };
+    assert!(store.end_task("t1", &end).await.unwrap());
+    assert!(!store.end_task("t1", &end).await.unwrap(), "ends once");
+    let t = store.task("t1").await.unwrap().unwrap();
+    assert_eq!(t.state, TaskState::Stopped);
+    assert_eq!(t.pull_request.as_ref().map(|p| p.number), Some(7));
+    assert!(t.message.is_none());
+    assert!(!format!("{t:?}").contains("MESSAGE_MARKER"));
+    assert_eq!(store.unsettled_tasks().await.unwrap().len(), 2);
+    store.settle_task("t1", Money::ZERO).await.unwrap();
+    store.settle_task("t2", Money::ZERO).await.unwrap();
+    assert!(store.unsettled_tasks().await.unwrap().is_empty());
+    store.checkpoint().await.unwrap();
+    for e in std::fs::read_dir(dir.path()).unwrap().flatten() {
+        let bytes = std::fs::read(e.path()).unwrap();
+        assert!(
+            !bytes.windows(17).any(|w| w == b"MESSAGE_MARKER_91"),
+            "the message is still in {}",
+            e.path().display()
+        );
+    }
+    // The internal workspace of runs' sandboxes is not listed.
+    let listed = store.list_workspaces(100, None).await.unwrap();
+    assert!(listed.iter().all(|(_, w)| !is_internal_workspace(&w.id)));
 }

@@ -397,6 +397,21 @@ async fn provision(
         .map_err(|e| Ending::failed(FailureKind::ProvisionFailed, &e.to_string()))?;
     // The checkout: the git directory's tar, unpacked and checked out by the sandbox's user.
     let client = runnable.agent(state);
+    for dir in [cella_tasks::git::SANDBOX_CHECKOUT, "/task"] {
+        client
+            .call(&Request::Mkdir {
+                path: dir.to_string(),
+                uid: UID,
+                gid: UID,
+            })
+            .await
+            .map_err(|e| {
+                Ending::failed(
+                    FailureKind::ProvisionFailed,
+                    &format!("making {dir} in the sandbox: {e}"),
+                )
+            })?;
+    }
     write_file(&client, cella_tasks::git::SANDBOX_TAR, tar).await?;
     // The checkout's directory, the sandbox user's (a template need not have it, and the user
     // cannot make it at `/`).
