@@ -413,34 +413,6 @@ async fn provision(
             })?;
     }
     write_file(&client, cella_tasks::git::SANDBOX_TAR, tar).await?;
-    // The checkout's directory, the sandbox user's (a template need not have it, and the user
-    // cannot make it at `/`).
-    let mk = crate::sandboxes::exec(
-        state,
-        &runnable,
-        ExecRequest {
-            argv: Some(vec![
-                "sh".into(),
-                "-c".into(),
-                format!(
-                    "mkdir -p {0} && chown 1000:1000 {0}",
-                    cella_tasks::git::SANDBOX_CHECKOUT
-                ),
-            ]),
-            cwd: Some("/".into()),
-            user: Some(ExecUser::Root),
-            timeout_sec: Some(30),
-            ..Default::default()
-        },
-    )
-    .await
-    .map_err(|e| Ending::failed(FailureKind::ProvisionFailed, &e.to_string()))?;
-    if mk.exit_code != 0 {
-        return Err(Ending::failed(
-            FailureKind::ProvisionFailed,
-            "making the checkout's directory failed",
-        ));
-    }
     let prep = exec(
         state,
         &runnable,
