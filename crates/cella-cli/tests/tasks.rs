@@ -1035,7 +1035,6 @@ fn repository_and_agent_cannot_run_code_in_the_host_side_git() {
 [filter "evil"]
 	clean = "touch {m}; cat"
 	smudge = "touch {m}; cat"
-	process = "touch {m}"
 [diff "evil"]
 	textconv = "touch {m}; cat"
 [merge "evil"]
@@ -1074,8 +1073,11 @@ rm -f {m}
         "the host ran code from the repository or the agent's git config: {}",
         host_marker.display()
     );
-    // The run either handed its branch over (verified, without the sandbox's config) or was
-    // refused as a bad handoff; either way the agent's files are plain files on the branch.
+    // The run hands its branch over (a bundle, verified, fetched into the host's bare clone and
+    // pushed, without the sandbox's config, hooks or attributes), or is refused as a bad
+    // handoff; either way the agent's files are plain files on the branch. (A `filter.*.process`
+    // the agent configures breaks its own sandbox's final commit: bad_handoff; left out here so
+    // the host's side of the handoff runs.)
     if t["state"] == "stopped" {
         let branch = t["branch"].as_str().unwrap();
         assert!(file_on_branch(&bare, branch, "later.txt").is_some());
