@@ -381,14 +381,31 @@ impl<'a> Tools<'a> {
         }
         let mut body = String::new();
         let mut last = offset - 1;
+        let mut cut_line = false;
         for line in lines.iter().skip(offset - 1).take(limit) {
-            if body.len() + line.len() > READ_CAP && last >= offset {
+            if body.len() + line.len() > READ_CAP {
+                if last < offset {
+                    // One line longer than the cap: its beginning only.
+                    let mut end = READ_CAP;
+                    while !line.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    body.push_str(&line[..end]);
+                    body.push('\n');
+                    last += 1;
+                    cut_line = true;
+                }
                 break;
             }
             body.push_str(line);
             last += 1;
         }
         let mut head = format!("{path}: lines {offset}-{last} of {total}");
+        if cut_line {
+            head.push_str(&format!(
+                " (line {last} is longer than {READ_CAP} bytes: only its beginning is shown)"
+            ));
+        }
         if last < total {
             head.push_str(&format!(" (read on with offset {})", last + 1));
         }
@@ -617,5 +634,67 @@ impl Capped {
             tail.len(),
             String::from_utf8_lossy(&tail)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_is_capped_in_the_middle() {
+        let mut c = Capped::default();
+        c.push(&vec![b'a'; 10_000]);
+        c.push(&vec![b'b'; 10_000]);
+        let out = c.render();
+        assert!(out.len() < OUTPUT_CAP + 200);
+        assert!(out.starts_with("aaa") && out.ends_with("bbb"));
+        assert!(out.contains("output cut: 20000 bytes in all"));
+        let mut small = Capped::default();
+        small.push(b"hello\n");
+        small.push(b"world\n");
+        assert_eq!(small.render(), "hello\nworld\n");
+    }
+
+    #[test]
+    fn long_lines_and_offsets_are_read_in_parts() {
+        let dir = tempfile::tempdir().unwrap();
+        let control = Control::new();
+        let tools = Tools::new(dir.path(), &control).unwrap();
+        std::fs::write(dir.path().join("min.js"), "x".repeat(200_000)).unwrap();
+        let (_, out) = tools.call("read_file", r#"{"path": "min.js"}"#);
+        let Outcome::Done(text) = out else {
+            panic!("{out:?}")
+        };
+        assert!(text.len() < READ_CAP + 300);
+        assert!(text.contains("only its beginning is shown"));
+        std::fs::write(dir.path().join("l.txt"), "1\n2\n3\n4\n").unwrap();
+        let (_, out) = tools.call("read_file", r#"{"path": "l.txt", "offset": 2, "limit": 2}"#);
+        let Outcome::Done(text) = out else {
+            panic!("{out:?}")
+        };
+        assert_eq!(
+            text,
+            "l.txt: lines 2-3 of 4 (read on with offset 4)\n2\n3\n"
+        );
+        let (_, out) = tools.call("read_file", r#"{"path": "l.txt", "offset": 9}"#);
+        assert!(matches!(out, Outcome::Error(e) if e.contains("past its end")));
+    }
+
+    #[test]
+    fn paths_stay_in_the_checkout() {
+        let dir = tempfile::tempdir().unwrap();
+        let control = Control::new();
+        let tools = Tools::new(dir.path(), &control).unwrap();
+        std::fs::create_dir(dir.path().join("a")).unwrap();
+        assert_eq!(tools.resolve("a/../b").unwrap(), tools.root.join("b"));
+        assert_eq!(tools.resolve("./a").unwrap(), tools.root.join("a"));
+        assert!(tools.resolve("a/../../b").is_err());
+        assert!(tools.resolve("/etc/passwd").is_err());
+        assert!(tools.resolve("a\0b").is_err());
+        let abs = dir.path().join("a/c").display().to_string();
+        assert_eq!(tools.resolve(&abs).unwrap(), tools.root.join("a/c"));
+        assert!(tools.writable(".git/hooks/pre-commit").is_err());
+        assert!(tools.writable(".").is_err());
     }
 }

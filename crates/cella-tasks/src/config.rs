@@ -1,9 +1,15 @@
 //! `[tasks]`, `[[forges]]` and `[[agents]]` of the server's config file.
 //!
 //! With no `[[forges]]`, the server uses one `git` forge named `local` whose `url_template` is
-//! `{repository}` read as a local path (`owner/name` relative to nothing is refused: the template
-//! for the embedded default is an absolute directory the operator gives, see
-//! [`ForgeConfig::local_default`]). With no `[[agents]]`, the built-in agent.
+//! `<root>/{repository}` for a directory the server gives ([`ForgeConfig::local_default`]:
+//! `DATA_DIR/repos`), so `owner/name` is `<root>/owner/name` or `<root>/owner/name.git`. With no
+//! `[[agents]]`, the built-in agent ([`AgentConfig::builtin_default`]).
+//!
+//! The server checks the file at start: [`TasksConfig::validate`], and [`validate_all`] (each
+//! forge's and agent's fields for its kind, unique names). A `git` forge takes only
+//! `url_template` (an absolute path or an http(s) URL without credentials, with
+//! `{repository}`); a `github` forge an App (`app_id` + `private_key_file`) or a `token`, and
+//! optionally `api_url`; a `gitlab` forge `url` and `token`.
 
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -44,8 +50,8 @@ pub enum ForgeKind {
     Gitlab,
 }
 
-/// One `[[forges]]` entry.
-#[derive(Debug, Clone, Deserialize)]
+/// One `[[forges]]` entry. `Debug` never shows the token.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ForgeConfig {
     pub name: String,
@@ -67,6 +73,21 @@ pub struct ForgeConfig {
     /// gitlab: the instance's base URL.
     #[serde(default)]
     pub url: Option<String>,
+}
+
+impl std::fmt::Debug for ForgeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForgeConfig")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("url_template", &self.url_template)
+            .field("app_id", &self.app_id)
+            .field("private_key_file", &self.private_key_file)
+            .field("api_url", &self.api_url)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("url", &self.url)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -209,7 +230,18 @@ pub fn validate_all(forges: &[ForgeConfig], agents: &[AgentConfig]) -> Result<()
 impl ForgeConfig {
     /// The embedded default: a `git` forge named `local` over local paths under `root`
     /// (`owner/name` is `<root>/owner/name` or `<root>/owner/name.git`).
+    ///
+    /// A relative `root` is taken from the current directory (git is given absolute paths).
     pub fn local_default(root: &std::path::Path) -> ForgeConfig {
+        let abs;
+        let root = if root.is_absolute() {
+            root
+        } else {
+            abs = std::env::current_dir()
+                .map(|d| d.join(root))
+                .unwrap_or_else(|_| root.to_path_buf());
+            abs.as_path()
+        };
         let root = root.to_string_lossy();
         let root = root.trim_end_matches('/');
         ForgeConfig {
@@ -455,6 +487,16 @@ egress = ["packages.example.org"]
     }
 
     #[test]
+    fn debug_hides_the_token() {
+        let f: ForgeConfig = toml::from_str(
+            "name = \"g\"\nkind = \"gitlab\"\nurl = \"https://g\"\ntoken = \"glpat-SECRET\"",
+        )
+        .expect("toml");
+        let d = format!("{f:?}");
+        assert!(!d.contains("SECRET") && d.contains("redacted"), "{d}");
+    }
+
+    #[test]
     fn defaults() {
         let t = TasksConfig::default();
         t.validate().expect("default tasks");
@@ -468,6 +510,12 @@ egress = ["packages.example.org"]
             Some("/var/lib/cella/repos/{repository}")
         );
         AgentConfig::builtin_default().validate().expect("builtin");
+        let rel = ForgeConfig::local_default(std::path::Path::new("data/repos"));
+        rel.validate().expect("relative root made absolute");
+        assert!(rel
+            .url_template
+            .as_deref()
+            .is_some_and(|t| t.starts_with('/') && t.ends_with("/data/repos/{repository}")));
     }
 
     #[test]

@@ -5,6 +5,27 @@
 //! permissions, revoked by [`Forge::close`]; a GitLab or fine-grained token; nothing for local
 //! paths). [`Forge::open_pull_request`] opens the draft. Every request to a forge's API carries a
 //! `User-Agent`. A credential is never logged, never put in argv, never sent into a sandbox.
+//!
+//! - `git`: `url_template` with `{repository}` replaced; a local path must exist (as given, or
+//!   with `.git` appended), a URL is checked by git. No credential, no pull request.
+//! - `github`, App: an RS256 JWT (`iat` a minute back, `exp` nine minutes on, `iss` the App id)
+//!   finds the installation (`GET /repos/{o}/{r}/installation`) and mints a token
+//!   (`POST /app/installations/{id}/access_tokens` with `repositories: [name]` and
+//!   `contents: write, pull_requests: write, metadata: read`); `GET /repos/{o}/{r}` gives
+//!   `default_branch` and `clone_url`; git authenticates as `x-access-token:<token>`; the draft
+//!   is `POST /repos/{o}/{r}/pulls` with `draft: true` (retried as a normal pull request where
+//!   the repository's plan has no drafts); [`Forge::close`] revokes the token
+//!   (`DELETE /installation/token`). With `token` (a fine-grained personal token) the same
+//!   calls, no minting, no revoking. Every request: `User-Agent: cella`,
+//!   `Accept: application/vnd.github+json`, `X-GitHub-Api-Version: 2022-11-28`. `api_url`
+//!   (default `https://api.github.com`) points at GitHub Enterprise Server (`.../api/v3`).
+//! - `gitlab`: `GET {url}/api/v4/projects/{path}` (URL-encoded, nested groups allowed) with
+//!   `PRIVATE-TOKEN` gives `default_branch`, `http_url_to_repo` and `id`; git authenticates as
+//!   `oauth2:<token>`; the draft is a merge request titled `Draft: ...`.
+//!
+//! A 403 or 404 on the repository is [`ForgeError::NotFound`]; other refusals are
+//! [`ForgeError::Refused`], 5xx/429 and network failures [`ForgeError::Unreachable`]. Their
+//! details are one line with every token removed.
 
 use crate::config::{ForgeConfig, ForgeKind};
 use cella_types::PullRequest;
@@ -153,6 +174,8 @@ const MAX_DETAIL: usize = 300;
 struct Reply {
     status: reqwest::StatusCode,
     json: serde_json::Value,
+    /// GitHub's rate limit answer (a 403 or 429 with no requests left or a `retry-after`).
+    rate_limited: bool,
 }
 
 impl Forge {
@@ -179,7 +202,22 @@ impl Forge {
             }
             _ => None,
         };
+        // Redirects are followed only within the same origin: a token header (`PRIVATE-TOKEN`
+        // is not one reqwest strips by itself) never goes to another host.
+        let policy = reqwest::redirect::Policy::custom(|attempt| {
+            let same = attempt.previous().first().is_some_and(|first| {
+                first.scheme() == attempt.url().scheme()
+                    && first.host_str() == attempt.url().host_str()
+                    && first.port_or_known_default() == attempt.url().port_or_known_default()
+            });
+            if same && attempt.previous().len() < 5 {
+                attempt.follow()
+            } else {
+                attempt.stop()
+            }
+        });
         let http = reqwest::Client::builder()
+            .redirect(policy)
             .user_agent(USER_AGENT)
             .connect_timeout(std::time::Duration::from_secs(10))
             .timeout(std::time::Duration::from_secs(60))
@@ -355,7 +393,9 @@ impl Forge {
             .await?;
             match reply.status.as_u16() {
                 200 => {}
-                403 | 404 => return Err(ForgeError::NotFound(repo.as_path())),
+                403 | 404 if !reply.rate_limited => {
+                    return Err(ForgeError::NotFound(repo.as_path()))
+                }
                 _ => return Err(reply.error("finding the App's installation", &[&jwt])),
             }
             let id = reply
@@ -430,7 +470,7 @@ impl Forge {
         .await?;
         match reply.status.as_u16() {
             200 => {}
-            403 | 404 => return Err(ForgeError::NotFound(repo.as_path())),
+            403 | 404 if !reply.rate_limited => return Err(ForgeError::NotFound(repo.as_path())),
             _ => return Err(reply.error("reading the repository", &[token])),
         }
         let clone_url = reply
@@ -568,7 +608,7 @@ impl Forge {
         let reply = send(self.gitlab_request(reqwest::Method::GET, &url)?, &[token]).await?;
         match reply.status.as_u16() {
             200 => {}
-            403 | 404 => return Err(ForgeError::NotFound(repo.as_path())),
+            403 | 404 if !reply.rate_limited => return Err(ForgeError::NotFound(repo.as_path())),
             _ => return Err(reply.error("reading the project", &[token])),
         }
         let id = reply
@@ -702,6 +742,10 @@ async fn send(req: reqwest::RequestBuilder, secrets: &[&str]) -> Result<Reply, F
         .await
         .map_err(|e| ForgeError::Unreachable(one_line_err(&e, secrets)))?;
     let status = res.status();
+    let h = res.headers();
+    let rate_limited = matches!(status.as_u16(), 403 | 429)
+        && (h.get("retry-after").is_some()
+            || h.get("x-ratelimit-remaining").and_then(|v| v.to_str().ok()) == Some("0"));
     let mut body = Vec::new();
     while let Some(chunk) = res
         .chunk()
@@ -714,7 +758,11 @@ async fn send(req: reqwest::RequestBuilder, secrets: &[&str]) -> Result<Reply, F
         }
     }
     let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
-    Ok(Reply { status, json })
+    Ok(Reply {
+        status,
+        json,
+        rate_limited,
+    })
 }
 
 impl Reply {
@@ -750,7 +798,7 @@ impl Reply {
         } else {
             format!("{doing}: HTTP {}: {msg}", self.status.as_u16())
         };
-        if self.status.is_server_error() || self.status.as_u16() == 429 {
+        if self.status.is_server_error() || self.status.as_u16() == 429 || self.rate_limited {
             ForgeError::Unreachable(detail)
         } else {
             ForgeError::Refused(detail)

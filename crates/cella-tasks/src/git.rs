@@ -1,18 +1,52 @@
 //! Git on the host, for task runs, trusting nothing the sandbox wrote.
 //!
-//! Every git process the server runs has `GIT_CONFIG_NOSYSTEM=1`, `GIT_CONFIG_GLOBAL` and `HOME`
-//! pointing at nothing of the host, `core.hooksPath` set to an empty directory, no
-//! `core.fsmonitor`, `protocol.allow` limited to what the forge needs, `GIT_TERMINAL_PROMPT=0`,
-//! and works on bare repositories only (no work tree, so no `.gitattributes` filters run). A
-//! credential reaches git through `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n`
-//! (an `http.extraHeader`), never through argv or a URL.
+//! Every git process the server runs gets a cleared environment: `GIT_CONFIG_NOSYSTEM=1`,
+//! `GIT_CONFIG_GLOBAL=/dev/null`, `HOME` an empty directory of the run (so no `~/.netrc`, no
+//! user config), `core.hooksPath` that empty directory, `core.fsmonitor=false`, no credential
+//! helper, `protocol.allow=never` with only the transport of the remote allowed (`file` for a
+//! local path, given to git as a `file://` URL so `--depth` holds and nothing is hard-linked;
+//! `http`/`https` for a URL), `http.followRedirects=false`, `GIT_TERMINAL_PROMPT=0`, an empty
+//! `GIT_ASKPASS`, a time limit, and it works on bare repositories only (no work tree, so no
+//! `.gitattributes` filter ever runs on the host). A credential reaches git through
+//! `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n` (an `http.extraHeader` with
+//! `Authorization: Basic base64(user:secret)`), never through argv or a URL; git's messages
+//! are cut to one line with credentials removed before they become errors.
 //!
-//! Inside the sandbox the checkout lives at [`SANDBOX_CHECKOUT`], owned by the sandbox's user.
+//! The run's steps:
+//! 1. [`HostGit::resolve_base`]: `git ls-remote` for the base branch and its tip (in a scratch
+//!    directory of its own, so it leaves nothing).
+//! 2. [`HostGit::clone_base`]: `git clone --bare --depth 1 --single-branch --branch <b>
+//!    --template=<empty>` into `<work>/repo.git`, killed and removed when it grows past
+//!    `max_repo_bytes` ([`GitError::TooLarge`]).
+//! 3. [`HostGit::pack`]: a tar of that git directory (its `config` replaced by a minimal one
+//!    without the remote's URL, no hooks), which the server writes to [`SANDBOX_TAR`].
+//! 4. [`sandbox_prepare`] (in the sandbox, as its user): unpacks it as
+//!    [`SANDBOX_CHECKOUT`]`/.git`, makes it a normal repository and checks out the run's branch
+//!    from the base commit.
+//! 5. [`sandbox_collect`] (in the sandbox, after the agent stopped): commits what is
+//!    uncommitted as `Cella <cella@localhost>`, and writes the bundle of `base..branch` to
+//!    [`SANDBOX_BUNDLE`] (none without new commits).
+//! 6. [`HostGit::receive_bundle`]: `git bundle verify` against the host's clone, the run's
+//!    branch must be among its heads, only that ref is fetched (with `transfer.fsckObjects`)
+//!    under a holding ref, and it must descend from the base commit
+//!    ([`GitError::BadBundle`] otherwise); nothing else of the bundle becomes a ref.
+//! 7. [`HostGit::push`]: `git push <remote> refs/heads/<b>:refs/heads/<b>`, that one ref, no
+//!    force ([`GitError::PushRefused`] when the remote refuses).
+//! 8. [`HostGit::remove`].
+//!
+//! A local repository owned by another user than the server's is refused by git itself
+//! ("dubious ownership"; [`GitError::NotFound`] says what to do): the server does not lift that
+//! guard, since such a repository's configuration could run commands as the server.
+//!
+//! Inside the sandbox the checkout lives at [`SANDBOX_CHECKOUT`], owned by the sandbox's user
+//! (the server makes that directory writable by the user, and the sandbox's template has `git`,
+//! `tar` and `sh`).
 
 use crate::forge::{Access, GitCredential};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::time::Duration;
 
 /// The checkout's path inside the run's sandbox (the agent's working directory).
 pub const SANDBOX_CHECKOUT: &str = "/workspace";
@@ -103,13 +137,36 @@ impl Transport {
 
 /// One git process as built: its argv (after `git`), its environment (the whole of it: the
 /// process gets nothing else) and its working directory. Pure data, so tests can check that no
-/// secret is in the argv.
-#[derive(Debug, Clone)]
+/// secret is in the argv. `Debug` shows the argv and the names of the variables only.
+#[derive(Clone)]
 pub struct GitInvocation {
     pub args: Vec<OsString>,
     pub env: Vec<(String, OsString)>,
     pub cwd: PathBuf,
+    /// The process is killed after this long.
+    pub timeout: Duration,
 }
+
+impl std::fmt::Debug for GitInvocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GitInvocation")
+            .field("args", &self.args)
+            .field(
+                "env",
+                &self.env.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+            )
+            .field("cwd", &self.cwd)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// How long a git process working only on the host's clone may take.
+const LOCAL_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long asking the remote for its branches may take.
+const LS_REMOTE_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a clone or a push may take.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// What every git process of a run is given: an empty directory for `HOME`, hooks and
 /// templates.
@@ -142,6 +199,9 @@ impl Hardening {
             ("gc.auto".into(), "0".into()),
             ("maintenance.auto".into(), "false".into()),
             ("advice.detachedHead".into(), "false".into()),
+            // A transfer slower than 1 KB/s for a minute is given up.
+            ("http.lowSpeedLimit".into(), "1000".into()),
+            ("http.lowSpeedTime".into(), "60".into()),
         ];
         if let Some(t) = transport {
             config.push((format!("protocol.{}.allow", t.protocol()), "always".into()));
@@ -186,6 +246,7 @@ impl Hardening {
             args,
             env,
             cwd: self.empty.clone(),
+            timeout: LOCAL_TIMEOUT,
         }
     }
 }
@@ -263,7 +324,14 @@ async fn run(inv: &GitInvocation, limit: Option<(&Path, u64)>) -> Result<Output,
             },
         }
     };
-    let (status, stdout, stderr) = tokio::join!(wait, read_out, read_err);
+    let all = async { tokio::join!(wait, read_out, read_err) };
+    let Ok((status, stdout, stderr)) = tokio::time::timeout(inv.timeout, all).await else {
+        // Dropping the child kills it (kill_on_drop).
+        return Err(GitError::Unreachable(format!(
+            "git did not finish within {} s",
+            inv.timeout.as_secs()
+        )));
+    };
     let status = status.map_err(|e| GitError::Io(format!("waiting for git: {e}")))?;
     let Some(status) = status else {
         return Err(GitError::TooLarge(limit.map(|l| l.1).unwrap_or(0)));
@@ -364,6 +432,15 @@ fn says_unreachable(stderr: &str) -> bool {
 }
 
 fn remote_error(stderr: &str, credential: Option<&GitCredential>) -> GitError {
+    if stderr.contains("dubious ownership") {
+        // git's own guard: a local repository owned by another user than the server's is
+        // not read (its configuration could run commands as the server).
+        return GitError::NotFound(
+            "the repository is owned by another user than the server's, and git refuses to read it; \
+             give the server a bare clone of its own (git clone --bare SOURCE DEST as the server's user)"
+                .into(),
+        );
+    }
     let s = summary(stderr, credential);
     if says_unreachable(stderr) {
         GitError::Unreachable(s)
@@ -446,7 +523,9 @@ impl HostGit {
         let (url, t) = git_url(&access.clone_url)?;
         let mut args = os(&["ls-remote", "--symref", &url]);
         args.extend(patterns.iter().map(OsString::from));
-        Ok(h.invocation(args, None, Some(t), access.credential.as_ref()))
+        let mut inv = h.invocation(args, None, Some(t), access.credential.as_ref());
+        inv.timeout = LS_REMOTE_TIMEOUT;
+        Ok(inv)
     }
 
     pub fn clone_invocation(
@@ -454,7 +533,16 @@ impl HostGit {
         access: &Access,
         branch: &str,
     ) -> Result<GitInvocation, GitError> {
-        let h = self.hardening()?;
+        self.clone_with(&self.hardening()?, access, Some(branch))
+    }
+
+    /// `branch` `None`: the remote's `HEAD`.
+    fn clone_with(
+        &self,
+        h: &Hardening,
+        access: &Access,
+        branch: Option<&str>,
+    ) -> Result<GitInvocation, GitError> {
         let (url, t) = git_url(&access.clone_url)?;
         let template = format!("--template={}", h.empty.display());
         let dest = self.repo_dir();
@@ -467,13 +555,15 @@ impl HostGit {
             "--no-tags",
             "--no-local",
             &template,
-            "--branch",
-            branch,
-            "--",
-            &url,
         ]);
+        if let Some(b) = branch {
+            args.extend(os(&["--branch", b]));
+        }
+        args.extend(os(&["--", &url]));
         args.push(dest.into_os_string());
-        Ok(h.invocation(args, None, Some(t), access.credential.as_ref()))
+        let mut inv = h.invocation(args, None, Some(t), access.credential.as_ref());
+        inv.timeout = TRANSFER_TIMEOUT;
+        Ok(inv)
     }
 
     pub fn push_invocation(
@@ -486,12 +576,14 @@ impl HostGit {
         let (url, t) = git_url(&access.clone_url)?;
         let refspec = format!("refs/heads/{branch}:refs/heads/{branch}");
         let args = os(&["push", "--porcelain", "--no-verify", "--", &url, &refspec]);
-        Ok(h.invocation(
+        let mut inv = h.invocation(
             args,
             Some(&checkout.git_dir),
             Some(t),
             access.credential.as_ref(),
-        ))
+        );
+        inv.timeout = TRANSFER_TIMEOUT;
+        Ok(inv)
     }
 
     /// The base branch to use and its tip (`git ls-remote`, with the run's credential):
@@ -525,13 +617,22 @@ impl HostGit {
         max_bytes: u64,
     ) -> Result<Checkout, GitError> {
         let h = self.hardening()?;
-        let (branch, _) = resolve_base_with(self, &h, access, base_branch).await?;
+        // One git process: the clone itself tells a missing branch, and without a branch it
+        // takes the remote's HEAD.
+        let wanted = base_branch
+            .map(String::from)
+            .or_else(|| access.default_branch.clone());
+        if let Some(b) = &wanted {
+            if !valid_branch(b) {
+                return Err(GitError::BaseBranchMissing(b.clone()));
+            }
+        }
         let dest = self.repo_dir();
         if dest.exists() {
             std::fs::remove_dir_all(&dest)
                 .map_err(|e| GitError::Io(format!("removing an old clone: {e}")))?;
         }
-        let inv = self.clone_invocation(access, &branch)?;
+        let inv = self.clone_with(&h, access, wanted.as_deref())?;
         let out = match run(&inv, Some((&self.work, max_bytes))).await {
             Err(GitError::TooLarge(n)) => {
                 let _ = std::fs::remove_dir_all(&dest);
@@ -542,8 +643,10 @@ impl HostGit {
         if !out.ok {
             let _ = std::fs::remove_dir_all(&dest);
             let l = out.stderr.to_ascii_lowercase();
-            if l.contains("remote branch") && l.contains("not found") {
-                return Err(GitError::BaseBranchMissing(branch));
+            if let Some(b) = &wanted {
+                if l.contains("remote branch") && l.contains("not found") {
+                    return Err(GitError::BaseBranchMissing(b.clone()));
+                }
             }
             return Err(
                 match remote_error(&out.stderr, access.credential.as_ref()) {
@@ -556,6 +659,23 @@ impl HostGit {
             let _ = std::fs::remove_dir_all(&dest);
             return Err(GitError::TooLarge(max_bytes));
         }
+        let branch = match wanted {
+            Some(b) => b,
+            None => {
+                let out = run(
+                    &h.invocation(os(&["symbolic-ref", "-q", "HEAD"]), Some(&dest), None, None),
+                    None,
+                )
+                .await?;
+                match out.stdout.trim().strip_prefix("refs/heads/") {
+                    Some(b) if out.ok && valid_branch(b) => b.to_string(),
+                    _ => {
+                        let _ = std::fs::remove_dir_all(&dest);
+                        return Err(GitError::BaseBranchMissing("HEAD".into()));
+                    }
+                }
+            }
+        };
         let out = run(
             &h.invocation(
                 os(&[
@@ -573,10 +693,9 @@ impl HostGit {
         .await?;
         let sha = out.stdout.trim().to_string();
         if !out.ok || !valid_sha(&sha) {
+            // An empty repository: its default branch has no commit yet.
             let _ = std::fs::remove_dir_all(&dest);
-            return Err(GitError::CloneFailed(
-                "the clone has no commit for the base branch".into(),
-            ));
+            return Err(GitError::BaseBranchMissing(branch));
         }
         Ok(Checkout {
             git_dir: dest,
@@ -610,10 +729,13 @@ impl HostGit {
         }
         let h = self.hardening()?;
         let gd = Some(checkout.git_dir.as_path());
+        // Fixed words only: what git says about a bundle can quote names the sandbox chose,
+        // and a failure reason is stored.
         let bad = |what: &str, out: &Output| {
-            GitError::BadBundle(format!("{what}: {}", summary(&out.stderr, None)))
+            tracing::debug!(code = ?out.code, "a handed-back bundle was refused: {what}");
+            GitError::BadBundle(what.to_string())
         };
-        let mut bundle_arg = OsString::from(bundle.as_os_str());
+        let bundle_arg = OsString::from(bundle.as_os_str());
         if !bundle.is_absolute() {
             return Err(GitError::Io("the bundle's path must be absolute".into()));
         }
@@ -674,7 +796,6 @@ impl HostGit {
             return Ok(None);
         }
         let refspec = format!("+{want}:{INCOMING_REF}");
-        bundle_arg = OsString::from(bundle.as_os_str());
         let fetch = run(
             &h.invocation(
                 vec![
@@ -795,6 +916,32 @@ impl HostGit {
             &stderr,
             access.credential.as_ref(),
         )))
+    }
+
+    /// The commits on `tip` beyond the base (for the pull request's body and progress).
+    pub async fn count_commits(&self, checkout: &Checkout, tip: &str) -> Result<u32, GitError> {
+        if !valid_sha(tip) {
+            return Err(GitError::Io("not a commit id".into()));
+        }
+        let h = self.hardening()?;
+        let range = format!("{}..{tip}", checkout.base_sha);
+        let out = run(
+            &h.invocation(
+                os(&["rev-list", "--count", &range]),
+                Some(&checkout.git_dir),
+                None,
+                None,
+            ),
+            None,
+        )
+        .await?;
+        if !out.ok {
+            return Err(GitError::Io(summary(&out.stderr, None)));
+        }
+        out.stdout
+            .trim()
+            .parse()
+            .map_err(|_| GitError::Io("rev-list answered garbage".into()))
     }
 
     /// Removes the run's directory (idempotent).
@@ -931,7 +1078,8 @@ const PREPARE_SCRIPT: &str = r#"set -eu
 co="$1"; tarball="$2"; branch="$3"
 mkdir -p "$co/.git"
 tar -xf "$tarball" -C "$co/.git"
-rm -f "$tarball"
+# Best effort: a tar written by root into a sticky /tmp cannot be removed by the user.
+rm -f "$tarball" 2>/dev/null || true
 cd "$co"
 git config core.bare false
 git config core.logAllRefUpdates true
@@ -945,6 +1093,8 @@ co="$1"; bundle="$2"; base="$3"; branch="$4"; msg="$5"
 rm -f "$bundle"
 cd "$co"
 g() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c commit.gpgsign=false -c user.name=Cella -c user.email=cella@localhost "$@"; }
+# The agent is stopped: a lock it left (killed mid-command) is stale.
+rm -f .git/index.lock
 if ! g rev-parse -q --verify "refs/heads/$branch^{commit}" >/dev/null; then
   echo "cella: the branch $branch is gone; nothing to hand back" >&2
   exit 0
@@ -953,8 +1103,15 @@ g add -A
 if ! g diff --cached --quiet; then
   g commit -q --no-verify -m "$msg"
 fi
+# Work committed on another branch or a detached HEAD made from the run's branch counts too.
+head=$(g rev-parse -q --verify "HEAD^{commit}" || true)
+if [ -n "$head" ] && [ "$(g symbolic-ref -q HEAD || true)" != "refs/heads/$branch" ]; then
+  if g merge-base --is-ancestor "refs/heads/$branch" "$head"; then
+    g update-ref "refs/heads/$branch" "$head"
+  fi
+fi
 if [ -n "$(g rev-list -n 1 "$base..refs/heads/$branch")" ]; then
-  g bundle create "$bundle" "$base..refs/heads/$branch" 2>/dev/null
+  g bundle create "$bundle" "$base..refs/heads/$branch"
 fi
 "#;
 
@@ -1093,7 +1250,10 @@ mod tests {
         };
         assert_clean_argv(&hg.ls_remote_invocation(&a, &["HEAD"]).expect("ls-remote"));
         assert_clean_argv(&hg.clone_invocation(&a, "main").expect("clone"));
-        assert_clean_argv(&hg.push_invocation(&co, &a, "cella/t").expect("push"));
+        let push = hg.push_invocation(&co, &a, "cella/t").expect("push");
+        assert_clean_argv(&push);
+        let dbg = format!("{push:?}");
+        assert!(!dbg.contains(SECRET) && !dbg.contains(&basic()), "{dbg}");
     }
 
     #[test]
