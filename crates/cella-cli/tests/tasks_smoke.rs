@@ -255,8 +255,13 @@ fn an_agent_that_edits_and_commits_stops_and_its_branch_holds_the_edit_and_nothi
     // Retention: after a clean stop, neither marker is anywhere in the data directory (the
     // repository the test made lives there too: it is the remote, and holds the file's marker
     // as the forge would; it is left out).
-    s.stop();
     let data = s.data_dir();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while data.join("tasks").join(&id).exists() {
+        assert!(Instant::now() < deadline, "the run's host directory stays");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s.stop();
     let msg_hits = files_holding(&data, marker.as_bytes());
     assert!(
         msg_hits.is_empty(),
@@ -271,7 +276,10 @@ fn an_agent_that_edits_and_commits_stops_and_its_branch_holds_the_edit_and_nothi
         file_hits.is_empty(),
         "repository content is kept in {file_hits:?}"
     );
-    assert!(!data.join("tasks").join(&id).exists());
+    let left: Vec<_> = std::fs::read_dir(data.join("sandboxes"))
+        .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "the run's sandbox is left: {left:?}");
 }
 
 #[test]

@@ -697,7 +697,8 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         shutdown_signal(),
     )
     .await;
-    // Model charges still queued are written before the process ends.
+    // Runs that ended finish their teardown; model charges still queued are written.
+    tasks::runner::drain(&state).await;
     state.model_meter.flush().await;
     // Nothing of an ended run's message stays in the store's files: the messages are NULL
     // (secure_delete zeroed their bytes) and the WAL is written back and truncated.

@@ -106,6 +106,25 @@ pub async fn fill(state: &Arc<AppState>) {
     }
 }
 
+/// At a clean stop: waits (at most 30 s) for the teardown of runs that have ended, so their
+/// sandboxes and host directories are gone before the process is. Runs still alive are left
+/// to the next start's [`recover`].
+pub async fn drain(state: &Arc<AppState>) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut tearing_down = false;
+        for id in state.tasks.live_ids() {
+            if let Ok(Some(r)) = state.store.task(&id).await {
+                tearing_down |= r.state.is_terminal();
+            }
+        }
+        if !tearing_down || tokio::time::Instant::now() > deadline {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// At start (see the module docs).
 pub async fn recover(state: &Arc<AppState>) {
     let stale = match state

@@ -380,7 +380,15 @@ async fn one_runner_starts_runs_one_at_a_time_oldest_first_round_robin_across_wo
         boot_order(&s).await,
         vec![a[0].clone(), b, a[1].clone(), a[2].clone()]
     );
+    // The slot comes back once the last run's teardown is over.
+    for _ in 0..200 {
+        if s.state.tasks.slots.free() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(s.state.tasks.slots.free(), 1, "every slot came back");
+    assert!(s.state.tasks.slots.held().is_empty());
     // Every run's sandbox is gone, and none was ever in the workspace's sandboxes.
     assert!(s.listed().await.is_empty());
     for t in s
@@ -604,4 +612,64 @@ async fn runs_left_alive_by_a_crash_fail_with_server_restart_and_settle_exactly_
         vec![Holder::Task(ids[0].clone())],
         "only the queued run holds money"
     );
+}
+
+#[tokio::test]
+async fn a_runs_model_requests_are_its_own_and_stop_at_its_reservation() {
+    use cella_gateway::{Caller, Meter, Metered, Refusal};
+    let s = server(1).await;
+    let ws = default_ws(&s).await;
+    s.state
+        .billing
+        .credit(&ws, "10".parse().expect("m"), None)
+        .await
+        .expect("credit");
+    let holder = Holder::Task("taskm".into());
+    s.state
+        .billing
+        .reserve(&ws, &holder, "1".parse().expect("m"))
+        .await
+        .expect("reserve");
+    s.state
+        .gateway
+        .bind_task("sbm", "taskm", "0.5".parse().expect("m"));
+    let meter = crate::gateway::ServerMeter {
+        state: s.state.clone(),
+    };
+    let caller = |n: u32| Caller {
+        workspace_id: ws.clone(),
+        sandbox_id: Some("sbm".into()),
+        request_id: format!("req{n}"),
+    };
+    assert!(meter.admit(&caller(0), "m1").await.is_ok());
+    meter
+        .record(
+            caller(1),
+            Metered {
+                model: "m1".into(),
+                usage: Default::default(),
+                cost_micros: 600_000,
+                complete: true,
+            },
+        )
+        .await;
+    s.state.model_meter.flush().await;
+    // The request is the run's, taken off its reservation, and the run's budget is spent.
+    let costs = s
+        .state
+        .billing
+        .task_model_costs(&["taskm"])
+        .await
+        .expect("costs");
+    assert_eq!(costs.get("taskm"), Some(&("0.6".parse().expect("m"), 1)));
+    assert_eq!(
+        s.state.billing.reservation(&holder).await.expect("r"),
+        Some("0.4".parse().expect("m"))
+    );
+    assert!(matches!(
+        meter.admit(&caller(2), "m1").await,
+        Err(Refusal::InsufficientFunds(_))
+    ));
+    s.state.gateway.unbind_task("sbm");
+    assert!(meter.admit(&caller(3), "m1").await.is_ok());
 }
