@@ -234,11 +234,42 @@ fn states(events: &[(Instant, String, Value)]) -> Vec<String> {
         .collect()
 }
 
-fn when(events: &[(Instant, String, Value)], state: &str) -> Option<Instant> {
-    events
+/// The server's time (`at`, RFC 3339 UTC) of the run's first `state` event of `state`, in
+/// milliseconds since the epoch.
+fn at_ms(events: &[(Instant, String, Value)], state: &str) -> i64 {
+    let at = events
         .iter()
         .find(|(_, n, d)| n == "state" && d["state"] == state)
-        .map(|(t, _, _)| *t)
+        .and_then(|(_, _, d)| d["at"].as_str())
+        .unwrap_or_else(|| panic!("no {state} event: {events:?}"));
+    rfc3339_ms(at).unwrap_or_else(|| panic!("not an RFC 3339 UTC time: {at}"))
+}
+
+fn rfc3339_ms(s: &str) -> Option<i64> {
+    let s = s.strip_suffix('Z')?;
+    let (date, time) = s.split_once('T')?;
+    let d: Vec<i64> = date
+        .split('-')
+        .map(|p| p.parse().ok())
+        .collect::<Option<_>>()?;
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let t: Vec<i64> = hms
+        .split(':')
+        .map(|p| p.parse().ok())
+        .collect::<Option<_>>()?;
+    let ms: i64 = format!("{frac:0<3}")[..3].parse().ok()?;
+    // Days since the epoch (civil from days, inverted).
+    let (y, m) = if d[1] <= 2 {
+        (d[0] - 1, d[1] + 9)
+    } else {
+        (d[0], d[1] - 3)
+    };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + d[2] - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 24 + t[0]) * 60 + t[1]) * 60_000 + t[2] * 1000 + ms)
 }
 
 /// Every sandbox (cgroup) the server's instance has on the host right now.
@@ -874,15 +905,17 @@ fn one_runner_runs_three_queued_runs_in_order_one_at_a_time() {
         );
         assert!(st.contains(&"running".to_string()), "{id}: {st:?}");
     }
+    // By the server's clock (each event's `at`): a run is taken only after the one before it
+    // has ended (the streams are separate connections, so their arrival order says nothing).
     for i in 1..3 {
-        let prev_end = when(&events[i - 1], "stopped").unwrap();
-        let start = when(&events[i], "provisioning")
-            .or_else(|| when(&events[i], "running"))
-            .unwrap();
+        let prev_end = at_ms(&events[i - 1], "stopped");
+        let start = at_ms(&events[i], "provisioning");
         assert!(
             start >= prev_end,
-            "run {i} started before run {} ended",
-            i - 1
+            "run {i} started ({start} ms) before run {} ended ({prev_end} ms): {:?} {:?}",
+            i - 1,
+            events[i - 1],
+            events[i]
         );
     }
     // And the list, newest first, shows all three stopped.
@@ -1574,4 +1607,15 @@ fn standins_check_requests_as_the_real_services_do() {
     let reqs = m.requests();
     assert_eq!(reqs.len(), 2);
     assert_eq!(reqs[1].tools, vec!["read_file".to_string()]);
+}
+
+#[test]
+fn rfc3339_times_read_as_milliseconds() {
+    assert_eq!(rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
+    assert_eq!(rfc3339_ms("1970-01-02T00:00:01.5Z"), Some(86_401_500));
+    assert_eq!(
+        rfc3339_ms("2026-12-01T19:34:39.594Z"),
+        Some(1_796_153_679_594)
+    );
+    assert_eq!(rfc3339_ms("not a time"), None);
 }
