@@ -411,14 +411,26 @@ fn a_kill_9_mid_run_leaves_no_run_running_no_sandbox_and_one_charge_after_the_re
     assert_eq!(q["failure_reason"], "agent_exit: exit code 3", "{q}");
     // No supervisor of the killed run is left, and no sandbox is left on the host.
     assert!(task_agent_pids(&id).is_empty());
-    let left: Vec<String> = std::fs::read_dir(s.data_dir().join("sandboxes"))
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    assert!(left.is_empty(), "sandboxes left: {left:?}");
+    // (The queued run's own teardown may still be going on just after it ended.)
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left: Vec<String> = std::fs::read_dir(s.data_dir().join("sandboxes"))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sandboxes left: {left:?}\n{}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(!s.data_dir().join("tasks").join(&id).exists());
     // Charged once; a second restart charges nothing again.
     s.restart();
