@@ -180,6 +180,19 @@ fn ledger(s: &Server, ws: &str) -> Vec<Value> {
     r.data().as_array().unwrap().clone()
 }
 
+/// The workspace's ledger once `task` has its `compute` entry (settling ends teardown, a
+/// moment after the run's terminal state is written); the ledger as it is after 15 s otherwise.
+fn settled_ledger(s: &Server, ws: &str, task: &str) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let entries = ledger(s, ws);
+        if !entries_of(&entries, task, "compute").is_empty() || Instant::now() > deadline {
+            return entries;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn entries_of<'a>(entries: &'a [Value], task: &str, kind: &str) -> Vec<&'a Value> {
     entries
         .iter()
@@ -517,7 +530,7 @@ fn builtin_agent_on_github_opens_a_draft_pr_with_the_edit_and_bills_it() {
     let per_request = (model::PROMPT_TOKENS + 2 * model::COMPLETION_TOKENS) as i64;
     assert_eq!(t["model_requests"].as_i64().unwrap(), reqs.len() as i64);
     assert_eq!(money(&t["model_cost"]), per_request * reqs.len() as i64);
-    let entries = ledger(&s, &ws);
+    let entries = settled_ledger(&s, &ws, &id);
     let compute = entries_of(&entries, &id, "compute");
     assert_eq!(compute.len(), 1, "{entries:?}");
     assert_eq!(money(&compute[0]["amount"]), -money(&t["compute_cost"]));
@@ -711,7 +724,7 @@ fn an_agent_that_fails_ends_failed_agent_exit() {
         Some("partial\n")
     );
     // Billed once, with the 60-second minimum.
-    let entries = ledger(&s, &ws);
+    let entries = settled_ledger(&s, &ws, &id);
     let c = entries_of(&entries, &id, "compute");
     assert_eq!(c.len(), 1, "{entries:?}");
     assert!(money(&t["compute_cost"]) >= 60 * 1000, "{t}");
@@ -752,7 +765,10 @@ fn slow_session_limit_stops_the_agent_and_pushes_its_partial_work() {
     assert!(!commits_between(&bare, "main", branch).is_empty());
     // Billed for about a minute (at least the minimum), once.
     assert!(t["compute_sec"].as_i64().unwrap() >= 60, "{t}");
-    assert_eq!(entries_of(&ledger(&s, &ws), &id, "compute").len(), 1);
+    assert_eq!(
+        entries_of(&settled_ledger(&s, &ws, &id), &id, "compute").len(),
+        1
+    );
     assert_no_sandbox_left(&s);
 }
 
@@ -817,7 +833,7 @@ fn cancel_while_queued_provisioning_and_running() {
     let b = get(&s, &key, &b_id);
     assert_eq!(b["state"], "cancelled");
     assert!(b["started_at"].is_null());
-    let entries = ledger(&s, &ws);
+    let entries = settled_ledger(&s, &ws, &a_id);
     assert_eq!(entries_of(&entries, &a_id, "compute").len(), 1);
     assert!(entries_of(&entries, &b_id, "compute").is_empty());
     assert_no_sandbox_left(&s);
@@ -1023,7 +1039,7 @@ fn kill9_mid_run_fails_it_server_restart_without_leaks_or_double_charges() {
     wait_end(&s, &key, &b_id, 60);
     assert_no_sandbox_left(&s);
     assert_no_host_checkout(&s, &a_id);
-    let before = entries_of(&ledger(&s, &ws), &a_id, "compute").len();
+    let before = entries_of(&settled_ledger(&s, &ws, &a_id), &a_id, "compute").len();
     assert_eq!(before, 1, "a is charged once");
     let w = s.get(&format!("/api/v1/workspaces/{ws}/wallet"));
     assert_eq!(w.data()["reserved"], "0.000000", "{}", w.body);
