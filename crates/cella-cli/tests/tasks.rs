@@ -6,8 +6,8 @@
 //!
 //! Where a model is not the point, the runs use a `command` agent (a bash script), which is
 //! faster. One case waits for the session limit (one minute, the smallest): it is marked `slow`
-//! in its name. The cases run in parallel threads (`cargo test -p cella-cli --test tasks --
-//! --test-threads 6` keeps the whole suite to a few minutes).
+//! in its name; it runs alongside the others (the suite takes about a minute and a half on two
+//! cores with the default test threads, the session-limit case being the longest).
 
 mod common;
 #[path = "common/forges.rs"]
