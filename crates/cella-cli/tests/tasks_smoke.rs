@@ -44,7 +44,7 @@ command = ["bash", "-c", "echo failing; exit 3"]
 [[agents]]
 name = "hang"
 kind = "command"
-command = ["bash", "-c", "echo 'partial work' > partial.txt; sleep 600"]
+command = ["bash", "-c", "echo 'partial work' > partial.txt; while true; do echo tick; sleep 1; done"]
 "#;
 
 fn git(dir: &Path, args: &[&str]) -> String {
@@ -346,15 +346,34 @@ fn cancel_while_running_pushes_the_work_and_cancel_while_queued_never_starts() {
     assert_eq!(r.data()["state"], "cancelled");
     assert_eq!(r.data()["compute_cost"], "0.000000");
     assert!(r.data()["started_at"].is_null());
-    // Give the agent a moment to write its partial work, then cancel it.
-    std::thread::sleep(Duration::from_secs(1));
-    let r = s.req(
-        "POST",
-        &format!("/api/v1/tasks/{a_id}/cancel"),
-        Some(&key),
-        None,
+    // The live log while it runs (it ends with the run), then a cancel.
+    let log = std::thread::scope(|sc| {
+        let reader = sc.spawn(|| {
+            s.req(
+                "GET",
+                &format!("/api/v1/tasks/{a_id}/log"),
+                Some(&key),
+                None,
+            )
+        });
+        std::thread::sleep(Duration::from_millis(2500));
+        let r = s.req(
+            "POST",
+            &format!("/api/v1/tasks/{a_id}/cancel"),
+            Some(&key),
+            None,
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        reader.join().unwrap()
+    });
+    assert_eq!(log.status, 200);
+    let events = common::sse(log.body.as_str().unwrap_or(""));
+    assert!(
+        events.iter().any(|(name, d)| name == "output"
+            && d["stream"] == "stdout"
+            && d["text"].as_str().unwrap_or("").contains("tick")),
+        "{events:?}"
     );
-    assert_eq!(r.status, 200, "{}", r.body);
     let t = wait_state(&s, &key, &a_id, &["stopped", "failed", "cancelled"], 120);
     assert_eq!(t["state"], "cancelled", "{t}\n{}", s.log());
     assert_eq!(t["stop_reason"], "cancelled");

@@ -145,7 +145,7 @@ impl TasksState {
         self.live.lock().ok().and_then(|l| l.get(id).cloned())
     }
 
-    fn register(&self, id: &str) -> Arc<Live> {
+    pub(crate) fn register(&self, id: &str) -> Arc<Live> {
         let live = Arc::new(Live::new());
         if let Ok(mut l) = self.live.lock() {
             l.insert(id.to_string(), live.clone());
@@ -153,7 +153,7 @@ impl TasksState {
         live
     }
 
-    fn unregister(&self, id: &str) {
+    pub(crate) fn unregister(&self, id: &str) {
         let gone = self.live.lock().ok().and_then(|mut l| l.remove(id));
         if let Some(live) = gone {
             if let Ok(mut log) = live.log.lock() {

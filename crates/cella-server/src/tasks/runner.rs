@@ -68,19 +68,22 @@ pub async fn fill(state: &Arc<AppState>) {
         let Some(slot) = state.tasks.slots.take(&pick.id) else {
             return;
         };
+        // Registered before the claim, so a cancel that sees it `provisioning` finds it live.
+        let live = state.tasks.register(&pick.id);
         match state.store.claim_task(&pick.id).await {
             Ok(true) => {}
             Ok(false) => {
+                state.tasks.unregister(&pick.id);
                 drop(slot); // cancelled meanwhile
                 continue;
             }
             Err(e) => {
                 tracing::warn!(task = pick.id, "claiming a queued run: {e}");
+                state.tasks.unregister(&pick.id);
                 drop(slot);
                 return;
             }
         }
-        let live = state.tasks.register(&pick.id);
         if let Ok(Some(row)) = state.store.task(&pick.id).await {
             emit_state(state, &row);
         }

@@ -1,7 +1,9 @@
 //! Task runs over the fake driver: the order and codes of a start's checks (each refusal
 //! queues nothing and reserves nothing), the queue with `runners = 1` (oldest first,
 //! round-robin across workspaces), a cancel while queued (never starts, costs nothing),
-//! settling exactly once, and recovery at start of runs the previous process left alive.
+//! settling exactly once, recovery at start of runs the previous process left alive, a run's
+//! model requests (its own, taken off its reservation, refused once its budget is spent), and
+//! heartbeats (the run's sandbox token only, counts only, 410 once the run is over).
 //!
 //! Repositories are real git repositories in the test's data directory (the embedded `local`
 //! forge). The fake agent serves no file writes, so a run here ends `failed` with
@@ -672,4 +674,68 @@ async fn a_runs_model_requests_are_its_own_and_stop_at_its_reservation() {
     ));
     s.state.gateway.unbind_task("sbm");
     assert!(meter.admit(&caller(3), "m1").await.is_ok());
+}
+
+#[tokio::test]
+async fn heartbeats_take_the_runs_sandbox_token_and_answer_gone_once_the_run_is_over() {
+    let s = server(1).await;
+    let ws = default_ws(&s).await;
+    let sb = s.create(json!({})).await;
+    let sandbox_id = id(&sb);
+    let secret = format!("{}hb{}", crate::gateway::TOKEN_PREFIX, "x".repeat(41));
+    s.state
+        .store
+        .insert_sandbox_token(&cella_store::SandboxTokenRow {
+            id: "tokhb".into(),
+            hash: crate::util::hash_key(&secret),
+            sandbox_id: sandbox_id.clone(),
+            workspace_id: ws.clone(),
+            created_at: 0,
+            revoked_at: None,
+        })
+        .await
+        .expect("token");
+    let live = s.state.tasks.register("taskhb");
+    *live.sandbox_id.lock().expect("lock") = Some(sandbox_id.clone());
+    let mut events = s.state.tasks.events.subscribe();
+    let beat = |key: String, body: &'static str| {
+        let app = s.app.clone();
+        async move {
+            let req = Request::builder()
+                .method("POST")
+                .uri("/gateway/tasks/heartbeat")
+                .header("authorization", format!("Bearer {key}"))
+                .header("content-type", "application/json")
+                .body(Body::from(body))
+                .expect("request");
+            app.oneshot(req).await.expect("answer").status().as_u16()
+        }
+    };
+    assert_eq!(
+        beat(secret.clone(), r#"{"steps": 2, "commits": 1}"#).await,
+        204
+    );
+    let (task_id, ev) = events.recv().await.expect("event");
+    assert_eq!(task_id, "taskhb");
+    assert_eq!(
+        ev,
+        cella_types::TaskEvent::Progress(cella_types::TaskProgress {
+            steps: 2,
+            commits: 1,
+            files_changed: 0
+        })
+    );
+    assert_eq!(
+        beat(secret.clone(), r#"{"diff": "x"}"#).await,
+        400,
+        "counts only"
+    );
+    assert_eq!(
+        beat(s.key.clone(), "{}").await,
+        403,
+        "an API key is not a run's token"
+    );
+    assert_eq!(beat("cst_nothing".into(), "{}").await, 401);
+    s.state.tasks.unregister("taskhb");
+    assert_eq!(beat(secret, "{}").await, 410, "the run is over");
 }
