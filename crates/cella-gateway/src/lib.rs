@@ -29,7 +29,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 pub use config::{GatewayConfig, Upstream, UpstreamKind};
 use futures_util::StreamExt;
-pub use price::{Micros, Price};
+pub use price::Price;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -66,8 +66,8 @@ pub enum Refusal {
 pub struct Metered {
     pub model: String,
     pub usage: Usage,
-    /// Micro-units, rounded up.
-    pub cost_micros: i64,
+    /// Exact, rounded up to the micro-unit; never negative.
+    pub cost: cella_types::Money,
     /// The answer ended as the upstream meant it to (false: a stream that was cut).
     pub complete: bool,
 }
@@ -499,13 +499,13 @@ impl Recording {
             tracing::debug!(model, "the upstream reported no usage; nothing recorded");
             return;
         };
-        let cost_micros = price.cost(usage.input_tokens, usage.output_tokens);
+        let cost = price.cost(usage.input_tokens, usage.output_tokens);
         let fut = meter.record(
             caller,
             Metered {
                 model,
                 usage,
-                cost_micros,
+                cost,
                 complete,
             },
         );

@@ -327,7 +327,7 @@ async fn funds(state: &AppState, workspace_id: &str, model: &str) -> Result<(), 
         .gateway
         .prices
         .get(model)
-        .is_some_and(|p| p.input.0 == 0 && p.output.0 == 0);
+        .is_some_and(|p| p.is_free());
     if free {
         return Ok(());
     }
@@ -354,7 +354,7 @@ async fn record(state: &AppState, caller: Caller, m: Metered) {
         model: m.model.clone(),
         input_tokens: m.usage.input_tokens,
         output_tokens: m.usage.output_tokens,
-        amount: cella_types::Money::from_micros(m.cost_micros.max(0)),
+        amount: m.cost.max(cella_types::Money::ZERO),
         request_id: caller.request_id.clone(),
     };
     state.model_meter.submit(charge).await;
@@ -365,7 +365,7 @@ async fn record(state: &AppState, caller: Caller, m: Metered) {
         model = m.model,
         input_tokens = m.usage.input_tokens,
         output_tokens = m.usage.output_tokens,
-        cost = %cella_gateway::Micros(m.cost_micros),
+        cost = %m.cost,
         complete = m.complete,
         "model request"
     );
