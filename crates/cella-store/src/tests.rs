@@ -694,3 +694,57 @@ async fn upgrade_keeps_compute_rates_as_micro_units() {
     assert!([1, 2].contains(&sb("sbb").await), "rounded to a micro-unit");
     assert_eq!(sb("sbc").await, 0, "a negative rate becomes 0");
 }
+
+/// Every write that takes away what a credential opens moves the epoch that caches of
+/// credentials follow; reads and harmless writes leave it.
+#[tokio::test]
+async fn revokes_and_settings_changes_move_the_grants_epoch() {
+    let (_d, store) = store_with_ws().await;
+    let k = KeyRow {
+        id: "key1".into(),
+        workspace_id: "ws1".into(),
+        name: "k".into(),
+        hash: "h".into(),
+        prefix: "p".into(),
+        scopes: vec![cella_types::Scope::ModelsUse],
+        created_at: 1,
+        expires_at: None,
+        revoked_at: None,
+        last_used_at: None,
+        operator: false,
+    };
+    store.insert_key(&k).await.unwrap();
+    let mut sb = sandbox("sb1", "ws1");
+    sb.state = SandboxState::Running;
+    assert!(store.insert_sandbox_capped(&sb, 10).await.unwrap());
+    store
+        .insert_sandbox_token(&SandboxTokenRow {
+            id: "tok1".into(),
+            hash: "th".into(),
+            sandbox_id: "sb1".into(),
+            workspace_id: "ws1".into(),
+            created_at: 1,
+            revoked_at: None,
+        })
+        .await
+        .unwrap();
+    let e0 = store.grants_epoch();
+    store.key_by_hash("h").await.unwrap();
+    store.sandbox_token_by_hash("th").await.unwrap();
+    store.touch_key("key1", 5).await.unwrap();
+    assert_eq!(store.grants_epoch(), e0);
+    store.revoke_sandbox_tokens("sb1", 6).await.unwrap();
+    let e1 = store.grants_epoch();
+    assert!(e1 > e0);
+    let mut ws = store.workspace("ws1").await.unwrap().unwrap();
+    ws.settings.model_allowlist = vec!["m".into()];
+    store.update_workspace(&ws).await.unwrap();
+    let e2 = store.grants_epoch();
+    assert!(e2 > e1);
+    assert!(store.revoke_key("key1", 7).await.unwrap());
+    assert!(store.grants_epoch() > e2);
+    // A clone of the store (the server hands them around) follows the same epoch.
+    let other = store.clone();
+    store.set_key_operator("key1").await.unwrap();
+    assert_eq!(other.grants_epoch(), store.grants_epoch());
+}
