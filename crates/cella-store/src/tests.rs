@@ -1,7 +1,7 @@
 //! Unit tests of the store: caps, pool claims, listings, layer charges, typed columns.
 
 use super::*;
-use cella_types::{SandboxState, Size};
+use cella_types::{Money, SandboxState, Size};
 
 fn sandbox(id: &str, ws: &str) -> SandboxRow {
     SandboxRow {
@@ -747,4 +747,38 @@ async fn revokes_and_settings_changes_move_the_grants_epoch() {
     let other = store.clone();
     store.set_key_operator("key1").await.unwrap();
     assert_eq!(other.grants_epoch(), store.grants_epoch());
+}
+
+/// The ledger keeps a sandbox's costs on its row only for entries of the sandbox's own
+/// workspace: an entry of another workspace naming it changes nothing on it.
+#[tokio::test]
+async fn a_ledger_entry_of_another_workspace_leaves_a_sandboxs_costs_alone() {
+    let (_d, store) = store_with_ws().await;
+    raw(
+        &store,
+        "INSERT INTO workspaces (id, name, plan, kind, created_at) VALUES ('ws2', 'b', 'developer', 'personal', 0)",
+    )
+    .await;
+    assert!(store
+        .insert_sandbox_capped(&sandbox("sb1", "ws1"), 10)
+        .await
+        .unwrap());
+    let entry = |id: &str, ws: &str, kind: &str, amount: i64| {
+        format!(
+            "INSERT INTO ledger (id, workspace_id, at, kind, amount, balance_after, sandbox_id) \
+             VALUES ('{id}', '{ws}', 1, '{kind}', {amount}, {amount}, 'sb1')"
+        )
+    };
+    raw(&store, &entry("l1", "ws2", "model", -700)).await;
+    raw(&store, &entry("l2", "ws2", "compute", -900)).await;
+    let row = store.sandbox("sb1").await.unwrap().unwrap();
+    assert_eq!(row.model_cost, Money::ZERO);
+    assert_eq!(row.compute_charged, None);
+    // Its own workspace's entries are kept on it.
+    raw(&store, &entry("l3", "ws1", "model", -25)).await;
+    raw(&store, &entry("l4", "ws1", "model", -5)).await;
+    raw(&store, &entry("l5", "ws1", "compute", -60)).await;
+    let row = store.sandbox("sb1").await.unwrap().unwrap();
+    assert_eq!(row.model_cost, Money::from_micros(30));
+    assert_eq!(row.compute_charged, Some(Money::from_micros(60)));
 }
