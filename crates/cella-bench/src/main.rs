@@ -3,9 +3,11 @@
 //! same run, and prints a table (`--json FILE` writes the figures). It builds nothing: it runs
 //! the `cella` binary that sits beside it (build both with `cargo build --release`).
 //! The model gateway's overhead is measured against a stand-in upstream of its own (`gateway`);
-//! `--gateway-only` measures just that.
+//! `--gateway-only` measures just that. Task runs (`tasks`: queued to running with a 10 MB
+//! repository, heartbeat loss) use a second server with command agents; `--tasks-only`.
 
 mod gateway;
+mod tasks;
 
 use clap::Parser;
 use reqwest::blocking::Client;
@@ -33,6 +35,9 @@ struct Args {
     /// Only the model gateway's figures.
     #[arg(long)]
     gateway_only: bool,
+    /// Only the task runs' figures.
+    #[arg(long)]
+    tasks_only: bool,
 }
 
 struct Server {
@@ -346,6 +351,36 @@ fn main() {
     );
     let q = args.quick;
     let n = if q { 10 } else { 50 };
+    // Task runs, on a server of their own (its agents are commands), before anything else.
+    let task_figures = if args.gateway_only {
+        tasks::Figures {
+            queued_to_running_ms: vec![f64::NAN],
+            heartbeat_loss_extra_sec: None,
+        }
+    } else {
+        let t = Server::start(&bin, tasks::CONFIG);
+        let data = t._dir.path().join("data");
+        tasks::measure(&t, &data, if q { 10 } else { 30 })
+    };
+    let print_tasks = || {
+        let mut v = task_figures.queued_to_running_ms.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        println!(
+            "task_queued_to_running p50 {:.1} ms   p90 {:.1} ms   (10 MB repository; target p50 <= 300)",
+            pct(&v, 0.5),
+            pct(&v, 0.9)
+        );
+        match task_figures.heartbeat_loss_extra_sec {
+            Some(x) => {
+                println!("task_heartbeat_loss    failed {x:.1} s after the timeout   (target <= 5)")
+            }
+            None => println!("task_heartbeat_loss    not measured (the run did not fail)"),
+        }
+    };
+    if args.tasks_only {
+        print_tasks();
+        return;
+    }
     let standin = gateway::StandIn::start();
     let s = Server::start(&bin, &standin.config());
     let mut series: Vec<Series> = Vec::new();
@@ -685,6 +720,7 @@ fn main() {
         }
     }
     print_gateway();
+    print_tasks();
     println!("api_get_rps            {rps:.0}   (target >= 10000)");
     println!("upload_mb_s            {upload:.0}   download_mb_s {download:.0}   (target >= 300)");
     println!(
@@ -704,6 +740,11 @@ fn main() {
             find(name)
                 .map(|x| json!((x.p(q) * 100.0).round() / 100.0))
                 .unwrap_or(Value::Null)
+        };
+        let task_p50 = {
+            let mut v = task_figures.queued_to_running_ms.clone();
+            v.sort_by(|a, b| a.total_cmp(b));
+            (pct(&v, 0.5) * 100.0).round() / 100.0
         };
         let out = json!({
             "create_exec_warm_ms_p50": p("create_exec_warm_ms", 0.5),
@@ -727,6 +768,8 @@ fn main() {
             "gateway_added_ms_p50": (gw_added * 1000.0).round() / 1000.0,
             "gateway_ttfb_added_ms_p50": (gw_ttfb_added * 1000.0).round() / 1000.0,
             "gateway_rps_32": gw.gateway_rps.round(),
+            "task_queued_to_running_ms_p50": task_p50,
+            "task_heartbeat_loss_extra_sec": task_figures.heartbeat_loss_extra_sec,
             "quick": q,
         });
         std::fs::write(&path, serde_json::to_vec_pretty(&out).unwrap()).expect("writing the JSON");

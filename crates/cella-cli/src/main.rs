@@ -134,6 +134,13 @@ enum Command {
     },
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit,
+    /// The in-sandbox side of a task run (heartbeats, the agent); see `cella_coder`.
+    #[command(name = "__task-agent", hide = true)]
+    TaskAgent {
+        /// A command agent's argv.
+        #[arg(last = true, allow_hyphen_values = true)]
+        argv: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -454,6 +461,10 @@ fn main() -> ExitCode {
         // Must stay single-threaded: it forks.
         return ExitCode::from(cella_runtime::namespace::launcher_main() as u8);
     }
+    if let Command::TaskAgent { argv } = cli.command {
+        // Blocking and threaded on its own; no runtime here.
+        std::process::exit(cella_coder::main(argv));
+    }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -532,7 +543,9 @@ async fn run(cmd: Command) -> ExitCode {
         Command::Admin(c) => people::admin(c).await,
         Command::Login(a) => people::login(a).await,
         Command::Logout { conn } => people::logout(conn).await,
-        Command::SandboxInit => unreachable!("handled before the runtime starts"),
+        Command::SandboxInit | Command::TaskAgent { .. } => {
+            unreachable!("handled before the runtime starts")
+        }
     }
 }
 

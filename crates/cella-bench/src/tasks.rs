@@ -1,0 +1,173 @@
+//! Task runs: from `queued` to `running` on an idle server with a 10 MB repository on the
+//! embedded local forge (the run's sandbox booted, the base branch cloned on the host, the git
+//! directory handed in and checked out, the agent started), and how long after the workspace's
+//! `heartbeat_timeout_sec` a run whose in-sandbox side froze is failed.
+//!
+//! The agents are commands (no model is involved): `sleep` waits to be cancelled; `freeze`
+//! stops its own supervisor (the process that sends the heartbeats) with SIGSTOP, as a hung
+//! agent's side would look from the server.
+
+use crate::{ms, Server, KEY};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The agents the bench's server is configured with.
+pub const CONFIG: &str = r#"
+[tasks]
+runners = 2
+
+[[agents]]
+name = "sleep"
+kind = "command"
+command = ["sleep", "600"]
+
+[[agents]]
+name = "freeze"
+kind = "command"
+command = ["sh", "-c", "kill -STOP $PPID; sleep 600"]
+"#;
+
+/// The workspace's heartbeat timeout for the freeze figure (the smallest the API takes).
+const HEARTBEAT_TIMEOUT_SEC: u64 = 10;
+
+pub struct Figures {
+    pub queued_to_running_ms: Vec<f64>,
+    /// Seconds from `running` to `failed` beyond the heartbeat timeout.
+    pub heartbeat_loss_extra_sec: Option<f64>,
+}
+
+fn git(dir: &Path, args: &[&str]) {
+    let st = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=bench", "-c", "user.email=bench@localhost"])
+        .args(args)
+        .status()
+        .expect("running git");
+    assert!(st.success(), "git {args:?} failed");
+}
+
+/// A repository of about 10 MB (incompressible files in a few directories), one commit on `main`.
+fn make_repo(root: &Path) {
+    let repo = root.join("bench/r10");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    for d in 0..10 {
+        let dir = repo.join(format!("dir{d}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..10 {
+            let mut bytes = vec![0u8; 100 * 1024];
+            for b in bytes.iter_mut() {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                *b = seed as u8;
+            }
+            std::fs::write(dir.join(format!("f{f}.bin")), bytes).unwrap();
+        }
+    }
+    std::fs::write(repo.join("README.md"), "bench repository\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-q", "-m", "bench"]);
+}
+
+fn start(s: &Server, agent: &str) -> String {
+    let (st, v) = s.call(
+        KEY,
+        "POST",
+        "/api/v1/tasks",
+        Some(json!({ "repository": "bench/r10", "base_branch": "main", "task": "bench", "agent": agent })),
+    );
+    assert_eq!(st, 201, "starting a task run: {v}");
+    v["data"]["id"].as_str().unwrap().to_string()
+}
+
+fn state(s: &Server, id: &str) -> Value {
+    let (_, v) = s.call(KEY, "GET", &format!("/api/v1/tasks/{id}"), None);
+    v["data"].clone()
+}
+
+fn wait_terminal(s: &Server, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let t = state(s, id);
+        if matches!(
+            t["state"].as_str(),
+            Some("stopped" | "failed" | "cancelled")
+        ) || Instant::now() > deadline
+        {
+            return t;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn measure(s: &Server, data_dir: &Path, n: usize) -> Figures {
+    make_repo(&data_dir.join("repos"));
+    let (_, ws) = s.call(KEY, "GET", "/api/v1/workspaces", None);
+    let ws = ws["data"][0]["id"]
+        .as_str()
+        .expect("a workspace")
+        .to_string();
+    let (st, v) = s.call(
+        KEY,
+        "PATCH",
+        &format!("/api/v1/workspaces/{ws}"),
+        Some(json!({ "settings": { "tasks_enabled": true, "heartbeat_timeout_sec": HEARTBEAT_TIMEOUT_SEC } })),
+    );
+    assert_eq!(st, 200, "enabling task runs: {v}");
+    let (st, v) = s.call(
+        KEY,
+        "POST",
+        &format!("/api/v1/workspaces/{ws}/wallet/credits"),
+        Some(json!({ "amount": "1000.000000", "reference": "bench" })),
+    );
+    assert!(st == 200 || st == 201, "crediting the wallet: {v}");
+
+    let mut samples = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        let id = start(s, "sleep");
+        loop {
+            let now = state(s, &id);
+            match now["state"].as_str() {
+                Some("running") => break,
+                Some("queued" | "provisioning") => {}
+                other => panic!("the run ended before running: {other:?} {now}"),
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                panic!("the run did not start running within a minute");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        samples.push(ms(t.elapsed()));
+        s.call(KEY, "POST", &format!("/api/v1/tasks/{id}/cancel"), None);
+        wait_terminal(s, &id);
+    }
+
+    let id = start(s, "freeze");
+    let mut running_at = None;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let extra = loop {
+        let now = state(s, &id);
+        match now["state"].as_str() {
+            Some("running") if running_at.is_none() => running_at = Some(Instant::now()),
+            Some("failed") => {
+                break running_at.map(|r| r.elapsed().as_secs_f64() - HEARTBEAT_TIMEOUT_SEC as f64);
+            }
+            Some("stopped" | "cancelled") => break None,
+            _ => {}
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Figures {
+        queued_to_running_ms: samples,
+        heartbeat_loss_extra_sec: extra,
+    }
+}

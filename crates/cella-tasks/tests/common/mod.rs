@@ -1,0 +1,127 @@
+//! Helpers of the crate's tests: real git in temporary directories.
+
+#![allow(dead_code)]
+
+pub mod standin;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The environment of the test's own git (and of the "sandbox" side): nothing of the user's
+/// configuration.
+fn clean(cmd: &mut Command, home: &Path) {
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "Test")
+        .env("GIT_AUTHOR_EMAIL", "test@localhost")
+        .env("GIT_COMMITTER_NAME", "Test")
+        .env("GIT_COMMITTER_EMAIL", "test@localhost")
+        .env("LC_ALL", "C");
+}
+
+/// Runs the test's git in `dir`; panics with its stderr when it fails; returns stdout.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = git_out(dir, args);
+    assert!(
+        out.status.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+pub fn git_out(dir: &Path, args: &[&str]) -> Output {
+    let mut cmd = Command::new("git");
+    clean(&mut cmd, dir);
+    cmd.args(args).current_dir(dir).output().expect("run git")
+}
+
+/// Runs an argv the crate built for the sandbox, as the current user, in `/`.
+pub fn run_argv(argv: &[String], home: &Path) -> Output {
+    let mut cmd = Command::new(&argv[0]);
+    clean(&mut cmd, home);
+    // What a sandbox's user has: no identity of its own beyond what the script passes.
+    cmd.env_remove("GIT_AUTHOR_NAME")
+        .env_remove("GIT_AUTHOR_EMAIL")
+        .env_remove("GIT_COMMITTER_NAME")
+        .env_remove("GIT_COMMITTER_EMAIL");
+    cmd.args(&argv[1..])
+        .current_dir("/")
+        .output()
+        .expect("run argv")
+}
+
+/// A repository with `README.md` and `src/lib.rs` on `main` and a second branch `dev`;
+/// `bare` makes a bare copy at `path` (with `.git` appended by the caller as it likes).
+pub fn make_repo(path: &Path) -> String {
+    std::fs::create_dir_all(path).expect("mkdir repo");
+    git(path, &["init", "-q", "-b", "main"]);
+    std::fs::write(path.join("README.md"), "hello\n").expect("write");
+    std::fs::create_dir_all(path.join("src")).expect("mkdir");
+    std::fs::write(path.join("src/lib.rs"), "pub fn f() {}\n").expect("write");
+    git(path, &["add", "-A"]);
+    git(path, &["commit", "-q", "-m", "first"]);
+    std::fs::write(path.join("README.md"), "hello again\n").expect("write");
+    git(path, &["commit", "-q", "-am", "second"]);
+    git(path, &["branch", "dev"]);
+    git(path, &["rev-parse", "HEAD"])
+}
+
+/// A scratch "sandbox": `workspace` (the checkout), `tmp` (tar and bundle), `home`.
+pub struct Sandbox {
+    pub root: PathBuf,
+    pub checkout: PathBuf,
+    pub tar: PathBuf,
+    pub bundle: PathBuf,
+    pub home: PathBuf,
+}
+
+impl Sandbox {
+    pub fn new(root: &Path) -> Sandbox {
+        let s = Sandbox {
+            root: root.to_path_buf(),
+            checkout: root.join("workspace"),
+            tar: root.join("tmp/.cella-repo.tar"),
+            bundle: root.join("tmp/.cella-branch.bundle"),
+            home: root.join("home"),
+        };
+        std::fs::create_dir_all(root.join("tmp")).expect("mkdir");
+        std::fs::create_dir_all(&s.home).expect("mkdir");
+        s
+    }
+
+    pub fn prepare(&self, tar: &[u8], branch: &str) {
+        std::fs::write(&self.tar, tar).expect("write tar");
+        let argv = cella_tasks::git::sandbox_prepare_at(
+            self.checkout.to_str().expect("utf-8"),
+            self.tar.to_str().expect("utf-8"),
+            branch,
+        );
+        let out = run_argv(&argv, &self.home);
+        assert!(
+            out.status.success(),
+            "prepare: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn collect(&self, base_sha: &str, branch: &str, message: &str) {
+        let argv = cella_tasks::git::sandbox_collect_at(
+            self.checkout.to_str().expect("utf-8"),
+            self.bundle.to_str().expect("utf-8"),
+            base_sha,
+            branch,
+            message,
+        );
+        let out = run_argv(&argv, &self.home);
+        assert!(
+            out.status.success(),
+            "collect: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
