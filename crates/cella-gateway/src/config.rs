@@ -24,14 +24,17 @@
 //! `http(s)://`, a key's environment variable is set, every model is served by one upstream
 //! only and has a price (a model without one would be free by accident: fail closed).
 
-use crate::price::{Micros, Price};
+use crate::price::Price;
+use cella_types::Money;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GatewayConfig {
-    pub reserve_per_run: Micros,
+    /// What a task run reserves for its model use (0 or more).
+    #[serde(deserialize_with = "crate::price::non_negative")]
+    pub reserve_per_run: Money,
     pub upstreams: Vec<UpstreamConfig>,
     pub prices: BTreeMap<String, Price>,
     pub max_body_bytes: u64,
@@ -43,7 +46,7 @@ pub struct GatewayConfig {
 impl Default for GatewayConfig {
     fn default() -> Self {
         GatewayConfig {
-            reserve_per_run: Micros(1_000_000),
+            reserve_per_run: Money::from_micros(1_000_000),
             upstreams: Vec::new(),
             prices: BTreeMap::new(),
             max_body_bytes: 32 * 1024 * 1024,
@@ -201,7 +204,7 @@ output = "1.6"
     #[test]
     fn a_good_section_resolves() {
         let c = parse(GOOD);
-        assert_eq!(c.reserve_per_run, Micros(2_500_000));
+        assert_eq!(c.reserve_per_run, Money::from_micros(2_500_000));
         let (ups, by) = c
             .resolve(|v| (v == "UP_KEY").then(|| "sk-up".to_string()))
             .unwrap();

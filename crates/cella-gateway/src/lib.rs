@@ -11,13 +11,17 @@
 //!   (`Authorization: Bearer` to OpenAI, `x-api-key` and `anthropic-version` to Anthropic);
 //! - an OpenAI chat stream asks the upstream for its usage (`stream_options.include_usage`)
 //!   when the client did not; the usage chunk is passed through like every other;
-//! - a stream is forwarded event by event as it arrives ([`sse`]), read on the way for its
-//!   final usage ([`usage`]); nothing of the answer is buffered but the unfinished event;
+//! - a stream's bytes are forwarded as they arrive, never held back for a whole event; the
+//!   same bytes are read on the side ([`sse`]) for the final usage ([`usage`]), keeping only
+//!   the unfinished line. The answer's head waits for the upstream's first bytes (at most
+//!   [`FIRST_BYTES_WAIT`]), so that the two leave in one write;
 //! - the cost is exact integer math, rounded up to the micro-unit ([`price`]);
 //! - an upstream that answers 4xx/5xx is passed through in its own shape (the SDKs raise their
 //!   typed errors); one that cannot be reached is 502 `BAD_GATEWAY` in Cella's envelope; one
 //!   that dies inside a stream ends it with an SSE `error` event in the provider's shape (so
-//!   its SDK raises), and what it reported until then is recorded.
+//!   its SDK raises), and what it reported until then is recorded. Had it died inside an
+//!   event, that event is ended first (its bytes went out already), so the error event is
+//!   read as one; a client then reads the cut event too and fails on it or on the error.
 
 pub mod config;
 pub mod price;
@@ -29,7 +33,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 pub use config::{GatewayConfig, Upstream, UpstreamKind};
 use futures_util::StreamExt;
-pub use price::{Micros, Price};
+pub use price::Price;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -66,8 +70,8 @@ pub enum Refusal {
 pub struct Metered {
     pub model: String,
     pub usage: Usage,
-    /// Micro-units, rounded up.
-    pub cost_micros: i64,
+    /// Exact, rounded up to the micro-unit; never negative.
+    pub cost: cella_types::Money,
     /// The answer ended as the upstream meant it to (false: a stream that was cut).
     pub complete: bool,
 }
@@ -102,6 +106,10 @@ fn invalid(field: &str, message: &str) -> Response {
         Some(json!({ "field": field })),
     )
 }
+
+/// How long a stream's head waits for the upstream's first bytes, to leave with them in one
+/// write; a later first byte follows the head on its own, as soon as it comes.
+pub const FIRST_BYTES_WAIT: Duration = Duration::from_millis(20);
 
 /// Largest upstream answer read whole (non-streamed answers and error bodies).
 const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
@@ -381,8 +389,9 @@ impl Gateway {
             return r;
         }
         let idle = Duration::from_secs(self.config.stream_idle_timeout_sec.max(1));
-        let st = StreamState {
+        let mut st = StreamState {
             upstream: Box::pin(res.bytes_stream()),
+            ahead: None,
             parser: sse::Parser::new(),
             usage: usage::StreamUsage::new(api),
             recording,
@@ -391,6 +400,10 @@ impl Gateway {
             api,
             upstream_name: up.name.clone(),
         };
+        // Dropping an unfinished `next()` loses nothing: the stream keeps what it received.
+        if let Ok(first) = tokio::time::timeout(FIRST_BYTES_WAIT, st.upstream.next()).await {
+            st.ahead = Some(first);
+        }
         let body = futures_util::stream::unfold(st, |mut st| async move {
             let piece = st.next_piece().await?;
             Some((Ok::<_, std::convert::Infallible>(piece), st))
@@ -499,13 +512,13 @@ impl Recording {
             tracing::debug!(model, "the upstream reported no usage; nothing recorded");
             return;
         };
-        let cost_micros = price.cost(usage.input_tokens, usage.output_tokens);
+        let cost = price.cost(usage.input_tokens, usage.output_tokens);
         let fut = meter.record(
             caller,
             Metered {
                 model,
                 usage,
-                cost_micros,
+                cost,
                 complete,
             },
         );
@@ -520,6 +533,8 @@ impl Recording {
 
 struct StreamState {
     upstream: Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    /// What the upstream gave while the head waited for it (see [`FIRST_BYTES_WAIT`]).
+    ahead: Option<Option<reqwest::Result<Bytes>>>,
     parser: sse::Parser,
     usage: usage::StreamUsage,
     recording: Recording,
@@ -537,34 +552,31 @@ impl Drop for StreamState {
 }
 
 impl StreamState {
-    /// The next bytes for the client: whole events as they complete, then the end.
+    /// The next bytes for the client: the upstream's, as they arrive, then the end.
     async fn next_piece(&mut self) -> Option<Bytes> {
         loop {
             if self.done {
                 return None;
             }
-            match tokio::time::timeout(self.idle, self.upstream.next()).await {
+            let next = match self.ahead.take() {
+                Some(item) => Ok(item),
+                None => tokio::time::timeout(self.idle, self.upstream.next()).await,
+            };
+            match next {
                 Ok(Some(Ok(chunk))) => {
-                    let events = self.parser.feed(&chunk);
-                    if events.is_empty() {
+                    if chunk.is_empty() {
                         continue;
                     }
-                    let mut out = Vec::with_capacity(events.iter().map(|e| e.raw.len()).sum());
-                    for e in &events {
+                    for e in self.parser.feed(&chunk) {
                         self.usage.observe(e.event.as_deref(), &e.data);
-                        out.extend_from_slice(&e.raw);
                     }
-                    return Some(Bytes::from(out));
+                    return Some(chunk);
                 }
                 Ok(None) => {
                     self.done = true;
                     let u = self.usage.get();
                     self.recording.finish(u, true);
-                    let rest = self.parser.rest();
-                    if rest.is_empty() {
-                        return None;
-                    }
-                    return Some(Bytes::copy_from_slice(rest));
+                    return None;
                 }
                 Ok(Some(Err(e))) => {
                     tracing::warn!(upstream = self.upstream_name, "upstream stream failed: {e}");
@@ -582,7 +594,22 @@ impl StreamState {
         self.done = true;
         let u = self.usage.get();
         self.recording.finish(u, false);
-        error_event(self.api, message)
+        // An event the upstream left unfinished is ended first, so the error is one of its own.
+        let end: &[u8] = if self.parser.mid_line() {
+            b"\n\n"
+        } else if self.parser.mid_event() {
+            b"\n"
+        } else {
+            b""
+        };
+        let event = error_event(self.api, message);
+        if end.is_empty() {
+            return event;
+        }
+        let mut out = Vec::with_capacity(end.len() + event.len());
+        out.extend_from_slice(end);
+        out.extend_from_slice(&event);
+        Bytes::from(out)
     }
 }
 

@@ -392,7 +392,7 @@ pub async fn start(
             Err(e) => {
                 p.say(&format!("build failed: {e}\n"));
                 p.state = "failed".into();
-                p.error = Some(e);
+                p.error = Some(e.to_string());
             }
         }
         row.state = p.state;
@@ -408,6 +408,67 @@ pub async fn start(
     Ok(wire(&build, 0))
 }
 
+/// Why a build failed. Its message is the build's `error` (and the log's last line), so each
+/// names the step and the cause as users read it.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("the base template has no image")]
+    NoBaseImage,
+    #[error("no imported image {0}")]
+    NoImportedImage(String),
+    /// A pull, an image's commit or the skeleton layer failed (the image code's own message).
+    #[error("{0}")]
+    Image(String),
+    /// The storage quota (or the layer store) refused a charge.
+    #[error("{0}")]
+    Charge(String),
+    #[error("measuring layer {layer}: {source}")]
+    Measure {
+        layer: String,
+        source: std::io::Error,
+    },
+    /// Step `n` (1-based, of kind `kind`) failed.
+    #[error("step {n} ({kind}) failed: {source}")]
+    Step {
+        n: usize,
+        kind: &'static str,
+        source: Box<BuildError>,
+    },
+    #[error("starting the build sandbox: {0}")]
+    Start(cella_runtime::DriverError),
+    #[error("the command ran past its 30 minute limit")]
+    TimedOut,
+    #[error("the command exited with {0}")]
+    Exit(i32),
+    /// The agent refused a `copy` step's write.
+    #[error("{0}")]
+    Write(cella_agent::client::ClientError),
+    #[error("writing the file failed")]
+    WriteFailed,
+    #[error("keeping the layer: {0}")]
+    Keep(Box<BuildError>),
+    #[error("the template was deleted during its build")]
+    Deleted,
+    #[error(transparent)]
+    Driver(#[from] cella_runtime::DriverError),
+    #[error(transparent)]
+    Store(#[from] cella_store::StoreError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Join(#[from] tokio::task::JoinError),
+}
+
+impl BuildError {
+    fn step(n: usize, kind: &'static str, source: BuildError) -> BuildError {
+        BuildError::Step {
+            n,
+            kind,
+            source: Box::new(source),
+        }
+    }
+}
+
 /// Layers live here, one directory per key.
 fn layer_dir(state: &AppState, key: &str) -> PathBuf {
     state.config.data_dir.join("layers").join(key)
@@ -420,8 +481,8 @@ async fn run(
     base: &TemplateEntry,
     files: BTreeMap<String, Vec<u8>>,
     progress: &Arc<Mutex<Progress>>,
-) -> Result<(), String> {
-    let mut base_image = base.image.clone().ok_or("the base template has no image")?;
+) -> Result<(), BuildError> {
+    let mut base_image = base.image.clone().ok_or(BuildError::NoBaseImage)?;
     let mut base_defaults = base.defaults.clone();
     let set = |f: &dyn Fn(&mut Progress)| f(&mut progress.lock().expect("build lock"));
     set(&|p| {
@@ -451,9 +512,7 @@ async fn run(
             p.say(&format!("step 1 (image): {image}\n"));
         });
         let layers_root = state.config.data_dir.join("layers");
-        tokio::fs::create_dir_all(&layers_root)
-            .await
-            .map_err(|e| e.to_string())?;
+        tokio::fs::create_dir_all(&layers_root).await?;
         let p2 = progress.clone();
         let pulled = match image.strip_prefix("upload:") {
             Some(up) => match crate::images::get(state, &build.workspace_id, up) {
@@ -481,23 +540,22 @@ async fn run(
                         Err(e) => Err(e),
                     }
                 }
-                None => Err(format!("no imported image {up}")),
+                None => Err(BuildError::NoImportedImage(up.to_string())),
             },
             None => {
                 let pulled = match crate::quotas::budget(state, &build.workspace_id).await {
-                    Ok(budget) => {
-                        crate::oci::pull(
-                            image,
-                            spec.registry_auth.as_ref(),
-                            &layers_root,
-                            &state.config.registries(),
-                            &build.workspace_id,
-                            &budget,
-                            |line| p2.lock().expect("build lock").say(&line),
-                        )
-                        .await
-                    }
-                    Err(e) => Err(e.message),
+                    Ok(budget) => crate::oci::pull(
+                        image,
+                        spec.registry_auth.as_ref(),
+                        &layers_root,
+                        &state.config.registries(),
+                        &build.workspace_id,
+                        &budget,
+                        |line| p2.lock().expect("build lock").say(&line),
+                    )
+                    .await
+                    .map_err(BuildError::Image),
+                    Err(e) => Err(BuildError::Charge(e.message)),
                 };
                 match pulled {
                     Ok(prepared) => {
@@ -519,7 +577,7 @@ async fn run(
             Err(e) => {
                 set(&|p| p.steps[0].state = "failed".into());
                 charges.give_back_if_over().await;
-                return Err(format!("step 1 (image) failed: {e}"));
+                return Err(BuildError::step(1, "image", e));
             }
         };
         let resolvers: String = state
@@ -528,7 +586,7 @@ async fn run(
             .map(|r| r.iter().map(|a| format!("nameserver {a}\n")).collect())
             .filter(|s: &String| !s.is_empty())
             .unwrap_or_else(|| "nameserver 1.1.1.1\n".into());
-        let skeleton = crate::oci::skeleton(&layers_root, &resolvers)?;
+        let skeleton = crate::oci::skeleton(&layers_root, &resolvers).map_err(BuildError::Image)?;
         let mut layers = vec![skeleton];
         layers.extend(pulled.layers.clone());
         base_image = TemplateImage {
@@ -603,7 +661,7 @@ async fn run(
             serde_json::to_vec(&(&defaults.env, &defaults.workdir, &defaults.user))
                 .unwrap_or_default(),
         );
-        let outcome: Result<&str, String> = match step {
+        let outcome: Result<&str, BuildError> = match step {
             TemplateStep::Env(m) => {
                 defaults.env.extend(m.clone());
                 Ok("done")
@@ -691,7 +749,7 @@ async fn run(
                     p.steps[i].duration_ms = Some(ms);
                 });
                 charges.give_back_if_over().await;
-                return Err(format!("step {} ({}) failed: {e}", i + 1, kind(step)));
+                return Err(BuildError::step(i + 1, kind(step), e));
             }
         }
         // The log and step states so far, in the store too.
@@ -719,8 +777,7 @@ async fn run(
             &serde_json::to_string(&image).unwrap_or_default(),
             &serde_json::to_string(&defaults).unwrap_or_default(),
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     if state
         .store
         .template(&spec.id)
@@ -738,7 +795,7 @@ async fn run(
             &crate::images::all_layer_dirs(state),
         )
         .await;
-        return Err("the template was deleted during its build".into());
+        return Err(BuildError::Deleted);
     }
     state.catalog.put(TemplateEntry {
         id: spec.id.clone(),
@@ -772,13 +829,8 @@ struct Charges<'a> {
 impl Charges<'_> {
     /// (name, size) of layers of the store: the size the workspace pays for already, else
     /// measured.
-    async fn sizes(&self, names: &[String]) -> Result<Vec<(String, u64)>, String> {
-        let charged = self
-            .state
-            .store
-            .charged_layers(&self.workspace_id)
-            .await
-            .map_err(|e| e.to_string())?;
+    async fn sizes(&self, names: &[String]) -> Result<Vec<(String, u64)>, BuildError> {
+        let charged = self.state.store.charged_layers(&self.workspace_id).await?;
         let root = self.state.config.data_dir.join("layers");
         let mut out = Vec::new();
         for n in names {
@@ -787,9 +839,11 @@ impl Charges<'_> {
                 None => {
                     let p = root.join(n).join("root");
                     tokio::task::spawn_blocking(move || crate::layers::disk_bytes(&p))
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .map_err(|e| format!("measuring layer {n}: {e}"))?
+                        .await?
+                        .map_err(|source| BuildError::Measure {
+                            layer: n.clone(),
+                            source,
+                        })?
                 }
             };
             out.push((n.clone(), size));
@@ -802,7 +856,7 @@ impl Charges<'_> {
         layers: &[(String, u64)],
         what: &str,
         commit: impl FnOnce() -> Result<T, ApiError>,
-    ) -> Result<T, String> {
+    ) -> Result<T, BuildError> {
         match crate::quotas::charge(
             self.state,
             &self.workspace_id,
@@ -820,7 +874,7 @@ impl Charges<'_> {
             }
             Err(e) => {
                 self.over = e.code == ErrorCode::InsufficientStorage;
-                Err(e.message)
+                Err(BuildError::Charge(e.message))
             }
         }
     }
@@ -887,7 +941,7 @@ async fn run_step(
     files: &BTreeMap<String, Vec<u8>>,
     progress: &Arc<Mutex<Progress>>,
     dir: &std::path::Path,
-) -> Result<(), String> {
+) -> Result<(), BuildError> {
     let id = new_id("bld");
     let (cpus, mem, disk) = Size::Small.shape();
     let spec = SandboxSpec {
@@ -914,13 +968,13 @@ async fn run_step(
         .driver
         .create(&spec)
         .await
-        .map_err(|e| format!("starting the build sandbox: {e}"))?;
+        .map_err(BuildError::Start)?;
     let (uid, home, name) = match defaults.user.unwrap_or(ExecUser::Root) {
         ExecUser::User => (USER_UID, "/home/user", "user"),
         ExecUser::Root => (0, "/root", "root"),
     };
     let cwd = defaults.workdir.clone().unwrap_or_else(|| home.to_string());
-    let result: Result<(), String> = async {
+    let result: Result<(), BuildError> = async {
         match step {
             TemplateStep::Run(cmd) => {
                 let mut env = cella_runtime::base_env(home, name);
@@ -954,12 +1008,12 @@ async fn run_step(
                     }
                 };
                 let (r, _) = tokio::join!(state.driver.exec(&handle, exec, tx), log);
-                let info = r.map_err(|e| e.to_string())?;
+                let info = r?;
                 if info.timed_out {
-                    return Err("the command ran past its 30 minute limit".into());
+                    return Err(BuildError::TimedOut);
                 }
                 if info.exit_code != 0 {
-                    return Err(format!("the command exited with {}", info.exit_code));
+                    return Err(BuildError::Exit(info.exit_code));
                 }
                 Ok(())
             }
@@ -977,8 +1031,8 @@ async fn run_step(
                     .write_file(&dest, uid, uid, c.mode.unwrap_or(0o644), u64::MAX, chunks)
                     .await
                     .map_err(|e| match e {
-                        cella_agent::client::WriteError::Agent(a) => a.to_string(),
-                        _ => "writing the file failed".to_string(),
+                        cella_agent::client::WriteError::Agent(a) => BuildError::Write(a),
+                        _ => BuildError::WriteFailed,
                     })?;
                 progress
                     .lock()
@@ -996,25 +1050,22 @@ async fn run_step(
             let tmp = dir.join("root.part");
             let _ = tokio::fs::remove_dir_all(&tmp).await;
             match stopped {
-                Ok(()) => state
-                    .driver
-                    .export_layer(&id, &tmp)
-                    .await
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
+                Ok(()) => state.driver.export_layer(&id, &tmp).await,
+                Err(e) => Err(e),
             }
+            .map_err(BuildError::from)
             .and_then(|_| {
                 let _ = std::fs::remove_dir_all(dir.join("root"));
                 std::fs::rename(&tmp, dir.join("root"))
                     .and_then(|_| std::fs::write(dir.join("complete"), b""))
-                    .map_err(|e| e.to_string())
+                    .map_err(BuildError::from)
             })
         }
         Err(_) => Ok(()),
     };
     let _ = state.driver.destroy(&id, Some(&handle)).await;
     result?;
-    kept.map_err(|e| format!("keeping the layer: {e}"))
+    kept.map_err(|e| BuildError::Keep(Box::new(e)))
 }
 
 fn shell_quote(s: &str) -> String {
@@ -1213,4 +1264,25 @@ pub async fn build_of(
         .await?
         .filter(|b| b.template_id == key && b.workspace_id == auth.workspace_id)
         .ok_or(TemplateError::NotFound("build"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BuildError;
+
+    #[test]
+    fn a_failed_step_names_itself_and_its_cause() {
+        let e = BuildError::step(2, "run", BuildError::Exit(3));
+        assert_eq!(
+            e.to_string(),
+            "step 2 (run) failed: the command exited with 3"
+        );
+        let e = BuildError::step(1, "image", BuildError::NoImportedImage("img1".into()));
+        assert_eq!(
+            e.to_string(),
+            "step 1 (image) failed: no imported image img1"
+        );
+        let e = BuildError::Keep(Box::new(std::io::Error::other("disk full").into()));
+        assert_eq!(e.to_string(), "keeping the layer: disk full");
+    }
 }

@@ -77,6 +77,21 @@ impl Default for AuthConfig {
     }
 }
 
+/// A setting the server refuses to start with (the message is printed at start).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingError {
+    #[error("auth.session_ttl_hours must be from 1 to 8760")]
+    SessionTtl,
+    #[error("auth.failures_per_email and failures_per_address must be at least 1")]
+    Failures,
+    #[error("auth.failure_refill_sec must be from 1 to 86400")]
+    FailureRefill,
+    #[error("preview.token_ttl_sec must be from 1 to {PREVIEW_MAX_TTL_SEC}")]
+    PreviewTtl,
+    #[error("preview.domain {0:?} is not a DNS name")]
+    PreviewDomain(String),
+}
+
 impl AuthConfig {
     /// How long a session lasts, in milliseconds.
     pub fn session_ttl_ms(&self) -> i64 {
@@ -84,17 +99,15 @@ impl AuthConfig {
     }
 
     /// What the server refuses to start with.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), SettingError> {
         if !(1..=8760).contains(&self.session_ttl_hours) {
-            return Err("auth.session_ttl_hours must be from 1 to 8760".into());
+            return Err(SettingError::SessionTtl);
         }
         if self.failures_per_email == 0 || self.failures_per_address == 0 {
-            return Err(
-                "auth.failures_per_email and failures_per_address must be at least 1".into(),
-            );
+            return Err(SettingError::Failures);
         }
         if !(1..=86400).contains(&self.failure_refill_sec) {
-            return Err("auth.failure_refill_sec must be from 1 to 86400".into());
+            return Err(SettingError::FailureRefill);
         }
         Ok(())
     }
@@ -207,12 +220,9 @@ pub const PREVIEW_MAX_TTL_SEC: u64 = 30 * 86400;
 
 impl PreviewConfig {
     /// What the server refuses to start with.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), SettingError> {
         if !(1..=PREVIEW_MAX_TTL_SEC).contains(&self.token_ttl_sec) {
-            return Err(format!(
-                "preview.token_ttl_sec must be from 1 to {}",
-                PREVIEW_MAX_TTL_SEC
-            ));
+            return Err(SettingError::PreviewTtl);
         }
         let d = self.domain.trim_end_matches('.');
         if d.is_empty()
@@ -222,10 +232,7 @@ impl PreviewConfig {
                     && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
             })
         {
-            return Err(format!(
-                "preview.domain {:?} is not a DNS name",
-                self.domain
-            ));
+            return Err(SettingError::PreviewDomain(self.domain.clone()));
         }
         Ok(())
     }
@@ -576,13 +583,23 @@ mod tests {
         assert_eq!(c.auth.session_ttl_hours, 168);
         assert!(c.auth.check().is_ok());
         assert!(toml::from_str::<Config>("[auth]\nsign_up = true\n").is_err());
-        for bad in [
-            "[auth]\nsession_ttl_hours = 0\n",
-            "[auth]\nfailures_per_email = 0\n",
-            "[auth]\nfailure_refill_sec = 0\n",
+        for (bad, said) in [
+            (
+                "[auth]\nsession_ttl_hours = 0\n",
+                "auth.session_ttl_hours must be from 1 to 8760",
+            ),
+            (
+                "[auth]\nfailures_per_email = 0\n",
+                "auth.failures_per_email and failures_per_address must be at least 1",
+            ),
+            (
+                "[auth]\nfailure_refill_sec = 0\n",
+                "auth.failure_refill_sec must be from 1 to 86400",
+            ),
         ] {
             let c: Config = toml::from_str(bad).unwrap();
-            assert!(c.auth.check().is_err(), "{bad}");
+            let e = c.auth.check().expect_err(bad);
+            assert_eq!(e.to_string(), said);
         }
     }
 
@@ -612,5 +629,21 @@ mod tests {
         ] {
             assert!(bad.check().is_err(), "{bad:?}");
         }
+        let long = PreviewConfig {
+            token_ttl_sec: PREVIEW_MAX_TTL_SEC + 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            long.check().unwrap_err().to_string(),
+            "preview.token_ttl_sec must be from 1 to 2592000"
+        );
+        let odd = PreviewConfig {
+            domain: "x/y".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            odd.check().unwrap_err().to_string(),
+            "preview.domain \"x/y\" is not a DNS name"
+        );
     }
 }

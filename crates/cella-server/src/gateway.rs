@@ -31,6 +31,17 @@
 //! sandbox, of its exact cost; an admitted request is always recorded, even when that takes the
 //! wallet below zero (the next one is refused). The ledger's idempotency key is an id the
 //! server makes for the request, never the client's `x-request-id`.
+//!
+//! **Lookups kept.** What a request looks up before it is sent on (who a credential is; a
+//! workspace's settings, for its allow-list) is kept in memory for [`LOOKUP_TTL`], so a
+//! client's next requests reach the upstream without a read of the store. An entry is trusted
+//! only while the store's [`cella_store::Store::grants_epoch`] has not moved since it was
+//! read: every revoke of a key or a sandbox token (a sandbox's stop, destroy or end among
+//! them), a key made the operator's, and every change of a workspace's settings or plan moves
+//! it, so they take effect at once, for the next request. Only successes are kept (a refused
+//! credential is looked up every time); a key's expiry is checked on every request, and a
+//! token's address too. The funds check is not kept: a priced model reads the wallet every
+//! time.
 
 use crate::error::ApiError;
 use crate::util::{hash_key, new_id, now_ms};
@@ -43,14 +54,87 @@ use axum::Router;
 use cella_gateway::{Api, BoxFuture, Caller, Meter, Metered, Refusal};
 use cella_runtime::SandboxHandle;
 use cella_store::SandboxTokenRow;
+use cella_types::WorkspaceSettings;
 use cella_types::{ErrorCode, SandboxState, Scope};
 use rand::distributions::{Alphanumeric, DistString};
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// How sandbox tokens begin (an API key begins `cella_`).
 pub const TOKEN_PREFIX: &str = "cst_";
+
+/// How long a request's lookups are kept (see the module docs).
+pub const LOOKUP_TTL: Duration = Duration::from_secs(2);
+
+/// Entries kept of each kind at most (past it, the stale ones go, then all).
+const LOOKUP_MAX: usize = 4096;
+
+/// Who a credential is, as the store said.
+#[derive(Debug, Clone)]
+enum Known {
+    /// A live sandbox token; `addr` is its sandbox's address when it has a network.
+    Token {
+        workspace_id: String,
+        sandbox_id: String,
+        addr: Option<Ipv4Addr>,
+    },
+    /// An API key with `models:use`; `expires_at` in ms.
+    Key {
+        workspace_id: String,
+        expires_at: Option<i64>,
+    },
+}
+
+struct Entry<T> {
+    at: Instant,
+    epoch: u64,
+    value: T,
+}
+
+/// A map of lookups trusted for [`LOOKUP_TTL`] while the store's grants epoch stays.
+struct Kept<T>(Mutex<HashMap<String, Entry<T>>>);
+
+impl<T: Clone> Kept<T> {
+    fn new() -> Kept<T> {
+        Kept(Mutex::new(HashMap::new()))
+    }
+
+    fn get(&self, key: &str, epoch: u64) -> Option<T> {
+        let map = self.0.lock().ok()?;
+        map.get(key)
+            .filter(|e| e.epoch == epoch && e.at.elapsed() < LOOKUP_TTL)
+            .map(|e| e.value.clone())
+    }
+
+    /// Keeps `value`, read after the epoch was `epoch`.
+    fn put(&self, key: &str, epoch: u64, value: T) {
+        let Ok(mut map) = self.0.lock() else {
+            return;
+        };
+        if map.len() >= LOOKUP_MAX {
+            map.retain(|_, e| e.epoch == epoch && e.at.elapsed() < LOOKUP_TTL);
+            if map.len() >= LOOKUP_MAX {
+                map.clear();
+            }
+        }
+        map.insert(
+            key.to_string(),
+            Entry {
+                at: Instant::now(),
+                epoch,
+                value,
+            },
+        );
+    }
+
+    fn retain(&self, keep: impl Fn(&T) -> bool) {
+        if let Ok(mut map) = self.0.lock() {
+            map.retain(|_, e| keep(&e.value));
+        }
+    }
+}
 
 /// The gateway and what the server keeps for the sandboxes that use it.
 pub struct GatewayState {
@@ -59,6 +143,10 @@ pub struct GatewayState {
     /// Task runs' sandboxes: sandbox id -> the run it serves and what its reservation has left
     /// for model requests (micro-units).
     tasks: Mutex<HashMap<String, TaskBudget>>,
+    /// Credential hash -> who it is.
+    callers: Kept<Known>,
+    /// Workspace -> its settings.
+    settings: Kept<Arc<WorkspaceSettings>>,
     /// The server's state, for the link listeners' routers (set once it is made).
     app: std::sync::OnceLock<std::sync::Weak<AppState>>,
 }
@@ -83,6 +171,8 @@ impl GatewayState {
             gateway,
             links: Mutex::new(HashMap::new()),
             tasks: Mutex::new(HashMap::new()),
+            callers: Kept::new(),
+            settings: Kept::new(),
             app: std::sync::OnceLock::new(),
         }
     }
@@ -167,6 +257,9 @@ impl GatewayState {
         if let Ok(mut l) = self.links.lock() {
             l.remove(id); // dropping the sender stops the listener
         }
+        // The revoke that follows moves the epoch too; this drops them before it commits.
+        self.callers
+            .retain(|k| !matches!(k, Known::Token { sandbox_id, .. } if sandbox_id == id));
     }
 }
 
@@ -197,8 +290,8 @@ async fn models(State(state): State<Arc<AppState>>, req: Request) -> Response {
         Ok(c) => c,
         Err(r) => return r,
     };
-    let settings = match state.store.workspace(&caller.workspace_id).await {
-        Ok(Some(w)) => w.settings,
+    let settings = match settings_of(&state, &caller.workspace_id).await {
+        Ok(Some(s)) => s,
         _ => return finished(ApiError::internal().into_response()),
     };
     finished(state.gateway.gateway.models(&|m| settings.allows_model(m)))
@@ -255,6 +348,23 @@ fn credential(headers: &HeaderMap) -> Option<String> {
         .map(str::to_string)
 }
 
+/// A workspace's settings: kept (see the module docs), else read. None: it is gone.
+async fn settings_of(
+    state: &AppState,
+    workspace_id: &str,
+) -> Result<Option<Arc<WorkspaceSettings>>, cella_store::StoreError> {
+    let epoch = state.store.grants_epoch();
+    if let Some(s) = state.gateway.settings.get(workspace_id, epoch) {
+        return Ok(Some(s));
+    }
+    let Some(w) = state.store.workspace(workspace_id).await? else {
+        return Ok(None);
+    };
+    let s = Arc::new(w.settings);
+    state.gateway.settings.put(workspace_id, epoch, s.clone());
+    Ok(Some(s))
+}
+
 /// Who calls (see the module docs): 401 without a valid credential, 403 for a token used from
 /// elsewhere than its sandbox or a key without `models:use`.
 pub(crate) async fn caller(
@@ -270,8 +380,60 @@ pub(crate) async fn caller(
             "missing credential; send `Authorization: Bearer <sandbox token or API key>` or `x-api-key`",
         ));
     };
+    let hash = hash_key(&secret);
+    // Noted before the store is read: a revoke that commits meanwhile leaves nothing kept.
+    let epoch = state.store.grants_epoch();
+    let known = match state.gateway.callers.get(&hash, epoch) {
+        Some(k) => k,
+        None => {
+            let k = look_up(state, &secret, &hash).await?;
+            state.gateway.callers.put(&hash, epoch, k.clone());
+            k
+        }
+    };
+    match known {
+        Known::Token {
+            workspace_id,
+            sandbox_id,
+            addr,
+        } => {
+            if let Some(addr) = addr {
+                if peer != Some(IpAddr::V4(addr)) {
+                    return Err(finished(
+                        ApiError::new(
+                            ErrorCode::Forbidden,
+                            "this sandbox token is valid only from its own sandbox",
+                        )
+                        .into_response(),
+                    ));
+                }
+            }
+            Ok(Caller {
+                workspace_id,
+                sandbox_id: Some(sandbox_id),
+                request_id,
+            })
+        }
+        Known::Key {
+            workspace_id,
+            expires_at,
+        } => {
+            if expires_at.is_some_and(|t| t <= now_ms()) {
+                return Err(refuse(ErrorCode::Unauthorized, "this API key has expired"));
+            }
+            Ok(Caller {
+                workspace_id,
+                sandbox_id: None,
+                request_id,
+            })
+        }
+    }
+}
+
+/// Who a credential is, from the store; the refusals of [`caller`] but the address check.
+async fn look_up(state: &AppState, secret: &str, hash: &str) -> Result<Known, Response> {
     if secret.starts_with(TOKEN_PREFIX) {
-        let row = match state.store.sandbox_token_by_hash(&hash_key(&secret)).await {
+        let row = match state.store.sandbox_token_by_hash(hash).await {
             Ok(r) => r,
             Err(e) => return Err(finished(ApiError::from(e).into_response())),
         };
@@ -301,21 +463,10 @@ pub(crate) async fn caller(
             Ok(h) => h.and_then(|h| h.net),
             Err(e) => return Err(finished(ApiError::from(e).into_response())),
         };
-        if let Some(net) = net {
-            if peer != Some(IpAddr::V4(net.sandbox_addr)) {
-                return Err(finished(
-                    ApiError::new(
-                        ErrorCode::Forbidden,
-                        "this sandbox token is valid only from its own sandbox",
-                    )
-                    .into_response(),
-                ));
-            }
-        }
-        return Ok(Caller {
+        return Ok(Known::Token {
             workspace_id: row.workspace_id,
-            sandbox_id: Some(row.sandbox_id),
-            request_id,
+            sandbox_id: row.sandbox_id,
+            addr: net.map(|n| n.sandbox_addr),
         });
     }
     // An API key, however it was sent.
@@ -336,10 +487,15 @@ pub(crate) async fn caller(
             .into_response(),
         ));
     }
-    Ok(Caller {
+    // Its expiry, checked on every request while this is kept.
+    let expires_at = match state.store.key(&auth.key_id).await {
+        Ok(Some(k)) => k.expires_at,
+        Ok(None) => return Err(refuse(ErrorCode::Unauthorized, "invalid API key")),
+        Err(e) => return Err(finished(ApiError::from(e).into_response())),
+    };
+    Ok(Known::Key {
         workspace_id: auth.workspace_id,
-        sandbox_id: None,
-        request_id,
+        expires_at,
     })
 }
 
@@ -355,8 +511,8 @@ impl Meter for ServerMeter {
         model: &'a str,
     ) -> BoxFuture<'a, Result<(), Refusal>> {
         Box::pin(async move {
-            let ws = match self.state.store.workspace(&caller.workspace_id).await {
-                Ok(Some(w)) => w,
+            let settings = match settings_of(&self.state, &caller.workspace_id).await {
+                Ok(Some(s)) => s,
                 Ok(None) => return Err(Refusal::Forbidden("the workspace is gone".into())),
                 Err(e) => {
                     tracing::error!("reading a workspace for the gateway: {e}");
@@ -365,7 +521,7 @@ impl Meter for ServerMeter {
                     ));
                 }
             };
-            if !ws.settings.allows_model(model) {
+            if !settings.allows_model(model) {
                 return Err(Refusal::Forbidden(format!(
                     "model {model:?} is not in this workspace's model_allowlist"
                 )));
@@ -399,7 +555,7 @@ fn free_model(state: &AppState, model: &str) -> bool {
         .gateway
         .prices
         .get(model)
-        .is_some_and(|p| p.input.0 == 0 && p.output.0 == 0)
+        .is_some_and(|p| p.is_free())
 }
 
 async fn funds(state: &AppState, workspace_id: &str, model: &str) -> Result<(), Refusal> {
@@ -429,7 +585,7 @@ async fn record(state: &AppState, caller: Caller, m: Metered) {
     if let (Some(sb), Some(task)) = (caller.sandbox_id.as_deref(), task_id.as_deref()) {
         // The run's reservation covered this request: what it cost is taken off it (the
         // ledger entry now holds it), so the wallet counts it once.
-        let cost = m.cost_micros.max(0);
+        let cost = m.cost.micros().max(0);
         state.gateway.spend(sb, cost);
         let h = cella_billing::Holder::Task(task.to_string());
         if let Ok(Some(held)) = state.billing.reservation(&h).await {
@@ -446,7 +602,7 @@ async fn record(state: &AppState, caller: Caller, m: Metered) {
         model: m.model.clone(),
         input_tokens: m.usage.input_tokens,
         output_tokens: m.usage.output_tokens,
-        amount: cella_types::Money::from_micros(m.cost_micros.max(0)),
+        amount: m.cost.max(cella_types::Money::ZERO),
         request_id: caller.request_id.clone(),
     };
     state.model_meter.submit(charge).await;
@@ -457,7 +613,7 @@ async fn record(state: &AppState, caller: Caller, m: Metered) {
         model = m.model,
         input_tokens = m.usage.input_tokens,
         output_tokens = m.usage.output_tokens,
-        cost = %cella_gateway::Micros(m.cost_micros),
+        cost = %m.cost,
         complete = m.complete,
         "model request"
     );

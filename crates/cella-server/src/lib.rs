@@ -163,6 +163,8 @@ pub enum ServeError {
     },
     #[error("configuration: {0}")]
     Config(String),
+    #[error("configuration: {0}")]
+    Check(#[from] config::SettingError),
     #[error("serving: {0}")]
     Serve(std::io::Error),
     #[error("writing the bootstrap key: {0}")]
@@ -471,8 +473,8 @@ struct DataDir {
 /// Makes (or opens) the data directory, locks it, opens the store, and makes the instance id,
 /// the default workspace and the bootstrap key at first start. Needs no privilege.
 async fn open_data_dir(config: &Config) -> Result<DataDir, ServeError> {
-    config.preview.check().map_err(ServeError::Config)?;
-    config.auth.check().map_err(ServeError::Config)?;
+    config.preview.check()?;
+    config.auth.check()?;
     config.check_tasks().map_err(ServeError::Config)?;
     let dir = config.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(|source| ServeError::DataDir {

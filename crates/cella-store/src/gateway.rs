@@ -90,8 +90,9 @@ impl Store {
         .bind(now)
         .bind(sandbox_id)
         .execute(&self.pool)
-        .await?;
-        Ok(r.rows_affected())
+        .await;
+        self.grants_changed();
+        Ok(r?.rows_affected())
     }
 
     /// Sandbox ids that hold a live token.

@@ -94,10 +94,12 @@ impl Store {
 
     /// Makes a key the operator's (the bootstrap key of an existing data directory).
     pub async fn set_key_operator(&self, id: &str) -> Result<()> {
-        sqlx::query("UPDATE api_keys SET operator = 1 WHERE id = ?")
+        let r = sqlx::query("UPDATE api_keys SET operator = 1 WHERE id = ?")
             .bind(id)
             .execute(&self.pool)
-            .await?;
+            .await;
+        self.grants_changed();
+        r?;
         Ok(())
     }
 
@@ -154,8 +156,9 @@ impl Store {
                 .bind(now)
                 .bind(id)
                 .execute(&self.pool)
-                .await?;
-        Ok(r.rows_affected() == 1)
+                .await;
+        self.grants_changed();
+        Ok(r?.rows_affected() == 1)
     }
 
     pub async fn touch_key(&self, id: &str, now: i64) -> Result<()> {

@@ -149,6 +149,8 @@ pub fn is_internal_workspace(id: &str) -> bool {
 #[derive(Clone)]
 pub struct Store {
     pool: SqlitePool,
+    /// See [`Store::grants_epoch`].
+    grants: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Store {
@@ -168,7 +170,27 @@ impl Store {
             .connect_with(opts)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Store { pool })
+        Ok(Store {
+            pool,
+            grants: Default::default(),
+        })
+    }
+
+    /// A number that moves after every write that can take away what a credential opens: a
+    /// key or a sandbox token revoked, a key made the operator's, a workspace's settings or
+    /// plan changed. A cache of credentials or settings that notes it before reading the
+    /// store, and trusts an entry only while it has not moved, never serves what such a write
+    /// changed (the gateway's lookups). It counts the writes of this process only: one server
+    /// per data directory writes it.
+    pub fn grants_epoch(&self) -> u64 {
+        self.grants.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Called after (never before) a write that [`Store::grants_epoch`] follows, whether it
+    /// succeeded or not.
+    fn grants_changed(&self) {
+        self.grants
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The connection pool: for the crates that keep their own tables in this database

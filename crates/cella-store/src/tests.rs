@@ -769,3 +769,91 @@ async fn task_states_move_conditionally_and_an_ended_runs_message_leaves_the_fil
     let listed = store.list_workspaces(100, None).await.unwrap();
     assert!(listed.iter().all(|(_, w)| !is_internal_workspace(&w.id)));
 }
+
+/// Every write that takes away what a credential opens moves the epoch that caches of
+/// credentials follow; reads and harmless writes leave it.
+#[tokio::test]
+async fn revokes_and_settings_changes_move_the_grants_epoch() {
+    let (_d, store) = store_with_ws().await;
+    let k = KeyRow {
+        id: "key1".into(),
+        workspace_id: "ws1".into(),
+        name: "k".into(),
+        hash: "h".into(),
+        prefix: "p".into(),
+        scopes: vec![cella_types::Scope::ModelsUse],
+        created_at: 1,
+        expires_at: None,
+        revoked_at: None,
+        last_used_at: None,
+        operator: false,
+    };
+    store.insert_key(&k).await.unwrap();
+    let mut sb = sandbox("sb1", "ws1");
+    sb.state = SandboxState::Running;
+    assert!(store.insert_sandbox_capped(&sb, 10).await.unwrap());
+    store
+        .insert_sandbox_token(&SandboxTokenRow {
+            id: "tok1".into(),
+            hash: "th".into(),
+            sandbox_id: "sb1".into(),
+            workspace_id: "ws1".into(),
+            created_at: 1,
+            revoked_at: None,
+        })
+        .await
+        .unwrap();
+    let e0 = store.grants_epoch();
+    store.key_by_hash("h").await.unwrap();
+    store.sandbox_token_by_hash("th").await.unwrap();
+    store.touch_key("key1", 5).await.unwrap();
+    assert_eq!(store.grants_epoch(), e0);
+    store.revoke_sandbox_tokens("sb1", 6).await.unwrap();
+    let e1 = store.grants_epoch();
+    assert!(e1 > e0);
+    let mut ws = store.workspace("ws1").await.unwrap().unwrap();
+    ws.settings.model_allowlist = vec!["m".into()];
+    store.update_workspace(&ws).await.unwrap();
+    let e2 = store.grants_epoch();
+    assert!(e2 > e1);
+    assert!(store.revoke_key("key1", 7).await.unwrap());
+    assert!(store.grants_epoch() > e2);
+    // A clone of the store (the server hands them around) follows the same epoch.
+    let other = store.clone();
+    store.set_key_operator("key1").await.unwrap();
+    assert_eq!(other.grants_epoch(), store.grants_epoch());
+}
+
+/// The ledger keeps a sandbox's costs on its row only for entries of the sandbox's own
+/// workspace: an entry of another workspace naming it changes nothing on it.
+#[tokio::test]
+async fn a_ledger_entry_of_another_workspace_leaves_a_sandboxs_costs_alone() {
+    let (_d, store) = store_with_ws().await;
+    raw(
+        &store,
+        "INSERT INTO workspaces (id, name, plan, kind, created_at) VALUES ('ws2', 'b', 'developer', 'personal', 0)",
+    )
+    .await;
+    assert!(store
+        .insert_sandbox_capped(&sandbox("sb1", "ws1"), 10)
+        .await
+        .unwrap());
+    let entry = |id: &str, ws: &str, kind: &str, amount: i64| {
+        format!(
+            "INSERT INTO ledger (id, workspace_id, at, kind, amount, balance_after, sandbox_id) \
+             VALUES ('{id}', '{ws}', 1, '{kind}', {amount}, {amount}, 'sb1')"
+        )
+    };
+    raw(&store, &entry("l1", "ws2", "model", -700)).await;
+    raw(&store, &entry("l2", "ws2", "compute", -900)).await;
+    let row = store.sandbox("sb1").await.unwrap().unwrap();
+    assert_eq!(row.model_cost, Money::ZERO);
+    assert_eq!(row.compute_charged, None);
+    // Its own workspace's entries are kept on it.
+    raw(&store, &entry("l3", "ws1", "model", -25)).await;
+    raw(&store, &entry("l4", "ws1", "model", -5)).await;
+    raw(&store, &entry("l5", "ws1", "compute", -60)).await;
+    let row = store.sandbox("sb1").await.unwrap().unwrap();
+    assert_eq!(row.model_cost, Money::from_micros(30));
+    assert_eq!(row.compute_charged, Some(Money::from_micros(60)));
+}

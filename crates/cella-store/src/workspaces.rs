@@ -100,13 +100,15 @@ impl Store {
     }
 
     pub async fn update_workspace(&self, w: &WorkspaceRow) -> Result<()> {
-        sqlx::query("UPDATE workspaces SET name = ?, plan = ?, settings = ? WHERE id = ?")
+        let r = sqlx::query("UPDATE workspaces SET name = ?, plan = ?, settings = ? WHERE id = ?")
             .bind(&w.name)
             .bind(&w.plan)
             .bind(encode_json(TABLE, &w.id, "settings", &w.settings)?)
             .bind(&w.id)
             .execute(&self.pool)
-            .await?;
+            .await;
+        self.grants_changed();
+        r?;
         Ok(())
     }
 }

@@ -42,6 +42,40 @@ use nix::unistd::{fork, ForkResult};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
+/// Why the launcher could not start a sandbox. Its message is the `error` of the launcher's
+/// answer, which the driver reports as the boot's error.
+#[derive(Debug, thiserror::Error)]
+enum LaunchError {
+    /// A step of the launcher failed (`what` names it).
+    #[error("{what}: {source}")]
+    Step {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("parsing the launch configuration: {0}")]
+    Config(#[from] serde_json::Error),
+    #[error("the launch configuration names another cgroup")]
+    OtherCgroup,
+    #[error(transparent)]
+    Cgroup(#[from] crate::DriverError),
+    #[error(transparent)]
+    Userns(#[from] crate::userns::UsernsError),
+    #[error(transparent)]
+    Net(#[from] super::net::NetError),
+    /// The sandbox's init reported a failure (its own message, through the ready pipe).
+    #[error("{0}")]
+    Init(String),
+    #[error("sandbox init exited during setup")]
+    InitExited,
+}
+
+fn step<E: Into<std::io::Error>>(what: &'static str) -> impl FnOnce(E) -> LaunchError {
+    move |e| LaunchError::Step {
+        what,
+        source: e.into(),
+    }
+}
+
 /// Entry point of `cella __sandbox-init`. Returns the process exit code.
 pub fn launcher_main() -> i32 {
     match run() {
@@ -53,40 +87,39 @@ pub fn launcher_main() -> i32 {
             0
         }
         Err(e) => {
-            println!("{}", serde_json::json!({ "ok": false, "error": e }));
+            println!(
+                "{}",
+                serde_json::json!({ "ok": false, "error": e.to_string() })
+            );
             1
         }
     }
 }
 
-fn run() -> Result<(i32, Option<super::net::NetInfo>), String> {
+fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
     // First line: the cgroup to join. The server sends it at once and prepares the rest (the
     // disk image) while this process joins (a slow step on cgroup v1); then the configuration.
     let t0 = std::time::Instant::now();
     close_inherited_fds();
     let mut stdin = std::io::BufReader::new(std::io::stdin());
     let mut cgroup = String::new();
-    std::io::BufRead::read_line(&mut stdin, &mut cgroup)
-        .map_err(|e| format!("reading the cgroup: {e}"))?;
+    std::io::BufRead::read_line(&mut stdin, &mut cgroup).map_err(step("reading the cgroup"))?;
     let cgroup = cgroup.trim().to_string();
-    crate::cgroup::join(&cgroup, std::process::id()).map_err(|e| e.to_string())?;
+    crate::cgroup::join(&cgroup, std::process::id())?;
     let t_join = t0.elapsed();
     let mut text = String::new();
     stdin
         .read_to_string(&mut text)
-        .map_err(|e| format!("reading the launch configuration: {e}"))?;
-    let cfg: LaunchConfig = serde_json::from_str(&text)
-        .map_err(|e| format!("parsing the launch configuration: {e}"))?;
+        .map_err(step("reading the launch configuration"))?;
+    let cfg: LaunchConfig = serde_json::from_str(&text)?;
     if cfg.cgroup != cgroup {
-        return Err("the launch configuration names another cgroup".into());
+        return Err(LaunchError::OtherCgroup);
     }
-    let (ready_r, ready_w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
+    let (ready_r, ready_w) = nix::unistd::pipe().map_err(step("pipe"))?;
     // The user namespace comes first: made by a helper child, which must not become PID 1 of the
     // new PID namespace. Init uses it for its id-mapped mounts and enters it at the end.
     let userns = match &cfg.userns {
-        Some(map) => {
-            Some(crate::userns::create(map, map.owner(&cfg.id)).map_err(|e| e.to_string())?)
-        }
+        Some(map) => Some(crate::userns::create(map, map.owner(&cfg.id))?),
         None => None,
     };
     let host_ns = match cfg.network {
@@ -99,7 +132,7 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), String> {
         | CloneFlags::CLONE_NEWNET
         | CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWCGROUP;
-    unshare(flags).map_err(|e| format!("unshare: {e}"))?;
+    unshare(flags).map_err(step("unshare"))?;
     net_sysctls();
     let t_unshare = t0.elapsed();
     let net = match (&cfg.network, &host_ns) {
@@ -109,7 +142,7 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), String> {
     drop(host_ns);
     let t_net = t0.elapsed();
     // SAFETY: the launcher is single-threaded.
-    match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
+    match unsafe { fork() }.map_err(step("fork"))? {
         ForkResult::Child => {
             drop(ready_r);
             let err = init_main(&cfg, ready_w, userns);
@@ -135,9 +168,9 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), String> {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
                 let _ = nix::sys::wait::waitpid(child, None);
                 Err(if msg.is_empty() {
-                    "sandbox init exited during setup".into()
+                    LaunchError::InitExited
                 } else {
-                    msg
+                    LaunchError::Init(msg)
                 })
             }
         }
@@ -159,7 +192,7 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd, userns: Option<OwnedFd>) -> Str
     for op in before {
         let t = std::time::Instant::now();
         if let Err(e) = mounts::apply(op, userns.as_ref().map(|f| f.as_fd())) {
-            return fail(&mut ready, e);
+            return fail(&mut ready, e.to_string());
         }
         timings.push((mounts::label(op), t.elapsed()));
     }
@@ -181,7 +214,7 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd, userns: Option<OwnedFd>) -> Str
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o600));
     if let Err(e) = mounts::apply(pivot, None) {
-        return fail(&mut ready, e);
+        return fail(&mut ready, e.to_string());
     }
     // The agent must be the last thing the OOM killer picks inside its sandbox; lowering the
     // score needs the host's CAP_SYS_RESOURCE, so before the user namespace.

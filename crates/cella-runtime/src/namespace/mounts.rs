@@ -302,12 +302,51 @@ pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
     ops
 }
 
-fn err(what: &str, target: &Path, e: impl std::fmt::Display) -> String {
-    format!("{what} {}: {e}", target.display())
+/// The cause of a failed step: an `std::io::Error` or a `nix` errno, kept as it came (so the
+/// message reads as the call's own).
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a mount operation failed. The messages name the step and its path; they reach the
+/// launcher's answer, so the boot's error (and the server's log) reads them.
+#[derive(Debug, thiserror::Error)]
+pub enum MountOpError {
+    /// A step on a path (`what` names it: "creating", "binding", "mounting proc on", ...).
+    #[error("{what} {}: {source}", .path.display())]
+    At {
+        what: &'static str,
+        path: PathBuf,
+        source: Cause,
+    },
+    /// A step on no path of its own (`what` names it).
+    #[error("{what}: {source}")]
+    Step { what: &'static str, source: Cause },
+    #[error("overlay paths must not contain ',' or ':'")]
+    OverlayPath,
+    #[error("an id-mapped mount needs the user namespace")]
+    NoUserns,
+    #[error(transparent)]
+    Userns(#[from] crate::userns::UsernsError),
+    #[error(transparent)]
+    Disk(#[from] crate::disk::MountError),
+}
+
+fn err(what: &'static str, target: &Path, e: impl Into<Cause>) -> MountOpError {
+    MountOpError::At {
+        what,
+        path: target.to_path_buf(),
+        source: e.into(),
+    }
+}
+
+fn step(what: &'static str) -> impl FnOnce(nix::errno::Errno) -> MountOpError {
+    move |e| MountOpError::Step {
+        what,
+        source: e.into(),
+    }
 }
 
 /// Creates `p` anew, never through a link, with `data` and mode 0644.
-fn write_new(p: &Path, data: &[u8]) -> Result<(), String> {
+fn write_new(p: &Path, data: &[u8]) -> Result<(), MountOpError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
@@ -356,7 +395,7 @@ pub fn layer_root(cfg: &LaunchConfig) -> PathBuf {
 }
 
 /// Brings a writable layer's ids to base `to` (see [`MountOp::ShiftIds`]).
-fn shift_layer(layer: &Path, upper: &Path, to: u32) -> Result<(), String> {
+fn shift_layer(layer: &Path, upper: &Path, to: u32) -> Result<(), MountOpError> {
     let recorded = crate::userns::recorded_base(layer);
     // No record: a layer with files is from before user namespaces (ids from 0); a new one
     // is made with `to` from the start.
@@ -382,7 +421,7 @@ fn shift_layer(layer: &Path, upper: &Path, to: u32) -> Result<(), String> {
 }
 
 /// Gives `p` to `owner` (without following a link); owner 0 leaves it to the host's root.
-fn give(p: &Path, owner: u32) -> Result<(), String> {
+fn give(p: &Path, owner: u32) -> Result<(), MountOpError> {
     if owner == 0 {
         return Ok(());
     }
@@ -395,7 +434,7 @@ pub fn bind_name(dst: &Path) -> String {
 }
 
 /// Carries out `op`; `userns` is the sandbox's user namespace (needed by [`MountOp::Idmap`]).
-pub fn apply(op: &MountOp, userns: Option<BorrowedFd<'_>>) -> Result<(), String> {
+pub fn apply(op: &MountOp, userns: Option<BorrowedFd<'_>>) -> Result<(), MountOpError> {
     const NONE: Option<&str> = None;
     match op {
         MountOp::MakeDirs { dirs, owner } => {
@@ -409,12 +448,12 @@ pub fn apply(op: &MountOp, userns: Option<BorrowedFd<'_>>) -> Result<(), String>
         }
         MountOp::ShiftIds { layer, upper, to } => shift_layer(layer, upper, *to),
         MountOp::Idmap { src, target } => {
-            let ns = userns.ok_or("an id-mapped mount needs the user namespace")?;
-            let tree = crate::userns::idmapped_clone(src, ns).map_err(|e| e.to_string())?;
-            crate::userns::attach(&tree, target).map_err(|e| e.to_string())
+            let ns = userns.ok_or(MountOpError::NoUserns)?;
+            let tree = crate::userns::idmapped_clone(src, ns)?;
+            Ok(crate::userns::attach(&tree, target)?)
         }
         MountOp::MakePrivate => mount(NONE, "/", NONE, MsFlags::MS_REC | MsFlags::MS_PRIVATE, NONE)
-            .map_err(|e| format!("making / private: {e}")),
+            .map_err(step("making / private")),
         MountOp::Overlay {
             lower,
             upper,
@@ -428,7 +467,7 @@ pub fn apply(op: &MountOp, userns: Option<BorrowedFd<'_>>) -> Result<(), String>
                 .chain([upper.as_path(), work.as_path()])
                 .collect();
             if all.iter().any(|p| p.to_string_lossy().contains([',', ':'])) {
-                return Err("overlay paths must not contain ',' or ':'".into());
+                return Err(MountOpError::OverlayPath);
             }
             let lower = lower
                 .iter()
@@ -532,9 +571,7 @@ pub fn apply(op: &MountOp, userns: Option<BorrowedFd<'_>>) -> Result<(), String>
             std::os::unix::fs::symlink(to, link).map_err(|e| err("linking", link, e))?;
             give(link, *owner)
         }
-        MountOp::Disk { image, target } => {
-            crate::disk::mount_image(image, target).map_err(|e| e.to_string())
-        }
+        MountOp::Disk { image, target } => Ok(crate::disk::mount_image(image, target)?),
         MountOp::PrepareUpper {
             upper,
             work,
@@ -637,9 +674,8 @@ pub fn apply(op: &MountOp, userns: Option<BorrowedFd<'_>>) -> Result<(), String>
             nix::unistd::chdir(root.as_path()).map_err(|e| err("entering", root, e))?;
             // Stack the old root under the new one, then detach it.
             nix::unistd::pivot_root(".", ".").map_err(|e| err("pivot_root to", root, e))?;
-            umount2(".", MntFlags::MNT_DETACH)
-                .map_err(|e| format!("detaching the old root: {e}"))?;
-            nix::unistd::chdir("/").map_err(|e| format!("chdir /: {e}"))
+            umount2(".", MntFlags::MNT_DETACH).map_err(step("detaching the old root"))?;
+            nix::unistd::chdir("/").map_err(step("chdir /"))
         }
     }
 }

@@ -81,29 +81,49 @@ pub fn slot_info(subnet: Ipv4Addr, prefix: u8, slot: u32) -> Option<NetInfo> {
     })
 }
 
+/// Why the sandbox's link could not be made (in the launcher; the message becomes the boot's
+/// error).
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// A system call failed (`what` names the step: "making the veth pair", "eth0 up", ...).
+    #[error("{what}: {source}")]
+    Step {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("sandbox subnet /{0} is too small")]
+    SubnetTooSmall(u8),
+    #[error("no free network slot in the sandbox subnet")]
+    NoFreeSlot,
+}
+
+fn step(what: &'static str) -> impl FnOnce(std::io::Error) -> NetError {
+    move |source| NetError::Step { what, source }
+}
+
 /// Descriptors the launcher opens in the host's network namespace before it unshares.
 pub struct HostNs {
     ns: OwnedFd,
 }
 
 impl HostNs {
-    pub fn open() -> Result<HostNs, String> {
+    pub fn open() -> Result<HostNs, NetError> {
         let f = std::fs::File::open("/proc/self/ns/net")
-            .map_err(|e| format!("opening the host network namespace: {e}"))?;
+            .map_err(step("opening the host network namespace"))?;
         Ok(HostNs { ns: f.into() })
     }
 }
 
 /// Run in the launcher, inside the sandbox's fresh network namespace: makes the veth pair (peer
 /// in the host namespace), gives `eth0` its address and a default route through the host end.
-pub fn setup_inside(host: &HostNs, plan: &NetLaunch) -> Result<NetInfo, String> {
+pub fn setup_inside(host: &HostNs, plan: &NetLaunch) -> Result<NetInfo, NetError> {
     // No IPv6 inside: the firewall speaks IPv4, and a link-local address would be a way around it.
     for k in ["default", "all"] {
         let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{k}/disable_ipv6"), "1");
     }
     let cap = capacity(plan.prefix);
     if cap == 0 {
-        return Err(format!("sandbox subnet /{} is too small", plan.prefix));
+        return Err(NetError::SubnetTooSmall(plan.prefix));
     }
     let nl = Netlink::open()?;
     let mut made = None;
@@ -116,14 +136,14 @@ pub fn setup_inside(host: &HostNs, plan: &NetLaunch) -> Result<NetInfo, String> 
                 break;
             }
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
-            Err(e) => return Err(format!("making the veth pair: {e}")),
+            Err(e) => return Err(step("making the veth pair")(e)),
         }
     }
-    let info = made.ok_or("no free network slot in the sandbox subnet")?;
-    let sock = inet_socket().map_err(|e| format!("socket: {e}"))?;
-    set_addr(&sock, "eth0", info.sandbox_addr, 30).map_err(|e| format!("eth0 address: {e}"))?;
-    set_up(&sock, "eth0").map_err(|e| format!("eth0 up: {e}"))?;
-    default_route(&sock, info.host_addr).map_err(|e| format!("default route: {e}"))?;
+    let info = made.ok_or(NetError::NoFreeSlot)?;
+    let sock = inet_socket().map_err(step("socket"))?;
+    set_addr(&sock, "eth0", info.sandbox_addr, 30).map_err(step("eth0 address"))?;
+    set_up(&sock, "eth0").map_err(step("eth0 up"))?;
+    default_route(&sock, info.host_addr).map_err(step("default route"))?;
     Ok(info)
 }
 
@@ -173,12 +193,12 @@ struct Netlink {
 }
 
 impl Netlink {
-    fn open() -> Result<Netlink, String> {
+    fn open() -> Result<Netlink, NetError> {
         let mut sock = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE)
-            .map_err(|e| format!("netlink socket: {e}"))?;
-        sock.bind_auto().map_err(|e| format!("netlink bind: {e}"))?;
+            .map_err(step("netlink socket"))?;
+        sock.bind_auto().map_err(step("netlink bind"))?;
         sock.connect(&netlink_sys::SocketAddr::new(0, 0))
-            .map_err(|e| format!("netlink connect: {e}"))?;
+            .map_err(step("netlink connect"))?;
         Ok(Netlink { sock })
     }
 

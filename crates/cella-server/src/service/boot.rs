@@ -95,7 +95,7 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                 } else {
                     state.driver.destroy(&row.id, Some(&handle)).await
                 };
-                Err(DriverError::Launch(reason))
+                Err(DriverError::Launch(reason.to_string()))
             }
         },
         Err(e) => Err(e),
@@ -140,13 +140,36 @@ pub fn settle(state: &AppState, row: &mut SandboxRow, now: i64) {
     }
 }
 
+/// Why a template's app did not come up in a new sandbox (the boot fails with this message).
+#[derive(Debug, thiserror::Error)]
+pub enum AppStartError {
+    #[error(transparent)]
+    Transition(#[from] transitions::Refused),
+    /// The start command does not make an exec spec (an invalid field names itself).
+    #[error("{}", spec_message(.0))]
+    Spec(SandboxError),
+    #[error("the template's start command did not start: {0:?}")]
+    Answer(Box<cella_agent::proto::Response>),
+    #[error("the template's start command did not start: {0}")]
+    Agent(cella_agent::client::ClientError),
+    #[error("the template's app was not ready after {0} s")]
+    NotReady(u32),
+}
+
+fn spec_message(e: &SandboxError) -> String {
+    match e {
+        SandboxError::Invalid { message, .. } => message.clone(),
+        other => other.to_string(),
+    }
+}
+
 /// Starts the template's app (`start`) in a new sandbox and waits until its readiness check
 /// passes (a command that exits 0, or a port that accepts connections).
 async fn start_template_app(
     state: &AppState,
     row: &SandboxRow,
     handle: &SandboxHandle,
-) -> Result<(), String> {
+) -> Result<(), AppStartError> {
     let Some(t) = state.catalog.get(&row.template_id) else {
         return Ok(());
     };
@@ -155,8 +178,7 @@ async fn start_template_app(
     };
     // The row as it will be once booted (a copy, never stored), for the exec spec's defaults.
     let mut boot_row = row.clone();
-    super::transitions::apply(&mut boot_row, super::transitions::Event::Booted)
-        .map_err(|r| r.to_string())?;
+    super::transitions::apply(&mut boot_row, super::transitions::Event::Booted)?;
     boot_row.runtime = serde_json::to_string(handle).ok();
     let boot = Runnable::booting(state, boot_row, handle.clone());
     let spec = boot
@@ -167,10 +189,7 @@ async fn start_template_app(
             },
             None,
         )
-        .map_err(|e| match e {
-            SandboxError::Invalid { message, .. } => message,
-            other => other.to_string(),
-        })?;
+        .map_err(AppStartError::Spec)?;
     let agent = state.driver.agent(handle);
     match agent
         .call(&cella_agent::proto::Request::Spawn {
@@ -180,12 +199,8 @@ async fn start_template_app(
         .await
     {
         Ok(cella_agent::proto::Response::Started { .. }) => {}
-        Ok(other) => {
-            return Err(format!(
-                "the template's start command did not start: {other:?}"
-            ))
-        }
-        Err(e) => return Err(format!("the template's start command did not start: {e}")),
+        Ok(other) => return Err(AppStartError::Answer(Box::new(other))),
+        Err(e) => return Err(AppStartError::Agent(e)),
     }
     let ready = t.defaults.ready.clone().unwrap_or(cella_types::ReadyCheck {
         command: None,
@@ -232,10 +247,7 @@ async fn start_template_app(
             return Ok(());
         }
         if std::time::Instant::now() > deadline {
-            return Err(format!(
-                "the template's app was not ready after {} s",
-                ready.timeout_sec.unwrap_or(60)
-            ));
+            return Err(AppStartError::NotReady(ready.timeout_sec.unwrap_or(60)));
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }

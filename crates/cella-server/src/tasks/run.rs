@@ -507,7 +507,7 @@ async fn boot_sandbox(
         {
             return Err(fail("giving it model access", &e));
         }
-        let budget = Money::from_micros(state.config.gateway.reserve_per_run.0.max(0));
+        let budget = state.config.gateway.reserve_per_run.max(Money::ZERO);
         state.gateway.bind_task(sandbox_id, &row.id, budget);
     }
     crate::sandboxes::boot(state, sandbox_id).await;

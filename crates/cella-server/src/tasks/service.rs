@@ -182,9 +182,7 @@ pub async fn create(
     let session_limit_min = settings.session_limit_min.max(1);
     let worst = rate
         .saturating_mul(session_limit_min as i64 * 60)
-        .saturating_add(Money::from_micros(
-            state.config.gateway.reserve_per_run.0.max(0),
-        ));
+        .saturating_add(state.config.gateway.reserve_per_run.max(Money::ZERO));
     let holder = Holder::Task(id.clone());
     if worst.micros() > 0 {
         match state

@@ -227,3 +227,55 @@ async fn each_request_is_one_model_entry_of_its_exact_cost_and_a_spent_wallet_is
     assert_eq!(st, 402, "{b}");
     assert_eq!(model_entries(&s, 5).await.len(), 5);
 }
+
+/// What a request looked up is kept, yet a revoked key and a changed allow-list take effect
+/// for the very next request.
+#[tokio::test]
+async fn kept_lookups_never_outlive_a_revoke_or_a_settings_change() {
+    let (s, _) = gateway_server().await;
+    let ws = s
+        .state
+        .store
+        .meta_get("default_workspace")
+        .await
+        .unwrap()
+        .unwrap();
+    let (status, v) = s
+        .call(
+            "POST",
+            "/api/v1/api-keys",
+            Some(serde_json::json!({"workspace_id": ws, "name": "m2", "scopes": ["models:use"]})),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let key = v["data"]["key"].as_str().unwrap().to_string();
+    let key_id = v["data"]["id"].as_str().unwrap().to_string();
+    let chat = "/gateway/openai/v1/chat/completions";
+    let free = serde_json::json!({"model": "gpt-free", "messages": []});
+    for _ in 0..3 {
+        assert_eq!(gw(&s, &key, chat, free.clone()).await.0, 200);
+    }
+    // The allow-list leaves the model out: 403 at once; let in again: 200 at once.
+    let path = format!("/api/v1/workspaces/{ws}");
+    let patch = |list: Value| {
+        s.call(
+            "PATCH",
+            &path,
+            Some(serde_json::json!({"settings": {"model_allowlist": list}})),
+        )
+    };
+    assert_eq!(patch(serde_json::json!(["gpt-test"])).await.0, 200);
+    let (st, b) = gw(&s, &key, chat, free.clone()).await;
+    assert_eq!(st, 403, "{b}");
+    assert_eq!(patch(serde_json::json!([])).await.0, 200);
+    assert_eq!(gw(&s, &key, chat, free.clone()).await.0, 200);
+    // The key is revoked: the next request is 401, and so is every one after it.
+    let (st, _) = s
+        .call("DELETE", &format!("/api/v1/api-keys/{key_id}"), None)
+        .await;
+    assert!(st == 200 || st == 204, "{st}");
+    for _ in 0..2 {
+        let (st, b) = gw(&s, &key, chat, free.clone()).await;
+        assert_eq!(st, 401, "{b}");
+    }
+}

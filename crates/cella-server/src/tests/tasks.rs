@@ -58,7 +58,7 @@ fn repo(s: &Server, name: &str) {
 async fn server(runners: u32) -> Server {
     Server::start_with(|c| {
         c.tasks.runners = runners;
-        c.gateway.reserve_per_run = cella_gateway::Micros(0);
+        c.gateway.reserve_per_run = Money::ZERO;
         c.agents = vec![cella_tasks::AgentConfig {
             command: vec!["true".into()],
             ..cella_tasks::AgentConfig {
@@ -178,7 +178,7 @@ fn start_body(repository: &str) -> Value {
 
 #[tokio::test]
 async fn a_start_is_checked_in_order_and_a_refused_one_changes_nothing() {
-    let s = Server::start_with(|c| c.gateway.reserve_per_run = cella_gateway::Micros(0)).await;
+    let s = Server::start_with(|c| c.gateway.reserve_per_run = Money::ZERO).await;
     let ws = default_ws(&s).await;
     repo(&s, "acme/app");
     let refused = |body: Value| {
@@ -650,7 +650,7 @@ async fn a_runs_model_requests_are_its_own_and_stop_at_its_reservation() {
             Metered {
                 model: "m1".into(),
                 usage: Default::default(),
-                cost_micros: 600_000,
+                cost: Money::from_micros(600_000),
                 complete: true,
             },
         )
