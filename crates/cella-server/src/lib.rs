@@ -32,6 +32,12 @@
 //!   snapshots/<id>/       disk.img: a snapshot's sparse copy of a sandbox's disk (0700)
 //!   images/<id>.json      an imported image's record
 //!   artifacts/<id>        an artifact's bytes (<id>.part while it is copied)
+//!   tasks/<id>/           a task run's bare clone and the bundle it handed back, while the
+//!                         run lives (removed at its teardown, and at start)
+//!   tools/cella           a copy of the server's executable, bound read-only at /opt/cella in
+//!                         task runs' sandboxes (made at the first run of each start)
+//!   repos/<owner>/<name>  where the embedded `local` git forge finds repositories (with no
+//!                         [[forges]] configured)
 //! ```
 
 pub mod auth;
