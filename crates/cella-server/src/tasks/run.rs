@@ -143,7 +143,9 @@ pub async fn drive(state: &Arc<AppState>, id: &str, live: &Arc<Live>) {
     finish(state, &row, ending, running_ms, pr, held).await;
 }
 
-/// The end of a run: its terminal state (message cleared), its charges, then teardown.
+/// The end of a run: teardown (the sandbox, the forge's credential, the host directory), then
+/// its terminal state (message cleared) and at once its charges, so that a client that sees
+/// `stopped` finds nothing of the run left and (a moment later at most) its charge written.
 async fn finish(
     state: &Arc<AppState>,
     row: &TaskRow,
@@ -161,14 +163,6 @@ async fn finish(
         running_ms,
         compute_sec: (running_ms + 999) / 1000,
     };
-    match state.store.end_task(&row.id, &end).await {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!(task = row.id, "the run had ended already"),
-        Err(e) => tracing::error!(task = row.id, "recording a run's end: {e}"),
-    }
-    if let Ok(Some(r)) = state.store.task(&row.id).await {
-        settle(state, &r).await;
-    }
     if let Some(sb) = &held.sandbox {
         destroy_sandbox(state, sb).await;
     }
@@ -178,6 +172,16 @@ async fn finish(
     match &held.git {
         Some(g) => g.remove(),
         None => HostGit::new(&host_dir(state, &row.id)).remove(),
+    }
+    // Model charges the gateway queued for this run are written before the run's figures are.
+    state.model_meter.flush().await;
+    match state.store.end_task(&row.id, &end).await {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(task = row.id, "the run had ended already"),
+        Err(e) => tracing::error!(task = row.id, "recording a run's end: {e}"),
+    }
+    if let Ok(Some(r)) = state.store.task(&row.id).await {
+        settle(state, &r).await;
     }
     tracing::info!(
         task = row.id,
@@ -854,6 +858,8 @@ async fn handoff(
         branch = row.branch,
         "task run's branch pushed"
     );
+    // The gateway writes model charges in groups: the ones already queued count in the body.
+    state.model_meter.flush().await;
     let (model_cost, model_requests) = state
         .billing
         .task_model_costs(&[row.id.as_str()])
