@@ -73,6 +73,18 @@ pub struct ForgeConfig {
     /// gitlab: the instance's base URL.
     #[serde(default)]
     pub url: Option<String>,
+    /// The workspaces (ids) that may start runs on this forge; empty: every workspace. A forge's
+    /// credential reaches every repository it can read, so on a server shared by tenants give
+    /// each forge the workspaces whose repositories it holds.
+    #[serde(default)]
+    pub workspaces: Vec<String>,
+}
+
+impl ForgeConfig {
+    /// Whether `workspace_id` may use this forge.
+    pub fn serves(&self, workspace_id: &str) -> bool {
+        self.workspaces.is_empty() || self.workspaces.iter().any(|w| w == workspace_id)
+    }
 }
 
 impl std::fmt::Debug for ForgeConfig {
@@ -253,6 +265,7 @@ impl ForgeConfig {
             api_url: None,
             token: None,
             url: None,
+            workspaces: Vec::new(),
         }
     }
 

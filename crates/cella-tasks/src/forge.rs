@@ -847,6 +847,7 @@ mod tests {
             api_url: None,
             token: Some("glpat-SECRET".into()),
             url: Some("https://gitlab.example".into()),
+            workspaces: Vec::new(),
         })
         .expect("forge");
         // The config is public (the operator's own file); the client holds nothing more.

@@ -75,6 +75,7 @@ fn github_app(standin: &StandIn, key: &Path) -> Forge {
         api_url: Some(standin.base()),
         token: None,
         url: None,
+        workspaces: Vec::new(),
     })
     .expect("github forge")
 }
@@ -293,6 +294,7 @@ async fn github_app_with_an_unreadable_key_fails_at_start() {
         api_url: None,
         token: None,
         url: None,
+        workspaces: Vec::new(),
     };
     match Forge::from_config(cfg(&bad)) {
         Err(ForgeError::Config(m)) => assert!(!m.contains("not a key"), "{m}"),
@@ -319,6 +321,7 @@ async fn github_fine_grained_token_needs_no_minting_and_no_revoke() {
         api_url: Some(format!("{}/", standin.base())),
         token: Some(PAT.into()),
         url: None,
+        workspaces: Vec::new(),
     })
     .expect("forge");
     let repo = RepoRef::parse("acme/app", false).expect("repo");
@@ -367,6 +370,7 @@ async fn gitlab_nested_project_clone_push_and_draft_merge_request() {
         api_url: None,
         token: Some(GITLAB_TOKEN.into()),
         url: Some(standin.base()),
+        workspaces: Vec::new(),
     })
     .expect("forge");
     assert!(forge.nested_names());
@@ -454,6 +458,7 @@ async fn an_unreachable_forge_is_unreachable() {
         api_url: Some(format!("http://127.0.0.1:{port}")),
         token: Some(PAT.into()),
         url: None,
+        workspaces: Vec::new(),
     })
     .expect("forge");
     match forge
@@ -482,6 +487,7 @@ async fn github_without_drafts_opens_a_normal_pull_request() {
         api_url: Some(standin.base()),
         token: Some(PAT.into()),
         url: None,
+        workspaces: Vec::new(),
     })
     .expect("forge");
     let repo = RepoRef::parse("acme/app", false).expect("repo");
@@ -555,6 +561,7 @@ async fn a_redirect_to_another_host_gets_no_token() {
         api_url: None,
         token: Some(GITLAB_TOKEN.into()),
         url: Some(format!("http://{first_addr}")),
+        workspaces: Vec::new(),
     })
     .expect("forge");
     let r = forge
@@ -584,6 +591,7 @@ async fn git_forge_over_http() {
         api_url: None,
         token: None,
         url: None,
+        workspaces: Vec::new(),
     })
     .expect("forge");
     let repo = RepoRef::parse("acme/app", false).expect("repo");
@@ -666,6 +674,7 @@ async fn a_rate_limited_github_is_unreachable_not_not_found() {
         api_url: Some(format!("http://{addr}")),
         token: Some(PAT.into()),
         url: None,
+        workspaces: Vec::new(),
     })
     .expect("forge");
     match forge

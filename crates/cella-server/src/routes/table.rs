@@ -286,7 +286,7 @@ pub fn table() -> Vec<Route> {
         row!(artifacts::download, READ, Some(Read)),
         row!(artifacts::delete, WRITE, None),
         // Task runs (not in a rate-limit group: the runner slots bound them).
-        row!(tasks::create, TASKS_WRITE, None),
+        row!(tasks::create, TASKS_WRITE, Some(Lifecycle)),
         row!(tasks::list, TASKS_READ, None),
         row!(tasks::get, TASKS_READ, None),
         row!(tasks::cancel, TASKS_WRITE, None),

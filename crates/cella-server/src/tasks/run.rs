@@ -786,6 +786,27 @@ async fn handoff(
     };
     let runnable = Runnable::of(state, sb)
         .map_err(|e| bad(FailureKind::BadHandoff, &format!("the sandbox: {e}")))?;
+    // Nothing the agent left behind (a `setsid` loop, a stopped process) may run on while the
+    // branch is collected and handed off: every process of the sandbox's user is killed first.
+    if let Err(e) = exec(
+        state,
+        &runnable,
+        vec![
+            "sh".into(),
+            "-c".into(),
+            "kill -KILL -1 2>/dev/null; exit 0".into(),
+        ],
+        "/",
+        30,
+    )
+    .await
+    {
+        tracing::warn!(
+            task = row.id,
+            "stopping the agent's leftovers: {:?}",
+            e.failure
+        );
+    }
     let message = format!("Cella task run {}: work in progress", row.id);
     let collect = exec(
         state,
@@ -820,7 +841,7 @@ async fn handoff(
             ))
         }
     };
-    if reader.size > MAX_BUNDLE_BYTES {
+    if reader.size > MAX_BUNDLE_BYTES.min(state.config.tasks.max_repo_bytes) {
         return Err(bad(FailureKind::BadHandoff, "the bundle is too large"));
     }
     let bundle_path = git.work.join("branch.bundle");
@@ -850,6 +871,52 @@ async fn handoff(
     if tip.is_none() {
         return Ok(None);
     }
+    // A credential minted at provisioning may have expired over a long run (a GitHub App's
+    // lasts an hour): the push and the pull request use a fresh one, revoked after.
+    let fresh = match forge.open(&access.repo).await {
+        Ok(a) => Some(a),
+        Err(e) => {
+            tracing::warn!(
+                task = row.id,
+                "a fresh forge credential: {e}; using the run's"
+            );
+            None
+        }
+    };
+    let result = push_and_open(
+        state,
+        row,
+        live,
+        forge,
+        fresh.as_ref().unwrap_or(access),
+        checkout,
+        git,
+        ending,
+        compute_sec,
+        running_ms,
+    )
+    .await;
+    if let Some(a) = &fresh {
+        forge.close(a).await;
+    }
+    result
+}
+
+/// Pushes the run's branch with `access` and opens the draft pull request.
+#[allow(clippy::too_many_arguments)]
+async fn push_and_open(
+    state: &Arc<AppState>,
+    row: &TaskRow,
+    live: &Arc<Live>,
+    forge: &cella_tasks::Forge,
+    access: &cella_tasks::Access,
+    checkout: &cella_tasks::Checkout,
+    git: &HostGit,
+    ending: &Ending,
+    compute_sec: i64,
+    running_ms: i64,
+) -> Result<Option<PullRequest>, String> {
+    let bad = |kind: FailureKind, m: &str| reason(kind, m);
     git.push(checkout, access, &row.branch)
         .await
         .map_err(|e| git_failure(e).failure.unwrap_or_default())?;

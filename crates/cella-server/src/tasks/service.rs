@@ -27,6 +27,17 @@ pub fn forge(state: &AppState, name: Option<&str>) -> Option<Forge> {
     }
 }
 
+/// The forge `name` (the first this workspace may use when None), if `workspace_id` may use
+/// it: a forge its `workspaces` leave out is, to that workspace, not there.
+pub fn forge_for(state: &AppState, name: Option<&str>, workspace_id: &str) -> Option<Forge> {
+    let first = state
+        .config
+        .forges()
+        .into_iter()
+        .find(|f| f.serves(workspace_id) && name.is_none_or(|n| f.name == n))?;
+    forge(state, Some(&first.name))
+}
+
 /// The configured agent named `name` (the first when None).
 pub fn agent(state: &AppState, name: Option<&str>) -> Option<AgentConfig> {
     let agents = state.config.agents();
@@ -115,7 +126,7 @@ pub async fn create(
         return Err(TaskError::Disabled);
     }
     // 3. The forge, 4. the agent, 5. a model for the built-in agent.
-    let forge = forge(state, req.forge.as_deref()).ok_or_else(|| {
+    let forge = forge_for(state, req.forge.as_deref(), &auth.workspace_id).ok_or_else(|| {
         TaskError::invalid(
             "forge",
             match &req.forge {
@@ -144,6 +155,22 @@ pub async fn create(
     }
     let repo = RepoRef::parse(&req.repository, forge.nested_names())
         .map_err(|m| TaskError::invalid("repository", m))?;
+    // The run's worst case, checked before the forge is asked anything (a wallet that cannot
+    // pay costs the forge and the host nothing); reserved for good below.
+    let rate = settings.compute_rate;
+    let session_limit_min = settings.session_limit_min.max(1);
+    let worst = rate
+        .saturating_mul(session_limit_min as i64 * 60)
+        .saturating_add(state.config.gateway.reserve_per_run.max(Money::ZERO));
+    if worst.micros() > 0 {
+        let available = state.billing.available(&auth.workspace_id).await?;
+        if available < worst {
+            return Err(TaskError::InsufficientFunds {
+                needed: worst,
+                available,
+            });
+        }
+    }
     // 6. The repository and its base branch, on the forge.
     let id = new_id("task");
     let access = forge
@@ -178,11 +205,6 @@ pub async fn create(
         other => TaskError::Forge(other.to_string()),
     })?;
     // 7. The wallet: the run's worst case is reserved.
-    let rate = settings.compute_rate;
-    let session_limit_min = settings.session_limit_min.max(1);
-    let worst = rate
-        .saturating_mul(session_limit_min as i64 * 60)
-        .saturating_add(state.config.gateway.reserve_per_run.max(Money::ZERO));
     let holder = Holder::Task(id.clone());
     if worst.micros() > 0 {
         match state

@@ -739,3 +739,77 @@ async fn heartbeats_take_the_runs_sandbox_token_and_answer_gone_once_the_run_is_
     s.state.tasks.unregister("taskhb");
     assert_eq!(beat(secret, "{}").await, 410, "the run is over");
 }
+
+/// A forge whose `workspaces` name one workspace is not there for another: a start on it is
+/// the same 400 as for a forge that does not exist, the default forge is the first the caller
+/// may use, and nothing is queued or reserved.
+#[tokio::test]
+async fn a_forge_given_to_one_workspace_is_not_there_for_another() {
+    let s = Server::start_with(|c| {
+        c.tasks.runners = 1;
+        c.gateway.reserve_per_run = Money::ZERO;
+        c.agents = vec![cella_tasks::AgentConfig {
+            command: vec!["true".into()],
+            ..cella_tasks::AgentConfig {
+                kind: cella_tasks::AgentKind::Command,
+                name: "cmd".into(),
+                ..cella_tasks::AgentConfig::builtin_default()
+            }
+        }];
+        let mut private = cella_tasks::ForgeConfig::local_default(&c.data_dir.join("repos"));
+        private.name = "private".into();
+        private.workspaces = vec!["ws-nobody-has".into()];
+        let mut open = cella_tasks::ForgeConfig::local_default(&c.data_dir.join("repos"));
+        open.name = "open".into();
+        c.forges = vec![private, open];
+    })
+    .await;
+    repo(&s, "acme/secret");
+    let ws = default_ws(&s).await;
+    settings(&s, &ws, json!({ "tasks_enabled": true })).await;
+    let (other_ws, other_key) = other_workspace(&s).await;
+    for (key, body) in [
+        (
+            s.key.clone(),
+            json!({ "repository": "acme/secret", "task": "x", "forge": "private" }),
+        ),
+        (
+            other_key.clone(),
+            json!({ "repository": "acme/secret", "task": "x", "forge": "private" }),
+        ),
+    ] {
+        let (status, v) = call_as(&s, &key, "POST", "/api/v1/tasks", Some(body)).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["details"]["field"], "forge", "{v}");
+    }
+    assert!(listed(&s).await.is_empty());
+    let (status, v) = call_as(&s, &other_key, "GET", "/api/v1/tasks", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        v["data"].as_array().map(Vec::len),
+        Some(0),
+        "{other_ws}: {v}"
+    );
+    // No forge named: the first one this workspace may use.
+    let (status, v) = call_as(
+        &s,
+        &other_key,
+        "POST",
+        "/api/v1/tasks",
+        Some(json!({ "repository": "acme/secret", "base_branch": "main", "task": "x" })),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["data"]["forge"], "open", "{v}");
+    let id = v["data"]["id"].as_str().expect("id").to_string();
+    let (status, v) = call_as(
+        &s,
+        &other_key,
+        "POST",
+        &format!("/api/v1/tasks/{id}/cancel"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    wait_terminal_as(&s, &other_key, &id).await;
+}
