@@ -90,6 +90,21 @@ pub enum SettingError {
     PreviewTtl,
     #[error("preview.domain {0:?} is not a DNS name")]
     PreviewDomain(String),
+    #[error("tasks.runners must be from 1 to 1024")]
+    Runners,
+    #[error("tasks.heartbeat_interval_sec must be from 1 to 3600")]
+    HeartbeatInterval,
+    #[error("tasks.grace_sec must be from 0 to 3600")]
+    Grace,
+    #[error("tasks.branch_prefix must be 1-100 of letters, digits and /._- (not starting with /, . or -)")]
+    BranchPrefix,
+    /// `[[forges]]` or `[[agents]]` entry `index` is wrong (`what` is `forges` or `agents`).
+    #[error("{what}[{index}]: {message}")]
+    Entry {
+        what: &'static str,
+        index: usize,
+        message: String,
+    },
 }
 
 impl AuthConfig {
@@ -496,16 +511,16 @@ impl Config {
     }
 
     /// What the server refuses to start with in `[tasks]`, `[[forges]]` and `[[agents]]`.
-    pub fn check_tasks(&self) -> Result<(), String> {
+    pub fn check_tasks(&self) -> Result<(), SettingError> {
         let t = &self.tasks;
         if !(1..=1024).contains(&t.runners) {
-            return Err("tasks.runners must be from 1 to 1024".into());
+            return Err(SettingError::Runners);
         }
         if !(1..=3600).contains(&t.heartbeat_interval_sec) {
-            return Err("tasks.heartbeat_interval_sec must be from 1 to 3600".into());
+            return Err(SettingError::HeartbeatInterval);
         }
         if t.grace_sec > 3600 {
-            return Err("tasks.grace_sec must be from 0 to 3600".into());
+            return Err(SettingError::Grace);
         }
         let prefix_ok = !t.branch_prefix.is_empty()
             && t.branch_prefix.len() <= 100
@@ -516,23 +531,36 @@ impl Config {
             && !t.branch_prefix.contains("..")
             && !t.branch_prefix.contains("//");
         if !prefix_ok {
-            return Err(
-                "tasks.branch_prefix must be 1-100 of letters, digits and /._- (not starting with /, . or -)"
-                    .into(),
-            );
+            return Err(SettingError::BranchPrefix);
         }
         let mut names = std::collections::BTreeSet::new();
         for (i, f) in self.forges.iter().enumerate() {
-            f.validate().map_err(|e| format!("forges[{i}]: {e}"))?;
+            f.validate().map_err(|message| SettingError::Entry {
+                what: "forges",
+                index: i,
+                message,
+            })?;
             if !names.insert(f.name.clone()) {
-                return Err(format!("forges[{i}]: the name {:?} is used twice", f.name));
+                return Err(SettingError::Entry {
+                    what: "forges",
+                    index: i,
+                    message: format!("the name {:?} is used twice", f.name),
+                });
             }
         }
         let mut names = std::collections::BTreeSet::new();
         for (i, a) in self.agents.iter().enumerate() {
-            a.validate().map_err(|e| format!("agents[{i}]: {e}"))?;
+            a.validate().map_err(|message| SettingError::Entry {
+                what: "agents",
+                index: i,
+                message,
+            })?;
             if !names.insert(a.name.clone()) {
-                return Err(format!("agents[{i}]: the name {:?} is used twice", a.name));
+                return Err(SettingError::Entry {
+                    what: "agents",
+                    index: i,
+                    message: format!("the name {:?} is used twice", a.name),
+                });
             }
         }
         Ok(())

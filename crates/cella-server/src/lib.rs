@@ -481,7 +481,7 @@ struct DataDir {
 async fn open_data_dir(config: &Config) -> Result<DataDir, ServeError> {
     config.preview.check()?;
     config.auth.check()?;
-    config.check_tasks().map_err(ServeError::Config)?;
+    config.check_tasks()?;
     let dir = config.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(|source| ServeError::DataDir {
         path: dir.clone(),

@@ -398,12 +398,14 @@ mod tests {
     /// The groups as the rate-limit docs state them (and as the server applied them when it
     /// read them off the URL): GETs on templates, snapshots, artifacts and sandboxes (but the
     /// terminal) are `read`; sandboxes' exec, processes, files, code and terminal are `exec`;
-    /// every other sandbox route is `lifecycle`; the rest is not limited.
+    /// every other sandbox route is `lifecycle`, and so is starting a task run; the rest is not
+    /// limited.
     fn group_by_url(method: &Method, path: &str) -> Option<Group> {
         let rest = path.strip_prefix("/api/v1/")?;
         let (head, tail) = rest.split_once('/').unwrap_or((rest, ""));
         match head {
             "templates" | "snapshots" | "artifacts" if method == Method::GET => Some(Group::Read),
+            "tasks" if method == Method::POST && tail.is_empty() => Some(Group::Lifecycle),
             "sandboxes" => {
                 let action = tail.split('/').nth(1).unwrap_or("");
                 if method == Method::GET && action != "pty" {

@@ -125,7 +125,7 @@ pub struct TasksState {
     /// Every run's events (`state` and `progress`), with the run's id.
     pub events: broadcast::Sender<(String, TaskEvent)>,
     /// The copy of the server's executable for task sandboxes, made once.
-    pub(crate) tools: tokio::sync::OnceCell<Result<(), String>>,
+    pub(crate) tools: tokio::sync::OnceCell<Result<(), run::ToolsError>>,
 }
 
 impl TasksState {

@@ -283,8 +283,23 @@ fn cancelled(live: &Live) -> Result<(), Ending> {
     }
 }
 
+/// Why `DATA_DIR/tools/cella` could not be made (kept for every run of this start, so cloned).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ToolsError {
+    #[error("the server's executable: {0}")]
+    Exe(std::sync::Arc<std::io::Error>),
+    #[error("{step} {path}: {source}")]
+    Copy {
+        step: &'static str,
+        path: std::path::PathBuf,
+        source: std::sync::Arc<std::io::Error>,
+    },
+    #[error("the copy task failed: {0}")]
+    Join(String),
+}
+
 /// Makes sure `DATA_DIR/tools/cella` is this server's executable (copied once per start).
-async fn tools(state: &AppState) -> Result<(), String> {
+async fn tools(state: &AppState) -> Result<(), ToolsError> {
     if state.driver.name() == "fake" {
         return Ok(()); // the unit tests' driver binds nothing
     }
@@ -293,26 +308,34 @@ async fn tools(state: &AppState) -> Result<(), String> {
         .tools
         .get_or_init(|| async {
             let dir = state.config.data_dir.join(crate::service::boot::TOOLS_DIR);
-            let exe =
-                std::env::current_exe().map_err(|e| format!("the server's executable: {e}"))?;
+            let exe = std::env::current_exe().map_err(|e| ToolsError::Exe(e.into()))?;
             tokio::task::spawn_blocking(move || copy_tool(&exe, &dir))
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|e| ToolsError::Join(e.to_string()))?
         })
         .await
         .clone()
 }
 
-fn copy_tool(exe: &std::path::Path, dir: &std::path::Path) -> Result<(), String> {
+fn copy_tool(exe: &std::path::Path, dir: &std::path::Path) -> Result<(), ToolsError> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
+    let at = |step: &'static str, path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |e: std::io::Error| ToolsError::Copy {
+            step,
+            path,
+            source: e.into(),
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(at("making", dir))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| e.to_string())?;
+        .map_err(at("opening up", dir))?;
     let tmp = dir.join(".cella.part");
-    std::fs::copy(exe, &tmp).map_err(|e| format!("copying the server's executable: {e}"))?;
+    std::fs::copy(exe, &tmp).map_err(at("copying the server's executable to", &tmp))?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| e.to_string())?;
-    std::fs::rename(&tmp, dir.join("cella")).map_err(|e| e.to_string())
+        .map_err(at("making executable", &tmp))?;
+    let to = dir.join("cella");
+    std::fs::rename(&tmp, &to).map_err(at("moving into place", &to))
 }
 
 fn git_failure(e: GitError) -> Ending {
@@ -380,9 +403,13 @@ async fn provision(
     held.checkout = Some(checkout.clone());
     cancelled(live)?;
     let tar = git.pack(&checkout).await.map_err(git_failure)?;
-    tools(state)
-        .await
-        .map_err(|m| Ending::failed(FailureKind::ProvisionFailed, &m))?;
+    tools(state).await.map_err(|e| {
+        tracing::error!(task = row.id, "the task runs' tools directory: {e}");
+        Ending::failed(
+            FailureKind::ProvisionFailed,
+            "the server could not make its executable ready for the sandbox",
+        )
+    })?;
     // The sandbox: its id recorded on the run first, so a crash from here on finds it.
     let sandbox_id = new_id("sb");
     if let Err(e) = state.store.set_task_sandbox(&row.id, &sandbox_id).await {
