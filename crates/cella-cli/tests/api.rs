@@ -694,7 +694,7 @@ fn first_start_writes_a_bootstrap_key_once() {
 #[test]
 fn every_documented_route_checks_the_scopes_and_rate_limit_its_document_names() {
     let s = Server::start();
-    let (_, unrelated) = s.workspace_key("developer", &["tasks:read"]);
+    let (_, unrelated) = s.workspace_key("developer", &["models:use"]);
     let doc = s.req("GET", "/api/v1/openapi.json", None, None).body;
     let burst = |group: &str| match group {
         "read" => "200",
