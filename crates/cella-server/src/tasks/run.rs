@@ -28,6 +28,8 @@ const COLLECT_TIMEOUT_SEC: u32 = 300;
 const PREPARE_TIMEOUT_SEC: u32 = 300;
 /// The largest bundle the server reads back.
 const MAX_BUNDLE_BYTES: u64 = 2 << 30;
+/// A run longer than this gets a freshly minted forge credential for its push.
+const FRESH_CREDENTIAL_AFTER_MS: i64 = 30 * 60 * 1000;
 /// The sandbox user's uid.
 const UID: u32 = crate::sandboxes::USER_UID;
 
@@ -899,16 +901,21 @@ async fn handoff(
         return Ok(None);
     }
     // A credential minted at provisioning may have expired over a long run (a GitHub App's
-    // lasts an hour): the push and the pull request use a fresh one, revoked after.
-    let fresh = match forge.open(&access.repo).await {
-        Ok(a) => Some(a),
-        Err(e) => {
-            tracing::warn!(
-                task = row.id,
-                "a fresh forge credential: {e}; using the run's"
-            );
-            None
+    // lasts an hour): after half an hour the push and the pull request use a fresh one,
+    // revoked after. A shorter run keeps its own (no extra round trips to the forge).
+    let fresh = if running_ms > FRESH_CREDENTIAL_AFTER_MS && access.credential.is_some() {
+        match forge.open(&access.repo).await {
+            Ok(a) => Some(a),
+            Err(e) => {
+                tracing::warn!(
+                    task = row.id,
+                    "a fresh forge credential: {e}; using the run's"
+                );
+                None
+            }
         }
+    } else {
+        None
     };
     let result = push_and_open(
         state,
