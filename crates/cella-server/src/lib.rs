@@ -190,11 +190,19 @@ fn lock_data_dir(dir: &Path) -> Result<std::fs::File, ServeError> {
             path: path.clone(),
             source,
         })?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(ServeError::Locked(dir.to_path_buf()));
+    // A lock let go a moment ago can still be held by a child forked in that moment (between
+    // fork and exec it shares the descriptor, close-on-exec or not): a server restarted in the
+    // same process, or just after a crashed one whose helpers were starting, waits that out.
+    for attempt in 0..40 {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(f);
+        }
+        if attempt < 39 {
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
     }
-    Ok(f)
+    Err(ServeError::Locked(dir.to_path_buf()))
 }
 
 /// First start: the default workspace and the operator's key. Every start: the key from
