@@ -46,25 +46,29 @@ status=0
 rm -rf "$here/target/surefire-reports"
 (cd "$here" && timeout -k 30 900 mvn "${mvn_args[@]}" test "$@") || status=$?
 
-echo "== example: examples/java/CsvPandas.java"
+echo "== examples: examples/java/CsvPandas.java, then the README's first example (one server)"
 cp="$here/target/classes:$here/target/test-classes"
 for jar in "$CELLA_MAVEN_REPO"/com/fasterxml/jackson/core/*/*/*.jar; do
     cp="$cp:$jar"
 done
-example=0
 work="$(mktemp -d -t cella-sdk-java.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
-(cd "$work" && timeout -k 30 300 java -cp "$cp" io.cella.CellaServer \
-    java -cp "$cp" "$repo/examples/java/CsvPandas.java") || example=$?
+awk '/^```java$/ {n++; if (n == 1) {on = 1; next}} on && /^```$/ {exit} on {print}' "$here/README.md" > "$work/Quickstart.java"
+echo "1 1" > "$work/rc"
+launcher=0
+(cd "$work" && timeout -k 30 400 java -cp "$cp" io.cella.CellaServer bash -c '
+    java -cp "$1" "$2"; a=$?
+    echo "== the README'"'"'s first example"
+    java -cp "$1" "$3"; b=$?
+    echo "$a $b" > "$4"' - "$cp" "$repo/examples/java/CsvPandas.java" "$work/Quickstart.java" "$work/rc") || launcher=$?
+read -r example readme < "$work/rc"
+if [ "$launcher" != 0 ] && [ "$example" = 0 ] && [ "$readme" = 0 ]; then
+    echo "the examples' server reported a failure (exit $launcher: sandboxes left behind?)" >&2
+    example=$launcher
+fi
 if [ "$example" != 0 ]; then
     echo "the example failed (exit $example)" >&2
 fi
-
-echo "== the README's first example"
-awk '/^```java$/ {n++; if (n == 1) {on = 1; next}} on && /^```$/ {exit} on {print}' "$here/README.md" > "$work/Quickstart.java"
-readme=0
-(cd "$work" && timeout -k 30 300 java -cp "$cp" io.cella.CellaServer \
-    java -cp "$cp" "$work/Quickstart.java") || readme=$?
 if [ "$readme" != 0 ]; then
     echo "the README's first example failed (exit $readme)" >&2
 fi

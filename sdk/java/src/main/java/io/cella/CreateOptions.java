@@ -50,11 +50,11 @@ public final class CreateOptions {
 
         public Builder alwaysOn(boolean alwaysOn) { body.put("always_on", alwaysOn); return this; }
 
-        public Builder metadata(String key, String value) { body.with("metadata").put(key, value); return this; }
+        public Builder metadata(String key, String value) { Json.child(body, "metadata").put(key, value); return this; }
 
         public Builder metadata(Map<String, String> metadata) { metadata.forEach(this::metadata); return this; }
 
-        public Builder env(String key, String value) { body.with("env").put(key, value); return this; }
+        public Builder env(String key, String value) { Json.child(body, "env").put(key, value); return this; }
 
         public Builder env(Map<String, String> env) { env.forEach(this::env); return this; }
 

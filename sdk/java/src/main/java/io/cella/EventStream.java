@@ -40,8 +40,12 @@ final class EventStream implements AutoCloseable {
     private boolean ended;
 
     EventStream(HttpResponse<InputStream> resp) {
-        this.in = resp.body();
-        this.requestId = resp.headers().firstValue("x-request-id").orElse(null);
+        this(resp.body(), resp.headers().firstValue("x-request-id").orElse(null));
+    }
+
+    EventStream(InputStream in, String requestId) {
+        this.in = in;
+        this.requestId = requestId;
         Thread t = new Thread(this::pump, "cella-sse");
         t.setDaemon(true);
         t.start();

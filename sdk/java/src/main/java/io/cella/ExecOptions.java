@@ -42,7 +42,7 @@ public final class ExecOptions {
 
         private Builder() {}
 
-        public Builder env(String key, String value) { fields.with("env").put(key, value); return this; }
+        public Builder env(String key, String value) { Json.child(fields, "env").put(key, value); return this; }
 
         public Builder env(Map<String, String> env) { env.forEach(this::env); return this; }
 

@@ -32,6 +32,12 @@ public final class Json {
     /** Any value (maps, lists, strings, numbers, JsonNode) as a JSON tree. */
     public static JsonNode tree(Object value) { return value instanceof JsonNode ? (JsonNode) value : MAPPER.valueToTree(value); }
 
+    /** The object under {@code field} of {@code parent}, made if it is not there. */
+    static ObjectNode child(ObjectNode parent, String field) {
+        JsonNode n = parent.get(field);
+        return n instanceof ObjectNode ? (ObjectNode) n : parent.putObject(field);
+    }
+
     /** Parse JSON text. */
     public static JsonNode parse(String text) {
         try {

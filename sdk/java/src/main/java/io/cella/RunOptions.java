@@ -58,7 +58,7 @@ public final class RunOptions {
 
         public Builder timeout(Duration timeout) { this.timeout = timeout; body.put("timeout_sec", CreateOptions.seconds(timeout)); return this; }
 
-        public Builder env(String key, String value) { body.with("env").put(key, value); return this; }
+        public Builder env(String key, String value) { Json.child(body, "env").put(key, value); return this; }
 
         public Builder env(Map<String, String> env) { env.forEach(this::env); return this; }
 
@@ -74,7 +74,7 @@ public final class RunOptions {
 
         public Builder size(String size) { body.put("size", size); return this; }
 
-        public Builder metadata(String key, String value) { body.with("metadata").put(key, value); return this; }
+        public Builder metadata(String key, String value) { Json.child(body, "metadata").put(key, value); return this; }
 
         public Builder network(JsonNode policy) { body.set("network", policy); return this; }
 

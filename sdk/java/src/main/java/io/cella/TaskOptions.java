@@ -40,7 +40,7 @@ public final class TaskOptions {
         /** The agent's name (default: the first configured). */
         public Builder agent(String agent) { body.put("agent", agent); return this; }
 
-        public Builder metadata(String key, String value) { body.with("metadata").put(key, value); return this; }
+        public Builder metadata(String key, String value) { Json.child(body, "metadata").put(key, value); return this; }
 
         public Builder metadata(Map<String, String> metadata) { metadata.forEach(this::metadata); return this; }
 
