@@ -14,7 +14,10 @@ import java.util.concurrent.TimeUnit;
  * An upload written as a stream ({@link Files#openOutputStream}): bytes go to the server as they
  * are written; {@link #close()} ends the body and waits for the answer, then {@link #entry()} is
  * the new file's entry. A failure of the server (413, 409, ...) is thrown by {@code write} or
- * {@code close} as its {@link CellaException}.
+ * {@code close} as its {@link CellaException}. An upload whose length is not known is sent
+ * chunked: past the server's limit it is cut off and answered 413 once the server has drained up
+ * to 16 MiB more; a writer that goes on beyond that sees the connection close instead ({@link
+ * CellaConnectionException}), since {@code java.net.http} reads no answer once a write failed.
  */
 public final class FileUpload extends OutputStream {
     private static final byte[] EOF = new byte[0];
@@ -60,7 +63,14 @@ public final class FileUpload extends OutputStream {
                 return k;
             }
         };
-        answer = CompletableFuture.supplyAsync(() -> t.data("PUT", path, query, Transport.Body.stream(() -> body, -1), null));
+        answer = CompletableFuture.supplyAsync(() -> {
+            try {
+                return t.data("PUT", path, query, Transport.Body.stream(() -> body, -1), null);
+            } catch (CellaConnectionException e) {
+                throw new CellaConnectionException("the server closed the connection during the upload (an upload that goes far past the server's upload limit ends so, "
+                        + "as the JDK's HTTP client cannot read the 413 it sent): " + e.serverMessage(), e.code(), 0, null, null, null, e);
+            }
+        });
     }
 
     private void push(byte[] chunk) throws IOException {
@@ -81,6 +91,7 @@ public final class FileUpload extends OutputStream {
 
     private void failIfFailed() {
         if (answer.isCompletedExceptionally()) {
+            closed = true; // the error is thrown once: close() after it does nothing
             try {
                 answer.join();
             } catch (CompletionException e) {
@@ -127,6 +138,7 @@ public final class FileUpload extends OutputStream {
     @Override
     public void close() throws IOException {
         if (closed) return;
+        failIfFailed();
         closed = true;
         flushBuf();
         push(EOF);

@@ -48,17 +48,18 @@ class TaskTest {
         assertTrue(Workspace.updateSettings(ws, Map.of("tasks_enabled", true), s.admin()).settings().path("tasks_enabled").asBoolean());
 
         Path bare = makeRepo("web");
+        ConnectionConfig tasks = s.connection(s.makeKey("tasks:read", "tasks:write"));
         // The run's worst case is reserved at start: an empty wallet is the typed 402.
         InsufficientFundsException poor = assertThrows(InsufficientFundsException.class, () -> Task.start(TaskOptions.builder("acme/web", "x").connection(s.admin()).build()));
         assertEquals(402, poor.status());
         Workspace.addCredits(ws, "100", "task runs of the java sdk test", s.admin());
-        TaskInfo t = Task.start(TaskOptions.builder("acme/web", "Add a greeting.").baseBranch("main").metadata("ticket", "WEB-1").connection(s.admin()).build());
+        TaskInfo t = Task.start(TaskOptions.builder("acme/web", "Add a greeting.").baseBranch("main").metadata("ticket", "WEB-1").connection(tasks).build());
         assertEquals("queued", t.state());
         assertEquals("cella/" + t.id(), t.branch());
         List<String> states = new ArrayList<>();
         TaskInfo end = Task.follow(t.id(), java.time.Duration.ofMinutes(3), e -> {
             if ("state".equals(e.event())) states.add(e.state());
-        }, s.admin());
+        }, tasks);
         assertEquals("stopped", end.state(), end + "\n" + s.log().substring(Math.max(0, s.log().length() - 3000)));
         assertEquals("agent_exit", end.stopReason());
         assertEquals("stopped", states.get(states.size() - 1), states.toString());
@@ -66,8 +67,9 @@ class TaskTest {
         String logLine = git(bare, "log", "--format=%s", "-1", t.branch());
         assertEquals("Add the greeting\n", logLine);
         assertEquals("hello from the agent\n", git(bare, "show", t.branch() + ":GREETING.txt"));
-        assertEquals(t.id(), Task.get(t.id(), s.admin()).id());
-        assertTrue(Task.list("stopped", "acme/web", null, s.admin()).stream().anyMatch(x -> x.id().equals(t.id())));
+        assertEquals(t.id(), Task.get(t.id(), tasks).id());
+        assertEquals("WEB-1", Task.get(t.id(), tasks).metadata().get("ticket"));
+        assertTrue(Task.list("stopped", "acme/web", null, tasks).stream().anyMatch(x -> x.id().equals(t.id())));
         assertEquals("stopped", Task.cancel(t.id(), s.admin()).state(), "cancel of an ended run changes nothing");
         assertThrows(GoneException.class, () -> {
             try (EventIterator<TaskLogChunk> log = Task.log(t.id(), s.admin())) {

@@ -15,6 +15,8 @@ public final class TestServer implements BeforeAllCallback {
     static final String SIZE = "xs";
     static final String AGENT_SCRIPT = "printf 'hello from the agent\\n' > GREETING.txt && git add GREETING.txt && "
             + "git -c user.name=agent -c user.email=agent@example.org commit -q -m 'Add the greeting' && echo committed";
+    /** The server's upload limit: above the 10 MiB round trip, low enough to test the 413 of uploads. */
+    static final long MAX_UPLOAD = 16L * 1024 * 1024;
     private static CellaServer server;
     static Path repos;
 
@@ -32,7 +34,7 @@ public final class TestServer implements BeforeAllCallback {
         synchronized (TestServer.class) {
             if (server != null) return;
             repos = java.nio.file.Files.createTempDirectory("cella-java-repos-");
-            String config = "\n[tasks]\nrunners = 2\nheartbeat_interval_sec = 1\ngrace_sec = 2\n\n"
+            String config = "\n[files]\nmax_upload_bytes = " + MAX_UPLOAD + "\n\n[tasks]\nrunners = 2\nheartbeat_interval_sec = 1\ngrace_sec = 2\n\n"
                     + "[[forges]]\nname = \"local\"\nkind = \"git\"\nurl_template = \"" + repos + "/{repository}.git\"\n\n"
                     + "[[agents]]\nname = \"editor\"\nkind = \"command\"\ncommand = [\"bash\", \"-c\", '''" + AGENT_SCRIPT + "''']\n";
             server = CellaServer.start(config);
