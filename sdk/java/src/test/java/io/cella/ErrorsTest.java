@@ -34,6 +34,10 @@ class ErrorsTest {
         assertEquals(404, e.status());
         assertEquals("NOT_FOUND", e.code());
         assertThrows(NotFoundException.class, () -> Artifact.download("art000000000000000000", TestServer.admin()));
+        Sandbox ghost = new Sandbox(new SandboxInfo(Json.object().put("id", "sb000000000000000000").put("state", "running")), new Transport(TestServer.admin()));
+        assertThrows(NotFoundException.class, () -> ghost.pty(null));
+        assertThrows(NotFoundException.class, () -> ghost.commands().stream("true"));
+        assertThrows(NotFoundException.class, () -> ghost.files().watch("/"));
     }
 
     @Test
@@ -50,6 +54,8 @@ class ErrorsTest {
             sb.pause();
             SandboxNotRunningException nr = assertThrows(SandboxNotRunningException.class, () -> sb.files().read("/etc/hostname"));
             assertEquals("SANDBOX_NOT_RUNNING", nr.code());
+            // The terminal's errors come before the WebSocket upgrade, typed the same way.
+            assertThrows(SandboxNotRunningException.class, () -> sb.pty(null));
         }
     }
 

@@ -59,6 +59,10 @@ class SandboxTest {
             Sandbox other = Sandbox.connect(sb.id(), TestServer.admin(), true);
             assertEquals("running", other.state());
             assertEquals(120, sb.setTimeout(Duration.ofSeconds(120)).timeoutSec());
+            sb.files().write("/home/user/kept.txt", "across a stop");
+            assertEquals("stopped", sb.stop().state());
+            assertEquals("running", sb.resume().state());
+            assertEquals("across a stop", sb.files().read("/home/user/kept.txt"));
             SandboxUsage u = sb.usage();
             assertEquals(sb.id(), u.sandboxId());
             assertTrue(u.runningSec() > 0, u.toString());
