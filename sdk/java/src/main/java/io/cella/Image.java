@@ -10,7 +10,7 @@ public final class Image {
     private Image() {}
 
     /** Upload an image archive under {@code name}. */
-    public static ImageInfo upload(String name, Path archive, ConnectionConfig connection) throws IOException {
+    public static ImageInfo importTar(String name, Path archive, ConnectionConfig connection) throws IOException {
         long size = java.nio.file.Files.size(archive);
         try (InputStream in = java.nio.file.Files.newInputStream(archive)) {
             return new ImageInfo(new Transport(connection).data("POST", "/images", Transport.Query.of().add("name", name), Transport.Body.stream(() -> in, size), null));

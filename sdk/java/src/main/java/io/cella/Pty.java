@@ -140,6 +140,9 @@ public final class Pty implements AutoCloseable {
         }
     }
 
+    /** Open a terminal in a sandbox (null options: a login shell, 80x24); {@code sandbox.pty(options)} does the same. */
+    public static Pty create(Sandbox sandbox, Options options) { return open(sandbox.transport, sandbox.id(), options); }
+
     static Pty open(Transport t, String sandboxId, Options o) {
         String base = t.config.apiUrl().replaceFirst("^http", "ws");
         URI uri = URI.create(base + Transport.sandboxPath(sandboxId, "pty") + (o == null ? "" : o.query.render()));

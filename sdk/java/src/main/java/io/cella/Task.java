@@ -62,7 +62,7 @@ public final class Task {
      * Follow a run's events to its end (each given to {@code onEvent}, may be null) and answer the
      * run as it ended. {@link CellaTimeoutException} after {@code timeout}.
      */
-    public static TaskInfo follow(String taskId, Duration timeout, Consumer<TaskEvent> onEvent, ConnectionConfig connection) {
+    public static TaskInfo waitFor(String taskId, Duration timeout, Consumer<TaskEvent> onEvent, ConnectionConfig connection) {
         long deadline = System.nanoTime() + timeout.toNanos();
         while (true) {
             try (EventIterator<TaskEvent> events = events(taskId, connection)) {

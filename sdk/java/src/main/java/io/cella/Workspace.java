@@ -5,7 +5,7 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.util.List;
 
 /**
- * Workspaces and their money: settings, wallet, ledger, usage and storage. Reading the wallet,
+ * Workspaces and their money: settings, members, wallet, ledger, usage and storage. Reading the wallet,
  * the ledger and the usage needs an admin key of the workspace (or the operator's); credits are
  * the operator's. Each method has a variant with a {@link ConnectionConfig}.
  */
@@ -75,5 +75,29 @@ public final class Workspace {
     /** What the workspace stores against its storage quota, in bytes. */
     public static JsonNode storage(String workspaceId, ConnectionConfig connection) {
         return new Transport(connection).data("GET", path(workspaceId, "/storage"));
+    }
+
+    private static String memberPath(String workspaceId, String userId) {
+        return "/workspaces/" + Transport.seg(workspaceId) + "/members" + (userId == null ? "" : "/" + Transport.seg(userId));
+    }
+
+    /** A workspace's members, in the order they joined. */
+    public static List<Member> members(String workspaceId, ConnectionConfig connection) {
+        return Json.list(Json.tree(new Transport(connection).pages(memberPath(workspaceId, null), null, null)), Member::new);
+    }
+
+    /** Add an existing user by email with a role (admin). */
+    public static Member addMember(String workspaceId, String email, String role, ConnectionConfig connection) {
+        return new Member(new Transport(connection).data("POST", memberPath(workspaceId, null), null, Transport.Body.json(Json.object().put("email", email).put("role", role))));
+    }
+
+    /** Change a member's role (admin). */
+    public static Member updateMember(String workspaceId, String userId, String role, ConnectionConfig connection) {
+        return new Member(new Transport(connection).data("PATCH", memberPath(workspaceId, userId), null, Transport.Body.json(Json.object().put("role", role))));
+    }
+
+    /** Remove a member (admin), or leave (a signed-in user removing themselves). */
+    public static Member removeMember(String workspaceId, String userId, ConnectionConfig connection) {
+        return new Member(new Transport(connection).data("DELETE", memberPath(workspaceId, userId)));
     }
 }

@@ -27,12 +27,12 @@ class AdminTest {
         assertEquals("owner", session.workspaces().get(0).path("role").asText());
 
         WorkspaceInfo org = Workspace.create("java-org", "business", "organization", s.admin());
-        Member m = Member.add(org.id(), "ann-java@example.org", "member", s.admin());
+        Member m = Workspace.addMember(org.id(), "ann-java@example.org", "member", s.admin());
         assertEquals("member", m.role());
-        assertEquals("admin", Member.update(org.id(), ann.id(), "admin", s.admin()).role());
-        assertEquals(List.of(ann.id()), Member.list(org.id(), s.admin()).stream().map(Member::userId).toList());
-        assertThrows(ConflictException.class, () -> Member.add(org.id(), "ann-java@example.org", "member", s.admin()));
-        assertEquals(ann.id(), Member.remove(org.id(), ann.id(), s.admin()).userId());
+        assertEquals("admin", Workspace.updateMember(org.id(), ann.id(), "admin", s.admin()).role());
+        assertEquals(List.of(ann.id()), Workspace.members(org.id(), s.admin()).stream().map(Member::userId).toList());
+        assertThrows(ConflictException.class, () -> Workspace.addMember(org.id(), "ann-java@example.org", "member", s.admin()));
+        assertEquals(ann.id(), Workspace.removeMember(org.id(), ann.id(), s.admin()).userId());
 
         session.signOut();
         assertThrows(AuthenticationException.class, session::me);

@@ -116,7 +116,7 @@ class SandboxTest {
 
     @Test
     void terminal() {
-        try (Sandbox sb = TestServer.sandbox(); Pty pty = sb.pty(Pty.Options.builder().size(100, 30).command("read line; echo got:$line; stty size; exit 3"))) {
+        try (Sandbox sb = TestServer.sandbox(); Pty pty = Pty.create(sb, Pty.Options.builder().size(100, 30).command("read line; echo got:$line; stty size; exit 3"))) {
             pty.write("hello\n");
             String out = pty.readUntil("30 100", Duration.ofSeconds(30));
             assertTrue(out.contains("got:hello"), out);

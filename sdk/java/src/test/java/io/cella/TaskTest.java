@@ -57,7 +57,7 @@ class TaskTest {
         assertEquals("queued", t.state());
         assertEquals("cella/" + t.id(), t.branch());
         List<String> states = new ArrayList<>();
-        TaskInfo end = Task.follow(t.id(), java.time.Duration.ofMinutes(3), e -> {
+        TaskInfo end = Task.waitFor(t.id(), java.time.Duration.ofMinutes(3), e -> {
             if ("state".equals(e.event())) states.add(e.state());
         }, tasks);
         assertEquals("stopped", end.state(), end + "\n" + s.log().substring(Math.max(0, s.log().length() - 3000)));
@@ -79,7 +79,7 @@ class TaskTest {
         // A second run, cancelled while it waits or runs.
         TaskInfo c = Task.start(TaskOptions.builder("acme/web", "Another.").connection(s.admin()).build());
         Task.cancel(c.id(), s.admin());
-        TaskInfo ce = Task.follow(c.id(), java.time.Duration.ofMinutes(3), null, s.admin());
+        TaskInfo ce = Task.waitFor(c.id(), java.time.Duration.ofMinutes(3), null, s.admin());
         assertTrue(ce.state().equals("cancelled") || ce.state().equals("stopped"), ce.toString());
     }
 
