@@ -51,6 +51,16 @@ class FilesTest {
             for (int n; (n = in.read(buf)) > 0; ) md.update(buf, 0, n);
         }
         assertEquals(sum, HexFormat.of().formatHex(md.digest()));
+        // Local files both ways.
+        java.nio.file.Path dir = java.nio.file.Files.createTempDirectory("cella-java-files-");
+        try {
+            sb.files().download("/home/user/big2.bin", dir.resolve("down.bin"));
+            assertEquals(sum, sha256(java.nio.file.Files.readAllBytes(dir.resolve("down.bin"))));
+            assertEquals(data.length, sb.files().upload(dir.resolve("down.bin"), "/home/user/big3.bin").size());
+            assertEquals(sum, sb.commands().run("sha256sum /home/user/big3.bin | cut -d' ' -f1").stdout().trim());
+        } finally {
+            CellaServer.deleteTree(dir.toFile());
+        }
     }
 
     @Test

@@ -20,6 +20,11 @@ class RunsTest {
         ArtifactInfo a = r.artifacts().get(0);
         assertEquals("/home/user/out/sorted.txt", a.path());
         assertEquals("a\nb\nc\n", new String(Artifact.download(a.id(), TestServer.admin()), StandardCharsets.UTF_8));
+        try (java.io.InputStream in = Artifact.openInputStream(a.id(), TestServer.admin())) {
+            assertEquals("a\nb\nc\n", new String(in.readAllBytes(), StandardCharsets.UTF_8));
+        } catch (java.io.IOException e) {
+            throw new java.io.UncheckedIOException(e);
+        }
         assertTrue(Artifact.list(r.sandboxId(), TestServer.admin()).stream().anyMatch(x -> x.id().equals(a.id())));
         assertEquals(a.id(), Artifact.delete(a.id(), TestServer.admin()).id());
         assertThrows(NotFoundException.class, () -> Artifact.download(a.id(), TestServer.admin()));

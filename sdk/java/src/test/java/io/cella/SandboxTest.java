@@ -41,7 +41,8 @@ class SandboxTest {
     @Test
     void keepOnCloseLeavesItRunning() {
         String id;
-        try (Sandbox sb = TestServer.sandbox()) {
+        try (Sandbox sb = Sandbox.create(CreateOptions.builder().size(TestServer.SIZE).waitReady(false).connection(TestServer.admin()).build())) {
+            assertTrue(sb.waitReady(Duration.ofSeconds(120)).ready());
             id = sb.id();
             sb.keepOnClose();
         }
