@@ -56,9 +56,25 @@ defmodule CellaTest.CommandsTest do
     assert [%OutputChunk{data: <<255, 0>>}, %CommandResult{exit_code: 0}] = Enum.to_list(stream)
   end
 
-  test "leaving a stream early stops it", %{sb: sb} do
+  test "leaving a stream early stops it; a stream is read by its own process", %{sb: sb} do
     {:ok, stream} = Commands.stream(sb, "while true; do echo tick; sleep 0.1; done")
     assert [%OutputChunk{} | _] = Enum.take(stream, 2)
+
+    {:ok, stream} = Commands.stream(sb, "echo once")
+    task = Task.async(fn -> catch_error(Enum.to_list(stream)) end)
+    assert %ArgumentError{} = Task.await(task)
+    Cella.EventStream.close(stream)
+  end
+
+  test "signals by name and number", %{sb: sb} do
+    {:ok, p} = Commands.start(sb, "sleep 600")
+    assert {:ok, %ProcessInfo{pid: pid}} = Commands.signal(sb, p.pid, "SIGTERM")
+    assert pid == p.pid
+    assert {:ok, %CommandResult{exit_code: 143}} = Commands.wait(sb, p.pid, timeout: 60)
+    {:ok, p} = Commands.start(sb, "sleep 600")
+    assert {:ok, _} = Commands.signal(sb, p.pid, 9)
+    assert {:ok, %CommandResult{exit_code: 137}} = Commands.wait(sb, p.pid, timeout: 60)
+    assert {:error, %Cella.Error{reason: :invalid_request}} = Commands.signal(sb, p.pid, "NOPE")
   end
 
   test "background processes: start, list, stdin, output, wait, kill", %{sb: sb} do

@@ -35,6 +35,20 @@ defmodule CellaTest.SandboxTest do
     assert id == sb.id and is_number(u.running_sec)
   end
 
+  test "a persistent sandbox: stopped with its files kept, resumed" do
+    sb = sandbox!(persistent: true)
+    assert sb.persistent
+    Files.write!(sb, "/home/user/kept.txt", "kept")
+    assert {:ok, %Sandbox{state: "stopped"}} = Sandbox.stop(sb)
+    assert {:ok, %Sandbox{state: "running"}} = Sandbox.resume(sb)
+    assert Files.read!(sb, "/home/user/kept.txt") == "kept"
+  end
+
+  test "create without waiting, then wait_ready" do
+    sb = sandbox!(wait: false)
+    assert {:ok, %Sandbox{state: "running"}} = Sandbox.wait_ready(sb, 120)
+  end
+
   test "snapshot, a sandbox made from it, fork" do
     sb = sandbox!()
     Files.write!(sb, "/home/user/state.txt", "from the source")

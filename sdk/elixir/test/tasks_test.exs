@@ -60,6 +60,11 @@ defmodule CellaTest.TasksTest do
                metadata: %{"suite" => "elixir"}
              )
 
+    # the live log, opened while the run is queued: the agent's output as it runs
+    assert {:ok, log} = Task.log(task)
+    text = log |> Enum.map(fn %Cella.LogChunk{text: t} -> t end) |> Enum.join()
+    assert text =~ "agent says hello"
+
     assert {:ok, events} = Task.events(task, timeout: 300)
     events = Enum.to_list(events)
     states = for %TaskEvent{type: :state, state: s} <- events, do: s

@@ -12,7 +12,7 @@ File.mkdir_p!(repos)
 git_id = "git -c user.name=agent -c user.email=agent@example.org"
 
 agent_script =
-  "echo \"made by the elixir test: $CELLA_TASK\" > ELIXIR.md && #{git_id} add -A && #{git_id} commit -qm 'Add ELIXIR.md'"
+  "echo agent says hello; sleep 2; echo \"made by the elixir test: $CELLA_TASK\" > ELIXIR.md && #{git_id} add -A && #{git_id} commit -qm 'Add ELIXIR.md'"
 
 tasks_config = """
 
@@ -38,13 +38,20 @@ System.put_env("CELLA_API_KEY", server.api_key)
 :persistent_term.put(:cella_test_server, server)
 :persistent_term.put(:cella_test_repos, repos)
 
+# A run stopped with SIGTERM (a CI timeout) still destroys its sandboxes and its server.
+System.trap_signal(:sigterm, fn ->
+  CellaTest.Server.stop(server)
+  File.rm_rf(repos)
+  System.halt(143)
+end)
+
 ExUnit.after_suite(fn _ ->
   left = CellaTest.Server.stop(server)
   File.rm_rf(repos)
 
   if left != [] do
     IO.puts(:stderr, "the tests left sandboxes behind: #{inspect(left)}")
-    System.at_exit(fn _ -> exit({:shutdown, 1}) end)
+    System.halt(1)
   end
 end)
 

@@ -27,8 +27,13 @@ defmodule Cella.EventStream do
     idle = opts[:idle_timeout]
     deadline = opts[:deadline]
 
+    owner = self()
+
     with {:ok, %{ref: ref} = s} <- HTTP.open_stream(config, method, path, opts) do
       start = fn ->
+        if self() != owner,
+          do: raise(ArgumentError, "a Cella.EventStream is read by the process that opened it")
+
         if Process.get({:cella_stream, ref}),
           do: raise(ArgumentError, "a Cella.EventStream is read once")
 

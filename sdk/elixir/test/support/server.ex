@@ -47,7 +47,11 @@ defmodule CellaTest.Server do
     log = Path.join(dir, "server.log")
     File.write!(config, candidate <> extra)
 
-    script = ~s(exec "$0" serve --listen "$1" --data-dir "$2" --config "$3" >"$4" 2>&1 </dev/null)
+    # The shell is a watchdog: it starts the server, says its pid, and stops it when its own
+    # standard input (the port) closes, so a test run that dies does not leave it running.
+    script =
+      ~s("$0" serve --listen "$1" --data-dir "$2" --config "$3" >"$4" 2>&1 </dev/null & ) <>
+        ~s(pid=$!; echo "pid $pid"; read _ignored; kill -TERM $pid 2>/dev/null; wait $pid)
 
     p =
       Port.open({:spawn_executable, "/bin/sh"}, [
@@ -57,7 +61,13 @@ defmodule CellaTest.Server do
         env: [{~c"CELLA_BOOTSTRAP_KEY", String.to_charlist(key)}, {~c"CELLA_API_KEY", false}]
       ])
 
-    {:os_pid, os_pid} = Port.info(p, :os_pid)
+    os_pid =
+      receive do
+        {^p, {:data, "pid " <> rest}} -> rest |> String.trim() |> String.to_integer()
+      after
+        10_000 -> raise "the server's watchdog did not start"
+      end
+
     url = "http://127.0.0.1:#{port}"
     server = %__MODULE__{url: url, api_key: key, dir: dir, log: log, port: p, os_pid: os_pid}
 
@@ -65,6 +75,7 @@ defmodule CellaTest.Server do
       server
     else
       System.cmd("kill", ["-KILL", "#{os_pid}"], stderr_to_stdout: true)
+      close_port(p)
       text = File.read(log) |> elem(1)
 
       if is_binary(text) and String.contains?(text, "unknown field"),
@@ -107,6 +118,7 @@ defmodule CellaTest.Server do
     Enum.each(left, &Cella.Sandbox.kill/1)
     System.cmd("kill", ["-TERM", "#{s.os_pid}"], stderr_to_stdout: true)
     wait_dead(s.os_pid, 200)
+    close_port(s.port)
 
     if System.get_env("CELLA_KEEP_TEST_DATA"),
       do: IO.puts(:stderr, "server data kept in #{s.dir}"),
@@ -119,6 +131,12 @@ defmodule CellaTest.Server do
 
   defp wait_dead(pid, n) do
     if alive?(pid), do: Process.sleep(100) && wait_dead(pid, n - 1)
+  end
+
+  defp close_port(p) do
+    Port.close(p)
+  rescue
+    ArgumentError -> :ok
   end
 
   def free_port do
