@@ -27,6 +27,19 @@ defmodule CellaTest.FilesTest do
     assert :crypto.hash(:sha256, chunks) |> Base.encode16(case: :lower) == sum
   end
 
+  test "an upload streamed from a local file", %{sb: sb} do
+    local = Path.join(System.tmp_dir!(), "cella-elixir-upload-#{tag()}")
+    data = :crypto.strong_rand_bytes(3 * 1024 * 1024 + 5)
+    File.write!(local, data)
+    on_exit(fn -> File.rm(local) end)
+
+    assert {:ok, %Entry{size: size}} =
+             Files.write(sb, "/home/user/streamed.bin", File.stream!(local, [], 65_536))
+
+    assert size == byte_size(data)
+    assert Files.read!(sb, "/home/user/streamed.bin") == data
+  end
+
   test "write with a mode, stat, list, exists, make_dir, rename, remove", %{sb: sb} do
     assert {:ok, %Entry{mode: "0755"}} =
              Files.write(sb, "/home/user/d/run.sh", "#!/bin/sh\necho ran\n", mode: 0o755)

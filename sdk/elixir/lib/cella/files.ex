@@ -61,7 +61,9 @@ defmodule Cella.Files do
   end
 
   @doc """
-  Writes a file, whole or nothing (missing parents are made). `data` is a binary or iodata.
+  Writes a file, whole or nothing (missing parents are made). `data` is a binary, iodata, or
+  any other enumerable of binaries (a `File.stream!(path, [], 65536)`), which is sent piece
+  by piece as it is read.
   Options: `:mode` (`0o755` or `"0755"`), `:user` (who owns it). Answers its entry.
 
   `write(sb, [%{path: ..., data: ...}, ...])` writes several (each may give its own `:user`
@@ -91,7 +93,7 @@ defmodule Cella.Files do
         m -> to_string(m)
       end
 
-    body = IO.iodata_to_binary(data)
+    body = if is_list(data) or is_binary(data), do: IO.iodata_to_binary(data), else: data
 
     with {:ok, d} <-
            HTTP.data(sb.config, :put, fpath(sb),

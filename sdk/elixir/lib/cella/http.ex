@@ -179,7 +179,7 @@ defmodule Cella.HTTP do
 
         Keyword.has_key?(opts, :body) ->
           {to_charlist(url), hs, to_charlist(opts[:content_type] || "application/octet-stream"),
-           opts[:body]}
+           body(opts[:body])}
 
         method in [:post, :put, :patch] ->
           {to_charlist(url), hs, ~c"application/json", ""}
@@ -197,6 +197,34 @@ defmodule Cella.HTTP do
         else: http_opts
 
     {req, http_opts}
+  end
+
+  # A binary is sent as it is; any other enumerable of iodata (a `File.stream!/3`...) is sent
+  # piece by piece with chunked transfer encoding, read only as it is sent (and read again
+  # from its start if the request is sent again after a 429).
+  defp body(b) when is_binary(b), do: b
+
+  defp body(enum) do
+    start = &Enumerable.reduce(enum, &1, fn x, _ -> {:suspend, x} end)
+    {:chunkify, &next_piece/1, start}
+  end
+
+  defp next_piece(:eof), do: :eof
+
+  defp next_piece(k) do
+    case k.({:cont, nil}) do
+      {:suspended, piece, k2} ->
+        case IO.iodata_to_binary(piece) do
+          "" -> next_piece(k2)
+          bin -> {:ok, bin, k2}
+        end
+
+      {:done, _} ->
+        :eof
+
+      {:halted, _} ->
+        :eof
+    end
   end
 
   @doc false
