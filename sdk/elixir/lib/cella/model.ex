@@ -232,7 +232,8 @@ defmodule Cella.TemplateBuild do
     :finished_at,
     steps: [],
     log: "",
-    log_offset: 0
+    log_offset: 0,
+    config: nil
   ]
 
   def cast(s), do: %{s | steps: Cella.Model.list(s.steps, Cella.BuildStep), log: s.log || ""}

@@ -128,8 +128,7 @@ defmodule Cella.Template do
     {c, _} = Cella.split_opts(opts)
 
     with {:ok, d} <- HTTP.data(c, :post, "/templates", json: spec) do
-      b = build_of(d)
-      {:ok, %{b | raw: Map.put(b.raw, "config", c)}}
+      {:ok, %{build_of(d) | config: c}}
     end
   end
 
@@ -154,7 +153,7 @@ defmodule Cella.Template do
     path = "/templates/" <> HTTP.seg(id) <> "/builds/" <> HTTP.seg(build_id)
 
     with {:ok, d} <- HTTP.data(c, :get, path, params: [log_offset: o[:log_offset]]) do
-      {:ok, TemplateBuild.from_map(d)}
+      {:ok, %{TemplateBuild.from_map(d) | config: c}}
     end
   end
 
@@ -164,7 +163,7 @@ defmodule Cella.Template do
   `check: true` makes a failed build an error `BUILD_FAILED`.
   """
   def wait_build(%TemplateBuild{} = b, opts \\ []) do
-    c = b.raw["config"] || Cella.Config.resolve(Keyword.take(opts, Cella.Config.keys()))
+    c = b.config || Cella.Config.resolve(Keyword.take(opts, Cella.Config.keys()))
     deadline = System.monotonic_time(:millisecond) + round((opts[:timeout] || 1800) * 1000)
     poll_build(c, b.template_id, b.id, 0, "", deadline, opts)
   end
