@@ -60,7 +60,7 @@ defmodule CellaTest.ErrorsTest do
   test "429: rate limited, retried after Retry-After, then the typed error" do
     limited =
       CellaTest.Server.start(
-        "\n[rate_limits]\nread = { per_second = 0.5, burst = 2 }\n",
+        "\n[rate_limits]\nread = { per_second = 1.0, burst = 2 }\n",
         "cella-limited"
       )
 
@@ -78,8 +78,8 @@ defmodule CellaTest.ErrorsTest do
       assert %Error{status: 429, code: "RATE_LIMITED", reason: :rate_limited} = err
       assert err.retry_after >= 1 and err.details["group"] == "read"
 
-      # with retries (the default), the calls wait for the bucket and succeed
-      for _ <- 1..3, do: assert({:ok, _} = Sandbox.list([limit: 1] ++ opts))
+      # with retries (the default), the call waits for the bucket and succeeds
+      assert {:ok, _} = Sandbox.list([limit: 1] ++ opts)
     after
       assert CellaTest.Server.stop(limited) == []
     end

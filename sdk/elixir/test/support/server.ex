@@ -116,9 +116,9 @@ defmodule CellaTest.Server do
       end
 
     Enum.each(left, &Cella.Sandbox.kill/1)
-    System.cmd("kill", ["-TERM", "#{s.os_pid}"], stderr_to_stdout: true)
-    wait_dead(s.os_pid, 200)
+    # Closing the port ends the watchdog's `read`: it sends the server SIGTERM and reaps it.
     close_port(s.port)
+    wait_dead(s.os_pid, 300)
 
     if System.get_env("CELLA_KEEP_TEST_DATA"),
       do: IO.puts(:stderr, "server data kept in #{s.dir}"),
