@@ -218,7 +218,7 @@ defmodule Cella.Image do
   import Cella, only: [defbang: 1]
   alias Cella.HTTP
 
-  use Cella.Model, [:id, :name, :digest, :size_bytes, :created_at, :layers]
+  use Cella.Model, [:id, :reference, :name, :digest, :size_bytes, :created_at, :layers]
 
   @doc "The workspace's imported images, oldest first."
   def list(opts \\ []) do
