@@ -38,7 +38,7 @@ defmodule Cella.EventStream do
           do: raise(ArgumentError, "a Cella.EventStream is read once")
 
         Process.put({:cella_stream, ref}, true)
-        %{sse: SSE.new(), acc: acc, halted: false, done: false}
+        %{sse: SSE.new(), acc: acc, halted: false, done: false, last: now()}
       end
 
       next = fn
@@ -46,12 +46,18 @@ defmodule Cella.EventStream do
           {:halt, st}
 
         st ->
-          wait = wait_ms(idle, deadline)
+          wait = wait_ms(idle && idle * 1000 - (now() - st.last), deadline)
 
           case HTTP.recv(ref, wait) do
             {:data, bin} ->
               {events, sse} = SSE.feed(st.sse, bin)
-              run(events, %{st | sse: sse}, handle, s.request_id)
+              # keep-alive comments do not count as events for the idle timeout
+              st = if Enum.any?(events, &(&1 != :keepalive)), do: %{st | last: now()}, else: st
+              {items, st} = run(events, %{st | sse: sse}, handle, s.request_id)
+
+              if items == [] and not st.halted and idle && now() - st.last >= idle * 1000,
+                do: {:halt, st},
+                else: {items, st}
 
             :done ->
               {events, sse} = SSE.flush(st.sse)
@@ -95,9 +101,12 @@ defmodule Cella.EventStream do
     end
   end
 
+  defp now, do: System.monotonic_time(:millisecond)
+
+  # `idle`: milliseconds left of the idle timeout (or nil); `deadline`: a monotonic time.
   defp wait_ms(idle, deadline) do
-    d = deadline && max(deadline - System.monotonic_time(:millisecond), 0)
-    i = idle && round(idle * 1000)
+    d = deadline && max(deadline - now(), 0)
+    i = idle && max(round(idle), 0)
 
     case {i, d} do
       {nil, nil} -> :infinity
