@@ -24,6 +24,29 @@ defmodule CellaTest.SandboxTest do
     assert {:ok, []} = Sandbox.list(metadata: %{"tag" => t})
   end
 
+  test "with_sandbox destroys its sandbox after, also when the function raises" do
+    me = self()
+
+    assert {:ok, "in\n"} =
+             Sandbox.with_sandbox([size: size()], fn sb ->
+               send(me, {:id, sb.id})
+               Commands.run!(sb, "echo in").stdout
+             end)
+
+    assert_received {:id, id}
+    assert {:ok, %Sandbox{state: "destroyed"}} = Sandbox.get(id)
+
+    assert_raise RuntimeError, fn ->
+      Sandbox.with_sandbox([size: size()], fn sb ->
+        send(me, {:id, sb.id})
+        raise "boom"
+      end)
+    end
+
+    assert_received {:id, id2}
+    assert {:ok, %Sandbox{state: "destroyed"}} = Sandbox.get(id2)
+  end
+
   test "pause, resume, timeout and usage" do
     sb = sandbox!()
     assert {:ok, %Sandbox{state: "paused"} = paused} = Sandbox.pause(sb)

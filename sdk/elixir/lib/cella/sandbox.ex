@@ -99,6 +99,25 @@ defmodule Cella.Sandbox do
   end
 
   @doc """
+  Creates a sandbox (with `create/1`'s options), calls `fun` with it, and destroys it after,
+  also when `fun` raises: `{:ok, what fun answered}`, or the error of the create.
+
+      {:ok, out} = Cella.Sandbox.with_sandbox([size: "xs"], fn sb ->
+        Cella.Commands.run!(sb, "uname -a").stdout
+      end)
+  """
+  @spec with_sandbox(keyword, (t -> result)) :: {:ok, result} | {:error, Error.t()} when result: var
+  def with_sandbox(opts \\ [], fun) when is_function(fun, 1) do
+    with {:ok, sb} <- create(opts) do
+      try do
+        {:ok, fun.(sb)}
+      after
+        kill(sb)
+      end
+    end
+  end
+
+  @doc """
   Attaches to an existing sandbox. A `paused` or `stopped` one is resumed first, unless
   `resume: false`.
   """
