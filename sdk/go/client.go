@@ -25,6 +25,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -66,6 +67,9 @@ type Client struct {
 	maxRetries   int
 	maxRetryWait time.Duration
 	headers      map[string]string
+
+	mu   sync.Mutex
+	csrf string // a signed-in session's CSRF token (see UserService.SignIn)
 
 	// Sandboxes creates, finds and runs sandboxes.
 	Sandboxes *SandboxService
@@ -275,6 +279,13 @@ func (c *Client) send(ctx context.Context, r *request) (*http.Response, error) {
 		}
 		for k, v := range r.headers {
 			req.Header.Set(k, v)
+		}
+		if r.method != "GET" && r.method != "HEAD" {
+			c.mu.Lock()
+			if c.csrf != "" {
+				req.Header.Set("x-csrf-token", c.csrf)
+			}
+			c.mu.Unlock()
 		}
 		resp, err := c.http.Do(req)
 		if err != nil {

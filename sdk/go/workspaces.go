@@ -302,25 +302,49 @@ func (s *UserService) Create(ctx context.Context, email, name, password string) 
 	return &u, nil
 }
 
-// SignIn opens a session; give the client an http.Client with a cookie jar to use it.
+// SignIn opens a session. The session cookie is kept by the client's HTTP client: give
+// NewClient an http.Client with a cookie jar (and no API key) to act as the user; the
+// session's CSRF token is then sent with every write.
 func (s *UserService) SignIn(ctx context.Context, email, password string) (*Session, error) {
 	var out Session
 	if err := s.c.do(ctx, &request{method: "POST", path: "/sessions", body: map[string]any{"email": email, "password": password}}, &out); err != nil {
 		return nil, err
 	}
+	s.c.mu.Lock()
+	s.c.csrf = out.CSRFToken
+	s.c.mu.Unlock()
 	return &out, nil
 }
 
 // SignOut ends the current session.
 func (s *UserService) SignOut(ctx context.Context) error {
-	return s.c.do(ctx, &request{method: "DELETE", path: "/sessions/current"}, nil)
+	err := s.c.do(ctx, &request{method: "DELETE", path: "/sessions/current"}, nil)
+	if err == nil {
+		s.c.mu.Lock()
+		s.c.csrf = ""
+		s.c.mu.Unlock()
+	}
+	return err
 }
 
-// Me answers the signed-in user and their workspaces, as the server gives them.
-func (s *UserService) Me(ctx context.Context) (map[string]any, error) {
-	var out map[string]any
+// MeWorkspace is a workspace of the signed-in user, with their role in it.
+type MeWorkspace struct {
+	Workspace Workspace `json:"workspace"`
+	Role      string    `json:"role"`
+}
+
+// Me is the signed-in user, their workspaces and the session's CSRF token.
+type Me struct {
+	User       User          `json:"user"`
+	Workspaces []MeWorkspace `json:"workspaces"`
+	CSRFToken  string        `json:"csrf_token"`
+}
+
+// Me answers the signed-in user (a session only: a key gets 403).
+func (s *UserService) Me(ctx context.Context) (*Me, error) {
+	var out Me
 	if err := s.c.do(ctx, &request{method: "GET", path: "/me"}, &out); err != nil {
 		return nil, err
 	}
-	return out, nil
+	return &out, nil
 }
