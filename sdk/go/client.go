@@ -214,6 +214,9 @@ type request struct {
 	headers       map[string]string
 }
 
+// Uploads above this size wait for the server's 100 Continue before sending their body.
+const expectContinueAbove = 64 << 10
+
 // seg escapes one path segment.
 func seg(s string) string { return url.PathEscape(s) }
 
@@ -270,6 +273,12 @@ func (c *Client) send(ctx context.Context, r *request) (*http.Response, error) {
 		req.Header.Set("Accept", "application/json")
 		if isJSON {
 			req.Header.Set("Content-Type", "application/json")
+		}
+		if reader != nil && (r.contentLength < 0 || r.contentLength > expectContinueAbove) {
+			// The server refuses an upload (401, 403, 404, 413, ...) before reading its
+			// body and closes the connection: with 100-continue the body is sent only once
+			// the server asks for it, so the refusal is read instead of a broken pipe.
+			req.Header.Set("Expect", "100-continue")
 		}
 		if c.apiKey != "" {
 			req.Header.Set("Authorization", "Bearer "+c.apiKey)
