@@ -110,6 +110,46 @@ func TestStreamedCommandAndProcesses(t *testing.T) {
 		t.Fatalf("the output came in %d pieces, not as it was written: %+v", len(chunks), chunks)
 	}
 
+	// Over a channel.
+	st, err = sb.Commands.Stream(ctx, "echo a; echo b >&2; echo c", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byStream := map[string]string{}
+	for ch := range st.Chan() {
+		byStream[ch.Stream] += ch.Text()
+	}
+	if err := st.Err(); err != nil || byStream["stdout"] != "a\nc\n" || byStream["stderr"] != "b\n" {
+		t.Fatalf("chan: %q %v", byStream, err)
+	}
+
+	// Closing the stream early kills the command.
+	st, err = sb.Commands.Stream(ctx, "echo started; exec sleep 321", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Next() || st.Current().Text() != "started\n" {
+		t.Fatalf("first chunk: %v", st.Err())
+	}
+	if r, err := sb.Commands.Run(ctx, "pgrep -f 'sleep 32[1]'", nil); err != nil || strings.TrimSpace(r.Stdout) == "" {
+		t.Fatalf("the streamed command runs while its stream is open: %+v %v", r, err)
+	}
+	st.Close()
+	gone := false
+	for i := 0; i < 100 && !gone; i++ {
+		r, err := sb.Commands.Run(ctx, "pgrep -f 'sleep 32[1]' || true", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gone = strings.TrimSpace(r.Stdout) == ""
+		if !gone {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if !gone {
+		t.Fatal("the command of a closed stream still runs")
+	}
+
 	// Streamed into writers.
 	var out, errOut bytes.Buffer
 	res, err = sb.Commands.Run(ctx, "echo to-out; echo to-err >&2", &cella.CommandOptions{Stdout: &out, Stderr: &errOut})
