@@ -63,7 +63,10 @@ type Terminal struct {
 	err     error
 }
 
-// PTY opens a terminal on a new pseudo-terminal of the sandbox.
+// PTY opens a terminal on a new pseudo-terminal of the sandbox. The context bounds the
+// opening only; the terminal lasts until Close, or until its program exits. Errors before
+// the upgrade (403, 404, 409 SANDBOX_NOT_RUNNING, 400 for a bad cwd or command) are
+// *Error values as for every call.
 func (sb *Sandbox) PTY(ctx context.Context, opts *PTYOptions) (*Terminal, error) {
 	q := url.Values{}
 	if opts != nil {

@@ -2,6 +2,7 @@ package cella_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -190,6 +191,17 @@ func TestStreamedCommandAndProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err = long.Wait(short)
+	cancel()
+	if !cella.IsTimeout(err) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a wait that runs out of time: %v", err)
+	}
+	st, err = long.Output(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
 	if _, err := long.Signal(ctx, "TERM"); err != nil {
 		t.Fatal(err)
 	}

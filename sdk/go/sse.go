@@ -120,7 +120,11 @@ func (s *Stream[T]) Next() bool {
 			closed := s.done
 			s.done = true
 			if err != io.EOF && !closed {
-				s.err = connError(err)
+				if ctxErr := s.resp.Request.Context().Err(); ctxErr != nil {
+					s.err = &Error{Code: CodeTimeout, Message: "the stream's context ended: " + ctxErr.Error(), RequestID: s.RequestID(), cause: ctxErr}
+				} else {
+					s.err = connError(err)
+				}
 			}
 			s.Close()
 			return false
