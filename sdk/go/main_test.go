@@ -50,6 +50,11 @@ url_template = "%s/{repository}.git"
 name = "script"
 kind = "command"
 command = ["bash", "-c", '''%s''']
+
+[[agents]]
+name = "sleeper"
+kind = "command"
+command = ["bash", "-c", "echo sleeper started; exec sleep 300"]
 `, uploadLimit, repos, agentScript)
 }
 

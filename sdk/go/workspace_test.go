@@ -125,6 +125,37 @@ func TestTaskRunOnALocalRepository(t *testing.T) {
 		t.Fatalf("list of failed runs: %+v %v", runs, err)
 	}
 
+	// A running run: its live log, then a cancel; its events end in cancelled.
+	sl, err := c.Tasks.Start(ctx, cella.StartTaskOptions{Repository: "acme/web", Task: "sleep", Agent: "sleeper"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, err := c.Tasks.Log(ctx, sl.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen strings.Builder
+	for live.Next() {
+		seen.WriteString(live.Current().Text)
+		if strings.Contains(seen.String(), "sleeper started") {
+			break
+		}
+	}
+	live.Close()
+	if !strings.Contains(seen.String(), "sleeper started") {
+		t.Fatalf("the live log: %q %v", seen.String(), live.Err())
+	}
+	if cur, err := c.Tasks.Get(ctx, sl.ID); err != nil || cur.State != "running" {
+		t.Fatalf("a run whose agent writes is running: %+v %v", cur, err)
+	}
+	if _, err := c.Tasks.Cancel(ctx, sl.ID); err != nil {
+		t.Fatal(err)
+	}
+	end, err := c.Tasks.Wait(ctx, sl.ID)
+	if err != nil || end.State != "cancelled" || end.StopReason == nil || *end.StopReason != "cancelled" {
+		t.Fatalf("a cancelled running run: %+v %v", end, err)
+	}
+
 	// A queued run that is cancelled never starts.
 	q, err := c.Tasks.Start(ctx, cella.StartTaskOptions{Repository: "acme/web", Task: "never mind"})
 	if err != nil {
@@ -133,7 +164,7 @@ func TestTaskRunOnALocalRepository(t *testing.T) {
 	if _, err := c.Tasks.Cancel(ctx, q.ID); err != nil {
 		t.Fatal(err)
 	}
-	end, err := c.Tasks.Wait(ctx, q.ID)
+	end, err = c.Tasks.Wait(ctx, q.ID)
 	if err != nil || end.State != "cancelled" {
 		t.Fatalf("a cancelled run: %+v %v", end, err)
 	}
