@@ -381,6 +381,15 @@ class AsyncSandbox:
         data = await self._transport.data("POST", sandbox_path(self.id, "expose"), json={"port": int(port)})
         return ExposedPort.from_dict(data if isinstance(data, Mapping) else {"port": port, "url": str(data)})
 
+    async def preview_token(self, ttl: Optional[float] = None, rotate: bool = False) -> Dict[str, Any]:
+        """As :meth:`Sandbox.preview_token`."""
+        body: Dict[str, Any] = {}
+        if ttl is not None:
+            body["ttl_sec"] = whole_seconds(ttl, "ttl")
+        if rotate:
+            body["rotate"] = True
+        return dict(await self._transport.data("POST", sandbox_path(self.id, "preview-token"), json=body))
+
     async def get_host(self, port: int) -> str:
         """As :meth:`Sandbox.get_host`: the host of the port's own preview origin."""
         return _host_of(await self.expose_info(port))

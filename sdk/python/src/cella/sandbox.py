@@ -414,6 +414,17 @@ class Sandbox:
         data = self._transport.data("POST", sandbox_path(self.id, "expose"), json={"port": int(port)})
         return ExposedPort.from_dict(data if isinstance(data, Mapping) else {"port": port, "url": str(data)})
 
+    def preview_token(self, ttl: Optional[float] = None, rotate: bool = False) -> Dict[str, Any]:
+        """A token that opens the sandbox's private previews (``POST .../preview-token``):
+        ``{"token", "expires_at"}``. ``ttl`` in seconds; ``rotate=True`` revokes the earlier
+        ones."""
+        body: Dict[str, Any] = {}
+        if ttl is not None:
+            body["ttl_sec"] = whole_seconds(ttl, "ttl")
+        if rotate:
+            body["rotate"] = True
+        return dict(self._transport.data("POST", sandbox_path(self.id, "preview-token"), json=body))
+
     def get_host(self, port: int) -> str:
         """The host name (and port) of a port's own preview origin, ``<port>-<id>.<domain>``,
         without a scheme (E2B's ``get_host``). Browsers open it; for programs on a
