@@ -87,6 +87,7 @@ from .models import (
     TemplateInfo,
 )
 from .resources import Artifact, Snapshot, Template, TemplateBuildHandle
+from .pty import AsyncPty, AsyncPtyHandle, Pty, PtyHandle
 from .tasks import AsyncTask, Task
 from .workspaces import ApiKey, AsyncApiKey, AsyncImage, AsyncUser, AsyncWorkspace, Image, User, Workspace
 from .sandbox import CodeInterpreter, CommandHandle, Commands, Files, Sandbox, SandboxPages, WatchHandle
@@ -119,6 +120,10 @@ __all__ = [
     "AsyncTemplate",
     "TemplateBuildHandle",
     "AsyncTemplateBuildHandle",
+    "Pty",
+    "PtyHandle",
+    "AsyncPty",
+    "AsyncPtyHandle",
     # task runs, workspaces, money, keys, users, images
     "Task",
     "AsyncTask",

@@ -30,6 +30,7 @@ from ._common import (
     whole_seconds,
 )
 from ._config import ConnectionConfig
+from .pty import AsyncPty
 from ._sse import KEEPALIVE, KeepAlive, LineSplitter, SSEDecoder, SSEEvent
 from ._transport import AsyncTransport, _wrap_transport_error
 from .errors import CellaError, CellaTimeoutError, CommandExitError, ConflictError, NotFoundError, UnavailableError
@@ -154,6 +155,7 @@ class AsyncSandbox:
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
         self.code = AsyncCodeInterpreter(self)
+        self.pty = AsyncPty(self)
 
     # ------------------------------------------------------------------ making and finding
 

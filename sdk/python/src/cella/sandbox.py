@@ -27,6 +27,7 @@ from ._common import (
     whole_seconds,
 )
 from ._config import ConnectionConfig
+from .pty import Pty
 from ._sse import KEEPALIVE, KeepAlive, LineSplitter, SSEDecoder, SSEEvent
 from ._transport import SyncTransport, _wrap_transport_error
 from .errors import CellaError, CellaTimeoutError, CommandExitError, ConflictError, NotFoundError, UnavailableError
@@ -166,6 +167,7 @@ class Sandbox:
         self.commands = Commands(self)
         self.files = Files(self)
         self.code = CodeInterpreter(self)
+        self.pty = Pty(self)
 
     # ------------------------------------------------------------------ making and finding
 
