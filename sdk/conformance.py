@@ -86,11 +86,15 @@ def fetch_openapi(binary: str, timeout: float = 60.0) -> dict:
     port = free_port()
     env = dict(os.environ, CELLA_BOOTSTRAP_KEY="conformance-" + secrets.token_hex(16))
     log_path = os.path.join(work, "server.log")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [binary, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", os.path.join(work, "data")],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [binary, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", os.path.join(work, "data")],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            )
+    except OSError:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     try:
         url = f"http://127.0.0.1:{port}/api/v1/openapi.json"
         deadline = time.monotonic() + timeout
