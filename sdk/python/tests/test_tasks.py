@@ -95,18 +95,22 @@ def conn(tasks_server: Server) -> Dict[str, str]:
     return {"server": tasks_server.url, "api_key": tasks_server.api_key}
 
 
-def test_disabled_task_runs_are_a_typed_403(conn: Dict[str, str]) -> None:
+def assert_disabled(conn: Dict[str, str]) -> None:
     with pytest.raises(PermissionDeniedError) as exc:
         Task.start("acme/web", "say hello", **conn)
     assert exc.value.status == 403
     assert exc.value.details["reason"] == "tasks_disabled"
-    assert Task.list(**conn) == []
+    assert Task.list(**conn) == []  # nothing was queued
+
+
+def test_disabled_task_runs_are_a_typed_403(conn: Dict[str, str]) -> None:
+    assert_disabled(conn)
 
 
 @pytest.fixture(scope="module")
 def enabled(conn: Dict[str, str]) -> str:
     """Task runs on, a compute rate, and credit to cover a run: the workspace's id."""
-    test_disabled_task_runs_are_a_typed_403(conn)  # the order the checks need, whatever -k picks
+    assert_disabled(conn)  # before they are turned on, whichever tests -k picks
     ws = Workspace.get(**conn)
     assert not ws.tasks_enabled
     ws = Workspace.update(ws.id, settings={"tasks_enabled": True, "compute_rate": "0.001000", "session_limit_min": 5}, **conn)

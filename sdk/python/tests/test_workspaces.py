@@ -34,8 +34,14 @@ from cella import (
 from cella.workspaces import amount_text
 
 
-def test_wallet_credits_and_ledger(server: Server, workspace_id: str) -> None:
-    before = Workspace.wallet()  # the only workspace of this server: no id needed
+def test_wallet_credits_and_ledger(server: Server, workspace_id: str, make_key: Callable[..., Dict[str, str]]) -> None:
+    before = Workspace.wallet(workspace_id)
+    # A workspace's own admin key sees one workspace: no id needed; credits are the operator's.
+    own = make_key(["admin"])["key"]
+    assert Workspace.wallet(api_key=own) == before
+    assert Workspace.get(api_key=own).id == workspace_id
+    with pytest.raises(PermissionDeniedError):
+        Workspace.add_credits(None, "1", "not the operator", api_key=own)
     assert before.currency == "USD" and before.available == before.balance - before.reserved
     entry = Workspace.add_credits(workspace_id, Decimal("2.500001"), "sdk ledger test")
     assert entry.kind == "credit" and entry.amount == Decimal("2.500001")
