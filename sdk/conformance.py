@@ -387,7 +387,8 @@ def summary(result: Result) -> str:
     internal_only = sum(1 for op in result.ops if op in result.internal and not result.coverage.get(op))
     absent = [lang for lang in LANGUAGES if lang not in result.languages]
     return (
-        f"conformance: {len(result.ops)} operations, {covered} covered by an SDK, {internal_only} internal, "
+        f"conformance: {len(result.ops)} operations, {covered} covered by an SDK, "
+        f"{len(result.internal & set(result.ops))} listed internal ({internal_only} of them covered by none), "
         f"{len(result.uncovered)} uncovered; per SDK: {per or 'none'}"
         + (f"; no directory: {', '.join(absent)}" if absent else "")
         + f"; {len(result.problems)} problem(s)"
