@@ -6,7 +6,6 @@ repository."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import subprocess
 import tempfile

@@ -8,7 +8,7 @@ import asyncio
 import uuid
 from datetime import date, timedelta
 from decimal import Decimal
-from typing import Callable, Dict, List
+from typing import Callable, Dict
 
 import pytest
 
