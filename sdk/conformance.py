@@ -79,22 +79,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Servers keep a pool of pre-booted sandboxes by default; the document needs none.
+NO_POOL = "[pool]\ndefault = 0\nsizes = {}\n"
+
+
 def fetch_openapi(binary: str, timeout: float = 60.0) -> dict:
-    """Start the server on a free port of 127.0.0.1 with a temporary data directory and a random
-    bootstrap key, read ``/api/v1/openapi.json``, stop it and remove its directory."""
+    """Start the server on a free port of 127.0.0.1 with a temporary data directory, a random
+    bootstrap key and no sandbox pool, read ``/api/v1/openapi.json``, stop it and remove its
+    directory."""
     work = tempfile.mkdtemp(prefix="cella-conformance-")
+    try:
+        config = os.path.join(work, "config.toml")
+        Path(config).write_text(NO_POOL)
+        return _fetch(binary, work, ["--config", config], timeout)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _fetch(binary: str, work: str, extra: List[str], timeout: float) -> dict:
     port = free_port()
     env = dict(os.environ, CELLA_BOOTSTRAP_KEY="conformance-" + secrets.token_hex(16))
     log_path = os.path.join(work, "server.log")
-    try:
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [binary, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", os.path.join(work, "data")],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-            )
-    except OSError:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [binary, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", os.path.join(work, "data"), *extra],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+        )
     try:
         url = f"http://127.0.0.1:{port}/api/v1/openapi.json"
         deadline = time.monotonic() + timeout
@@ -115,7 +125,6 @@ def fetch_openapi(binary: str, timeout: float = 60.0) -> dict:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- manifests

@@ -217,3 +217,35 @@ def test_main_exit_codes(sdks: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
     before = set(Path(tempfile.gettempdir()).glob("cella-conformance-*"))
     assert c.main(["--bin", str(tmp_path / "no-such-binary"), "--sdk-dir", str(sdks)]) == 2
     assert set(Path(tempfile.gettempdir()).glob("cella-conformance-*")) == before  # nothing left behind
+
+
+def test_fetch_openapi_starts_and_stops_the_server(tmp_path: Path) -> None:
+    """A stand-in server binary: answers the document on --listen, and records its arguments
+    (the config turns the sandbox pool off) and its bootstrap key."""
+    record = tmp_path / "record.json"
+    fake = tmp_path / "cella"
+    fake.write_text(f"""#!{sys.executable}
+import http.server, json, os, sys
+args = sys.argv[1:]
+host, port = args[args.index("--listen") + 1].rsplit(":", 1)
+config = open(args[args.index("--config") + 1]).read()
+json.dump({{"args": args, "config": config, "key": os.environ.get("CELLA_BOOTSTRAP_KEY")}}, open({str(record)!r}, "w"))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ({json.dumps(DOC)!r} if self.path == "/api/v1/openapi.json" else "{{}}").encode()
+        self.send_response(200 if self.path == "/api/v1/openapi.json" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer((host, int(port)), H).serve_forever()
+""")
+    fake.chmod(0o755)
+    doc = c.fetch_openapi(str(fake), timeout=30)
+    assert c.operations_of(doc) == c.operations_of(DOC)
+    seen = json.loads(record.read_text())
+    assert seen["args"][0] == "serve" and "--data-dir" in seen["args"]
+    assert "default = 0" in seen["config"] and seen["key"].startswith("conformance-")
+    data_dir = Path(seen["args"][seen["args"].index("--data-dir") + 1])
+    assert not data_dir.parent.exists()  # its directory is removed after
