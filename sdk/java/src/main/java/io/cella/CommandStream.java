@@ -115,6 +115,9 @@ public final class CommandStream implements Iterator<OutputChunk>, Iterable<Outp
     /** The exit code once the end was read, else null. */
     public Integer exitCode() { return exit == null ? null : exit.path("exit_code").asInt(-1); }
 
+    /** The same items as a {@link java.util.concurrent.Flow.Publisher} (one subscription: the stream is read once). */
+    public java.util.concurrent.Flow.Publisher<OutputChunk> publisher() { return Publishers.of(this, this); }
+
     @Override
     public void close() { events.close(); }
 }

@@ -54,6 +54,9 @@ public final class EventIterator<T> implements Iterator<T>, Iterable<T>, AutoClo
         return StreamSupport.stream(Spliterators.spliteratorUnknownSize(this, Spliterator.ORDERED | Spliterator.NONNULL), false).onClose(this::close);
     }
 
+    /** The same items as a {@link java.util.concurrent.Flow.Publisher} (one subscription: the stream is read once). */
+    public java.util.concurrent.Flow.Publisher<T> publisher() { return Publishers.of(this, this); }
+
     @Override
     public void close() { events.close(); }
 }

@@ -70,6 +70,9 @@ public final class WatchHandle implements Iterator<FilesystemEvent>, Iterable<Fi
     @Override
     public Iterator<FilesystemEvent> iterator() { return this; }
 
+    /** The same items as a {@link java.util.concurrent.Flow.Publisher} (one subscription: the stream is read once). */
+    public java.util.concurrent.Flow.Publisher<FilesystemEvent> publisher() { return Publishers.of(this, this); }
+
     @Override
     public void close() { events.close(); }
 }

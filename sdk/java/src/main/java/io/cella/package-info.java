@@ -11,7 +11,8 @@
  *
  * <p>Options are built with builders ({@link io.cella.CreateOptions}, {@link
  * io.cella.ExecOptions}, {@link io.cella.RunOptions}, {@link io.cella.TaskOptions}, {@link
- * io.cella.ListOptions}); live output comes as iterators that are also {@link java.util.stream.Stream}s
+ * io.cella.ListOptions}); live output comes as iterators that are also {@link java.util.stream.Stream}s and {@link
+ * java.util.concurrent.Flow.Publisher}s
  * ({@link io.cella.CommandStream}, {@link io.cella.WatchHandle}, {@link io.cella.EventIterator});
  * file contents as {@link java.io.InputStream}/{@link java.io.OutputStream}. Errors are unchecked
  * {@link io.cella.CellaException}s, one subclass per family; only the streams throw {@link

@@ -43,6 +43,29 @@ class UnitTest {
     }
 
     @Test
+    void flowPublisher() throws Exception {
+        CommandStream s = new CommandStream(events("event: stdout\ndata: \"a\"\n\nevent: stdout\ndata: \"b\"\n\nevent: exit\ndata: {\"exit_code\":0}\n\n"), "t", null);
+        java.util.concurrent.CompletableFuture<String> done = new java.util.concurrent.CompletableFuture<>();
+        StringBuilder seen = new StringBuilder();
+        s.publisher().subscribe(new java.util.concurrent.Flow.Subscriber<OutputChunk>() {
+            public void onSubscribe(java.util.concurrent.Flow.Subscription sub) { sub.request(Long.MAX_VALUE); }
+            public void onNext(OutputChunk c) { seen.append(c.text()); }
+            public void onError(Throwable t) { done.completeExceptionally(t); }
+            public void onComplete() { done.complete(seen.toString()); }
+        });
+        assertEquals("ab", done.get(10, java.util.concurrent.TimeUnit.SECONDS));
+        CommandStream bad = new CommandStream(events("event: error\ndata: {\"error\":{\"code\":\"UNAVAILABLE\",\"message\":\"agent gone\"}}\n\n"), "t", null);
+        java.util.concurrent.CompletableFuture<Throwable> failed = new java.util.concurrent.CompletableFuture<>();
+        bad.publisher().subscribe(new java.util.concurrent.Flow.Subscriber<OutputChunk>() {
+            public void onSubscribe(java.util.concurrent.Flow.Subscription sub) { sub.request(1); }
+            public void onNext(OutputChunk c) { }
+            public void onError(Throwable t) { failed.complete(t); }
+            public void onComplete() { failed.complete(null); }
+        });
+        assertInstanceOf(UnavailableException.class, failed.get(10, java.util.concurrent.TimeUnit.SECONDS));
+    }
+
+    @Test
     void errorEnvelopesBecomeTypedExceptions() {
         byte[] body = "{\"error\":{\"code\":\"SANDBOX_NOT_RUNNING\",\"message\":\"paused\",\"details\":{\"state\":\"paused\"}}}".getBytes(StandardCharsets.UTF_8);
         CellaException e = Errors.fromBody(409, body, "r", null);
