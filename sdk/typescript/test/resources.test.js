@@ -14,7 +14,7 @@ import {
   NotFoundError,
   InvalidRequestError,
   ConflictError,
-} from '../src/index.js';
+} from '@cella/sdk';
 import { startServer } from './server.js';
 
 let srv;

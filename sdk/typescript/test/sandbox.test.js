@@ -13,7 +13,7 @@ import {
   PermissionDeniedError,
   SandboxNotRunningError,
   ConnectionError,
-} from '../src/index.js';
+} from '@cella/sdk';
 import { adminCall, routeMissing, startServer } from './server.js';
 
 let srv;

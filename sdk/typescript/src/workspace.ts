@@ -1,0 +1,117 @@
+// The workspace: its settings, wallet, ledger and usage (an admin key's, or the operator's).
+
+import { request } from './http.js';
+import { camelize, snakeize, toDate } from './convert.js';
+import { configOf, listAll } from './resources.js';
+import type { ConnectionConfig } from './http.js';
+import type {
+  ConnectionOptions,
+  LedgerEntry,
+  UsageReport,
+  Wallet,
+  WorkspaceInfo,
+  WorkspaceOptions,
+  WorkspaceUpdate,
+} from './types.js';
+
+const enc = encodeURIComponent;
+
+function workspaceInfo(raw: unknown): WorkspaceInfo {
+  return camelize<WorkspaceInfo>(raw);
+}
+
+function ledgerEntry(raw: unknown): LedgerEntry {
+  const e = camelize<LedgerEntry>(raw);
+  e.at = toDate(e.at) as Date;
+  return e;
+}
+
+function day(v: string | Date | undefined): string | undefined {
+  return v instanceof Date ? v.toISOString() : v;
+}
+
+/** The key's own workspace (the first `GET /workspaces` lists), unless `workspaceId` names one. */
+async function workspaceId(config: ConnectionConfig, opts: WorkspaceOptions): Promise<string> {
+  if (opts.workspaceId) return opts.workspaceId;
+  const r = await request(config, 'GET', '/workspaces', { query: { limit: 1 }, signal: opts.signal });
+  const first = Array.isArray(r.data) ? r.data[0] : null;
+  if (!first?.id) throw new TypeError('Workspace: this key sees no workspace; pass workspaceId');
+  return first.id as string;
+}
+
+/** Workspaces: settings (e.g. `tasksEnabled`), wallet, ledger and usage. Scope `admin`. */
+export class Workspace {
+  /** The workspaces the key sees, oldest first (a workspace's admin key: its own). */
+  static async list(opts: ConnectionOptions & { signal?: AbortSignal } = {}): Promise<WorkspaceInfo[]> {
+    const data = await listAll(configOf(opts), '/workspaces', {}, opts.signal);
+    return data.map(workspaceInfo);
+  }
+
+  /** One workspace (default: the key's own). */
+  static async get(opts: WorkspaceOptions = {}): Promise<WorkspaceInfo> {
+    const config = configOf(opts);
+    const id = await workspaceId(config, opts);
+    const r = await request(config, 'GET', `/workspaces/${enc(id)}`, { signal: opts.signal });
+    return workspaceInfo(r.data);
+  }
+
+  /**
+   * Changes a workspace's name, plan or settings (camelCase; the settings not named keep their
+   * values), e.g. `Workspace.update({settings: {tasksEnabled: true}})`; returns it.
+   */
+  static async update(update: WorkspaceUpdate, opts: WorkspaceOptions = {}): Promise<WorkspaceInfo> {
+    const config = configOf(opts);
+    const id = await workspaceId(config, opts);
+    const body: Record<string, unknown> = snakeize({ name: update.name, plan: update.plan });
+    if (update.settings) body.settings = snakeize(update.settings);
+    const r = await request(config, 'PATCH', `/workspaces/${enc(id)}`, { json: body, signal: opts.signal });
+    return workspaceInfo(r.data);
+  }
+
+  /** The wallet: `balance`, `reserved` (held for what runs), `available`, decimal strings. */
+  static async wallet(opts: WorkspaceOptions = {}): Promise<Wallet> {
+    const config = configOf(opts);
+    const id = await workspaceId(config, opts);
+    const r = await request(config, 'GET', `/workspaces/${enc(id)}/wallet`, { signal: opts.signal });
+    return camelize<Wallet>(r.data);
+  }
+
+  /** The ledger, newest first, every page followed (`limit`: the page size). */
+  static async ledger(opts: WorkspaceOptions & { limit?: number } = {}): Promise<LedgerEntry[]> {
+    const config = configOf(opts);
+    const id = await workspaceId(config, opts);
+    const data = await listAll(config, `/workspaces/${enc(id)}/ledger`, { limit: opts.limit }, opts.signal);
+    return data.map(ledgerEntry);
+  }
+
+  /**
+   * Usage per UTC day in `[from, to)` (default: the last 30 days) with totals: compute (on
+   * the day it settled) and model requests. `from`/`to`: Dates, RFC 3339 or `YYYY-MM-DD`.
+   */
+  static async usage(opts: WorkspaceOptions & { from?: string | Date; to?: string | Date } = {}): Promise<UsageReport> {
+    const config = configOf(opts);
+    const id = await workspaceId(config, opts);
+    const r = await request(config, 'GET', `/workspaces/${enc(id)}/usage`, {
+      query: { from: day(opts.from), to: day(opts.to) },
+      signal: opts.signal,
+    });
+    const report = camelize<UsageReport>(r.data);
+    report.from = toDate(report.from) as Date;
+    report.to = toDate(report.to) as Date;
+    return report;
+  }
+
+  /**
+   * Credits the wallet (the operator only): `amount` a decimal string, `reference` a note
+   * kept with the entry (an invoice number). Returns the ledger entry.
+   */
+  static async credit(amount: string, reference: string, opts: WorkspaceOptions = {}): Promise<LedgerEntry> {
+    const config = configOf(opts);
+    const id = await workspaceId(config, opts);
+    const r = await request(config, 'POST', `/workspaces/${enc(id)}/wallet/credits`, {
+      json: { amount, reference },
+      signal: opts.signal,
+    });
+    return ledgerEntry(r.data);
+  }
+}
