@@ -7,6 +7,7 @@ export { CodeInterpreter, Execution } from './code.js';
 export { Snapshot, Artifact, Template, TemplateBuild } from './resources.js';
 export { Task, TaskRun, isTerminal } from './tasks.js';
 export { Workspace } from './workspace.js';
+export { ApiKey } from './keys.js';
 export { ConnectionConfig, DEFAULT_SERVER } from './http.js';
 export {
   CellaError,

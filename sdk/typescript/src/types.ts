@@ -679,3 +679,72 @@ export interface WorkspaceOptions extends ConnectionOptions {
   workspaceId?: string;
   signal?: AbortSignal;
 }
+
+export interface WorkspaceCreateOptions extends ConnectionOptions {
+  name: string;
+  kind?: 'personal' | 'organization';
+  plan?: Plan;
+  signal?: AbortSignal;
+}
+
+/** What a workspace stores against its storage quota, in bytes, by kind. */
+export interface WorkspaceStorage {
+  usedBytes: number;
+  /** Null: no quota. */
+  quotaBytes: number | null;
+  snapshotsBytes: number;
+  artifactsBytes: number;
+  templatesBytes: number;
+  imagesBytes: number;
+  [field: string]: unknown;
+}
+
+export type Role = 'owner' | 'admin' | 'member';
+
+/** A member of a workspace. */
+export interface Member {
+  userId: string;
+  email: string;
+  name: string;
+  role: Role;
+  [field: string]: unknown;
+}
+
+// ---------------------------------------------------------------------------------------------
+// API keys
+
+export type Scope =
+  | 'sandboxes:read'
+  | 'sandboxes:write'
+  | 'sandboxes:exec'
+  | 'templates:write'
+  | 'tasks:read'
+  | 'tasks:write'
+  | 'models:use'
+  | 'admin';
+
+/** An API key (its secret `key` only in the answer that made it). */
+export interface ApiKeyInfo {
+  id: string;
+  workspaceId: string;
+  name: string;
+  /** The first characters of the key, to recognise it. */
+  prefix: string;
+  scopes: Scope[];
+  /** The secret: only when the key was just made; null otherwise. */
+  key: string | null;
+  createdAt: Date;
+  expiresAt: Date | null;
+  lastUsedAt: Date | null;
+  [field: string]: unknown;
+}
+
+export interface ApiKeyCreateOptions extends ConnectionOptions {
+  name: string;
+  scopes: Scope[];
+  /** Default: the caller's own workspace. */
+  workspaceId?: string;
+  /** When it stops working (default never). */
+  expiresAt?: Date | string;
+  signal?: AbortSignal;
+}

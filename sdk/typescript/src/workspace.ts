@@ -4,9 +4,14 @@ import { request } from './http.js';
 import { camelize, snakeize, toDate } from './convert.js';
 import { configOf, listAll } from './resources.js';
 import type { ConnectionConfig } from './http.js';
+import { checkOptions } from './options.js';
 import type {
   ConnectionOptions,
   LedgerEntry,
+  Member,
+  Role,
+  WorkspaceCreateOptions,
+  WorkspaceStorage,
   UsageReport,
   Wallet,
   WorkspaceInfo,
@@ -31,7 +36,7 @@ function day(v: string | Date | undefined): string | undefined {
 }
 
 /** The key's own workspace (the first `GET /workspaces` lists), unless `workspaceId` names one. */
-async function workspaceId(config: ConnectionConfig, opts: WorkspaceOptions): Promise<string> {
+export async function workspaceId(config: ConnectionConfig, opts: WorkspaceOptions): Promise<string> {
   if (opts.workspaceId) return opts.workspaceId;
   const r = await request(config, 'GET', '/workspaces', { query: { limit: 1 }, signal: opts.signal });
   const first = Array.isArray(r.data) ? r.data[0] : null;
@@ -113,5 +118,55 @@ export class Workspace {
       signal: opts.signal,
     });
     return ledgerEntry(r.data);
+  }
+
+  /** Makes a workspace (the operator only). */
+  static async create(opts: WorkspaceCreateOptions): Promise<WorkspaceInfo> {
+    const o = checkOptions(opts, ['name', 'kind', 'plan'], 'Workspace.create');
+    const r = await request(configOf(o), 'POST', '/workspaces', {
+      json: snakeize({ name: o.name, kind: o.kind, plan: o.plan }),
+      signal: o.signal,
+    });
+    return workspaceInfo(r.data);
+  }
+
+  /** What the workspace stores against its storage quota, by kind (bytes). */
+  static async storage(opts: WorkspaceOptions = {}): Promise<WorkspaceStorage> {
+    const config = configOf(opts);
+    const id = await workspaceId(config, opts);
+    const r = await request(config, 'GET', `/workspaces/${enc(id)}/storage`, { signal: opts.signal });
+    return camelize<WorkspaceStorage>(r.data);
+  }
+
+  /** The workspace's members, in the order they joined. */
+  static async listMembers(opts: WorkspaceOptions = {}): Promise<Member[]> {
+    const config = configOf(opts);
+    const id = await workspaceId(config, opts);
+    const data = await listAll(config, `/workspaces/${enc(id)}/members`, {}, opts.signal);
+    return data.map((raw) => camelize<Member>(raw));
+  }
+
+  /** Adds an existing user (by email) to an organization workspace with a role. */
+  static async addMember(email: string, role: Role, opts: WorkspaceOptions = {}): Promise<Member> {
+    const config = configOf(opts);
+    const id = await workspaceId(config, opts);
+    const r = await request(config, 'POST', `/workspaces/${enc(id)}/members`, { json: { email, role }, signal: opts.signal });
+    return camelize<Member>(r.data);
+  }
+
+  /** Changes a member's role. */
+  static async updateMember(userId: string, role: Role, opts: WorkspaceOptions = {}): Promise<Member> {
+    const config = configOf(opts);
+    const id = await workspaceId(config, opts);
+    const r = await request(config, 'PATCH', `/workspaces/${enc(id)}/members/${enc(userId)}`, { json: { role }, signal: opts.signal });
+    return camelize<Member>(r.data);
+  }
+
+  /** Removes a member (ConflictError for the last owner); returns them as they were. */
+  static async removeMember(userId: string, opts: WorkspaceOptions = {}): Promise<Member> {
+    const config = configOf(opts);
+    const id = await workspaceId(config, opts);
+    const r = await request(config, 'DELETE', `/workspaces/${enc(id)}/members/${enc(userId)}`, { signal: opts.signal });
+    return camelize<Member>(r.data);
   }
 }

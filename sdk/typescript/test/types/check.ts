@@ -93,12 +93,19 @@ type Differences<S, A, Extras extends PropertyKey = never, Omitted extends Prope
  * of the body has an option, every option (but `Extras`, e.g. connection options) a field,
  * and each option's values are ones the API takes.
  */
-type RequestDifferences<S, A, Extras extends PropertyKey = never> =
-  | { [K in Exclude<keyof Wire<A>, KnownKeys<S>>]: `the SDK takes no option for the API field ${K & string}` }[Exclude<keyof Wire<A>, KnownKeys<S>>]
-  | { [K in Exclude<KnownKeys<S>, keyof Wire<A> | Extras>]: `the SDK takes ${K & string}, which the API does not` }[Exclude<KnownKeys<S>, keyof Wire<A> | Extras>]
+type RequestDifferences<S, A, Extras extends PropertyKey = never> = BodyDifferences<S, Body<A>, Extras>;
+
+/** A request body as the SDK's options spell it: camelCase, times as Dates or strings. */
+type Body<T> = {
+  [K in keyof T as K extends string ? CamelKey<K> : K]-?: K extends DateKey ? Date | string : Exclude<T[K], undefined>;
+};
+
+type BodyDifferences<S, B, Extras extends PropertyKey> =
+  | { [K in Exclude<keyof B, KnownKeys<S>>]: `the SDK takes no option for the API field ${K & string}` }[Exclude<keyof B, KnownKeys<S>>]
+  | { [K in Exclude<KnownKeys<S>, keyof B | Extras>]: `the SDK takes ${K & string}, which the API does not` }[Exclude<KnownKeys<S>, keyof B | Extras>]
   | {
-      [K in KnownKeys<S> & keyof Wire<A>]: [Def<S[K]>] extends [Def<Wire<A>[K]>] ? never : `the API does not take every value of ${K & string}`;
-    }[KnownKeys<S> & keyof Wire<A>];
+      [K in KnownKeys<S> & keyof B]: [Def<S[K]>] extends [Def<B[K]>] ? never : `the API does not take every value of ${K & string}`;
+    }[KnownKeys<S> & keyof B];
 
 type Connection = keyof Sdk.ConnectionOptions | 'signal';
 
@@ -133,8 +140,13 @@ export type Checks = [
   Agree<Differences<Sdk.LedgerEntry, Api.LedgerEntry, never, never, 'at'>>,
   Agree<Differences<Sdk.UsageReport, Api.UsageReport, never, never, 'from' | 'to'>>,
   Agree<Differences<Sdk.UsageFigures, Api.UsageFigures>>,
+  Agree<Differences<Sdk.WorkspaceStorage, Api.WorkspaceStorage>>,
+  Agree<Differences<Sdk.Member, Api.Member>>,
+  Agree<Differences<Sdk.ApiKeyInfo, Api.ApiKey>>,
   // Request bodies the SDK's options map one to one.
   Agree<RequestDifferences<Sdk.TaskStartOptions, Api.CreateTask, Connection>>,
   Agree<RequestDifferences<Sdk.ForkOptions, Api.ForkRequest>>,
   Agree<RequestDifferences<Sdk.NetworkPolicy, Api.NetworkPolicy>>,
+  Agree<RequestDifferences<Sdk.WorkspaceCreateOptions, Api.CreateWorkspace, Connection>>,
+  Agree<RequestDifferences<Sdk.ApiKeyCreateOptions, Api.CreateApiKey, Connection>>,
 ];
