@@ -45,4 +45,7 @@ echo "== example: examples/typescript/csv_pandas.mjs"
 timeout 180 node test/run-example.mjs
 
 echo "== node --test (sdk/typescript/test)"
-timeout 600 node --test --test-timeout=180000 test/*.test.js
+# Node 20 and 21 have their WebSocket class (for sandbox.pty) behind a flag.
+ws=()
+if [ "$major" -lt 22 ]; then ws=(--experimental-websocket); fi
+timeout 600 node "${ws[@]}" --test --test-timeout=180000 test/*.test.js

@@ -4,6 +4,7 @@ export { Sandbox, SandboxPaginator } from './sandbox.js';
 export { Commands, CommandHandle } from './commands.js';
 export { Files, WatchHandle } from './files.js';
 export { CodeInterpreter, Execution } from './code.js';
+export { Pty, PtyHandle } from './pty.js';
 export { Snapshot, Artifact, Template, TemplateBuild } from './resources.js';
 export { Task, TaskRun, isTerminal } from './tasks.js';
 export { Workspace } from './workspace.js';

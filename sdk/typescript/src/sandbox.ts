@@ -6,6 +6,7 @@ import { camelize, compact, sandboxInfo } from './convert.js';
 import { Commands } from './commands.js';
 import { Files } from './files.js';
 import { CodeInterpreter, type Execution } from './code.js';
+import { Pty } from './pty.js';
 import { artifactInfo } from './resources.js';
 import { checkOptions } from './options.js';
 import { bytesToB64 } from './sse.js';
@@ -149,6 +150,8 @@ export class Sandbox {
   readonly files: Files;
   /** The code interpreter's contexts and kernels (runCode() runs a cell). */
   readonly code: CodeInterpreter;
+  /** Terminals (a WebSocket to a program on a pseudo-terminal). */
+  readonly pty: Pty;
   private _info: SandboxInfo;
 
   /**
@@ -162,6 +165,7 @@ export class Sandbox {
     this.commands = new Commands(this);
     this.files = new Files(this);
     this.code = new CodeInterpreter(this);
+    this.pty = new Pty(this);
   }
 
   /** The sandbox's id. */

@@ -748,3 +748,28 @@ export interface ApiKeyCreateOptions extends ConnectionOptions {
   expiresAt?: Date | string;
   signal?: AbortSignal;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Terminal
+
+/** A WebSocket class like the one Node 22 (and Node 20 with `--experimental-websocket`) has. */
+export type WebSocketClass = new (url: string, init?: any) => WebSocket;
+
+export interface PtyOptions {
+  /** The terminal's size (default 80 x 24). */
+  cols?: number;
+  rows?: number;
+  /** A shell line to run instead of the login shell. */
+  command?: string;
+  /** `user` (default) or `root`. */
+  user?: User;
+  /** Absolute working directory (default: the user's home). */
+  cwd?: string;
+  /** The terminal's output as it comes (raw bytes). */
+  onData?: (data: Uint8Array) => void | Promise<void>;
+  /**
+   * The WebSocket class to use (default the global one). It must send headers: the standard
+   * browser class cannot send the API key, Node's (undici's) can.
+   */
+  webSocket?: WebSocketClass;
+}

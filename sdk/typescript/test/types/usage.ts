@@ -53,6 +53,12 @@ export async function usage(): Promise<void> {
   const report: UsageReport = await Workspace.usage({ from: new Date(), to: '2026-12-01' });
   await Workspace.update({ settings: { tasksEnabled: true } });
 
+  const term = await sb.pty.create({ cols: 100, command: 'ls', onData: (b: Uint8Array) => void b });
+  term.sendInput('exit\n');
+  term.resize({ cols: 80, rows: 24 });
+  const exitCode: number | null = await term.wait();
+  for await (const b of term) b satisfies Uint8Array;
+
   try {
     await sb.kill();
   } catch (e) {
@@ -67,5 +73,5 @@ export async function usage(): Promise<void> {
   // @ts-expect-error: a read's format is one of four
   await sb.files.read('/x', { format: 'json' });
 
-  void [alsoSb, created, listed, r, text, bytes, stream, entry, entries, png, artifactText, ended, tasks, wallet, ledger, report];
+  void [exitCode, alsoSb, created, listed, r, text, bytes, stream, entry, entries, png, artifactText, ended, tasks, wallet, ledger, report];
 }
