@@ -27,7 +27,8 @@ function rangeHeader(range: ReadOptions['range'] | null): string | undefined {
 }
 
 /** Makes an upload body fetch accepts from what a caller may hand over. */
-function uploadBody(data: FileData): BodyInit {
+/** @internal */
+export function uploadBody(data: FileData): BodyInit {
   if (typeof data === 'string' || data instanceof ArrayBuffer || ArrayBuffer.isView(data)) return data as BodyInit;
   if (typeof Blob !== 'undefined' && data instanceof Blob) return data;
   if (typeof ReadableStream !== 'undefined' && data instanceof ReadableStream) return data;

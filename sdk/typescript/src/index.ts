@@ -9,6 +9,7 @@ export { Snapshot, Artifact, Template, TemplateBuild } from './resources.js';
 export { Task, TaskRun, isTerminal } from './tasks.js';
 export { Workspace } from './workspace.js';
 export { ApiKey } from './keys.js';
+export { Image, User } from './images.js';
 export { ConnectionConfig, DEFAULT_SERVER } from './http.js';
 export {
   CellaError,

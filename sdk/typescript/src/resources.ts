@@ -140,7 +140,7 @@ export class Template {
   }
 
   /** A template's builds, newest first, every page followed (their logs are not included). */
-  static async listBuilds(templateId: string, opts: ListOptions = {}): Promise<TemplateBuildInfo[]> {
+  static async builds(templateId: string, opts: ListOptions = {}): Promise<TemplateBuildInfo[]> {
     const config = configOf(opts);
     const data = await listAll(config, `/templates/${enc(templateId)}/builds`, { limit: opts.limit }, opts.signal);
     return data.map((raw) => camelize<TemplateBuildInfo>(raw));

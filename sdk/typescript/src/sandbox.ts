@@ -377,7 +377,7 @@ export class Sandbox {
    * `x-cella-preview-token` header or `?cella_preview_token=`. `ttlSec`: how long it is valid;
    * `rotate: true` makes every token handed out before stop working.
    */
-  async getPreviewToken(opts: { ttlSec?: number; rotate?: boolean } = {}): Promise<PreviewToken> {
+  async previewToken(opts: { ttlSec?: number; rotate?: boolean } = {}): Promise<PreviewToken> {
     const r = await this._request('POST', '/preview-token', { json: compact({ ttl_sec: opts.ttlSec, rotate: opts.rotate }) });
     return camelize<PreviewToken>(r.data);
   }

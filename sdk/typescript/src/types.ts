@@ -773,3 +773,34 @@ export interface PtyOptions {
    */
   webSocket?: WebSocketClass;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Images and users
+
+/** An image imported from an archive, for templates to build on (`image: reference`). */
+export interface ImageInfo {
+  id: string;
+  /** What a template spec names as its `image` (`upload:<id>`). */
+  reference: string;
+  name: string;
+  digest: string;
+  layers: number;
+  [field: string]: unknown;
+}
+
+/** A user (a person who signs in to the console). */
+export interface UserInfo {
+  id: string;
+  email: string;
+  name: string;
+  createdAt: Date;
+  [field: string]: unknown;
+}
+
+export interface UserCreateOptions extends ConnectionOptions {
+  email: string;
+  name: string;
+  /** 8 to 1024 bytes. */
+  password: string;
+  signal?: AbortSignal;
+}

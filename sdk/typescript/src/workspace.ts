@@ -110,7 +110,7 @@ export class Workspace {
    * Credits the wallet (the operator only): `amount` a decimal string, `reference` a note
    * kept with the entry (an invoice number). Returns the ledger entry.
    */
-  static async credit(amount: string, reference: string, opts: WorkspaceOptions = {}): Promise<LedgerEntry> {
+  static async addCredits(amount: string, reference: string, opts: WorkspaceOptions = {}): Promise<LedgerEntry> {
     const config = configOf(opts);
     const id = await workspaceId(config, opts);
     const r = await request(config, 'POST', `/workspaces/${enc(id)}/wallet/credits`, {
@@ -139,7 +139,7 @@ export class Workspace {
   }
 
   /** The workspace's members, in the order they joined. */
-  static async listMembers(opts: WorkspaceOptions = {}): Promise<Member[]> {
+  static async members(opts: WorkspaceOptions = {}): Promise<Member[]> {
     const config = configOf(opts);
     const id = await workspaceId(config, opts);
     const data = await listAll(config, `/workspaces/${enc(id)}/members`, {}, opts.signal);

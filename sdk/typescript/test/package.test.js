@@ -45,7 +45,7 @@ describe('package', () => {
   it('declares every method of the public classes', () => {
     const files = { Sandbox: 'sandbox', SandboxPaginator: 'sandbox', Commands: 'commands', CommandHandle: 'commands', Files: 'files', WatchHandle: 'files',
       CodeInterpreter: 'code', Pty: 'pty', PtyHandle: 'pty', Snapshot: 'resources', Artifact: 'resources', Template: 'resources', TemplateBuild: 'resources',
-      Task: 'tasks', TaskRun: 'tasks', Workspace: 'workspace', ApiKey: 'keys' };
+      Task: 'tasks', TaskRun: 'tasks', Workspace: 'workspace', ApiKey: 'keys', Image: 'images', User: 'images' };
     for (const [cls, file] of Object.entries(files)) {
       const dts = readFileSync(new URL(`dist/esm/${file}.d.ts`, root), 'utf8');
       const body = dts.slice(dts.indexOf(`export declare class ${cls} `));

@@ -153,7 +153,7 @@ describe('custom templates', () => {
       const catalog = await Template.list(srv.opts);
       assert.ok(catalog.some((t) => t.id === id) && catalog.some((t) => t.id === 'base'), JSON.stringify(catalog.map((t) => t.id)));
       assert.ok(catalog.find((t) => t.id === 'base').sizes.length > 0);
-      const builds = await Template.listBuilds(id, srv.opts);
+      const builds = await Template.builds(id, srv.opts);
       assert.deepEqual(builds.map((b) => b.id), [build.id]);
       assert.equal(builds[0].state, 'ready');
       const sb = await Sandbox.create({ ...srv.opts, template: id, size: 'xs' });
@@ -188,6 +188,6 @@ describe('custom templates', () => {
     await assert.rejects(Template.build({ id: 'Not Valid' }, srv.opts), InvalidRequestError);
     await assert.rejects(Template.delete('base', srv.opts), ConflictError);
     await assert.rejects(Template.delete(templateId(), srv.opts), NotFoundError);
-    await assert.rejects(Template.listBuilds(templateId(), srv.opts), NotFoundError);
+    await assert.rejects(Template.builds(templateId(), srv.opts), NotFoundError);
   });
 });

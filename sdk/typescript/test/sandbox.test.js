@@ -441,14 +441,14 @@ describe('expose', () => {
 });
 
 describe('preview tokens', () => {
-  it('a private preview opens with the token getPreviewToken gives, and rotate ends the old ones', async () => {
+  it('a private preview opens with the token previewToken gives, and rotate ends the old ones', async () => {
     const sb = await Sandbox.create({ ...opts, size: 'xs', preview: { public: false } });
     try {
       await sb.files.write('/home/user/site/index.html', 'private page');
       await sb.commands.start('python3 -m http.server 8000 --bind 0.0.0.0', { cwd: '/home/user/site' });
       const url = new URL(await sb.expose(8000));
       url.search = '';
-      const first = await sb.getPreviewToken({ ttlSec: 600 });
+      const first = await sb.previewToken({ ttlSec: 600 });
       assert.equal(typeof first.token, 'string');
       assert.ok(first.expiresAt instanceof Date && first.expiresAt > new Date());
       let r;
@@ -463,7 +463,7 @@ describe('preview tokens', () => {
       const bare = await fetch(url);
       await bare.arrayBuffer();
       assert.ok([401, 403].includes(bare.status), `no token: ${bare.status}`);
-      const second = await sb.getPreviewToken({ rotate: true });
+      const second = await sb.previewToken({ rotate: true });
       assert.notEqual(second.token, first.token);
       const old = await fetch(url, { headers: { 'x-cella-preview-token': first.token } });
       await old.arrayBuffer();
@@ -471,7 +471,7 @@ describe('preview tokens', () => {
       const fresh = await fetch(url, { headers: { 'x-cella-preview-token': second.token } });
       assert.equal(fresh.status, 200);
       await fresh.arrayBuffer();
-      await assert.rejects(sb.getPreviewToken({ ttlSec: -1 }), InvalidRequestError);
+      await assert.rejects(sb.previewToken({ ttlSec: -1 }), InvalidRequestError);
     } finally {
       await sb.kill();
     }

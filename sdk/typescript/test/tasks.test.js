@@ -84,7 +84,7 @@ describe('workspace settings, wallet, ledger', () => {
     assert.equal((await Workspace.get({ ...srv.opts, workspaceId: ws.id })).settings.tasksEnabled, true);
 
     const before = await Workspace.wallet(srv.opts);
-    const entry = await Workspace.credit('25.000000', 'test credit', srv.opts);
+    const entry = await Workspace.addCredits('25.000000', 'test credit', srv.opts);
     assert.equal(entry.kind, 'credit');
     assert.equal(entry.amount, '25.000000');
     assert.equal(entry.reference, 'test credit');
@@ -97,7 +97,7 @@ describe('workspace settings, wallet, ledger', () => {
     assert.equal(ledger[0].id, entry.id, 'newest first');
     assert.equal(ledger[0].balanceAfter, wallet.balance);
 
-    await assert.rejects(Workspace.credit('-1', 'no', srv.opts), InvalidRequestError);
+    await assert.rejects(Workspace.addCredits('-1', 'no', srv.opts), InvalidRequestError);
     await assert.rejects(Workspace.wallet({ ...srv.opts, workspaceId: 'wsnothere' }), NotFoundError);
   });
 });

@@ -4,8 +4,19 @@
 
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { ApiKey, Sandbox, Workspace, AuthenticationError, ConflictError, NotFoundError, PermissionDeniedError } from '@cella/sdk';
-import { adminCall, startServer } from './server.js';
+import {
+  ApiKey,
+  Image,
+  Sandbox,
+  User,
+  Workspace,
+  AuthenticationError,
+  ConflictError,
+  InvalidRequestError,
+  NotFoundError,
+  PermissionDeniedError,
+} from '@cella/sdk';
+import { startServer } from './server.js';
 
 let srv;
 
@@ -54,16 +65,29 @@ describe('Workspace', () => {
     assert.equal(org.kind, 'organization');
     assert.equal(org.plan, 'business');
     assert.ok((await Workspace.list(srv.opts)).some((w) => w.id === org.id));
-    const user = await adminCall(srv, 'POST', '/users', { email: 'ada@example.org', name: 'Ada', password: 'correct horse battery' });
+    const user = await User.create({ ...srv.opts, email: 'ada@example.org', name: 'Ada', password: 'correct horse battery' });
+    assert.equal(user.email, 'ada@example.org');
+    assert.ok(user.createdAt instanceof Date);
+    await assert.rejects(User.create({ ...srv.opts, email: 'ADA@example.org', name: 'Again', password: 'correct horse battery' }), ConflictError);
+    await assert.rejects(User.create({ ...srv.opts, email: 'bob@example.org', name: 'Bob', password: 'short' }), InvalidRequestError);
     const at = { ...srv.opts, workspaceId: org.id };
     const added = await Workspace.addMember('ada@example.org', 'member', at);
     assert.equal(added.userId, user.id);
     assert.equal(added.role, 'member');
     await assert.rejects(Workspace.addMember('ada@example.org', 'member', at), ConflictError);
     assert.equal((await Workspace.updateMember(user.id, 'admin', at)).role, 'admin');
-    assert.ok((await Workspace.listMembers(at)).some((m) => m.userId === user.id && m.role === 'admin'));
+    assert.ok((await Workspace.members(at)).some((m) => m.userId === user.id && m.role === 'admin'));
     await Workspace.removeMember(user.id, at);
-    assert.ok(!(await Workspace.listMembers(at)).some((m) => m.userId === user.id));
+    assert.ok(!(await Workspace.members(at)).some((m) => m.userId === user.id));
     await assert.rejects(Workspace.addMember('nobody@example.org', 'member', at), NotFoundError);
+  });
+});
+
+describe('Image', () => {
+  it('lists imported images; an archive that is no image is refused; deleting an unknown one is NotFoundError', async () => {
+    assert.deepEqual(await Image.list(srv.opts), []);
+    await assert.rejects(Image.importTar(new TextEncoder().encode('not a tar archive'), { ...srv.opts, name: 'junk' }), (e) => e.status >= 400 && e.status < 500);
+    assert.deepEqual(await Image.list(srv.opts), [], 'nothing was kept');
+    await assert.rejects(Image.delete('img000000000000000000', srv.opts), NotFoundError);
   });
 });

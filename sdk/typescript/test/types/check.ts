@@ -143,10 +143,13 @@ export type Checks = [
   Agree<Differences<Sdk.WorkspaceStorage, Api.WorkspaceStorage>>,
   Agree<Differences<Sdk.Member, Api.Member>>,
   Agree<Differences<Sdk.ApiKeyInfo, Api.ApiKey>>,
+  Agree<Differences<Sdk.ImageInfo, Api.ImportedImage>>,
+  Agree<Differences<Sdk.UserInfo, Api.User>>,
   // Request bodies the SDK's options map one to one.
   Agree<RequestDifferences<Sdk.TaskStartOptions, Api.CreateTask, Connection>>,
   Agree<RequestDifferences<Sdk.ForkOptions, Api.ForkRequest>>,
   Agree<RequestDifferences<Sdk.NetworkPolicy, Api.NetworkPolicy>>,
   Agree<RequestDifferences<Sdk.WorkspaceCreateOptions, Api.CreateWorkspace, Connection>>,
   Agree<RequestDifferences<Sdk.ApiKeyCreateOptions, Api.CreateApiKey, Connection>>,
+  Agree<RequestDifferences<Sdk.UserCreateOptions, Api.CreateUser, Connection>>,
 ];
