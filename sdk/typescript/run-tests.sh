@@ -46,6 +46,8 @@ timeout 180 node test/run-example.mjs
 
 echo "== node --test (sdk/typescript/test)"
 # Node 20 and 21 have their WebSocket class (for sandbox.pty) behind a flag.
-ws=()
-if [ "$major" -lt 22 ]; then ws=(--experimental-websocket); fi
-timeout 600 node "${ws[@]}" --test --test-timeout=180000 test/*.test.js
+flags=()
+if [ "$major" -lt 22 ]; then flags+=(--experimental-websocket); fi
+# Two test files at a time (each has its own server) where node takes the option.
+if node --test-concurrency=2 -e 0 >/dev/null 2>&1; then flags+=(--test-concurrency=2); fi
+timeout 600 node "${flags[@]}" --test --test-timeout=180000 test/*.test.js

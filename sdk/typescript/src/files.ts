@@ -1,5 +1,7 @@
+/// <reference lib="esnext.disposable" preserve="true" />
 // Files inside a sandbox: `sandbox.files`.
 
+import './dispose.js';
 import { NotFoundError } from './errors.js';
 import { camelize } from './convert.js';
 import { parseSSE } from './sse.js';

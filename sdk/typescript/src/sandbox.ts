@@ -1,5 +1,7 @@
+/// <reference lib="esnext.disposable" preserve="true" />
 // The Sandbox class: create, connect, list, and everything done to one sandbox.
 
+import './dispose.js';
 import { ConnectionConfig, connectionOptions, request, type Query, type RequestOptions } from './http.js';
 import { NotFoundError } from './errors.js';
 import { camelize, compact, sandboxInfo } from './convert.js';
