@@ -37,8 +37,9 @@ timeout 300 npm ci --cache "${CELLA_NPM_CACHE:-/var/tmp/cella-npm-cache}" --pref
 echo "== build: tsc (strict) into dist/esm and dist/cjs"
 node scripts/build.mjs
 
-echo "== types: the SDK's objects against the server's OpenAPI document"
+echo "== types: the SDK's objects against the server's OpenAPI document; the API as used, the README's ts blocks"
 timeout 120 node test/types/generate.mjs
+node test/types/readme-blocks.mjs
 node_modules/.bin/tsc -p test/types/tsconfig.json
 
 echo "== example: examples/typescript/csv_pandas.mjs"

@@ -186,8 +186,8 @@ export interface CommandOptions {
   /** `user` (uid 1000, default) or `root`. */
   user?: User;
   /** Output as it comes (run: streams over SSE; start: follows the output). */
-  onStdout?: (data: string) => void | Promise<void>;
-  onStderr?: (data: string) => void | Promise<void>;
+  onStdout?: (data: string) => unknown;
+  onStderr?: (data: string) => unknown;
   signal?: AbortSignal;
 }
 
@@ -293,7 +293,7 @@ export interface FilesystemEvent {
 
 export interface WatchOptions {
   recursive?: boolean;
-  onEvent?: (event: FilesystemEvent) => void | Promise<void>;
+  onEvent?: (event: FilesystemEvent) => unknown;
   onError?: (error: unknown) => void;
   signal?: AbortSignal;
 }
@@ -485,7 +485,7 @@ export interface TemplateBuildInfo {
 
 export interface BuildWaitOptions {
   /** Each new piece of the log as it comes. */
-  onLog?: (text: string) => void | Promise<void>;
+  onLog?: (text: string) => unknown;
   /** Throw TemplateBuildError for a failed build. */
   check?: boolean;
   /** Default 30 minutes. */
@@ -586,7 +586,7 @@ export interface TaskLogChunk {
 
 export interface TaskWaitOptions {
   /** Every event as it comes. */
-  onEvent?: (event: TaskEvent) => void | Promise<void>;
+  onEvent?: (event: TaskEvent) => unknown;
   signal?: AbortSignal;
 }
 
@@ -766,7 +766,7 @@ export interface PtyOptions {
   /** Absolute working directory (default: the user's home). */
   cwd?: string;
   /** The terminal's output as it comes (raw bytes). */
-  onData?: (data: Uint8Array) => void | Promise<void>;
+  onData?: (data: Uint8Array) => unknown;
   /**
    * The WebSocket class to use (default the global one). It must send headers: the standard
    * browser class cannot send the API key, Node's (undici's) can.

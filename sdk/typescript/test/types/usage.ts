@@ -29,6 +29,9 @@ export async function usage(): Promise<void> {
   for await (const s of Sandbox.list()) s.id satisfies string;
 
   const r: CommandResult = await sb.commands.run('ls', { cwd: '/tmp' });
+  // A callback may return anything (process.stdout.write returns a boolean).
+  const write = (text: string): boolean => text.length > 0;
+  await sb.commands.run('ls', { onStdout: write, onStderr: write });
   const h: CommandHandle = await sb.commands.run('sleep 1', { background: true });
   for await (const chunk of h) chunk.type satisfies 'stdout' | 'stderr';
   const text: string = await sb.files.read('/etc/hostname');
