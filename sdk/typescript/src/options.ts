@@ -13,13 +13,13 @@ const COMMON = ['signal', ...CONNECTION_KEYS];
  * Aliases: `envs` for `env`; `timeoutMs` (milliseconds) for `timeoutSec` (or, where the call
  * takes `timeout` in seconds, for `timeout`).
  */
-export function checkOptions(opts, known, where) {
-  if (opts == null) return {};
+export function checkOptions<T extends object>(opts: T | null | undefined, known: readonly string[], where: string): T & Record<string, any> {
+  if (opts == null) return {} as T;
   if (typeof opts !== 'object' || Array.isArray(opts)) {
     throw new TypeError(`${where}: options must be an object`);
   }
-  const o = { ...opts };
-  const alias = (from, to, convert = (v) => v) => {
+  const o: Record<string, any> = { ...opts };
+  const alias = (from: string, to: string, convert: (v: any) => unknown = (v) => v) => {
     if (o[from] === undefined) return;
     if (!known.includes(to)) return;
     if (o[to] !== undefined) throw new TypeError(`${where}: give ${from} or ${to}, not both`);
@@ -27,18 +27,18 @@ export function checkOptions(opts, known, where) {
     delete o[from];
   };
   alias('envs', 'env');
-  const seconds = (ms) => {
+  const seconds = (ms: unknown): number => {
     if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) {
       throw new TypeError(`${where}: timeoutMs must be a number of milliseconds`);
     }
     return ms;
   };
-  alias('timeoutMs', 'timeoutSec', (ms) => Math.max(1, Math.ceil(seconds(ms) / 1000)));
-  alias('timeoutMs', 'timeout', (ms) => seconds(ms) / 1000);
+  alias('timeoutMs', 'timeoutSec', (ms: unknown) => Math.max(1, Math.ceil(seconds(ms) / 1000)));
+  alias('timeoutMs', 'timeout', (ms: unknown) => seconds(ms) / 1000);
   const unknown = Object.keys(o).filter((k) => o[k] !== undefined && !known.includes(k) && !COMMON.includes(k));
   if (unknown.length > 0) {
     const names = unknown.map((k) => JSON.stringify(k)).join(', ');
     throw new TypeError(`${where}: unknown option ${names}; it takes ${[...known].sort().join(', ')}`);
   }
-  return o;
+  return o as T & Record<string, any>;
 }

@@ -1,13 +1,34 @@
+/// <reference lib="esnext.disposable" preserve="true" />
 // The Sandbox class: create, connect, list, and everything done to one sandbox.
 
-import { ConnectionConfig, connectionOptions, request } from './http.js';
+import './dispose.js';
+import { ConnectionConfig, connectionOptions, request, type Query, type RequestOptions } from './http.js';
 import { NotFoundError } from './errors.js';
 import { camelize, compact, sandboxInfo } from './convert.js';
 import { Commands } from './commands.js';
 import { Files } from './files.js';
-import { CodeInterpreter } from './code.js';
+import { CodeInterpreter, type Execution } from './code.js';
+import { Pty } from './pty.js';
 import { artifactInfo } from './resources.js';
 import { checkOptions } from './options.js';
+import { bytesToB64 } from './sse.js';
+import type {
+  ArtifactInfo,
+  ConnectionOptions,
+  ForkOptions,
+  PreviewToken,
+  RunCodeOptions,
+  RunFile,
+  RunResult,
+  SandboxConnectOptions,
+  SandboxCreateOptions,
+  SandboxInfo,
+  SandboxListOptions,
+  SandboxRunOptions,
+  SandboxState,
+  SandboxUsage,
+  SnapshotInfo,
+} from './types.js';
 
 const CREATE_OPTIONS = ['template', 'size', 'cpuCount', 'memoryMb', 'diskSizeMb', 'timeoutSec', 'idleTimeoutSec',
   'persistent', 'alwaysOn', 'metadata', 'env', 'network', 'wait', 'snapshotId', 'preview', 'autoResume'];
@@ -16,7 +37,7 @@ const RUN_OPTIONS = ['command', 'argv', 'template', 'size', 'env', 'metadata', '
 
 const CREATE_TIMEOUT_MS = 120_000;
 
-function createBody(opts) {
+function createBody(opts: Record<string, any>) {
   return compact({
     template_id: opts.template,
     size: opts.size,
@@ -38,17 +59,17 @@ function createBody(opts) {
 }
 
 /** A one-shot run's `files`: an array of `{path, content, encoding}`, or a map of path to text or bytes. */
-function runFiles(files) {
+function runFiles(files: SandboxRunOptions['files']): RunFile[] | undefined {
   if (files == null) return undefined;
   if (Array.isArray(files)) return files;
   return Object.entries(files).map(([path, content]) =>
     typeof content === 'string'
       ? { path, content }
-      : { path, content: Buffer.from(content).toString('base64'), encoding: 'base64' },
+      : { path, content: bytesToB64(content), encoding: 'base64' as const },
   );
 }
 
-function runBody(opts) {
+function runBody(opts: Record<string, any>) {
   return compact({
     command: opts.command,
     argv: opts.argv,
@@ -70,19 +91,25 @@ function runBody(opts) {
  * Pages of a sandbox listing, fetched as they are iterated (`for await`); awaiting it gives
  * them all as an array.
  */
-export class SandboxPaginator {
-  constructor(config, query, signal, error = null) {
+export class SandboxPaginator implements PromiseLike<SandboxInfo[]>, AsyncIterable<SandboxInfo> {
+  private readonly _config: ConnectionConfig | null;
+  private readonly _query: Query | null;
+  private readonly _signal: AbortSignal | null | undefined;
+  private readonly _error: unknown;
+
+  /** @internal */
+  constructor(config: ConnectionConfig | null, query: Query | null, signal?: AbortSignal | null, error: unknown = null) {
     this._config = config;
     this._query = query;
     this._signal = signal;
     this._error = error;
   }
 
-  async *[Symbol.asyncIterator]() {
+  async *[Symbol.asyncIterator](): AsyncGenerator<SandboxInfo, void, undefined> {
     if (this._error) throw this._error;
-    let cursor;
+    let cursor: string | undefined;
     for (;;) {
-      const r = await request(this._config, 'GET', '/sandboxes', {
+      const r = await request(this._config!, 'GET', '/sandboxes', {
         query: { ...this._query, cursor },
         signal: this._signal,
       });
@@ -93,72 +120,84 @@ export class SandboxPaginator {
   }
 
   /** Every sandbox of the listing, following every page. */
-  async all() {
-    const out = [];
+  async all(): Promise<SandboxInfo[]> {
+    const out: SandboxInfo[] = [];
     for await (const s of this) out.push(s);
     return out;
   }
 
-  then(resolve, reject) {
-    return this.all().then(resolve, reject);
+  then<A = SandboxInfo[], B = never>(
+    onfulfilled?: ((value: SandboxInfo[]) => A | PromiseLike<A>) | null,
+    onrejected?: ((reason: unknown) => B | PromiseLike<B>) | null,
+  ): Promise<A | B> {
+    return this.all().then(onfulfilled, onrejected);
   }
 
-  catch(reject) {
-    return this.all().catch(reject);
+  catch<B = never>(onrejected?: ((reason: unknown) => B | PromiseLike<B>) | null): Promise<SandboxInfo[] | B> {
+    return this.all().catch(onrejected);
   }
 
-  finally(done) {
-    return this.all().finally(done);
+  finally(onfinally?: (() => void) | null): Promise<SandboxInfo[]> {
+    return this.all().finally(onfinally);
   }
 }
 
 /** A Cella sandbox. Make one with `Sandbox.create()` or `Sandbox.connect(id)`. */
 export class Sandbox {
+  /** The connection this sandbox (and whatever is made from it) uses. */
+  readonly config: ConnectionConfig;
+  /** Commands: run to the end, or start in the background. */
+  readonly commands: Commands;
+  /** The sandbox's filesystem. */
+  readonly files: Files;
+  /** The code interpreter's contexts and kernels (runCode() runs a cell). */
+  readonly code: CodeInterpreter;
+  /** Terminals (a WebSocket to a program on a pseudo-terminal). */
+  readonly pty: Pty;
+  private _info: SandboxInfo;
+
   /**
    * Wraps a sandbox the caller knows, without a request. Prefer `Sandbox.create()` and
    * `Sandbox.connect()`, which read it from the server.
-   * @param {{id: string} & Record<string, any>} info  a SandboxInfo, or just `{id}`
-   * @param {object|ConnectionConfig} [opts]  connection options
    */
-  constructor(info, opts = {}) {
+  constructor(info: { id: string } & Partial<SandboxInfo>, opts: ConnectionOptions | ConnectionConfig = {}) {
     if (!info || typeof info.id !== 'string') throw new TypeError('a sandbox needs an id');
-    /** @type {ConnectionConfig} */
     this.config = opts instanceof ConnectionConfig ? opts : new ConnectionConfig(opts);
-    this._info = { ...info, sandboxId: info.id };
-    /** Commands: run to the end, or start in the background. */
+    this._info = { ...info, sandboxId: info.id } as SandboxInfo;
     this.commands = new Commands(this);
-    /** The sandbox's filesystem. */
     this.files = new Files(this);
-    /** The code interpreter's contexts and kernels (runCode() runs a cell). */
     this.code = new CodeInterpreter(this);
+    this.pty = new Pty(this);
   }
 
   /** The sandbox's id. */
-  get id() {
+  get id(): string {
     return this._info.id;
   }
 
   /** Alias of `id`. */
-  get sandboxId() {
+  get sandboxId(): string {
     return this._info.id;
   }
 
   /** The sandbox as last read from the server (see refresh()). */
-  get info() {
+  get info(): SandboxInfo {
     return this._info;
   }
 
   /** Its state as last read: provisioning, running, paused, stopped, destroyed or error. */
-  get state() {
+  get state(): SandboxState {
     return this._info.state;
   }
 
   /** @internal A request on this sandbox's own routes. */
-  _request(method, subpath, opts = {}) {
+  _request(method: string, subpath: string, opts: RequestOptions & { as: 'response' }): Promise<Response>;
+  _request(method: string, subpath: string, opts?: RequestOptions): Promise<import('./http.js').ApiBody>;
+  _request(method: string, subpath: string, opts: RequestOptions = {}): Promise<any> {
     return request(this.config, method, `/sandboxes/${encodeURIComponent(this.id)}${subpath}`, opts);
   }
 
-  _update(raw) {
+  private _update(raw: unknown): SandboxInfo {
     this._info = sandboxInfo(raw);
     return this._info;
   }
@@ -167,8 +206,10 @@ export class Sandbox {
    * Creates a sandbox and waits until it runs (unless `wait: false`).
    * `Sandbox.create()`, `Sandbox.create({template, size, ...})` or `Sandbox.create('base', {...})`.
    */
-  static async create(templateOrOpts, maybeOpts) {
-    let opts;
+  static async create(opts?: SandboxCreateOptions): Promise<Sandbox>;
+  static async create(template: string, opts?: SandboxCreateOptions): Promise<Sandbox>;
+  static async create(templateOrOpts?: string | SandboxCreateOptions, maybeOpts?: SandboxCreateOptions): Promise<Sandbox> {
+    let opts: SandboxCreateOptions;
     if (typeof templateOrOpts === 'string') opts = { ...(maybeOpts ?? {}), template: templateOrOpts };
     else opts = { ...(templateOrOpts ?? {}) };
     opts = checkOptions(opts, CREATE_OPTIONS, 'Sandbox.create');
@@ -187,8 +228,10 @@ export class Sandbox {
    * request. `Sandbox.run({command, ...})`, or `Sandbox.run('make', {...})` / `Sandbox.run(['ls', '-l'], {...})`.
    * Resolves to a RunResult whatever the exit code; each artifact has `read()`.
    */
-  static async run(commandOrOpts, maybeOpts) {
-    let opts;
+  static async run(opts: SandboxRunOptions): Promise<RunResult>;
+  static async run(command: string | string[], opts?: SandboxRunOptions): Promise<RunResult>;
+  static async run(commandOrOpts: string | string[] | SandboxRunOptions, maybeOpts?: SandboxRunOptions): Promise<RunResult> {
+    let opts: SandboxRunOptions;
     if (typeof commandOrOpts === 'string') opts = { ...(maybeOpts ?? {}), command: commandOrOpts };
     else if (Array.isArray(commandOrOpts)) opts = { ...(maybeOpts ?? {}), argv: commandOrOpts };
     else opts = { ...(commandOrOpts ?? {}) };
@@ -199,8 +242,8 @@ export class Sandbox {
       signal: opts.signal,
       timeoutMs: opts.requestTimeoutMs ?? ((opts.timeoutSec ?? 3600) + 30) * 1000 + CREATE_TIMEOUT_MS,
     });
-    const result = camelize({ ...r.data, artifacts: [] });
-    result.artifacts = (r.data.artifacts ?? []).map((raw) => artifactInfo(raw, config));
+    const result = camelize<RunResult>({ ...r.data, artifacts: [] });
+    result.artifacts = (r.data.artifacts ?? []).map((raw: unknown) => artifactInfo(raw, config));
     return result;
   }
 
@@ -208,7 +251,7 @@ export class Sandbox {
    * Connects to an existing sandbox. A paused or stopped one is resumed first, unless
    * `resume: false`.
    */
-  static async connect(sandboxId, opts = {}) {
+  static async connect(sandboxId: string, opts: SandboxConnectOptions = {}): Promise<Sandbox> {
     opts = checkOptions(opts, ['resume'], 'Sandbox.connect');
     const config = new ConnectionConfig(connectionOptions(opts));
     const sb = new Sandbox({ id: sandboxId }, config);
@@ -224,90 +267,90 @@ export class Sandbox {
    * a time as it goes; `await Sandbox.list()` gives every one as an array.
    * @returns {SandboxPaginator} of SandboxInfo objects
    */
-  static list(opts = {}) {
+  static list(opts: SandboxListOptions = {}): SandboxPaginator {
     try {
       opts = checkOptions(opts, ['state', 'limit', 'metadata'], 'Sandbox.list');
     } catch (e) {
       return new SandboxPaginator(null, null, null, e);
     }
     const config = new ConnectionConfig(connectionOptions(opts));
-    const query = { state: opts.state, limit: opts.limit };
+    const query: Query = { state: opts.state, limit: opts.limit };
     for (const [k, v] of Object.entries(opts.metadata ?? {})) query[`metadata.${k}`] = v;
     return new SandboxPaginator(config, query, opts.signal);
   }
 
   /** Destroys a sandbox by id; returns its SandboxInfo, now destroyed. */
-  static async kill(sandboxId, opts = {}) {
+  static async kill(sandboxId: string, opts: ConnectionOptions = {}): Promise<SandboxInfo> {
     return new Sandbox({ id: sandboxId }, connectionOptions(opts)).kill();
   }
 
   /** Reads the sandbox again; returns its SandboxInfo. */
-  async refresh() {
+  async refresh(): Promise<SandboxInfo> {
     const r = await this._request('GET', '');
     return this._update(r.data);
   }
 
   /** Alias of refresh(). */
-  async getInfo() {
+  async getInfo(): Promise<SandboxInfo> {
     return this.refresh();
   }
 
   /** Freezes every process (memory kept). */
-  async pause() {
+  async pause(): Promise<SandboxInfo> {
     const r = await this._request('POST', '/pause');
     return this._update(r.data);
   }
 
   /** Thaws a paused sandbox, or boots a stopped one again on its kept files. */
-  async resume() {
+  async resume(): Promise<SandboxInfo> {
     const r = await this._request('POST', '/resume', { timeoutMs: Math.max(this.config.requestTimeoutMs, CREATE_TIMEOUT_MS) });
     return this._update(r.data);
   }
 
   /** Ends every process and keeps the files (persistent sandboxes); resume() boots it again. */
-  async stop() {
+  async stop(): Promise<SandboxInfo> {
     const r = await this._request('POST', '/stop');
     return this._update(r.data);
   }
 
   /** Destroys the sandbox (idempotent); returns its SandboxInfo, now destroyed. */
-  async kill() {
+  async kill(): Promise<SandboxInfo> {
     const r = await this._request('DELETE', '');
     return this._update(r.data);
   }
 
   /** Sets the active-session timeout; on a running sandbox the timer starts again from now. */
-  async setTimeout(timeoutSec) {
+  async setTimeout(timeoutSec: number): Promise<SandboxInfo> {
     const r = await this._request('POST', '/timeout', { json: { timeout_sec: timeoutSec } });
     return this._update(r.data);
   }
 
   /** Running, paused and billed time, CPU and memory used. */
-  async usage() {
+  async usage(): Promise<SandboxUsage> {
     const r = await this._request('GET', '/usage');
-    return camelize(r.data);
+    return camelize<SandboxUsage>(r.data);
   }
 
   /** Forks the sandbox into `count` (1-10) new ones; returns them. */
-  async fork(opts = {}) {
+  async fork(opts: ForkOptions = {}): Promise<Sandbox[]> {
     const r = await this._request('POST', '/fork', { json: compact({ count: opts.count, metadata: opts.metadata }) });
     const list = Array.isArray(r.data) ? r.data : [r.data];
-    return list.map((raw) => new Sandbox(sandboxInfo(raw), this.config));
+    return list.map((raw: unknown) => new Sandbox(sandboxInfo(raw), this.config));
   }
 
   /**
    * Copies the sandbox's files into a snapshot; `Sandbox.create({snapshotId})` starts new
    * sandboxes from it. Returns the SnapshotInfo.
    */
-  async createSnapshot() {
+  async createSnapshot(): Promise<SnapshotInfo> {
     const r = await this._request('POST', '/snapshots');
-    return camelize(r.data);
+    return camelize<SnapshotInfo>(r.data);
   }
 
   /** Keeps files of the running sandbox (globs or paths) as artifacts; returns them. */
-  async collectArtifacts(paths) {
+  async collectArtifacts(paths: string[]): Promise<ArtifactInfo[]> {
     const r = await this._request('POST', '/artifacts', { json: { paths } });
-    return r.data.map((raw) => artifactInfo(raw, this.config));
+    return r.data.map((raw: unknown) => artifactInfo(raw, this.config));
   }
 
   /**
@@ -316,7 +359,7 @@ export class Sandbox {
    * that `fetch` opens it; the per-sandbox host name otherwise). Signed when the preview is
    * private.
    */
-  async expose(port) {
+  async expose(port: number): Promise<string> {
     const r = await this._request('POST', '/expose', { json: { port } });
     return r.data.url;
   }
@@ -326,18 +369,28 @@ export class Sandbox {
    * scheme (E2B's `getHost`). Browsers open it; programs on a `localhost` preview domain use
    * expose()'s URL.
    */
-  async getHost(port) {
+  async getHost(port: number): Promise<string> {
     const r = await this._request('POST', '/expose', { json: { port } });
     return new URL(r.data.host_url ?? r.data.url).host;
   }
 
+  /**
+   * A token for the sandbox's private previews (`{token, expiresAt}`), sent as the
+   * `x-cella-preview-token` header or `?cella_preview_token=`. `ttlSec`: how long it is valid;
+   * `rotate: true` makes every token handed out before stop working.
+   */
+  async previewToken(opts: { ttlSec?: number; rotate?: boolean } = {}): Promise<PreviewToken> {
+    const r = await this._request('POST', '/preview-token', { json: compact({ ttl_sec: opts.ttlSec, rotate: opts.rotate }) });
+    return camelize<PreviewToken>(r.data);
+  }
+
   /** Runs a cell of code in a persistent context; see `sandbox.code.run()`. */
-  async runCode(code, opts = {}) {
+  async runCode(code: string, opts: RunCodeOptions = {}): Promise<Execution> {
     return this.code.run(code, opts);
   }
 
   /** `await using sb = await Sandbox.create()` destroys it at the end of the scope. */
-  async [Symbol.asyncDispose ?? Symbol.for('Symbol.asyncDispose')]() {
+  async [Symbol.asyncDispose](): Promise<void> {
     try {
       await this.kill();
     } catch (e) {

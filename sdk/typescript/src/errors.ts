@@ -1,22 +1,34 @@
+import type { TemplateBuildInfo } from './types.js';
+
 // Typed errors: every error envelope of the Cella API becomes one of these classes.
 
 /** The base class of every error this SDK throws for the API. */
+/** What an error carries beside its message. */
+export interface CellaErrorFields {
+  code?: string | null;
+  details?: any;
+  status?: number | null;
+  requestId?: string | null;
+  retryAfter?: number | null;
+  cause?: unknown;
+}
+
 export class CellaError extends Error {
-  /**
-   * @param {string} message
-   * @param {{code?: string, details?: any, status?: number|null, requestId?: string|null,
-   *          retryAfter?: number|null, cause?: unknown}} [fields]
-   */
-  constructor(message, fields = {}) {
+  /** Upper-snake error code, e.g. `NOT_FOUND`; `CONNECTION`/`TIMEOUT` for client-side failures. */
+  readonly code: string;
+  /** The envelope's `details` (an object or null). */
+  readonly details: Record<string, any> | null;
+  /** HTTP status, or null for errors that did not come from a response. */
+  readonly status: number | null;
+  /** The response's `x-request-id`, to find the request in the server's log. */
+  readonly requestId: string | null;
+
+  constructor(message: string, fields: CellaErrorFields = {}) {
     super(message, fields.cause === undefined ? undefined : { cause: fields.cause });
     this.name = new.target.name;
-    /** Upper-snake error code, e.g. `NOT_FOUND`. */
     this.code = fields.code ?? 'UNKNOWN';
-    /** The envelope's `details` (an object or null). */
     this.details = fields.details ?? null;
-    /** HTTP status, or null for errors that did not come from a response. */
     this.status = fields.status ?? null;
-    /** The response's `x-request-id`, to find the request in the server's log. */
     this.requestId = fields.requestId ?? null;
   }
 }
@@ -24,7 +36,7 @@ export class CellaError extends Error {
 /** 400 `INVALID_REQUEST`: bad JSON, wrong type, unknown field, value out of range. */
 export class InvalidRequestError extends CellaError {
   /** The field the server named in `details.field`, if any. */
-  get field() {
+  get field(): string | null {
     return this.details && typeof this.details === 'object' ? (this.details.field ?? null) : null;
   }
 }
@@ -46,15 +58,19 @@ export class MethodNotAllowedError extends CellaError {}
 export class ConflictError extends CellaError {}
 /** 409 `SANDBOX_NOT_RUNNING`: the sandbox is paused, stopped, destroyed or failed. */
 export class SandboxNotRunningError extends CellaError {}
+/** 410 `GONE`: what was asked for existed and is gone for good (a task run's log once it ended). */
+export class GoneError extends CellaError {}
 /** 413 `PAYLOAD_TOO_LARGE`. */
 export class PayloadTooLargeError extends CellaError {}
 /** 416 `RANGE_NOT_SATISFIABLE`: a download's range lies outside the file. */
 export class RangeNotSatisfiableError extends CellaError {}
 /** 429 `RATE_LIMITED`, after the SDK's own retries ran out. */
 export class RateLimitedError extends CellaError {
-  constructor(message, fields = {}) {
+  /** Seconds the server asked to wait (`Retry-After`). */
+  readonly retryAfter: number | null;
+
+  constructor(message: string, fields: CellaErrorFields = {}) {
     super(message, fields);
-    /** Seconds the server asked to wait (`Retry-After`). */
     this.retryAfter = fields.retryAfter ?? null;
   }
 }
@@ -74,18 +90,22 @@ export class TimeoutError extends CellaError {}
  * (its `log` whole, `error` saying why).
  */
 export class TemplateBuildError extends CellaError {
-  constructor(buildOrMessage, fields = {}) {
+  /** The failed build (null when made from a message). */
+  readonly build: TemplateBuildInfo | null;
+
+  constructor(buildOrMessage: TemplateBuildInfo | string, fields: CellaErrorFields = {}) {
     const build = buildOrMessage && typeof buildOrMessage === 'object' ? buildOrMessage : null;
     const message = build
       ? `build ${build.id} of template ${build.templateId} failed: ${build.error ?? 'no reason given'}`
       : String(buildOrMessage);
     super(message, { code: 'BUILD_FAILED', ...fields });
-    /** The failed build (null when made from a message). */
     this.build = build;
   }
 }
 
-const BY_CODE = {
+type ErrorClass = new (message: string, fields?: CellaErrorFields) => CellaError;
+
+const BY_CODE: Record<string, [ErrorClass, number]> = {
   INVALID_REQUEST: [InvalidRequestError, 400],
   UNKNOWN_LANGUAGE: [UnknownLanguageError, 400],
   SIZE_UNAVAILABLE: [SizeUnavailableError, 400],
@@ -96,6 +116,7 @@ const BY_CODE = {
   METHOD_NOT_ALLOWED: [MethodNotAllowedError, 405],
   CONFLICT: [ConflictError, 409],
   SANDBOX_NOT_RUNNING: [SandboxNotRunningError, 409],
+  GONE: [GoneError, 410],
   PAYLOAD_TOO_LARGE: [PayloadTooLargeError, 413],
   RANGE_NOT_SATISFIABLE: [RangeNotSatisfiableError, 416],
   RATE_LIMITED: [RateLimitedError, 429],
@@ -104,7 +125,7 @@ const BY_CODE = {
   UNAVAILABLE: [UnavailableError, 503],
 };
 
-const BY_STATUS = {
+const BY_STATUS: Record<number, string> = {
   400: 'INVALID_REQUEST',
   401: 'UNAUTHORIZED',
   402: 'INSUFFICIENT_FUNDS',
@@ -112,6 +133,7 @@ const BY_STATUS = {
   404: 'NOT_FOUND',
   405: 'METHOD_NOT_ALLOWED',
   409: 'CONFLICT',
+  410: 'GONE',
   413: 'PAYLOAD_TOO_LARGE',
   416: 'RANGE_NOT_SATISFIABLE',
   429: 'RATE_LIMITED',
@@ -119,17 +141,24 @@ const BY_STATUS = {
   503: 'UNAVAILABLE',
 };
 
-/**
- * Builds the typed error for an error code (and status, when the code is unknown to the SDK).
- * @returns {CellaError}
- */
-export function errorFor({ code, message, details = null, status = null, requestId = null, retryAfter = null }) {
+export interface ErrorParts {
+  code: string | null;
+  message: string;
+  details?: any;
+  status?: number | null;
+  requestId?: string | null;
+  retryAfter?: number | null;
+}
+
+/** Builds the typed error for an error code (and status, when the code is unknown to the SDK). */
+export function errorFor({ code, message, details = null, status = null, requestId = null, retryAfter = null }: ErrorParts): CellaError {
   if (!code && status != null) code = BY_STATUS[status] ?? `HTTP_${status}`;
-  const known = BY_CODE[code];
-  let Cls = known ? known[0] : null;
+  const known = code ? BY_CODE[code] : undefined;
+  let Cls: ErrorClass | null = known ? known[0] : null;
   if (!Cls && status != null) {
     // A code this SDK does not know yet: fall back on the status's class.
-    const byStatus = BY_CODE[BY_STATUS[status]];
+    const name = BY_STATUS[status];
+    const byStatus = name ? BY_CODE[name] : undefined;
     Cls = byStatus ? byStatus[0] : CellaError;
   }
   Cls ??= CellaError;
@@ -141,8 +170,11 @@ export function errorFor({ code, message, details = null, status = null, request
  * Builds the typed error for an envelope `{"error": {...}}` (as a response body or an SSE
  * `error` event's data).
  */
-export function errorFromEnvelope(envelope, { status = null, requestId = null, retryAfter = null } = {}) {
-  const e = envelope && typeof envelope === 'object' ? envelope.error : null;
+export function errorFromEnvelope(
+  envelope: unknown,
+  { status = null, requestId = null, retryAfter = null }: { status?: number | null; requestId?: string | null; retryAfter?: number | null } = {},
+): CellaError {
+  const e = envelope && typeof envelope === 'object' ? (envelope as { error?: any }).error : null;
   if (!e || typeof e !== 'object') {
     return errorFor({ code: null, message: `unexpected error body: ${JSON.stringify(envelope)}`, status, requestId });
   }

@@ -1,22 +1,27 @@
 // The transport: configuration, requests, the error envelope, 429 retries.
 
-import { ConnectionError, TimeoutError, errorFor, errorFromEnvelope } from './errors.js';
+import { CellaError, ConnectionError, TimeoutError, errorFor, errorFromEnvelope } from './errors.js';
+import type { ConnectionOptions } from './types.js';
 
-export const DEFAULT_SERVER = 'http://127.0.0.1:7070';
+export const DEFAULT_SERVER: string = 'http://127.0.0.1:7070';
 const API_BASE = '/api/v1';
 
-function env(name) {
-  const v = globalThis.process?.env?.[name];
+function env(name: string): string | undefined {
+  const proc = (globalThis as { process?: { env?: Record<string, string | undefined> } }).process;
+  const v = proc?.env?.[name];
   return v === undefined || v === '' ? undefined : v;
 }
 
 /** Resolved connection settings shared by a sandbox and everything made from it. */
 export class ConnectionConfig {
-  /**
-   * @param {{server?: string, apiKey?: string, maxRetries?: number, requestTimeoutMs?: number,
-   *          headers?: Record<string,string>, fetch?: typeof fetch}} [opts]
-   */
-  constructor(opts = {}) {
+  readonly server: string;
+  readonly apiKey: string | null;
+  readonly maxRetries: number;
+  readonly requestTimeoutMs: number;
+  readonly headers: Record<string, string>;
+  readonly fetch: typeof fetch | null;
+
+  constructor(opts: ConnectionOptions | ConnectionConfig = {}) {
     if (opts instanceof ConnectionConfig) opts = opts.toOptions();
     let server = String(opts.server ?? env('CELLA_SERVER') ?? DEFAULT_SERVER).trim();
     if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(server)) server = `http://${server}`;
@@ -31,7 +36,7 @@ export class ConnectionConfig {
   }
 
   /** The options that make this configuration again. */
-  toOptions() {
+  toOptions(): ConnectionOptions {
     return {
       server: this.server,
       apiKey: this.apiKey ?? undefined,
@@ -43,25 +48,26 @@ export class ConnectionConfig {
   }
 
   /** A copy with some options changed (the ones given that are not undefined). */
-  with(opts = {}) {
-    const merged = this.toOptions();
+  with(opts: ConnectionOptions = {}): ConnectionConfig {
+    const merged: Record<string, unknown> = { ...this.toOptions() };
     for (const [k, v] of Object.entries(opts)) if (v !== undefined) merged[k] = v;
     return new ConnectionConfig(merged);
   }
 }
 
 /** The connection options a caller may mix into any options object. */
-export const CONNECTION_KEYS = ['server', 'apiKey', 'maxRetries', 'requestTimeoutMs', 'headers', 'fetch'];
+export const CONNECTION_KEYS: readonly string[] = ['server', 'apiKey', 'maxRetries', 'requestTimeoutMs', 'headers', 'fetch'];
 
 /** Splits connection options off an options object. */
-export function connectionOptions(opts = {}) {
-  const out = {};
-  for (const k of CONNECTION_KEYS) if (opts[k] !== undefined) out[k] = opts[k];
-  return out;
+export function connectionOptions(opts: object = {}): ConnectionOptions {
+  const src = opts as Record<string, unknown>;
+  const out: Record<string, unknown> = {};
+  for (const k of CONNECTION_KEYS) if (src[k] !== undefined) out[k] = src[k];
+  return out as ConnectionOptions;
 }
 
 /** Seconds to wait from a `Retry-After` header (seconds or an HTTP date); null if absent. */
-export function parseRetryAfter(value) {
+export function parseRetryAfter(value: string | null | undefined): number | null {
   if (value == null || value === '') return null;
   const n = Number(value);
   if (Number.isFinite(n)) return Math.max(0, n);
@@ -70,8 +76,8 @@ export function parseRetryAfter(value) {
   return null;
 }
 
-function sleep(ms, signal) {
-  return new Promise((resolve, reject) => {
+export function sleep(ms: number, signal?: AbortSignal | null): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
     if (signal?.aborted) return reject(signal.reason);
     const timer = setTimeout(() => {
       signal?.removeEventListener('abort', onAbort);
@@ -79,13 +85,15 @@ function sleep(ms, signal) {
     }, ms);
     const onAbort = () => {
       clearTimeout(timer);
-      reject(signal.reason);
+      reject(signal?.reason);
     };
     signal?.addEventListener('abort', onAbort, { once: true });
   });
 }
 
-function buildQuery(query) {
+export type Query = Record<string, string | number | boolean | null | undefined | Array<string | number>>;
+
+function buildQuery(query: Query | undefined): string {
   const params = new URLSearchParams();
   if (!query) return '';
   for (const [k, v] of Object.entries(query)) {
@@ -97,7 +105,7 @@ function buildQuery(query) {
   return s ? `?${s}` : '';
 }
 
-function isReplayable(body) {
+function isReplayable(body: unknown): boolean {
   return (
     body == null ||
     typeof body === 'string' ||
@@ -109,7 +117,7 @@ function isReplayable(body) {
 }
 
 /** Turns a non-2xx response into its typed error (reads and closes the body). */
-export async function errorFromResponse(res) {
+export async function errorFromResponse(res: Response): Promise<CellaError> {
   const requestId = res.headers.get('x-request-id');
   const retryAfter = parseRetryAfter(res.headers.get('retry-after'));
   let text = '';
@@ -118,7 +126,7 @@ export async function errorFromResponse(res) {
   } catch {
     // the body broke off: the status still says what happened
   }
-  let parsed = null;
+  let parsed: any = null;
   try {
     parsed = JSON.parse(text);
   } catch {
@@ -136,25 +144,34 @@ export async function errorFromResponse(res) {
   });
 }
 
-/**
- * Makes one API request, retrying a 429 after its `Retry-After` up to `maxRetries` times.
- *
- * @param {ConnectionConfig} config
- * @param {string} method
- * @param {string} path  under /api/v1, e.g. `/sandboxes`
- * @param {object} [opts]
- * @param {Record<string, any>} [opts.query]
- * @param {any} [opts.json]        a JSON body
- * @param {any} [opts.body]        a raw body (string, bytes, Blob, ReadableStream)
- * @param {Record<string,string>} [opts.headers]
- * @param {AbortSignal} [opts.signal]
- * @param {number|null} [opts.timeoutMs]  0 or null: no client timeout
- * @param {'json'|'response'} [opts.as]   `response`: the Response, its body unread
- *        (the timeout then covers only the wait for the headers)
- */
-export async function request(config, method, path, opts = {}) {
+/** The options of one request. */
+export interface RequestOptions {
+  query?: Query;
+  /** A JSON body. */
+  json?: unknown;
+  /** A raw body (string, bytes, Blob, ReadableStream). */
+  body?: BodyInit | null;
+  headers?: Record<string, string>;
+  signal?: AbortSignal | null;
+  /** 0 or null: no client timeout. */
+  timeoutMs?: number | null;
+  /** `response`: the Response, its body unread (the timeout then covers only the headers). */
+  as?: 'json' | 'response';
+}
+
+/** The JSON answer of a route: `{data, next_cursor?, ...}`. */
+export interface ApiBody {
+  data: any;
+  next_cursor?: string | null;
+  [field: string]: any;
+}
+
+/** Makes one API request, retrying a 429 after its `Retry-After` up to `maxRetries` times. */
+export async function request(config: ConnectionConfig, method: string, path: string, opts: RequestOptions & { as: 'response' }): Promise<Response>;
+export async function request(config: ConnectionConfig, method: string, path: string, opts?: RequestOptions): Promise<ApiBody>;
+export async function request(config: ConnectionConfig, method: string, path: string, opts: RequestOptions = {}): Promise<ApiBody | Response> {
   const url = `${config.server}${API_BASE}${path}${buildQuery(opts.query)}`;
-  const headers = { ...config.headers, ...(opts.headers ?? {}) };
+  const headers: Record<string, string> = { ...config.headers, ...(opts.headers ?? {}) };
   if (config.apiKey) headers.authorization = `Bearer ${config.apiKey}`;
   let body = opts.body;
   if (opts.json !== undefined) {
@@ -169,7 +186,7 @@ export async function request(config, method, path, opts = {}) {
   for (let attempt = 0; ; attempt++) {
     const ctrl = new AbortController();
     let timedOut = false;
-    const onAbort = () => ctrl.abort(opts.signal.reason);
+    const onAbort = () => ctrl.abort(opts.signal?.reason);
     if (opts.signal) {
       if (opts.signal.aborted) throw opts.signal.reason;
       opts.signal.addEventListener('abort', onAbort, { once: true });
@@ -185,7 +202,7 @@ export async function request(config, method, path, opts = {}) {
       if (timer) clearTimeout(timer);
       opts.signal?.removeEventListener('abort', onAbort);
     };
-    const fail = (e) => {
+    const fail = (e: any): unknown => {
       if (opts.signal?.aborted) return opts.signal.reason;
       if (timedOut) {
         return new TimeoutError(`${method} ${path}: no answer within ${timeoutMs} ms`, { code: 'TIMEOUT', cause: e });
@@ -196,9 +213,9 @@ export async function request(config, method, path, opts = {}) {
       });
     };
 
-    let res;
+    let res: Response;
     try {
-      const init = { method, headers, body, signal: ctrl.signal };
+      const init: RequestInit & { duplex?: 'half' } = { method, headers, body, signal: ctrl.signal };
       if (streamingBody) init.duplex = 'half';
       res = await fetchImpl(url, init);
     } catch (e) {
@@ -234,7 +251,7 @@ export async function request(config, method, path, opts = {}) {
     }
     try {
       const text = await res.text();
-      return text ? JSON.parse(text) : null;
+      return (text ? JSON.parse(text) : null) as ApiBody;
     } catch (e) {
       throw fail(e);
     } finally {

@@ -1,5 +1,5 @@
-/// <reference lib="esnext.disposable" />
-// Type declarations of @cella/sdk (hand-written; the package is plain ESM JavaScript).
+// The public object and option types of @cella/sdk. The objects are the API's, camelCase, with
+// times as Dates; test/types checks them against the server's OpenAPI document.
 
 // ---------------------------------------------------------------------------------------------
 // Connection
@@ -20,73 +20,8 @@ export interface ConnectionOptions {
   fetch?: typeof fetch;
 }
 
-export declare const DEFAULT_SERVER: string;
-
-export declare class ConnectionConfig {
-  constructor(opts?: ConnectionOptions | ConnectionConfig);
-  readonly server: string;
-  readonly apiKey: string | null;
-  readonly maxRetries: number;
-  readonly requestTimeoutMs: number;
-  readonly headers: Record<string, string>;
-  readonly fetch: typeof fetch | null;
-  toOptions(): ConnectionOptions;
-  with(opts: ConnectionOptions): ConnectionConfig;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Errors
-
-export interface CellaErrorFields {
-  code?: string;
-  details?: any;
-  status?: number | null;
-  requestId?: string | null;
-  retryAfter?: number | null;
-  cause?: unknown;
-}
-
-/** Every error envelope `{"error": {code, message, details}}` becomes one of these. */
-export declare class CellaError extends Error {
-  constructor(message: string, fields?: CellaErrorFields);
-  /** Upper-snake code, e.g. `NOT_FOUND`; `CONNECTION`/`TIMEOUT` for client-side failures. */
-  readonly code: string;
-  /** The envelope's `details`. */
-  readonly details: Record<string, any> | null;
-  /** The HTTP status (null when no response came). */
-  readonly status: number | null;
-  /** The response's `x-request-id`. */
-  readonly requestId: string | null;
-}
-export declare class InvalidRequestError extends CellaError {
-  /** `details.field`: the field the server named. */
-  readonly field: string | null;
-}
-export declare class UnknownLanguageError extends InvalidRequestError {}
-export declare class SizeUnavailableError extends InvalidRequestError {}
-export declare class AuthenticationError extends CellaError {}
-export declare class InsufficientFundsError extends CellaError {}
-export declare class PermissionDeniedError extends CellaError {}
-export declare class NotFoundError extends CellaError {}
-export declare class MethodNotAllowedError extends CellaError {}
-export declare class ConflictError extends CellaError {}
-export declare class SandboxNotRunningError extends CellaError {}
-export declare class PayloadTooLargeError extends CellaError {}
-export declare class RangeNotSatisfiableError extends CellaError {}
-export declare class RateLimitedError extends CellaError {
-  /** Seconds the server asked to wait. */
-  readonly retryAfter: number | null;
-}
-export declare class ConcurrencyLimitError extends RateLimitedError {}
-export declare class InternalServerError extends CellaError {}
-export declare class UnavailableError extends CellaError {}
-export declare class ConnectionError extends CellaError {}
-export declare class TimeoutError extends CellaError {}
-/** A build waited for with `check: true` ended `failed` (code `BUILD_FAILED`). */
-export declare class TemplateBuildError extends CellaError {
-  constructor(build: TemplateBuildInfo | string, fields?: CellaErrorFields);
-  readonly build: TemplateBuildInfo | null;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Sandboxes
@@ -148,6 +83,10 @@ export interface SandboxInfo {
   computeCost: string;
   /** What its model gateway requests cost, a decimal string. */
   modelCost: string;
+  /** Who may use its previews: `{public: false}` needs its preview token. */
+  preview: { public: boolean };
+  /** Preview traffic resumes it when it is paused. */
+  autoResume: boolean;
   [field: string]: unknown;
 }
 
@@ -194,18 +133,6 @@ export interface SandboxConnectOptions extends ConnectionOptions {
   resume?: boolean;
 }
 
-/** A sandbox listing: iterate it with `for await` (pages fetched as needed), or await it. */
-export declare class SandboxPaginator implements PromiseLike<SandboxInfo[]>, AsyncIterable<SandboxInfo> {
-  [Symbol.asyncIterator](): AsyncIterator<SandboxInfo>;
-  all(): Promise<SandboxInfo[]>;
-  then<A = SandboxInfo[], B = never>(
-    onfulfilled?: ((value: SandboxInfo[]) => A | PromiseLike<A>) | null,
-    onrejected?: ((reason: unknown) => B | PromiseLike<B>) | null,
-  ): Promise<A | B>;
-  catch<B = never>(onrejected?: ((reason: unknown) => B | PromiseLike<B>) | null): Promise<SandboxInfo[] | B>;
-  finally(onfinally?: (() => void) | null): Promise<SandboxInfo[]>;
-}
-
 export interface SandboxListOptions extends ConnectionOptions {
   /** One state, or `all`; default: live ones (not destroyed or error). */
   state?: SandboxState | 'all';
@@ -222,6 +149,13 @@ export interface ForkOptions {
   metadata?: Record<string, string>;
 }
 
+/** A preview token of a sandbox. */
+export interface PreviewToken {
+  token: string;
+  expiresAt: Date;
+  [field: string]: unknown;
+}
+
 export interface SandboxUsage {
   sandboxId: string;
   state: SandboxState;
@@ -233,59 +167,6 @@ export interface SandboxUsage {
   memoryMibNow: number | null;
   measuredAt: Date;
   [field: string]: unknown;
-}
-
-export declare class Sandbox {
-  /**
-   * Wraps a sandbox by id without a request; prefer `Sandbox.create()` / `Sandbox.connect()`.
-   */
-  constructor(info: { id: string } & Partial<SandboxInfo>, opts?: ConnectionOptions | ConnectionConfig);
-
-  static create(opts?: SandboxCreateOptions): Promise<Sandbox>;
-  static create(template: string, opts?: SandboxCreateOptions): Promise<Sandbox>;
-  /** Connects to a sandbox, resuming it if it is paused or stopped (unless `resume: false`). */
-  static connect(sandboxId: string, opts?: SandboxConnectOptions): Promise<Sandbox>;
-  /** The workspace's sandboxes, newest first, every page followed. */
-  /** Lazy (`for await`, a page at a time) or awaited whole (an array). Live sandboxes unless `state` says. */
-  static list(opts?: SandboxListOptions): SandboxPaginator;
-  /** A one-shot run: create, write files, run, keep artifacts, destroy, in one request. */
-  static run(opts: SandboxRunOptions): Promise<RunResult>;
-  static run(command: string | string[], opts?: SandboxRunOptions): Promise<RunResult>;
-  /** Destroys a sandbox by id. */
-  static kill(sandboxId: string, opts?: ConnectionOptions): Promise<SandboxInfo>;
-
-  readonly config: ConnectionConfig;
-  readonly id: string;
-  readonly sandboxId: string;
-  /** The sandbox as last read. */
-  readonly info: SandboxInfo;
-  readonly state: SandboxState;
-  readonly commands: Commands;
-  readonly files: Files;
-  readonly code: CodeInterpreter;
-
-  refresh(): Promise<SandboxInfo>;
-  getInfo(): Promise<SandboxInfo>;
-  pause(): Promise<SandboxInfo>;
-  resume(): Promise<SandboxInfo>;
-  stop(): Promise<SandboxInfo>;
-  /** Destroys the sandbox (idempotent). */
-  kill(): Promise<SandboxInfo>;
-  /** Sets the active-session timeout (seconds, 1-86400). */
-  setTimeout(timeoutSec: number): Promise<SandboxInfo>;
-  usage(): Promise<SandboxUsage>;
-  fork(opts?: ForkOptions): Promise<Sandbox[]>;
-  /** Copies the sandbox's files into a snapshot. */
-  createSnapshot(): Promise<SnapshotInfo>;
-  /** Keeps files of the running sandbox (globs or paths) as artifacts. */
-  collectArtifacts(paths: string[]): Promise<ArtifactInfo[]>;
-  /** Exposes a port through the preview proxy; resolves to its URL. */
-  expose(port: number): Promise<string>;
-  /** `<port>-<id>.<domain>[:port]`: the host of the port's own preview origin (E2B's getHost). */
-  getHost(port: number): Promise<string>;
-  runCode(code: string, opts?: RunCodeOptions): Promise<Execution>;
-  /** Destroys the sandbox: `await using sb = await Sandbox.create()`. */
-  [Symbol.asyncDispose](): Promise<void>;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -305,8 +186,8 @@ export interface CommandOptions {
   /** `user` (uid 1000, default) or `root`. */
   user?: User;
   /** Output as it comes (run: streams over SSE; start: follows the output). */
-  onStdout?: (data: string) => void | Promise<void>;
-  onStderr?: (data: string) => void | Promise<void>;
+  onStdout?: (data: string) => unknown;
+  onStderr?: (data: string) => unknown;
   signal?: AbortSignal;
 }
 
@@ -333,7 +214,7 @@ export interface CommandResult {
   exitCode: number;
   stdout: string;
   stderr: string;
-  durationMs: number | null;
+  durationMs: number;
   timedOut: boolean;
   stdoutTruncated: boolean;
   stderrTruncated: boolean;
@@ -361,40 +242,6 @@ export interface OutputChunk {
 }
 
 export type Signal = string | number;
-
-export declare class Commands {
-  /** Runs a shell line (or an argv array) to its end; a non-zero exit is not an error. */
-  run(cmd: string | string[], opts: RunOptions & { background: true }): Promise<CommandHandle>;
-  run(cmd: string | string[], opts?: RunOptions): Promise<CommandResult>;
-  /** Starts a background process. */
-  start(cmd: string | string[], opts?: StartOptions): Promise<CommandHandle>;
-  connect(pid: number, opts?: Pick<CommandOptions, 'onStdout' | 'onStderr' | 'signal'>): Promise<CommandHandle>;
-  list(): Promise<ProcessInfo[]>;
-  /** Signals a process (default SIGKILL); false if it had already exited. */
-  kill(pid: number, signal?: Signal): Promise<boolean>;
-  sendStdin(pid: number, data: string | Uint8Array | ArrayBuffer | Blob, opts?: { close?: boolean }): Promise<ProcessInfo>;
-}
-
-export declare class CommandHandle implements AsyncIterable<OutputChunk> {
-  /** Wraps a process by pid without a request; prefer `commands.start()` / `commands.connect()`. */
-  constructor(sandbox: Sandbox, info: { pid: number } & Partial<ProcessInfo>);
-  readonly pid: number;
-  readonly tag: string | null;
-  /** The process as last read. */
-  readonly info: ProcessInfo;
-  /** Its exit code once known, else null. */
-  readonly exitCode: number | null;
-  refresh(): Promise<ProcessInfo>;
-  /** Follows the output until exit (`from: 'now'` skips what came before). */
-  output(opts?: { from?: 'start' | 'now'; signal?: AbortSignal }): AsyncGenerator<OutputChunk, void, undefined>;
-  [Symbol.asyncIterator](): AsyncIterator<OutputChunk>;
-  /** Waits for the exit; the result holds what the output buffer (1 MiB) still has. */
-  wait(opts?: Pick<CommandOptions, 'onStdout' | 'onStderr' | 'signal'>): Promise<CommandResult>;
-  /** Signals it (default SIGKILL); false if it had already exited. */
-  kill(signal?: Signal): Promise<boolean>;
-  sendStdin(data: string | Uint8Array | ArrayBuffer | Blob, opts?: { close?: boolean }): Promise<ProcessInfo>;
-  closeStdin(): Promise<ProcessInfo>;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Files
@@ -446,33 +293,9 @@ export interface FilesystemEvent {
 
 export interface WatchOptions {
   recursive?: boolean;
-  onEvent?: (event: FilesystemEvent) => void | Promise<void>;
+  onEvent?: (event: FilesystemEvent) => unknown;
   onError?: (error: unknown) => void;
   signal?: AbortSignal;
-}
-
-export declare class WatchHandle implements AsyncIterable<FilesystemEvent> {
-  readonly path: string;
-  [Symbol.asyncIterator](): AsyncIterator<FilesystemEvent>;
-  stop(): Promise<void>;
-  [Symbol.asyncDispose](): Promise<void>;
-}
-
-export declare class Files {
-  read(path: string, opts?: ReadOptions & { format?: 'text' }): Promise<string>;
-  read(path: string, opts: ReadOptions & { format: 'bytes' }): Promise<Uint8Array>;
-  read(path: string, opts: ReadOptions & { format: 'blob' }): Promise<Blob>;
-  read(path: string, opts: ReadOptions & { format: 'stream' }): Promise<ReadableStream<Uint8Array>>;
-  write(path: string, data: FileData, opts?: WriteOptions): Promise<EntryInfo>;
-  write(files: Array<{ path: string; data: FileData } & WriteOptions>, opts?: WriteOptions): Promise<EntryInfo[]>;
-  list(path: string, opts?: { recursive?: boolean; limit?: number }): Promise<EntryInfo[] & { readonly truncated: boolean }>;
-  remove(path: string, opts?: { recursive?: boolean }): Promise<void>;
-  makeDir(path: string): Promise<EntryInfo>;
-  rename(from: string, to: string): Promise<EntryInfo>;
-  exists(path: string): Promise<boolean>;
-  stat(path: string): Promise<EntryInfo>;
-  getInfo(path: string): Promise<EntryInfo>;
-  watch(path: string, opts?: WatchOptions): Promise<WatchHandle>;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -507,35 +330,11 @@ export interface OutputData {
   data: string;
 }
 
-export declare class Execution {
-  readonly ok: boolean;
-  readonly stdout: string;
-  readonly stderr: string;
-  /** The last expression's value as the REPL shows it, else null. */
-  readonly result: string | null;
-  /** Alias of `result`. */
-  readonly text: string | null;
-  readonly language: string | null;
-  readonly error: ExecutionError | null;
-  readonly outputs: OutputData[];
-  readonly restarted: boolean;
-  toJSON(): Record<string, unknown>;
-}
-
 export interface KernelInfo {
   language: string;
   running: boolean;
   busy: boolean;
   contexts: string[];
-}
-
-export declare class CodeInterpreter {
-  run(code: string, opts?: RunCodeOptions): Promise<Execution>;
-  state(): Promise<{ kernels: KernelInfo[] }>;
-  contexts(opts?: { language?: Language }): Promise<Array<{ name: string; language: string }>>;
-  createContext(opts?: { language?: Language; context?: string }): Promise<{ name: string; language: string; created: boolean }>;
-  resetContext(context: string, opts?: { language?: Language }): Promise<{ name: string; language: string; existed: boolean }>;
-  reset(opts?: { language?: Language }): Promise<{ kernels: KernelInfo[] }>;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -556,12 +355,6 @@ export interface ListOptions extends ConnectionOptions {
   /** Page size (1-1000); every page is fetched. */
   limit?: number;
   signal?: AbortSignal;
-}
-
-export declare class Snapshot {
-  static list(opts?: ListOptions): Promise<SnapshotInfo[]>;
-  static get(snapshotId: string, opts?: ConnectionOptions & { signal?: AbortSignal }): Promise<SnapshotInfo>;
-  static delete(snapshotId: string, opts?: ConnectionOptions & { signal?: AbortSignal }): Promise<SnapshotInfo>;
 }
 
 export type ArtifactFormat = 'bytes' | 'text' | 'blob' | 'stream';
@@ -587,15 +380,6 @@ export interface ArtifactInfo {
   read(opts: { format: 'blob' }): Promise<Blob>;
   read(opts: { format: 'stream' }): Promise<ReadableStream<Uint8Array>>;
   [field: string]: unknown;
-}
-
-export declare class Artifact {
-  static list(opts?: ListOptions & { sandboxId?: string }): Promise<ArtifactInfo[]>;
-  static download(artifact: string | ArtifactInfo, opts?: DownloadOptions & { format?: 'bytes' }): Promise<Uint8Array>;
-  static download(artifact: string | ArtifactInfo, opts: DownloadOptions & { format: 'text' }): Promise<string>;
-  static download(artifact: string | ArtifactInfo, opts: DownloadOptions & { format: 'blob' }): Promise<Blob>;
-  static download(artifact: string | ArtifactInfo, opts: DownloadOptions & { format: 'stream' }): Promise<ReadableStream<Uint8Array>>;
-  static delete(artifact: string | ArtifactInfo, opts?: ConnectionOptions & { signal?: AbortSignal }): Promise<ArtifactInfo>;
 }
 
 export interface RunFile {
@@ -662,12 +446,20 @@ export interface TemplateSpec {
   [field: string]: unknown;
 }
 
+/** `fast_ready`: warm sandboxes wait; `cold_boot_only`: each one boots; `missing`: not on this server. */
+export type Readiness = 'fast_ready' | 'cold_boot_only' | 'missing';
+
 export interface TemplateInfo {
   id: string;
   name: string;
+  /** What it makes (`sandbox`), and the names the SDKs and the CLI know it by. */
+  product: string;
+  primitive: string;
+  sdkName: string;
+  cliName: string;
   defaultSize: SandboxSize;
-  readiness: string;
-  sizes: Array<{ size: SandboxSize; state: string; resourceContract?: ResourceContract }>;
+  readiness: Readiness;
+  sizes: Array<{ size: SandboxSize; state: Readiness; resourceContract?: ResourceContract | null }>;
   [field: string]: unknown;
 }
 
@@ -693,7 +485,7 @@ export interface TemplateBuildInfo {
 
 export interface BuildWaitOptions {
   /** Each new piece of the log as it comes. */
-  onLog?: (text: string) => void | Promise<void>;
+  onLog?: (text: string) => unknown;
   /** Throw TemplateBuildError for a failed build. */
   check?: boolean;
   /** Default 30 minutes. */
@@ -703,24 +495,312 @@ export interface BuildWaitOptions {
   signal?: AbortSignal;
 }
 
-export declare class Template {
-  static build(spec: TemplateSpec, opts?: ConnectionOptions & { signal?: AbortSignal }): Promise<TemplateBuild>;
-  static get(templateId: string, opts?: ConnectionOptions & { signal?: AbortSignal }): Promise<TemplateInfo>;
-  static getBuild(templateId: string, buildId: string, opts?: ConnectionOptions & { signal?: AbortSignal }): Promise<TemplateBuildInfo>;
-  static delete(templateId: string, opts?: ConnectionOptions & { signal?: AbortSignal }): Promise<TemplateInfo>;
+
+// ---------------------------------------------------------------------------------------------
+// Task runs
+
+export type TaskState = 'queued' | 'provisioning' | 'running' | 'stopped' | 'failed' | 'cancelled';
+export type StopReason = 'agent_exit' | 'session_limit' | 'heartbeat_lost' | 'cancelled' | 'server_restart' | 'error';
+
+/** The draft pull (or merge) request a run opened. */
+export interface PullRequest {
+  number: number;
+  url: string;
+  draft: boolean;
 }
 
-/** A template build in progress. */
-export declare class TemplateBuild {
-  constructor(raw: Record<string, unknown>, opts?: ConnectionOptions | ConnectionConfig);
-  readonly config: ConnectionConfig;
-  readonly id: string;
-  readonly templateId: string;
-  readonly state: TemplateBuildInfo['state'];
-  /** The build as last read, its `log` whole. */
-  readonly info: TemplateBuildInfo;
-  /** The whole log read so far. */
-  readonly log: string;
-  refresh(opts?: { onLog?: BuildWaitOptions['onLog']; signal?: AbortSignal }): Promise<TemplateBuildInfo>;
-  wait(opts?: BuildWaitOptions): Promise<TemplateBuildInfo>;
+/** A task run as the server describes it. */
+export interface TaskInfo {
+  id: string;
+  workspaceId: string;
+  /** The user or API key that started it (`usr_...` / `key_...`). */
+  createdBy: string;
+  /** `owner/name` as given. */
+  repository: string;
+  baseBranch: string;
+  /** The branch the agent works on: `[tasks] branch_prefix` + the run's id. */
+  branch: string;
+  forge: string;
+  agent: string;
+  state: TaskState;
+  stopReason: StopReason | null;
+  /** `<kind>: <detail>` when `failed`, else null. */
+  failureReason: string | null;
+  pullRequest: PullRequest | null;
+  queuedAt: Date;
+  startedAt: Date | null;
+  endedAt: Date | null;
+  /** Seconds its sandbox ran (billed with a 60-second minimum). */
+  computeSec: number;
+  /** Decimal strings, e.g. `"0.000100"`. */
+  computeRate: string;
+  computeCost: string;
+  modelCost: string;
+  modelRequests: number;
+  sessionLimitMin: number;
+  metadata: Record<string, string>;
+  [field: string]: unknown;
+}
+
+export interface TaskStartOptions extends ConnectionOptions {
+  /** `owner/name` on the forge (a local path on the embedded local forge). */
+  repository: string;
+  /** What the agent is asked to do (1 to 65,536 bytes). */
+  task: string;
+  /** Default: the repository's default branch. */
+  baseBranch?: string;
+  /** A configured forge's name; default the first. */
+  forge?: string;
+  /** A configured agent's name; default the first. */
+  agent?: string;
+  metadata?: Record<string, string>;
+  signal?: AbortSignal;
+}
+
+export interface TaskListOptions extends ConnectionOptions {
+  state?: TaskState;
+  repository?: string;
+  /** Page size; every page is fetched. */
+  limit?: number;
+  signal?: AbortSignal;
+}
+
+/**
+ * One event of a run's `events` stream: `state` (the first is the state it is in now; `data`
+ * has `state`, `at` and, at the end, `stopReason`...) or `progress` (counts only).
+ */
+export interface TaskEvent {
+  type: 'state' | 'progress' | (string & {});
+  /** The event's data, camelCase. */
+  data: Record<string, unknown>;
+  /** For `state` events: the state. */
+  state?: TaskState;
+}
+
+/** A piece of the agent's output from the run's `log` stream. */
+export interface TaskLogChunk {
+  /** `stdout` or `stderr`. */
+  stream: string;
+  text: string;
+}
+
+export interface TaskWaitOptions {
+  /** Every event as it comes. */
+  onEvent?: (event: TaskEvent) => unknown;
+  signal?: AbortSignal;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workspaces: settings, wallet, ledger, usage
+
+export interface WorkspaceSettings {
+  tasksEnabled?: boolean;
+  /** Compute price per running second (a decimal string). */
+  computeRate?: string;
+  sessionLimitMin?: number;
+  modelAllowlist?: string[];
+  heartbeatTimeoutSec?: number;
+  [field: string]: unknown;
+}
+
+export interface WorkspaceInfo {
+  id: string;
+  name: string;
+  plan: Plan;
+  kind: 'personal' | 'organization';
+  createdAt: Date;
+  settings: WorkspaceSettings;
+  [field: string]: unknown;
+}
+
+export type Plan = 'developer' | 'business' | 'enterprise';
+
+export interface WorkspaceUpdate {
+  name?: string;
+  plan?: Plan;
+  /** Settings to change; the ones not named keep their values. */
+  settings?: WorkspaceSettings;
+}
+
+/** A workspace's wallet; amounts are decimal strings (exact). */
+export interface Wallet {
+  /** The sum of every ledger entry. */
+  balance: string;
+  /** Held for running sandboxes and task runs. */
+  reserved: string;
+  /** `balance - reserved`. */
+  available: string;
+  currency: string;
+  [field: string]: unknown;
+}
+
+export type LedgerKind = 'credit' | 'compute' | 'model' | 'refund';
+
+/** One entry of a workspace's ledger. Fields that do not apply to its kind are absent. */
+export interface LedgerEntry {
+  id: string;
+  at: Date;
+  kind: LedgerKind;
+  /** Positive for credits and refunds, negative for charges. */
+  amount: string;
+  balanceAfter: string;
+  reference?: string | null;
+  sandboxId?: string | null;
+  taskId?: string | null;
+  computeSec?: number | null;
+  computeRate?: string | null;
+  model?: string | null;
+  inputTokens?: number | null;
+  outputTokens?: number | null;
+  [field: string]: unknown;
+}
+
+export interface UsageFigures {
+  computeSec: number;
+  computeCost: string;
+  modelRequests: number;
+  inputTokens: number;
+  outputTokens: number;
+  modelCost: string;
+}
+
+/** A workspace's usage per UTC day in `[from, to)`, oldest first, with totals. */
+export interface UsageReport {
+  from: Date;
+  to: Date;
+  currency: string;
+  days: Array<UsageFigures & { date: string }>;
+  totals: UsageFigures;
+  [field: string]: unknown;
+}
+
+export interface WorkspaceOptions extends ConnectionOptions {
+  /** The workspace (default: the key's own, the first `GET /workspaces` lists). */
+  workspaceId?: string;
+  signal?: AbortSignal;
+}
+
+export interface WorkspaceCreateOptions extends ConnectionOptions {
+  name: string;
+  kind?: 'personal' | 'organization';
+  plan?: Plan;
+  signal?: AbortSignal;
+}
+
+/** What a workspace stores against its storage quota, in bytes, by kind. */
+export interface WorkspaceStorage {
+  usedBytes: number;
+  /** Null: no quota. */
+  quotaBytes: number | null;
+  snapshotsBytes: number;
+  artifactsBytes: number;
+  templatesBytes: number;
+  imagesBytes: number;
+  [field: string]: unknown;
+}
+
+export type Role = 'owner' | 'admin' | 'member';
+
+/** A member of a workspace. */
+export interface Member {
+  userId: string;
+  email: string;
+  name: string;
+  role: Role;
+  [field: string]: unknown;
+}
+
+// ---------------------------------------------------------------------------------------------
+// API keys
+
+export type Scope =
+  | 'sandboxes:read'
+  | 'sandboxes:write'
+  | 'sandboxes:exec'
+  | 'templates:write'
+  | 'tasks:read'
+  | 'tasks:write'
+  | 'models:use'
+  | 'admin';
+
+/** An API key (its secret `key` only in the answer that made it). */
+export interface ApiKeyInfo {
+  id: string;
+  workspaceId: string;
+  name: string;
+  /** The first characters of the key, to recognise it. */
+  prefix: string;
+  scopes: Scope[];
+  /** The secret: only when the key was just made; null otherwise. */
+  key: string | null;
+  createdAt: Date;
+  expiresAt: Date | null;
+  lastUsedAt: Date | null;
+  [field: string]: unknown;
+}
+
+export interface ApiKeyCreateOptions extends ConnectionOptions {
+  name: string;
+  scopes: Scope[];
+  /** Default: the caller's own workspace. */
+  workspaceId?: string;
+  /** When it stops working (default never). */
+  expiresAt?: Date | string;
+  signal?: AbortSignal;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Terminal
+
+/** A WebSocket class like the one Node 22 (and Node 20 with `--experimental-websocket`) has. */
+export type WebSocketClass = new (url: string, init?: any) => WebSocket;
+
+export interface PtyOptions {
+  /** The terminal's size (default 80 x 24). */
+  cols?: number;
+  rows?: number;
+  /** A shell line to run instead of the login shell. */
+  command?: string;
+  /** `user` (default) or `root`. */
+  user?: User;
+  /** Absolute working directory (default: the user's home). */
+  cwd?: string;
+  /** The terminal's output as it comes (raw bytes). */
+  onData?: (data: Uint8Array) => unknown;
+  /**
+   * The WebSocket class to use (default the global one). It must send headers: the standard
+   * browser class cannot send the API key, Node's (undici's) can.
+   */
+  webSocket?: WebSocketClass;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Images and users
+
+/** An image imported from an archive, for templates to build on (`image: reference`). */
+export interface ImageInfo {
+  id: string;
+  /** What a template spec names as its `image` (`upload:<id>`). */
+  reference: string;
+  name: string;
+  digest: string;
+  layers: number;
+  [field: string]: unknown;
+}
+
+/** A user (a person who signs in to the console). */
+export interface UserInfo {
+  id: string;
+  email: string;
+  name: string;
+  createdAt: Date;
+  [field: string]: unknown;
+}
+
+export interface UserCreateOptions extends ConnectionOptions {
+  email: string;
+  name: string;
+  /** 8 to 1024 bytes. */
+  password: string;
+  signal?: AbortSignal;
 }

@@ -4,6 +4,11 @@ import { ConflictError } from './errors.js';
 import { compact, camelize } from './convert.js';
 import { outputEvents } from './sse.js';
 import { checkOptions } from './options.js';
+import type { ExitData } from './sse.js';
+import type { Sandbox } from './sandbox.js';
+import type { CommandOptions, CommandResult, OutputChunk, ProcessInfo, RunOptions, Signal, StartOptions } from './types.js';
+
+type Callbacks = Pick<CommandOptions, 'onStdout' | 'onStderr' | 'signal'>;
 
 const RUN_OPTIONS = ['env', 'cwd', 'user', 'stdin', 'timeoutSec', 'background', 'onStdout', 'onStderr', 'tag'];
 // stdin and timeoutSec are not fields of the processes route: passed on so the server says so (400).
@@ -13,13 +18,13 @@ const START_OPTIONS = ['env', 'cwd', 'user', 'tag', 'onStdout', 'onStderr', 'bac
 const SLACK_MS = 30_000;
 const DEFAULT_EXEC_TIMEOUT_SEC = 3600;
 
-function commandFields(cmd) {
+function commandFields(cmd: string | string[]): { argv: string[] } | { command: string } {
   if (Array.isArray(cmd)) return { argv: cmd.map(String) };
   if (typeof cmd === 'string') return { command: cmd };
   throw new TypeError('a command is a shell line (string) or an argv array');
 }
 
-function execBody(cmd, opts) {
+function execBody(cmd: string | string[], opts: Record<string, any>) {
   return compact({
     ...commandFields(cmd),
     env: opts.env,
@@ -30,12 +35,13 @@ function execBody(cmd, opts) {
   });
 }
 
-function commandResult(d, extra = {}) {
+function commandResult(d: Partial<ExitData> & Record<string, any>): CommandResult {
+  const extra = {};
   return {
-    exitCode: d.exit_code,
+    exitCode: d.exit_code as number,
     stdout: d.stdout ?? '',
     stderr: d.stderr ?? '',
-    durationMs: d.duration_ms ?? null,
+    durationMs: d.duration_ms ?? 0,
     timedOut: Boolean(d.timed_out),
     stdoutTruncated: Boolean(d.stdout_truncated),
     stderrTruncated: Boolean(d.stderr_truncated),
@@ -43,15 +49,12 @@ function commandResult(d, extra = {}) {
   };
 }
 
-function processInfo(raw) {
-  return camelize(raw);
+function processInfo(raw: unknown): ProcessInfo {
+  return camelize<ProcessInfo>(raw);
 }
 
-/**
- * Reads an output stream to its exit, calling the callbacks, and returns a CommandResult.
- * @param {Response} res
- */
-async function collect(res, { onStdout, onStderr } = {}) {
+/** Reads an output stream to its exit, calling the callbacks, and returns a CommandResult. */
+async function collect(res: Response, { onStdout, onStderr }: Callbacks = {}): Promise<CommandResult> {
   let stdout = '';
   let stderr = '';
   const events = outputEvents(res);
@@ -72,14 +75,16 @@ async function collect(res, { onStdout, onStderr } = {}) {
   } finally {
     // A callback that threw leaves the stream open: close it (for a streamed exec, the server
     // then ends the command).
-    await events.return(undefined);
+    await events.return(undefined as unknown as ExitData);
   }
 }
 
 /** Commands run in a sandbox: `sandbox.commands`. */
 export class Commands {
-  /** @param {import('./sandbox.js').Sandbox} sandbox */
-  constructor(sandbox) {
+  private readonly _sandbox: Sandbox;
+
+  /** @internal */
+  constructor(sandbox: Sandbox) {
     this._sandbox = sandbox;
   }
 
@@ -89,14 +94,16 @@ export class Commands {
    * With `background: true` it starts the command and returns its CommandHandle (see start()).
    * A non-zero exit code is not an error: read `exitCode`.
    */
-  async run(cmd, opts = {}) {
+  async run(cmd: string | string[], opts: RunOptions & { background: true }): Promise<CommandHandle>;
+  async run(cmd: string | string[], opts?: RunOptions): Promise<CommandResult>;
+  async run(cmd: string | string[], opts: RunOptions = {}): Promise<CommandResult | CommandHandle> {
     opts = checkOptions(opts, RUN_OPTIONS, 'commands.run');
-    if (opts.background) return this.start(cmd, opts);
+    if (opts.background) return this.start(cmd, opts as StartOptions);
     const body = execBody(cmd, opts);
     const timeoutMs =
       opts.requestTimeoutMs !== undefined
         ? opts.requestTimeoutMs
-        : (opts.timeoutSec ?? DEFAULT_EXEC_TIMEOUT_SEC) * 1000 + SLACK_MS;
+        : ((opts.timeoutSec as number | undefined) ?? DEFAULT_EXEC_TIMEOUT_SEC) * 1000 + SLACK_MS;
     if (!opts.onStdout && !opts.onStderr) {
       const r = await this._sandbox._request('POST', '/exec', { json: body, signal: opts.signal, timeoutMs });
       return commandResult(r.data);
@@ -114,7 +121,7 @@ export class Commands {
    * Starts a command in the background (`POST .../processes`) and returns its handle at once.
    * `onStdout`/`onStderr` follow its output from the start.
    */
-  async start(cmd, opts = {}) {
+  async start(cmd: string | string[], opts: StartOptions = {}): Promise<CommandHandle> {
     opts = checkOptions(opts, START_OPTIONS, 'commands.start');
     const body = compact({
       ...commandFields(cmd),
@@ -122,8 +129,8 @@ export class Commands {
       cwd: opts.cwd,
       user: opts.user,
       tag: opts.tag,
-      stdin: opts.stdin,
-      timeout_sec: opts.timeoutSec,
+      stdin: (opts as Record<string, any>).stdin,
+      timeout_sec: (opts as Record<string, any>).timeoutSec,
     });
     const r = await this._sandbox._request('POST', '/processes', { json: body, signal: opts.signal });
     const handle = new CommandHandle(this._sandbox, processInfo(r.data));
@@ -132,7 +139,7 @@ export class Commands {
   }
 
   /** Attaches to a background process by pid. */
-  async connect(pid, opts = {}) {
+  async connect(pid: number, opts: Callbacks = {}): Promise<CommandHandle> {
     const r = await this._sandbox._request('GET', `/processes/${encodeURIComponent(pid)}`);
     const handle = new CommandHandle(this._sandbox, processInfo(r.data));
     if (opts.onStdout || opts.onStderr) handle._follow(opts);
@@ -140,7 +147,7 @@ export class Commands {
   }
 
   /** The background processes: those running and the last 64 that exited. */
-  async list() {
+  async list(): Promise<ProcessInfo[]> {
     const r = await this._sandbox._request('GET', '/processes');
     return r.data.map(processInfo);
   }
@@ -149,7 +156,7 @@ export class Commands {
    * Sends a signal (default `SIGKILL`) to a background process. Returns false if it had
    * already exited.
    */
-  async kill(pid, signal = 'SIGKILL') {
+  async kill(pid: number, signal: Signal = 'SIGKILL'): Promise<boolean> {
     try {
       await this._sandbox._request('POST', `/processes/${encodeURIComponent(pid)}/signal`, { json: { signal } });
       return true;
@@ -160,9 +167,9 @@ export class Commands {
   }
 
   /** Writes to a background process's standard input; `close: true` closes it afterwards. */
-  async sendStdin(pid, data, opts = {}) {
+  async sendStdin(pid: number, data: string | Uint8Array | ArrayBuffer | Blob, opts: { close?: boolean } = {}): Promise<ProcessInfo> {
     const r = await this._sandbox._request('POST', `/processes/${encodeURIComponent(pid)}/stdin`, {
-      body: typeof data === 'string' ? new TextEncoder().encode(data) : data,
+      body: (typeof data === 'string' ? new TextEncoder().encode(data) : data) as BodyInit,
       headers: { 'content-type': 'application/octet-stream' },
       query: opts.close ? { close: 'true' } : undefined,
     });
@@ -171,41 +178,45 @@ export class Commands {
 }
 
 /** A background process. Async-iterate it for its output (from the start). */
-export class CommandHandle {
-  constructor(sandbox, info) {
+export class CommandHandle implements AsyncIterable<OutputChunk> {
+  private readonly _sandbox: Sandbox;
+  /** The process as last read. */
+  info: ProcessInfo;
+  private _result: CommandResult | null = null;
+  private _following: Promise<CommandResult> | null = null;
+
+  /** Wraps a process by pid without a request; prefer `commands.start()` / `commands.connect()`. */
+  constructor(sandbox: Sandbox, info: { pid: number } & Partial<ProcessInfo>) {
     this._sandbox = sandbox;
-    /** The process as last read. */
-    this.info = info;
-    this._result = null;
-    this._following = null;
+    this.info = info as ProcessInfo;
   }
 
   /** Its pid inside the sandbox. */
-  get pid() {
+  get pid(): number {
     return this.info.pid;
   }
 
-  get tag() {
+  get tag(): string | null {
     return this.info.tag ?? null;
   }
 
   /** Its exit code once it is known to have exited, else null. */
-  get exitCode() {
+  get exitCode(): number | null {
     return this._result?.exitCode ?? this.info.exitCode ?? null;
   }
 
-  _path(suffix = '') {
+  private _path(suffix = ''): string {
     return `/processes/${encodeURIComponent(this.pid)}${suffix}`;
   }
 
   /** Reads the process again (state, exit code). */
-  async refresh() {
+  async refresh(): Promise<ProcessInfo> {
     const r = await this._sandbox._request('GET', this._path());
     this.info = processInfo(r.data);
     return this.info;
   }
 
-  async _open(from, signal) {
+  private async _open(from: string, signal?: AbortSignal | null): Promise<Response> {
     return this._sandbox._request('GET', this._path('/output'), {
       query: { from },
       signal,
@@ -213,7 +224,8 @@ export class CommandHandle {
     });
   }
 
-  _follow(opts) {
+  /** @internal */
+  _follow(opts: Callbacks): void {
     const run = async () => {
       const res = await this._open('start', opts.signal);
       const result = await collect(res, opts);
@@ -230,7 +242,7 @@ export class CommandHandle {
    * `{type: 'stdout'|'stderr', data, bytes}` until the process exits; then `exitCode` is set.
    * `from: 'now'` skips what was written before.
    */
-  async *output(opts = {}) {
+  async *output(opts: { from?: 'start' | 'now'; signal?: AbortSignal } = {}): AsyncGenerator<OutputChunk, void, undefined> {
     const res = await this._open(opts.from ?? 'start', opts.signal);
     const events = outputEvents(res);
     try {
@@ -243,11 +255,11 @@ export class CommandHandle {
         yield value;
       }
     } finally {
-      await events.return(undefined);
+      await events.return(undefined as unknown as ExitData);
     }
   }
 
-  [Symbol.asyncIterator]() {
+  [Symbol.asyncIterator](): AsyncIterator<OutputChunk> {
     return this.output()[Symbol.asyncIterator]();
   }
 
@@ -255,7 +267,7 @@ export class CommandHandle {
    * Waits for the process to exit and returns its CommandResult, with the output its buffer
    * still holds (the last 1 MiB). Callbacks given here (or at start) get the output as it comes.
    */
-  async wait(opts = {}) {
+  async wait(opts: Callbacks = {}): Promise<CommandResult> {
     if (this._following) return this._following;
     const res = await this._open('start', opts.signal);
     const result = await collect(res, opts);
@@ -264,18 +276,18 @@ export class CommandHandle {
   }
 
   /** Sends a signal (default `SIGKILL`). Returns false if the process had already exited. */
-  async kill(signal = 'SIGKILL') {
+  async kill(signal: Signal = 'SIGKILL'): Promise<boolean> {
     return this._sandbox.commands.kill(this.pid, signal);
   }
 
   /** Writes to its standard input; `close: true` closes it afterwards. */
-  async sendStdin(data, opts = {}) {
+  async sendStdin(data: string | Uint8Array | ArrayBuffer | Blob, opts: { close?: boolean } = {}): Promise<ProcessInfo> {
     this.info = await this._sandbox.commands.sendStdin(this.pid, data, opts);
     return this.info;
   }
 
   /** Closes its standard input (a program reading to the end then sees it). */
-  async closeStdin() {
+  async closeStdin(): Promise<ProcessInfo> {
     return this.sendStdin(new Uint8Array(0), { close: true });
   }
 }

@@ -1,10 +1,15 @@
-// @cella/sdk: the JavaScript SDK of Cella, a self-hosted sandbox platform.
+// @cella/sdk: the TypeScript (and JavaScript) SDK of Cella, a self-hosted sandbox platform.
 
 export { Sandbox, SandboxPaginator } from './sandbox.js';
 export { Commands, CommandHandle } from './commands.js';
 export { Files, WatchHandle } from './files.js';
 export { CodeInterpreter, Execution } from './code.js';
+export { Pty, PtyHandle } from './pty.js';
 export { Snapshot, Artifact, Template, TemplateBuild } from './resources.js';
+export { Task, TaskRun, isTerminal } from './tasks.js';
+export { Workspace } from './workspace.js';
+export { ApiKey } from './keys.js';
+export { Image, User } from './images.js';
 export { ConnectionConfig, DEFAULT_SERVER } from './http.js';
 export {
   CellaError,
@@ -18,6 +23,7 @@ export {
   MethodNotAllowedError,
   ConflictError,
   SandboxNotRunningError,
+  GoneError,
   PayloadTooLargeError,
   RangeNotSatisfiableError,
   RateLimitedError,
@@ -28,3 +34,5 @@ export {
   TimeoutError,
   TemplateBuildError,
 } from './errors.js';
+export type { CellaErrorFields } from './errors.js';
+export type * from './types.js';
