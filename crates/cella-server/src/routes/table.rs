@@ -202,6 +202,7 @@ pub fn table() -> Vec<Route> {
         row!(workspaces::storage, AnyKey, None),
         row!(keys::create, ADMIN, None),
         row!(keys::list, ADMIN, None),
+        row!(keys::current, AnyKey, None),
         row!(keys::revoke, ADMIN, None),
         // Money: a workspace's own admin reads its wallet, ledger and usage (the operator any);
         // only the operator adds credits.
