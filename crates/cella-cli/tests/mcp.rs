@@ -89,7 +89,19 @@ fn mcp_needs_a_key_and_follows_its_scopes() {
     post(&s, None, None, init.clone()).assert_error(401, "UNAUTHORIZED");
     post(&s, Some("cella_wrong"), None, init).assert_error(401, "UNAUTHORIZED");
 
-    let (_, ro) = s.workspace_key("developer", &["sandboxes:read", "sandboxes:write"]);
+    let (ws, ro) = s.workspace_key("developer", &["sandboxes:read", "sandboxes:write"]);
+    // What the tools are filtered by: the key's own scopes, which any key may ask for.
+    let me = s.req("GET", "/api/v1/api-keys/current", Some(&ro), None);
+    assert_eq!(me.status, 200, "{}", me.body);
+    assert_eq!(me.data()["workspace_id"], ws.as_str());
+    assert_eq!(me.data()["kind"], "key");
+    assert_eq!(
+        me.data()["scopes"],
+        json!(["sandboxes:read", "sandboxes:write"])
+    );
+    assert_eq!(me.data()["operator"], false);
+    s.req("GET", "/api/v1/api-keys/current", None, None)
+        .assert_error(401, "UNAUTHORIZED");
     let sess = open(&s, &ro);
     let (st, names) = tools(&s, &ro, &sess);
     assert_eq!(st, 200);

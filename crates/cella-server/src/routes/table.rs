@@ -487,7 +487,10 @@ mod tests {
                 };
                 assert_eq!(p.access, want, "{m} {path}");
             }
-            if path.starts_with("/api/v1/api-keys") {
+            // Keys are the admin's, except what a key may ask about itself.
+            if path == "/api/v1/api-keys/current" {
+                assert_eq!(p.access, Access::AnyKey, "{m} {path}");
+            } else if path.starts_with("/api/v1/api-keys") {
                 assert_eq!(p.access, Access::Scopes(&[Scope::Admin]), "{m} {path}");
             }
         }
