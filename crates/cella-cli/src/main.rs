@@ -574,7 +574,8 @@ async fn serve(
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+                // rmcp logs session ids at info and tool arguments at debug: tenants' data.
+                .unwrap_or_else(|_| "info,sqlx=warn,rmcp=warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -635,13 +636,11 @@ async fn mcp_stdio(stdio: bool, conn: Conn) -> ExitCode {
         eprintln!("cella mcp: pass --stdio (the server serves MCP over HTTP itself at /mcp)");
         return ExitCode::from(2);
     }
-    let key = conn.api_key.clone().filter(|k| !k.is_empty()).or_else(|| {
-        std::fs::read_to_string(cella_server::config::default_data_dir().join("bootstrap.key"))
-            .ok()
-            .map(|s| s.trim().to_string())
-    });
+    // Only a key given on purpose: never the operator's bootstrap key of this host, which an
+    // agent configured with an empty `CELLA_API_KEY` would otherwise get without a word.
+    let key = conn.api_key.clone().filter(|k| !k.trim().is_empty());
     if key.is_none() {
-        eprintln!("cella mcp: no API key: set CELLA_API_KEY (or pass --api-key)");
+        eprintln!("cella mcp: no API key: set CELLA_API_KEY (or pass --api-key) to a key made for the agent, with the scopes its tools need");
         return ExitCode::from(2);
     }
     let api = std::sync::Arc::new(cella_mcp::api::HttpApi::new(&conn.server, key));

@@ -6,8 +6,11 @@
 //! answer, 401 or 429, is passed on as it is) and its id and scopes go to the handler as a
 //! [`Caller`]. Sessions (`Mcp-Session-Id`) belong to the key that opened them: another key's
 //! request naming one gets 404, as for an unknown session. Each key holds at most
-//! `max_sessions_per_key` sessions (opening one more closes its least recently used), and a
-//! session unused for `session_idle` is closed, so sessions cannot pile up.
+//! `max_sessions_per_key` sessions and the keys of a workspace `max_sessions_per_workspace`
+//! together (opening one more closes that key's or workspace's least recently used); the
+//! server holds at most `max_sessions` (then a new one is 503, never another workspace's
+//! closed), and a session unused for `session_idle` is closed, so sessions cannot pile up.
+//! A session no answer gave an owner (yet) answers 404 to everyone.
 
 use crate::api::{Api, ApiRequest};
 use crate::server::{Caller, CellaMcp};
@@ -28,6 +31,12 @@ use std::time::{Duration, Instant};
 pub struct McpHttpConfig {
     /// Sessions one key may hold at once (at least 1).
     pub max_sessions_per_key: usize,
+    /// Sessions the keys of one workspace hold together (at least 1): a workspace that makes
+    /// many keys still holds no more.
+    pub max_sessions_per_workspace: usize,
+    /// Sessions on this server at once; past it a new one is refused (503), never made by
+    /// closing another workspace's.
+    pub max_sessions: usize,
     /// A session unused this long is closed.
     pub session_idle: Duration,
 }
@@ -36,13 +45,18 @@ impl Default for McpHttpConfig {
     fn default() -> Self {
         McpHttpConfig {
             max_sessions_per_key: 16,
+            max_sessions_per_workspace: 64,
+            max_sessions: 1024,
             session_idle: Duration::from_secs(1800),
         }
     }
 }
 
 struct Session {
+    /// The key that opened it (`None`: rmcp made it and its answer has not come back through
+    /// the guard yet; no request may use it meanwhile).
     key_id: Option<String>,
+    workspace_id: Option<String>,
     last_used: Instant,
 }
 
@@ -51,7 +65,15 @@ struct Guard {
     cfg: McpHttpConfig,
     manager: Arc<LocalSessionManager>,
     sessions: tokio::sync::Mutex<HashMap<String, Session>>,
+    /// When the last sweep ran: at most one a second, whatever the request rate.
+    swept: std::sync::Mutex<Instant>,
 }
+
+/// How often the guard looks for idle and ended sessions.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// A session rmcp holds that no answer gave an owner within this long is closed.
+const UNOWNED_GRACE: Duration = Duration::from_secs(60);
 
 const SESSION_HEADER: &str = "mcp-session-id";
 
@@ -75,6 +97,7 @@ pub fn router(api: Arc<dyn Api>, cfg: McpHttpConfig) -> axum::Router {
         cfg,
         manager,
         sessions: tokio::sync::Mutex::new(HashMap::new()),
+        swept: std::sync::Mutex::new(Instant::now()),
     });
     axum::Router::new()
         .route_service("/mcp", service)
@@ -94,9 +117,21 @@ pub fn envelope(status: StatusCode, code: &str, message: &str) -> Response {
 }
 
 impl Guard {
-    /// Closes sessions idle past the limit, and forgets those rmcp has ended.
+    /// Closes sessions idle past the limit (and those no answer gave an owner), and forgets
+    /// those rmcp has ended. Runs at most once per [`SWEEP_EVERY`], in time linear in the
+    /// number of sessions.
     async fn sweep(&self) {
-        let live: Vec<String> = self
+        {
+            let Ok(mut last) = self.swept.lock() else {
+                return;
+            };
+            if last.elapsed() < SWEEP_EVERY {
+                return;
+            }
+            *last = Instant::now();
+        }
+        let t0 = Instant::now();
+        let live: std::collections::HashSet<String> = self
             .manager
             .sessions
             .read()
@@ -108,14 +143,20 @@ impl Guard {
         {
             let mut s = self.sessions.lock().await;
             let now = Instant::now();
-            s.retain(|id, _| live.contains(id));
+            // Ended in rmcp: forgotten (but not one recorded after the list was read).
+            s.retain(|id, e| live.contains(id) || e.last_used >= t0);
             for id in &live {
-                // A session the guard never saw answered (its initialize failed) idles out too.
                 let e = s.entry(id.clone()).or_insert(Session {
                     key_id: None,
+                    workspace_id: None,
                     last_used: now,
                 });
-                if now.duration_since(e.last_used) >= self.cfg.session_idle {
+                let limit = if e.key_id.is_some() {
+                    self.cfg.session_idle
+                } else {
+                    UNOWNED_GRACE
+                };
+                if now.duration_since(e.last_used) >= limit {
                     close.push(id.clone());
                 }
             }
@@ -128,28 +169,47 @@ impl Guard {
         }
     }
 
-    /// Makes room for one more session of `key`: closes its least recently used ones beyond
-    /// the limit.
-    async fn make_room(&self, key: &str) {
-        let close = {
+    /// Makes room for one more session of `key` in `workspace`: closes its own least recently
+    /// used sessions beyond the key's and the workspace's limits. `false`: the server holds
+    /// all the sessions it may, none of them this workspace's to close.
+    async fn make_room(&self, key: &str, workspace: &str) -> bool {
+        let (close, room) = {
             let mut s = self.sessions.lock().await;
-            let mut mine: Vec<(String, Instant)> = s
-                .iter()
-                .filter(|(_, v)| v.key_id.as_deref() == Some(key))
-                .map(|(k, v)| (k.clone(), v.last_used))
-                .collect();
-            mine.sort_by_key(|(_, t)| *t);
-            let max = self.cfg.max_sessions_per_key.max(1);
-            let n = (mine.len() + 1).saturating_sub(max);
-            let close: Vec<String> = mine.into_iter().take(n).map(|(k, _)| k).collect();
+            let oldest =
+                |s: &HashMap<String, Session>, pick: &dyn Fn(&Session) -> bool, keep: usize| {
+                    let mut mine: Vec<(String, Instant)> = s
+                        .iter()
+                        .filter(|(_, v)| pick(v))
+                        .map(|(k, v)| (k.clone(), v.last_used))
+                        .collect();
+                    mine.sort_by_key(|(_, t)| *t);
+                    let n = (mine.len() + 1).saturating_sub(keep.max(1));
+                    mine.into_iter().take(n).map(|(k, _)| k).collect::<Vec<_>>()
+                };
+            let mut close = oldest(
+                &s,
+                &|v: &Session| v.key_id.as_deref() == Some(key),
+                self.cfg.max_sessions_per_key,
+            );
             for id in &close {
                 s.remove(id);
             }
-            close
+            let more = oldest(
+                &s,
+                &|v: &Session| v.workspace_id.as_deref() == Some(workspace),
+                self.cfg.max_sessions_per_workspace,
+            );
+            for id in &more {
+                s.remove(id);
+            }
+            close.extend(more);
+            let room = s.len() < self.cfg.max_sessions.max(1);
+            (close, room)
         };
         for id in close {
             let _ = self.manager.close_session(&id.into()).await;
         }
+        room
     }
 }
 
@@ -169,6 +229,7 @@ async fn guard_mcp(State(g): State<Arc<Guard>>, mut req: Request, next: Next) ->
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return r;
     };
+    let mut workspace_id = String::new();
     // The API decides who the key is (401 unknown or revoked, 429 over a limit).
     let mut check = ApiRequest::new(Method::GET, "/api/v1/api-keys/current");
     check.authorization = Some(auth.clone());
@@ -212,6 +273,7 @@ async fn guard_mcp(State(g): State<Arc<Guard>>, mut req: Request, next: Next) ->
                 }
             };
             let d = &v["data"];
+            workspace_id = d["workspace_id"].as_str().unwrap_or_default().to_string();
             Caller {
                 key_id: d["id"].as_str().unwrap_or_default().to_string(),
                 scopes: d["scopes"]
@@ -231,18 +293,23 @@ async fn guard_mcp(State(g): State<Arc<Guard>>, mut req: Request, next: Next) ->
         .map(String::from);
     if let Some(id) = &session {
         let mut s = g.sessions.lock().await;
+        // Only the key that opened a session uses it; one whose owner is not known (yet) is
+        // nobody's: fail closed.
         match s.get_mut(id) {
-            Some(e) if e.key_id.as_deref().is_some_and(|k| k != caller.key_id) => {
-                return envelope(StatusCode::NOT_FOUND, "NOT_FOUND", "no such MCP session");
-            }
-            Some(e) => {
-                e.key_id.get_or_insert_with(|| caller.key_id.clone());
+            Some(e) if e.key_id.as_deref() == Some(caller.key_id.as_str()) => {
                 e.last_used = Instant::now();
             }
-            None => {}
+            _ => return envelope(StatusCode::NOT_FOUND, "NOT_FOUND", "no such MCP session"),
         }
-    } else if req.method() == Method::POST {
-        g.make_room(&caller.key_id).await;
+    } else if req.method() == Method::POST && !g.make_room(&caller.key_id, &workspace_id).await {
+        let mut r = envelope(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UNAVAILABLE",
+            "this server holds as many MCP sessions as it may; try again later",
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+        return r;
     }
     let method = req.method().clone();
     let key_id = caller.key_id.clone();
@@ -255,6 +322,7 @@ async fn guard_mcp(State(g): State<Arc<Guard>>, mut req: Request, next: Next) ->
                     new.to_string(),
                     Session {
                         key_id: Some(key_id),
+                        workspace_id: Some(workspace_id),
                         last_used: Instant::now(),
                     },
                 );

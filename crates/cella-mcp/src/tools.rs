@@ -964,6 +964,7 @@ async fn run_code(
     if v.get("outputs").is_none() {
         v["outputs"] = json!([]);
     }
+    cap_cell(&mut v, DEFAULT_OUTPUT_CAP, IMAGE_CAP);
     let mut r = ok(v.clone());
     let mut text = String::new();
     for k in ["stdout", "stderr"] {
@@ -1003,9 +1004,85 @@ async fn run_code(
     Ok(r)
 }
 
+/// The most bytes of images one `run_code` answer carries (beyond: the image is left out and
+/// said so).
+pub const IMAGE_CAP: usize = 8 * 1024 * 1024;
+
+/// Cuts `s` to at most `cap` bytes at a character boundary; answers whether it cut.
+fn cut(s: &mut String, cap: usize) -> bool {
+    if s.len() <= cap {
+        return false;
+    }
+    let mut end = cap;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    true
+}
+
+/// Keeps a cell's answer small enough for a model's context: `stdout`, `stderr`, `result`, the
+/// error's traceback and each text output at most `cap` bytes (`<field>_truncated: true` where
+/// cut), images together at most `images` bytes (one past that is dropped, `dropped: true`).
+fn cap_cell(v: &mut Value, cap: usize, images: usize) {
+    let mut cap_field = |obj: &mut Value, key: &str| {
+        if let Some(Value::String(s)) = obj.get_mut(key) {
+            if cut(s, cap) {
+                obj[format!("{key}_truncated")] = Value::Bool(true);
+            }
+        }
+    };
+    for k in ["stdout", "stderr", "result"] {
+        cap_field(v, k);
+    }
+    if let Some(e) = v.get_mut("error").filter(|e| e.is_object()) {
+        cap_field(e, "traceback");
+        cap_field(e, "value");
+    }
+    let mut image_bytes = 0usize;
+    for o in v["outputs"].as_array_mut().into_iter().flatten() {
+        let mime = o["mime"].as_str().unwrap_or("").to_string();
+        if mime.starts_with("image/") && mime != "image/svg+xml" {
+            let n = o["data"].as_str().map_or(0, str::len);
+            if image_bytes + n > images {
+                o["data"] = Value::String(String::new());
+                o["dropped"] = Value::Bool(true);
+            } else {
+                image_bytes += n;
+            }
+        } else {
+            cap_field(o, "data");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cells_answer_is_cut_to_its_caps_and_says_so() {
+        let mut v = json!({
+            "stdout": "é".repeat(100), "stderr": "", "result": "r".repeat(10),
+            "error": {"name": "E", "value": "v", "traceback": "t".repeat(50)},
+            "outputs": [
+                {"mime": "text/plain", "data": "x".repeat(40)},
+                {"mime": "image/png", "data": "a".repeat(30)},
+                {"mime": "image/png", "data": "b".repeat(30)},
+            ],
+        });
+        cap_cell(&mut v, 21, 40);
+        // 21 bytes of two-byte characters: 10 of them, never half of one.
+        assert_eq!(v["stdout"], "é".repeat(10));
+        assert_eq!(v["stdout_truncated"], true);
+        assert!(v.get("stderr_truncated").is_none() && v.get("result_truncated").is_none());
+        assert_eq!(v["error"]["traceback"].as_str().map(str::len), Some(21));
+        assert_eq!(v["error"]["traceback_truncated"], true);
+        assert_eq!(v["outputs"][0]["data_truncated"], true);
+        assert_eq!(v["outputs"][1]["data"].as_str().map(str::len), Some(30));
+        assert_eq!(v["outputs"][2]["data"], "");
+        assert_eq!(v["outputs"][2]["dropped"], true);
+    }
 
     #[test]
     fn every_tool_has_object_schemas_and_a_one_line_description() {

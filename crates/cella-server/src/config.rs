@@ -331,6 +331,11 @@ pub struct McpConfig {
     /// MCP sessions one API key holds at once; opening one more closes its least recently
     /// used. Default 16 (at least 1).
     pub max_sessions_per_key: usize,
+    /// MCP sessions the keys of one workspace hold together; opening one more closes the
+    /// workspace's least recently used. Default 64 (at least 1).
+    pub max_sessions_per_workspace: usize,
+    /// MCP sessions on this server at once; past it a new one is refused (503). Default 1024.
+    pub max_sessions: usize,
     /// Seconds an MCP session may go unused before it is closed. Default 1800.
     pub session_idle_sec: u64,
 }
@@ -339,6 +344,8 @@ impl Default for McpConfig {
     fn default() -> Self {
         McpConfig {
             max_sessions_per_key: 16,
+            max_sessions_per_workspace: 64,
+            max_sessions: 1024,
             session_idle_sec: 1800,
         }
     }

@@ -338,6 +338,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state.clone());
     let mcp_cfg = cella_mcp::http::McpHttpConfig {
         max_sessions_per_key: state.config.mcp.max_sessions_per_key.max(1),
+        max_sessions_per_workspace: state.config.mcp.max_sessions_per_workspace.max(1),
+        max_sessions: state.config.mcp.max_sessions.max(1),
         session_idle: std::time::Duration::from_secs(state.config.mcp.session_idle_sec.max(1)),
     };
     let mcp = cella_mcp::http::router(
