@@ -216,9 +216,9 @@ export function render(root: HTMLElement, ctx: Ctx): () => void {
       secretBox,
       alert,
       status,
-      create,
       h("h2", null, "Keys"),
       body,
+      create,
     ),
   );
   void load(null);

@@ -16,11 +16,12 @@ interface Member {
 
 const ROLES = ["member", "admin", "owner"] as const;
 
+/** The API's answer as a sentence; a 409 (the last owner, a member already) says nothing changed. */
 function explain(e: unknown): string {
-  if (e instanceof ApiError && e.status === 409 && /owner/i.test(e.message)) {
-    return `${e.message} Make someone else an owner first.`;
-  }
-  return errorText(e);
+  let text = errorText(e);
+  if (!/[.!?]$/.test(text)) text += ".";
+  if (e instanceof ApiError && e.status === 409) return `Not changed: ${text}`;
+  return text.charAt(0).toUpperCase() + text.slice(1);
 }
 
 export function render(root: HTMLElement, ctx: Ctx): () => void {

@@ -134,7 +134,8 @@ export function render(root: HTMLElement, ctx: Ctx): () => void {
   const loadUsage = async () => {
     const u = await ctx.api.get<Usage>(`/workspaces/${id}/usage`);
     if (gone) return;
-    mount(chart, drawChart(u));
+    // Drawn at the width it has (less the figure's padding), so its text keeps its size.
+    mount(chart, drawChart(u, Math.max(300, Math.min(960, chart.clientWidth - 32))));
   };
 
   mount(
@@ -189,7 +190,7 @@ function niceTop(max: number): number {
 
 /** A bar per day, compute at the bottom and model stacked on it; a scale; a legend; the
  *  figures as a table. */
-function drawChart(u: Usage): Node[] {
+function drawChart(u: Usage, W: number): Node[] {
   const byDay = new Map(u.days.map((d) => [d.date, d]));
   const days = lastDays(new Date()).map((date) => {
     const d = byDay.get(date);
@@ -197,7 +198,7 @@ function drawChart(u: Usage): Node[] {
   });
   const num = (s: string) => Number(s) || 0;
   const top = niceTop(Math.max(0, ...days.map((d) => num(d.compute) + num(d.model))));
-  const W = 720, H = 220, left = 56, right = 10, pad = 12, bottom = 26;
+  const H = 200, left = 44, right = 8, pad = 12, bottom = 24;
   const plotW = W - left - right, plotH = H - pad - bottom;
   const slot = plotW / days.length;
   const bar = Math.max(3, slot * 0.66);
@@ -206,7 +207,7 @@ function drawChart(u: Usage): Node[] {
     `Daily compute and model cost, the last ${DAYS} days. In total compute ${money(u.totals.compute_cost, u.currency)} ` +
     `and model ${money(u.totals.model_cost, u.currency)}; ${u.days.length} ${u.days.length === 1 ? "day" : "days"} with usage. The figures are in the table below.`;
 
-  const s = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": label, class: "bars", preserveAspectRatio: "xMidYMid meet" });
+  const s = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": label, class: "bars", width: W, height: H });
   s.append(svg("title", {}, label));
   for (const f of [0, 0.5, 1]) {
     const y = y0 - f * plotH;
@@ -221,8 +222,11 @@ function drawChart(u: Usage): Node[] {
     if (ch > 0) s.append(svg("rect", { x, y: y0 - Math.max(ch, 1), width: bar, height: Math.max(ch, 1), class: "compute" }, undefined));
     if (mh > 0) s.append(svg("rect", { x, y: y0 - Math.max(ch, 0) - Math.max(mh, 1), width: bar, height: Math.max(mh, 1), class: "model" }));
     if (ch > 0 || mh > 0) s.lastElementChild?.append(svg("title", {}, tip));
-    if (i % 7 === 0 || i === days.length - 1) {
-      s.append(svg("text", { x: x + bar / 2, y: H - 8, class: "tick", "text-anchor": "middle" }, d.date.slice(5)));
+    // A date under every 7th bar, ending with today's.
+    if ((days.length - 1 - i) % 7 === 0) {
+      // The last one (today's) ends at the bar's right edge, so that it is not cut off.
+      const lastOne = i === days.length - 1;
+      s.append(svg("text", { x: lastOne ? x + bar : x + bar / 2, y: H - 8, class: "tick", "text-anchor": lastOne ? "end" : "middle" }, d.date.slice(5)));
     }
   });
 
