@@ -88,10 +88,21 @@ def both_sizes(browser: Browser, env: Env, shop: Shop, email: str, page_name: st
         page = open_page(browser, env, shop, email, page_name, size)
         expect(page.get_by_text(ready).first).to_be_visible()
         shot(page, f"{name}{suffix}")
+        assert not unlabelled(page), unlabelled(page)
         # Nothing of the page is wider than the screen (the tables scroll or turn into cards).
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 1, f"{name}{suffix} is {overflow}px wider than the screen"
         close(page)
+
+
+def unlabelled(page: Page) -> list:
+    """The controls in the page's main part that have no accessible name."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll('main input, main select, main textarea, main button, main summary')]
+            .filter((el) => !(el.labels && el.labels.length) && !el.getAttribute('aria-label')
+                && !el.getAttribute('aria-labelledby') && !(el.textContent || '').trim())
+            .map((el) => el.outerHTML.slice(0, 120))"""
+    )
 
 
 def api_as_page(page: Page, method: str, path: str, body: object = None) -> dict:

@@ -8,19 +8,19 @@ import { errorText, h, mount, toast } from "./ui";
 import * as tasks from "./pages/tasks";
 import * as task from "./pages/task";
 import * as sandboxes from "./pages/sandboxes";
-
-function placeholder(title: string): Render {
-  return (root) => mount(root, h("h1", null, title), h("p", { class: "muted" }, "This page is not here yet."));
-}
+import * as settings from "./pages/settings";
+import * as members from "./pages/members";
+import * as keys from "./pages/keys";
+import * as wallet from "./pages/wallet";
 
 // The pages, by the first part of the hash. One line per page.
 const routes: Record<string, Render> = {
   tasks: (root, ctx) => (ctx.params.length ? task.render(root, ctx) : tasks.render(root, ctx)),
   sandboxes: sandboxes.render,
-  settings: placeholder("Settings"),
-  members: placeholder("Members"),
-  keys: placeholder("API keys"),
-  wallet: placeholder("Wallet"),
+  settings: settings.render,
+  members: members.render,
+  keys: keys.render,
+  wallet: wallet.render,
 };
 
 // The navigation, in order: [hash name, accessible name].
