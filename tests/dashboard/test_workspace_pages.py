@@ -229,9 +229,14 @@ def test_an_owner_invites_someone_changes_their_role_and_removes_them(browser: B
     page.get_by_label("Role", exact=True).select_option("member")
     page.get_by_role("button", name="Invite").click()
     expect(page.get_by_role("status").filter(has_text=f"{WS_INVITEE[0]} was added as member.")).to_be_visible()
-    role = page.get_by_label(f"Role of {WS_INVITEE[0]}")
+    role = page.get_by_label(f"Role of {WS_INVITEE[0]}", exact=True)
     expect(role).to_have_value("member")
+    # Choosing changes nothing until Save.
     role.select_option("admin")
+    with shop.owner() as s:
+        roles = {m["email"]: m["role"] for m in s.get(f"/workspaces/{shop.id}/members").json()["data"]}
+    assert roles[WS_INVITEE[0]] == "member", roles
+    page.get_by_role("button", name=f"Save the role of {WS_INVITEE[0]}").click()
     expect(page.get_by_role("status").filter(has_text=f"{WS_INVITEE[0]} is now admin.")).to_be_visible()
     with shop.owner() as s:
         roles = {m["email"]: m["role"] for m in s.get(f"/workspaces/{shop.id}/members").json()["data"]}
@@ -242,15 +247,16 @@ def test_an_owner_invites_someone_changes_their_role_and_removes_them(browser: B
         assert r.status_code == 200, r.text
 
     # The last owner cannot step down: the 409 is shown and the role stays.
-    mine = page.get_by_label(f"Role of {WS_OWNER[0]}")
+    mine = page.get_by_label(f"Role of {WS_OWNER[0]}", exact=True)
     mine.select_option("admin")
+    page.get_by_role("button", name=f"Save the role of {WS_OWNER[0]}").click()
     alert = page.get_by_role("alert")
     expect(alert).to_contain_text("owner")
     expect(mine).to_have_value("owner")
     shot(page, "members-last-owner")
 
     page.reload()
-    expect(page.get_by_label(f"Role of {WS_INVITEE[0]}")).to_have_value("admin")
+    expect(page.get_by_label(f"Role of {WS_INVITEE[0]}", exact=True)).to_have_value("admin")
     both_sizes(browser, env, shop, WS_OWNER[0], "Members", "members", WS_INVITEE[0])
 
     # Remove asks first; Cancel keeps them, Remove removes them.

@@ -56,11 +56,18 @@ export function render(root: HTMLElement, ctx: Ctx): () => void {
     const locked = m.role === "owner" && !owner;
     const cells = [td("Name", m.name), td("Email", m.email)];
     if (manage && !personal) {
+      // Choosing a role changes nothing yet (a keyboard walks through the options); `Save`
+      // sends it.
       const sel = h("select", { "aria-label": `Role of ${m.email}`, disabled: locked }, roleOptions(m.role));
-      sel.addEventListener("change", async () => {
+      const save = h("button", { type: "button", class: "primary small", "aria-label": `Save the role of ${m.email}`, hidden: true }, "Save");
+      sel.addEventListener("change", () => {
+        save.hidden = sel.value === m.role;
+      });
+      save.addEventListener("click", async () => {
         clear();
         const before = m.role;
         sel.disabled = true;
+        save.disabled = true;
         try {
           const upd = await ctx.api.patch<Member>(`${base}/${encodeURIComponent(m.user_id)}`, { role: sel.value });
           m.role = upd.role;
@@ -72,6 +79,9 @@ export function render(root: HTMLElement, ctx: Ctx): () => void {
           fail(e);
         } finally {
           sel.disabled = m.role === "owner" && !owner;
+          save.disabled = false;
+          save.hidden = true;
+          if (!sel.disabled) sel.focus();
         }
       });
       const self = m.user_id === ctx.me.user.id;
@@ -97,7 +107,7 @@ export function render(root: HTMLElement, ctx: Ctx): () => void {
           fail(e);
         }
       });
-      cells.push(td("Role", sel), td("Actions", h("div", { class: "actions" }, remove)));
+      cells.push(td("Role", h("div", { class: "role-pick" }, sel, save)), td("Actions", h("div", { class: "actions" }, remove)));
     } else {
       cells.push(td("Role", m.role));
     }
