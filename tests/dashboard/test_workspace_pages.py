@@ -87,6 +87,7 @@ def both_sizes(browser: Browser, env: Env, shop: Shop, email: str, page_name: st
     for size, suffix in (((1280, 800), ""), (PHONE, "-phone")):
         page = open_page(browser, env, shop, email, page_name, size)
         expect(page.get_by_text(ready).first).to_be_visible()
+        expect(page.get_by_text("Loading…")).to_have_count(0)
         shot(page, f"{name}{suffix}")
         assert not unlabelled(page), unlabelled(page)
         # Nothing of the page is wider than the screen (the tables scroll or turn into cards).
