@@ -210,6 +210,13 @@ def sign_in(page: Page, env: Env, email: str = OWNER[0]) -> None:
     expect(page.get_by_role("navigation").get_by_role("link", name="Task runs")).to_be_visible()
 
 
+def set_settings(env: Env, workspace: str, **settings) -> None:
+    """Changes a workspace's settings as its owner (through the API)."""
+    with closing(env.session(OWNER[0])) as s:
+        r = s.patch(f"/workspaces/{workspace}", json={"settings": settings}, headers={"x-cella-workspace": workspace})
+        assert r.status_code == 200, r.text
+
+
 def choose_workspace(page: Page, workspace_id: str) -> None:
     page.get_by_label("Workspace").select_option(workspace_id)
 

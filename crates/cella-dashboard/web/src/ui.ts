@@ -100,7 +100,11 @@ export function time(at: string | null | undefined): HTMLElement | string {
   if (!at) return "—";
   const d = new Date(at);
   if (isNaN(d.getTime())) return "—";
-  return h("time", { datetime: at, title: d.toISOString() }, d.toLocaleString());
+  return h(
+    "time",
+    { datetime: at, title: d.toISOString() },
+    d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "medium" }),
+  );
 }
 
 /** A modal question: resolves true when the person confirms. Esc or Cancel: false. */
@@ -135,6 +139,7 @@ export function confirmDialog(opts: {
       resolve(answer);
     });
     document.body.appendChild(dlg);
+    trapFocus(dlg);
     dlg.showModal();
     cancel.focus();
   });
@@ -173,4 +178,24 @@ export function td(label: string, ...children: Child[]): HTMLTableCellElement {
 export function errorText(e: unknown): string {
   if (e && typeof e === "object" && "message" in e) return String((e as Error).message);
   return String(e);
+}
+
+/** Keeps Tab and Shift+Tab inside a modal dialog (Esc closes it, as every `<dialog>` does). */
+export function trapFocus(dlg: HTMLDialogElement): void {
+  dlg.addEventListener("keydown", (ev) => {
+    if (ev.key !== "Tab") return;
+    const items = Array.from(
+      dlg.querySelectorAll<HTMLElement>("a[href], button, input, select, textarea, [tabindex]:not([tabindex='-1'])"),
+    ).filter((el) => !el.hasAttribute("disabled") && !el.hidden && el.offsetParent !== null);
+    if (items.length === 0) return;
+    const first = items[0];
+    const last = items[items.length - 1];
+    if (ev.shiftKey && document.activeElement === first) {
+      ev.preventDefault();
+      last.focus();
+    } else if (!ev.shiftKey && document.activeElement === last) {
+      ev.preventDefault();
+      first.focus();
+    }
+  });
 }

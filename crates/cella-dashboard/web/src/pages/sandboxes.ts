@@ -146,7 +146,7 @@ function list(root: HTMLElement, ctx: Ctx): () => void {
         td("State", badge(sb.state), sb.state_reason ? h("span", { class: "sub", title: sb.state_reason }, sb.state_reason.slice(0, 60)) : null),
         td("Size", sb.size, h("span", { class: "sub" }, `${sb.cpu_count} CPU · ${memory(sb.memory_mb)} · ${memory(sb.disk_size_mb)} disk`)),
         td("Template", sb.template_id),
-        td("Age", ago(sb.created_at)),
+        h("td", { "data-label": "Age", class: "nowrap" }, ago(sb.created_at)),
         td(
           "Usage",
           duration(sb.total_runtime_sec ?? 0),

@@ -26,8 +26,8 @@ export function render(root: HTMLElement, ctx: Ctx): () => void {
 
   const head = h("div", { class: "page-head" });
   const facts = h("dl", { class: "facts" });
-  const timeline = h("ol", { class: "timeline", "aria-label": "Timeline" });
-  const log = h("pre", { class: "log", tabindex: "0", "aria-label": "Live log", "aria-live": "off" });
+  const timeline = h("ol", { class: "timeline", "aria-label": "States" });
+  const log = h("pre", { class: "log", tabindex: "0", "aria-label": "Agent output" });
   const logNote = h("p", { class: "muted" });
   mount(
     root,
@@ -88,7 +88,7 @@ export function render(root: HTMLElement, ctx: Ctx): () => void {
     mount(
       facts,
       fact("State", x.state),
-      fact("Pull request", handoff(x)),
+      fact("Pull request", x.pull_request ? handoff(x) : h("span", { class: "muted" }, "none (the branch is the hand-off)")),
       fact("Base branch", h("code", null, x.base_branch)),
       fact("Branch", h("code", null, x.branch)),
       fact("Forge", x.forge),

@@ -6,7 +6,7 @@
 // `events` stream, so its state word changes as it happens.
 
 import { ApiError, Ctx, isAdmin } from "../api";
-import { badge, confirmDialog, duration, errorText, h, isTerminal, money, mount, table, td, time, toast } from "../ui";
+import { badge, confirmDialog, duration, errorText, h, isTerminal, money, mount, table, td, time, toast, trapFocus } from "../ui";
 
 export interface Task {
   id: string;
@@ -88,6 +88,7 @@ export function render(root: HTMLElement, ctx: Ctx): () => void {
   const streams = new Map<string, () => void>();
   let timer: number | undefined;
   let gone = false;
+  let painted = false;
 
   const startBtn = h("button", { type: "button", class: "primary", "aria-haspopup": "dialog" }, "Start");
   const filter = h(
@@ -258,6 +259,12 @@ export function render(root: HTMLElement, ctx: Ctx): () => void {
     if (actionsHead) actionsHead.append(h("span", { class: "sr-only" }, "Actions"));
     mount(body, tbl, pager());
     follow();
+    if (!painted) {
+      painted = true;
+      // When the first page of runs is on screen (the frame after it is laid out): the figure
+      // the browser suite prints.
+      requestAnimationFrame(() => performance.mark("cella:tasks-first-paint"));
+    }
   }
 
   function pager(): HTMLElement | null {
@@ -314,7 +321,7 @@ export function openStart(ctx: Ctx, started: (t: Task) => void): void {
     "form",
     { novalidate: true },
     h("h2", { id: "start-title" }, "Start a task run"),
-    h("p", { class: "muted" }, `In ${ctx.workspace.name}.`),
+    h("p", { class: "muted" }, `Workspace: ${ctx.workspace.name}`),
     repo.wrap,
     base.wrap,
     taskF.wrap,
@@ -408,6 +415,7 @@ export function openStart(ctx: Ctx, started: (t: Task) => void): void {
     }
   });
   document.body.appendChild(dlg);
+  trapFocus(dlg);
   dlg.showModal();
   repo.control.focus();
 }
