@@ -4,7 +4,8 @@
 //
 // Creates a sandbox, uploads a CSV, runs pandas on it through the code interpreter, which
 // writes a result file inside the sandbox, downloads that file, prints it, and destroys the
-// sandbox. Install the SDK first: `npm install` in this folder (it links ../../sdk/typescript).
+// sandbox. Build the SDK first (`npm ci && npm run build` in sdk/typescript), then `npm install`
+// in this folder (it links ../../sdk/typescript).
 
 import { Sandbox, CellaError } from '@cella/sdk';
 

@@ -24,6 +24,16 @@ from cella_server import start_server as _start_server  # noqa: E402
 
 SIZE = "xs"  # the smallest size: every test sandbox is one
 
+# The session's server has a command agent for the README's task run (no model needed): it
+# adds the task's text to README.md and commits. Its repositories are those of the embedded
+# `git` forge, under DATA_DIR/repos (test_readme.py makes acme/web there).
+AGENT_SCRIPT = 'echo "$CELLA_TASK" >> README.md && git -c user.name=agent -c user.email=agent@example.org commit -qam Greet'
+SESSION_CONFIG = (
+    "[tasks]\nheartbeat_interval_sec = 1\ngrace_sec = 2\n\n"
+    '[[agents]]\nname = "greeter"\nkind = "command"\n'
+    f"command = [\"bash\", \"-c\", '''{AGENT_SCRIPT}''']\n"
+)
+
 interrupt_on_sigterm()
 
 
@@ -37,7 +47,7 @@ def start_server(extra_config: str = "", name: str = "cella") -> Server:
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
-    srv = start_server()
+    srv = start_server(SESSION_CONFIG)
     saved = {k: os.environ.get(k) for k in ("CELLA_SERVER", "CELLA_API_KEY")}
     # The SDK finds the server through the environment, as a user's program would.
     os.environ["CELLA_SERVER"] = srv.url

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import uuid
@@ -74,11 +75,19 @@ def test_write_binary_modes_owners_and_parents(shared: Sandbox, d: str) -> None:
 
 
 def test_large_file_round_trip(shared: Sandbox, d: str) -> None:
-    blob = os.urandom(6 * 1024 * 1024)
+    """10 MiB up and down again, checked by SHA-256 on both ends."""
+    blob = os.urandom(10 * 1024 * 1024)
+    digest = hashlib.sha256(blob).hexdigest()
     shared.files.write(f"{d}/big.bin", blob)
-    assert shared.files.read(f"{d}/big.bin", format="bytes") == blob
-    streamed = list(shared.files.read(f"{d}/big.bin", format="stream"))
-    assert b"".join(streamed) == blob
+    assert shared.commands.run(f"sha256sum {d}/big.bin").stdout.split()[0] == digest
+    assert hashlib.sha256(shared.files.read(f"{d}/big.bin", format="bytes")).hexdigest() == digest
+    streamed = hashlib.sha256()
+    for chunk in shared.files.read(f"{d}/big.bin", format="stream"):
+        streamed.update(chunk)
+    assert streamed.hexdigest() == digest
+    # From a file object, streamed up in chunks.
+    shared.files.write(f"{d}/big2.bin", io.BytesIO(blob))
+    assert shared.commands.run(f"sha256sum {d}/big2.bin").stdout.split()[0] == digest
 
 
 def test_read_and_write_errors(shared: Sandbox, d: str) -> None:

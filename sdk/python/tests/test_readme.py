@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -26,7 +29,26 @@ def live(server: Server) -> list:
     return [s["id"] for s in r.json()["data"]]
 
 
+def make_repository(server: Server, name: str) -> Path:
+    """A bare repository with a README on main, where the embedded `git` forge finds it
+    (DATA_DIR/repos/owner/name)."""
+    bare = Path(server.data_dir) / "data" / "repos" / name
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.org", "-c", "init.defaultBranch=main"]
+    work = Path(tempfile.mkdtemp(prefix="cella-readme-repo-"))
+    try:
+        subprocess.run(git + ["init", "-q", str(work)], check=True)
+        (work / "README.md").write_text("# web\n")
+        subprocess.run(git + ["-C", str(work), "add", "-A"], check=True)
+        subprocess.run(git + ["-C", str(work), "commit", "-qm", "Initial commit"], check=True)
+        bare.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(git + ["clone", "-q", "--bare", str(work), str(bare)], check=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return bare
+
+
 def test_every_readme_example_runs_as_printed(server: Server, tmp_path: Path, capsys) -> None:
+    bare = make_repository(server, "acme/web")
     found = blocks()
     assert len(found) >= 7, "the README's examples were not found"
     before = set(live(server))
@@ -45,3 +67,8 @@ def test_every_readme_example_runs_as_printed(server: Server, tmp_path: Path, ca
     assert "ZeroDivisionError" in out and "[ 2, 4 ]" in out
     assert (tmp_path / "plot.png").read_bytes().startswith(b"\x89PNG")
     assert set(live(server)) <= before, "the examples left sandboxes running"
+    assert "hello terminal" in out
+    # The task run's branch, with the agent's commit.
+    branch = [line.split()[1] for line in out.splitlines() if line.startswith("stopped cella/")][0]
+    shown = subprocess.run(["git", "--git-dir", str(bare), "show", f"{branch}:README.md"], capture_output=True, text=True, check=True)
+    assert shown.stdout == "# web\nSay hello in the README\n"

@@ -43,6 +43,8 @@ def test_build_use_and_delete_a_template(server: Server) -> None:
         assert [(s.index, s.kind) for s in build.steps] == [(0, "run")] and build.steps[0].state in ("done", "cached")
         assert "".join(pieces) == build.log and f"template {tid} is ready" in build.log
         assert Template.get_build(tid, build.id).state == "ready"
+        assert [b.id for b in Template.builds(tid)] == [build.id]
+        assert tid in [t.id for t in Template.list()]
         assert Template.get(tid).id == tid
         with Sandbox.create(template=tid, size=SIZE, timeout=300) as sb:
             assert sb.info.template_id == tid

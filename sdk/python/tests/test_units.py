@@ -179,3 +179,32 @@ def test_money_fields_are_exact_decimals() -> None:
             pass
         else:
             raise AssertionError(bad)
+
+
+def test_task_models_from_the_documented_objects() -> None:
+    from decimal import Decimal
+
+    from cella import GoneError, TaskEvent, TaskInfo, Wallet
+    from cella.errors import error_from_body
+
+    t = TaskInfo.from_dict({
+        "id": "task1", "workspace_id": "ws1", "created_by": "key1", "repository": "acme/web",
+        "base_branch": "main", "branch": "cella/task1", "forge": "github", "agent": "builtin",
+        "state": "stopped", "failure_reason": None, "stop_reason": "agent_exit",
+        "pull_request": {"number": 12, "url": "https://example.org/acme/web/pull/12", "draft": True},
+        "queued_at": "2026-12-01T18:00:00Z", "started_at": "2026-12-01T18:00:02Z", "ended_at": "2026-12-01T18:01:00Z",
+        "compute_sec": 42, "compute_rate": "0.001000", "compute_cost": "0.060000",
+        "model_cost": "0.006000", "model_requests": 5, "session_limit_min": 60, "metadata": {"ticket": "WEB-12"},
+    })
+    assert t.finished and t.ok and t.pull_request is not None and t.pull_request.number == 12
+    assert t.compute_cost == Decimal("0.060000") and t.model_cost + t.compute_cost == Decimal("0.066")
+    assert t.metadata == {"ticket": "WEB-12"} and t.ended_at is not None
+    ev = TaskEvent.from_sse("state", {"event": "state", "state": "failed", "at": "2026-12-01T18:00:03Z",
+                                      "failure_reason": "agent_exit: exit code 3", "stop_reason": "agent_exit"})
+    assert ev.finished and ev.failure_reason.startswith("agent_exit")
+    progress = TaskEvent.from_sse("progress", {"event": "progress", "steps": 4, "commits": 1, "files_changed": 1})
+    assert not progress.finished and (progress.steps, progress.commits, progress.files_changed) == (4, 1, 1)
+    w = Wallet.from_dict({"balance": "12.500000", "reserved": "0.100000", "available": "12.400000", "currency": "USD"})
+    assert w.balance - w.reserved == w.available
+    gone = error_from_body(410, b'{"error": {"code": "GONE", "message": "the run has ended", "details": null}}')
+    assert isinstance(gone, GoneError) and gone.status == 410

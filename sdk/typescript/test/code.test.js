@@ -10,7 +10,7 @@ import {
   InvalidRequestError,
   UnknownLanguageError,
   SandboxNotRunningError,
-} from '../src/index.js';
+} from '@cella/sdk';
 import { startServer } from './server.js';
 
 let srv;

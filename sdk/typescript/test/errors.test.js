@@ -15,7 +15,7 @@ import {
   TimeoutError,
   ConnectionConfig,
   DEFAULT_SERVER,
-} from '../src/index.js';
+} from '@cella/sdk';
 import { adminCall, startServer } from './server.js';
 
 let srv;

@@ -10,7 +10,7 @@ import {
   SandboxNotRunningError,
   ConflictError,
   RangeNotSatisfiableError,
-} from '../src/index.js';
+} from '@cella/sdk';
 import { startServer, sleepMs } from './server.js';
 
 let srv;

@@ -3,7 +3,7 @@
 
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { Sandbox } from '../src/index.js';
+import { Sandbox } from '@cella/sdk';
 import { startServer } from './server.js';
 
 let srv;

@@ -1,19 +1,20 @@
-// This README's examples, as printed: the quick start as one module, the other js blocks in
+// This README's examples, as printed (importing the built package by its name): the quick start as one module, the other js blocks in
 // order as a second module (one session), run by node against a real server; they must succeed
 // and leave no sandbox running.
 
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { fileURLToPath, pathToFileURL } from 'node:url';
-import { Sandbox } from '../src/index.js';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Sandbox } from '@cella/sdk';
 import { startServer } from './server.js';
 
 const README = fileURLToPath(new URL('../README.md', import.meta.url));
-const SDK = pathToFileURL(fileURLToPath(new URL('../src/index.js', import.meta.url))).href;
+// The built package, as a user's node_modules/@cella/sdk would hold it.
+const SDK_DIR = dirname(dirname(fileURLToPath(import.meta.url)));
 
 let srv;
 
@@ -27,7 +28,7 @@ after(async () => {
 
 function blocks() {
   const text = readFileSync(README, 'utf8');
-  return [...text.matchAll(/^```js\n([\s\S]*?)^```/gm)].map((m) => m[1].replaceAll("'@cella/sdk'", `'${SDK}'`));
+  return [...text.matchAll(/^```js\n([\s\S]*?)^```/gm)].map((m) => m[1]);
 }
 
 function runModule(dir, name, code) {
@@ -46,6 +47,8 @@ describe('README', () => {
     const found = blocks();
     assert.ok(found.length >= 6, 'the README examples were not found');
     const dir = mkdtempSync(join(tmpdir(), 'cella-readme-'));
+    mkdirSync(join(dir, 'node_modules', '@cella'), { recursive: true });
+    symlinkSync(SDK_DIR, join(dir, 'node_modules', '@cella', 'sdk'), 'dir');
     const quick = runModule(dir, 'quick.mjs', found[0]);
     assert.equal(quick.status, 0, `quick start failed:\n${quick.stdout}\n${quick.stderr}`);
     assert.match(quick.stdout, /Linux/);

@@ -14,7 +14,7 @@ import {
   NotFoundError,
   InvalidRequestError,
   ConflictError,
-} from '../src/index.js';
+} from '@cella/sdk';
 import { startServer } from './server.js';
 
 let srv;
@@ -150,6 +150,12 @@ describe('custom templates', () => {
       assert.match(done.log, new RegExp(`template ${id} is ready`));
       assert.equal((await Template.getBuild(id, build.id, srv.opts)).log, done.log);
       assert.equal((await Template.get(id, srv.opts)).id, id);
+      const catalog = await Template.list(srv.opts);
+      assert.ok(catalog.some((t) => t.id === id) && catalog.some((t) => t.id === 'base'), JSON.stringify(catalog.map((t) => t.id)));
+      assert.ok(catalog.find((t) => t.id === 'base').sizes.length > 0);
+      const builds = await Template.builds(id, srv.opts);
+      assert.deepEqual(builds.map((b) => b.id), [build.id]);
+      assert.equal(builds[0].state, 'ready');
       const sb = await Sandbox.create({ ...srv.opts, template: id, size: 'xs' });
       try {
         assert.equal(await sb.files.read('/opt/hi.txt'), 'hi\n');
@@ -182,5 +188,6 @@ describe('custom templates', () => {
     await assert.rejects(Template.build({ id: 'Not Valid' }, srv.opts), InvalidRequestError);
     await assert.rejects(Template.delete('base', srv.opts), ConflictError);
     await assert.rejects(Template.delete(templateId(), srv.opts), NotFoundError);
+    await assert.rejects(Template.builds(templateId(), srv.opts), NotFoundError);
   });
 });

@@ -52,7 +52,7 @@ try {
       /destroyed/,
     ];
     for (const re of expect) if (!re.test(output)) failed = `the example's output does not match ${re}`;
-    const { Sandbox } = await import('../src/index.js');
+    const { Sandbox } = await import('@cella/sdk');
     if ((await Sandbox.list({ ...srv.opts, state: 'running' })).length !== 0) failed = 'the example left a sandbox running';
   }
 } finally {

@@ -13,7 +13,7 @@ import {
   PermissionDeniedError,
   SandboxNotRunningError,
   ConnectionError,
-} from '../src/index.js';
+} from '@cella/sdk';
 import { adminCall, routeMissing, startServer } from './server.js';
 
 let srv;
@@ -434,6 +434,44 @@ describe('expose', () => {
       await assert.rejects(new Sandbox({ id: 'sbnosuchsandbox00000' }, opts).expose(8000), NotFoundError);
       await sb.kill();
       await assert.rejects(sb.expose(8000), (e) => e instanceof SandboxNotRunningError || e instanceof ConflictError);
+    } finally {
+      await sb.kill();
+    }
+  });
+});
+
+describe('preview tokens', () => {
+  it('a private preview opens with the token previewToken gives, and rotate ends the old ones', async () => {
+    const sb = await Sandbox.create({ ...opts, size: 'xs', preview: { public: false } });
+    try {
+      await sb.files.write('/home/user/site/index.html', 'private page');
+      await sb.commands.start('python3 -m http.server 8000 --bind 0.0.0.0', { cwd: '/home/user/site' });
+      const url = new URL(await sb.expose(8000));
+      url.search = '';
+      const first = await sb.previewToken({ ttlSec: 600 });
+      assert.equal(typeof first.token, 'string');
+      assert.ok(first.expiresAt instanceof Date && first.expiresAt > new Date());
+      let r;
+      for (let i = 0; i < 100; i++) {
+        r = await fetch(url, { headers: { 'x-cella-preview-token': first.token } });
+        if (r.status === 200) break;
+        await r.arrayBuffer();
+        await new Promise((done) => setTimeout(done, 200)); // the web server is still starting
+      }
+      assert.equal(r.status, 200);
+      assert.match(await r.text(), /private page/);
+      const bare = await fetch(url);
+      await bare.arrayBuffer();
+      assert.ok([401, 403].includes(bare.status), `no token: ${bare.status}`);
+      const second = await sb.previewToken({ rotate: true });
+      assert.notEqual(second.token, first.token);
+      const old = await fetch(url, { headers: { 'x-cella-preview-token': first.token } });
+      await old.arrayBuffer();
+      assert.ok([401, 403].includes(old.status), `rotated token: ${old.status}`);
+      const fresh = await fetch(url, { headers: { 'x-cella-preview-token': second.token } });
+      assert.equal(fresh.status, 200);
+      await fresh.arrayBuffer();
+      await assert.rejects(sb.previewToken({ ttlSec: -1 }), InvalidRequestError);
     } finally {
       await sb.kill();
     }

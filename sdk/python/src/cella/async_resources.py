@@ -132,6 +132,22 @@ class AsyncTemplate:
             await t.aclose()
 
     @staticmethod
+    async def list(**connection: Any) -> List[TemplateInfo]:
+        t = connect(**connection)
+        try:
+            return [TemplateInfo.from_dict(d) for d in await t.data("GET", "/templates") or []]
+        finally:
+            await t.aclose()
+
+    @staticmethod
+    async def builds(template_id: str, *, limit: Optional[int] = None, **connection: Any) -> List[TemplateBuild]:
+        t = connect(**connection)
+        try:
+            return [TemplateBuild.from_dict(d) for d in await list_pages(t, f"/templates/{seg(template_id)}/builds", {}, limit)]
+        finally:
+            await t.aclose()
+
+    @staticmethod
     async def get_build(template_id: str, build_id: str, **connection: Any) -> TemplateBuild:
         t = connect(**connection)
         try:

@@ -30,6 +30,7 @@ from ._common import (
     whole_seconds,
 )
 from ._config import ConnectionConfig
+from .pty import AsyncPty
 from ._sse import KEEPALIVE, KeepAlive, LineSplitter, SSEDecoder, SSEEvent
 from ._transport import AsyncTransport, _wrap_transport_error
 from .errors import CellaError, CellaTimeoutError, CommandExitError, ConflictError, NotFoundError, UnavailableError
@@ -154,6 +155,7 @@ class AsyncSandbox:
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
         self.code = AsyncCodeInterpreter(self)
+        self.pty = AsyncPty(self)
 
     # ------------------------------------------------------------------ making and finding
 
@@ -380,6 +382,15 @@ class AsyncSandbox:
     async def expose_info(self, port: int) -> ExposedPort:
         data = await self._transport.data("POST", sandbox_path(self.id, "expose"), json={"port": int(port)})
         return ExposedPort.from_dict(data if isinstance(data, Mapping) else {"port": port, "url": str(data)})
+
+    async def preview_token(self, ttl: Optional[float] = None, rotate: bool = False) -> Dict[str, Any]:
+        """As :meth:`Sandbox.preview_token`."""
+        body: Dict[str, Any] = {}
+        if ttl is not None:
+            body["ttl_sec"] = whole_seconds(ttl, "ttl")
+        if rotate:
+            body["rotate"] = True
+        return dict(await self._transport.data("POST", sandbox_path(self.id, "preview-token"), json=body))
 
     async def get_host(self, port: int) -> str:
         """As :meth:`Sandbox.get_host`: the host of the port's own preview origin."""

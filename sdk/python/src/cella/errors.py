@@ -136,6 +136,18 @@ class SandboxNotRunningError(CellaError):
     default_code = "SANDBOX_NOT_RUNNING"
 
 
+class GoneError(CellaError):
+    """410: the thing is gone for good (a task run's live log once the run has ended)."""
+
+    default_code = "GONE"
+
+
+class RequestTimeoutError(CellaError):
+    """408: the request's body stopped coming (the server closed the connection)."""
+
+    default_code = "REQUEST_TIMEOUT"
+
+
 class PayloadTooLargeError(CellaError):
     """413: the body is over the server's limit (``details.limit``)."""
 
@@ -146,6 +158,13 @@ class RangeNotSatisfiableError(CellaError):
     """416: the requested byte range lies outside the file."""
 
     default_code = "RANGE_NOT_SATISFIABLE"
+
+
+class InsufficientStorageError(CellaError):
+    """507: the sandbox's disk or the workspace's storage quota is full (``details`` may hold
+    ``used_bytes``, ``quota_bytes``, ``needed_bytes``)."""
+
+    default_code = "INSUFFICIENT_STORAGE"
 
 
 class RateLimitedError(CellaError):
@@ -228,7 +247,10 @@ _BY_CODE: Dict[str, Type[CellaError]] = {
     "METHOD_NOT_ALLOWED": MethodNotAllowedError,
     "CONFLICT": ConflictError,
     "SANDBOX_NOT_RUNNING": SandboxNotRunningError,
+    "GONE": GoneError,
+    "REQUEST_TIMEOUT": RequestTimeoutError,
     "PAYLOAD_TOO_LARGE": PayloadTooLargeError,
+    "INSUFFICIENT_STORAGE": InsufficientStorageError,
     "RANGE_NOT_SATISFIABLE": RangeNotSatisfiableError,
     "RATE_LIMITED": RateLimitedError,
     "CONCURRENCY_LIMIT": ConcurrencyLimitError,
@@ -244,11 +266,14 @@ _BY_STATUS: Dict[int, Type[CellaError]] = {
     404: NotFoundError,
     405: MethodNotAllowedError,
     409: ConflictError,
+    408: RequestTimeoutError,
+    410: GoneError,
     413: PayloadTooLargeError,
     416: RangeNotSatisfiableError,
     429: RateLimitedError,
     500: InternalServerError,
     503: UnavailableError,
+    507: InsufficientStorageError,
 }
 
 # The message this server gives a 404 for a path it has no route for ("no such route").

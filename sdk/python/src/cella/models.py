@@ -702,3 +702,377 @@ class TemplateBuild:
             finished_at=parse_time(d.get("finished_at")),
             raw=dict(d),
         )
+
+
+# --------------------------------------------------------------------------- task runs
+
+TASK_TERMINAL_STATES = frozenset({"stopped", "failed", "cancelled"})
+
+
+@dataclass
+class PullRequest:
+    """The draft pull (or merge) request a task run opened."""
+
+    number: int
+    url: str
+    draft: bool
+
+    @classmethod
+    def from_dict(cls, d: Optional[Mapping[str, Any]]) -> Optional["PullRequest"]:
+        if not d:
+            return None
+        return cls(number=int(d.get("number") or 0), url=str(d.get("url") or ""), draft=bool(d.get("draft", True)))
+
+
+@dataclass
+class TaskInfo:
+    """A task run (``GET /api/v1/tasks/{id}``): an agent working on a repository's branch in
+    a sandbox of its own. Amounts are exact ``Decimal`` values."""
+
+    id: str
+    workspace_id: str
+    repository: str
+    base_branch: str
+    branch: str
+    forge: str
+    agent: str
+    state: str
+    failure_reason: Optional[str]
+    stop_reason: Optional[str]
+    pull_request: Optional[PullRequest]
+    created_by: Optional[str]
+    queued_at: Optional[datetime]
+    started_at: Optional[datetime]
+    ended_at: Optional[datetime]
+    compute_sec: int
+    compute_rate: Decimal
+    compute_cost: Decimal
+    model_cost: Decimal
+    model_requests: int
+    session_limit_min: int
+    metadata: Dict[str, str]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def finished(self) -> bool:
+        """True once the run is ``stopped``, ``failed`` or ``cancelled``."""
+        return self.state in TASK_TERMINAL_STATES
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "stopped"
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TaskInfo":
+        return cls(
+            id=d["id"],
+            workspace_id=d.get("workspace_id", ""),
+            repository=d.get("repository", ""),
+            base_branch=d.get("base_branch", ""),
+            branch=d.get("branch", ""),
+            forge=d.get("forge", ""),
+            agent=d.get("agent", ""),
+            state=d.get("state", ""),
+            failure_reason=d.get("failure_reason"),
+            stop_reason=d.get("stop_reason"),
+            pull_request=PullRequest.from_dict(d.get("pull_request")),
+            created_by=d.get("created_by"),
+            queued_at=parse_time(d.get("queued_at")),
+            started_at=parse_time(d.get("started_at")),
+            ended_at=parse_time(d.get("ended_at")),
+            compute_sec=int(d.get("compute_sec") or 0),
+            compute_rate=parse_money(d.get("compute_rate")),
+            compute_cost=parse_money(d.get("compute_cost")),
+            model_cost=parse_money(d.get("model_cost")),
+            model_requests=int(d.get("model_requests") or 0),
+            session_limit_min=int(d.get("session_limit_min") or 0),
+            metadata=_str_map(d.get("metadata")),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class TaskEvent:
+    """One event of ``GET /api/v1/tasks/{id}/events``: ``event`` is ``"state"`` (``state``,
+    ``at``, ``failure_reason``, ``stop_reason``) or ``"progress"`` (``steps``, ``commits``,
+    ``files_changed``)."""
+
+    event: str
+    state: Optional[str] = None
+    at: Optional[datetime] = None
+    failure_reason: Optional[str] = None
+    stop_reason: Optional[str] = None
+    steps: Optional[int] = None
+    commits: Optional[int] = None
+    files_changed: Optional[int] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def finished(self) -> bool:
+        """True for the state event of a terminal state (the stream ends after it)."""
+        return self.event == "state" and self.state in TASK_TERMINAL_STATES
+
+    @classmethod
+    def from_sse(cls, event: str, d: Optional[Mapping[str, Any]]) -> "TaskEvent":
+        d = d or {}
+
+        def opt_int(key: str) -> Optional[int]:
+            return None if d.get(key) is None else int(d[key])
+
+        return cls(
+            event=str(d.get("event") or event),
+            state=d.get("state"),
+            at=parse_time(d.get("at")),
+            failure_reason=d.get("failure_reason"),
+            stop_reason=d.get("stop_reason"),
+            steps=opt_int("steps"),
+            commits=opt_int("commits"),
+            files_changed=opt_int("files_changed"),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class TaskLogChunk:
+    """A piece of a running task's agent output (``GET /api/v1/tasks/{id}/log``)."""
+
+    stream: str
+    text: str
+
+
+# --------------------------------------------------------------------------- workspaces and money
+
+
+@dataclass
+class WorkspaceInfo:
+    """A workspace (``GET /api/v1/workspaces/{id}``); ``settings`` as the server answers them
+    (``tasks_enabled``, ``compute_rate``, ``session_limit_min``, ``heartbeat_timeout_sec``,
+    ``model_allowlist``)."""
+
+    id: str
+    name: str
+    plan: str
+    kind: str
+    created_at: Optional[datetime]
+    settings: Dict[str, Any]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def tasks_enabled(self) -> bool:
+        return bool(self.settings.get("tasks_enabled"))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "WorkspaceInfo":
+        return cls(
+            id=d["id"],
+            name=d.get("name", ""),
+            plan=d.get("plan", ""),
+            kind=d.get("kind", ""),
+            created_at=parse_time(d.get("created_at")),
+            settings=dict(d.get("settings") or {}),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class Wallet:
+    """A workspace's wallet: ``available = balance - reserved``, exact decimals."""
+
+    balance: Decimal
+    reserved: Decimal
+    available: Decimal
+    currency: str
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Wallet":
+        return cls(
+            balance=parse_money(d.get("balance")),
+            reserved=parse_money(d.get("reserved")),
+            available=parse_money(d.get("available")),
+            currency=d.get("currency", ""),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class LedgerEntry:
+    """One entry of a workspace's ledger: ``kind`` is ``credit``, ``compute``, ``model`` or
+    ``refund``; credits and refunds are positive, charges negative."""
+
+    id: str
+    at: Optional[datetime]
+    kind: str
+    amount: Decimal
+    balance_after: Decimal
+    sandbox_id: Optional[str] = None
+    task_id: Optional[str] = None
+    reference: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LedgerEntry":
+        return cls(
+            id=d["id"],
+            at=parse_time(d.get("at")),
+            kind=d.get("kind", ""),
+            amount=parse_money(d.get("amount")),
+            balance_after=parse_money(d.get("balance_after")),
+            sandbox_id=d.get("sandbox_id"),
+            task_id=d.get("task_id"),
+            reference=d.get("reference"),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class UsageFigures:
+    """Usage figures of a day or a range (costs are positive amounts)."""
+
+    compute_sec: int
+    compute_cost: Decimal
+    model_requests: int
+    input_tokens: int
+    output_tokens: int
+    model_cost: Decimal
+    date: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "UsageFigures":
+        return cls(
+            compute_sec=int(d.get("compute_sec") or 0),
+            compute_cost=parse_money(d.get("compute_cost")),
+            model_requests=int(d.get("model_requests") or 0),
+            input_tokens=int(d.get("input_tokens") or 0),
+            output_tokens=int(d.get("output_tokens") or 0),
+            model_cost=parse_money(d.get("model_cost")),
+            date=d.get("date"),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class WorkspaceUsage:
+    """A workspace's usage per UTC day over ``[from_, to)`` (``GET .../usage``): only days
+    with usage, oldest first, and the totals."""
+
+    from_: Optional[datetime]
+    to: Optional[datetime]
+    currency: str
+    days: List[UsageFigures]
+    totals: UsageFigures
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "WorkspaceUsage":
+        return cls(
+            from_=parse_time(d.get("from")),
+            to=parse_time(d.get("to")),
+            currency=d.get("currency", ""),
+            days=[UsageFigures.from_dict(x) for x in d.get("days") or []],
+            totals=UsageFigures.from_dict(d.get("totals") or {}),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class WorkspaceStorage:
+    """What a workspace's kept objects take, against its quota (None: no quota)."""
+
+    used_bytes: int
+    quota_bytes: Optional[int]
+    snapshots_bytes: int
+    artifacts_bytes: int
+    images_bytes: int
+    templates_bytes: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "WorkspaceStorage":
+        return cls(
+            used_bytes=int(d.get("used_bytes") or 0),
+            quota_bytes=None if d.get("quota_bytes") is None else int(d["quota_bytes"]),
+            snapshots_bytes=int(d.get("snapshots_bytes") or 0),
+            artifacts_bytes=int(d.get("artifacts_bytes") or 0),
+            images_bytes=int(d.get("images_bytes") or 0),
+            templates_bytes=int(d.get("templates_bytes") or 0),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class ApiKeyInfo:
+    """An API key. ``key`` (the secret) is only there in the answer of its creation."""
+
+    id: str
+    workspace_id: str
+    name: str
+    scopes: List[str]
+    prefix: str
+    created_at: Optional[datetime]
+    expires_at: Optional[datetime] = None
+    last_used_at: Optional[datetime] = None
+    key: Optional[str] = field(default=None, repr=False)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ApiKeyInfo":
+        return cls(
+            id=d["id"],
+            workspace_id=d.get("workspace_id", ""),
+            name=d.get("name", ""),
+            scopes=[str(s) for s in d.get("scopes") or []],
+            prefix=d.get("prefix", ""),
+            created_at=parse_time(d.get("created_at")),
+            expires_at=parse_time(d.get("expires_at")),
+            last_used_at=parse_time(d.get("last_used_at")),
+            key=d.get("key"),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class MemberInfo:
+    """A member of an organization workspace: ``role`` is ``owner``, ``admin`` or ``member``."""
+
+    user_id: str
+    email: str
+    name: str
+    role: str
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "MemberInfo":
+        return cls(user_id=d["user_id"], email=d.get("email", ""), name=d.get("name", ""), role=d.get("role", ""))
+
+
+@dataclass
+class UserInfo:
+    """A person who signs in to the dashboard."""
+
+    id: str
+    email: str
+    name: str
+    created_at: Optional[datetime]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "UserInfo":
+        return cls(id=d["id"], email=d.get("email", ""), name=d.get("name", ""), created_at=parse_time(d.get("created_at")))
+
+
+@dataclass
+class ImageInfo:
+    """A container image imported into the workspace (``POST /api/v1/images``), to build
+    templates ``from`` it."""
+
+    id: str
+    reference: str
+    name: str
+    digest: str
+    layers: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ImageInfo":
+        return cls(id=d["id"], reference=d.get("reference", ""), name=d.get("name", ""), digest=d.get("digest", ""),
+                   layers=int(d.get("layers") or 0), raw=dict(d))

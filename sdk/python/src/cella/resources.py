@@ -152,6 +152,24 @@ class Template:
             t.close()
 
     @staticmethod
+    def list(**connection: Any) -> List[TemplateInfo]:
+        """The catalog: the built-in templates and the workspace's own, with their sizes."""
+        t = connect(**connection)
+        try:
+            return [TemplateInfo.from_dict(d) for d in t.data("GET", "/templates") or []]
+        finally:
+            t.close()
+
+    @staticmethod
+    def builds(template_id: str, *, limit: Optional[int] = None, **connection: Any) -> List[TemplateBuild]:
+        """A template's builds, newest first."""
+        t = connect(**connection)
+        try:
+            return [TemplateBuild.from_dict(d) for d in list_pages(t, f"/templates/{seg(template_id)}/builds", {}, limit)]
+        finally:
+            t.close()
+
+    @staticmethod
     def get_build(template_id: str, build_id: str, **connection: Any) -> TemplateBuild:
         t = connect(**connection)
         try:

@@ -27,6 +27,7 @@ from ._common import (
     whole_seconds,
 )
 from ._config import ConnectionConfig
+from .pty import Pty
 from ._sse import KEEPALIVE, KeepAlive, LineSplitter, SSEDecoder, SSEEvent
 from ._transport import SyncTransport, _wrap_transport_error
 from .errors import CellaError, CellaTimeoutError, CommandExitError, ConflictError, NotFoundError, UnavailableError
@@ -166,6 +167,7 @@ class Sandbox:
         self.commands = Commands(self)
         self.files = Files(self)
         self.code = CodeInterpreter(self)
+        self.pty = Pty(self)
 
     # ------------------------------------------------------------------ making and finding
 
@@ -413,6 +415,17 @@ class Sandbox:
         """Every address of a port inside the sandbox (``POST .../expose``)."""
         data = self._transport.data("POST", sandbox_path(self.id, "expose"), json={"port": int(port)})
         return ExposedPort.from_dict(data if isinstance(data, Mapping) else {"port": port, "url": str(data)})
+
+    def preview_token(self, ttl: Optional[float] = None, rotate: bool = False) -> Dict[str, Any]:
+        """A token that opens the sandbox's private previews (``POST .../preview-token``):
+        ``{"token", "expires_at"}``. ``ttl`` in seconds; ``rotate=True`` revokes the earlier
+        ones."""
+        body: Dict[str, Any] = {}
+        if ttl is not None:
+            body["ttl_sec"] = whole_seconds(ttl, "ttl")
+        if rotate:
+            body["rotate"] = True
+        return dict(self._transport.data("POST", sandbox_path(self.id, "preview-token"), json=body))
 
     def get_host(self, port: int) -> str:
         """The host name (and port) of a port's own preview origin, ``<port>-<id>.<domain>``,

@@ -1,0 +1,3 @@
+module github.com/cella-dev/cella-go
+
+go 1.19

@@ -1,0 +1,21 @@
+package io.cella;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import java.util.List;
+import java.util.Map;
+
+/** A template of the catalog (the built-in {@code base}, or a custom one). */
+public final class TemplateInfo extends Model {
+    TemplateInfo(JsonNode raw) {
+        super(raw);
+    }
+
+    public String id() { return str("id"); }
+
+    public String name() { return str("name"); }
+
+    public String defaultSize() { return str("default_size"); }
+
+    /** Each size and its readiness ({@code fast_ready}, {@code cold_boot_only}, {@code missing}). */
+    public JsonNode sizes() { return raw.path("sizes"); }
+}
