@@ -43,4 +43,4 @@ echo "== installing playwright, httpx and pytest into a virtualenv"
 
 echo "== dashboard browser tests (server: $CELLA_BIN, screenshots: $DASHBOARD_SCREENSHOTS)"
 cd "$here"
-timeout -k 30 1200 "$venv_py" -m pytest -q -ra -s -p no:cacheprovider "$@" .
+timeout -k 30 1200 "$venv_py" -m pytest -q -ra -p no:cacheprovider "$@" .

@@ -1,7 +1,8 @@
 """A stand-in model for the built-in agent: OpenAI chat completions (non-streaming) with tool
 calls, scripted from the conversation so far (so any number of runs can use it at once).
 
-Turn 1 runs ``echo starting`` (a first line in the live log), turn 2 writes NOTES.md (the agent
+Turn 1 runs ``echo starting; sleep 4`` (the run page opens before the first lines of its
+live log), turn 2 writes NOTES.md (the agent
 commits it), turn 3 runs ``sleep 8`` (the run stays ``running`` long enough to be seen), turn 4
 calls ``finish``. Every answer reports usage, so
 the run gets a model cost.
@@ -18,7 +19,7 @@ KEY = "sk-dashboard-standin"
 MODEL = "standin-coder"
 
 TURNS = [
-    ("run_command", {"command": "echo starting", "timeout_sec": 30}),
+    ("run_command", {"command": "echo starting; sleep 4", "timeout_sec": 30}),
     ("write_file", {"path": "NOTES.md", "content": "Notes from the dashboard test.\n",
                     "commit_message": "Add notes"}),
     ("run_command", {"command": "echo working on it; sleep 8; echo done", "timeout_sec": 30}),

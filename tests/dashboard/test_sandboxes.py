@@ -37,6 +37,7 @@ def test_a_sandbox_is_listed_paused_resumed_opened_in_a_terminal_and_destroyed(b
 
     row.get_by_role("link", name="Terminal").click()
     expect(page.locator(".term-status")).to_have_text("Connected.", timeout=30_000)
+    expect(page.locator(".xterm-rows")).to_contain_text("$", timeout=30_000)  # the prompt
     page.locator(".xterm").click()
     page.keyboard.type("echo dash-$((6*7)) in $PWD\n")
     expect(page.locator(".xterm-rows")).to_contain_text("dash-42 in /", timeout=30_000)
@@ -71,6 +72,7 @@ def test_the_terminal_on_a_phone(browser: Browser, env: Env) -> None:
     shot(page, "sandboxes-phone")
     page.goto(f"{env.url}/#/sandboxes/{sid}/terminal")
     expect(page.locator(".term-status")).to_have_text("Connected.", timeout=30_000)
+    expect(page.locator(".xterm-rows")).to_contain_text("$", timeout=30_000)  # the prompt
     page.locator(".xterm").click()
     page.keyboard.type("echo phone-ok\n")
     expect(page.locator(".xterm-rows")).to_contain_text("phone-ok", timeout=30_000)

@@ -103,7 +103,7 @@ export function time(at: string | null | undefined): HTMLElement | string {
   return h(
     "time",
     { datetime: at, title: d.toISOString() },
-    d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "medium" }),
+    d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" }),
   );
 }
 
