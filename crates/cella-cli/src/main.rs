@@ -137,6 +137,16 @@ enum Command {
     /// pushed as a draft pull request.
     #[command(subcommand)]
     Task(tasks::TaskCmd),
+    /// Serve Cella's MCP tools (sandboxes, exec, files, code, task runs) over stdio, for MCP
+    /// clients that launch servers as subprocesses; they act on the server of --server with the
+    /// key of --api-key / CELLA_API_KEY. (The server itself serves MCP at /mcp.)
+    Mcp {
+        /// Speak MCP on standard input and output (the only transport of this command).
+        #[arg(long)]
+        stdio: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit,
     /// The in-sandbox side of a task run (heartbeats, the agent); see `cella_coder`.
@@ -496,6 +506,7 @@ async fn run(cmd: Command) -> ExitCode {
         Command::Template(TemplateCmd::Get { id, conn }) => templates::get(id, conn).await,
         Command::Template(TemplateCmd::Delete { id, conn }) => templates::delete(id, conn).await,
         Command::Template(TemplateCmd::Builds { id, conn }) => templates::builds(id, conn).await,
+        Command::Mcp { stdio, conn } => mcp_stdio(stdio, conn).await,
         Command::Snapshot(c) => snapshots::run(c).await,
         Command::Process(c) => processes::run(c).await,
         Command::Sandbox(sc) => sandbox(sc).await,
@@ -615,6 +626,32 @@ fn client(conn: &Conn) -> Client {
             .map(|s| s.trim().to_string())
     });
     Client::new(&conn.server, key)
+}
+
+/// `cella mcp --stdio`: the MCP tools over stdio, calling the server by URL with one key (never
+/// a session cookie: the tools act with an API key's scopes).
+async fn mcp_stdio(stdio: bool, conn: Conn) -> ExitCode {
+    if !stdio {
+        eprintln!("cella mcp: pass --stdio (the server serves MCP over HTTP itself at /mcp)");
+        return ExitCode::from(2);
+    }
+    let key = conn.api_key.clone().filter(|k| !k.is_empty()).or_else(|| {
+        std::fs::read_to_string(cella_server::config::default_data_dir().join("bootstrap.key"))
+            .ok()
+            .map(|s| s.trim().to_string())
+    });
+    if key.is_none() {
+        eprintln!("cella mcp: no API key: set CELLA_API_KEY (or pass --api-key)");
+        return ExitCode::from(2);
+    }
+    let api = std::sync::Arc::new(cella_mcp::api::HttpApi::new(&conn.server, key));
+    match cella_mcp::serve_stdio(api).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cella mcp: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn template_build(file: PathBuf, conn: Conn) -> ExitCode {

@@ -35,6 +35,8 @@ pub struct Config {
     /// The model gateway (`cella_gateway::config`).
     pub gateway: cella_gateway::GatewayConfig,
     pub auth: AuthConfig,
+    /// `[mcp]`: the Model Context Protocol endpoint `/mcp` (sessions per key, idle expiry).
+    pub mcp: McpConfig,
     /// `[tasks]`: task runs on this server (runner slots, branch prefix, heartbeats, grace).
     pub tasks: cella_tasks::TasksConfig,
     /// `[[forges]]`: where repositories live (the first is the default; none: one `git` forge
@@ -322,6 +324,26 @@ pub struct StoreConfig {
     pub synchronous: cella_store::Synchronous,
 }
 
+/// `[mcp]`: the MCP endpoint (`cella_mcp::http`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpConfig {
+    /// MCP sessions one API key holds at once; opening one more closes its least recently
+    /// used. Default 16 (at least 1).
+    pub max_sessions_per_key: usize,
+    /// Seconds an MCP session may go unused before it is closed. Default 1800.
+    pub session_idle_sec: u64,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        McpConfig {
+            max_sessions_per_key: 16,
+            session_idle_sec: 1800,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
@@ -469,6 +491,7 @@ impl Default for Config {
             quotas: QuotasConfig::default(),
             gateway: Default::default(),
             auth: AuthConfig::default(),
+            mcp: McpConfig::default(),
             tasks: Default::default(),
             forges: Vec::new(),
             agents: Vec::new(),

@@ -320,8 +320,12 @@ pub const BODY_LIMIT: usize = 4 * 1024 * 1024;
 
 /// Every route of the API (the route table, each route behind its guard), with the middleware
 /// that makes errors and request ids uniform.
+///
+/// `/mcp` (the Model Context Protocol, `cella_mcp::http`) sits beside the API: its tools call
+/// the API's own router in process with the MCP caller's `Authorization` header, so they get
+/// exactly the API's authentication, scopes, rate limits and validation.
 pub fn router(state: Arc<AppState>) -> Router {
-    routes::table::router(&state)
+    let api: Router = routes::table::router(&state)
         .merge(gateway::routes())
         .merge(tasks::heartbeat::routes())
         // The web dashboard at `/` (cella-dashboard: embedded, built assets).
@@ -333,6 +337,23 @@ pub fn router(state: Arc<AppState>) -> Router {
         ))
         .layer(axum::middleware::from_fn(request_context))
         .layer(axum::middleware::from_fn(timing::layer))
+        .with_state(state.clone());
+    let mcp_cfg = cella_mcp::http::McpHttpConfig {
+        max_sessions_per_key: state.config.mcp.max_sessions_per_key.max(1),
+        session_idle: std::time::Duration::from_secs(state.config.mcp.session_idle_sec.max(1)),
+    };
+    let mcp = cella_mcp::http::router(
+        Arc::new(cella_mcp::api::RouterApi::new(api.clone())),
+        mcp_cfg,
+    )
+    // MCP's own JSON answers (JSON-RPC, or the error envelope) are kept as they are; its
+    // other errors get the envelope like any route's.
+    .layer(axum::middleware::map_response(mark_json_errors))
+    .layer(CatchPanicLayer::custom(
+        |_: Box<dyn std::any::Any + Send>| ApiError::internal().into_response(),
+    ))
+    .layer(axum::middleware::from_fn(request_context));
+    mcp.fallback_service(api)
         // Outermost: preview traffic goes to the sandbox as it is (no API layers).
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -343,7 +364,18 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             body_idle,
         ))
-        .with_state(state)
+}
+
+/// Marks an error answer of `/mcp` whose body is JSON as already enveloped.
+async fn mark_json_errors(mut res: Response) -> Response {
+    let json = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if json && res.status().as_u16() >= 400 {
+        res.extensions_mut().insert(error::Enveloped);
+    }
+    res
 }
 
 /// What no route matched: the dashboard's page for a browser asking for one outside the API

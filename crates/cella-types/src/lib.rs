@@ -350,6 +350,21 @@ pub struct UpdateWorkspace {
     pub settings: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
+/// `GET /api/v1/api-keys/current`: who the caller is and what it may do.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CurrentCaller {
+    /// The API key's id (a signed-in user's id for a session).
+    pub id: String,
+    /// `key` or `user`.
+    pub kind: String,
+    /// The workspace the caller acts in.
+    pub workspace_id: String,
+    /// Its scopes (`admin` holds every scope).
+    pub scopes: Vec<Scope>,
+    /// The server's operator (the bootstrap key).
+    pub operator: bool,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ApiKey {
     pub id: String,

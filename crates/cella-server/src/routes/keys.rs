@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use cella_store::KeyRow;
-use cella_types::{ApiKey, CreateApiKey, Data, List};
+use cella_types::{ApiKey, CreateApiKey, CurrentCaller, Data, List};
 use std::sync::Arc;
 
 pub fn to_wire(k: &KeyRow) -> ApiKey {
@@ -79,4 +79,25 @@ pub async fn revoke(
     Ok(Json(Data {
         data: to_wire(&row),
     }))
+}
+
+/// Who the caller is: the key's (or signed-in user's) id, workspace and scopes. Any valid key;
+/// MCP clients (`/mcp`) are told their tools from it.
+#[utoipa::path(get, path = "/api/v1/api-keys/current", tag = "api-keys",
+    responses((status = 200, body = Data<CurrentCaller>), (status = 401, body = cella_types::ErrorBody)))]
+pub async fn current(auth: Auth) -> Json<Data<CurrentCaller>> {
+    Json(Data {
+        data: CurrentCaller {
+            kind: if auth.user_id().is_some() {
+                "user"
+            } else {
+                "key"
+            }
+            .into(),
+            id: auth.key_id.clone(),
+            workspace_id: auth.workspace_id.clone(),
+            scopes: auth.scopes.clone(),
+            operator: auth.operator,
+        },
+    })
 }

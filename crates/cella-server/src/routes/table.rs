@@ -202,6 +202,7 @@ pub fn table() -> Vec<Route> {
         row!(workspaces::storage, AnyKey, None),
         row!(keys::create, ADMIN, None),
         row!(keys::list, ADMIN, None),
+        row!(keys::current, AnyKey, None),
         row!(keys::revoke, ADMIN, None),
         // Money: a workspace's own admin reads its wallet, ledger and usage (the operator any);
         // only the operator adds credits.
@@ -490,7 +491,10 @@ mod tests {
                 };
                 assert_eq!(p.access, want, "{m} {path}");
             }
-            if path.starts_with("/api/v1/api-keys") {
+            // Keys are the admin's, except what a key may ask about itself.
+            if path == "/api/v1/api-keys/current" {
+                assert_eq!(p.access, Access::AnyKey, "{m} {path}");
+            } else if path.starts_with("/api/v1/api-keys") {
                 assert_eq!(p.access, Access::Scopes(&[Scope::Admin]), "{m} {path}");
             }
         }
