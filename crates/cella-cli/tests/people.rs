@@ -592,6 +592,19 @@ fn members_roles_and_settings_in_an_organization() {
         Some(&acme),
     );
     assert_eq!(k.status, 201, "{}", k.body);
+    // A member revokes no key and reads none of the workspace's money (the dashboard shows
+    // them no such controls; the API refuses them anyway), and the key keeps working.
+    let kpath = format!("/api/v1/api-keys/{}", k.data()["id"].as_str().unwrap());
+    as_user(&s, &m, "DELETE", &kpath, None, Some(&acme)).assert_error(403, "FORBIDDEN");
+    for what in ["wallet", "ledger", "usage"] {
+        as_user(&s, &m, "GET", &format!("{wpath}/{what}"), None, Some(&acme))
+            .assert_error(403, "FORBIDDEN");
+    }
+    let secret = k.data()["key"].as_str().unwrap();
+    assert_eq!(
+        s.req("GET", "/api/v1/sandboxes", Some(secret), None).status,
+        200
+    );
     // An admin does not touch owners.
     let opath = format!("{members}/{}", owner["id"].as_str().unwrap());
     as_user(

@@ -6,7 +6,9 @@
 //! workspace's objects are 404 to it. A **signed-in user** (the `cella_session` cookie of
 //! `POST /api/v1/sessions`) acts in one workspace per request: the one the header
 //! `x-cella-workspace: <id>` names, else (on a route under `/api/v1/workspaces/{id}` of a
-//! workspace they belong to) that one, else their personal workspace; a workspace they are not a
+//! workspace they belong to) that one, else the one the cookie `cella_workspace` names (what a
+//! browser's `EventSource` and `WebSocket`, which send no headers of their own, can carry: the
+//! dashboard sets it), else their personal workspace; a workspace they are not a
 //! member of is 404. Their role there gives their scopes ([`cella_types::Role::scopes`]): owners
 //! and admins `admin` of that workspace, members the sandbox, template and task scopes. The
 //! role is read on every request, so a removal or a demotion holds at once.
@@ -35,6 +37,10 @@ use std::sync::Arc;
 pub const SESSION_COOKIE: &str = "cella_session";
 /// The header a session caller selects a workspace with.
 pub const WORKSPACE_HEADER: &str = "x-cella-workspace";
+/// The cookie that selects a session caller's workspace where no header can be sent (a
+/// browser's `EventSource` and `WebSocket`: the dashboard's live streams and terminal). The
+/// header wins over it; a workspace the user is not a member of is 404, as with the header.
+pub const WORKSPACE_COOKIE: &str = "cella_workspace";
 pub const CSRF_HEADER: &str = "x-csrf-token";
 
 /// What kind of caller a request comes from.
@@ -286,7 +292,12 @@ pub async fn authenticate_request(
             .with_details(serde_json::json!({ "header": "origin" })));
         }
     }
-    // The workspace: the header's; else the one of the path; else the personal one.
+    // The workspace: the header's; else the one of the path; else the cookie's; else the
+    // personal one.
+    let from_path = path
+        .strip_prefix("/api/v1/workspaces/")
+        .map(|rest| rest.split('/').next().unwrap_or(""))
+        .filter(|id| !id.is_empty());
     let (workspace_id, role) = match headers.get(WORKSPACE_HEADER) {
         Some(v) => {
             let id = v.to_str().map_err(|_| workspace_not_found())?;
@@ -298,19 +309,24 @@ pub async fn authenticate_request(
             (id.to_string(), role)
         }
         None => {
-            let from_path = path
-                .strip_prefix("/api/v1/workspaces/")
-                .map(|rest| rest.split('/').next().unwrap_or(""))
-                .filter(|id| !id.is_empty());
             let mut found = None;
             if let Some(id) = from_path {
                 if let Some(role) = state.store.member_role(id, &user.id).await? {
                     found = Some((id.to_string(), role));
                 }
             }
-            match found {
-                Some(f) => f,
-                None => {
+            let picked = cookie(headers, WORKSPACE_COOKIE).filter(|v| !v.is_empty());
+            match (found, picked) {
+                (Some(f), _) => f,
+                (None, Some(id)) => {
+                    let role = state
+                        .store
+                        .member_role(id, &user.id)
+                        .await?
+                        .ok_or_else(workspace_not_found)?;
+                    (id.to_string(), role)
+                }
+                (None, None) => {
                     let id = user.personal_workspace_id.clone();
                     let role = state
                         .store

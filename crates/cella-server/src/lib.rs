@@ -328,7 +328,9 @@ pub fn router(state: Arc<AppState>) -> Router {
     let api: Router = routes::table::router(&state)
         .merge(gateway::routes())
         .merge(tasks::heartbeat::routes())
-        .fallback(routes::meta::not_found)
+        // The web dashboard at `/` (cella-dashboard: embedded, built assets).
+        .merge(cella_dashboard::router())
+        .fallback(page_or_not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| ApiError::internal().into_response(),
@@ -376,6 +378,19 @@ async fn mark_json_errors(mut res: Response) -> Response {
         res.extensions_mut().insert(error::Enveloped);
     }
     res
+}
+
+/// What no route matched: the dashboard's page for a browser asking for one outside the API
+/// ([`cella_dashboard::spa_fallback`]), else the API's 404.
+async fn page_or_not_found(
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    if cella_dashboard::spa_fallback(&method, &uri, &headers) {
+        return cella_dashboard::index().await;
+    }
+    routes::meta::not_found().await.into_response()
 }
 
 /// The model gateway's routes alone, with the same request ids and error envelope: what a
