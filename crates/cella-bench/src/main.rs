@@ -5,8 +5,10 @@
 //! The model gateway's overhead is measured against a stand-in upstream of its own (`gateway`);
 //! `--gateway-only` measures just that. Task runs (`tasks`: queued to running with a 10 MB
 //! repository, heartbeat loss) use a second server with command agents; `--tasks-only`.
+//! `--phases` prints where a create, an exec and a destroy spend their time (`phases`).
 
 mod gateway;
+mod phases;
 mod tasks;
 
 use clap::Parser;
@@ -38,6 +40,9 @@ struct Args {
     /// Only the task runs' figures.
     #[arg(long)]
     tasks_only: bool,
+    /// Only where the time of a create, an exec and a destroy goes, phase by phase.
+    #[arg(long)]
+    phases: bool,
 }
 
 struct Server {
@@ -351,6 +356,11 @@ fn main() {
     );
     let q = args.quick;
     let n = if q { 10 } else { 50 };
+    if args.phases {
+        let s = Server::start(&bin, "");
+        phases::measure(&s, n);
+        return;
+    }
     // Task runs, on a server of their own (its agents are commands), before anything else.
     let task_figures = if args.gateway_only {
         tasks::Figures {

@@ -1,7 +1,7 @@
 //! Model charges written in groups.
 //!
 //! Every gateway request ends in one `model` ledger entry. Written one by one, each entry is a
-//! commit of its own, and with `synchronous = FULL` a commit waits for the disk: on a slow disk
+//! commit of its own, and with `[store] synchronous = "full"` a commit waits for the disk: on a slow disk
 //! that caps the gateway at a few hundred requests a second, and the writers queue up behind
 //! SQLite's single write lock. [`ModelMeter`] takes the entries off the request's path through
 //! a bounded channel, and one task writes whatever has arrived meanwhile in a single

@@ -29,6 +29,8 @@ pub struct Config {
     pub images: ImagesConfig,
     pub limits: LimitsConfig,
     pub server: ServerConfig,
+    /// `[store]`: the database's durability (`synchronous = "normal" | "full"`).
+    pub store: StoreConfig,
     pub quotas: QuotasConfig,
     /// The model gateway (`cella_gateway::config`).
     pub gateway: cella_gateway::GatewayConfig,
@@ -310,6 +312,16 @@ impl NetworkConfig {
     pub const MIN_RESOLVE_INTERVAL_SEC: u64 = 10;
 }
 
+/// `[store]`: the embedded database.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// `"normal"` (default): a commit is safe from a crash or `kill -9` of the server, not from
+    /// a crash of the machine (the last transactions can be lost, the database stays whole).
+    /// `"full"`: every commit is synced to the disk first (one `fsync` per write).
+    pub synchronous: cella_store::Synchronous,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
@@ -453,6 +465,7 @@ impl Default for Config {
             images: ImagesConfig::default(),
             limits: LimitsConfig::default(),
             server: ServerConfig::default(),
+            store: StoreConfig::default(),
             quotas: QuotasConfig::default(),
             gateway: Default::default(),
             auth: AuthConfig::default(),

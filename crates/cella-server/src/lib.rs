@@ -17,7 +17,7 @@
 //!
 //! ```text
 //! DATA_DIR/
-//!   cella.db              SQLite (WAL, synchronous=FULL)
+//!   cella.db              SQLite (WAL; `[store] synchronous`, default NORMAL)
 //!   bootstrap.key         the admin key of the first start (0600)
 //!   server.lock           flock: one server per data dir
 //!   instance-id           the id that names this data dir's cgroup subtree and firewall chains
@@ -68,6 +68,7 @@ pub mod tasks;
 pub mod testing;
 #[cfg(test)]
 mod tests;
+pub mod timing;
 pub mod util;
 
 /// The image mechanism (pulls, imports, the layer store) lives in `cella-image`; the server
@@ -329,6 +330,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             |_: Box<dyn std::any::Any + Send>| ApiError::internal().into_response(),
         ))
         .layer(axum::middleware::from_fn(request_context))
+        .layer(axum::middleware::from_fn(timing::layer))
         // Outermost: preview traffic goes to the sandbox as it is (no API layers).
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -505,7 +507,7 @@ async fn open_data_dir(config: &Config) -> Result<DataDir, ServeError> {
         )?;
     }
     let lock = lock_data_dir(&dir)?;
-    let store = Store::open(&dir.join("cella.db")).await?;
+    let store = Store::open_with(&dir.join("cella.db"), config.store.synchronous).await?;
     let instance = match store.meta_get("instance_id").await? {
         Some(i) => i,
         None => {

@@ -342,7 +342,12 @@ pub async fn claim(
     let mut tries = 0;
     let (mut row, _guard) = loop {
         tries += 1;
-        let row = match state.store.claim_pooled(&want, cap, baseline).await? {
+        let row = match crate::timing::phase(
+            "store.claim",
+            state.store.claim_pooled(&want, cap, baseline),
+        )
+        .await?
+        {
             cella_store::Claim::Claimed(r) => *r,
             cella_store::Claim::Empty => {
                 state.pool().wake();
@@ -352,7 +357,12 @@ pub async fn claim(
         };
         state.pool().claimed(&row.template_id, size);
         let guard = state.locks.lock(&row.id).await;
-        match agent_touched(state, &row, cella_agent::proto::Request::Ping).await {
+        match crate::timing::phase(
+            "agent.ping",
+            agent_touched(state, &row, cella_agent::proto::Request::Ping),
+        )
+        .await
+        {
             Ok(()) => break (row, guard),
             Err(e) => {
                 tracing::warn!(

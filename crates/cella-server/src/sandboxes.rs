@@ -251,14 +251,14 @@ pub async fn create(
     auth: &Auth,
     req: CreateSandbox,
 ) -> Result<Sandbox, SandboxError> {
-    let (workspace, cap) = workspace_cap(state, auth).await?;
+    let (workspace, cap) = crate::timing::phase("workspace", workspace_cap(state, auth)).await?;
     let model_access = req.model_access.unwrap_or(false);
     if model_access {
         crate::gateway::check_model_access(state)?;
     }
-    let row = admit(state, auth, &req, &workspace).await?;
+    let row = crate::timing::phase("admit", admit(state, auth, &req, &workspace)).await?;
     // Its 60-second minimum reserved first (402 and nothing made when the wallet is short).
-    crate::billing::admit(state, &row).await?;
+    crate::timing::phase("billing", crate::billing::admit(state, &row)).await?;
     let made = create_admitted(state, &req, row.clone(), &workspace, cap).await;
     if made.is_err() {
         crate::billing::abandon(state, &row.id).await;
@@ -294,7 +294,7 @@ async fn create_admitted(
             None => {}
         }
     }
-    if !state.store.insert_sandbox_capped(&row, cap).await? {
+    if !crate::timing::phase("store.insert", state.store.insert_sandbox_capped(&row, cap)).await? {
         return Err(at_cap(cap, &workspace.plan));
     }
     if model_access {
@@ -306,7 +306,7 @@ async fn create_admitted(
     // Boot in a task of its own: a client that hangs up must not leave a half-made sandbox.
     let id = row.id.clone();
     let st = state.clone();
-    let boot = tokio::spawn(async move {
+    let boot = tokio::spawn(crate::timing::carry(async move {
         boot(&st, &id).await;
         // A sandbox that failed to start is settled at once (at 0: it never ran).
         if let Ok(Some(r)) = st.store.sandbox(&id).await {
@@ -314,12 +314,14 @@ async fn create_admitted(
                 crate::billing::settle_logged(&st, &r).await;
             }
         }
-    });
+    }));
     if req.wait.unwrap_or(true) {
         let _ = boot.await;
-        let row = state.store.sandbox(&row.id).await?.ok_or_else(|| {
-            Internal::Broken(format!("sandbox {} lost its row in its boot", row.id))
-        })?;
+        let row = crate::timing::phase("store.read", state.store.sandbox(&row.id))
+            .await?
+            .ok_or_else(|| {
+                Internal::Broken(format!("sandbox {} lost its row in its boot", row.id))
+            })?;
         if state_of(&row) == SandboxState::Error {
             // Made and settled: its reservation is gone already (not abandoned twice).
             return Err(SandboxError::StartFailed {
@@ -348,24 +350,23 @@ pub async fn destroy(
     id: &str,
     reason: Option<&str>,
 ) -> Result<Sandbox, SandboxError> {
-    let _guard = state.locks.lock(id).await;
-    let mut row = state
-        .store
-        .sandbox(id)
+    let _guard = crate::timing::phase("lock", state.locks.lock(id)).await;
+    let mut row = crate::timing::phase("store.read", state.store.sandbox(id))
         .await?
         .ok_or(SandboxError::NotFound("sandbox"))?;
     if state_of(&row) == SandboxState::Destroyed {
         return Ok(to_wire(state, &row));
     }
     transitions::check(state_of(&row), Event::Destroy)?;
-    crate::gateway::end_boot(state, id).await;
+    crate::timing::phase("gateway", crate::gateway::end_boot(state, id)).await;
     let now = now_ms();
     settle(state, &mut row, now);
-    state
-        .driver
-        .destroy(id, handle_or_none(&row).as_ref())
-        .await
-        .map_err(SandboxError::driver("destroy"))?;
+    crate::timing::phase(
+        "driver.destroy",
+        state.driver.destroy(id, handle_or_none(&row).as_ref()),
+    )
+    .await
+    .map_err(SandboxError::driver("destroy"))?;
     transitions::apply(&mut row, Event::Destroy)?;
     row.ready = false;
     row.destroyed_at = Some(now);
@@ -375,11 +376,13 @@ pub async fn destroy(
     if reason.is_some() {
         row.state_reason = reason.map(str::to_string);
     }
-    state.store.update_sandbox(&row).await?;
+    crate::timing::phase("store.update", state.store.update_sandbox(&row)).await?;
     // Its one compute entry (a crash before it is recovered at the next start).
     cella_billing::fault("destroy:before-settle");
-    crate::billing::settle_logged(state, &row).await;
-    let row = state.store.sandbox(id).await?.unwrap_or(row);
+    crate::timing::phase("billing", crate::billing::settle_logged(state, &row)).await;
+    let row = crate::timing::phase("store.read", state.store.sandbox(id))
+        .await?
+        .unwrap_or(row);
     Ok(to_wire(state, &row))
 }
 
@@ -569,7 +572,10 @@ pub async fn exec_kept(
         }
         (out, err, held)
     };
-    let (res, (out, err, held)) = tokio::join!(state.driver.exec(handle, spec, tx), collect);
+    let (res, (out, err, held)) = crate::timing::phase("driver.exec", async {
+        tokio::join!(state.driver.exec(handle, spec, tx), collect)
+    })
+    .await;
     match res {
         Ok(info) => Ok(ExecOutput {
             result: ExecResult {

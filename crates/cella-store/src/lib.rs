@@ -1,6 +1,7 @@
-//! Cella's persistent state in an embedded SQLite database (WAL, synchronous=FULL, so a
-//! `kill -9` of the server loses no acknowledged write). Rows are plain structs; turning them
-//! into wire objects is the server's business.
+//! Cella's persistent state in an embedded SQLite database in WAL mode, so a `kill -9` of the
+//! server loses no acknowledged write; [`Synchronous`] picks whether a crash of the machine
+//! //! can lose the last ones (`normal`, the default) or not (`full`, one `fsync` per commit).
+//! Rows are plain structs; turning them into wire objects is the server's business.
 //!
 //! One module per table: [`workspaces`], [`keys`] (`api_keys`), [`people`] (`users`, `members`,
 //! `sessions`), [`sandboxes`] (with the warm
@@ -153,13 +154,37 @@ pub struct Store {
     grants: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
+/// How hard a commit waits for the disk (`[store] synchronous`). Both survive a `kill -9` of
+/// the server: in WAL mode a committed transaction is in the log file (the kernel's page cache)
+/// before the commit returns. They differ on a crash of the machine itself (power, kernel).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// The log is synced at checkpoints, not at each commit: an OS crash or power cut can
+    /// lose the last transactions (never corrupt the database). The default: a commit costs no
+    /// `fsync`.
+    #[default]
+    Normal,
+    /// Every commit is synced to the disk before it returns: nothing acknowledged is lost even
+    /// to a power cut, at the price of one `fsync` per write.
+    Full,
+}
+
 impl Store {
+    /// Opens (or makes) the database at `path` with the default [`Synchronous`] mode.
     pub async fn open(path: &Path) -> Result<Store> {
+        Self::open_with(path, Synchronous::default()).await
+    }
+
+    pub async fn open_with(path: &Path, sync: Synchronous) -> Result<Store> {
         let opts = SqliteConnectOptions::from_str("sqlite://")?
             .filename(path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
+            .synchronous(match sync {
+                Synchronous::Normal => SqliteSynchronous::Normal,
+                Synchronous::Full => SqliteSynchronous::Full,
+            })
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true)
             // Deleted and overwritten content (a task's message once its run ended) is zeroed

@@ -133,7 +133,10 @@ pub async fn exec(
     body: ApiBody,
 ) -> Result<axum::response::Response, ApiError> {
     let req: ExecRequest = body.json()?;
-    let sb = Runnable::of(&state, find(&state, &auth, &id).await?)?;
+    let sb = Runnable::of(
+        &state,
+        crate::timing::phase("store.read", find(&state, &auth, &id)).await?,
+    )?;
     Ok(svc::exec_answer(svc::exec_kept(&state, &sb, req).await?))
 }
 

@@ -351,11 +351,15 @@ async fn guard(
     {
         return next.run(req).await;
     }
-    let auth =
-        match authenticate_request(&state, req.method(), req.uri().path(), req.headers()).await {
-            Ok(a) => a,
-            Err(e) => return e.into_response(),
-        };
+    let auth = match crate::timing::phase(
+        "auth",
+        authenticate_request(&state, req.method(), req.uri().path(), req.headers()),
+    )
+    .await
+    {
+        Ok(a) => a,
+        Err(e) => return e.into_response(),
+    };
     let decision = policy
         .limit
         .and_then(|g| state.limiter.take(&auth.workspace_id, g).map(|d| (g, d)));

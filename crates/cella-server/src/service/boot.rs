@@ -20,7 +20,8 @@ pub const TOOLS_MOUNT: &str = "/opt/cella";
 /// Starts a sandbox that is in `provisioning`; records `running` or `error`.
 pub async fn boot(state: &AppState, id: &str) {
     let _guard = state.locks.lock(id).await;
-    let Ok(Some(mut row)) = state.store.sandbox(id).await else {
+    let Ok(Some(mut row)) = crate::timing::phase("store.read", state.store.sandbox(id)).await
+    else {
         return;
     };
     if state_of(&row) != SandboxState::Provisioning {
@@ -61,43 +62,54 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                 disk_size_mb: row.disk_size_mb as u32,
                 pids_max: (row.cpu_count as u32 * 1024).max(1024),
                 network: match &state.network {
-                    Some(dns) => {
-                        Some(crate::network::egress_rules(state, &row.id, &row.network, dns).await)
-                    }
+                    Some(dns) => Some(
+                        crate::timing::phase(
+                            "network",
+                            crate::network::egress_rules(state, &row.id, &row.network, dns),
+                        )
+                        .await,
+                    ),
                     None => None,
                 },
                 snapshot: row.snapshot_id.clone(),
                 plain_layer: false,
             };
-            state.driver.create(&spec).await
+            crate::timing::phase("driver.create", state.driver.create(&spec)).await
         }
     };
     // A template app starts with its sandbox, which is ready only once the app is.
     let result = match result {
         Ok(handle) => {
-            state
-                .gateway
-                .start_boot(state, &row.id, &row.workspace_id, &handle)
-                .await;
+            crate::timing::phase(
+                "gateway",
+                state
+                    .gateway
+                    .start_boot(state, &row.id, &row.workspace_id, &handle),
+            )
+            .await;
             Ok(handle)
         }
         Err(e) => Err(e),
     };
     let result = match result {
-        Ok(handle) => match start_template_app(state, row, &handle).await {
-            Ok(()) => Ok(handle),
-            Err(reason) => {
-                state.gateway.end_boot(state, &row.id).await;
-                // A sandbox booted again on kept files keeps them; a new one is cleared.
-                let keep = row.persistent && row.started_at.is_some();
-                let _ = if keep {
-                    state.driver.stop(&row.id, Some(&handle)).await
-                } else {
-                    state.driver.destroy(&row.id, Some(&handle)).await
-                };
-                Err(DriverError::Launch(reason.to_string()))
+        Ok(handle) => {
+            match crate::timing::phase("template_app", start_template_app(state, row, &handle))
+                .await
+            {
+                Ok(()) => Ok(handle),
+                Err(reason) => {
+                    state.gateway.end_boot(state, &row.id).await;
+                    // A sandbox booted again on kept files keeps them; a new one is cleared.
+                    let keep = row.persistent && row.started_at.is_some();
+                    let _ = if keep {
+                        state.driver.stop(&row.id, Some(&handle)).await
+                    } else {
+                        state.driver.destroy(&row.id, Some(&handle)).await
+                    };
+                    Err(DriverError::Launch(reason.to_string()))
+                }
             }
-        },
+        }
         Err(e) => Err(e),
     };
     let now = now_ms();
@@ -123,7 +135,7 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
             row.state_reason = Some(format!("failed to start: {e}"));
         }
     }
-    if let Err(e) = state.store.update_sandbox(row).await {
+    if let Err(e) = crate::timing::phase("store.update", state.store.update_sandbox(row)).await {
         tracing::error!(sandbox = row.id, "recording boot result: {e}");
     }
 }

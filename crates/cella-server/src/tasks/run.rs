@@ -1,5 +1,5 @@
 //! One run, from `provisioning` to teardown (the flow of `crate::tasks`' module docs):
-//! provisioning (clone on the host, the internal sandbox, the checkout handed over), the
+//! provisioning (the clone on the host and the internal sandbox's boot at once, then the checkout handed over), the
 //! agent under its supervisor (`cella __task-agent`), watching for its end, the session
 //! limit, heartbeats and cancel, then the hand-off (bundle, verify, push, draft pull request),
 //! the end state, the charges and the teardown.
@@ -394,27 +394,6 @@ async fn provision(
     cancelled(live)?;
     let git = HostGit::new(&host_dir(state, &row.id));
     held.git = Some(git.clone());
-    let checkout = git
-        .clone_base(
-            &access,
-            Some(&row.base_branch),
-            state.config.tasks.max_repo_bytes,
-        )
-        .await
-        .map_err(git_failure)?;
-    held.checkout = Some(checkout.clone());
-    cancelled(live)?;
-    let tar = git
-        .pack(&checkout, state.config.tasks.max_repo_bytes)
-        .await
-        .map_err(git_failure)?;
-    tools(state).await.map_err(|e| {
-        tracing::error!(task = row.id, "the task runs' tools directory: {e}");
-        Ending::failed(
-            FailureKind::ProvisionFailed,
-            "the server could not make its executable ready for the sandbox",
-        )
-    })?;
     // The sandbox: its id recorded on the run first, so a crash from here on finds it.
     let sandbox_id = new_id("sb");
     if let Err(e) = state.store.set_task_sandbox(&row.id, &sandbox_id).await {
@@ -427,7 +406,39 @@ async fn provision(
     if let Ok(mut s) = live.sandbox_id.lock() {
         *s = Some(sandbox_id.clone());
     }
-    let sb = boot_sandbox(state, row, &agent, &sandbox_id).await?;
+    // The clone (on the host) and the sandbox's boot at once: neither needs the other until
+    // the checkout is handed in. Both are run to their end (never dropped half-way, which
+    // would leave a half-made sandbox), then the first failure is the run's.
+    let cloned = async {
+        let checkout = git
+            .clone_base(
+                &access,
+                Some(&row.base_branch),
+                state.config.tasks.max_repo_bytes,
+            )
+            .await
+            .map_err(git_failure)?;
+        let tar = git
+            .pack(&checkout, state.config.tasks.max_repo_bytes)
+            .await
+            .map_err(git_failure);
+        Ok::<_, Ending>((checkout, tar))
+    };
+    let booted = async {
+        tools(state).await.map_err(|e| {
+            tracing::error!(task = row.id, "the task runs' tools directory: {e}");
+            Ending::failed(
+                FailureKind::ProvisionFailed,
+                "the server could not make its executable ready for the sandbox",
+            )
+        })?;
+        boot_sandbox(state, row, &agent, &sandbox_id).await
+    };
+    let (cloned, booted) = tokio::join!(cloned, booted);
+    let (checkout, tar) = cloned?;
+    held.checkout = Some(checkout);
+    let tar = tar?;
+    let sb = booted?;
     cancelled(live)?;
     let runnable = Runnable::of(state, sb)
         .map_err(|e| Ending::failed(FailureKind::ProvisionFailed, &e.to_string()))?;

@@ -211,3 +211,47 @@ async fn the_state_is_built_without_root_or_host_setup() {
     // Nothing was asked of the driver yet.
     assert!(s.fake.calls().is_empty());
 }
+
+#[tokio::test]
+async fn a_request_asking_for_timings_gets_its_phases_and_others_get_none() {
+    let s = Server::start().await;
+    let send = |timing: bool| {
+        let mut req = Request::builder()
+            .method("POST")
+            .uri("/api/v1/sandboxes")
+            .header("authorization", format!("Bearer {}", s.key))
+            .header("content-type", "application/json");
+        if timing {
+            req = req.header("cella-timing", "1");
+        }
+        let req = req.body(Body::from("{}")).expect("request");
+        s.app.clone().oneshot(req)
+    };
+    let res = send(true).await.expect("answer");
+    assert_eq!(res.status(), 201);
+    let header = res
+        .headers()
+        .get("server-timing")
+        .and_then(|v| v.to_str().ok())
+        .expect("a Server-Timing header")
+        .to_string();
+    let names: Vec<&str> = header
+        .split(", ")
+        .map(|e| e.split(';').next().unwrap_or_default())
+        .collect();
+    // A cold create (no warm pool here): the key, the row, the boot, the total last.
+    for phase in ["auth", "store.insert", "driver.create", "store.update"] {
+        assert!(names.contains(&phase), "{phase} missing from {header}");
+    }
+    assert_eq!(names.last(), Some(&"total"), "{header}");
+    for e in header.split(", ") {
+        let ms: f64 = e
+            .split_once(";dur=")
+            .and_then(|(_, d)| d.parse().ok())
+            .unwrap_or_else(|| panic!("not `name;dur=ms`: {e}"));
+        assert!(ms >= 0.0, "{e}");
+    }
+    let res = send(false).await.expect("answer");
+    assert_eq!(res.status(), 201);
+    assert!(res.headers().get("server-timing").is_none());
+}
