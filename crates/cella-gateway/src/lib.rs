@@ -111,6 +111,9 @@ pub trait Meter: Send + Sync + 'static {
         model: &'a str,
         worst: Option<cella_types::Money>,
     ) -> BoxFuture<'a, Result<Hold, Refusal>>;
+    /// Records what an admitted request used. The cost is taken off whatever its admission
+    /// held a share of before this returns (the gateway drops the [`Hold`] right after, and
+    /// runs the future on its own).
     fn record(&self, caller: Caller, metered: Metered) -> BoxFuture<'static, ()>;
 }
 
@@ -560,8 +563,8 @@ async fn read_answer(res: reqwest::Response) -> Result<Bytes, String> {
 
 /// Records a request's usage once: at the end of its answer, or when the answer is dropped
 /// (a client that went away mid-stream: what the stream reported until then).
-/// The request's [`Hold`] goes with it: released after the record, or at once when there is
-/// nothing to record.
+/// The request's [`Hold`] goes with it: released once the record is made (see
+/// [`Meter::record`]), or at once when there is nothing to record.
 struct Recording {
     inner: Option<(Arc<dyn Meter>, Caller, String, Price, Hold)>,
 }
@@ -585,12 +588,13 @@ impl Recording {
                 complete,
             },
         );
+        // The meter took the cost off what the hold was held against when it made `fut`: the
+        // hold goes now, before the answer's end reaches the client (whose next request then
+        // finds the share free again).
+        drop(hold);
         match tokio::runtime::Handle::try_current() {
             Ok(h) => {
-                h.spawn(async move {
-                    fut.await;
-                    drop(hold);
-                });
+                h.spawn(fut);
             }
             Err(_) => tracing::error!("no runtime to record a model request's usage on"),
         }

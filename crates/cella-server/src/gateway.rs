@@ -623,6 +623,11 @@ impl Meter for ServerMeter {
     }
 
     fn record(&self, caller: Caller, m: Metered) -> BoxFuture<'static, ()> {
+        // Off the run's budget now, before the request's hold is released (see
+        // [`Meter::record`]); its reservation and the ledger follow in the future.
+        if let Some(sb) = caller.sandbox_id.as_deref() {
+            self.state.gateway.spend(sb, m.cost.micros().max(0));
+        }
         let state = self.state.clone();
         Box::pin(async move { record(&state, caller, m).await })
     }
@@ -662,11 +667,11 @@ async fn record(state: &AppState, caller: Caller, m: Metered) {
         .sandbox_id
         .as_deref()
         .and_then(|s| state.gateway.task_of(s));
-    if let (Some(sb), Some(task)) = (caller.sandbox_id.as_deref(), task_id.as_deref()) {
+    if let (Some(_), Some(task)) = (caller.sandbox_id.as_deref(), task_id.as_deref()) {
         // The run's reservation covered this request: what it cost is taken off it (the
         // ledger entry now holds it), so the wallet counts it once.
+        // (Off the run's budget already: `ServerMeter::record`.)
         let cost = m.cost.micros().max(0);
-        state.gateway.spend(sb, cost);
         let h = cella_billing::Holder::Task(task.to_string());
         if let Ok(Some(held)) = state.billing.reservation(&h).await {
             let lower = cella_types::Money::from_micros((held.micros() - cost).max(0));
