@@ -723,6 +723,43 @@ fn an_agent_that_fails_ends_failed_agent_exit() {
     assert_no_host_checkout(&s, &id);
 }
 
+/// An agent that hands back a branch larger than `[tasks] max_repo_bytes` (2 MB of random
+/// bytes committed, a bundle that does not compress; the cap 400 kB): the server refuses the
+/// bundle from the size the sandbox reports, before reading it (and would stop streaming at
+/// the first chunk past the cap), so it never holds it; the run fails `bad_handoff` naming the
+/// cap, nothing is pushed, and no sandbox or host directory is left.
+#[test]
+fn a_bundle_past_max_repo_bytes_is_refused_without_being_read_and_nothing_is_pushed() {
+    let repos = tempfile::tempdir().unwrap();
+    let bare = make_repo(repos.path(), "acme/web", &[("README.md", "# web\n")]);
+    let script = format!(
+        "head -c 2000000 /dev/urandom > big.bin && {GIT_ID} add big.bin && {GIT_ID} commit -qm 'A big file'"
+    );
+    let s = Server::start_with(&format!(
+        "[tasks]\nrunners = 2\nheartbeat_interval_sec = 1\ngrace_sec = 2\nmax_repo_bytes = 400000\n\n{}\n{}\n",
+        git_forge("git", repos.path()),
+        command_agent("big", &script)
+    ));
+    let (_ws, key) = workspace(&s, "0", "10", 5);
+    let t = start(&s, &key, json!({ "repository": "acme/web", "task": "big" }));
+    let id = t["id"].as_str().unwrap().to_string();
+    let t = wait_end(&s, &key, &id, 120);
+    assert_eq!(t["state"], "failed", "{t}\n{}", tail(&s));
+    let reason = t["failure_reason"].as_str().unwrap_or("");
+    assert!(reason.starts_with("bad_handoff"), "{reason}");
+    assert!(
+        reason.contains("larger than 400000 bytes") && reason.contains("max_repo_bytes"),
+        "{reason}"
+    );
+    let branch = t["branch"].as_str().unwrap();
+    assert!(
+        file_on_branch(&bare, branch, "big.bin").is_none(),
+        "nothing of the refused bundle was pushed"
+    );
+    assert_no_sandbox_left(&s);
+    assert_no_host_checkout(&s, &id);
+}
+
 /// slow (about 70 s): the session limit (1 minute, the smallest) stops an agent that keeps
 /// working: SIGTERM, the grace period, SIGKILL; its uncommitted work is committed by Cella and
 /// pushed; the run is `stopped` with `stop_reason: session_limit` and no failure reason.
@@ -1263,6 +1300,98 @@ fn live_log_streams_while_running_and_is_gone_after() {
     assert_eq!(ev.len(), 1, "{ev:?}");
     assert_eq!(ev[0].0, "state");
     assert_eq!(ev[0].1["state"], "stopped");
+}
+
+/// The live log of a run still queued (`runners = 1`, another run holding the slot) waits for
+/// it on the run's own state events: once the run starts, its output streams, and the stream
+/// ends cleanly (to its end, no error) when the run ends. A log opened on a queued run that is
+/// cancelled before it starts ends cleanly with no event.
+#[test]
+fn live_log_opened_while_queued_streams_once_it_runs_and_ends_cleanly() {
+    let repos = tempfile::tempdir().unwrap();
+    make_repo(repos.path(), "acme/web", &[("README.md", "# web\n")]);
+    let script = "echo \"QUEUED-LOG-$CELLA_TASK\"; sleep 6";
+    let s = Server::start_with(&config(
+        1,
+        &git_forge("git", repos.path()),
+        &command_agent("talk", script),
+        "",
+    ));
+    let (_ws, key) = workspace(&s, "0", "10", 5);
+    let first = start(
+        &s,
+        &key,
+        json!({ "repository": "acme/web", "task": "first" }),
+    );
+    let first = first["id"].as_str().unwrap().to_string();
+    wait_state(&s, &key, &first, "running", 120);
+    let second = start(
+        &s,
+        &key,
+        json!({ "repository": "acme/web", "task": "second" }),
+    );
+    let second = second["id"].as_str().unwrap().to_string();
+    let third = start(
+        &s,
+        &key,
+        json!({ "repository": "acme/web", "task": "third" }),
+    );
+    let third = third["id"].as_str().unwrap().to_string();
+    // Reads every line of a log stream: (the output events' texts, whether it ended cleanly).
+    let open = |id: &str| {
+        let url = format!("{}/api/v1/tasks/{id}/log", s.url);
+        let key = key.clone();
+        let res = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .build()
+            .unwrap()
+            .get(url)
+            .bearer_auth(key)
+            .send()
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 200, "log");
+        std::thread::spawn(move || {
+            let mut texts = Vec::new();
+            for line in std::io::BufReader::new(res).lines() {
+                match line {
+                    Ok(l) => {
+                        if let Some(d) = l.strip_prefix("data:") {
+                            let v: Value = serde_json::from_str(d.trim()).unwrap();
+                            texts.push(v["text"].as_str().unwrap_or("").to_string());
+                        }
+                    }
+                    Err(e) => return (texts, Err(e.to_string())),
+                }
+            }
+            (texts, Ok(()))
+        })
+    };
+    let log2 = open(&second);
+    let log3 = open(&third);
+    // Both were opened while queued (the first run still holds the only slot).
+    assert_eq!(get(&s, &key, &second)["state"], "queued");
+    assert_eq!(get(&s, &key, &third)["state"], "queued");
+    cancel(&s, &key, &third);
+    let (texts3, end3) = log3.join().unwrap();
+    assert_eq!(end3, Ok(()), "the cancelled run's log ends cleanly");
+    assert!(texts3.is_empty(), "{texts3:?}");
+    let (texts2, end2) = log2.join().unwrap();
+    assert_eq!(end2, Ok(()), "the log ends cleanly when the run ends");
+    let all = texts2.concat();
+    assert!(all.contains("QUEUED-LOG-second"), "{texts2:?}");
+    let t = wait_end(&s, &key, &second, 60);
+    assert_eq!(t["state"], "stopped", "{t}");
+    assert!(
+        !all.contains("QUEUED-LOG-first"),
+        "only its own run's output: {texts2:?}"
+    );
+    s.req(
+        "GET",
+        &format!("/api/v1/tasks/{second}/log"),
+        Some(&key),
+        None,
+    )
+    .assert_error(410, "GONE");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@
 //!   the unfinished line. The answer's head waits for the upstream's first bytes (at most
 //!   [`FIRST_BYTES_WAIT`]), so that the two leave in one write;
 //! - the cost is exact integer math, rounded up to the micro-unit ([`price`]);
+//! - the meter is told a request's worst-case cost ([`worst_case`]) when it admits it, and what
+//!   it holds for it ([`Hold`]) is kept until the request's usage is recorded;
 //! - an upstream that answers 4xx/5xx is passed through in its own shape (the SDKs raise their
 //!   typed errors); one that cannot be reached is 502 `BAD_GATEWAY` in Cella's envelope; one
 //!   that dies inside a stream ends it with an SSE `error` event in the provider's shape (so
@@ -76,14 +78,72 @@ pub struct Metered {
     pub complete: bool,
 }
 
+/// What an admitted request holds of its caller's budget while it is in flight (see
+/// [`Meter::admit`]): released when dropped, which the gateway does once the request's usage
+/// has been recorded, or at once when there is nothing to record (a refusal by the upstream,
+/// an upstream that could not be reached, no usage reported).
+pub struct Hold {
+    _guard: Option<Box<dyn Send + Sync + 'static>>,
+}
+
+impl Hold {
+    /// Holds nothing.
+    pub fn none() -> Hold {
+        Hold { _guard: None }
+    }
+
+    /// Holds `guard` (whose `Drop` releases what it holds).
+    pub fn new(guard: impl Send + Sync + 'static) -> Hold {
+        Hold {
+            _guard: Some(Box::new(guard)),
+        }
+    }
+}
+
 /// Admission and metering, implemented by the server over its store and ledger.
 pub trait Meter: Send + Sync + 'static {
+    /// Admits a request of `model`, whose worst-case cost is `worst` (None: it names no bound
+    /// on its output, so its cost has none). What the answer holds is kept until the request's
+    /// usage is recorded.
     fn admit<'a>(
         &'a self,
         caller: &'a Caller,
         model: &'a str,
-    ) -> BoxFuture<'a, Result<(), Refusal>>;
+        worst: Option<cella_types::Money>,
+    ) -> BoxFuture<'a, Result<Hold, Refusal>>;
+    /// Records what an admitted request used. The cost is taken off whatever its admission
+    /// held a share of before this returns (the gateway drops the [`Hold`] right after, and
+    /// runs the future on its own).
     fn record(&self, caller: Caller, metered: Metered) -> BoxFuture<'static, ()>;
+}
+
+/// The most a request of `api` may output, as its body bounds it (`max_tokens`, or
+/// `max_completion_tokens` on chat completions, or `max_output_tokens` on responses).
+pub fn output_bound(api: Api, doc: &Value) -> Option<u64> {
+    let fields: &[&str] = match api {
+        Api::ChatCompletions => &["max_completion_tokens", "max_tokens"],
+        Api::Responses => &["max_output_tokens"],
+        Api::Messages => &["max_tokens"],
+    };
+    fields
+        .iter()
+        .find_map(|f| doc.get(*f).and_then(Value::as_u64))
+}
+
+/// A request's worst-case cost at `price`: its body's bytes as its input tokens (a token is
+/// at least a byte of the text it stands for, and the body holds that text and more) and its
+/// output bound as its output tokens; None when it names no output bound.
+pub fn worst_case(
+    price: &Price,
+    api: Api,
+    body_bytes: usize,
+    doc: &Value,
+) -> Option<cella_types::Money> {
+    if price.is_free() {
+        return Some(cella_types::Money::ZERO);
+    }
+    let out = output_bound(api, doc)?;
+    Some(price.cost(u64::try_from(body_bytes).unwrap_or(u64::MAX), out))
 }
 
 /// Marks every answer the gateway made (the server leaves their bodies as they are).
@@ -251,22 +311,26 @@ impl Gateway {
             );
         };
         let price = self.config.prices.get(&model).copied().unwrap_or_default();
-        if let Err(r) = meter.admit(&caller, &model).await {
-            return match r {
-                Refusal::Forbidden(m) => envelope(
-                    StatusCode::FORBIDDEN,
-                    "FORBIDDEN",
-                    &m,
-                    Some(json!({ "model": model })),
-                ),
-                Refusal::InsufficientFunds(m) => {
-                    envelope(StatusCode::PAYMENT_REQUIRED, "INSUFFICIENT_FUNDS", &m, None)
+        let worst = worst_case(&price, api, bytes.len(), &doc);
+        let hold = match meter.admit(&caller, &model, worst).await {
+            Ok(h) => h,
+            Err(r) => {
+                return match r {
+                    Refusal::Forbidden(m) => envelope(
+                        StatusCode::FORBIDDEN,
+                        "FORBIDDEN",
+                        &m,
+                        Some(json!({ "model": model })),
+                    ),
+                    Refusal::InsufficientFunds(m) => {
+                        envelope(StatusCode::PAYMENT_REQUIRED, "INSUFFICIENT_FUNDS", &m, None)
+                    }
+                    Refusal::Unavailable(m) => {
+                        envelope(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", &m, None)
+                    }
                 }
-                Refusal::Unavailable(m) => {
-                    envelope(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", &m, None)
-                }
-            };
-        }
+            }
+        };
         let stream = doc.get("stream") == Some(&Value::Bool(true));
         // An OpenAI chat stream reports usage only when asked to.
         let body = if api == Api::ChatCompletions && stream {
@@ -354,7 +418,7 @@ impl Gateway {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         let recording = Recording {
-            inner: Some((meter, caller, model, price)),
+            inner: Some((meter, caller, model, price, hold)),
         };
         if !status.is_success() || !is_sse {
             // A whole answer: an error passed through as the upstream wrote it, or a result
@@ -499,13 +563,15 @@ async fn read_answer(res: reqwest::Response) -> Result<Bytes, String> {
 
 /// Records a request's usage once: at the end of its answer, or when the answer is dropped
 /// (a client that went away mid-stream: what the stream reported until then).
+/// The request's [`Hold`] goes with it: released once the record is made (see
+/// [`Meter::record`]), or at once when there is nothing to record.
 struct Recording {
-    inner: Option<(Arc<dyn Meter>, Caller, String, Price)>,
+    inner: Option<(Arc<dyn Meter>, Caller, String, Price, Hold)>,
 }
 
 impl Recording {
     fn finish(&mut self, usage: Option<Usage>, complete: bool) {
-        let Some((meter, caller, model, price)) = self.inner.take() else {
+        let Some((meter, caller, model, price, hold)) = self.inner.take() else {
             return;
         };
         let Some(usage) = usage else {
@@ -522,6 +588,10 @@ impl Recording {
                 complete,
             },
         );
+        // The meter took the cost off what the hold was held against when it made `fut`: the
+        // hold goes now, before the answer's end reaches the client (whose next request then
+        // finds the share free again).
+        drop(hold);
         match tokio::runtime::Handle::try_current() {
             Ok(h) => {
                 h.spawn(fut);

@@ -17,8 +17,13 @@ use tokio::sync::mpsc;
 struct Recorder(Mutex<Vec<Metered>>);
 
 impl Meter for Recorder {
-    fn admit<'a>(&'a self, _: &'a Caller, _: &'a str) -> BoxFuture<'a, Result<(), Refusal>> {
-        Box::pin(async { Ok(()) })
+    fn admit<'a>(
+        &'a self,
+        _: &'a Caller,
+        _: &'a str,
+        _: Option<cella_types::Money>,
+    ) -> BoxFuture<'a, Result<cella_gateway::Hold, Refusal>> {
+        Box::pin(async { Ok(cella_gateway::Hold::none()) })
     }
     fn record(&self, _: Caller, m: Metered) -> BoxFuture<'static, ()> {
         self.0.lock().unwrap().push(m);

@@ -29,7 +29,17 @@
 //! workspace's wallet has something `available` (else 402 `INSUFFICIENT_FUNDS`). Each request
 //! that reported usage becomes one `model` ledger entry (queued to `ModelMeter`, written in groups) against its
 //! sandbox, of its exact cost; an admitted request is always recorded, even when that takes the
-//! wallet below zero (the next one is refused). The ledger's idempotency key is an id the
+//! wallet below zero (the next one is refused).
+//!
+//! **A task run's budget.** A run's sandbox may spend its reservation's model part
+//! (`[gateway] reserve_per_run`). An admitted request of it holds a share of what is left
+//! until its usage is recorded (or it ends with nothing to record): its worst case
+//! ([`cella_gateway::worst_case`]: its body's bytes as input tokens, its `max_tokens` as
+//! output) when that fits in what is left and not held; otherwise (no bound, or a bound that
+//! does not fit) all of it, and only when none of the run's requests is in flight. A request
+//! that gets no share is refused 402 `INSUFFICIENT_FUNDS` before it reaches the model. So
+//! concurrent requests never together hold more than the run has left; what a run is charged
+//! passes its budget only by what one request running alone costs beyond what was left. The ledger's idempotency key is an id the
 //! server makes for the request, never the client's `x-request-id`.
 //!
 //! **Lookups kept.** What a request looks up before it is sent on (who a credential is; a
@@ -51,7 +61,7 @@ use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use cella_gateway::{Api, BoxFuture, Caller, Meter, Metered, Refusal};
+use cella_gateway::{Api, BoxFuture, Caller, Hold, Meter, Metered, Refusal};
 use cella_runtime::SandboxHandle;
 use cella_store::SandboxTokenRow;
 use cella_types::WorkspaceSettings;
@@ -141,8 +151,8 @@ pub struct GatewayState {
     pub gateway: cella_gateway::Gateway,
     links: Mutex<HashMap<String, Link>>,
     /// Task runs' sandboxes: sandbox id -> the run it serves and what its reservation has left
-    /// for model requests (micro-units).
-    tasks: Mutex<HashMap<String, TaskBudget>>,
+    /// for model requests (micro-units), with what its requests in flight hold of it.
+    tasks: Arc<Mutex<HashMap<String, TaskBudget>>>,
     /// Credential hash -> who it is.
     callers: Kept<Known>,
     /// Workspace -> its settings.
@@ -156,6 +166,39 @@ pub struct GatewayState {
 struct TaskBudget {
     task_id: String,
     left: i64,
+    /// What its requests in flight hold of `left` (their worst cases).
+    held: i64,
+}
+
+/// Why a run's request gets no share of its budget.
+#[derive(Debug, PartialEq, Eq)]
+enum NoShare {
+    /// Nothing is left that is not held.
+    Spent,
+    /// Its worst case does not fit beside the requests in flight.
+    Busy,
+}
+
+/// A request's share of its run's model budget, given back when dropped (see
+/// [`GatewayState::take_share`]).
+struct Share {
+    tasks: Arc<Mutex<HashMap<String, TaskBudget>>>,
+    sandbox_id: String,
+    task_id: String,
+    amount: i64,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        if let Ok(mut t) = self.tasks.lock() {
+            if let Some(b) = t
+                .get_mut(&self.sandbox_id)
+                .filter(|b| b.task_id == self.task_id)
+            {
+                b.held = b.held.saturating_sub(self.amount).max(0);
+            }
+        }
+    }
 }
 
 /// A running boot of a sandbox with model access.
@@ -170,7 +213,7 @@ impl GatewayState {
         GatewayState {
             gateway,
             links: Mutex::new(HashMap::new()),
-            tasks: Mutex::new(HashMap::new()),
+            tasks: Arc::new(Mutex::new(HashMap::new())),
             callers: Kept::new(),
             settings: Kept::new(),
             app: std::sync::OnceLock::new(),
@@ -216,6 +259,7 @@ impl GatewayState {
                 TaskBudget {
                     task_id: task_id.to_string(),
                     left: budget.micros(),
+                    held: 0,
                 },
             );
         }
@@ -236,12 +280,37 @@ impl GatewayState {
         }
     }
 
-    /// What the run of sandbox `sandbox_id` may still spend (None: not a run's sandbox).
-    fn task_budget(&self, sandbox_id: &str) -> Option<TaskBudget> {
-        self.tasks
-            .lock()
-            .ok()
-            .and_then(|t| t.get(sandbox_id).cloned())
+    /// A share of the model budget of sandbox `sandbox_id`'s run for one request whose worst
+    /// case is `worst` micro-units (None: unbounded), held while it is in flight; `Ok(None)`
+    /// when the sandbox serves no run. What is left and not held is `available`: a request
+    /// whose worst case fits in it holds its worst case; one that does not (or has no bound)
+    /// holds all of it, but only when no other request of the run is in flight; otherwise it
+    /// gets none (`Busy`), and when the run has nothing left none either (`Spent`). So the
+    /// requests in flight together never hold more than the run has left, whatever their
+    /// number.
+    fn take_share(&self, sandbox_id: &str, worst: Option<i64>) -> Result<Option<Share>, NoShare> {
+        let Ok(mut t) = self.tasks.lock() else {
+            return Ok(None);
+        };
+        let Some(b) = t.get_mut(sandbox_id) else {
+            return Ok(None);
+        };
+        if b.left <= 0 {
+            return Err(NoShare::Spent);
+        }
+        let available = b.left.saturating_sub(b.held).max(0);
+        let amount = match worst {
+            Some(w) if w.max(0) <= available => w.max(0),
+            _ if b.held == 0 => available,
+            _ => return Err(NoShare::Busy),
+        };
+        b.held = b.held.saturating_add(amount);
+        Ok(Some(Share {
+            tasks: self.tasks.clone(),
+            sandbox_id: sandbox_id.to_string(),
+            task_id: b.task_id.clone(),
+            amount,
+        }))
     }
 
     /// Takes `cost` off the budget of sandbox `sandbox_id`'s run.
@@ -509,7 +578,8 @@ impl Meter for ServerMeter {
         &'a self,
         caller: &'a Caller,
         model: &'a str,
-    ) -> BoxFuture<'a, Result<(), Refusal>> {
+        worst: Option<cella_types::Money>,
+    ) -> BoxFuture<'a, Result<Hold, Refusal>> {
         Box::pin(async move {
             let settings = match settings_of(&self.state, &caller.workspace_id).await {
                 Ok(Some(s)) => s,
@@ -526,23 +596,38 @@ impl Meter for ServerMeter {
                     "model {model:?} is not in this workspace's model_allowlist"
                 )));
             }
-            if let Some(b) = caller
-                .sandbox_id
-                .as_deref()
-                .and_then(|s| self.state.gateway.task_budget(s))
-            {
-                if b.left <= 0 && !free_model(&self.state, model) {
-                    return Err(Refusal::InsufficientFunds(
+            // The run's share first (as its budget was checked before the wallet); a refusal
+            // of the wallet drops it again.
+            let hold = match caller.sandbox_id.as_deref() {
+                Some(sb) if !free_model(&self.state, model) => match self
+                    .state
+                    .gateway
+                    .take_share(sb, worst.map(|w| w.micros()))
+                {
+                    Ok(Some(share)) => Hold::new(share),
+                    Ok(None) => Hold::none(),
+                    Err(NoShare::Spent) => return Err(Refusal::InsufficientFunds(
                         "this task run's reservation for model requests is spent ([gateway] reserve_per_run)"
                             .into(),
-                    ));
-                }
-            }
-            funds(&self.state, &caller.workspace_id, model).await
+                    )),
+                    Err(NoShare::Busy) => return Err(Refusal::InsufficientFunds(
+                        "this task run's reservation for model requests is held by its requests in flight ([gateway] reserve_per_run); retry when one ends"
+                            .into(),
+                    )),
+                },
+                _ => Hold::none(),
+            };
+            funds(&self.state, &caller.workspace_id, model).await?;
+            Ok(hold)
         })
     }
 
     fn record(&self, caller: Caller, m: Metered) -> BoxFuture<'static, ()> {
+        // Off the run's budget now, before the request's hold is released (see
+        // [`Meter::record`]); its reservation and the ledger follow in the future.
+        if let Some(sb) = caller.sandbox_id.as_deref() {
+            self.state.gateway.spend(sb, m.cost.micros().max(0));
+        }
         let state = self.state.clone();
         Box::pin(async move { record(&state, caller, m).await })
     }
@@ -582,11 +667,11 @@ async fn record(state: &AppState, caller: Caller, m: Metered) {
         .sandbox_id
         .as_deref()
         .and_then(|s| state.gateway.task_of(s));
-    if let (Some(sb), Some(task)) = (caller.sandbox_id.as_deref(), task_id.as_deref()) {
+    if let (Some(_), Some(task)) = (caller.sandbox_id.as_deref(), task_id.as_deref()) {
         // The run's reservation covered this request: what it cost is taken off it (the
         // ledger entry now holds it), so the wallet counts it once.
+        // (Off the run's budget already: `ServerMeter::record`.)
         let cost = m.cost.micros().max(0);
-        state.gateway.spend(sb, cost);
         let h = cella_billing::Holder::Task(task.to_string());
         if let Ok(Some(held)) = state.billing.reservation(&h).await {
             let lower = cella_types::Money::from_micros((held.micros() - cost).max(0));

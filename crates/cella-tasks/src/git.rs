@@ -19,14 +19,19 @@
 //!    --template=<empty>` into `<work>/repo.git`, killed and removed when it grows past
 //!    `max_repo_bytes` ([`GitError::TooLarge`]).
 //! 3. [`HostGit::pack`]: a tar of that git directory (its `config` replaced by a minimal one
-//!    without the remote's URL, no hooks), which the server writes to [`SANDBOX_TAR`].
+//!    without the remote's URL, no hooks), written to `<work>/repo.tar` file by file (never
+//!    whole in memory; refused past `max_repo_bytes` of content), which the server streams to
+//!    [`SANDBOX_TAR`].
 //! 4. [`sandbox_prepare`] (in the sandbox, as its user): unpacks it as
 //!    [`SANDBOX_CHECKOUT`]`/.git`, makes it a normal repository and checks out the run's branch
 //!    from the base commit.
 //! 5. [`sandbox_collect`] (in the sandbox, after the agent stopped): commits what is
 //!    uncommitted as `Cella <cella@localhost>`, and writes the bundle of `base..branch` to
 //!    [`SANDBOX_BUNDLE`] (none without new commits).
-//! 6. [`HostGit::receive_bundle`]: `git bundle verify` against the host's clone, the run's
+//! 6. [`write_capped`]: the server streams the bundle out of the sandbox into a file of the
+//!    run's directory, chunk by chunk, and stops as soon as it passes `max_repo_bytes`
+//!    ([`GitError::TooLarge`]; the partial file is removed). Then
+//!    [`HostGit::receive_bundle`]: `git bundle verify` against the host's clone, the run's
 //!    branch must be among its heads, only that ref is fetched (with `transfer.fsckObjects`)
 //!    under a holding ref, and it must descend from the base commit
 //!    ([`GitError::BadBundle`] otherwise); nothing else of the bundle becomes a ref.
@@ -704,15 +709,25 @@ impl HostGit {
         })
     }
 
-    /// A tar of the checkout's git directory, for the server to write into the sandbox at
-    /// [`SANDBOX_TAR`]. Its entries are relative to the git directory (`HEAD`, `objects/...`),
-    /// so [`sandbox_prepare`] extracts it into `.git`. The host clone's `config` is replaced by
-    /// a minimal one (no remote URL), and no hooks are included.
-    pub async fn pack(&self, checkout: &Checkout) -> Result<Vec<u8>, GitError> {
+    /// A tar of the checkout's git directory, for the server to stream into the sandbox at
+    /// [`SANDBOX_TAR`], written to `<work>/repo.tar` (each file copied through a small buffer,
+    /// so memory does not grow with the repository). Its entries are relative to the git
+    /// directory (`HEAD`, `objects/...`), so [`sandbox_prepare`] extracts it into `.git`. The
+    /// host clone's `config` is replaced by a minimal one (no remote URL), and no hooks are
+    /// included. Past `max_bytes` of file content it stops ([`GitError::TooLarge`]) and the
+    /// partial tar is removed.
+    pub async fn pack(&self, checkout: &Checkout, max_bytes: u64) -> Result<Packed, GitError> {
         let dir = checkout.git_dir.clone();
-        tokio::task::spawn_blocking(move || pack_dir(&dir))
-            .await
-            .map_err(|e| GitError::Io(format!("packing: {e}")))?
+        let path = self.work.join(TAR_FILE);
+        tokio::task::spawn_blocking(move || {
+            let r = pack_dir(&dir, &path, max_bytes);
+            if r.is_err() {
+                let _ = std::fs::remove_file(&path);
+            }
+            r
+        })
+        .await
+        .map_err(|e| GitError::Io(format!("packing: {e}")))?
     }
 
     /// Verifies the bundle the sandbox made (prerequisites present, the one `branch` in it, its
@@ -1013,10 +1028,24 @@ async fn resolve_base_with(
     Ok((branch, sha))
 }
 
-/// The files of a bare git directory as a tar, entries relative to it.
-fn pack_dir(dir: &Path) -> Result<Vec<u8>, GitError> {
+/// The checkout's tar, as [`HostGit::pack`] wrote it.
+#[derive(Debug, Clone)]
+pub struct Packed {
+    pub path: PathBuf,
+    /// Its size in bytes.
+    pub len: u64,
+}
+
+/// The tar's name in the run's directory.
+const TAR_FILE: &str = "repo.tar";
+
+/// The files of a bare git directory as a tar at `out`, entries relative to it; at most
+/// `max_bytes` of file content.
+fn pack_dir(dir: &Path, out: &Path, max_bytes: u64) -> Result<Packed, GitError> {
     let io = |e: std::io::Error| GitError::Io(format!("packing the checkout: {e}"));
-    let mut builder = tar::Builder::new(Vec::new());
+    let file = std::fs::File::create(out).map_err(io)?;
+    let mut content = 0u64;
+    let mut builder = tar::Builder::new(std::io::BufWriter::new(file));
     builder.follow_symlinks(false);
     builder.mode(tar::HeaderMode::Deterministic);
     let mut stack = vec![PathBuf::new()];
@@ -1047,14 +1076,21 @@ fn pack_dir(dir: &Path) -> Result<Vec<u8>, GitError> {
                     .map_err(io)?;
                 stack.push(r);
             } else if ft.is_file() {
-                let data = std::fs::read(e.path()).map_err(io)?;
+                let f = std::fs::File::open(e.path()).map_err(io)?;
+                let len = f.metadata().map_err(io)?.len();
+                content = content.saturating_add(len);
+                if content > max_bytes {
+                    return Err(GitError::TooLarge(max_bytes));
+                }
                 let mut header = tar::Header::new_gnu();
                 header.set_entry_type(tar::EntryType::Regular);
                 header.set_mode(0o644);
-                header.set_size(data.len() as u64);
+                header.set_size(len);
                 header.set_mtime(0);
+                // Exactly `len` bytes, however the file changes meanwhile (a short one is an
+                // error of the tar writer).
                 builder
-                    .append_data(&mut header, &r, data.as_slice())
+                    .append_data(&mut header, &r, std::io::Read::take(f, len))
                     .map_err(io)?;
             }
             // Symlinks and others: a clone made with an empty template has none.
@@ -1069,7 +1105,54 @@ fn pack_dir(dir: &Path) -> Result<Vec<u8>, GitError> {
     builder
         .append_data(&mut header, "config", &config[..])
         .map_err(io)?;
-    builder.into_inner().map_err(io)
+    let mut w = builder.into_inner().map_err(io)?;
+    std::io::Write::flush(&mut w).map_err(io)?;
+    let file = w.into_inner().map_err(|e| io(e.into_error()))?;
+    file.sync_all().map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    Ok(Packed {
+        path: out.to_path_buf(),
+        len,
+    })
+}
+
+/// Writes the chunks of `chunks` (a stream read from the sandbox) to a new file at `path`,
+/// one chunk at a time, and stops at the first chunk that takes it past `max_bytes`
+/// ([`GitError::TooLarge`]) without reading further; on any error the partial file is
+/// removed. Answers the bytes written. Memory holds one chunk at a time.
+pub async fn write_capped<E: std::fmt::Display>(
+    mut chunks: impl futures_util::Stream<Item = Result<Vec<u8>, E>> + Unpin,
+    path: &Path,
+    max_bytes: u64,
+) -> Result<u64, GitError> {
+    use futures_util::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    let io = |e: std::io::Error| GitError::Io(format!("keeping the bundle: {e}"));
+    let mut file = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .await
+        .map_err(io)?;
+    let mut written = 0u64;
+    let r = async {
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(|e| GitError::BadBundle(format!("reading it: {e}")))?;
+            written = written.saturating_add(chunk.len() as u64);
+            if written > max_bytes {
+                return Err(GitError::TooLarge(max_bytes));
+            }
+            file.write_all(&chunk).await.map_err(io)?;
+        }
+        file.flush().await.map_err(io)?;
+        Ok(written)
+    }
+    .await;
+    drop(file);
+    if r.is_err() {
+        let _ = tokio::fs::remove_file(path).await;
+    }
+    r
 }
 
 /// The script of [`sandbox_prepare`]; values come as positional parameters, never in the
@@ -1330,5 +1413,83 @@ mod tests {
             [SANDBOX_CHECKOUT, SANDBOX_BUNDLE, "abc", "b", evil]
         );
         assert!(!COLLECT_SCRIPT.contains("abc") && !PREPARE_SCRIPT.contains("pwned"));
+    }
+
+    /// A sandbox that hands back an endless bundle: the copy stops at the first chunk past the
+    /// cap (it never reads to an end there is not), leaves no partial file, and a bundle within
+    /// the cap is kept byte for byte.
+    #[tokio::test]
+    async fn a_bundle_past_the_cap_is_refused_while_streaming_and_leaves_nothing() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::Arc;
+        const CHUNK: usize = 64 * 1024;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("branch.bundle");
+        let pulled = Arc::new(AtomicU64::new(0));
+        let p = pulled.clone();
+        let endless = Box::pin(futures_util::stream::repeat_with(move || {
+            p.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(vec![7u8; CHUNK])
+        }));
+        let cap = 1 << 20;
+        let r = write_capped(endless, &path, cap).await;
+        assert!(matches!(r, Err(GitError::TooLarge(c)) if c == cap), "{r:?}");
+        // The 17th chunk is the one past 1 MiB; nothing after it was asked for.
+        assert_eq!(pulled.load(Ordering::SeqCst), cap / CHUNK as u64 + 1);
+        assert!(!path.exists(), "the partial bundle is removed");
+        // A source that fails midway: refused as a bad bundle, nothing kept.
+        let failing = Box::pin(futures_util::stream::iter(vec![
+            Ok(vec![1u8; 10]),
+            Err(std::io::Error::other("hung up")),
+        ]));
+        let r = write_capped(failing, &path, cap).await;
+        assert!(matches!(r, Err(GitError::BadBundle(_))), "{r:?}");
+        assert!(!path.exists());
+        // Within the cap (exactly at it): written whole.
+        let ok = Box::pin(futures_util::stream::iter(
+            (0..16).map(|i| Ok::<_, std::io::Error>(vec![i as u8; CHUNK])),
+        ));
+        assert_eq!(write_capped(ok, &path, cap).await.expect("kept"), cap);
+        let got = std::fs::read(&path).expect("read");
+        assert_eq!(got.len() as u64, cap);
+        assert_eq!(got[CHUNK * 3], 3);
+    }
+
+    /// The tar is written to the run's directory, and a checkout past the cap is refused while
+    /// packing, leaving no tar.
+    #[tokio::test]
+    async fn the_tar_is_a_file_and_a_checkout_past_the_cap_is_not_packed() {
+        let work = tempfile::tempdir().expect("dir");
+        let hg = HostGit::new(work.path());
+        let git_dir = work.path().join(REPO_DIR);
+        std::fs::create_dir_all(git_dir.join("objects/pack")).expect("dirs");
+        std::fs::write(git_dir.join("HEAD"), "ref: refs/heads/main\n").expect("head");
+        std::fs::write(git_dir.join("objects/pack/big.pack"), vec![0u8; 300_000]).expect("pack");
+        let co = Checkout {
+            git_dir,
+            base_branch: "main".into(),
+            base_sha: "0".repeat(40),
+        };
+        let r = hg.pack(&co, 100_000).await;
+        assert!(matches!(r, Err(GitError::TooLarge(100_000))), "{r:?}");
+        assert!(
+            !work.path().join(TAR_FILE).exists(),
+            "no partial tar is left"
+        );
+        let packed = hg.pack(&co, 1_000_000).await.expect("packed");
+        assert_eq!(packed.path, work.path().join(TAR_FILE));
+        let len = std::fs::metadata(&packed.path).expect("tar").len();
+        assert_eq!(packed.len, len);
+        let mut names = Vec::new();
+        let mut ar = tar::Archive::new(std::fs::File::open(&packed.path).expect("open"));
+        for e in ar.entries().expect("entries") {
+            let e = e.expect("entry");
+            names.push((e.path().expect("path").display().to_string(), e.size()));
+        }
+        assert!(
+            names.contains(&("objects/pack/big.pack".into(), 300_000)),
+            "{names:?}"
+        );
+        assert!(names.iter().any(|(n, _)| n == "config"), "{names:?}");
     }
 }

@@ -20,4 +20,4 @@ pub mod queue;
 pub use config::{AgentConfig, AgentKind, ForgeConfig, ForgeKind, TasksConfig};
 pub use failure::FailureKind;
 pub use forge::{Access, Forge, ForgeError, RepoRef};
-pub use git::{Checkout, GitError, HostGit};
+pub use git::{Checkout, GitError, HostGit, Packed};

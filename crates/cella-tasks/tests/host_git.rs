@@ -141,7 +141,7 @@ async fn a_run_end_to_end_over_local_paths() {
     );
     assert_eq!(git(&co.git_dir, &["rev-list", "--count", "HEAD"]), "1");
 
-    let tar = hg.pack(&co).await.expect("pack");
+    let tar = std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
     sbx.prepare(&tar, BRANCH);
     assert!(!sbx.tar.exists(), "the tar is removed");
@@ -220,7 +220,10 @@ async fn no_commits_means_no_bundle_and_nothing_pushed() {
         .expect("clone");
     assert_eq!(co.base_branch, "dev");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(&hg.pack(&co).await.expect("pack"), BRANCH);
+    sbx.prepare(
+        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
+        BRANCH,
+    );
     std::fs::write(&sbx.bundle, b"an old bundle").expect("w");
     sbx.collect(&co.base_sha, BRANCH, "nothing");
     assert!(
@@ -260,7 +263,10 @@ async fn nothing_the_sandbox_wrote_runs_on_the_host() {
     let hg = HostGit::new(&tmp.path().join("run"));
     let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(&hg.pack(&co).await.expect("pack"), BRANCH);
+    sbx.prepare(
+        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
+        BRANCH,
+    );
 
     let markers = tmp.path().join("markers");
     std::fs::create_dir_all(&markers).expect("mkdir");
@@ -360,7 +366,10 @@ async fn a_branch_not_descending_from_the_base_is_refused() {
     let hg = HostGit::new(&tmp.path().join("run"));
     let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(&hg.pack(&co).await.expect("pack"), BRANCH);
+    sbx.prepare(
+        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
+        BRANCH,
+    );
     let b = sbx.bundle.to_str().expect("utf-8");
 
     // An orphan history under the run's branch name, bundled whole (no prerequisites).
@@ -440,7 +449,10 @@ async fn only_the_runs_branch_lands() {
     let hg = HostGit::new(&tmp.path().join("run"));
     let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(&hg.pack(&co).await.expect("pack"), BRANCH);
+    sbx.prepare(
+        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
+        BRANCH,
+    );
 
     std::fs::write(sbx.checkout.join("A.md"), "a\n").expect("w");
     git(&sbx.checkout, &["add", "A.md"]);
@@ -487,7 +499,10 @@ async fn a_push_the_remote_refuses_is_push_refused() {
     let hg = HostGit::new(&tmp.path().join("run"));
     let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(&hg.pack(&co).await.expect("pack"), BRANCH);
+    sbx.prepare(
+        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
+        BRANCH,
+    );
     std::fs::write(sbx.checkout.join("A.md"), "a\n").expect("w");
     sbx.collect(&co.base_sha, BRANCH, "a");
     hg.receive_bundle(&co, &sbx.bundle, BRANCH)
@@ -517,7 +532,10 @@ async fn collect_after_a_killed_agent_on_a_branch_of_its_own() {
     let hg = HostGit::new(&tmp.path().join("run"));
     let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(&hg.pack(&co).await.expect("pack"), BRANCH);
+    sbx.prepare(
+        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
+        BRANCH,
+    );
 
     git(&sbx.checkout, &["checkout", "-q", "-b", "agent-own"]);
     std::fs::write(sbx.checkout.join("A.md"), "committed\n").expect("w");
@@ -610,7 +628,10 @@ async fn a_tree_with_a_dot_git_entry_is_refused() {
     let hg = HostGit::new(&tmp.path().join("run"));
     let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(&hg.pack(&co).await.expect("pack"), BRANCH);
+    sbx.prepare(
+        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
+        BRANCH,
+    );
 
     let blob = {
         let out = std::process::Command::new("sh")

@@ -286,13 +286,14 @@ pub fn table() -> Vec<Route> {
         row!(artifacts::list, READ, Some(Read)),
         row!(artifacts::download, READ, Some(Read)),
         row!(artifacts::delete, WRITE, None),
-        // Task runs (not in a rate-limit group: the runner slots bound them).
+        // Task runs: a start is a lifecycle call, the reads (list, get, events, log) are `read`;
+        // cancel is not limited (the runner slots bound what it can stop).
         row!(tasks::create, TASKS_WRITE, Some(Lifecycle)),
-        row!(tasks::list, TASKS_READ, None),
-        row!(tasks::get, TASKS_READ, None),
+        row!(tasks::list, TASKS_READ, Some(Read)),
+        row!(tasks::get, TASKS_READ, Some(Read)),
         row!(tasks::cancel, TASKS_WRITE, None),
-        row!(tasks::events, TASKS_READ, None),
-        row!(tasks::log, TASKS_READ, None),
+        row!(tasks::events, TASKS_READ, Some(Read)),
+        row!(tasks::log, TASKS_READ, Some(Read)),
     ]
 }
 
@@ -402,15 +403,16 @@ mod tests {
 
     /// The groups as the rate-limit docs state them (and as the server applied them when it
     /// read them off the URL): GETs on templates, snapshots, artifacts and sandboxes (but the
-    /// terminal) are `read`; sandboxes' exec, processes, files, code and terminal are `exec`;
-    /// every other sandbox route is `lifecycle`, and so is starting a task run; the rest is not
-    /// limited.
+    /// terminal) are `read`, and so are the GETs of task runs; sandboxes' exec, processes,
+    /// files, code and terminal are `exec`; every other sandbox route is `lifecycle`, and so is
+    /// starting a task run; the rest is not limited.
     fn group_by_url(method: &Method, path: &str) -> Option<Group> {
         let rest = path.strip_prefix("/api/v1/")?;
         let (head, tail) = rest.split_once('/').unwrap_or((rest, ""));
         match head {
             "templates" | "snapshots" | "artifacts" if method == Method::GET => Some(Group::Read),
             "tasks" if method == Method::POST && tail.is_empty() => Some(Group::Lifecycle),
+            "tasks" if method == Method::GET => Some(Group::Read),
             "sandboxes" => {
                 let action = tail.split('/').nth(1).unwrap_or("");
                 if method == Method::GET && action != "pty" {

@@ -14,7 +14,9 @@
 //! it to `provisioning` with a conditional update (a cancel that won the race leaves it alone)
 //! and runs it in a task of its own that holds the slot until the run is torn down. Provisioning
 //! clones the base branch on the host (shallow, bare, with the forge's credential for this run),
-//! boots an internal sandbox (below), hands it the git directory as a tar and lets the sandbox
+//! boots an internal sandbox (below), streams it the git directory as a tar (packed into a file
+//! of the run's host directory, never whole in memory, at most `[tasks] max_repo_bytes` of
+//! content) and lets the sandbox
 //! user check out the new branch `[tasks] branch_prefix + id`, writes `/task/TASK.md`, and
 //! starts `/opt/cella/cella __task-agent` as the sandbox user in `/workspace`. The run is
 //! `running` from then on; its output feeds the live log (a broadcast, never stored or logged).
@@ -32,7 +34,8 @@
 //! heartbeat arrives for the workspace's `heartbeat_timeout_sec` (SIGKILL; `failed`,
 //! `heartbeat_lost`), or someone cancels (`cancelled`). Then, while the sandbox is there, a
 //! fresh exec commits what is uncommitted and writes a bundle of the branch, which the server
-//! reads out, verifies and pushes, and the forge opens the draft pull request. The row becomes
+//! streams into a file of the run's host directory (refused past `[tasks] max_repo_bytes`,
+//! before or while it is read, `bad_handoff`), verifies and pushes, and the forge opens the draft pull request. The row becomes
 //! terminal with its message cleared in the same statement, the compute is settled (one
 //! `compute` entry with the run's `task_id`, exactly once), the sandbox destroyed, the forge's
 //! credential revoked, the host directory removed, and the slot released.

@@ -418,7 +418,10 @@ async fn provision(
             )
             .await
             .map_err(git_failure)?;
-        let tar = git.pack(&checkout).await.map_err(git_failure);
+        let tar = git
+            .pack(&checkout, state.config.tasks.max_repo_bytes)
+            .await
+            .map_err(git_failure);
         Ok::<_, Ending>((checkout, tar))
     };
     let booted = async {
@@ -456,7 +459,8 @@ async fn provision(
                 )
             })?;
     }
-    write_file(&client, cella_tasks::git::SANDBOX_TAR, tar).await?;
+    write_tar(&client, &tar).await?;
+    let _ = tokio::fs::remove_file(&tar.path).await;
     let prep = exec(
         state,
         &runnable,
@@ -591,6 +595,38 @@ async fn write_file(
                 FailureKind::ProvisionFailed,
                 &format!("writing {path} into the sandbox: {m}"),
             )
+        })
+}
+
+/// Streams the checkout's tar from its file on the host to [`cella_tasks::git::SANDBOX_TAR`],
+/// a chunk at a time (never whole in memory); at most its length as packed.
+async fn write_tar(
+    client: &cella_agent::client::AgentClient,
+    tar: &cella_tasks::Packed,
+) -> Result<(), Ending> {
+    use futures_util::StreamExt;
+    let path = cella_tasks::git::SANDBOX_TAR;
+    let failed = |m: String| {
+        Ending::failed(
+            FailureKind::ProvisionFailed,
+            &format!("writing {path} into the sandbox: {m}"),
+        )
+    };
+    let file = tokio::fs::File::open(&tar.path)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let chunks = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024)
+        .map(|r| r.map(|b| b.to_vec()));
+    client
+        .write_file(path, UID, UID, 0o600, tar.len.max(1), Box::pin(chunks))
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            failed(match e {
+                cella_agent::client::WriteError::TooLarge => "too large".to_string(),
+                cella_agent::client::WriteError::Source(e) => e.to_string(),
+                cella_agent::client::WriteError::Agent(e) => e.to_string(),
+            })
         })
 }
 
@@ -865,8 +901,14 @@ async fn handoff(
     }
     // The bundle, read out (none: no new commits).
     let client = runnable.agent(state);
+    let cap = MAX_BUNDLE_BYTES.min(state.config.tasks.max_repo_bytes);
     let mut reader = match client
-        .read_file_with(cella_tasks::git::SANDBOX_BUNDLE, 0, None, true)
+        .read_file_with(
+            cella_tasks::git::SANDBOX_BUNDLE,
+            0,
+            Some(cap.saturating_add(1)),
+            true,
+        )
         .await
     {
         Ok(r) => r,
@@ -881,29 +923,35 @@ async fn handoff(
             ))
         }
     };
-    if reader.size > MAX_BUNDLE_BYTES.min(state.config.tasks.max_repo_bytes) {
-        return Err(bad(FailureKind::BadHandoff, "the bundle is too large"));
+    // Asked for no more than one byte past the cap; refused at once when it says it is
+    // larger, else streamed to a file of the run's directory a chunk at a time, stopping as
+    // soon as the cap is passed (never held whole in memory).
+    let too_large = || {
+        bad(
+            FailureKind::BadHandoff,
+            &format!("the bundle is larger than {cap} bytes ([tasks] max_repo_bytes)"),
+        )
+    };
+    if reader.size > cap {
+        return Err(too_large());
     }
     let bundle_path = git.work.join("branch.bundle");
-    let mut out = Vec::with_capacity(reader.size as usize);
-    while let Some(chunk) = reader.next_chunk().await {
-        match chunk {
-            Ok(c) => out.extend_from_slice(&c),
-            Err(e) => {
-                return Err(bad(
-                    FailureKind::BadHandoff,
-                    &format!("reading the bundle: {e}"),
-                ))
-            }
+    let _ = tokio::fs::remove_file(&bundle_path).await;
+    let chunks = Box::pin(futures_util::stream::unfold(&mut reader, |r| async move {
+        r.next_chunk().await.map(|c| (c, r))
+    }));
+    match cella_tasks::git::write_capped(chunks, &bundle_path, cap).await {
+        Ok(_) => {}
+        Err(GitError::TooLarge(_)) => return Err(too_large()),
+        Err(GitError::BadBundle(m)) => {
+            return Err(bad(
+                FailureKind::BadHandoff,
+                &format!("reading the bundle: {m}"),
+            ))
         }
+        Err(e) => return Err(bad(FailureKind::Internal, &e.to_string())),
     }
-    if let Err(e) = tokio::fs::write(&bundle_path, &out).await {
-        return Err(bad(
-            FailureKind::Internal,
-            &format!("keeping the bundle: {e}"),
-        ));
-    }
-    drop(out);
+    drop(reader);
     let tip = git
         .receive_bundle(checkout, &bundle_path, &row.branch)
         .await

@@ -369,47 +369,64 @@ pub async fn events(
 }
 
 /// `GET /api/v1/tasks/{id}/log`: the agent's output while the run is alive (410 once it
-/// ended). A run still queued or provisioning is waited for.
+/// ended). A run still queued is waited for on the run's own state events (the broadcast the
+/// `events` stream reads, subscribed before the row is read, so its start is not missed): the
+/// store is not polled. The stream ends when the run's live log closes (the run ended) or a
+/// terminal state of the run is seen before it went live.
 pub async fn log(
     state: &Arc<AppState>,
     auth: &Auth,
     id: &str,
 ) -> Result<impl futures_util::Stream<Item = super::LogLine> + Send + 'static, TaskError> {
+    let events = state.tasks.events.subscribe();
     let row = owned(state, auth, id).await?;
     if row.state.is_terminal() {
         return Err(TaskError::Gone);
     }
-    let st = state.clone();
-    let id = id.to_string();
-    let init: (
-        Option<tokio::sync::broadcast::Receiver<super::LogLine>>,
-        _,
-        _,
-    ) = (None, st, id);
+    /// Waiting for the run to go live (its state events), or following its live log.
+    enum Phase {
+        Waiting(tokio::sync::broadcast::Receiver<(String, TaskEvent)>),
+        Live(tokio::sync::broadcast::Receiver<super::LogLine>),
+    }
+    let init = (Phase::Waiting(events), state.clone(), id.to_string());
     Ok(futures_util::stream::unfold(
         init,
-        |(mut rx, st, id)| async move {
+        |(mut phase, st, id)| async move {
+            use tokio::sync::broadcast::error::RecvError;
             loop {
-                match rx.as_mut() {
-                    None => {
+                match &mut phase {
+                    Phase::Waiting(events) => {
+                        // Registered before it leaves `queued` and before its first event:
+                        // looked for on every event of this run (and once at first).
                         if let Some(live) = st.tasks.live(&id) {
-                            match live.subscribe_log() {
-                                Some(r) => rx = Some(r),
-                                None => return None,
-                            }
+                            phase = Phase::Live(live.subscribe_log()?);
                             continue;
                         }
-                        match st.store.task(&id).await.ok().flatten() {
-                            Some(r) if !r.state.is_terminal() => {
-                                tokio::time::sleep(std::time::Duration::from_millis(200)).await
+                        match events.recv().await {
+                            Ok((tid, TaskEvent::State { state, .. })) if tid == id => {
+                                if state.is_terminal() {
+                                    return None;
+                                }
                             }
-                            _ => return None,
+                            Ok(_) => {}
+                            // Missed some events (its end among them, perhaps): the row as
+                            // stored now, read once; if alive, whether it is live is looked at
+                            // again.
+                            Err(RecvError::Lagged(_)) => {
+                                if st.tasks.live(&id).is_none() {
+                                    match st.store.task(&id).await.ok().flatten() {
+                                        Some(r) if !r.state.is_terminal() => {}
+                                        _ => return None,
+                                    }
+                                }
+                            }
+                            Err(RecvError::Closed) => return None,
                         }
                     }
-                    Some(r) => match r.recv().await {
-                        Ok(line) => return Some((line, (rx, st, id))),
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                        Err(_) => return None,
+                    Phase::Live(r) => match r.recv().await {
+                        Ok(line) => return Some((line, (phase, st, id))),
+                        Err(RecvError::Lagged(_)) => continue,
+                        Err(RecvError::Closed) => return None,
                     },
                 }
             }

@@ -643,7 +643,7 @@ async fn a_runs_model_requests_are_its_own_and_stop_at_its_reservation() {
         sandbox_id: Some("sbm".into()),
         request_id: format!("req{n}"),
     };
-    assert!(meter.admit(&caller(0), "m1").await.is_ok());
+    assert!(meter.admit(&caller(0), "m1", None).await.is_ok());
     meter
         .record(
             caller(1),
@@ -669,11 +669,11 @@ async fn a_runs_model_requests_are_its_own_and_stop_at_its_reservation() {
         Some("0.4".parse().expect("m"))
     );
     assert!(matches!(
-        meter.admit(&caller(2), "m1").await,
+        meter.admit(&caller(2), "m1", None).await,
         Err(Refusal::InsufficientFunds(_))
     ));
     s.state.gateway.unbind_task("sbm");
-    assert!(meter.admit(&caller(3), "m1").await.is_ok());
+    assert!(meter.admit(&caller(3), "m1", None).await.is_ok());
 }
 
 #[tokio::test]
@@ -812,4 +812,289 @@ async fn a_forge_given_to_one_workspace_is_not_there_for_another() {
     .await;
     assert_eq!(status, 200, "{v}");
     wait_terminal_as(&s, &other_key, &id).await;
+}
+
+#[tokio::test]
+async fn task_reads_count_against_the_read_limit_and_are_refused_with_retry_after() {
+    let s = Server::start_with(|c| {
+        c.gateway.reserve_per_run = Money::ZERO;
+        c.agents = vec![cella_tasks::AgentConfig {
+            command: vec!["true".into()],
+            ..cella_tasks::AgentConfig {
+                kind: cella_tasks::AgentKind::Command,
+                name: "cmd".into(),
+                ..cella_tasks::AgentConfig::builtin_default()
+            }
+        }];
+        c.rate_limits.read = crate::ratelimit::Limit {
+            per_second: 0.01,
+            burst: 2,
+        };
+    })
+    .await;
+    let ws = default_ws(&s).await;
+    settings(&s, &ws, json!({ "tasks_enabled": true })).await;
+    repo(&s, "acme/app");
+    let (st, v) = s
+        .call("POST", "/api/v1/tasks", Some(start_body("acme/app")))
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let id = v["data"]["id"].as_str().expect("id").to_string();
+    let send = |path: String| {
+        let s = &s;
+        async move {
+            let req = Request::builder()
+                .method("GET")
+                .uri(path)
+                .header("authorization", format!("Bearer {}", s.key))
+                .body(Body::empty())
+                .expect("request");
+            let res = s.app.clone().oneshot(req).await.expect("answer");
+            let status = res.status().as_u16();
+            let headers = res.headers().clone();
+            // An SSE answer is not read to its end (a queued run's streams stay open).
+            if status == 200 {
+                return (status, headers, Value::Null);
+            }
+            let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
+                .await
+                .expect("body");
+            (
+                status,
+                headers,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            )
+        }
+    };
+    // The burst of two: a list and a get.
+    let (st, h, _) = send("/api/v1/tasks".into()).await;
+    assert_eq!(st, 200);
+    assert_eq!(h["ratelimit-limit"], "2");
+    let (st, _, _) = send(format!("/api/v1/tasks/{id}")).await;
+    assert_eq!(st, 200);
+    // Then every task read is refused, the streams included, each with Retry-After.
+    for path in [
+        "/api/v1/tasks".to_string(),
+        format!("/api/v1/tasks/{id}"),
+        format!("/api/v1/tasks/{id}/events"),
+        format!("/api/v1/tasks/{id}/log"),
+    ] {
+        let (st, h, v) = send(path.clone()).await;
+        assert_eq!((st, error(&v).0), (429, "RATE_LIMITED"), "{path}: {v}");
+        assert_eq!(error(&v).1["group"], "read", "{path}: {v}");
+        let retry: u64 = h["retry-after"]
+            .to_str()
+            .expect("ascii")
+            .parse()
+            .expect("seconds");
+        assert!(retry >= 1, "{path}: {retry}");
+    }
+    // A cancel is not a read: the refused reads do not stop the tenant cancelling.
+    let (st, v) = s
+        .call("POST", &format!("/api/v1/tasks/{id}/cancel"), None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+}
+
+/// A stand-in model (no provider is reachable from tests) whose streamed chat answers wait for
+/// `gate` before they end; each reports 1000 input and 1000 output tokens. Answers its URL and
+/// the count of requests it got.
+async fn gated_model(
+    gate: tokio::sync::watch::Receiver<bool>,
+) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use axum::response::IntoResponse;
+    let got = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = got.clone();
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || {
+            let mut gate = gate.clone();
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                let body = futures_util::stream::once(async move {
+                    let _ = gate.wait_for(|open| *open).await;
+                    Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(
+                        "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":1000,\"completion_tokens\":1000}}\n\ndata: [DONE]\n\n",
+                    ))
+                });
+                (
+                    [("content-type", "text/event-stream")],
+                    axum::body::Body::from_stream(body),
+                )
+                    .into_response()
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (format!("http://{addr}/v1"), got)
+}
+
+/// N concurrent streamed requests of one run's sandbox cannot together spend more than the
+/// run's model budget: each admitted one holds its worst case (or, with no bound on its
+/// output, all that is left) until it is recorded, and the ones that do not fit beside them
+/// are refused 402 `INSUFFICIENT_FUNDS` at once, before reaching the model.
+#[tokio::test]
+async fn concurrent_model_requests_of_a_run_cannot_overspend_its_reservation() {
+    use cella_gateway::{Api, Caller};
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let (url, got) = gated_model(gate).await;
+    let gw: cella_gateway::GatewayConfig = toml::from_str(&format!(
+        "[[upstreams]]\nname = \"o\"\nkind = \"openai\"\nbase_url = \"{url}\"\nmodels = [\"m\"]\n[prices.m]\ninput = \"1\"\noutput = \"1\"\n"
+    ))
+    .expect("gateway config");
+    let s = Server::start_with(|c| c.gateway = gw).await;
+    let ws = default_ws(&s).await;
+    s.state
+        .billing
+        .credit(&ws, "10".parse().expect("m"), None)
+        .await
+        .expect("credit");
+    // The run's model budget: 5000 micro-units; every answer costs 2000.
+    let budget: Money = "0.005".parse().expect("m");
+    s.state.gateway.bind_task("sbc", "taskc", budget);
+    let meter: Arc<dyn cella_gateway::Meter> = Arc::new(crate::gateway::ServerMeter {
+        state: s.state.clone(),
+    });
+    let mut n = 0;
+    // Sends `count` requests at once (`max_tokens` as given); answers each one's status.
+    let mut burst = |count: usize, max_tokens: Option<u64>| {
+        let mut all = Vec::new();
+        for _ in 0..count {
+            n += 1;
+            let caller = Caller {
+                workspace_id: ws.clone(),
+                sandbox_id: Some("sbc".into()),
+                request_id: format!("reqc{n}"),
+            };
+            let mut body = json!({"model": "m", "stream": true,
+                "messages": [{"role": "user", "content": "x".repeat(1100)}]});
+            if let Some(m) = max_tokens {
+                body["max_tokens"] = json!(m);
+            }
+            let (st, meter) = (s.state.clone(), meter.clone());
+            all.push(tokio::spawn(async move {
+                let res = st
+                    .gateway
+                    .gateway
+                    .handle(
+                        Api::ChatCompletions,
+                        caller,
+                        meter,
+                        &axum::http::HeaderMap::new(),
+                        None,
+                        Body::from(body.to_string()),
+                    )
+                    .await;
+                let status = res.status().as_u16();
+                let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
+                    .await
+                    .expect("body");
+                (status, String::from_utf8_lossy(&bytes).into_owned())
+            }));
+        }
+        all
+    };
+    let charged = |s: &Server| {
+        let st = s.state.clone();
+        async move {
+            st.model_meter.flush().await;
+            st.billing
+                .task_model_costs(&["taskc"])
+                .await
+                .expect("costs")
+                .get("taskc")
+                .copied()
+                .unwrap_or((Money::ZERO, 0))
+        }
+    };
+    // Waits for `count` answers: the refused ones come at once, the admitted ones once the
+    // gate opens; answers (admitted, refusal bodies).
+    async fn settle(
+        all: Vec<tokio::task::JoinHandle<(u16, String)>>,
+        open: &tokio::sync::watch::Sender<bool>,
+        got: &std::sync::atomic::AtomicUsize,
+        reached_before: usize,
+    ) -> (usize, Vec<String>) {
+        let count = all.len();
+        // Every request is either refused or at the model before any answer ends.
+        let mut refused = Vec::new();
+        let mut pending = Vec::new();
+        for h in all {
+            pending.push(h);
+        }
+        for _ in 0..400 {
+            let finished = pending.iter().filter(|h| h.is_finished()).count();
+            let reached = got.load(std::sync::atomic::Ordering::SeqCst) - reached_before;
+            if finished + reached == count {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let admitted = got.load(std::sync::atomic::Ordering::SeqCst) - reached_before;
+        open.send_replace(true);
+        for h in pending {
+            let (status, body) = h.await.expect("request");
+            if status != 200 {
+                assert_eq!(status, 402, "{body}");
+                refused.push(body);
+            }
+        }
+        open.send_replace(false);
+        assert_eq!(admitted + refused.len(), count);
+        (admitted, refused)
+    }
+    // 1. Six at once with no bound on their output: one holds all that is left, the others
+    //    are refused while it is in flight.
+    let (admitted, refused) = settle(burst(6, None), &open, &got, 0).await;
+    assert_eq!((admitted, refused.len()), (1, 5), "{refused:?}");
+    for r in &refused {
+        let v: Value = serde_json::from_str(r).expect("json");
+        assert_eq!(v["error"]["code"], "INSUFFICIENT_FUNDS", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("in flight"),
+            "{v}"
+        );
+    }
+    // 2. At once after the first answer ended (its cost is off the budget and its share free
+    //    by then), six at once, each bounded (worst case: its body's bytes and 1000 output
+    //    tokens, a little over 2000): only the one whose worst case fits the 3000 left is
+    //    admitted.
+    let before = got.load(std::sync::atomic::Ordering::SeqCst);
+    let (admitted, refused) = settle(burst(6, Some(1000)), &open, &got, before).await;
+    assert_eq!((admitted, refused.len()), (1, 5), "{refused:?}");
+    let mut total = (Money::ZERO, 0);
+    for _ in 0..200 {
+        total = charged(&s).await;
+        if total.1 == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(total, ("0.004".parse().expect("m"), 2));
+    assert!(total.0 <= budget, "charged {} of {budget}", total.0);
+    // 3. What is left (1000) covers no worst case: a request runs alone with all of it (the
+    //    others at that time are refused), as the last request of a run always could; once
+    //    nothing is left every request is refused as spent.
+    let before = got.load(std::sync::atomic::Ordering::SeqCst);
+    let (admitted, _) = settle(burst(3, Some(1000)), &open, &got, before).await;
+    assert_eq!(admitted, 1);
+    for _ in 0..200 {
+        if charged(&s).await.1 == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let before = got.load(std::sync::atomic::Ordering::SeqCst);
+    let (admitted, refused) = settle(burst(2, None), &open, &got, before).await;
+    assert_eq!(admitted, 0);
+    for r in &refused {
+        assert!(r.contains("is spent"), "{r}");
+    }
 }
