@@ -229,7 +229,7 @@ async fn guard_mcp(State(g): State<Arc<Guard>>, mut req: Request, next: Next) ->
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return r;
     };
-    let mut workspace_id = String::new();
+    let workspace_id: String;
     // The API decides who the key is (401 unknown or revoked, 429 over a limit).
     let mut check = ApiRequest::new(Method::GET, "/api/v1/api-keys/current");
     check.authorization = Some(auth.clone());

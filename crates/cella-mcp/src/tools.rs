@@ -1025,7 +1025,7 @@ fn cut(s: &mut String, cap: usize) -> bool {
 /// error's traceback and each text output at most `cap` bytes (`<field>_truncated: true` where
 /// cut), images together at most `images` bytes (one past that is dropped, `dropped: true`).
 fn cap_cell(v: &mut Value, cap: usize, images: usize) {
-    let mut cap_field = |obj: &mut Value, key: &str| {
+    let cap_field = |obj: &mut Value, key: &str| {
         if let Some(Value::String(s)) = obj.get_mut(key) {
             if cut(s, cap) {
                 obj[format!("{key}_truncated")] = Value::Bool(true);
