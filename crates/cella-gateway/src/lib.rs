@@ -566,8 +566,11 @@ async fn read_answer(res: reqwest::Response) -> Result<Bytes, String> {
 /// The request's [`Hold`] goes with it: released once the record is made (see
 /// [`Meter::record`]), or at once when there is nothing to record.
 struct Recording {
-    inner: Option<(Arc<dyn Meter>, Caller, String, Price, Hold)>,
+    inner: Option<Pending>,
 }
+
+/// What a [`Recording`] records with: the meter, who asked, the model, its price, and the hold.
+type Pending = (Arc<dyn Meter>, Caller, String, Price, Hold);
 
 impl Recording {
     fn finish(&mut self, usage: Option<Usage>, complete: bool) {
