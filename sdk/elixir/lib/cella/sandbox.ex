@@ -66,7 +66,7 @@ defmodule Cella.Sandbox do
 
   Options: `:template` (default the server's `base`), `:size` (default the template's),
   `:timeout` (the active-session timeout in seconds, default 3600), `:metadata` and `:env`
-  (maps of strings), `:network` (`%{egress: "deny", allow: ["pypi.org"]}`), `:idle_timeout`,
+  (maps of strings), `:network` (`%{egress: "deny", allow: ["packages.example.org"]}`), `:idle_timeout`,
   `:persistent`, `:always_on`, `:snapshot_id` (start from a snapshot), `:wait`, `:extra` (raw
   fields added to the body), and the connection's (`Cella.Config`).
   """

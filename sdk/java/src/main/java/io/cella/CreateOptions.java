@@ -58,7 +58,7 @@ public final class CreateOptions {
 
         public Builder env(Map<String, String> env) { env.forEach(this::env); return this; }
 
-        /** The egress policy, e.g. {@code {"egress": "deny", "allow": ["pypi.org"]}}. */
+        /** The egress policy, e.g. {@code {"egress": "deny", "allow": ["packages.example.org"]}}. */
         public Builder network(JsonNode policy) { body.set("network", policy); return this; }
 
         /** Start from a snapshot's files. */
