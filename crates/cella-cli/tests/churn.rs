@@ -70,8 +70,16 @@ fn churn_leaves_nothing_behind() {
         took.as_secs_f64(),
         p50_p99(&execs.lock().unwrap())
     );
-    assert_eq!(tracked.netns.len(), cycles, "each sandbox had a network namespace");
-    assert_eq!(tracked.ifindexes.len(), cycles, "each sandbox had a host interface");
+    assert_eq!(
+        tracked.netns.len(),
+        cycles,
+        "each sandbox had a network namespace"
+    );
+    assert_eq!(
+        tracked.ifindexes.len(),
+        cycles,
+        "each sandbox had a host interface"
+    );
     assert_back_to(&s, &base, &tracked, "churn");
     let rows = assert_all_destroyed(&s, KEY);
     println!("churn: store rows: {rows} sandboxes, every one destroyed, none live");
@@ -148,8 +156,12 @@ fn soak_keeps_the_server_flat() {
                                 Some(vec![b'x'; 64 * 1024]),
                                 &[],
                             );
-                            let g = s.get(&format!("/api/v1/sandboxes/{id}/files/stat?path=/tmp/soak-{i}"));
-                            let d = s.delete(&format!("/api/v1/sandboxes/{id}/files?path=/tmp/soak-{i}"));
+                            let g = s.get(&format!(
+                                "/api/v1/sandboxes/{id}/files/stat?path=/tmp/soak-{i}"
+                            ));
+                            let d = s.delete(&format!(
+                                "/api/v1/sandboxes/{id}/files?path=/tmp/soak-{i}"
+                            ));
                             (r.status != 200 || g.status != 200 || d.status != 200)
                                 .then(|| format!("files: {} {} {}", r.status, g.status, d.status))
                         }
@@ -210,13 +222,20 @@ fn soak_keeps_the_server_flat() {
     for (t, rss, fds, th) in &samples {
         println!("soak: {t} {rss} {fds} {th}");
     }
-    assert!(errors.lock().unwrap().is_empty(), "{:?}", errors.lock().unwrap());
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:?}",
+        errors.lock().unwrap()
+    );
     let rss: Vec<u64> = samples.iter().map(|x| x.1).collect();
     let fds: Vec<u64> = samples.iter().map(|x| x.2).collect();
     let th: Vec<u64> = samples.iter().map(|x| x.3).collect();
     // Growth: the last third's median above the first third's by more than 25% and 16 MiB
     // (memory), 16 (descriptors), 8 (threads).
-    assert!(!grows(&rss, 25, 16 * 1024), "resident memory grows: {rss:?}");
+    assert!(
+        !grows(&rss, 25, 16 * 1024),
+        "resident memory grows: {rss:?}"
+    );
     assert!(!grows(&fds, 0, 16), "open descriptors grow: {fds:?}");
     assert!(!grows(&th, 0, 8), "threads grow: {th:?}");
     for id in &keep {

@@ -56,7 +56,12 @@ fn sixty_four_parallel_creates_make_exactly_the_cap() {
         refused.len(),
         64 - made.len() - refused.len()
     );
-    assert_eq!(made.len(), 10, "{:?}", results.iter().map(|r| &r.body).collect::<Vec<_>>());
+    assert_eq!(
+        made.len(),
+        10,
+        "{:?}",
+        results.iter().map(|r| &r.body).collect::<Vec<_>>()
+    );
     assert_eq!(refused.len(), 54);
     for r in &refused {
         r.assert_error(429, "CONCURRENCY_LIMIT");
@@ -75,7 +80,10 @@ fn sixty_four_parallel_creates_make_exactly_the_cap() {
         .iter()
         .map(|x| x["id"].as_str().unwrap())
         .collect();
-    let mut made_ids: Vec<&str> = made.iter().map(|r| r.data()["id"].as_str().unwrap()).collect();
+    let mut made_ids: Vec<&str> = made
+        .iter()
+        .map(|r| r.data()["id"].as_str().unwrap())
+        .collect();
     live_ids.sort();
     made_ids.sort();
     assert_eq!(live_ids, made_ids);
@@ -87,7 +95,12 @@ fn sixty_four_parallel_creates_make_exactly_the_cap() {
     );
     assert_eq!(all.data().as_array().unwrap().len(), 0, "{}", all.body);
     for id in &made_ids {
-        let d = s.req("DELETE", &format!("/api/v1/sandboxes/{id}"), Some(&key), None);
+        let d = s.req(
+            "DELETE",
+            &format!("/api/v1/sandboxes/{id}"),
+            Some(&key),
+            None,
+        );
         assert_eq!(d.status, 200, "{}", d.body);
     }
     let tracked = tracked.into_inner().unwrap();
@@ -171,7 +184,12 @@ fn five_hundred_sandboxes_held_by_one_enterprise_workspace() {
     );
     // One more is refused: the cap.
     if n == 500 {
-        let r = s.req("POST", "/api/v1/sandboxes", Some(&key), Some(&json!({ "size": "xs" })));
+        let r = s.req(
+            "POST",
+            "/api/v1/sandboxes",
+            Some(&key),
+            Some(&json!({ "size": "xs" })),
+        );
         r.assert_error(429, "CONCURRENCY_LIMIT");
     }
     // Every loop runs; then three rounds of exec over all of them, 16 at once.
@@ -219,7 +237,12 @@ fn five_hundred_sandboxes_held_by_one_enterprise_workspace() {
                 if i >= ids.len() {
                     return;
                 }
-                let d = s.req("DELETE", &format!("/api/v1/sandboxes/{}", ids[i]), Some(&key), None);
+                let d = s.req(
+                    "DELETE",
+                    &format!("/api/v1/sandboxes/{}", ids[i]),
+                    Some(&key),
+                    None,
+                );
                 assert_eq!(d.status, 200, "{}", d.body);
             });
         }

@@ -24,7 +24,9 @@
 //!   address of the host's own interfaces, and the operator's `deny_always` ranges). A sandbox's
 //!   chain tests it first, before the tenant's deny and allow lists (only DNS to the resolvers
 //!   the operator gave sandboxes comes before it). The host's addresses are read again by
-//!   [`Firewall::refresh_floor`].
+//!   [`Firewall::refresh_floor`]. A clean stop of a server with no sandbox chain left removes
+//!   its set ([`Firewall::remove_floor`]): sets of servers long gone would otherwise pile up in
+//!   the shared table, and every `nft` run on the host reads all of them.
 //! - refused traffic is *rejected*, not dropped (chain `refuse`): TCP gets a reset, anything else
 //!   an ICMP "administratively prohibited", so a tool in the sandbox fails at once
 //!   (`ECONNREFUSED`, `EHOSTUNREACH`) instead of waiting for its own timeout.
@@ -190,6 +192,13 @@ impl Firewall {
             s += &format!("add element inet cella {set} {{ {} }}\n", list.join(", "));
         }
         s
+    }
+
+    /// Removes this server's floor set when no sandbox chain refers to it any more (a clean
+    /// stop; a kept sandbox's chain still needs it, and the kernel refuses then). Returns
+    /// whether it was removed.
+    pub fn remove_floor(&self) -> bool {
+        nft(&format!("delete set inet cella {}\n", self.floor_set())).is_ok()
     }
 
     /// Writes the floor again when the host's addresses changed since `last` (one batch);

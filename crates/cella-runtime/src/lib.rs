@@ -105,6 +105,20 @@ pub enum DriverError {
     Io(#[from] std::io::Error),
 }
 
+impl DriverError {
+    /// Whether the host's file system (the data directory's) had no room: `ENOSPC` or
+    /// `EDQUOT`, from this process or in the message of a program it ran (`mkfs`, `cp`).
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            DriverError::Io(e) => matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)),
+            other => {
+                let m = other.to_string();
+                m.contains("No space left on device") || m.contains("Disk quota exceeded")
+            }
+        }
+    }
+}
+
 /// An isolation backend.
 #[async_trait]
 pub trait Driver: Send + Sync + 'static {

@@ -89,6 +89,13 @@ impl IntoResponse for ApiError {
 impl From<cella_store::StoreError> for ApiError {
     fn from(e: cella_store::StoreError) -> Self {
         tracing::error!("store: {e}");
+        if e.is_full() {
+            // The server's disk is full: the write did not happen; the client may retry later.
+            return ApiError::new(
+                ErrorCode::InsufficientStorage,
+                "the server's disk is full; nothing was changed",
+            );
+        }
         ApiError::internal()
     }
 }

@@ -776,6 +776,10 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     // booted again at the next start, so a clean stop leaves none of it behind.
     pool::drain(&state).await;
     state.driver.tidy();
+    // The server's floor set goes too, unless a kept sandbox's chain still refers to it.
+    if let Some(fw) = state.firewall.clone() {
+        let _ = tokio::task::spawn_blocking(move || fw.remove_floor()).await;
+    }
     if let Err(e) = state.store.checkpoint().await {
         tracing::warn!("checkpointing the store: {e}");
     }

@@ -43,6 +43,9 @@ pub const MAX_FORK: u32 = 10;
 fn driver_error(sandbox: &str, e: DriverError) -> SnapshotError {
     match e {
         DriverError::Unsupported(m) => SnapshotError::Unsupported(m),
+        e if e.is_no_space() => SnapshotError::NoSpace {
+            sandbox: sandbox.to_string(),
+        },
         source => SnapshotError::Driver {
             sandbox: sandbox.to_string(),
             source,

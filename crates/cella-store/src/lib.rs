@@ -68,6 +68,19 @@ impl StoreError {
         matches!(self, StoreError::Db(sqlx::Error::Database(e)) if e.is_unique_violation())
     }
 
+    /// The database's file system has no room (`SQLITE_FULL`, code 13): nothing was written.
+    pub fn is_full(&self) -> bool {
+        match self {
+            StoreError::Db(sqlx::Error::Database(e)) => {
+                e.code().is_some_and(|c| c == "13" || c.starts_with("13"))
+            }
+            StoreError::Db(sqlx::Error::Io(e)) => {
+                e.raw_os_error() == Some(28) // ENOSPC
+            }
+            _ => false,
+        }
+    }
+
     pub fn corrupt(table: &'static str, id: &str, reason: impl Into<String>) -> StoreError {
         StoreError::Corrupt {
             table,

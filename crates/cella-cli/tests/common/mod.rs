@@ -461,8 +461,23 @@ pub fn firewall_chains(instance: &str) -> Vec<String> {
         .collect()
 }
 
-/// Removes what a killed test server left in the firewall (its map entries and chains).
+/// Removes what a killed test server left in the firewall (its map entries, chains and floor
+/// set: the sets of servers gone pile up otherwise, and every `nft` run reads them all).
 fn remove_firewall_chains(instance: &str) {
+    remove_chains(instance);
+    let _ = Command::new("nft")
+        .args([
+            "delete",
+            "set",
+            "inet",
+            "cella",
+            &format!("floor_{instance}"),
+        ])
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn remove_chains(instance: &str) {
     let chains = firewall_chains(instance);
     if chains.is_empty() {
         return;
@@ -492,6 +507,7 @@ fn remove_firewall_chains(instance: &str) {
     for c in &chains {
         script += &format!("flush chain inet cella {c}\ndelete chain inet cella {c}\n");
     }
+
     if let Ok(mut child) = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())

@@ -64,7 +64,11 @@ impl Census {
             .map(String::from)
             .collect();
         let mut loops = BTreeSet::new();
-        for e in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
+        for e in std::fs::read_dir("/sys/block")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let name = e.file_name().to_string_lossy().to_string();
             if !name.starts_with("loop") {
                 continue;
@@ -79,7 +83,11 @@ impl Census {
         let mut procs = BTreeSet::new();
         if !instance.is_empty() {
             for root in cgroup_roots() {
-                walk_cgroups(&root.join("cella").join(&instance), &mut cgroups, &mut procs);
+                walk_cgroups(
+                    &root.join("cella").join(&instance),
+                    &mut cgroups,
+                    &mut procs,
+                );
             }
         }
         procs.extend(children_of(s.server_pid() as i32));
@@ -90,7 +98,11 @@ impl Census {
         };
         let mut sandbox_files = BTreeSet::new();
         for sub in ["sandboxes", "run"] {
-            for e in std::fs::read_dir(data.join(sub)).into_iter().flatten().flatten() {
+            for e in std::fs::read_dir(data.join(sub))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 sandbox_files.insert(format!("{sub}/{}", e.file_name().to_string_lossy()));
             }
         }
@@ -199,7 +211,8 @@ impl Tracked {
                 }
             }
         }
-        let instance = std::fs::read_to_string(s.data_dir().join("instance-id")).unwrap_or_default();
+        let instance =
+            std::fs::read_to_string(s.data_dir().join("instance-id")).unwrap_or_default();
         let prefix = format!("sb_{}_{id}_", instance.trim());
         for c in firewall_chains(instance.trim()) {
             if let Some(ix) = c.strip_prefix(&prefix).and_then(|r| r.parse().ok()) {
@@ -216,7 +229,12 @@ impl Tracked {
     /// The recorded namespaces still in use and interfaces still present.
     pub fn left(&self) -> (Vec<String>, Vec<u32>) {
         let in_use = crate::common::namespaces_in_use();
-        let ns = self.netns.iter().filter(|n| in_use.contains(*n)).cloned().collect();
+        let ns = self
+            .netns
+            .iter()
+            .filter(|n| in_use.contains(*n))
+            .cloned()
+            .collect();
         let present: HashSet<u32> = std::fs::read_dir("/sys/class/net")
             .into_iter()
             .flatten()
@@ -224,7 +242,12 @@ impl Tracked {
             .filter_map(|e| std::fs::read_to_string(e.path().join("ifindex")).ok())
             .filter_map(|t| t.trim().parse().ok())
             .collect();
-        let ifs = self.ifindexes.iter().filter(|i| present.contains(i)).copied().collect();
+        let ifs = self
+            .ifindexes
+            .iter()
+            .filter(|i| present.contains(i))
+            .copied()
+            .collect();
         (ns, ifs)
     }
 }
@@ -235,7 +258,10 @@ pub fn baseline(s: &Server, ids: &[String], tracked: &Tracked) -> Census {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let c = Census::take(s);
-        let named = |set: &BTreeSet<String>| set.iter().any(|x| ids.iter().any(|i| x.contains(i.as_str())));
+        let named = |set: &BTreeSet<String>| {
+            set.iter()
+                .any(|x| ids.iter().any(|i| x.contains(i.as_str())))
+        };
         let (ns, ifs) = tracked.left();
         let clear = !named(&c.mounts)
             && !named(&c.loops)
@@ -247,7 +273,10 @@ pub fn baseline(s: &Server, ids: &[String], tracked: &Tracked) -> Census {
         if clear {
             return c;
         }
-        assert!(Instant::now() < deadline, "the warm-up's sandboxes are not gone: {c:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the warm-up's sandboxes are not gone: {c:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -129,6 +129,14 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
         }
         Err(e) => {
             tracing::error!(sandbox = row.id, "sandbox failed to start: {e}");
+            // What the failed boot made on the host (its directory and disk image, a cgroup)
+            // goes now: a sandbox in `error` has nothing to keep, except kept files of a
+            // persistent sandbox booted again.
+            if !(row.persistent && row.started_at.is_some()) {
+                if let Err(e) = state.driver.destroy(&row.id, None).await {
+                    tracing::warn!(sandbox = row.id, "clearing a failed boot: {e}");
+                }
+            }
             if let Err(e) = transitions::apply(row, Event::BootFailed) {
                 tracing::error!(sandbox = row.id, "recording boot result: {e}");
             }

@@ -317,6 +317,8 @@ impl From<SandboxError> for ApiError {
                 tracing::warn!("{message}");
                 ApiError::unavailable("the sandbox's agent did not answer")
             }
+            // The server's disk is full: 507, nothing written.
+            E::Store(s) if s.is_full() => s.into(),
             E::UnexpectedAnswer(_)
             | E::NoRuntime(_)
             | E::NoWorkspace(_)
@@ -363,6 +365,9 @@ pub enum SnapshotError {
     /// The sandbox, its workspace or a request field (see [`SandboxError`]).
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    /// The server's own disk (its data directory) has no room for the copy; nothing is kept.
+    #[error("the server's disk has no room for a snapshot of sandbox {sandbox}; nothing was kept")]
+    NoSpace { sandbox: String },
     /// The driver failed to copy the files.
     #[error("snapshot of sandbox {sandbox}: {source}")]
     Driver {
@@ -397,6 +402,7 @@ impl From<SnapshotError> for ApiError {
                 e
             }
             E::Full(full) => full.into(),
+            E::NoSpace { .. } => ApiError::new(ErrorCode::InsufficientStorage, message),
             E::Sandbox(e) => e.into(),
             E::Store(e) => e.into(),
             E::Driver { .. } | E::Task { .. } => {
