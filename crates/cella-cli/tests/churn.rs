@@ -41,7 +41,7 @@ fn cycle(s: &Server, tracked: &Mutex<Tracked>) -> (String, f64) {
 fn churn_leaves_nothing_behind() {
     let cycles = if long() { 1000 } else { 200 };
     let cycles = knob("CELLA_CHURN_CYCLES", cycles) as usize;
-    let parallel = 16;
+    let parallel = knob("CELLA_CHURN_PARALLEL", 16) as usize;
     let s = Server::start_with(UNLIMITED);
     // One cycle first, so that what the first create makes once (the base image's files) is in
     // the baseline.

@@ -1,5 +1,7 @@
 //! Booting a sandbox: its driver sandbox, then its template's app (when it has one) until
 //! that is ready; the result (`running` or `error`) is recorded through the transition table.
+//! A failed boot of a new sandbox removes what it made on the host (directory, disk image,
+//! cgroup): a sandbox in `error` holds nothing there.
 //! Also banking a boot's clock and CPU time when it ends.
 
 use super::transitions::{self, Event};
