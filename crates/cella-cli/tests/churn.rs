@@ -144,7 +144,7 @@ fn soak_keeps_the_server_flat() {
                     let tick = Instant::now();
                     let id = &keep[w];
                     let bad = match i % 8 {
-                        0 | 1 | 2 => {
+                        0..=2 => {
                             let out = s.sh(id, "echo soak");
                             (out["stdout"] != "soak\n").then(|| format!("exec: {out}"))
                         }
