@@ -231,7 +231,7 @@ fn assert_back_to_no_sandboxes(s: &Server, tracked: &Tracked) -> Census {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let c = Census::take(s);
-        let (ns, ifs) = tracked.left();
+        let (ns, ifs) = tracked.left(s);
         let clean = c.mounts.iter().all(|m| !m.contains("/sandboxes/"))
             && c.loops.is_empty()
             && c.cgroups.is_empty()

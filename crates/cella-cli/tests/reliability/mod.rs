@@ -199,18 +199,25 @@ fn count_files(dir: &Path) -> usize {
 pub struct Tracked {
     pub netns: HashSet<String>,
     pub ifindexes: HashSet<u32>,
+    /// How many sandboxes had a network namespace of their own when recorded (the kernel
+    /// reuses a freed namespace's inode number, so `netns` may hold fewer).
+    pub netns_seen: usize,
 }
 
 impl Tracked {
     /// Records what sandbox `id` of `s` holds now.
     pub fn record(&mut self, s: &Server, id: &str) {
-        for p in sandbox_pids(id).into_iter().take(1) {
-            for n in namespaces(p) {
-                if n.starts_with("net:") {
-                    self.netns.insert(n);
-                }
-            }
+        // Any of its processes (the first may still be in the host's namespace).
+        let mine = namespaces(std::process::id() as i32);
+        let own: HashSet<String> = sandbox_pids(id)
+            .into_iter()
+            .flat_map(namespaces)
+            .filter(|n| n.starts_with("net:") && !mine.contains(n))
+            .collect();
+        if !own.is_empty() {
+            self.netns_seen += 1;
         }
+        self.netns.extend(own);
         let instance =
             std::fs::read_to_string(s.data_dir().join("instance-id")).unwrap_or_default();
         let prefix = format!("sb_{}_{id}_", instance.trim());
@@ -224,11 +231,15 @@ impl Tracked {
     pub fn merge(&mut self, other: Tracked) {
         self.netns.extend(other.netns);
         self.ifindexes.extend(other.ifindexes);
+        self.netns_seen += other.netns_seen;
     }
 
-    /// The recorded namespaces still in use and interfaces still present.
-    pub fn left(&self) -> (Vec<String>, Vec<u32>) {
-        let in_use = crate::common::namespaces_in_use();
+    /// The recorded namespaces still in use by a process of this server (its cgroups, its
+    /// children: a freed namespace's inode number is reused by other processes of the host) and
+    /// the recorded interfaces still present.
+    pub fn left(&self, s: &Server) -> (Vec<String>, Vec<u32>) {
+        let c = Census::take(s);
+        let in_use: HashSet<String> = c.procs.iter().flat_map(|p| namespaces(*p)).collect();
         let ns = self
             .netns
             .iter()
@@ -262,7 +273,7 @@ pub fn baseline(s: &Server, ids: &[String], tracked: &Tracked) -> Census {
             set.iter()
                 .any(|x| ids.iter().any(|i| x.contains(i.as_str())))
         };
-        let (ns, ifs) = tracked.left();
+        let (ns, ifs) = tracked.left(s);
         let clear = !named(&c.mounts)
             && !named(&c.loops)
             && !named(&c.cgroups)
@@ -288,14 +299,14 @@ pub fn assert_back_to(s: &Server, base: &Census, tracked: &Tracked, what: &str) 
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let now = Census::take(s);
-        let (ns, ifs) = tracked.left();
+        let (ns, ifs) = tracked.left(s);
         let same = now == *base && ns.is_empty() && ifs.is_empty();
         if same || Instant::now() > deadline {
             println!("{what}: before: {}", base.summary());
             println!("{what}: after:  {}", now.summary());
             println!(
                 "{what}: network namespaces seen {}, left {}; host interfaces seen {}, left {}",
-                tracked.netns.len(),
+                tracked.netns_seen,
                 ns.len(),
                 tracked.ifindexes.len(),
                 ifs.len()
