@@ -71,8 +71,7 @@ fn churn_leaves_nothing_behind() {
         p50_p99(&execs.lock().unwrap())
     );
     assert_eq!(
-        tracked.netns.len(),
-        cycles,
+        tracked.netns_seen, cycles,
         "each sandbox had a network namespace"
     );
     assert_eq!(

@@ -209,7 +209,13 @@ impl Tracked {
     pub fn record(&mut self, s: &Server, id: &str) {
         // Any of its processes (the first may still be in the host's namespace).
         let mine = namespaces(std::process::id() as i32);
-        let own: HashSet<String> = sandbox_pids(id)
+        // At any depth of its cgroups (processes sit in the leaves, the agent's exec cgroups).
+        let mut pids = BTreeSet::new();
+        for d in crate::common::cgroup_dirs(id) {
+            walk_cgroups(&d, &mut BTreeSet::new(), &mut pids);
+        }
+        pids.extend(sandbox_pids(id));
+        let own: HashSet<String> = pids
             .into_iter()
             .flat_map(namespaces)
             .filter(|n| n.starts_with("net:") && !mine.contains(n))
