@@ -247,6 +247,17 @@ fn namespaces_held(s: &Server, known: &[String]) -> Vec<String> {
     held
 }
 
+/// Whether the cgroup of sandbox `id` is frozen (cgroup v2 `cgroup.events`, else v1's
+/// freezer).
+fn frozen(id: &str) -> bool {
+    cgroup_dirs(id).iter().any(|d| {
+        std::fs::read_to_string(d.join("cgroup.events"))
+            .is_ok_and(|e| e.lines().any(|l| l == "frozen 1"))
+            || std::fs::read_to_string(d.join("freezer.state"))
+                .is_ok_and(|f| f.trim() == "FROZEN" || f.trim() == "FREEZING")
+    })
+}
+
 /// Once every sandbox is destroyed: nothing of this server is left on the host. (Generous
 /// waits: a destroy removes a boot's firewall chain just after its answer, and on a loaded
 /// host deleting nftables objects waits for the kernel.)
@@ -374,6 +385,16 @@ fn check_and_destroy_all(
         ids.insert(id.clone());
         match st.as_str() {
             "running" | "paused" | "stopped" => {
+                // Frozen exactly when its row says paused (a paused sandbox runs nothing, a
+                // running one is not stuck).
+                if st != "stopped" {
+                    assert_eq!(
+                        frozen(&id),
+                        st == "paused",
+                        "{what}: {id} is {st}; its processes frozen: {}",
+                        frozen(&id)
+                    );
+                }
                 if st != "running" {
                     let r = s.req(
                         "POST",
