@@ -21,8 +21,11 @@
 //! both happened or neither, and settling again (the server does at start, for every
 //! reservation whose holder has ended) charges nothing twice.
 //!
-//! Test hook: the environment variable `CELLA_TEST_ABORT_AT` (comma-separated point names, see
-//! [`fault`]) makes the process abort at that point, as a `kill -9` would stop it.
+//! Crash points (`cella-crash`, debug builds only, armed by `CELLA_CRASH_AT` in tests):
+//! `billing.reserve.after` (a reservation made, its holder not yet stored),
+//! `billing.settle.before` (nothing written yet), `billing.settle.entry_written` (the compute
+//! entry written, the transaction not yet committed), `billing.settle.committed` (after the
+//! commit).
 
 use cella_store::Store;
 use cella_types::Money;
@@ -252,23 +255,6 @@ pub fn compute_cost(rate: Money, running_ms: i64) -> Money {
 
 /// One usage figure of a day (or of a whole range): the API's own type.
 pub use cella_types::UsageFigures;
-
-/// Aborts the process here when `CELLA_TEST_ABORT_AT` names `point` (a test's stand-in for a
-/// `kill -9` at that moment). Points: `settle:before` (nothing written yet),
-/// `settle:entry-written` (the compute entry written, the transaction not yet committed),
-/// `settle:committed` (after the commit); the server adds its own (`destroy:before-settle`).
-pub fn fault(point: &str) {
-    static POINTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    let points = POINTS.get_or_init(|| {
-        std::env::var("CELLA_TEST_ABORT_AT")
-            .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
-            .unwrap_or_default()
-    });
-    if points.iter().any(|p| p == point) {
-        eprintln!("cella: aborting at {point} (CELLA_TEST_ABORT_AT)");
-        std::process::abort();
-    }
-}
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -518,6 +504,7 @@ impl Billing {
             .execute(&self.pool)
             .await?;
         if r.rows_affected() == 1 {
+            cella_crash::crash_point!("billing.reserve.after");
             return Ok(());
         }
         if self.reservation(holder).await?.is_some() && self.hold(holder, amount).await? {
@@ -629,7 +616,7 @@ impl Billing {
                 "a compute cost is from 0 to {MAX_BALANCE}"
             )));
         }
-        fault("settle:before");
+        cella_crash::crash_point!("billing.settle.before");
         let key = s.holder.compute_key();
         let (sandbox_id, task_id) = match &s.holder {
             Holder::Sandbox(id) => (Some(id.as_str()), None),
@@ -652,14 +639,14 @@ impl Billing {
             };
             self.append(&mut *tx, e).await?
         };
-        fault("settle:entry-written");
+        cella_crash::crash_point!("billing.settle.entry_written");
         sqlx::query("DELETE FROM reservations WHERE holder_kind = ? AND holder_id = ?")
             .bind(s.holder.kind())
             .bind(s.holder.id())
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        fault("settle:committed");
+        cella_crash::crash_point!("billing.settle.committed");
         match seq {
             Some(seq) => Ok(Some(self.entry_by_seq(seq).await?)),
             None => self.entry_by_key(&s.workspace_id, &key).await,

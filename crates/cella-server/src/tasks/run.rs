@@ -182,6 +182,7 @@ async fn finish(
         Ok(false) => tracing::warn!(task = row.id, "the run had ended already"),
         Err(e) => tracing::error!(task = row.id, "recording a run's end: {e}"),
     }
+    cella_crash::crash_point!("task.settle.after_end");
     if let Ok(Some(r)) = state.store.task(&row.id).await {
         settle(state, &r).await;
     }
@@ -403,6 +404,7 @@ async fn provision(
         ));
     }
     held.sandbox = Some(sandbox_id.clone());
+    cella_crash::crash_point!("task.provision.after_sandbox_id");
     if let Ok(mut s) = live.sandbox_id.lock() {
         *s = Some(sandbox_id.clone());
     }
@@ -1032,6 +1034,7 @@ async fn push_and_open(
         branch = row.branch,
         "task run's branch pushed"
     );
+    cella_crash::crash_point!("task.push.after_push");
     // The gateway writes model charges in groups: the ones already queued count in the body.
     state.model_meter.flush().await;
     let (model_cost, model_requests) = state
