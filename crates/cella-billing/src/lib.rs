@@ -329,13 +329,22 @@ struct NewEntry<'a> {
 #[derive(Clone)]
 pub struct Billing {
     pool: SqlitePool,
+    /// For [`Store::sandboxes_changing`]: a ledger entry of a sandbox also writes its row (a
+    /// trigger adds its costs there), so every method that writes the ledger holds the store's
+    /// guard, and the sandbox rows the store keeps are read again after it.
+    store: Store,
 }
 
 impl Billing {
     pub fn new(store: &Store) -> Billing {
         Billing {
             pool: store.pool().clone(),
+            store: store.clone(),
         }
+    }
+
+    fn pool(&self) -> &SqlitePool {
+        &self.pool
     }
 
     /// A workspace's wallet now.
@@ -343,7 +352,7 @@ impl Billing {
         let q = format!("SELECT {BALANCE_SQL}, {RESERVED_SQL}");
         let (balance, reserved): (i64, i64) = sqlx::query_as(&q)
             .bind(workspace_id)
-            .fetch_one(&self.pool)
+            .fetch_one(self.pool())
             .await?;
         let (balance, reserved) = (Money::from_micros(balance), Money::from_micros(reserved));
         Ok(Wallet {
@@ -398,7 +407,7 @@ impl Billing {
 
     async fn entry_by_seq(&self, seq: i64) -> Result<LedgerEntry> {
         let q = format!("SELECT {ENTRY_COLS} FROM ledger WHERE seq = ?");
-        let raw: RawEntry = sqlx::query_as(&q).bind(seq).fetch_one(&self.pool).await?;
+        let raw: RawEntry = sqlx::query_as(&q).bind(seq).fetch_one(self.pool()).await?;
         raw.try_into()
     }
 
@@ -407,7 +416,7 @@ impl Billing {
         let raw: Option<RawEntry> = sqlx::query_as(&q)
             .bind(workspace_id)
             .bind(key)
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.pool())
             .await?;
         raw.map(LedgerEntry::try_from).transpose()
     }
@@ -419,6 +428,7 @@ impl Billing {
         amount: Money,
         reference: Option<&str>,
     ) -> Result<LedgerEntry> {
+        let _sandboxes = self.store.sandboxes_changing();
         if amount.micros() <= 0 || amount > MAX_BALANCE {
             return Err(BillingError::InvalidAmount(
                 "a credit is more than 0 and at most 1000000000000".into(),
@@ -431,7 +441,7 @@ impl Billing {
             reference,
             ..Default::default()
         };
-        match self.append(&self.pool, e).await? {
+        match self.append(self.pool(), e).await? {
             Some(seq) => self.entry_by_seq(seq).await,
             None => Err(BillingError::OutOfRange),
         }
@@ -440,8 +450,9 @@ impl Billing {
     /// One `model` ledger entry; idempotent on request_id. A request that was admitted is
     /// always recorded, even when it takes the available amount below zero.
     pub async fn charge_model(&self, c: ModelCharge) -> Result<LedgerEntry> {
+        let _sandboxes = self.store.sandboxes_changing();
         let key = model_key(&c);
-        if let Some(seq) = self.append(&self.pool, model_entry(&c, &key)?).await? {
+        if let Some(seq) = self.append(self.pool(), model_entry(&c, &key)?).await? {
             return self.entry_by_seq(seq).await;
         }
         // Written before (the same request), or the balance would leave its range.
@@ -454,13 +465,14 @@ impl Billing {
     /// writes it: one that was written before is left as it is. An error (one amount out of
     /// range among them, or the store) writes none of them ([`meter`] then writes each alone).
     pub async fn charge_models(&self, charges: &[ModelCharge]) -> Result<()> {
+        let _sandboxes = self.store.sandboxes_changing();
         let keys: Vec<String> = charges.iter().map(model_key).collect();
         let entries = charges
             .iter()
             .zip(&keys)
             .map(|(c, k)| model_entry(c, k))
             .collect::<Result<Vec<_>>>()?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool().begin().await?;
         let mut unwritten = Vec::new();
         for (e, c) in entries.into_iter().zip(charges) {
             if self.append(&mut *tx, e).await?.is_none() {
@@ -501,7 +513,7 @@ impl Billing {
             .bind(holder.id())
             .bind(amount.micros())
             .bind(now)
-            .execute(&self.pool)
+            .execute(self.pool())
             .await?;
         if r.rows_affected() == 1 {
             cella_crash::crash_point!("billing.reserve.after");
@@ -537,7 +549,7 @@ impl Billing {
         .bind(holder.id())
         .bind(amount.micros())
         .bind(now_ms())
-        .execute(&self.pool)
+        .execute(self.pool())
         .await?;
         Ok(r.rows_affected() == 1)
     }
@@ -554,7 +566,7 @@ impl Billing {
         .bind(to.kind())
         .bind(to.id())
         .bind(now_ms())
-        .execute(&self.pool)
+        .execute(self.pool())
         .await?;
         Ok(r.rows_affected() == 1)
     }
@@ -566,7 +578,7 @@ impl Billing {
         )
         .bind(holder.kind())
         .bind(holder.id())
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.pool())
         .await?;
         Ok(v.map(Money::from_micros))
     }
@@ -577,7 +589,7 @@ impl Billing {
         sqlx::query("DELETE FROM reservations WHERE holder_kind = ? AND holder_id = ?")
             .bind(holder.kind())
             .bind(holder.id())
-            .execute(&self.pool)
+            .execute(self.pool())
             .await?;
         Ok(())
     }
@@ -588,7 +600,7 @@ impl Billing {
             "SELECT holder_kind, holder_id, workspace_id, amount, updated_at FROM reservations \
              ORDER BY created_at",
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool())
         .await?;
         Ok(rows
             .into_iter()
@@ -611,6 +623,7 @@ impl Billing {
     /// first time. The charge is the real cost even where it exceeds the reservation. (A holder
     /// that should leave no entry at all, a run cancelled while queued, is [`Billing::release`]d.)
     pub async fn settle(&self, s: &Settlement) -> Result<Option<LedgerEntry>> {
+        let _sandboxes = self.store.sandboxes_changing();
         if s.cost.is_negative() || s.cost > MAX_BALANCE {
             return Err(BillingError::InvalidAmount(format!(
                 "a compute cost is from 0 to {MAX_BALANCE}"
@@ -622,7 +635,7 @@ impl Billing {
             Holder::Sandbox(id) => (Some(id.as_str()), None),
             Holder::Task(id) => (None, Some(id.as_str())),
         };
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool().begin().await?;
         // The first statement writes, so the transaction holds the write lock from its start.
         let seq = {
             let e = NewEntry {
@@ -677,7 +690,7 @@ impl Billing {
             .bind(workspace_id)
             .bind(before_seq.unwrap_or(i64::MAX))
             .bind(limit as i64)
-            .fetch_all(&self.pool)
+            .fetch_all(self.pool())
             .await?;
         rows.into_iter().map(LedgerEntry::try_from).collect()
     }
@@ -706,7 +719,7 @@ impl Billing {
              FROM ledger WHERE sandbox_id IN (SELECT value FROM json_each(?)) GROUP BY sandbox_id",
         )
         .bind(ids)
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool())
         .await?;
         for (id, compute, model) in rows {
             out.insert(
@@ -740,7 +753,7 @@ impl Billing {
              WHERE kind = 'model' AND task_id IN (SELECT value FROM json_each(?)) GROUP BY task_id",
         )
         .bind(ids)
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool())
         .await?;
         for (id, cost, n) in rows {
             out.insert(id, (Money::from_micros(cost), n));
@@ -767,7 +780,7 @@ impl Billing {
         .bind(workspace_id)
         .bind(from_ms)
         .bind(to_ms)
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool())
         .await?;
         let mut out: Vec<(String, UsageFigures)> = Vec::new();
         for (day, kind, count, cost, sec, input, output) in rows {

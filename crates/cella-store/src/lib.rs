@@ -161,7 +161,7 @@ pub struct Store {
 
 /// Moves the sandboxes epoch when dropped: held across a write of the `sandboxes` table, so the
 /// epoch moves after the write whichever way it ends (an error's `?` included).
-pub(crate) struct SandboxesChanged<'a>(&'a std::sync::atomic::AtomicU64);
+pub struct SandboxesChanged<'a>(&'a std::sync::atomic::AtomicU64);
 
 impl Drop for SandboxesChanged<'_> {
     fn drop(&mut self) {
@@ -245,8 +245,10 @@ impl Store {
         &self.pool
     }
 
-    /// Held across a write of the `sandboxes` table (see [`SandboxesChanged`]).
-    pub(crate) fn sandboxes_change(&self) -> SandboxesChanged<'_> {
+    /// Held across a write of the `sandboxes` table, directly or through a trigger (a ledger
+    /// entry of a sandbox adds its costs to its row): the sandbox rows kept are not served
+    /// again once it is dropped (see [`SandboxesChanged`]).
+    pub fn sandboxes_changing(&self) -> SandboxesChanged<'_> {
         SandboxesChanged(&self.sandboxes)
     }
 
