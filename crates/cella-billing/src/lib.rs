@@ -21,8 +21,11 @@
 //! both happened or neither, and settling again (the server does at start, for every
 //! reservation whose holder has ended) charges nothing twice.
 //!
-//! Test hook: the environment variable `CELLA_TEST_ABORT_AT` (comma-separated point names, see
-//! [`fault`]) makes the process abort at that point, as a `kill -9` would stop it.
+//! Crash points (`cella-crash`, debug builds only, armed by `CELLA_CRASH_AT` in tests):
+//! `billing.reserve.after` (a reservation made, its holder not yet stored),
+//! `billing.settle.before` (nothing written yet), `billing.settle.entry_written` (the compute
+//! entry written, the transaction not yet committed), `billing.settle.committed` (after the
+//! commit).
 
 use cella_store::Store;
 use cella_types::Money;
@@ -253,23 +256,6 @@ pub fn compute_cost(rate: Money, running_ms: i64) -> Money {
 /// One usage figure of a day (or of a whole range): the API's own type.
 pub use cella_types::UsageFigures;
 
-/// Aborts the process here when `CELLA_TEST_ABORT_AT` names `point` (a test's stand-in for a
-/// `kill -9` at that moment). Points: `settle:before` (nothing written yet),
-/// `settle:entry-written` (the compute entry written, the transaction not yet committed),
-/// `settle:committed` (after the commit); the server adds its own (`destroy:before-settle`).
-pub fn fault(point: &str) {
-    static POINTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    let points = POINTS.get_or_init(|| {
-        std::env::var("CELLA_TEST_ABORT_AT")
-            .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
-            .unwrap_or_default()
-    });
-    if points.iter().any(|p| p == point) {
-        eprintln!("cella: aborting at {point} (CELLA_TEST_ABORT_AT)");
-        std::process::abort();
-    }
-}
-
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -343,13 +329,22 @@ struct NewEntry<'a> {
 #[derive(Clone)]
 pub struct Billing {
     pool: SqlitePool,
+    /// For [`Store::sandboxes_changing`]: a ledger entry of a sandbox also writes its row (a
+    /// trigger adds its costs there), so every method that writes the ledger holds the store's
+    /// guard, and the sandbox rows the store keeps are read again after it.
+    store: Store,
 }
 
 impl Billing {
     pub fn new(store: &Store) -> Billing {
         Billing {
             pool: store.pool().clone(),
+            store: store.clone(),
         }
+    }
+
+    fn pool(&self) -> &SqlitePool {
+        &self.pool
     }
 
     /// A workspace's wallet now.
@@ -357,7 +352,7 @@ impl Billing {
         let q = format!("SELECT {BALANCE_SQL}, {RESERVED_SQL}");
         let (balance, reserved): (i64, i64) = sqlx::query_as(&q)
             .bind(workspace_id)
-            .fetch_one(&self.pool)
+            .fetch_one(self.pool())
             .await?;
         let (balance, reserved) = (Money::from_micros(balance), Money::from_micros(reserved));
         Ok(Wallet {
@@ -412,7 +407,7 @@ impl Billing {
 
     async fn entry_by_seq(&self, seq: i64) -> Result<LedgerEntry> {
         let q = format!("SELECT {ENTRY_COLS} FROM ledger WHERE seq = ?");
-        let raw: RawEntry = sqlx::query_as(&q).bind(seq).fetch_one(&self.pool).await?;
+        let raw: RawEntry = sqlx::query_as(&q).bind(seq).fetch_one(self.pool()).await?;
         raw.try_into()
     }
 
@@ -421,7 +416,7 @@ impl Billing {
         let raw: Option<RawEntry> = sqlx::query_as(&q)
             .bind(workspace_id)
             .bind(key)
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.pool())
             .await?;
         raw.map(LedgerEntry::try_from).transpose()
     }
@@ -433,6 +428,7 @@ impl Billing {
         amount: Money,
         reference: Option<&str>,
     ) -> Result<LedgerEntry> {
+        let _sandboxes = self.store.sandboxes_changing();
         if amount.micros() <= 0 || amount > MAX_BALANCE {
             return Err(BillingError::InvalidAmount(
                 "a credit is more than 0 and at most 1000000000000".into(),
@@ -445,7 +441,7 @@ impl Billing {
             reference,
             ..Default::default()
         };
-        match self.append(&self.pool, e).await? {
+        match self.append(self.pool(), e).await? {
             Some(seq) => self.entry_by_seq(seq).await,
             None => Err(BillingError::OutOfRange),
         }
@@ -454,8 +450,9 @@ impl Billing {
     /// One `model` ledger entry; idempotent on request_id. A request that was admitted is
     /// always recorded, even when it takes the available amount below zero.
     pub async fn charge_model(&self, c: ModelCharge) -> Result<LedgerEntry> {
+        let _sandboxes = self.store.sandboxes_changing();
         let key = model_key(&c);
-        if let Some(seq) = self.append(&self.pool, model_entry(&c, &key)?).await? {
+        if let Some(seq) = self.append(self.pool(), model_entry(&c, &key)?).await? {
             return self.entry_by_seq(seq).await;
         }
         // Written before (the same request), or the balance would leave its range.
@@ -468,13 +465,14 @@ impl Billing {
     /// writes it: one that was written before is left as it is. An error (one amount out of
     /// range among them, or the store) writes none of them ([`meter`] then writes each alone).
     pub async fn charge_models(&self, charges: &[ModelCharge]) -> Result<()> {
+        let _sandboxes = self.store.sandboxes_changing();
         let keys: Vec<String> = charges.iter().map(model_key).collect();
         let entries = charges
             .iter()
             .zip(&keys)
             .map(|(c, k)| model_entry(c, k))
             .collect::<Result<Vec<_>>>()?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool().begin().await?;
         let mut unwritten = Vec::new();
         for (e, c) in entries.into_iter().zip(charges) {
             if self.append(&mut *tx, e).await?.is_none() {
@@ -515,9 +513,10 @@ impl Billing {
             .bind(holder.id())
             .bind(amount.micros())
             .bind(now)
-            .execute(&self.pool)
+            .execute(self.pool())
             .await?;
         if r.rows_affected() == 1 {
+            cella_crash::crash_point!("billing.reserve.after");
             return Ok(());
         }
         if self.reservation(holder).await?.is_some() && self.hold(holder, amount).await? {
@@ -550,7 +549,7 @@ impl Billing {
         .bind(holder.id())
         .bind(amount.micros())
         .bind(now_ms())
-        .execute(&self.pool)
+        .execute(self.pool())
         .await?;
         Ok(r.rows_affected() == 1)
     }
@@ -567,7 +566,7 @@ impl Billing {
         .bind(to.kind())
         .bind(to.id())
         .bind(now_ms())
-        .execute(&self.pool)
+        .execute(self.pool())
         .await?;
         Ok(r.rows_affected() == 1)
     }
@@ -579,7 +578,7 @@ impl Billing {
         )
         .bind(holder.kind())
         .bind(holder.id())
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.pool())
         .await?;
         Ok(v.map(Money::from_micros))
     }
@@ -590,7 +589,7 @@ impl Billing {
         sqlx::query("DELETE FROM reservations WHERE holder_kind = ? AND holder_id = ?")
             .bind(holder.kind())
             .bind(holder.id())
-            .execute(&self.pool)
+            .execute(self.pool())
             .await?;
         Ok(())
     }
@@ -601,7 +600,7 @@ impl Billing {
             "SELECT holder_kind, holder_id, workspace_id, amount, updated_at FROM reservations \
              ORDER BY created_at",
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool())
         .await?;
         Ok(rows
             .into_iter()
@@ -624,18 +623,19 @@ impl Billing {
     /// first time. The charge is the real cost even where it exceeds the reservation. (A holder
     /// that should leave no entry at all, a run cancelled while queued, is [`Billing::release`]d.)
     pub async fn settle(&self, s: &Settlement) -> Result<Option<LedgerEntry>> {
+        let _sandboxes = self.store.sandboxes_changing();
         if s.cost.is_negative() || s.cost > MAX_BALANCE {
             return Err(BillingError::InvalidAmount(format!(
                 "a compute cost is from 0 to {MAX_BALANCE}"
             )));
         }
-        fault("settle:before");
+        cella_crash::crash_point!("billing.settle.before");
         let key = s.holder.compute_key();
         let (sandbox_id, task_id) = match &s.holder {
             Holder::Sandbox(id) => (Some(id.as_str()), None),
             Holder::Task(id) => (None, Some(id.as_str())),
         };
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool().begin().await?;
         // The first statement writes, so the transaction holds the write lock from its start.
         let seq = {
             let e = NewEntry {
@@ -652,14 +652,14 @@ impl Billing {
             };
             self.append(&mut *tx, e).await?
         };
-        fault("settle:entry-written");
+        cella_crash::crash_point!("billing.settle.entry_written");
         sqlx::query("DELETE FROM reservations WHERE holder_kind = ? AND holder_id = ?")
             .bind(s.holder.kind())
             .bind(s.holder.id())
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        fault("settle:committed");
+        cella_crash::crash_point!("billing.settle.committed");
         match seq {
             Some(seq) => Ok(Some(self.entry_by_seq(seq).await?)),
             None => self.entry_by_key(&s.workspace_id, &key).await,
@@ -690,7 +690,7 @@ impl Billing {
             .bind(workspace_id)
             .bind(before_seq.unwrap_or(i64::MAX))
             .bind(limit as i64)
-            .fetch_all(&self.pool)
+            .fetch_all(self.pool())
             .await?;
         rows.into_iter().map(LedgerEntry::try_from).collect()
     }
@@ -719,7 +719,7 @@ impl Billing {
              FROM ledger WHERE sandbox_id IN (SELECT value FROM json_each(?)) GROUP BY sandbox_id",
         )
         .bind(ids)
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool())
         .await?;
         for (id, compute, model) in rows {
             out.insert(
@@ -753,7 +753,7 @@ impl Billing {
              WHERE kind = 'model' AND task_id IN (SELECT value FROM json_each(?)) GROUP BY task_id",
         )
         .bind(ids)
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool())
         .await?;
         for (id, cost, n) in rows {
             out.insert(id, (Money::from_micros(cost), n));
@@ -780,7 +780,7 @@ impl Billing {
         .bind(workspace_id)
         .bind(from_ms)
         .bind(to_ms)
-        .fetch_all(&self.pool)
+        .fetch_all(self.pool())
         .await?;
         let mut out: Vec<(String, UsageFigures)> = Vec::new();
         for (day, kind, count, cost, sec, input, output) in rows {

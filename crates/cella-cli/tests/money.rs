@@ -501,7 +501,7 @@ impl Faulty {
             .arg("--config")
             .arg(s.dir.path().join("config.toml"))
             .env("CELLA_BOOTSTRAP_KEY", KEY)
-            .env("CELLA_TEST_ABORT_AT", point)
+            .env("CELLA_CRASH_AT", point)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -551,10 +551,10 @@ fn a_charge_is_written_exactly_once_across_a_kill_9_at_any_step_of_settling() {
     let (ws, key) = billed_workspace(&s, "0.001");
     credit(&s, &ws, "10");
     let points = [
-        "destroy:before-settle",
-        "settle:before",
-        "settle:entry-written",
-        "settle:committed",
+        "sandbox.destroy.after_state_write",
+        "billing.settle.before",
+        "billing.settle.entry_written",
+        "billing.settle.committed",
     ];
     let ids: Vec<String> = (0..points.len() + 1)
         .map(|_| s.create_as(&key, json!({})))

@@ -505,8 +505,52 @@ fn items<'a>(
         .filter_map(move |o| o.get(kind))
 }
 
+/// Where every Cella server of the host takes its turn to run `nft` (see [`one_at_a_time`]).
+const NFT_LOCK: &str = "/run/cella-nft.lock";
+
+/// Holds the host-wide turn to run `nft` until dropped.
+struct NftTurn {
+    _file: Option<std::fs::File>,
+    _local: std::sync::MutexGuard<'static, ()>,
+}
+
+/// Runs of `nft` one at a time on the host: each run reads the whole ruleset and commits
+/// against its generation, and runs at once make each other retry, so that many at once (a
+/// mass destroy, or the runs a killed server left behind) took minutes of both cores instead
+/// of milliseconds each. A process-wide mutex orders this server's own runs; an `flock` on
+/// [`NFT_LOCK`] orders them with the other servers' (released by the kernel when a holder
+/// dies, even by `kill -9`). Where the lock file cannot be opened, the mutex alone holds.
+fn one_at_a_time() -> NftTurn {
+    static LOCAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let local = LOCAL.lock().unwrap_or_else(|p| p.into_inner());
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(NFT_LOCK)
+        .ok()
+        .filter(|f| {
+            use std::os::fd::AsRawFd;
+            loop {
+                // SAFETY: flock on a descriptor we own; released when it is closed.
+                let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+                if r == 0 {
+                    return true;
+                }
+                if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                    return false;
+                }
+            }
+        });
+    NftTurn {
+        _file: file,
+        _local: local,
+    }
+}
+
 /// Runs one atomic `nft` batch.
 fn nft(script: &str) -> Result<(), DriverError> {
+    let _turn = one_at_a_time();
     let mut child = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())
@@ -528,6 +572,7 @@ fn nft(script: &str) -> Result<(), DriverError> {
 }
 
 fn nft_json(args: &[&str]) -> Result<serde_json::Value, DriverError> {
+    let _turn = one_at_a_time();
     let out = Command::new("nft")
         .arg("-j")
         .args(args)

@@ -192,6 +192,11 @@ pub trait Driver: Send + Sync + 'static {
 
     /// Ids of sandboxes that have anything left on this host (files or cgroups).
     fn leftovers(&self) -> Vec<String>;
+
+    /// Ids of snapshots that have files on this host (whole or half-written copies).
+    fn snapshot_files(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// The environment every command starts with, before the sandbox's and the request's own.

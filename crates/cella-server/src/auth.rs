@@ -20,6 +20,10 @@
 //! the warm pool's) are addressable by nobody: a key of one (which the API never makes) is
 //! refused.
 //!
+//! A key's row is kept in memory for a moment after it is read ([`cella_store::kept`]), so a
+//! client's next requests need no read of the store; a revoke distrusts what is kept at once
+//! (the next request is refused), and expiry is checked on every request.
+//!
 //! The scopes each route needs are its row in `routes::table`, whose guard authenticates the
 //! caller ([`authenticate_request`]) and checks them before the handler runs; the handler gets
 //! the caller as [`Auth`].
@@ -167,11 +171,19 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Auth,
         .ok_or_else(|| {
             unauthorized("malformed Authorization header; expected `Bearer <api key>`")
         })?;
-    let row = state
-        .store
-        .key_by_hash(&hash_key(secret))
-        .await?
-        .ok_or_else(|| unauthorized("invalid API key"))?;
+    let hash = hash_key(secret);
+    // Kept for a moment (see `cella_store::kept`): a revoke moves the store's epoch first.
+    let epoch = state.store.grants_epoch();
+    let row = match state.keys.get(&hash, epoch) {
+        Some(row) => row,
+        None => {
+            let row = crate::timing::phase("auth.key", state.store.key_by_hash(&hash))
+                .await?
+                .ok_or_else(|| unauthorized("invalid API key"))?;
+            state.keys.put(&hash, epoch, row.clone());
+            row
+        }
+    };
     let now = now_ms();
     if row.revoked_at.is_some() {
         return Err(unauthorized("this API key was revoked"));
@@ -191,6 +203,7 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Auth,
     }
     if row.last_used_at.is_none_or(|t| now - t > 60_000) {
         let _ = state.store.touch_key(&row.id, now).await;
+        state.keys.update(&hash, |r| r.last_used_at = Some(now));
     }
     if let Some(ws) = headers.get(WORKSPACE_HEADER) {
         if ws.as_bytes() != row.workspace_id.as_bytes() {

@@ -770,6 +770,7 @@ async fn run(
         layers,
         binds: base_image.binds.clone(),
     };
+    cella_crash::crash_point!("build.before_image_write");
     state
         .store
         .set_template_image(
@@ -969,6 +970,7 @@ async fn run_step(
         .create(&spec)
         .await
         .map_err(BuildError::Start)?;
+    cella_crash::crash_point!("build.step.after_boot");
     let (uid, home, name) = match defaults.user.unwrap_or(ExecUser::Root) {
         ExecUser::User => (USER_UID, "/home/user", "user"),
         ExecUser::Root => (0, "/root", "root"),
@@ -1055,6 +1057,7 @@ async fn run_step(
             }
             .map_err(BuildError::from)
             .and_then(|_| {
+                cella_crash::crash_point!("build.step.after_export");
                 let _ = std::fs::remove_dir_all(dir.join("root"));
                 std::fs::rename(&tmp, dir.join("root"))
                     .and_then(|_| std::fs::write(dir.join("complete"), b""))

@@ -43,7 +43,7 @@
 //! server makes for the request, never the client's `x-request-id`.
 //!
 //! **Lookups kept.** What a request looks up before it is sent on (who a credential is; a
-//! workspace's settings, for its allow-list) is kept in memory for [`LOOKUP_TTL`], so a
+//! workspace's settings, for its allow-list) is kept in memory for [`cella_store::kept::LOOKUP_TTL`], so a
 //! client's next requests reach the upstream without a read of the store. An entry is trusted
 //! only while the store's [`cella_store::Store::grants_epoch`] has not moved since it was
 //! read: every revoke of a key or a sandbox token (a sandbox's stop, destroy or end among
@@ -63,6 +63,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use cella_gateway::{Api, BoxFuture, Caller, Hold, Meter, Metered, Refusal};
 use cella_runtime::SandboxHandle;
+use cella_store::kept::Kept;
 use cella_store::SandboxTokenRow;
 use cella_types::WorkspaceSettings;
 use cella_types::{ErrorCode, SandboxState, Scope};
@@ -70,16 +71,9 @@ use rand::distributions::{Alphanumeric, DistString};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 /// How sandbox tokens begin (an API key begins `cella_`).
 pub const TOKEN_PREFIX: &str = "cst_";
-
-/// How long a request's lookups are kept (see the module docs).
-pub const LOOKUP_TTL: Duration = Duration::from_secs(2);
-
-/// Entries kept of each kind at most (past it, the stale ones go, then all).
-const LOOKUP_MAX: usize = 4096;
 
 /// Who a credential is, as the store said.
 #[derive(Debug, Clone)]
@@ -95,55 +89,6 @@ enum Known {
         workspace_id: String,
         expires_at: Option<i64>,
     },
-}
-
-struct Entry<T> {
-    at: Instant,
-    epoch: u64,
-    value: T,
-}
-
-/// A map of lookups trusted for [`LOOKUP_TTL`] while the store's grants epoch stays.
-struct Kept<T>(Mutex<HashMap<String, Entry<T>>>);
-
-impl<T: Clone> Kept<T> {
-    fn new() -> Kept<T> {
-        Kept(Mutex::new(HashMap::new()))
-    }
-
-    fn get(&self, key: &str, epoch: u64) -> Option<T> {
-        let map = self.0.lock().ok()?;
-        map.get(key)
-            .filter(|e| e.epoch == epoch && e.at.elapsed() < LOOKUP_TTL)
-            .map(|e| e.value.clone())
-    }
-
-    /// Keeps `value`, read after the epoch was `epoch`.
-    fn put(&self, key: &str, epoch: u64, value: T) {
-        let Ok(mut map) = self.0.lock() else {
-            return;
-        };
-        if map.len() >= LOOKUP_MAX {
-            map.retain(|_, e| e.epoch == epoch && e.at.elapsed() < LOOKUP_TTL);
-            if map.len() >= LOOKUP_MAX {
-                map.clear();
-            }
-        }
-        map.insert(
-            key.to_string(),
-            Entry {
-                at: Instant::now(),
-                epoch,
-                value,
-            },
-        );
-    }
-
-    fn retain(&self, keep: impl Fn(&T) -> bool) {
-        if let Ok(mut map) = self.0.lock() {
-            map.retain(|_, e| keep(&e.value));
-        }
-    }
 }
 
 /// The gateway and what the server keeps for the sandboxes that use it.

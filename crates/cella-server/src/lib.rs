@@ -118,6 +118,8 @@ pub struct AppState {
     pub exec_budget: Arc<tokio::sync::Semaphore>,
     /// The model gateway and its sandboxes' tokens (`gateway`).
     pub gateway: gateway::GatewayState,
+    /// API keys looked up by their hash, kept for a moment (`auth`; see `cella_store::kept`).
+    pub keys: cella_store::kept::Kept<cella_store::KeyRow>,
     /// Failed sign-ins per email and client address.
     pub sign_in: service::people::SignInLimiter,
     /// Task runs: runner slots, live runs, their events (`tasks`).
@@ -705,6 +707,7 @@ async fn assemble(
     let state = Arc::new(AppState {
         tasks: tasks::TasksState::new(config.tasks.runners.max(1)),
         gateway: gateway::GatewayState::new(gw),
+        keys: cella_store::kept::Kept::new(),
         sign_in,
         exec_budget,
         config,

@@ -160,6 +160,7 @@ pub async fn pause(
         .pause(&h)
         .await
         .map_err(SandboxError::driver("pause"))?;
+    cella_crash::crash_point!("sandbox.pause.after_freeze");
     let now = now_ms();
     stop_clock(&mut row, now);
     row.paused_since = Some(now);
@@ -192,6 +193,7 @@ pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, SandboxError>
             .unpause(&h)
             .await
             .map_err(SandboxError::driver("resume"))?;
+        cella_crash::crash_point!("sandbox.resume.after_thaw");
         if let Some(since) = row.paused_since.take() {
             row.paused_ms += (now - since).max(0);
         }
@@ -218,6 +220,7 @@ pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, SandboxError>
         {
             return Err(SandboxError::ConcurrencyLimit { cap, plan: ws.plan });
         }
+        cella_crash::crash_point!("sandbox.resume.after_claim");
         apply(&mut row, Event::Restart)?;
         boot_locked(state, &mut row).await;
         if state_of(&row) == SandboxState::Error {
@@ -248,6 +251,7 @@ pub async fn stop(state: &AppState, id: &str) -> Result<Sandbox, SandboxError> {
         .stop(id, handle_or_none(&row).as_ref())
         .await
         .map_err(SandboxError::driver("stop"))?;
+    cella_crash::crash_point!("sandbox.stop.after_teardown");
     apply(&mut row, Event::Stop)?;
     row.ready = false;
     row.timeout_at = None;

@@ -259,6 +259,7 @@ pub async fn create(
     let row = crate::timing::phase("admit", admit(state, auth, &req, &workspace)).await?;
     // Its 60-second minimum reserved first (402 and nothing made when the wallet is short).
     crate::timing::phase("billing", crate::billing::admit(state, &row)).await?;
+    cella_crash::crash_point!("sandbox.create.after_reserve");
     let made = create_admitted(state, &req, row.clone(), &workspace, cap).await;
     if made.is_err() {
         crate::billing::abandon(state, &row.id).await;
@@ -297,6 +298,7 @@ async fn create_admitted(
     if !crate::timing::phase("store.insert", state.store.insert_sandbox_capped(&row, cap)).await? {
         return Err(at_cap(cap, &workspace.plan));
     }
+    cella_crash::crash_point!("sandbox.create.after_insert");
     if model_access {
         state
             .store
@@ -378,7 +380,7 @@ pub async fn destroy(
     }
     crate::timing::phase("store.update", state.store.update_sandbox(&row)).await?;
     // Its one compute entry (a crash before it is recovered at the next start).
-    cella_billing::fault("destroy:before-settle");
+    cella_crash::crash_point!("sandbox.destroy.after_state_write");
     crate::timing::phase("billing", crate::billing::settle_logged(state, &row)).await;
     let row = crate::timing::phase("store.read", state.store.sandbox(id))
         .await?
@@ -386,8 +388,16 @@ pub async fn destroy(
     Ok(to_wire(state, &row))
 }
 
-/// Records that a sandbox's processes are gone. A persistent sandbox keeps its files and goes to
-/// `stopped` (resume boots it again); any other goes to `error` and is cleared from the host.
+/// Whether a sandbox whose processes are gone keeps its files: a persistent one that is past its
+/// first boot, a stopped one booting again on its kept files (`provisioning` with a
+/// `started_at`) among them.
+fn keeps_files(row: &SandboxRow) -> bool {
+    row.persistent && (state_of(row) != SandboxState::Provisioning || row.started_at.is_some())
+}
+
+/// Records that a sandbox's processes are gone. A persistent sandbox past its first boot keeps
+/// its files and goes to `stopped` (resume boots it again); any other goes to `error` and is
+/// cleared from the host.
 /// `seen` is the handle that was found dead: when the sandbox has another one by now (it was
 /// stopped and resumed meanwhile), nothing is done.
 pub(crate) async fn mark_gone(
@@ -400,7 +410,7 @@ pub(crate) async fn mark_gone(
     let Ok(Some(mut row)) = state.store.sandbox(id).await else {
         return;
     };
-    let keep = row.persistent && state_of(&row) != SandboxState::Provisioning;
+    let keep = keeps_files(&row);
     let event = if keep { Event::LostKept } else { Event::Lost };
     if transitions::check(state_of(&row), event).is_err() {
         return; // already stopped, destroyed or in error
@@ -739,9 +749,13 @@ pub async fn exec_failure(
 ///
 /// PID 1 of each sandbox is reparented to the server (a child subreaper, to reap it at destroy)
 /// and, once that exits, to the host's init, so sandboxes outlive the server. This leaves
-/// `stopped` rows alone, moves `provisioning` ones to `error`, and probes `running` and `paused`
-/// ones, keeping those alive (the warm pool's among them); internal snapshots of forks the
-/// server did not finish are deleted; then, for every id `Driver::leftovers` finds (a
+/// `stopped` rows alone, moves `provisioning` ones to `error` (a stopped one that was booting
+/// again goes back to `stopped`, its files kept), and probes `running` and `paused` ones,
+/// keeping those alive (the warm pool's among them) and frozen or thawed as their row says (a
+/// server killed between the freezer and the row's write, in a pause, a resume or a
+/// snapshot's copy, left them apart); internal snapshots of forks the server did not finish
+/// are deleted, and so are snapshot files no row names (a copy killed half way, or made and
+/// not recorded); then, for every id `Driver::leftovers` finds (a
 /// directory, cgroup or firewall chain) that is not a sandbox found alive, a stopped sandbox
 /// gets `Driver::stop` without a handle (its files stay; a cgroup or an earlier boot's chain
 /// goes), and anything else `Driver::destroy` (the sandboxes of build steps the server did not
@@ -773,14 +787,18 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
     }
     for (handle, row) in found {
         let st = state_of(&row);
-        // Whatever happens below, a persistent sandbox past provisioning keeps its files.
-        if row.persistent && st != SandboxState::Provisioning {
+        // Whatever happens below, a persistent sandbox past its first boot keeps its files.
+        if keeps_files(&row) {
             keep.insert(row.id.clone());
         }
         match (st, handle) {
             (SandboxState::Stopped, _) => {}
             (SandboxState::Provisioning, _) => {
-                let reason = "the server stopped while the sandbox was being created";
+                let reason = if row.started_at.is_some() {
+                    "the server stopped while the sandbox was booting again"
+                } else {
+                    "the server stopped while the sandbox was being created"
+                };
                 mark_gone(state, &row.id, None, reason).await;
             }
             (_, Some(h)) => match state.driver.probe(&h).await {
@@ -792,6 +810,16 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
                     );
                     keep.insert(row.id.clone());
                     running.insert(row.id.clone());
+                    // Frozen as its row says: a server stopped between the freezer and the
+                    // row's write (a pause, a resume, a snapshot's copy) left them apart.
+                    let frozen = if st == SandboxState::Paused {
+                        state.driver.pause(&h).await
+                    } else {
+                        state.driver.unpause(&h).await
+                    };
+                    if let Err(e) = frozen {
+                        tracing::warn!(sandbox = row.id, "setting its freezer state: {e}");
+                    }
                     // Its firewall rules again: whatever happened to the host's ruleset while
                     // the server was down (a flush, a reload, an older version's rules) heals.
                     if let (Some(dns), Some(_)) = (&state.network, &h.net) {
@@ -823,6 +851,16 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
             );
         } else {
             state.store.delete_snapshot(&snap).await?;
+        }
+    }
+    // Snapshot files without a row: a copy the server did not finish, or finished and did not
+    // record.
+    for snap in state.driver.snapshot_files() {
+        if matches!(state.store.snapshot(&snap).await, Ok(None)) {
+            tracing::info!(snapshot = snap, "removing an unrecorded snapshot's files");
+            if let Err(e) = state.driver.delete_snapshot(&snap).await {
+                tracing::error!(snapshot = snap, "removing an unrecorded snapshot: {e}");
+            }
         }
     }
     for id in state.driver.leftovers() {

@@ -82,6 +82,7 @@ async fn copy(
             return Err(e.into());
         }
     }
+    cella_crash::crash_point!("snapshot.take.after_copy");
     let snap = SnapshotRow {
         seq: 0,
         id: snap_id,
@@ -189,6 +190,7 @@ pub async fn fork(
     }
     let (_, cap) = crate::service::runnable::workspace_cap(state, auth).await?;
     let (snap, info) = copy(state, &source, true).await?;
+    cella_crash::crash_point!("fork.after_snapshot");
     drop(guard);
     // From here on a task of its own: a client that hangs up leaves no half-made fork and no
     // internal snapshot behind.
@@ -270,6 +272,7 @@ async fn make_children(
         }
         ids.push(child.id);
     }
+    cella_crash::crash_point!("fork.after_children_insert");
     let boots: Vec<_> = ids
         .iter()
         .map(|cid| {

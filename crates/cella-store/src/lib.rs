@@ -24,6 +24,7 @@ use std::time::Duration;
 
 pub mod artifacts;
 pub mod gateway;
+pub mod kept;
 pub mod keys;
 pub mod layers;
 pub mod meta;
@@ -165,6 +166,20 @@ pub struct Store {
     pool: SqlitePool,
     /// See [`Store::grants_epoch`].
     grants: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Moves after every write of the `sandboxes` table (see [`Store::sandbox`]).
+    sandboxes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Sandbox rows as last read, trusted while `sandboxes` stays (see [`Store::sandbox`]).
+    sandbox_rows: std::sync::Arc<kept::Kept<SandboxRow>>,
+}
+
+/// Moves the sandboxes epoch when dropped: held across a write of the `sandboxes` table, so the
+/// epoch moves after the write whichever way it ends (an error's `?` included).
+pub struct SandboxesChanged<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for SandboxesChanged<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// How hard a commit waits for the disk (`[store] synchronous`). Both survive a `kill -9` of
@@ -211,6 +226,8 @@ impl Store {
         Ok(Store {
             pool,
             grants: Default::default(),
+            sandboxes: Default::default(),
+            sandbox_rows: Default::default(),
         })
     }
 
@@ -233,9 +250,19 @@ impl Store {
 
     /// The connection pool: for the crates that keep their own tables in this database
     /// (`cella-billing`: `ledger` and `reservations`, made by this crate's migrations), and for
-    /// raw SQL in tests (corrupting a row on purpose).
+    /// raw SQL in tests (corrupting a row on purpose). Whoever asks for it may write any table,
+    /// so the sandbox rows kept are distrusted.
     pub fn pool(&self) -> &SqlitePool {
+        self.sandboxes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         &self.pool
+    }
+
+    /// Held across a write of the `sandboxes` table, directly or through a trigger (a ledger
+    /// entry of a sandbox adds its costs to its row): the sandbox rows kept are not served
+    /// again once it is dropped (see [`SandboxesChanged`]).
+    pub fn sandboxes_changing(&self) -> SandboxesChanged<'_> {
+        SandboxesChanged(&self.sandboxes)
     }
 
     /// At a clean stop: the WAL is written back into the database and truncated to nothing

@@ -256,6 +256,7 @@ impl Store {
     /// Inserts a sandbox unless its workspace already holds `cap` sandboxes in a capped state.
     /// One statement, so concurrent creates can never overshoot the cap. Returns false at the cap.
     pub async fn insert_sandbox_capped(&self, s: &SandboxRow, cap: u32) -> Result<bool> {
+        let _changed = self.sandboxes_changing();
         let q = format!(
             "INSERT INTO sandboxes (id, workspace_id, owner_id, template_id, state, size, cpu_count, memory_mb, \
              disk_size_mb, ready, timeout_sec, always_on, persistent, idle_timeout_sec, metadata, env, created_at, \
@@ -304,6 +305,7 @@ impl Store {
         cap: u32,
         cpu_baseline: impl FnOnce(&SandboxRow) -> i64,
     ) -> Result<Claim> {
+        let changed = self.sandboxes_changing();
         // One transaction (one sync to disk): its first statement writes, so it holds the write
         // lock from the start.
         let mut tx = self.pool.begin().await?;
@@ -403,6 +405,8 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
+        // The epoch moves before the row is read again, so what was kept of it is not served.
+        drop(changed);
         Ok(match self.sandbox(&id).await? {
             Some(r) => Claim::Claimed(Box::new(r)),
             None => Claim::Empty,
@@ -411,6 +415,7 @@ impl Store {
 
     /// Removes a sandbox row for good (the pool's own sandboxes leave no record).
     pub async fn delete_sandbox(&self, id: &str) -> Result<()> {
+        let _changed = self.sandboxes_changing();
         sqlx::query("DELETE FROM sandboxes WHERE id = ?")
             .bind(id)
             .execute(&self.pool)
@@ -445,13 +450,27 @@ impl Store {
         )
     }
 
+    /// One sandbox's row. A row read is kept for a moment ([`crate::kept`]) and served again
+    /// while no write of the `sandboxes` table has happened since (every write of this module
+    /// moves the store's sandboxes epoch after it, as does every ledger write of `cella-billing`,
+    /// whose trigger writes a sandbox's costs, and handing out the raw pool): a
+    /// `GET` or an exec that follows needs no read of the database, and nothing it returns is
+    /// older than the last write a caller could have waited for.
     pub async fn sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
+        let epoch = self.sandboxes.load(std::sync::atomic::Ordering::SeqCst);
+        if let Some(row) = self.sandbox_rows.get(id, epoch) {
+            return Ok(Some(row));
+        }
         let q = format!("SELECT {SANDBOX_COLS} FROM sandboxes WHERE id = ?");
         let raw: Option<Raw> = sqlx::query_as(&q)
             .bind(id)
             .fetch_optional(&self.pool)
             .await?;
-        raw.map(SandboxRow::try_from).transpose()
+        let row = raw.map(SandboxRow::try_from).transpose()?;
+        if let Some(r) = &row {
+            self.sandbox_rows.put(id, epoch, r.clone());
+        }
+        Ok(row)
     }
 
     /// The generation of a sandbox's preview tokens (0 until the first rotation), or None when
@@ -468,6 +487,7 @@ impl Store {
     /// Raises the generation of a sandbox's preview tokens (every earlier token stops working);
     /// returns the new one, or None when no such sandbox exists.
     pub async fn rotate_preview_token(&self, id: &str) -> Result<Option<i64>> {
+        let _changed = self.sandboxes_changing();
         Ok(sqlx::query_scalar(
             "UPDATE sandboxes SET preview_token_gen = preview_token_gen + 1 WHERE id = ? \
              RETURNING preview_token_gen",
@@ -509,6 +529,7 @@ impl Store {
     /// Removes the rows of sandboxes destroyed (or failed) before `before_ms`; answers how many.
     /// Pool sandboxes and live ones are never touched.
     pub async fn prune_sandboxes(&self, before_ms: i64) -> Result<u64> {
+        let _changed = self.sandboxes_changing();
         let r = sqlx::query(
             "DELETE FROM sandboxes WHERE state IN ('destroyed', 'error') \
              AND COALESCE(destroyed_at, created_at) < ?",
@@ -522,6 +543,7 @@ impl Store {
     /// Writes the mutable columns of a sandbox, except the two that only grow and are written
     /// on their own ([`Store::add_memory_usage`], [`Store::record_activity`]).
     pub async fn update_sandbox(&self, s: &SandboxRow) -> Result<()> {
+        let _changed = self.sandboxes_changing();
         sqlx::query(
             "UPDATE sandboxes SET state = ?, ready = ?, ready_at = ?, timeout_sec = ?, always_on = ?, \
              idle_timeout_sec = ?, metadata = ?, started_at = ?, destroyed_at = ?, \
@@ -556,6 +578,7 @@ impl Store {
     /// Moves a sandbox that holds no slot (stopped) into a capped state, unless its workspace is
     /// at `cap`. One statement, like [`Store::insert_sandbox_capped`]. False at the cap.
     pub async fn claim_slot(&self, id: &str, state: SandboxState, cap: u32) -> Result<bool> {
+        let _changed = self.sandboxes_changing();
         let q = format!(
             "UPDATE sandboxes SET state = ? WHERE id = ? AND state NOT IN {CAPPED_STATES} AND \
              (SELECT COUNT(*) FROM sandboxes s2 WHERE s2.workspace_id = sandboxes.workspace_id \
@@ -572,6 +595,7 @@ impl Store {
 
     /// Adds integrated memory use (MiB x ms) to running sandboxes, in one transaction.
     pub async fn add_memory_usage(&self, amounts: &[(String, i64)]) -> Result<()> {
+        let _changed = self.sandboxes_changing();
         let mut tx = self.pool.begin().await?;
         for (id, mib_ms) in amounts {
             sqlx::query("UPDATE sandboxes SET memory_mib_ms = memory_mib_ms + ? WHERE id = ?")
@@ -586,6 +610,7 @@ impl Store {
 
     /// Records activity times; a time never moves backwards.
     pub async fn record_activity(&self, times: &[(String, i64)]) -> Result<()> {
+        let _changed = self.sandboxes_changing();
         let mut tx = self.pool.begin().await?;
         for (id, at) in times {
             sqlx::query(

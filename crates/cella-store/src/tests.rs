@@ -857,3 +857,97 @@ async fn a_ledger_entry_of_another_workspace_leaves_a_sandboxs_costs_alone() {
     assert_eq!(row.model_cost, Money::from_micros(30));
     assert_eq!(row.compute_charged, Some(Money::from_micros(60)));
 }
+
+/// A sandbox row kept from an earlier read is never served after a write: each kind of write
+/// of the table (an update, a claim of a pool sandbox, activity, memory use, a preview token's
+/// rotation, a delete, and raw SQL through the pool) is seen by the next read.
+#[tokio::test]
+async fn a_kept_sandbox_row_never_outlives_a_write() {
+    let (_d, store) = store_with_ws().await;
+    let s = sandbox("sb1", "ws1");
+    assert!(store.insert_sandbox_capped(&s, 10).await.unwrap());
+    let mut row = store.sandbox("sb1").await.unwrap().unwrap();
+    // Served again while nothing was written.
+    assert_eq!(
+        store.sandbox("sb1").await.unwrap().unwrap().metadata,
+        row.metadata
+    );
+
+    row.state = SandboxState::Running;
+    store.update_sandbox(&row).await.unwrap();
+    assert_eq!(
+        store.sandbox("sb1").await.unwrap().unwrap().state,
+        SandboxState::Running
+    );
+
+    store.record_activity(&[("sb1".into(), 777)]).await.unwrap();
+    assert_eq!(
+        store
+            .sandbox("sb1")
+            .await
+            .unwrap()
+            .unwrap()
+            .last_activity_at,
+        Some(777)
+    );
+
+    store.add_memory_usage(&[("sb1".into(), 5)]).await.unwrap();
+    assert_eq!(
+        store.sandbox("sb1").await.unwrap().unwrap().memory_mib_ms,
+        row.memory_mib_ms + 5
+    );
+
+    let before = store.preview_token_gen("sb1").await.unwrap().unwrap();
+    store.rotate_preview_token("sb1").await.unwrap();
+    assert_eq!(
+        store.preview_token_gen("sb1").await.unwrap(),
+        Some(before + 1)
+    );
+
+    raw(
+        &store,
+        "UPDATE sandboxes SET state_reason = 'by hand' WHERE id = 'sb1'",
+    )
+    .await;
+    assert_eq!(
+        store
+            .sandbox("sb1")
+            .await
+            .unwrap()
+            .unwrap()
+            .state_reason
+            .as_deref(),
+        Some("by hand")
+    );
+
+    store.delete_sandbox("sb1").await.unwrap();
+    assert!(store.sandbox("sb1").await.unwrap().is_none());
+}
+
+/// A pool sandbox read while it was the pool's is the claimer's when the claim answers, and
+/// reads after it say so.
+#[tokio::test]
+async fn a_claimed_pool_sandbox_is_read_as_the_claimers() {
+    let (_d, store) = store_with_ws().await;
+    let mut p = sandbox("sbpool", POOL_WORKSPACE);
+    p.state = SandboxState::Running;
+    p.ready = true;
+    assert!(store.insert_sandbox_capped(&p, 10).await.unwrap());
+    assert_eq!(
+        store.sandbox("sbpool").await.unwrap().unwrap().workspace_id,
+        POOL_WORKSPACE
+    );
+    let want = sandbox("ignored", "ws1");
+    let claimed = match store.claim_pooled(&want, 10, |_| 0).await.unwrap() {
+        Claim::Claimed(r) => r,
+        _ => panic!("the pool sandbox was not claimed"),
+    };
+    assert_eq!(
+        (claimed.id.as_str(), claimed.workspace_id.as_str()),
+        ("sbpool", "ws1")
+    );
+    assert_eq!(
+        store.sandbox("sbpool").await.unwrap().unwrap().workspace_id,
+        "ws1"
+    );
+}

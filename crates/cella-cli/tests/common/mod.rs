@@ -67,6 +67,8 @@ pub struct Server {
     pub port: u16,
     pub dir: tempfile::TempDir,
     http: Client,
+    /// Extra environment of the server process (`start_env`); `restart_with_env` changes it.
+    env: Vec<(String, String)>,
 }
 
 fn free_port() -> u16 {
@@ -84,6 +86,11 @@ impl Server {
 
     /// Starts a server whose config file holds `config` (TOML).
     pub fn start_with(config: &str) -> Server {
+        Server::start_env(config, &[])
+    }
+
+    /// Starts a server with `config` (TOML) and these extra environment variables.
+    pub fn start_env(config: &str, env: &[(&str, &str)]) -> Server {
         let dir = tempfile::Builder::new()
             .prefix("cella-test-")
             .tempdir()
@@ -105,6 +112,10 @@ impl Server {
                 .timeout(Duration::from_secs(120))
                 .build()
                 .unwrap(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         s.spawn();
         s
@@ -128,6 +139,7 @@ impl Server {
             .arg(self.dir.path().join("config.toml"))
             .env("CELLA_BOOTSTRAP_KEY", KEY)
             .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -190,6 +202,33 @@ impl Server {
         self.spawn();
     }
 
+    /// Starts the server again (after it exited, or `kill -9` of it) with this extra
+    /// environment instead of the one it had.
+    pub fn restart_with_env(&mut self, env: &[(&str, &str)]) {
+        self.kill9();
+        self.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.spawn();
+    }
+
+    /// Waits up to `secs` for the server process to end by itself (it is not killed here);
+    /// answers how it ended, or `None` if it still runs.
+    pub fn wait_exit(&mut self, secs: u64) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
+                self.child = None;
+                return Some(st);
+            }
+            if self.child.is_none() || Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn req(&self, method: &str, path: &str, key: Option<&str>, body: Option<&Value>) -> R {
         self.raw(
             method,
@@ -208,6 +247,28 @@ impl Server {
         body: Option<Vec<u8>>,
         headers: &[(&str, &str)],
     ) -> R {
+        self.try_raw(method, path, key, body, headers).unwrap()
+    }
+
+    /// A request whose failure to get an answer (the server died meanwhile) is an `Err`.
+    pub fn try_req(&self, method: &str, path: &str, body: Option<&Value>) -> reqwest::Result<R> {
+        self.try_raw(
+            method,
+            path,
+            Some(KEY),
+            body.map(|b| b.to_string().into_bytes()),
+            &[],
+        )
+    }
+
+    pub fn try_raw(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Vec<u8>>,
+        headers: &[(&str, &str)],
+    ) -> reqwest::Result<R> {
         let mut rb = self.http.request(
             Method::from_bytes(method.as_bytes()).unwrap(),
             format!("{}{}", self.url, path),
@@ -221,20 +282,20 @@ impl Server {
         for (k, v) in headers {
             rb = rb.header(*k, *v);
         }
-        let res = rb.send().unwrap();
+        let res = rb.send()?;
         let status = res.status().as_u16();
         let headers = res.headers().clone();
-        let text = res.text().unwrap();
+        let text = res.text()?;
         let body = if text.is_empty() {
             Value::Null
         } else {
             serde_json::from_str(&text).unwrap_or(Value::String(text))
         };
-        R {
+        Ok(R {
             status,
             headers,
             body,
-        }
+        })
     }
 
     pub fn get(&self, path: &str) -> R {

@@ -273,6 +273,8 @@ impl NamespaceDriver {
                         Ok(())
                     })
                     .and_then(|_| crate::disk::copy_sparse(&src, &dst).map(|_| ()));
+                // Frozen, the copy (partly) written, its row not yet stored.
+                cella_crash::crash_point!("runtime.snapshot.frozen");
                 if !was_frozen {
                     let _ = cgroup::thaw(&h.cgroup);
                     paused_us = t.elapsed().as_micros() as u64;
@@ -367,6 +369,7 @@ impl NamespaceDriver {
             },
         )?;
         let t_cgroup = t0.elapsed();
+        cella_crash::crash_point!("runtime.launch.after_cgroup");
         let dir = self.sandbox_dir(&spec.id);
         std::fs::create_dir_all(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
@@ -404,6 +407,7 @@ impl NamespaceDriver {
             }
         };
         let t_prepare = t0.elapsed();
+        cella_crash::crash_point!("runtime.launch.after_disk");
         stdin.write_all(&serde_json::to_vec(&cfg).map_err(std::io::Error::other)?)?;
         drop(stdin);
         let out = child.wait_with_output()?;
@@ -440,6 +444,7 @@ impl NamespaceDriver {
             cgroup: cfg.cgroup,
             net: None,
         };
+        cella_crash::crash_point!("runtime.launch.after_init");
         if let (Some(n), Some(rules)) = (&self.net, &spec.network) {
             let t = std::time::Instant::now();
             let info: Option<net::NetInfo> = serde_json::from_value(answer["net"].clone()).ok();
@@ -471,6 +476,7 @@ impl NamespaceDriver {
                 "network up"
             );
         }
+        cella_crash::crash_point!("runtime.launch.after_network");
         Ok(handle)
     }
 
@@ -529,6 +535,7 @@ impl NamespaceDriver {
             reap(h.pid);
         }
         res?;
+        cella_crash::crash_point!("runtime.remove.after_kill");
         let _ = std::fs::remove_file(self.socket_path(id));
         let dir = self.sandbox_dir(id);
         if keep_files {
@@ -782,6 +789,16 @@ impl Driver for NamespaceDriver {
 
     fn tidy(&self) {
         cgroup::remove_if_empty(&self.cgroup_parent);
+    }
+
+    fn snapshot_files(&self) -> Vec<String> {
+        std::fs::read_dir(self.data_dir.join("snapshots"))
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     fn leftovers(&self) -> Vec<String> {

@@ -145,6 +145,7 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
             row.state_reason = Some(format!("failed to start: {e}"));
         }
     }
+    cella_crash::crash_point!("sandbox.boot.before_ready_write");
     if let Err(e) = crate::timing::phase("store.update", state.store.update_sandbox(row)).await {
         tracing::error!(sandbox = row.id, "recording boot result: {e}");
     }

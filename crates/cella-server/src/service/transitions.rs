@@ -29,7 +29,8 @@ pub enum Event {
     Retime,
     /// Destroyed (a destroyed one is answered as it is, before asking).
     Destroy,
-    /// Its processes are gone; a persistent sandbox keeps its files.
+    /// Its processes are gone; a persistent sandbox keeps its files (one booting again on its
+    /// kept files too).
     LostKept,
     /// Its processes are gone, and it is cleared.
     Lost,
@@ -68,7 +69,11 @@ pub const TABLE: &[(Event, &[SandboxState], Option<SandboxState>)] = &[
         &[Provisioning, Running, Paused, Stopped, Error],
         Some(Destroyed),
     ),
-    (Event::LostKept, &[Running, Paused], Some(Stopped)),
+    (
+        Event::LostKept,
+        &[Provisioning, Running, Paused],
+        Some(Stopped),
+    ),
     (Event::Lost, &[Provisioning, Running, Paused], Some(Error)),
 ];
 
@@ -126,7 +131,7 @@ mod tests {
             (Event::Stop, Running | Paused) => Some(Stopped),
             (Event::Retime, s) if !s.is_terminal() => Some(s),
             (Event::Destroy, s) if s != Destroyed => Some(Destroyed),
-            (Event::LostKept, Running | Paused) => Some(Stopped),
+            (Event::LostKept, Provisioning | Running | Paused) => Some(Stopped),
             (Event::Lost, Provisioning | Running | Paused) => Some(Error),
             _ => None,
         }
@@ -147,7 +152,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(allowed, 21);
+        assert_eq!(allowed, 22);
     }
 
     #[test]

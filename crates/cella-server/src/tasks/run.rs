@@ -182,6 +182,7 @@ async fn finish(
         Ok(false) => tracing::warn!(task = row.id, "the run had ended already"),
         Err(e) => tracing::error!(task = row.id, "recording a run's end: {e}"),
     }
+    cella_crash::crash_point!("task.settle.after_end");
     if let Ok(Some(r)) = state.store.task(&row.id).await {
         settle(state, &r).await;
     }
@@ -403,13 +404,16 @@ async fn provision(
         ));
     }
     held.sandbox = Some(sandbox_id.clone());
+    cella_crash::crash_point!("task.provision.after_sandbox_id");
     if let Ok(mut s) = live.sandbox_id.lock() {
         *s = Some(sandbox_id.clone());
     }
     // The clone (on the host) and the sandbox's boot at once: neither needs the other until
     // the checkout is handed in. Both are run to their end (never dropped half-way, which
     // would leave a half-made sandbox), then the first failure is the run's.
+    let began = std::time::Instant::now();
     let cloned = async {
+        let t = std::time::Instant::now();
         let checkout = git
             .clone_base(
                 &access,
@@ -422,7 +426,7 @@ async fn provision(
             .pack(&checkout, state.config.tasks.max_repo_bytes)
             .await
             .map_err(git_failure);
-        Ok::<_, Ending>((checkout, tar))
+        Ok::<_, Ending>((checkout, tar, t.elapsed()))
     };
     let booted = async {
         tools(state).await.map_err(|e| {
@@ -432,13 +436,17 @@ async fn provision(
                 "the server could not make its executable ready for the sandbox",
             )
         })?;
-        boot_sandbox(state, row, &agent, &sandbox_id).await
+        let t = std::time::Instant::now();
+        boot_sandbox(state, row, &agent, &sandbox_id)
+            .await
+            .map(|sb| (sb, t.elapsed()))
     };
     let (cloned, booted) = tokio::join!(cloned, booted);
-    let (checkout, tar) = cloned?;
+    let (checkout, tar, clone_took) = cloned?;
     held.checkout = Some(checkout);
     let tar = tar?;
-    let sb = booted?;
+    let (sb, boot_took) = booted?;
+    let handed = std::time::Instant::now();
     cancelled(live)?;
     let runnable = Runnable::of(state, sb)
         .map_err(|e| Ending::failed(FailureKind::ProvisionFailed, &e.to_string()))?;
@@ -493,7 +501,15 @@ async fn provision(
     if let Ok(Some(r)) = state.store.task(&row.id).await {
         emit_state(state, &r);
     }
-    tracing::info!(task = row.id, sandbox = sandbox_id, "task run running");
+    tracing::info!(
+        task = row.id,
+        sandbox = sandbox_id,
+        clone_ms = clone_took.as_millis() as u64,
+        boot_ms = boot_took.as_millis() as u64,
+        hand_in_ms = handed.elapsed().as_millis() as u64,
+        provisioning_ms = began.elapsed().as_millis() as u64,
+        "task run running"
+    );
     Ok(started)
 }
 
@@ -1018,6 +1034,7 @@ async fn push_and_open(
         branch = row.branch,
         "task run's branch pushed"
     );
+    cella_crash::crash_point!("task.push.after_push");
     // The gateway writes model charges in groups: the ones already queued count in the body.
     state.model_meter.flush().await;
     let (model_cost, model_requests) = state

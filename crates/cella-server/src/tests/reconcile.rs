@@ -177,3 +177,55 @@ async fn a_corrupt_row_at_start_is_skipped_and_the_others_are_reconciled() {
         .await;
     assert_eq!((status, error(&v).0), (500, "INTERNAL"), "{v}");
 }
+
+#[tokio::test]
+async fn a_restart_cut_short_keeps_the_files_and_the_freezer_follows_the_row() {
+    let s = Server::start().await;
+    let booting = id(&s.create(json!({})).await);
+    let frozen = id(&s.create(json!({})).await);
+    let thawed = id(&s.create(json!({})).await);
+    assert_eq!(s.act(&booting, "stop").await.0, 200);
+    assert_eq!(s.act(&thawed, "pause").await.0, 200);
+    // A resume of a stopped sandbox the server did not finish: its slot claimed (the row in
+    // `provisioning`), nothing booted yet.
+    assert!(s
+        .state
+        .store
+        .claim_slot(&booting, cella_types::SandboxState::Provisioning, 100)
+        .await
+        .unwrap());
+    // A pause and a resume killed between the freezer and the row's write.
+    let handle = |id: String| {
+        let st = s.state.clone();
+        async move {
+            let row = st.store.sandbox(&id).await.unwrap().unwrap();
+            crate::rows::handle_of(&row).unwrap().unwrap()
+        }
+    };
+    let h = handle(frozen.clone()).await;
+    s.state.driver.pause(&h).await.unwrap();
+    let h = handle(thawed.clone()).await;
+    s.state.driver.unpause(&h).await.unwrap();
+    let s = s.restart().await;
+
+    let sb = s.get(&booting).await;
+    assert_eq!(sb["state"], "stopped", "{sb}");
+    assert_eq!(
+        sb["state_reason"],
+        "the server stopped while the sandbox was booting again"
+    );
+    assert_eq!(
+        s.fake.state(&booting),
+        Some(FakeState::Stopped),
+        "its files are kept"
+    );
+    let (status, v) = s.act(&booting, "resume").await;
+    assert_eq!(
+        (status, v["data"]["state"].as_str()),
+        (200, Some("running"))
+    );
+    assert_eq!(s.get(&frozen).await["state"], "running");
+    assert_eq!(s.fake.state(&frozen), Some(FakeState::Running));
+    assert_eq!(s.get(&thawed).await["state"], "paused");
+    assert_eq!(s.fake.state(&thawed), Some(FakeState::Paused));
+}

@@ -144,3 +144,39 @@ async fn the_scope_is_checked_after_the_rate_limit_and_before_the_body() {
         .iter()
         .all(|c| c.op != crate::testing::Op::Exec || c.id != super::id(&sb)));
 }
+
+/// A key's row is kept between requests (no read of the store each time), yet a revoke holds
+/// for the very next request, and for every one after it.
+#[tokio::test]
+async fn a_kept_key_stops_at_once_when_revoked() {
+    let s = Server::start().await;
+    let ws = s
+        .state
+        .store
+        .meta_get("default_workspace")
+        .await
+        .unwrap()
+        .unwrap();
+    let (status, v) = s
+        .call(
+            "POST",
+            "/api/v1/api-keys",
+            Some(serde_json::json!({"workspace_id": ws, "name": "kept", "scopes": ["sandboxes:read"]})),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let key = v["data"]["key"].as_str().unwrap().to_string();
+    let key_id = v["data"]["id"].as_str().unwrap().to_string();
+    for _ in 0..3 {
+        let (st, _, _) = send(&s, &key, "GET", "/api/v1/sandboxes", Vec::new()).await;
+        assert_eq!(st, 200);
+    }
+    let (st, _) = s
+        .call("DELETE", &format!("/api/v1/api-keys/{key_id}"), None)
+        .await;
+    assert!(st == 200 || st == 204, "{st}");
+    for _ in 0..2 {
+        let (st, _, _) = send(&s, &key, "GET", "/api/v1/sandboxes", Vec::new()).await;
+        assert_eq!(st, 401);
+    }
+}
