@@ -240,16 +240,7 @@ async fn kept_lookups_never_outlive_a_revoke_or_a_settings_change() {
         .await
         .unwrap()
         .unwrap();
-    let (status, v) = s
-        .call(
-            "POST",
-            "/api/v1/api-keys",
-            Some(serde_json::json!({"workspace_id": ws, "name": "m2", "scopes": ["models:use"]})),
-        )
-        .await;
-    assert_eq!(status, 201, "{v}");
-    let key = v["data"]["key"].as_str().unwrap().to_string();
-    let key_id = v["data"]["id"].as_str().unwrap().to_string();
+    let (key, key_id) = s.new_key("m2", &["models:use"]).await;
     let chat = "/gateway/openai/v1/chat/completions";
     let free = serde_json::json!({"model": "gpt-free", "messages": []});
     for _ in 0..3 {

@@ -125,6 +125,29 @@ impl Server {
         (fake, config, dir)
     }
 
+    /// Makes an API key of the default workspace with `scopes`: (its secret, its id).
+    async fn new_key(&self, name: &str, scopes: &[&str]) -> (String, String) {
+        let ws = self
+            .state
+            .store
+            .meta_get("default_workspace")
+            .await
+            .expect("store")
+            .expect("a default workspace");
+        let (status, v) = self
+            .call(
+                "POST",
+                "/api/v1/api-keys",
+                Some(serde_json::json!({"workspace_id": ws, "name": name, "scopes": scopes})),
+            )
+            .await;
+        assert_eq!(status, 201, "{v}");
+        (
+            v["data"]["key"].as_str().expect("key").to_string(),
+            v["data"]["id"].as_str().expect("id").to_string(),
+        )
+    }
+
     /// Sends one request; answers its status and JSON body (Null when empty).
     async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let req = Request::builder()

@@ -150,23 +150,7 @@ async fn the_scope_is_checked_after_the_rate_limit_and_before_the_body() {
 #[tokio::test]
 async fn a_kept_key_stops_at_once_when_revoked() {
     let s = Server::start().await;
-    let ws = s
-        .state
-        .store
-        .meta_get("default_workspace")
-        .await
-        .unwrap()
-        .unwrap();
-    let (status, v) = s
-        .call(
-            "POST",
-            "/api/v1/api-keys",
-            Some(serde_json::json!({"workspace_id": ws, "name": "kept", "scopes": ["sandboxes:read"]})),
-        )
-        .await;
-    assert_eq!(status, 201, "{v}");
-    let key = v["data"]["key"].as_str().unwrap().to_string();
-    let key_id = v["data"]["id"].as_str().unwrap().to_string();
+    let (key, key_id) = s.new_key("kept", &["sandboxes:read"]).await;
     for _ in 0..3 {
         let (st, _, _) = send(&s, &key, "GET", "/api/v1/sandboxes", Vec::new()).await;
         assert_eq!(st, 200);
