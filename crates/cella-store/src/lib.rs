@@ -73,7 +73,7 @@ impl StoreError {
     pub fn is_full(&self) -> bool {
         match self {
             StoreError::Db(sqlx::Error::Database(e)) => {
-                e.code().is_some_and(|c| c == "13" || c.starts_with("13"))
+                e.code().is_some_and(|c| c == "13") // SQLITE_FULL has no extended codes
             }
             StoreError::Db(sqlx::Error::Io(e)) => {
                 e.raw_os_error() == Some(28) // ENOSPC
