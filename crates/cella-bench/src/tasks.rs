@@ -1,6 +1,8 @@
 //! Task runs: from `queued` to `running` on an idle server with a 10 MB repository on the
-//! embedded local forge (the run's sandbox booted, the base branch cloned on the host, the git
-//! directory handed in and checked out, the agent started), and how long after the workspace's
+//! embedded local forge (the run's sandbox booted, the base branch cloned on the host or its
+//! kept checkout linked, its objects shown to the sandbox and checked out there, the agent
+//! started), both for runs on a base commit an earlier run kept and for runs whose base moved
+//! (a clone each), and how long after the workspace's
 //! `heartbeat_timeout_sec` a run whose in-sandbox side froze is failed.
 //!
 //! The agents are commands (no model is involved): `sleep` waits to be cancelled; `freeze`
@@ -33,7 +35,10 @@ command = ["sh", "-c", "kill -STOP $PPID; sleep 600"]
 const HEARTBEAT_TIMEOUT_SEC: u64 = 10;
 
 pub struct Figures {
+    /// Runs on a base commit an earlier run cloned (`[tasks] checkout_cache`).
     pub queued_to_running_ms: Vec<f64>,
+    /// Runs on a new base commit each (the base branch moved: a clone).
+    pub queued_to_running_cloned_ms: Vec<f64>,
     /// Seconds from `running` to `failed` beyond the heartbeat timeout.
     pub heartbeat_loss_extra_sec: Option<f64>,
 }
@@ -127,8 +132,8 @@ pub fn measure(s: &Server, data_dir: &Path, n: usize) -> Figures {
     );
     assert!(st == 200 || st == 201, "crediting the wallet: {v}");
 
-    let mut samples = Vec::new();
-    for _ in 0..n {
+    let repo = data_dir.join("repos/bench/r10");
+    let one = |s: &Server| {
         let t = Instant::now();
         let id = start(s, "sleep");
         loop {
@@ -143,9 +148,21 @@ pub fn measure(s: &Server, data_dir: &Path, n: usize) -> Figures {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        samples.push(ms(t.elapsed()));
+        let took = ms(t.elapsed());
         s.call(KEY, "POST", &format!("/api/v1/tasks/{id}/cancel"), None);
         wait_terminal(s, &id);
+        took
+    };
+    // A new commit on the base before each: every run clones.
+    let mut cloned = Vec::new();
+    for _ in 0..n.div_ceil(2) {
+        git(&repo, &["commit", "-q", "--allow-empty", "-m", "moved"]);
+        cloned.push(one(s));
+    }
+    // The same base commit each time: the first run above kept it.
+    let mut samples = Vec::new();
+    for _ in 0..n {
+        samples.push(one(s));
     }
 
     let id = start(s, "freeze");
@@ -168,6 +185,7 @@ pub fn measure(s: &Server, data_dir: &Path, n: usize) -> Figures {
     };
     Figures {
         queued_to_running_ms: samples,
+        queued_to_running_cloned_ms: cloned,
         heartbeat_loss_extra_sec: extra,
     }
 }

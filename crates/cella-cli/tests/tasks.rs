@@ -723,6 +723,112 @@ fn an_agent_that_fails_ends_failed_agent_exit() {
     assert_no_host_checkout(&s, &id);
 }
 
+/// Kept base checkouts (`[tasks] checkout_cache`, "local" by default for a forge on this
+/// host): the second run on the same base commit skips the clone and its agent works on the
+/// same files; once the base branch moves, the next run is on the new commit (never a stale
+/// kept one). The agent sees the base's objects read-only at `/opt/cella-base` and cannot
+/// write there. With the cache off, nothing is kept.
+#[test]
+fn a_run_on_a_base_an_earlier_run_cloned_skips_the_clone_and_a_moved_base_is_fresh() {
+    let repos = tempfile::tempdir().unwrap();
+    let bare = make_repo(repos.path(), "acme/web", &[("README.md", "# web\n")]);
+    let script = format!(
+        "cp README.md seen.txt; if touch /opt/cella-base/x 2>/dev/null; then echo writable > base.txt; fi; \
+         {GIT_ID} add -A && {GIT_ID} commit -qm 'What the agent saw'"
+    );
+    let s = Server::start_with(&config(
+        2,
+        &git_forge("git", repos.path()),
+        &command_agent("script", &script),
+        "",
+    ));
+    let (_ws, key) = workspace(&s, "0", "10", 5);
+    let run = |task: &str| -> Value {
+        let t = start(&s, &key, json!({ "repository": "acme/web", "task": task }));
+        let t = wait_end(&s, &key, t["id"].as_str().unwrap(), 120);
+        assert_eq!(t["state"], "stopped", "{t}\n{}", tail(&s));
+        t
+    };
+    let checkout_line = |id: &str| -> String {
+        s.log()
+            .lines()
+            .find(|l| l.contains("task run running") && l.contains(id))
+            .unwrap_or_else(|| panic!("no running line for {id}\n{}", tail(&s)))
+            .to_string()
+    };
+    let main = forges::git(&bare, &["rev-parse", "main"])
+        .trim()
+        .to_string();
+    let first = run("first");
+    let second = run("second");
+    for t in [&first, &second] {
+        let branch = t["branch"].as_str().unwrap();
+        assert_eq!(
+            file_on_branch(&bare, branch, "seen.txt").as_deref(),
+            Some("# web\n")
+        );
+        assert_eq!(
+            file_on_branch(&bare, branch, "base.txt"),
+            None,
+            "the base is read-only"
+        );
+        assert_eq!(
+            commits_between(&bare, "main", branch),
+            ["What the agent saw"]
+        );
+    }
+    assert!(
+        checkout_line(first["id"].as_str().unwrap()).contains("cloned"),
+        "{}",
+        tail(&s)
+    );
+    assert!(
+        checkout_line(second["id"].as_str().unwrap()).contains("kept"),
+        "{}",
+        tail(&s)
+    );
+    assert!(s.data_dir().join("checkouts").join(&main).is_dir());
+
+    // The base moves on the forge: the next run works on the new commit.
+    let work = tempfile::tempdir().unwrap();
+    forges::git(work.path(), &["clone", "-q", bare.to_str().unwrap(), "w"]);
+    let w = work.path().join("w");
+    std::fs::write(w.join("README.md"), "# web, moved\n").unwrap();
+    forges::git(&w, &["commit", "-q", "-am", "move main"]);
+    forges::git(&w, &["push", "-q", "origin", "main"]);
+    let third = run("third");
+    let branch = third["branch"].as_str().unwrap();
+    assert_eq!(
+        file_on_branch(&bare, branch, "seen.txt").as_deref(),
+        Some("# web, moved\n")
+    );
+    assert!(checkout_line(third["id"].as_str().unwrap()).contains("cloned"));
+    for t in [&first, &second, &third] {
+        assert_no_host_checkout(&s, t["id"].as_str().unwrap());
+    }
+    assert_no_sandbox_left(&s);
+
+    // Off: every run clones and nothing is kept.
+    let s = Server::start_with(
+        &config(
+            2,
+            &git_forge("git", repos.path()),
+            &command_agent("script", &script),
+            "",
+        )
+        .replace("[tasks]\n", "[tasks]\ncheckout_cache = \"off\"\n"),
+    );
+    let (_ws, key) = workspace(&s, "0", "10", 5);
+    let t = start(&s, &key, json!({ "repository": "acme/web", "task": "off" }));
+    let t = wait_end(&s, &key, t["id"].as_str().unwrap(), 120);
+    assert_eq!(t["state"], "stopped", "{t}\n{}", tail(&s));
+    assert_eq!(
+        file_on_branch(&bare, t["branch"].as_str().unwrap(), "seen.txt").as_deref(),
+        Some("# web, moved\n")
+    );
+    assert!(!s.data_dir().join("checkouts").exists());
+}
+
 /// An agent that hands back a branch larger than `[tasks] max_repo_bytes` (2 MB of random
 /// bytes committed, a bundle that does not compress; the cap 400 kB): the server refuses the
 /// bundle from the size the sandbox reports, before reading it (and would stop streaming at

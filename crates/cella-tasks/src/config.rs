@@ -28,6 +28,35 @@ pub struct TasksConfig {
     pub grace_sec: u64,
     /// The largest repository (its shallow git directory) a run takes, in bytes.
     pub max_repo_bytes: u64,
+    /// Which base checkouts are kept between runs ([`crate::cache`]).
+    pub checkout_cache: CacheScope,
+    /// The most bytes the kept base checkouts take together.
+    pub checkout_cache_bytes: u64,
+}
+
+/// `[tasks] checkout_cache`: which repositories' base checkouts are kept between runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheScope {
+    /// None: every run clones.
+    Off,
+    /// Repositories on this host (a forge remote that is a local path): keeping their base
+    /// puts nothing under the data directory that the host did not hold already.
+    Local,
+    /// Every forge's, remote ones too (their base commit's files then stay on this host
+    /// between runs; said in the README).
+    All,
+}
+
+impl CacheScope {
+    /// Whether a run whose remote is a local path (`local`) keeps its base.
+    pub fn covers(self, local: bool) -> bool {
+        match self {
+            CacheScope::Off => false,
+            CacheScope::Local => local,
+            CacheScope::All => true,
+        }
+    }
 }
 
 impl Default for TasksConfig {
@@ -38,6 +67,8 @@ impl Default for TasksConfig {
             heartbeat_interval_sec: 3,
             grace_sec: 10,
             max_repo_bytes: 1 << 30,
+            checkout_cache: CacheScope::Local,
+            checkout_cache_bytes: 1 << 30,
         }
     }
 }
@@ -497,6 +528,24 @@ egress = ["packages.example.org"]
         validate_all(&f.forges, &f.agents).expect("valid");
         assert_eq!(f.forges[1].kind, ForgeKind::Github);
         assert_eq!(f.agents[1].command.len(), 3);
+    }
+
+    #[test]
+    fn the_checkout_cache_scope() {
+        assert_eq!(TasksConfig::default().checkout_cache, CacheScope::Local);
+        for (text, scope, local, remote) in [
+            ("off", CacheScope::Off, false, false),
+            ("local", CacheScope::Local, true, false),
+            ("all", CacheScope::All, true, true),
+        ] {
+            let f = parse(&format!(
+                "[tasks]\ncheckout_cache = \"{text}\"\ncheckout_cache_bytes = 5\n"
+            ));
+            assert_eq!(f.tasks.checkout_cache, scope);
+            assert_eq!(f.tasks.checkout_cache_bytes, 5);
+            assert_eq!((scope.covers(true), scope.covers(false)), (local, remote));
+        }
+        assert!(toml::from_str::<File>("[tasks]\ncheckout_cache = \"some\"\n").is_err());
     }
 
     #[test]

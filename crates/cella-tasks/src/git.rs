@@ -17,14 +17,15 @@
 //!    directory of its own, so it leaves nothing).
 //! 2. [`HostGit::clone_base`]: `git clone --bare --depth 1 --single-branch --branch <b>
 //!    --template=<empty>` into `<work>/repo.git`, killed and removed when it grows past
-//!    `max_repo_bytes` ([`GitError::TooLarge`]).
-//! 3. [`HostGit::pack`]: a tar of that git directory (its `config` replaced by a minimal one
-//!    without the remote's URL, no hooks), written to `<work>/repo.tar` file by file (never
-//!    whole in memory; refused past `max_repo_bytes` of content), which the server streams to
-//!    [`SANDBOX_TAR`].
-//! 4. [`sandbox_prepare`] (in the sandbox, as its user): unpacks it as
-//!    [`SANDBOX_CHECKOUT`]`/.git`, makes it a normal repository and checks out the run's branch
-//!    from the base commit.
+//!    `max_repo_bytes` ([`GitError::TooLarge`]). Or, when the base commit's objects were kept
+//!    by an earlier run ([`crate::cache`]), [`HostGit::from_cache`]: an empty bare repository
+//!    linked to them, the branch set to the commit the forge just named.
+//! 3. [`HostGit::share`]: `<work>/share` gets hard links to the clone's objects and its
+//!    `shallow` (nothing else: no config, no refs), which the sandbox sees read-only at
+//!    [`SANDBOX_BASE`] (a bind mount made when it boots, from [`HostGit::make_share_dir`]).
+//! 4. [`sandbox_prepare`] (in the sandbox, as its user): makes [`SANDBOX_CHECKOUT`] a
+//!    repository that borrows those objects (`objects/info/alternates`: nothing is copied),
+//!    sets the base branch to the base commit and checks out the run's branch from it.
 //! 5. [`sandbox_collect`] (in the sandbox, after the agent stopped): commits what is
 //!    uncommitted as `Cella <cella@localhost>`, and writes the bundle of `base..branch` to
 //!    [`SANDBOX_BUNDLE`] (none without new commits).
@@ -44,8 +45,8 @@
 //! guard, since such a repository's configuration could run commands as the server.
 //!
 //! Inside the sandbox the checkout lives at [`SANDBOX_CHECKOUT`], owned by the sandbox's user
-//! (the server makes that directory writable by the user, and the sandbox's template has `git`,
-//! `tar` and `sh`).
+//! (the server makes that directory writable by the user, and the sandbox's template has `git`
+//! and `sh`).
 
 use crate::forge::{Access, GitCredential};
 use std::ffi::OsString;
@@ -55,8 +56,8 @@ use std::time::Duration;
 
 /// The checkout's path inside the run's sandbox (the agent's working directory).
 pub const SANDBOX_CHECKOUT: &str = "/workspace";
-/// Where the server uploads the git directory's tar inside the sandbox.
-pub const SANDBOX_TAR: &str = "/tmp/.cella-repo.tar";
+/// Where the run's sandbox sees the base commit's objects, read-only ([`HostGit::share`]).
+pub const SANDBOX_BASE: &str = "/opt/cella-base";
 /// Where [`sandbox_collect`] leaves the bundle inside the sandbox.
 pub const SANDBOX_BUNDLE: &str = "/tmp/.cella-branch.bundle";
 
@@ -101,6 +102,8 @@ pub struct HostGit {
 
 /// The name of the bare clone inside [`HostGit::work`].
 const REPO_DIR: &str = "repo.git";
+/// The name of what the sandbox sees of it ([`HostGit::share`]) inside [`HostGit::work`].
+const SHARE_DIR: &str = "share";
 /// An empty directory used as `HOME`, the hooks path and the clone template.
 const EMPTY_DIR: &str = "empty";
 /// The ref a received branch waits under until it is checked.
@@ -721,25 +724,101 @@ impl HostGit {
         })
     }
 
-    /// A tar of the checkout's git directory, for the server to stream into the sandbox at
-    /// [`SANDBOX_TAR`], written to `<work>/repo.tar` (each file copied through a small buffer,
-    /// so memory does not grow with the repository). Its entries are relative to the git
-    /// directory (`HEAD`, `objects/...`), so [`sandbox_prepare`] extracts it into `.git`. The
-    /// host clone's `config` is replaced by a minimal one (no remote URL), and no hooks are
-    /// included. Past `max_bytes` of file content it stops ([`GitError::TooLarge`]) and the
-    /// partial tar is removed.
-    pub async fn pack(&self, checkout: &Checkout, max_bytes: u64) -> Result<Packed, GitError> {
-        let dir = checkout.git_dir.clone();
-        let path = self.work.join(TAR_FILE);
+    /// The directory the run's sandbox sees read-only at [`SANDBOX_BASE`]: made empty before
+    /// the sandbox boots (its bind mount needs it), filled by [`HostGit::share`].
+    pub fn share_dir(&self) -> PathBuf {
+        self.work.join(SHARE_DIR)
+    }
+
+    /// Makes [`HostGit::share_dir`], empty, readable by the sandbox's user.
+    pub fn make_share_dir(&self) -> Result<PathBuf, GitError> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = self.share_dir();
+        std::fs::create_dir_all(&dir)
+            .and_then(|_| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)))
+            .map_err(|e| GitError::Io(format!("making the run's shared directory: {e}")))?;
+        Ok(dir)
+    }
+
+    /// Hands the checkout's objects to the sandbox: [`HostGit::share_dir`] gets `objects/`
+    /// (hard links to the clone's files, read-only for everyone) and `shallow`, nothing else
+    /// of the host's git directory (no config, no refs). The sandbox borrows the objects
+    /// through `objects/info/alternates` ([`sandbox_prepare`]), so nothing is copied.
+    pub async fn share(&self, checkout: &Checkout) -> Result<(), GitError> {
+        let from = checkout.git_dir.clone();
+        let to = self.make_share_dir()?;
         tokio::task::spawn_blocking(move || {
-            let r = pack_dir(&dir, &path, max_bytes);
-            if r.is_err() {
-                let _ = std::fs::remove_file(&path);
-            }
-            r
+            crate::cache::link_tree(&from.join("objects"), &to.join("objects"))?;
+            std::fs::copy(from.join("shallow"), to.join("shallow"))?;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(to.join("shallow"), std::fs::Permissions::from_mode(0o444))
         })
         .await
-        .map_err(|e| GitError::Io(format!("packing: {e}")))?
+        .map_err(|e| GitError::Io(format!("sharing the checkout: {e}")))?
+        .map_err(|e| GitError::Io(format!("sharing the checkout: {e}")))
+    }
+
+    /// The host's bare clone of `base_branch` at `sha` made from a kept entry
+    /// ([`crate::cache`]) instead of a clone: an empty bare repository whose `objects/` are
+    /// links to the entry's, its `shallow`, and the branch set to `sha` (which git checks is
+    /// there). The caller learnt `sha` from the forge ([`HostGit::resolve_base`]).
+    pub async fn from_cache(
+        &self,
+        entry: &Path,
+        base_branch: &str,
+        sha: &str,
+    ) -> Result<Checkout, GitError> {
+        if !valid_branch(base_branch) {
+            return Err(GitError::BaseBranchMissing(base_branch.to_string()));
+        }
+        if !valid_sha(sha) {
+            return Err(GitError::Io("not a commit id".into()));
+        }
+        let h = self.hardening()?;
+        let dest = self.repo_dir();
+        if dest.exists() {
+            std::fs::remove_dir_all(&dest)
+                .map_err(|e| GitError::Io(format!("removing an old clone: {e}")))?;
+        }
+        let template = format!("--template={}", h.empty.display());
+        let branch_arg = format!("--initial-branch={base_branch}");
+        let mut args = os(&["init", "-q", "--bare", &template, &branch_arg, "--"]);
+        args.push(dest.clone().into_os_string());
+        let out = run(&h.invocation(args, None, None, None), None).await?;
+        if !out.ok {
+            return Err(GitError::Io(summary(&out.stderr, None)));
+        }
+        let (from, to) = (entry.to_path_buf(), dest.clone());
+        tokio::task::spawn_blocking(move || {
+            crate::cache::link_tree(&from.join("objects"), &to.join("objects"))?;
+            std::fs::copy(from.join("shallow"), to.join("shallow")).map(|_| ())
+        })
+        .await
+        .map_err(|e| GitError::Io(format!("linking a kept checkout: {e}")))?
+        .map_err(|e| GitError::Io(format!("linking a kept checkout: {e}")))?;
+        let refname = format!("refs/heads/{base_branch}");
+        let out = run(
+            &h.invocation(
+                os(&["update-ref", "--no-deref", &refname, sha]),
+                Some(&dest),
+                None,
+                None,
+            ),
+            None,
+        )
+        .await?;
+        if !out.ok {
+            let _ = std::fs::remove_dir_all(&dest);
+            return Err(GitError::Io(format!(
+                "a kept checkout lacks its commit: {}",
+                summary(&out.stderr, None)
+            )));
+        }
+        Ok(Checkout {
+            git_dir: dest,
+            base_branch: base_branch.to_string(),
+            base_sha: sha.to_string(),
+        })
     }
 
     /// Verifies the bundle the sandbox made (prerequisites present, the one `branch` in it, its
@@ -1040,95 +1119,6 @@ async fn resolve_base_with(
     Ok((branch, sha))
 }
 
-/// The checkout's tar, as [`HostGit::pack`] wrote it.
-#[derive(Debug, Clone)]
-pub struct Packed {
-    pub path: PathBuf,
-    /// Its size in bytes.
-    pub len: u64,
-}
-
-/// The tar's name in the run's directory.
-const TAR_FILE: &str = "repo.tar";
-
-/// The files of a bare git directory as a tar at `out`, entries relative to it; at most
-/// `max_bytes` of file content.
-fn pack_dir(dir: &Path, out: &Path, max_bytes: u64) -> Result<Packed, GitError> {
-    let io = |e: std::io::Error| GitError::Io(format!("packing the checkout: {e}"));
-    let file = std::fs::File::create(out).map_err(io)?;
-    let mut content = 0u64;
-    let mut builder = tar::Builder::new(std::io::BufWriter::new(file));
-    builder.follow_symlinks(false);
-    builder.mode(tar::HeaderMode::Deterministic);
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let abs = dir.join(&rel);
-        let mut entries: Vec<_> = std::fs::read_dir(&abs).map_err(io)?.flatten().collect();
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let name = e.file_name();
-            let r = rel.join(&name);
-            if rel.as_os_str().is_empty()
-                && matches!(
-                    name.to_str(),
-                    Some("config" | "hooks" | "FETCH_HEAD" | "logs" | "description")
-                )
-            {
-                continue;
-            }
-            let ft = e.file_type().map_err(io)?;
-            if ft.is_dir() {
-                let mut header = tar::Header::new_gnu();
-                header.set_entry_type(tar::EntryType::Directory);
-                header.set_mode(0o755);
-                header.set_size(0);
-                header.set_mtime(0);
-                builder
-                    .append_data(&mut header, &r, std::io::empty())
-                    .map_err(io)?;
-                stack.push(r);
-            } else if ft.is_file() {
-                let f = std::fs::File::open(e.path()).map_err(io)?;
-                let len = f.metadata().map_err(io)?.len();
-                content = content.saturating_add(len);
-                if content > max_bytes {
-                    return Err(GitError::TooLarge(max_bytes));
-                }
-                let mut header = tar::Header::new_gnu();
-                header.set_entry_type(tar::EntryType::Regular);
-                header.set_mode(0o644);
-                header.set_size(len);
-                header.set_mtime(0);
-                // Exactly `len` bytes, however the file changes meanwhile (a short one is an
-                // error of the tar writer).
-                builder
-                    .append_data(&mut header, &r, std::io::Read::take(f, len))
-                    .map_err(io)?;
-            }
-            // Symlinks and others: a clone made with an empty template has none.
-        }
-    }
-    // The sandbox's checkout: a work tree (unpacked as its `.git`) that keeps reflogs.
-    let config = b"[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = true\n";
-    let mut header = tar::Header::new_gnu();
-    header.set_entry_type(tar::EntryType::Regular);
-    header.set_mode(0o644);
-    header.set_size(config.len() as u64);
-    header.set_mtime(0);
-    builder
-        .append_data(&mut header, "config", &config[..])
-        .map_err(io)?;
-    let mut w = builder.into_inner().map_err(io)?;
-    std::io::Write::flush(&mut w).map_err(io)?;
-    // Not synced: it is read back at once, and a crash before that ends the run anyway.
-    let file = w.into_inner().map_err(|e| io(e.into_error()))?;
-    let len = file.metadata().map_err(io)?.len();
-    Ok(Packed {
-        path: out.to_path_buf(),
-        len,
-    })
-}
-
 /// Writes the chunks of `chunks` (a stream read from the sandbox) to a new file at `path`,
 /// one chunk at a time, and stops at the first chunk that takes it past `max_bytes`
 /// ([`GitError::TooLarge`]) without reading further; on any error the partial file is
@@ -1171,14 +1161,15 @@ pub async fn write_capped<E: std::fmt::Display>(
 /// The script of [`sandbox_prepare`]; values come as positional parameters, never in the
 /// text.
 const PREPARE_SCRIPT: &str = r#"set -eu
-co="$1"; tarball="$2"; branch="$3"
-mkdir -p "$co/.git"
-tar -xf "$tarball" -C "$co/.git"
-# Best effort: a tar written by root into a sticky /tmp cannot be removed by the user.
-rm -f "$tarball" 2>/dev/null || true
+co="$1"; base="$2"; base_branch="$3"; sha="$4"; branch="$5"
 cd "$co"
-# The index is empty: a forced switch to the new branch writes the base's files and index.
-git checkout -q -f -b "$branch"
+git init -q --template= -b "$branch"
+# The base commit's objects stay where the host shared them (read-only): borrowed, not copied.
+printf '%s\n' "$base/objects" > .git/objects/info/alternates
+cp "$base/shallow" .git/shallow
+git update-ref "refs/heads/$base_branch" "$sha"
+# The index is empty: a forced checkout of the base commit writes its files and the index.
+git checkout -q -f -B "$branch" "$sha"
 "#;
 
 /// The script of [`sandbox_collect`].
@@ -1209,21 +1200,30 @@ if [ -n "$(g rev-list -n 1 "$base..refs/heads/$branch")" ]; then
 fi
 "#;
 
-/// The argv (run inside the sandbox as its user, in `/`) that unpacks [`SANDBOX_TAR`] into
-/// [`SANDBOX_CHECKOUT`]`/.git`, checks out the base and makes `branch`.
-pub fn sandbox_prepare(branch: &str) -> Vec<String> {
-    sandbox_prepare_at(SANDBOX_CHECKOUT, SANDBOX_TAR, branch)
+/// The argv (run inside the sandbox as its user, in `/`) that makes [`SANDBOX_CHECKOUT`] a
+/// repository borrowing the objects the host shared at [`SANDBOX_BASE`], with `base_branch`
+/// at `sha`, and checks out the new `branch` there.
+pub fn sandbox_prepare(base_branch: &str, sha: &str, branch: &str) -> Vec<String> {
+    sandbox_prepare_at(SANDBOX_CHECKOUT, SANDBOX_BASE, base_branch, sha, branch)
 }
 
 /// [`sandbox_prepare`] with other paths (tests run it in temporary directories).
-pub fn sandbox_prepare_at(checkout: &str, tar: &str, branch: &str) -> Vec<String> {
+pub fn sandbox_prepare_at(
+    checkout: &str,
+    base: &str,
+    base_branch: &str,
+    sha: &str,
+    branch: &str,
+) -> Vec<String> {
     vec![
         "sh".into(),
         "-c".into(),
         PREPARE_SCRIPT.into(),
         "sh".into(),
         checkout.into(),
-        tar.into(),
+        base.into(),
+        base_branch.into(),
+        sha.into(),
         branch.into(),
     ]
 }
@@ -1413,10 +1413,13 @@ mod tests {
     #[test]
     fn sandbox_argv_never_interpolates_values() {
         let evil = "x'; touch /tmp/pwned; echo '";
-        let argv = sandbox_prepare(evil);
+        let argv = sandbox_prepare(evil, "abc", evil);
         assert_eq!(argv[0], "sh");
         assert_eq!(argv[2], PREPARE_SCRIPT);
-        assert_eq!(argv.last().map(String::as_str), Some(evil));
+        assert_eq!(
+            &argv[4..],
+            [SANDBOX_CHECKOUT, SANDBOX_BASE, evil, "abc", evil]
+        );
         let argv = sandbox_collect("abc", "b", evil);
         assert_eq!(argv[2], COLLECT_SCRIPT);
         assert_eq!(
@@ -1466,41 +1469,40 @@ mod tests {
         assert_eq!(got[CHUNK * 3], 3);
     }
 
-    /// The tar is written to the run's directory, and a checkout past the cap is refused while
-    /// packing, leaving no tar.
+    /// What the sandbox is shown of the host's clone: its objects (links, read-only for
+    /// everyone) and `shallow`; not its config, refs or anything else.
     #[tokio::test]
-    async fn the_tar_is_a_file_and_a_checkout_past_the_cap_is_not_packed() {
+    async fn the_share_holds_only_objects_and_shallow() {
+        use std::os::unix::fs::MetadataExt;
         let work = tempfile::tempdir().expect("dir");
         let hg = HostGit::new(work.path());
         let git_dir = work.path().join(REPO_DIR);
         std::fs::create_dir_all(git_dir.join("objects/pack")).expect("dirs");
+        std::fs::create_dir_all(git_dir.join("refs/heads")).expect("dirs");
         std::fs::write(git_dir.join("HEAD"), "ref: refs/heads/main\n").expect("head");
-        std::fs::write(git_dir.join("objects/pack/big.pack"), vec![0u8; 300_000]).expect("pack");
+        std::fs::write(git_dir.join("config"), "[remote \"origin\"]\n\turl = /x\n").expect("cfg");
+        std::fs::write(git_dir.join("shallow"), "0".repeat(40)).expect("shallow");
+        std::fs::write(git_dir.join("objects/pack/p.pack"), vec![0u8; 3000]).expect("pack");
         let co = Checkout {
-            git_dir,
+            git_dir: git_dir.clone(),
             base_branch: "main".into(),
             base_sha: "0".repeat(40),
         };
-        let r = hg.pack(&co, 100_000).await;
-        assert!(matches!(r, Err(GitError::TooLarge(100_000))), "{r:?}");
-        assert!(
-            !work.path().join(TAR_FILE).exists(),
-            "no partial tar is left"
-        );
-        let packed = hg.pack(&co, 1_000_000).await.expect("packed");
-        assert_eq!(packed.path, work.path().join(TAR_FILE));
-        let len = std::fs::metadata(&packed.path).expect("tar").len();
-        assert_eq!(packed.len, len);
-        let mut names = Vec::new();
-        let mut ar = tar::Archive::new(std::fs::File::open(&packed.path).expect("open"));
-        for e in ar.entries().expect("entries") {
-            let e = e.expect("entry");
-            names.push((e.path().expect("path").display().to_string(), e.size()));
-        }
-        assert!(
-            names.contains(&("objects/pack/big.pack".into(), 300_000)),
-            "{names:?}"
-        );
-        assert!(names.iter().any(|(n, _)| n == "config"), "{names:?}");
+        let share = hg.make_share_dir().expect("share dir");
+        assert_eq!(share, hg.share_dir());
+        hg.share(&co).await.expect("shared");
+        let mut names: Vec<String> = std::fs::read_dir(&share)
+            .expect("read")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["objects", "shallow"]);
+        let linked = std::fs::metadata(share.join("objects/pack/p.pack")).expect("pack");
+        let orig = std::fs::metadata(git_dir.join("objects/pack/p.pack")).expect("pack");
+        assert_eq!(linked.ino(), orig.ino());
+        assert_eq!(linked.mode() & 0o777, 0o444);
+        let dir = std::fs::metadata(share.join("objects/pack")).expect("dir");
+        assert_eq!(dir.mode() & 0o777, 0o755);
     }
 }

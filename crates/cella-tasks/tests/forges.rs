@@ -97,10 +97,7 @@ async fn round_trip(tmp: &Path, forge: &Forge, repo: &RepoRef) -> (cella_tasks::
     assert_eq!(b, "main");
     let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
     let sbx = Sandbox::new(&tmp.join("sandbox"));
-    sbx.prepare(
-        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
-        BRANCH,
-    );
+    sbx.prepare(&hg, &co, BRANCH).await;
     // No credential travelled into the sandbox.
     let secret = access
         .credential
@@ -605,10 +602,7 @@ async fn git_forge_over_http() {
     assert_eq!(b, "main");
     let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(
-        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
-        BRANCH,
-    );
+    sbx.prepare(&hg, &co, BRANCH).await;
     std::fs::write(sbx.checkout.join("EDIT.md"), "plain http\n").expect("w");
     sbx.collect(&co.base_sha, BRANCH, "edit");
     let tip = hg

@@ -1,5 +1,5 @@
 //! Host-side git end to end with real git in temporary directories: the `git` forge over local
-//! paths, clone -> pack -> prepare (the sandbox side) -> edit + collect -> receive -> push, and
+//! paths, clone -> share -> prepare (the sandbox side) -> edit + collect -> receive -> push, and
 //! the attacks of a sandbox on the host's git.
 
 mod common;
@@ -118,7 +118,7 @@ async fn a_repository_over_the_limit_is_refused() {
     assert!(!tmp.path().join("run").exists());
 }
 
-/// clone -> pack -> prepare -> edit + collect -> receive -> push: the remote has the branch
+/// clone -> share -> prepare -> edit + collect -> receive -> push: the remote has the branch
 /// with the edit, and nothing else changed on it.
 #[tokio::test]
 async fn a_run_end_to_end_over_local_paths() {
@@ -141,10 +141,16 @@ async fn a_run_end_to_end_over_local_paths() {
     );
     assert_eq!(git(&co.git_dir, &["rev-list", "--count", "HEAD"]), "1");
 
-    let tar = std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(&tar, BRANCH);
-    assert!(!sbx.tar.exists(), "the tar is removed");
+    sbx.prepare(&hg, &co, BRANCH).await;
+    // The base branch is there at the base commit; the objects are borrowed, not copied.
+    assert_eq!(git(&sbx.checkout, &["rev-parse", "main"]), head);
+    assert_eq!(
+        std::fs::read_dir(sbx.checkout.join(".git/objects/pack"))
+            .expect("pack dir")
+            .count(),
+        0
+    );
     assert_eq!(
         std::fs::read_to_string(sbx.checkout.join("README.md")).expect("read"),
         "hello again\n"
@@ -207,6 +213,86 @@ async fn a_run_end_to_end_over_local_paths() {
     hg.remove();
 }
 
+/// A base commit kept by one run serves the next without a clone: the second run's host
+/// repository is linked to the kept objects, its sandbox checks out the same files, and its
+/// branch is received and pushed as a cloned run's is. A base that moved is a new commit: no
+/// entry, so a clone.
+#[tokio::test]
+async fn a_kept_base_serves_the_next_run_and_a_moved_base_is_cloned() {
+    use cella_tasks::CheckoutCache;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("repos");
+    let remote = root.join("acme/app");
+    let head = make_repo(&remote);
+    let f = forge(&root);
+    let access = f.open(&repo("acme/app")).await.expect("open");
+    let cache = CheckoutCache::new(&tmp.path().join("cache"), 1 << 30);
+
+    let first = HostGit::new(&tmp.path().join("run1"));
+    let co = first
+        .clone_base(&access, None, 1 << 30)
+        .await
+        .expect("clone");
+    assert!(cache.get(&head).is_none());
+    cache.put(&co.git_dir, &head).expect("keep");
+    first.remove();
+    assert!(!tmp.path().join("run1").exists());
+
+    let hg = HostGit::new(&tmp.path().join("run2"));
+    let (branch, sha) = hg.resolve_base(&access, Some("dev")).await.expect("tip");
+    assert_eq!(sha, head);
+    let entry = cache.get(&sha).expect("kept");
+    assert!(entry.bytes > 0);
+    let co = hg
+        .from_cache(&entry.dir, &branch, &sha)
+        .await
+        .expect("linked");
+    assert_eq!(
+        (co.base_branch.as_str(), co.base_sha.as_str()),
+        ("dev", head.as_str())
+    );
+    assert_eq!(git(&co.git_dir, &["rev-parse", "refs/heads/dev"]), head);
+    let sbx = Sandbox::new(&tmp.path().join("sandbox"));
+    sbx.prepare(&hg, &co, BRANCH).await;
+    assert_eq!(
+        std::fs::read_to_string(sbx.checkout.join("README.md")).expect("read"),
+        "hello again\n"
+    );
+    std::fs::write(sbx.checkout.join("NEW.md"), "from a kept base\n").expect("w");
+    sbx.collect(&co.base_sha, BRANCH, "Cella: work");
+    let tip = hg
+        .receive_bundle(&co, &sbx.bundle, BRANCH)
+        .await
+        .expect("receive")
+        .expect("commits");
+    hg.push(&co, &access, BRANCH).await.expect("push");
+    assert_eq!(git(&remote, &["rev-parse", BRANCH]), tip);
+    assert_eq!(
+        git(&remote, &["show", &format!("{BRANCH}:NEW.md")]),
+        "from a kept base"
+    );
+    hg.remove();
+    // The kept entry is as it was: the run's fetch wrote into its own directory only.
+    let again = cache.get(&head).expect("still kept");
+    assert_eq!(again.bytes, entry.bytes);
+
+    // The base moves: its new tip has no entry.
+    std::fs::write(remote.join("README.md"), "moved\n").expect("write");
+    git(&remote, &["commit", "-q", "-am", "third"]);
+    let hg = HostGit::new(&tmp.path().join("run3"));
+    let (_, moved) = hg.resolve_base(&access, None).await.expect("tip");
+    assert_ne!(moved, head);
+    assert!(cache.get(&moved).is_none());
+    // An entry that lacks the commit it is named for is refused, not trusted.
+    let wrong = tmp.path().join("wrong");
+    std::fs::create_dir_all(&wrong).expect("mkdir");
+    std::fs::rename(&again.dir, wrong.join(&moved)).expect("rename");
+    let bad = CheckoutCache::new(&wrong, 1 << 30)
+        .get(&moved)
+        .expect("an entry");
+    assert!(hg.from_cache(&bad.dir, "main", &moved).await.is_err());
+}
+
 #[tokio::test]
 async fn no_commits_means_no_bundle_and_nothing_pushed() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -220,10 +306,7 @@ async fn no_commits_means_no_bundle_and_nothing_pushed() {
         .expect("clone");
     assert_eq!(co.base_branch, "dev");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(
-        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
-        BRANCH,
-    );
+    sbx.prepare(&hg, &co, BRANCH).await;
     std::fs::write(&sbx.bundle, b"an old bundle").expect("w");
     sbx.collect(&co.base_sha, BRANCH, "nothing");
     assert!(
@@ -263,10 +346,7 @@ async fn nothing_the_sandbox_wrote_runs_on_the_host() {
     let hg = HostGit::new(&tmp.path().join("run"));
     let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(
-        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
-        BRANCH,
-    );
+    sbx.prepare(&hg, &co, BRANCH).await;
 
     let markers = tmp.path().join("markers");
     std::fs::create_dir_all(&markers).expect("mkdir");
@@ -366,10 +446,7 @@ async fn a_branch_not_descending_from_the_base_is_refused() {
     let hg = HostGit::new(&tmp.path().join("run"));
     let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(
-        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
-        BRANCH,
-    );
+    sbx.prepare(&hg, &co, BRANCH).await;
     let b = sbx.bundle.to_str().expect("utf-8");
 
     // An orphan history under the run's branch name, bundled whole (no prerequisites).
@@ -449,10 +526,7 @@ async fn only_the_runs_branch_lands() {
     let hg = HostGit::new(&tmp.path().join("run"));
     let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(
-        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
-        BRANCH,
-    );
+    sbx.prepare(&hg, &co, BRANCH).await;
 
     std::fs::write(sbx.checkout.join("A.md"), "a\n").expect("w");
     git(&sbx.checkout, &["add", "A.md"]);
@@ -499,10 +573,7 @@ async fn a_push_the_remote_refuses_is_push_refused() {
     let hg = HostGit::new(&tmp.path().join("run"));
     let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(
-        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
-        BRANCH,
-    );
+    sbx.prepare(&hg, &co, BRANCH).await;
     std::fs::write(sbx.checkout.join("A.md"), "a\n").expect("w");
     sbx.collect(&co.base_sha, BRANCH, "a");
     hg.receive_bundle(&co, &sbx.bundle, BRANCH)
@@ -532,10 +603,7 @@ async fn collect_after_a_killed_agent_on_a_branch_of_its_own() {
     let hg = HostGit::new(&tmp.path().join("run"));
     let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(
-        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
-        BRANCH,
-    );
+    sbx.prepare(&hg, &co, BRANCH).await;
 
     git(&sbx.checkout, &["checkout", "-q", "-b", "agent-own"]);
     std::fs::write(sbx.checkout.join("A.md"), "committed\n").expect("w");
@@ -628,10 +696,7 @@ async fn a_tree_with_a_dot_git_entry_is_refused() {
     let hg = HostGit::new(&tmp.path().join("run"));
     let co = hg.clone_base(&access, None, 1 << 30).await.expect("clone");
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
-    sbx.prepare(
-        &std::fs::read(hg.pack(&co, u64::MAX).await.expect("pack").path).expect("tar"),
-        BRANCH,
-    );
+    sbx.prepare(&hg, &co, BRANCH).await;
 
     let blob = {
         let out = std::process::Command::new("sh")

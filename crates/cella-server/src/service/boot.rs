@@ -19,6 +19,12 @@ use tokio::sync::mpsc;
 pub const TOOLS_DIR: &str = "tools";
 pub const TOOLS_MOUNT: &str = "/opt/cella";
 
+/// A task run's directory on the host (its clone, and what its sandbox is shown of it); a
+/// run's sandbox is owned by the run (`owner_id` is the run's id).
+pub fn task_dir(data_dir: &std::path::Path, task_id: &str) -> std::path::PathBuf {
+    data_dir.join("tasks").join(task_id)
+}
+
 /// Starts a sandbox that is in `provisioning`; records `running` or `error`.
 pub async fn boot(state: &AppState, id: &str) {
     let _guard = state.locks.lock(id).await;
@@ -46,11 +52,22 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
         ))),
         Some(mut image) => {
             // A task run's sandbox gets the server's own executable, read-only, at
-            // `/opt/cella` (`cella __task-agent` runs from there; `crate::tasks`).
+            // `/opt/cella` (`cella __task-agent` runs from there; `crate::tasks`), and the
+            // objects of its run's base commit, read-only, at `/opt/cella-base`.
             if row.workspace_id == cella_store::TASKS_WORKSPACE {
                 image.binds.push(cella_runtime::rootfs::Bind {
                     src: state.config.data_dir.join(TOOLS_DIR),
                     dst: std::path::PathBuf::from(TOOLS_MOUNT),
+                    readonly: true,
+                    layered: false,
+                });
+                image.binds.push(cella_runtime::rootfs::Bind {
+                    src: cella_tasks::HostGit::new(&task_dir(
+                        &state.config.data_dir,
+                        &row.owner_id,
+                    ))
+                    .share_dir(),
+                    dst: std::path::PathBuf::from(cella_tasks::git::SANDBOX_BASE),
                     readonly: true,
                     layered: false,
                 });

@@ -13,11 +13,13 @@
 //! run of the workspace served longest ago when one of `[tasks] runners` slots is free, moves
 //! it to `provisioning` with a conditional update (a cancel that won the race leaves it alone)
 //! and runs it in a task of its own that holds the slot until the run is torn down. Provisioning
-//! clones the base branch on the host (shallow, bare, with the forge's credential for this run),
-//! boots an internal sandbox (below), streams it the git directory as a tar (packed into a file
-//! of the run's host directory, never whole in memory, at most `[tasks] max_repo_bytes` of
-//! content) and lets the sandbox
-//! user check out the new branch `[tasks] branch_prefix + id`, writes `/task/TASK.md`, and
+//! clones the base branch on the host (shallow, bare, with the forge's credential for this run,
+//! at most `[tasks] max_repo_bytes`; or, where `[tasks] checkout_cache` covers the forge, links
+//! the objects an earlier run kept of the tip the forge names now, `cella_tasks::cache`) while
+//! it boots an internal sandbox (below), shows the sandbox the clone's objects read-only at
+//! `/opt/cella-base` (hard links under the run's host directory, nothing copied) and lets the
+//! sandbox user check out the new branch `[tasks] branch_prefix + id` borrowing them
+//! (`objects/info/alternates`), writes `/task/TASK.md`, and
 //! starts `/opt/cella/cella __task-agent` as the sandbox user in `/workspace`. The run is
 //! `running` from then on; its output feeds the live log (a broadcast, never stored or logged).
 //!
@@ -27,7 +29,8 @@
 //! deny-all plus the agent's `egress` hosts, reaches the gateway with a sandbox token bound to
 //! it (billed to the run's workspace, its requests are `model` entries with the run's
 //! `task_id`), and gets `DATA_DIR/tools` (a copy of the server's executable) read-only at
-//! `/opt/cella`. Git credentials never enter it.
+//! `/opt/cella` and its run's `share` directory read-only at `/opt/cella-base`. Git
+//! credentials never enter it.
 //!
 //! **Ending.** The agent exits (0: `stopped`; else `failed`, `agent_exit: exit code N`), the
 //! session limit passes (SIGTERM, `[tasks] grace_sec`, SIGKILL; `stopped`, `session_limit`), no
@@ -268,5 +271,5 @@ pub async fn wire_all(state: &AppState, rows: &[TaskRow]) -> Result<Vec<Task>, T
 
 /// The host directory of run `id` (its bare clone, the bundle it handed back).
 pub fn host_dir(state: &AppState, id: &str) -> std::path::PathBuf {
-    state.config.data_dir.join("tasks").join(id)
+    crate::service::boot::task_dir(&state.config.data_dir, id)
 }

@@ -13,7 +13,8 @@ use cella_billing::Holder;
 use cella_store::{SandboxRow, TaskEnd, TaskRow};
 use cella_tasks::failure::reason;
 use cella_tasks::{
-    Access, AgentConfig, AgentKind, Checkout, FailureKind, Forge, GitError, HostGit, RepoRef,
+    Access, AgentConfig, AgentKind, Checkout, CheckoutCache, FailureKind, Forge, GitError, HostGit,
+    RepoRef,
 };
 use cella_types::{
     Egress, ExecRequest, ExecUser, Money, NetworkPolicy, PullRequest, SandboxState, StopReason,
@@ -28,6 +29,8 @@ const COLLECT_TIMEOUT_SEC: u32 = 300;
 const PREPARE_TIMEOUT_SEC: u32 = 300;
 /// The largest bundle the server reads back.
 const MAX_BUNDLE_BYTES: u64 = 2 << 30;
+/// The directory under the data directory that holds the kept base checkouts.
+pub const CHECKOUTS_DIR: &str = "checkouts";
 /// A run longer than this gets a freshly minted forge credential for its push.
 const FRESH_CREDENTIAL_AFTER_MS: i64 = 30 * 60 * 1000;
 /// The sandbox user's uid.
@@ -363,6 +366,65 @@ fn git_failure(e: GitError) -> Ending {
     }
 }
 
+/// The kept base checkouts (`[tasks] checkout_cache`; `cella_tasks::cache`).
+pub fn checkout_cache(state: &AppState) -> CheckoutCache {
+    CheckoutCache::new(
+        &state.config.data_dir.join(CHECKOUTS_DIR),
+        state.config.tasks.checkout_cache_bytes,
+    )
+}
+
+/// The host's bare clone of the run's base branch, and whether it came from a kept checkout.
+/// Where the cache covers the forge's remote, the branch's tip is asked of the forge (with
+/// the run's credential) and a kept checkout of that commit is linked instead of cloned; a
+/// clone is kept for the runs after it.
+async fn base_checkout(
+    state: &AppState,
+    git: &HostGit,
+    access: &Access,
+    base_branch: &str,
+) -> Result<(Checkout, bool), Ending> {
+    let max = state.config.tasks.max_repo_bytes;
+    let local = access.clone_url.starts_with('/');
+    if !state.config.tasks.checkout_cache.covers(local) {
+        let co = git
+            .clone_base(access, Some(base_branch), max)
+            .await
+            .map_err(git_failure)?;
+        return Ok((co, false));
+    }
+    let (branch, sha) = git
+        .resolve_base(access, Some(base_branch))
+        .await
+        .map_err(git_failure)?;
+    let cache = checkout_cache(state);
+    let found = {
+        let (cache, sha) = (cache.clone(), sha.clone());
+        tokio::task::spawn_blocking(move || cache.get(&sha))
+            .await
+            .ok()
+            .flatten()
+    };
+    if let Some(entry) = found.filter(|e| e.bytes <= max) {
+        match git.from_cache(&entry.dir, &branch, &sha).await {
+            Ok(co) => return Ok((co, true)),
+            // A kept checkout that does not serve is passed over: the run clones.
+            Err(e) => tracing::warn!("a kept checkout of {sha} did not serve: {e}"),
+        }
+    }
+    let co = git
+        .clone_base(access, Some(&branch), max)
+        .await
+        .map_err(git_failure)?;
+    let (dir, sha) = (co.git_dir.clone(), co.base_sha.clone());
+    match tokio::task::spawn_blocking(move || cache.put(&dir, &sha)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("keeping a checkout: {e}"),
+        Err(e) => tracing::warn!("keeping a checkout: {e}"),
+    }
+    Ok((co, false))
+}
+
 /// Provisioning, up to `running`: the time it started running.
 async fn provision(
     state: &Arc<AppState>,
@@ -408,25 +470,17 @@ async fn provision(
     if let Ok(mut s) = live.sandbox_id.lock() {
         *s = Some(sandbox_id.clone());
     }
+    // What the sandbox will see of the clone, at `SANDBOX_BASE`: made before it boots.
+    git.make_share_dir().map_err(git_failure)?;
     // The clone (on the host) and the sandbox's boot at once: neither needs the other until
     // the checkout is handed in. Both are run to their end (never dropped half-way, which
     // would leave a half-made sandbox), then the first failure is the run's.
     let began = std::time::Instant::now();
     let cloned = async {
         let t = std::time::Instant::now();
-        let checkout = git
-            .clone_base(
-                &access,
-                Some(&row.base_branch),
-                state.config.tasks.max_repo_bytes,
-            )
-            .await
-            .map_err(git_failure)?;
-        let tar = git
-            .pack(&checkout, state.config.tasks.max_repo_bytes)
-            .await
-            .map_err(git_failure);
-        Ok::<_, Ending>((checkout, tar, t.elapsed()))
+        let (checkout, kept) = base_checkout(state, &git, &access, &row.base_branch).await?;
+        let shared = git.share(&checkout).await.map_err(git_failure);
+        Ok::<_, Ending>((checkout, shared, kept, t.elapsed()))
     };
     let booted = async {
         tools(state).await.map_err(|e| {
@@ -442,15 +496,17 @@ async fn provision(
             .map(|sb| (sb, t.elapsed()))
     };
     let (cloned, booted) = tokio::join!(cloned, booted);
-    let (checkout, tar, clone_took) = cloned?;
+    let (checkout, shared, kept, clone_took) = cloned?;
+    let base_sha = checkout.base_sha.clone();
+    let base_branch = checkout.base_branch.clone();
     held.checkout = Some(checkout);
-    let tar = tar?;
+    shared?;
     let (sb, boot_took) = booted?;
     let handed = std::time::Instant::now();
     cancelled(live)?;
     let runnable = Runnable::of(state, sb)
         .map_err(|e| Ending::failed(FailureKind::ProvisionFailed, &e.to_string()))?;
-    // The checkout: the git directory's tar, unpacked and checked out by the sandbox's user.
+    // The checkout: made by the sandbox's user from the objects shared with it.
     let client = runnable.agent(state);
     for dir in [cella_tasks::git::SANDBOX_CHECKOUT, "/task"] {
         client
@@ -467,12 +523,10 @@ async fn provision(
                 )
             })?;
     }
-    write_tar(&client, &tar).await?;
-    let _ = tokio::fs::remove_file(&tar.path).await;
     let prep = exec(
         state,
         &runnable,
-        cella_tasks::git::sandbox_prepare(&row.branch),
+        cella_tasks::git::sandbox_prepare(&base_branch, &base_sha, &row.branch),
         "/",
         PREPARE_TIMEOUT_SEC,
     )
@@ -505,6 +559,7 @@ async fn provision(
         task = row.id,
         sandbox = sandbox_id,
         clone_ms = clone_took.as_millis() as u64,
+        checkout = if kept { "kept" } else { "cloned" },
         boot_ms = boot_took.as_millis() as u64,
         hand_in_ms = handed.elapsed().as_millis() as u64,
         provisioning_ms = began.elapsed().as_millis() as u64,
@@ -611,38 +666,6 @@ async fn write_file(
                 FailureKind::ProvisionFailed,
                 &format!("writing {path} into the sandbox: {m}"),
             )
-        })
-}
-
-/// Streams the checkout's tar from its file on the host to [`cella_tasks::git::SANDBOX_TAR`],
-/// a chunk at a time (never whole in memory); at most its length as packed.
-async fn write_tar(
-    client: &cella_agent::client::AgentClient,
-    tar: &cella_tasks::Packed,
-) -> Result<(), Ending> {
-    use futures_util::StreamExt;
-    let path = cella_tasks::git::SANDBOX_TAR;
-    let failed = |m: String| {
-        Ending::failed(
-            FailureKind::ProvisionFailed,
-            &format!("writing {path} into the sandbox: {m}"),
-        )
-    };
-    let file = tokio::fs::File::open(&tar.path)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-    let chunks = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024)
-        .map(|r| r.map(|b| b.to_vec()));
-    client
-        .write_file(path, UID, UID, 0o600, tar.len.max(1), Box::pin(chunks))
-        .await
-        .map(|_| ())
-        .map_err(|e| {
-            failed(match e {
-                cella_agent::client::WriteError::TooLarge => "too large".to_string(),
-                cella_agent::client::WriteError::Source(e) => e.to_string(),
-                cella_agent::client::WriteError::Agent(e) => e.to_string(),
-            })
         })
 }
 

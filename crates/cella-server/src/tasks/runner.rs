@@ -208,6 +208,10 @@ pub async fn recover(state: &Arc<AppState>) {
     if let Err(e) = state.store.clear_ended_task_messages().await {
         tracing::error!("clearing ended runs' messages: {e}");
     }
+    // Kept base checkouts: half-written ones go, and all of them when the cache is off.
+    let cache = super::run::checkout_cache(state);
+    let keep = state.config.tasks.checkout_cache != cella_tasks::CacheScope::Off;
+    let _ = tokio::task::spawn_blocking(move || cache.tidy(keep)).await;
     // Host directories of runs that are not queued (nothing else can be alive now).
     let queued: std::collections::HashSet<String> = state
         .store

@@ -71,11 +71,10 @@ pub fn make_repo(path: &Path) -> String {
     git(path, &["rev-parse", "HEAD"])
 }
 
-/// A scratch "sandbox": `workspace` (the checkout), `tmp` (tar and bundle), `home`.
+/// A scratch "sandbox": `workspace` (the checkout), `tmp` (the bundle), `home`.
 pub struct Sandbox {
     pub root: PathBuf,
     pub checkout: PathBuf,
-    pub tar: PathBuf,
     pub bundle: PathBuf,
     pub home: PathBuf,
 }
@@ -85,7 +84,6 @@ impl Sandbox {
         let s = Sandbox {
             root: root.to_path_buf(),
             checkout: root.join("workspace"),
-            tar: root.join("tmp/.cella-repo.tar"),
             bundle: root.join("tmp/.cella-branch.bundle"),
             home: root.join("home"),
         };
@@ -94,11 +92,22 @@ impl Sandbox {
         s
     }
 
-    pub fn prepare(&self, tar: &[u8], branch: &str) {
-        std::fs::write(&self.tar, tar).expect("write tar");
+    /// What the server does before the agent starts: shares the host clone's objects (the
+    /// sandbox would see `hg.share_dir()` at `/opt/cella-base`; here it reads it where it is)
+    /// and runs the prepare script in the "sandbox".
+    pub async fn prepare(
+        &self,
+        hg: &cella_tasks::HostGit,
+        co: &cella_tasks::Checkout,
+        branch: &str,
+    ) {
+        std::fs::create_dir_all(&self.checkout).expect("mkdir checkout");
+        hg.share(co).await.expect("share");
         let argv = cella_tasks::git::sandbox_prepare_at(
             self.checkout.to_str().expect("utf-8"),
-            self.tar.to_str().expect("utf-8"),
+            hg.share_dir().to_str().expect("utf-8"),
+            &co.base_branch,
+            &co.base_sha,
             branch,
         );
         let out = run_argv(&argv, &self.home);
