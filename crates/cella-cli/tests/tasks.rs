@@ -787,7 +787,15 @@ fn a_run_on_a_base_an_earlier_run_cloned_skips_the_clone_and_a_moved_base_is_fre
         "{}",
         tail(&s)
     );
-    assert!(s.data_dir().join("checkouts").join(&main).is_dir());
+    let kept: Vec<String> = std::fs::read_dir(s.data_dir().join("checkouts"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        kept.iter().any(|n| n.starts_with(&format!("{main}-"))),
+        "{kept:?}"
+    );
 
     // The base moves on the forge: the next run works on the new commit.
     let work = tempfile::tempdir().unwrap();

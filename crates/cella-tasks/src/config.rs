@@ -32,6 +32,8 @@ pub struct TasksConfig {
     pub checkout_cache: CacheScope,
     /// The most bytes the kept base checkouts take together.
     pub checkout_cache_bytes: u64,
+    /// How long a kept base checkout stays unused before it goes, in hours.
+    pub checkout_cache_hours: u64,
 }
 
 /// `[tasks] checkout_cache`: which repositories' base checkouts are kept between runs.
@@ -69,6 +71,7 @@ impl Default for TasksConfig {
             max_repo_bytes: 1 << 30,
             checkout_cache: CacheScope::Local,
             checkout_cache_bytes: 1 << 30,
+            checkout_cache_hours: 24,
         }
     }
 }
@@ -246,6 +249,9 @@ impl TasksConfig {
         }
         if self.max_repo_bytes == 0 {
             return Err("[tasks] max_repo_bytes must be more than 0".into());
+        }
+        if self.checkout_cache_hours == 0 || self.checkout_cache_hours > 24 * 365 {
+            return Err("[tasks] checkout_cache_hours must be between 1 and 8760".into());
         }
         Ok(())
     }
@@ -539,13 +545,19 @@ egress = ["packages.example.org"]
             ("all", CacheScope::All, true, true),
         ] {
             let f = parse(&format!(
-                "[tasks]\ncheckout_cache = \"{text}\"\ncheckout_cache_bytes = 5\n"
+                "[tasks]\ncheckout_cache = \"{text}\"\ncheckout_cache_bytes = 5\ncheckout_cache_hours = 2\n"
             ));
+            f.tasks.validate().expect("valid");
+            assert_eq!(f.tasks.checkout_cache_hours, 2);
             assert_eq!(f.tasks.checkout_cache, scope);
             assert_eq!(f.tasks.checkout_cache_bytes, 5);
             assert_eq!((scope.covers(true), scope.covers(false)), (local, remote));
         }
         assert!(toml::from_str::<File>("[tasks]\ncheckout_cache = \"some\"\n").is_err());
+        assert!(parse("[tasks]\ncheckout_cache_hours = 0\n")
+            .tasks
+            .validate()
+            .is_err());
     }
 
     #[test]

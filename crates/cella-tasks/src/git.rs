@@ -1163,7 +1163,7 @@ pub async fn write_capped<E: std::fmt::Display>(
 const PREPARE_SCRIPT: &str = r#"set -eu
 co="$1"; base="$2"; base_branch="$3"; sha="$4"; branch="$5"
 cd "$co"
-git init -q --template= -b "$branch"
+git init -q --template=
 # The base commit's objects stay where the host shared them (read-only): borrowed, not copied.
 printf '%s\n' "$base/objects" > .git/objects/info/alternates
 cp "$base/shallow" .git/shallow

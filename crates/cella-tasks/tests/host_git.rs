@@ -219,29 +219,31 @@ async fn a_run_end_to_end_over_local_paths() {
 /// entry, so a clone.
 #[tokio::test]
 async fn a_kept_base_serves_the_next_run_and_a_moved_base_is_cloned() {
-    use cella_tasks::CheckoutCache;
+    use cella_tasks::cache::{CheckoutCache, Key};
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path().join("repos");
     let remote = root.join("acme/app");
     let head = make_repo(&remote);
     let f = forge(&root);
     let access = f.open(&repo("acme/app")).await.expect("open");
-    let cache = CheckoutCache::new(&tmp.path().join("cache"), 1 << 30);
+    let day = std::time::Duration::from_secs(86_400);
+    let cache = CheckoutCache::new(&tmp.path().join("cache"), 1 << 30, day);
+    let key = |sha: &str| Key::new("local", "acme/app", sha, true).expect("key");
 
     let first = HostGit::new(&tmp.path().join("run1"));
     let co = first
         .clone_base(&access, None, 1 << 30)
         .await
         .expect("clone");
-    assert!(cache.get(&head).is_none());
-    cache.put(&co.git_dir, &head).expect("keep");
+    assert!(cache.get(&key(&head)).is_none());
+    cache.put(&co.git_dir, &key(&head)).expect("keep");
     first.remove();
     assert!(!tmp.path().join("run1").exists());
 
     let hg = HostGit::new(&tmp.path().join("run2"));
     let (branch, sha) = hg.resolve_base(&access, Some("dev")).await.expect("tip");
     assert_eq!(sha, head);
-    let entry = cache.get(&sha).expect("kept");
+    let entry = cache.get(&key(&sha)).expect("kept");
     assert!(entry.bytes > 0);
     let co = hg
         .from_cache(&entry.dir, &branch, &sha)
@@ -273,7 +275,7 @@ async fn a_kept_base_serves_the_next_run_and_a_moved_base_is_cloned() {
     );
     hg.remove();
     // The kept entry is as it was: the run's fetch wrote into its own directory only.
-    let again = cache.get(&head).expect("still kept");
+    let again = cache.get(&key(&head)).expect("still kept");
     assert_eq!(again.bytes, entry.bytes);
 
     // The base moves: its new tip has no entry.
@@ -282,15 +284,12 @@ async fn a_kept_base_serves_the_next_run_and_a_moved_base_is_cloned() {
     let hg = HostGit::new(&tmp.path().join("run3"));
     let (_, moved) = hg.resolve_base(&access, None).await.expect("tip");
     assert_ne!(moved, head);
-    assert!(cache.get(&moved).is_none());
-    // An entry that lacks the commit it is named for is refused, not trusted.
-    let wrong = tmp.path().join("wrong");
-    std::fs::create_dir_all(&wrong).expect("mkdir");
-    std::fs::rename(&again.dir, wrong.join(&moved)).expect("rename");
-    let bad = CheckoutCache::new(&wrong, 1 << 30)
-        .get(&moved)
-        .expect("an entry");
-    assert!(hg.from_cache(&bad.dir, "main", &moved).await.is_err());
+    assert!(cache.get(&key(&moved)).is_none());
+    // Objects that lack the commit they are taken for are refused, not trusted.
+    assert!(hg.from_cache(&again.dir, "main", &moved).await.is_err());
+    // And an entry kept under another commit's name is not served.
+    cache.put(&again.dir, &key(&moved)).expect("keep");
+    assert!(cache.get(&key(&moved)).is_none());
 }
 
 #[tokio::test]

@@ -368,59 +368,72 @@ fn git_failure(e: GitError) -> Ending {
 
 /// The kept base checkouts (`[tasks] checkout_cache`; `cella_tasks::cache`).
 pub fn checkout_cache(state: &AppState) -> CheckoutCache {
+    let t = &state.config.tasks;
     CheckoutCache::new(
         &state.config.data_dir.join(CHECKOUTS_DIR),
-        state.config.tasks.checkout_cache_bytes,
+        t.checkout_cache_bytes,
+        Duration::from_secs(t.checkout_cache_hours.saturating_mul(3600)),
     )
 }
 
 /// The host's bare clone of the run's base branch, and whether it came from a kept checkout.
 /// Where the cache covers the forge's remote, the branch's tip is asked of the forge (with
-/// the run's credential) and a kept checkout of that commit is linked instead of cloned; a
-/// clone is kept for the runs after it.
+/// the run's credential) and a kept checkout of that commit of this repository is linked
+/// instead of cloned; a clone is kept for the runs after it.
 async fn base_checkout(
     state: &AppState,
+    row: &TaskRow,
     git: &HostGit,
     access: &Access,
-    base_branch: &str,
 ) -> Result<(Checkout, bool), Ending> {
     let max = state.config.tasks.max_repo_bytes;
     let local = access.clone_url.starts_with('/');
     if !state.config.tasks.checkout_cache.covers(local) {
         let co = git
-            .clone_base(access, Some(base_branch), max)
+            .clone_base(access, Some(&row.base_branch), max)
             .await
             .map_err(git_failure)?;
         return Ok((co, false));
     }
     let (branch, sha) = git
-        .resolve_base(access, Some(base_branch))
+        .resolve_base(access, Some(&row.base_branch))
         .await
         .map_err(git_failure)?;
     let cache = checkout_cache(state);
-    let found = {
-        let (cache, sha) = (cache.clone(), sha.clone());
-        tokio::task::spawn_blocking(move || cache.get(&sha))
-            .await
-            .ok()
-            .flatten()
-    };
-    if let Some(entry) = found.filter(|e| e.bytes <= max) {
-        match git.from_cache(&entry.dir, &branch, &sha).await {
-            Ok(co) => return Ok((co, true)),
-            // A kept checkout that does not serve is passed over: the run clones.
-            Err(e) => tracing::warn!("a kept checkout of {sha} did not serve: {e}"),
+    let key = cella_tasks::cache::Key::new(&row.forge, &row.repository, &sha, local);
+    if let Some(key) = &key {
+        let found = {
+            let (cache, key) = (cache.clone(), key.clone());
+            tokio::task::spawn_blocking(move || cache.get(&key))
+                .await
+                .ok()
+                .flatten()
+        };
+        if let Some(entry) = found.filter(|e| e.bytes <= max) {
+            match git.from_cache(&entry.dir, &branch, &sha).await {
+                Ok(co) => return Ok((co, true)),
+                Err(e) => {
+                    // A kept checkout that does not serve is dropped: the run clones.
+                    tracing::warn!(task = row.id, "a kept checkout did not serve: {e}");
+                    let (cache, key) = (cache.clone(), key.clone());
+                    let _ = tokio::task::spawn_blocking(move || cache.forget(&key)).await;
+                }
+            }
         }
     }
     let co = git
         .clone_base(access, Some(&branch), max)
         .await
         .map_err(git_failure)?;
-    let (dir, sha) = (co.git_dir.clone(), co.base_sha.clone());
-    match tokio::task::spawn_blocking(move || cache.put(&dir, &sha)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!("keeping a checkout: {e}"),
-        Err(e) => tracing::warn!("keeping a checkout: {e}"),
+    // Kept under the commit the clone holds (the branch may have moved since the tip above).
+    let key = cella_tasks::cache::Key::new(&row.forge, &row.repository, &co.base_sha, local);
+    if let Some(key) = key {
+        let dir = co.git_dir.clone();
+        match tokio::task::spawn_blocking(move || cache.put(&dir, &key)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(task = row.id, "keeping a checkout: {e}"),
+            Err(e) => tracing::warn!(task = row.id, "keeping a checkout: {e}"),
+        }
     }
     Ok((co, false))
 }
@@ -478,7 +491,7 @@ async fn provision(
     let began = std::time::Instant::now();
     let cloned = async {
         let t = std::time::Instant::now();
-        let (checkout, kept) = base_checkout(state, &git, &access, &row.base_branch).await?;
+        let (checkout, kept) = base_checkout(state, row, &git, &access).await?;
         let shared = git.share(&checkout).await.map_err(git_failure);
         Ok::<_, Ending>((checkout, shared, kept, t.elapsed()))
     };

@@ -208,10 +208,10 @@ pub async fn recover(state: &Arc<AppState>) {
     if let Err(e) = state.store.clear_ended_task_messages().await {
         tracing::error!("clearing ended runs' messages: {e}");
     }
-    // Kept base checkouts: half-written ones go, and all of them when the cache is off.
+    // Kept base checkouts: half-written, too old or no longer covered ones go (all when off).
     let cache = super::run::checkout_cache(state);
-    let keep = state.config.tasks.checkout_cache != cella_tasks::CacheScope::Off;
-    let _ = tokio::task::spawn_blocking(move || cache.tidy(keep)).await;
+    let scope = state.config.tasks.checkout_cache;
+    let _ = tokio::task::spawn_blocking(move || cache.tidy(scope)).await;
     // Host directories of runs that are not queued (nothing else can be alive now).
     let queued: std::collections::HashSet<String> = state
         .store
