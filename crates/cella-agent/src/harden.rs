@@ -13,11 +13,13 @@
 //!   and `clone3` with `ENOSYS` so that libc falls back to `clone`, whose namespace flags the
 //!   filter can see.
 //!
-//! What a command's start costs is kept to system calls: the filter is compiled once, when the
-//! agent starts, into one program (the `clone3` check in front of the denials), installed with
-//! one call per command; and the agent cuts its own bounding set to [`ROOT_CAPS`] once
-//! ([`Jail::narrow_own_bounding_set`]), which every command inherits, so a command drops
-//! nothing more from it.
+//! What a command's start costs is kept to a few system calls: the filter is compiled once, when
+//! the agent starts, into one program (the `clone3` check in front of the denials), which the
+//! agent installs on itself ([`Jail::filter_own_process`]; it makes none of the calls the filter
+//! refuses) and every command inherits from birth, so the kernel checks and compiles no filter
+//! per command; and the agent cuts its own bounding set to [`ROOT_CAPS`] once
+//! ([`Jail::narrow_own_bounding_set`]), which every command inherits too. Where either fails,
+//! [`Jail::enter`] does it in each command, as before.
 //!
 //! The agent itself (PID 1) keeps its privileges: it must set up each command (its bounding set
 //! only limits what an `execve` could give, and the agent runs nothing but jailed commands).
@@ -186,6 +188,8 @@ pub struct Jail {
     drop_from_bounding: Vec<Capability>,
     /// The calling process's bounding set is [`ROOT_CAPS`] already (a command inherits it).
     bounding_narrowed: bool,
+    /// The calling process runs under `filter` already (a command inherits it).
+    filter_inherited: bool,
     /// `RLIMIT_NOFILE` (soft and hard) of every command; 0 leaves the agent's.
     nofile: u64,
 }
@@ -254,8 +258,17 @@ impl Jail {
             root_caps,
             drop_from_bounding,
             bounding_narrowed: false,
+            filter_inherited: false,
             nofile: 0,
         })
+    }
+
+    /// Installs the filter on the calling process (`no_new_privs` with it), once, so that every
+    /// command starts under it, inherited, and [`Jail::enter`] installs nothing. Only for a
+    /// process that makes none of the calls the filter refuses and has no other thread yet
+    /// (the agent, before its runtime starts). Keeps the per-command install when it fails.
+    pub fn filter_own_process(&mut self) {
+        self.filter_inherited = seccompiler::apply_filter(&self.filter).is_ok();
     }
 
     /// Cuts the calling process's own bounding set to [`ROOT_CAPS`], once, so that commands
@@ -301,8 +314,10 @@ impl Jail {
         }
         // The filter first: no moment of what follows runs unfiltered (a child traced during its
         // setup could otherwise be made to call what the filter refuses). Nothing below is refused.
-        seccompiler::apply_filter(&self.filter)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        if !self.filter_inherited {
+            seccompiler::apply_filter(&self.filter)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+        }
         if !self.bounding_narrowed {
             for cap in &self.drop_from_bounding {
                 // A capability the kernel does not know cannot be dropped; that is fine.
@@ -391,6 +406,49 @@ mod tests {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    #[test]
+    fn a_jailed_command_runs_under_one_filter() {
+        let out = run_jailed(
+            "/bin/sh",
+            &["-c", "grep -E '^(Seccomp|NoNewPrivs)' /proc/self/status"],
+            65534,
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "NoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t1\n"
+        );
+    }
+
+    #[test]
+    fn a_jail_whose_maker_filtered_itself_and_narrowed_its_bounding_set_confines_as_before() {
+        // On a thread of its own: the filter and the bounding set belong to a thread (this one
+        // keeps them until it ends), and a child gets its thread's.
+        std::thread::spawn(|| {
+            let mut jail = Jail::new().unwrap();
+            jail.narrow_own_bounding_set();
+            assert!(jail.bounding_narrowed);
+            jail.filter_own_process();
+            assert!(jail.filter_inherited);
+            let out = run_in(
+                jail,
+                "/bin/sh",
+                &[
+                    "-c",
+                    "grep -E '^(Seccomp_filters|NoNewPrivs)' /proc/self/status; \
+                     unshare -U true 2>/dev/null || echo refused",
+                ],
+                65534,
+            );
+            // One filter, inherited (not installed again); still refusing.
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "NoNewPrivs:\t1\nSeccomp_filters:\t1\nrefused\n"
+            );
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

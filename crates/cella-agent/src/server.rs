@@ -51,8 +51,10 @@ pub fn serve(listener: std::os::unix::net::UnixListener, config: AgentConfig) ->
         }
     };
     // Once for every command, before any thread exists (a thread, and a command, inherit the
-    // bounding set of the thread that made it), instead of in each command's start.
+    // bounding set and the seccomp filter of the thread that made it), instead of in each
+    // command's start. The agent makes none of the calls the filter refuses.
     jail.narrow_own_bounding_set();
+    jail.filter_own_process();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
