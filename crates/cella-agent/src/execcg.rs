@@ -15,6 +15,10 @@
 //! members are read). An exec that ends on its own leaves its leftovers running, as documented;
 //! its cgroup is removed once empty (tried again at every later exec).
 //!
+//! The `mkdir` is off an exec's path: when an exec is over (its answer sent), the agent removes
+//! its cgroup and makes the next one's ahead, empty, with its `cgroup.procs` open; the next
+//! exec takes it (a fresh group all the same: no process was ever in it).
+//!
 //! No descriptor (an agent run outside a sandbox, a host without a freezer): [`ExecCgroups`] is
 //! absent and the agent falls back to [`crate::spawn::kill_tree`], a process-tree walk.
 
@@ -32,6 +36,8 @@ pub struct ExecCgroups {
     next: AtomicU64,
     /// Exec cgroups whose processes outlived the exec; removed once empty.
     stale: Mutex<Vec<String>>,
+    /// The next exec's cgroup, made ahead (its name and open `cgroup.procs`).
+    ready: Mutex<Option<(String, OwnedFd)>>,
 }
 
 /// One exec's cgroup.
@@ -54,6 +60,7 @@ impl ExecCgroups {
             v2,
             next: AtomicU64::new(1),
             stale: Mutex::new(Vec::new()),
+            ready: Mutex::new(None),
         }
     }
 
@@ -80,9 +87,31 @@ impl ExecCgroups {
         unsafe { libc::unlinkat(self.dir.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) == 0 }
     }
 
-    /// A fresh cgroup for one exec (None when it cannot be made: the caller falls back).
+    /// A fresh cgroup for one exec (None when it cannot be made: the caller falls back): the
+    /// one made ahead, else a new one.
     pub fn group(&self) -> Option<ExecGroup<'_>> {
         self.sweep();
+        let (name, procs) = match self.ready.lock().expect("exec cgroup lock").take() {
+            Some(made) => made,
+            None => self.make()?,
+        };
+        Some(ExecGroup {
+            parent: self,
+            name,
+            procs,
+        })
+    }
+
+    /// Makes the next exec's cgroup now, unless one is made already.
+    fn make_ready(&self) {
+        let mut ready = self.ready.lock().expect("exec cgroup lock");
+        if ready.is_none() {
+            *ready = self.make();
+        }
+    }
+
+    /// A new, empty exec cgroup and its `cgroup.procs`, open for writing.
+    fn make(&self) -> Option<(String, OwnedFd)> {
         let name = format!("exec-{}", self.next.fetch_add(1, Ordering::Relaxed));
         let c = cstr(&name);
         // SAFETY: as above.
@@ -90,11 +119,7 @@ impl ExecCgroups {
             return None;
         }
         match self.open(&format!("{name}/cgroup.procs"), libc::O_WRONLY) {
-            Ok(procs) => Some(ExecGroup {
-                parent: self,
-                name,
-                procs,
-            }),
+            Ok(procs) => Some((name, procs)),
             Err(_) => {
                 self.rmdir(&name);
                 None
@@ -174,7 +199,8 @@ impl ExecGroup<'_> {
 }
 
 impl Drop for ExecGroup<'_> {
-    /// The exec is over: its cgroup goes now if empty, or once its leftovers have ended.
+    /// The exec is over (its answer sent): its cgroup goes now if empty, or once its leftovers
+    /// have ended; and the next exec's is made.
     fn drop(&mut self) {
         if !self.parent.rmdir(&self.name) {
             self.parent
@@ -183,5 +209,6 @@ impl Drop for ExecGroup<'_> {
                 .expect("exec cgroup lock")
                 .push(std::mem::take(&mut self.name));
         }
+        self.parent.make_ready();
     }
 }

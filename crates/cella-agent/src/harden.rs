@@ -13,8 +13,18 @@
 //!   and `clone3` with `ENOSYS` so that libc falls back to `clone`, whose namespace flags the
 //!   filter can see.
 //!
-//! The agent itself (PID 1) keeps its privileges: it must set up each command. Nothing inside the
-//! sandbox can reach it (its socket is outside the root; ptrace needs a superset of its caps).
+//! What a command's start costs is kept to a few system calls: the filter is compiled once, when
+//! the agent starts, into one program (the `clone3` check in front of the denials), which the
+//! agent installs on itself ([`Jail::filter_own_process`]; it makes none of the calls the filter
+//! refuses) and every command inherits from birth, so the kernel checks and compiles no filter
+//! per command; and the agent cuts its own bounding set to [`ROOT_CAPS`] once
+//! ([`Jail::narrow_own_bounding_set`]), which every command inherits too. Where either fails,
+//! [`Jail::enter`] does it in each command, as before.
+//!
+//! The agent itself (PID 1) keeps its privileges: it must set up each command (its bounding set
+//! only limits what an `execve` could give, and the agent runs nothing but jailed commands).
+//! Nothing inside the sandbox can reach it (its socket is outside the root; ptrace needs a
+//! superset of its caps).
 
 use caps::{CapSet, Capability, CapsHashSet};
 use seccompiler::{
@@ -125,6 +135,44 @@ const CLONE_NS_FLAGS: [u64; 8] = [
     0x80, // CLONE_NEWTIME
 ];
 
+/// `program` with `clone3` (and its x32 alias) answered `ENOSYS` in front of it: libc then
+/// falls back to `clone`, whose flags `program` checks. The check comes before `program`'s
+/// architecture check, and answers nothing but that refusal.
+// `c_long` is i64 here but not on every target: the cast is for the others.
+#[allow(clippy::unnecessary_cast)]
+fn with_clone3_refused(program: BpfProgram) -> BpfProgram {
+    use seccompiler::sock_filter;
+    let ins = |code: u32, jt: u8, jf: u8, k: u32| sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let nrs = aliases(libc::SYS_clone3 as i64);
+    let m = nrs.len();
+    // 0: load the call's number; 1..=m: to the refusal when it is clone3's; m+1: over the
+    // refusal; m+2: the refusal; then `program`.
+    let mut out = vec![ins(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0)];
+    for (i, nr) in nrs.iter().enumerate() {
+        let jt = (m - i) as u8; // from index i+1 to index m+2
+        out.push(ins(
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            jt,
+            0,
+            *nr as u32,
+        ));
+    }
+    out.push(ins(libc::BPF_JMP | libc::BPF_JA, 0, 0, 1));
+    out.push(ins(
+        libc::BPF_RET | libc::BPF_K,
+        0,
+        0,
+        libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+    ));
+    out.extend(program);
+    out
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum HardenError {
     #[error("building the seccomp filter: {0}")]
@@ -134,10 +182,14 @@ pub enum HardenError {
 /// Everything a command needs to confine itself, prepared before fork so that the child only
 /// makes system calls.
 pub struct Jail {
-    deny: BpfProgram,
-    no_clone3: BpfProgram,
+    /// The one seccomp program: `clone3` refused with `ENOSYS`, then the denials.
+    filter: BpfProgram,
     root_caps: CapsHashSet,
     drop_from_bounding: Vec<Capability>,
+    /// The calling process's bounding set is [`ROOT_CAPS`] already (a command inherits it).
+    bounding_narrowed: bool,
+    /// The calling process runs under `filter` already (a command inherits it).
+    filter_inherited: bool,
     /// `RLIMIT_NOFILE` (soft and hard) of every command; 0 leaves the agent's.
     nofile: u64,
 }
@@ -193,32 +245,46 @@ impl Jail {
             arch()?,
         )
         .map_err(f)?;
-        let no_clone3 = SeccompFilter::new(
-            aliases(libc::SYS_clone3 as i64)
-                .into_iter()
-                .map(|nr| (nr, vec![]))
-                .collect(),
-            SeccompAction::Allow,
-            SeccompAction::Errno(libc::ENOSYS as u32),
-            arch()?,
-        )
-        .map_err(f)?;
+        let deny: BpfProgram = deny
+            .try_into()
+            .map_err(|e: seccompiler::BackendError| f(e))?;
         let root_caps: CapsHashSet = ROOT_CAPS.iter().copied().collect();
         let drop_from_bounding = caps::all()
             .into_iter()
             .filter(|c| !root_caps.contains(c))
             .collect();
         Ok(Jail {
-            deny: deny
-                .try_into()
-                .map_err(|e: seccompiler::BackendError| f(e))?,
-            no_clone3: no_clone3
-                .try_into()
-                .map_err(|e: seccompiler::BackendError| f(e))?,
+            filter: with_clone3_refused(deny),
             root_caps,
             drop_from_bounding,
+            bounding_narrowed: false,
+            filter_inherited: false,
             nofile: 0,
         })
+    }
+
+    /// Installs the filter on the calling process (`no_new_privs` with it), once, so that every
+    /// command starts under it, inherited, and [`Jail::enter`] installs nothing. Only for a
+    /// process that makes none of the calls the filter refuses and has no other thread yet
+    /// (the agent, before its runtime starts). Keeps the per-command install when it fails.
+    pub fn filter_own_process(&mut self) {
+        self.filter_inherited = seccompiler::apply_filter(&self.filter).is_ok();
+    }
+
+    /// Cuts the calling process's own bounding set to [`ROOT_CAPS`], once, so that commands
+    /// inherit it and [`Jail::enter`] has nothing to drop. Only for a process that runs nothing
+    /// but jailed commands (the agent). Keeps the per-command drop when any drop fails.
+    pub fn narrow_own_bounding_set(&mut self) {
+        // A capability the kernel does not know cannot be dropped; that is fine.
+        let unknown = |c: &Capability| caps::has_cap(None, CapSet::Bounding, *c).is_err();
+        self.bounding_narrowed = self
+            .drop_from_bounding
+            .iter()
+            .all(|c| caps::drop(None, CapSet::Bounding, *c).is_ok() || unknown(c))
+            && self
+                .drop_from_bounding
+                .iter()
+                .all(|c| !caps::has_cap(None, CapSet::Bounding, *c).unwrap_or(false));
     }
 
     /// Every command gets at most `n` open files (soft and hard limit; commands cannot raise
@@ -246,14 +312,17 @@ impl Jail {
                 }
             }
         }
-        // The filters first: no moment of what follows runs unfiltered (a child traced during its
+        // The filter first: no moment of what follows runs unfiltered (a child traced during its
         // setup could otherwise be made to call what the filter refuses). Nothing below is refused.
-        seccompiler::apply_filter(&self.deny).map_err(|e| std::io::Error::other(e.to_string()))?;
-        seccompiler::apply_filter(&self.no_clone3)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        for cap in &self.drop_from_bounding {
-            // A capability the kernel does not know cannot be dropped; that is fine.
-            let _ = caps::drop(None, CapSet::Bounding, *cap);
+        if !self.filter_inherited {
+            seccompiler::apply_filter(&self.filter)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+        }
+        if !self.bounding_narrowed {
+            for cap in &self.drop_from_bounding {
+                // A capability the kernel does not know cannot be dropped; that is fine.
+                let _ = caps::drop(None, CapSet::Bounding, *cap);
+            }
         }
         // SAFETY: as above.
         unsafe {
@@ -282,7 +351,7 @@ mod tests {
     #[test]
     fn filters_build_for_this_architecture() {
         let j = Jail::new().unwrap();
-        assert!(!j.deny.is_empty() && !j.no_clone3.is_empty());
+        assert!(j.filter.len() > 6);
         assert!(!j.drop_from_bounding.contains(&Capability::CAP_CHOWN));
         assert!(j.drop_from_bounding.contains(&Capability::CAP_SYS_ADMIN));
         assert!(j.drop_from_bounding.contains(&Capability::CAP_MKNOD));
@@ -290,8 +359,12 @@ mod tests {
 
     /// Runs a program jailed as `id` (uid and gid) and returns its output.
     fn run_jailed(prog: &str, args: &[&str], id: u32) -> std::process::Output {
+        run_in(Jail::new().unwrap(), prog, args, id)
+    }
+
+    fn run_in(jail: Jail, prog: &str, args: &[&str], id: u32) -> std::process::Output {
         use std::os::unix::process::CommandExt;
-        let jail: &'static Jail = Box::leak(Box::new(Jail::new().unwrap()));
+        let jail: &'static Jail = Box::leak(Box::new(jail));
         let mut cmd = std::process::Command::new(prog);
         cmd.args(args);
         // SAFETY: enter() makes only system calls; the jail is leaked, so it outlives the child.
@@ -313,5 +386,93 @@ mod tests {
             String::from_utf8_lossy(&out.stdout).trim(),
             "CapEff:\t00000000a00405fb"
         );
+    }
+
+    #[test]
+    fn clone3_is_refused_with_enosys_and_clone_still_works() {
+        if !std::path::Path::new("/usr/bin/python3").exists() {
+            return;
+        }
+        let code = "import ctypes, os\n\
+                    libc = ctypes.CDLL(None, use_errno=True)\n\
+                    print(libc.syscall(435, 0, 0), ctypes.get_errno())\n\
+                    pid = os.fork()\n\
+                    if pid == 0: os._exit(7)\n\
+                    print(os.waitpid(pid, 0)[1] >> 8)";
+        let out = run_jailed("/usr/bin/python3", &["-c", code], 65534);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("-1 {}\n7\n", libc::ENOSYS),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn a_jailed_command_runs_under_one_filter() {
+        let out = run_jailed(
+            "/bin/sh",
+            &["-c", "grep -E '^(Seccomp|NoNewPrivs)' /proc/self/status"],
+            65534,
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "NoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t1\n"
+        );
+    }
+
+    #[test]
+    fn a_jail_whose_maker_filtered_itself_and_narrowed_its_bounding_set_confines_as_before() {
+        // On a thread of its own: the filter and the bounding set belong to a thread (this one
+        // keeps them until it ends), and a child gets its thread's.
+        std::thread::spawn(|| {
+            let mut jail = Jail::new().unwrap();
+            jail.narrow_own_bounding_set();
+            assert!(jail.bounding_narrowed);
+            jail.filter_own_process();
+            assert!(jail.filter_inherited);
+            let out = run_in(
+                jail,
+                "/bin/sh",
+                &[
+                    "-c",
+                    "grep -E '^(Seccomp_filters|NoNewPrivs)' /proc/self/status; \
+                     unshare -U true 2>/dev/null || echo refused",
+                ],
+                65534,
+            );
+            // One filter, inherited (not installed again); still refusing.
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "NoNewPrivs:\t1\nSeccomp_filters:\t1\nrefused\n"
+            );
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_jail_whose_maker_narrowed_its_bounding_set_confines_as_before() {
+        // On a thread of its own: the bounding set belongs to a thread, and a child gets its.
+        std::thread::spawn(|| {
+            let mut jail = Jail::new().unwrap();
+            jail.narrow_own_bounding_set();
+            assert!(jail.bounding_narrowed);
+            let out = run_in(
+                jail,
+                "/bin/sh",
+                &[
+                    "-c",
+                    "grep -E '^Cap(Eff|Bnd)' /proc/self/status; unshare -U true || echo refused",
+                ],
+                0,
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "CapEff:\t00000000a00405fb\nCapBnd:\t00000000a00405fb\nrefused\n"
+            );
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -43,6 +43,18 @@ pub fn serve(listener: std::os::unix::net::UnixListener, config: AgentConfig) ->
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
     }
+    let mut jail = match Jail::new() {
+        Ok(j) => j.with_nofile(config.nofile),
+        Err(e) => {
+            eprintln!("cella-agent: {e}");
+            std::process::exit(1)
+        }
+    };
+    // Once for every command, before any thread exists (a thread, and a command, inherit the
+    // bounding set and the seccomp filter of the thread that made it), instead of in each
+    // command's start. The agent makes none of the calls the filter refuses.
+    jail.narrow_own_bounding_set();
+    jail.filter_own_process();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -53,7 +65,7 @@ pub fn serve(listener: std::os::unix::net::UnixListener, config: AgentConfig) ->
             std::process::exit(1)
         }
     };
-    if let Err(e) = rt.block_on(run(listener, config)) {
+    if let Err(e) = rt.block_on(run(listener, config, jail)) {
         eprintln!("cella-agent: {e}");
     }
     std::process::exit(1)
@@ -62,15 +74,12 @@ pub fn serve(listener: std::os::unix::net::UnixListener, config: AgentConfig) ->
 async fn run(
     listener: std::os::unix::net::UnixListener,
     config: AgentConfig,
+    jail: Jail,
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let listener = tokio::net::UnixListener::from_std(listener)?;
     let reaper = Arc::new(Reaper::default());
-    let jail = Arc::new(
-        Jail::new()
-            .map_err(std::io::Error::other)?
-            .with_nofile(config.nofile),
-    );
+    let jail = Arc::new(jail);
     let procs = Arc::new(Procs::default());
     let kernels = Arc::new(crate::kernel::Kernels::new());
     let file_ops = Arc::new(tokio::sync::Semaphore::new(files::MAX_FILE_OPS));

@@ -268,11 +268,7 @@ fn an_exec_timeout_kills_children_that_made_a_session_of_their_own() {
         s.delete(&format!("/api/v1/sandboxes/{id}")).data()["state"],
         "destroyed"
     );
-    assert!(
-        common::cgroup_dirs(&id).is_empty(),
-        "{:?}",
-        common::cgroup_dirs(&id)
-    );
+    common::wait_gone(&id);
 }
 
 #[test]

@@ -617,19 +617,35 @@ fn crash_at_each_step_of_pause_resume_stop_and_a_cold_boot() {
 
 #[test]
 fn crash_at_each_step_of_destroy_and_of_settling() {
-    for point in [
-        "runtime.remove.after_kill",
-        "sandbox.destroy.after_state_write",
-        "billing.settle.before",
-        "billing.settle.entry_written",
-        "billing.settle.committed",
+    // (point, persistent, in the teardown): a destroy answers once its row is `destroyed` and
+    // settled, and tears the sandbox down on the host after that; a kill in the teardown leaves
+    // the row destroyed (a persistent sandbox does not come back `stopped`) and the restart
+    // clears what it left.
+    for (point, persistent, teardown) in [
+        ("sandbox.destroy.after_state_write", false, false),
+        ("billing.settle.before", false, false),
+        ("billing.settle.entry_written", false, false),
+        ("billing.settle.committed", false, false),
+        ("sandbox.destroy.teardown", false, true),
+        ("sandbox.destroy.teardown", true, true),
+        ("runtime.remove.after_kill", false, true),
+        ("runtime.remove.after_kill", true, true),
     ] {
         let id = std::cell::RefCell::new(String::new());
         case(
             "",
             point,
             |s, key| {
-                *id.borrow_mut() = s.create_as(key, json!({ "persistent": false }));
+                *id.borrow_mut() = s.create_as(key, json!({ "persistent": persistent }));
+                if persistent {
+                    // Its files, which the destroy must not bring back.
+                    sh(
+                        s,
+                        key,
+                        &id.borrow(),
+                        "echo kept > /home/user/kept.txt && sync",
+                    );
+                }
                 Vec::new()
             },
             |s, key| {
@@ -645,11 +661,16 @@ fn crash_at_each_step_of_destroy_and_of_settling() {
             |s, key| {
                 let id = id.borrow();
                 let r = s.req("GET", &format!("/api/v1/sandboxes/{id}"), Some(key), None);
-                assert!(
-                    ["destroyed", "error"].contains(&r.data()["state"].as_str().unwrap_or("")),
-                    "{point}: {}",
-                    r.body
-                );
+                let st = r.data()["state"].as_str().unwrap_or("");
+                if teardown {
+                    assert_eq!(
+                        st, "destroyed",
+                        "{point} (persistent {persistent}): {}",
+                        r.body
+                    );
+                } else {
+                    assert!(["destroyed", "error"].contains(&st), "{point}: {}", r.body);
+                }
             },
         );
     }

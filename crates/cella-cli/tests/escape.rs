@@ -226,7 +226,7 @@ fn a_fork_bomb_stays_inside_its_sandbox() {
     let left: u32 = out.lines().nth(1).unwrap().trim().parse().unwrap();
     assert!(left < 10, "{left} processes of the bomb are left");
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{bomb}")).status, 200);
-    assert!(common::sandbox_pids(&bomb).is_empty());
+    common::wait_gone(&bomb);
 }
 
 /// Attempts through the files API: the agent that serves it runs inside the sandbox with the

@@ -2,7 +2,7 @@
 //! restarts. Every test runs the real server and real sandboxes.
 
 mod common;
-use common::{cgroup_dirs, sandbox_pids, Server, KEY};
+use common::{cgroup_dirs, eventually, sandbox_pids, wait_gone, Server, KEY};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -126,7 +126,7 @@ fn every_transition_legal_and_illegal() {
     action(&s, &b, "pause");
     let d = s.delete(&format!("/api/v1/sandboxes/{b}"));
     assert_eq!(d.data()["state"], "destroyed");
-    assert!(cgroup_dirs(&b).is_empty() && sandbox_pids(&b).is_empty());
+    wait_gone(&b);
     for what in ["pause", "resume", "stop"] {
         action(&s, &b, what).assert_error(409, "CONFLICT");
     }
@@ -170,8 +170,10 @@ fn the_active_session_timeout_pauses_or_destroys() {
     assert_eq!(e.body["error"]["details"]["state"], "paused");
     let t = wait_state(&s, &temporary, "destroyed", Duration::from_secs(10));
     assert!(t["total_runtime_sec"].as_i64().unwrap() >= 1);
-    assert!(sandbox_pids(&temporary).is_empty());
-    assert!(!s.data_dir().join("sandboxes").join(&temporary).exists());
+    wait_gone(&temporary);
+    eventually("its directory is removed", || {
+        !s.data_dir().join("sandboxes").join(&temporary).exists()
+    });
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(
         state(&s, &always)["state"],
@@ -416,9 +418,10 @@ fn a_sigkill_with_commands_in_flight_loses_and_leaks_nothing() {
     // Nothing leaked: destroying them leaves no process, cgroup, mount or directory behind.
     for id in [&a, &b, &c] {
         assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
-        assert!(sandbox_pids(id).is_empty(), "processes of {id} left");
-        assert!(cgroup_dirs(id).is_empty(), "cgroups of {id} left");
-        assert!(!s.data_dir().join("sandboxes").join(id.as_str()).exists());
+        wait_gone(id);
+        eventually(&format!("the directory of {id} is removed"), || {
+            !s.data_dir().join("sandboxes").join(id.as_str()).exists()
+        });
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(

@@ -262,7 +262,8 @@ fn background_processes_die_with_their_sandbox_and_keep_it_active() {
     let pids = common::sandbox_pids(&q);
     assert!(pids.len() >= 2);
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{q}")).status, 200);
-    for pid in pids {
-        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
-    }
+    common::eventually("every process of the sandbox ends", || {
+        pids.iter()
+            .all(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+    });
 }

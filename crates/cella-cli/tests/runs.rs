@@ -52,7 +52,7 @@ fn a_run_writes_files_runs_collects_artifacts_and_destroys_its_sandbox() {
     let got = s.get(&format!("/api/v1/sandboxes/{sb}"));
     assert_eq!(got.data()["state"], "destroyed");
     assert_eq!(got.data()["metadata"], json!({ "job": "sum" }));
-    assert!(sandbox_pids(&sb).is_empty());
+    wait_gone(&sb);
 
     // Artifacts: the two files (not the symlink), downloadable after the sandbox is gone.
     let arts = d["artifacts"].as_array().unwrap();
@@ -155,7 +155,7 @@ fn a_run_that_times_out_or_whose_client_hangs_up_leaves_no_sandbox() {
         let rows: Vec<Value> = list.data().as_array().unwrap().clone();
         if rows.len() == 1 && rows[0]["state"] == "destroyed" {
             let id = rows[0]["id"].as_str().unwrap();
-            assert!(sandbox_pids(id).is_empty());
+            wait_gone(id);
             break;
         }
         assert!(

@@ -1,7 +1,7 @@
 //! Real sandboxes end to end: lifecycle, exec semantics, isolation, limits, and cleanup.
 
 mod common;
-use common::{cgroup_dirs, namespaces, namespaces_in_use, sandbox_pids, Server};
+use common::{cgroup_dirs, eventually, namespaces, namespaces_in_use, sandbox_pids, Server};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -329,24 +329,22 @@ fn destroy_leaves_nothing_on_the_host() {
         "the writable layer lives under the data dir, in the sandbox's own disk image"
     );
 
-    assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
-    for p in &pids {
-        assert!(
-            !std::path::Path::new(&format!("/proc/{p}")).exists(),
-            "process {p} survived"
-        );
-    }
-    let in_use = namespaces_in_use();
-    for n in &ns {
-        assert!(!in_use.contains(n), "namespace {n} still in use");
-    }
-    assert!(
-        cgroup_dirs(&id).is_empty(),
-        "cgroups left: {:?}",
-        cgroup_dirs(&id)
-    );
-    assert!(!dir.exists(), "sandbox directory left");
-    assert!(!s.data_dir().join("run").join(format!("{id}.sock")).exists());
+    let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(d.data()["state"], "destroyed", "{}", d.body);
+    // The answer comes once the row is destroyed; the teardown on the host follows it.
+    eventually("the sandbox's processes end", || {
+        pids.iter()
+            .all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+    });
+    eventually("the sandbox's namespaces are let go", || {
+        let in_use = namespaces_in_use();
+        ns.iter().all(|n| !in_use.contains(n))
+    });
+    eventually("its cgroups, directory and socket are removed", || {
+        cgroup_dirs(&id).is_empty()
+            && !dir.exists()
+            && !s.data_dir().join("run").join(format!("{id}.sock")).exists()
+    });
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&id));
     let loops = std::process::Command::new("losetup")

@@ -64,6 +64,7 @@ pub mod service;
 pub mod snapshots;
 pub mod sse;
 pub mod tasks;
+pub mod teardown;
 #[cfg(any(test, feature = "fake"))]
 pub mod testing;
 #[cfg(test)]
@@ -124,6 +125,8 @@ pub struct AppState {
     pub sign_in: service::people::SignInLimiter,
     /// Task runs: runner slots, live runs, their events (`tasks`).
     pub tasks: tasks::TasksState,
+    /// Teardowns of destroyed sandboxes still running on the host (`teardown`).
+    pub teardowns: teardown::Teardowns,
 }
 
 impl AppState {
@@ -724,6 +727,7 @@ async fn assemble(
         preview_secret,
         builds: Default::default(),
         previews: Default::default(),
+        teardowns: Default::default(),
     });
     state.gateway.set_app(&state);
     builds::restore(&state).await?;
@@ -778,6 +782,12 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     // Users' sandboxes run on without the server; the warm pool is the server's own and is
     // booted again at the next start, so a clean stop leaves none of it behind.
     pool::drain(&state).await;
+    // Destroyed sandboxes whose teardown still runs: waited for a while, the rest is cleared by
+    // the next start's reconcile.
+    let left = state.teardowns.wait(teardown::STOP_WAIT).await;
+    if left > 0 {
+        tracing::warn!("stopping: {left} teardown(s) left to the next start");
+    }
     state.driver.tidy();
     // The server's floor set goes too, unless a kept sandbox's chain still refers to it.
     if let Some(fw) = state.firewall.clone() {

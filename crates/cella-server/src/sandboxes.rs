@@ -347,6 +347,8 @@ fn at_cap(cap: u32, plan: &str) -> SandboxError {
 }
 
 /// Destroys a sandbox from any state; idempotent. `reason` says why when the server decided.
+/// Answers once the row is `destroyed` and settled; the teardown on the host runs after it
+/// (see [`crate::teardown`]).
 pub async fn destroy(
     state: &AppState,
     id: &str,
@@ -363,12 +365,7 @@ pub async fn destroy(
     crate::timing::phase("gateway", crate::gateway::end_boot(state, id)).await;
     let now = now_ms();
     settle(state, &mut row, now);
-    crate::timing::phase(
-        "driver.destroy",
-        state.driver.destroy(id, handle_or_none(&row).as_ref()),
-    )
-    .await
-    .map_err(SandboxError::driver("destroy"))?;
+    let handle = handle_or_none(&row);
     transitions::apply(&mut row, Event::Destroy)?;
     row.ready = false;
     row.destroyed_at = Some(now);
@@ -379,6 +376,9 @@ pub async fn destroy(
         row.state_reason = reason.map(str::to_string);
     }
     crate::timing::phase("store.update", state.store.update_sandbox(&row)).await?;
+    // The host's side runs on after the answer (`teardown`): the row owns nothing any more,
+    // so what a crash leaves of it is cleared by the next start's `reconcile`.
+    state.teardowns.start(state.driver.clone(), id, handle);
     // Its one compute entry (a crash before it is recovered at the next start).
     cella_crash::crash_point!("sandbox.destroy.after_state_write");
     crate::timing::phase("billing", crate::billing::settle_logged(state, &row)).await;

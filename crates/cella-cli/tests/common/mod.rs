@@ -368,6 +368,26 @@ pub fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
     out
 }
 
+/// Waits until `done()` holds, for at most 30 s, then fails naming `what`. A destroy answers
+/// once its row is `destroyed`; the teardown on the host (processes, cgroups, files) ends just
+/// after, so what a test checks of the host after a destroy is waited for with this.
+pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "still not so after 30 s: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until sandbox `id` has no process and no cgroup left on the host (see
+/// [`eventually`]).
+pub fn wait_gone(id: &str) {
+    eventually(
+        &format!("the processes and cgroups of {id} are gone"),
+        || sandbox_pids(id).is_empty() && cgroup_dirs(id).is_empty(),
+    );
+}
+
 /// Host pids of every process of a sandbox.
 pub fn sandbox_pids(id: &str) -> Vec<i32> {
     let mut pids = Vec::new();

@@ -2,9 +2,40 @@
 //! on the host of sandboxes that are not live is cleared (a stopped one keeps its files).
 
 use super::*;
-use crate::testing::FakeState;
+use crate::testing::{FakeState, Op};
 use cella_store::SandboxRow;
 use serde_json::json;
+use std::time::Duration;
+
+/// A destroy answers before its teardown; a server killed before the teardown ended leaves a
+/// `destroyed` row and the sandbox on the host: the next start clears it (a persistent one
+/// too: it does not come back `stopped`).
+#[tokio::test]
+async fn a_destroyed_sandbox_whose_teardown_was_cut_short_is_cleared_at_the_next_start() {
+    let s = Server::start().await;
+    let persistent = id(&s.create(json!({})).await);
+    let ephemeral = id(&s.create(json!({"persistent": false})).await);
+    // The teardowns hang, as if the server had died in them.
+    s.fake.delay(Op::Destroy, Duration::from_secs(3600));
+    for id in [&persistent, &ephemeral] {
+        let (status, v) = s
+            .call("DELETE", &format!("/api/v1/sandboxes/{id}"), None)
+            .await;
+        assert_eq!(
+            (status, v["data"]["state"].as_str()),
+            (200, Some("destroyed")),
+            "{v}"
+        );
+        assert!(s.state.teardowns.running(id));
+        assert_eq!(s.fake.state(id), Some(FakeState::Running));
+    }
+    s.fake.delay(Op::Destroy, Duration::ZERO);
+    let s = s.restart().await;
+    for id in [&persistent, &ephemeral] {
+        assert_eq!(s.get(id).await["state"], "destroyed");
+        assert_eq!(s.fake.state(id), None, "{id}: left on the host");
+    }
+}
 
 #[tokio::test]
 async fn a_restart_finds_live_sandboxes_and_reports_dead_ones() {

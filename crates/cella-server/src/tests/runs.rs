@@ -48,5 +48,13 @@ async fn a_run_answers_and_leaves_no_sandbox() {
     assert_eq!(v["data"]["exit_code"], 0, "{v}");
     let sb = v["data"]["sandbox_id"].as_str().expect("sandbox id");
     assert_eq!(s.get(sb).await["state"], "destroyed");
+    // Its teardown follows the answer.
+    assert_eq!(
+        s.state
+            .teardowns
+            .wait(std::time::Duration::from_secs(10))
+            .await,
+        0
+    );
     assert!(s.fake.ids().is_empty(), "{:?}", s.fake.ids());
 }

@@ -75,6 +75,14 @@ async fn a_sandbox_without_files_is_neither_snapshotted_nor_forked() {
             .0,
         200
     );
+    // Its teardown (after the answer) is over before the driver's calls are counted.
+    assert_eq!(
+        s.state
+            .teardowns
+            .wait(std::time::Duration::from_secs(10))
+            .await,
+        0
+    );
     let calls = s.fake.calls().len();
     let (status, v) = snapshot(&s, &gone).await;
     assert_eq!((status, error(&v).0), (409, "CONFLICT"), "{v}");

@@ -48,6 +48,7 @@ async fn timeouts_pause_or_destroy_and_idle_sandboxes_are_paused() {
     let sb = s.get(&gone).await;
     assert_eq!(sb["state"], "destroyed", "{sb}");
     assert_eq!(sb["state_reason"], "destroyed: its timeout of 1 s ran out");
+    assert_eq!(s.state.teardowns.wait(Duration::from_secs(10)).await, 0);
     assert_eq!(s.fake.state(&gone), None);
 
     let sb = s.get(&idle).await;
