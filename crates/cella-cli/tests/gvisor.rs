@@ -303,3 +303,65 @@ fn a_gvisor_sandbox_outlives_a_kill_9_of_the_server() {
     assert_eq!(d.status, 200);
     assert!(!s.data_dir().join("gvisor").join(&id).exists());
 }
+
+#[test]
+fn the_interpreter_processes_previews_and_pause_work_on_gvisor() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let id = create_gvisor(&s);
+    // The code interpreter: state persists between cells.
+    let run = |code: &str| {
+        let r = s.post(
+            &format!("/api/v1/sandboxes/{id}/code/run"),
+            json!({ "code": code }),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.data().clone()
+    };
+    run("counter = 41");
+    assert_eq!(run("counter + 1")["result"], "42");
+    // A background process serving on the sandbox's loopback, reached through the preview
+    // (the agent connects to the port inside: no network interface needed).
+    let w = s.exec(
+        &id,
+        json!({ "command": "mkdir -p /tmp/www && echo plain-text > /tmp/www/hello.txt" }),
+    );
+    assert_eq!(w["exit_code"], 0, "{w}");
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        json!({ "argv": ["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1", "--directory", "/tmp/www"] }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let http = reqwest::blocking::Client::builder()
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let url = format!("{}/preview/{id}/8000/hello.txt", s.url);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let body = loop {
+        let r = http.get(&url).send().unwrap();
+        if r.status().as_u16() == 200 {
+            break r.text().unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the app never answered"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(body, "plain-text\n");
+    // Pause freezes it (memory kept), resume goes on where it was.
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.data()["state"], "paused");
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.data()["state"], "running");
+    assert_eq!(run("counter + 2")["result"], "43");
+    assert_eq!(
+        http.get(&url).send().unwrap().text().unwrap(),
+        "plain-text\n"
+    );
+}
