@@ -134,12 +134,51 @@ fn a_gvisor_sandbox_runs_commands_on_gvisors_kernel() {
     let errno = r["stdout"].as_str().unwrap().trim().to_string();
     assert_eq!(errno, format!("-1 {}", libc::ENOSYS), "{r}");
     assert_eq!(s.sh(&id, "echo still-here")["stdout"], "still-here\n");
-    // The agent's socket and executable are out of reach inside.
+    // Root commands run (in the same Jail as on namespaces).
     let r = s.exec(
         &id,
-        json!({ "command": "ls -a /run/cella 2>&1; ls /run", "user": "root" }),
+        json!({ "command": "id -u; grep CapBnd /proc/self/status", "user": "root" }),
     );
-    assert!(!r["stdout"].as_str().unwrap().contains("agent.sock"), "{r}");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert!(r["stdout"].as_str().unwrap().starts_with("0\n"), "{r}");
+    // The agent's socket and executable are out of reach inside, also for root, by name and
+    // through the agent's descriptors.
+    let probe = r#"
+import os, socket
+print(os.path.exists('/run/cella-agent/agent.sock'), os.path.exists('/run/cella-agent/cella'))
+try:
+    fds = os.listdir('/proc/1/fd')
+except OSError as e:
+    fds = []
+reached = []
+for f in fds:
+    p = '/proc/1/fd/' + f
+    try:
+        target = os.readlink(p)
+    except OSError:
+        continue
+    if not target.startswith('socket:'):
+        continue
+    try:
+        os.close(os.open(p, os.O_RDWR))
+        reached.append('open ' + f)
+    except OSError:
+        pass
+    try:
+        c = socket.socket(socket.AF_UNIX)
+        c.settimeout(2)
+        c.connect(p)
+        reached.append('connect ' + f)
+    except OSError:
+        pass
+print('reached', reached)
+"#;
+    let r = s.exec(
+        &id,
+        json!({ "command": "python3 -", "stdin": probe, "user": "root" }),
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"], "False False\nreached []\n", "{r}");
 
     // Destroy leaves nothing: no runsc process, mount, cgroup or directory.
     let data = s.data_dir();

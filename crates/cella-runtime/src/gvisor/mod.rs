@@ -20,7 +20,7 @@
 //!
 //! The agent crosses gVisor's boundary through a Unix socket: the server's executable is
 //! bound read-only into the sandbox and runs as its init (`cella __gvisor-agent`, see
-//! [`agent_main`]); it binds `/run/cella/agent.sock` in a bound host directory, which
+//! [`agent_main`]); it binds `/run/cella-agent/agent.sock` in a bound host directory, which
 //! `--host-uds=create` turns into a socket of the host (`sock/agent.sock`), then mounts an empty
 //! read-only tmpfs over that directory so nothing inside can name the socket or the executable
 //! again (unmounting it instead breaks gVisor's listener: `accept` fails with `EIO`), and

@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 
 /// Where the agent's directory (its socket and its executable) is mounted inside the sandbox;
 /// once its socket is bound, the agent hides it under an empty tmpfs.
-pub const AGENT_DIR: &str = "/run/cella";
+pub const AGENT_DIR: &str = "/run/cella-agent";
 /// The agent's socket inside the sandbox (in [`AGENT_DIR`]); `runsc --host-uds=create` makes it
 /// a socket of the host, in the sandbox's `sock/` directory.
-pub const AGENT_SOCKET: &str = "/run/cella/agent.sock";
+pub const AGENT_SOCKET: &str = "/run/cella-agent/agent.sock";
 /// The server's executable, bound read-only, started as the sandbox's init.
-pub const AGENT_EXE: &str = "/run/cella/cella";
+pub const AGENT_EXE: &str = "/run/cella-agent/cella";
 /// The socket's file name on the host (in the sandbox's `sock/` directory).
 pub const SOCKET_NAME: &str = "agent.sock";
 
