@@ -32,7 +32,11 @@
 //! process of the cgroup, `runsc delete --force` the container's state and reap the pid;
 //! destroy also removes the directory. Pause freezes the cgroup (memory kept in RAM).
 //! Not on gVisor yet (refused with [`DriverError::Unsupported`] naming it): a network
-//! interface, snapshots, layer export, network updates.
+//! interface, snapshots, layer export, network updates. Memory to disk (`runsc checkpoint`) is
+//! not possible with this channel: runsc 20221219 refuses to save a sandbox while the agent's
+//! host socket is bound ("Cannot save endpoint with bound host socket"), so the agent would
+//! have to close it (and every connection) before a checkpoint and bind it again after a
+//! restore.
 
 pub mod spec;
 
