@@ -10,7 +10,8 @@
 //! - a path is cleaned by text first (`.` and `..` resolved lexically, as `filepath.Clean`
 //!   does), then opened from a descriptor of the sandbox's root with `openat2`
 //!   (`RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`): symlinks are followed only inside the root and
-//!   never through a magic link;
+//!   never through a magic link (on gVisor's kernel, which has no `openat2`, a plain `openat`
+//!   from the agent's root, which is the sandbox's; see `openat_without_openat2`);
 //! - every directory opened that way is checked with `fstatfs`: descriptors on `/proc`, `/sys` or
 //!   another kernel file system are refused, whatever path led there (a directory swapped for a
 //!   symlink to `/proc/1` with `RENAME_EXCHANGE` lands here, after the check cannot be raced);
@@ -212,8 +213,36 @@ fn openat2(
             return Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) });
         }
         let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENOSYS) {
+            return openat_without_openat2(dir, path, flags, mode);
+        }
         // The kernel asks to retry when a rename raced with the walk.
         if e.raw_os_error() != Some(libc::EAGAIN) && e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Where the kernel has no `openat2` (gVisor's, which the agent runs on as the sandbox's init):
+/// a plain `openat`. The agent's root is then the sandbox's root, so `..` and absolute symlinks
+/// stay inside it as `RESOLVE_IN_ROOT` would keep them; what `RESOLVE_NO_MAGICLINKS` guarded
+/// against (a `/proc/<pid>/fd` link to a host file the agent holds) does not exist there, as
+/// the agent holds no host file, and the `fstatfs` and regular-file checks still apply.
+fn openat_without_openat2(
+    dir: RawFd,
+    path: &CStr,
+    flags: i32,
+    mode: u32,
+) -> std::io::Result<OwnedFd> {
+    loop {
+        // SAFETY: openat with a valid path.
+        let fd = unsafe { libc::openat(dir, path.as_ptr(), flags | libc::O_CLOEXEC, mode) };
+        if fd >= 0 {
+            // SAFETY: a descriptor the kernel just gave us.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
             return Err(e);
         }
     }

@@ -335,7 +335,24 @@ impl Jail {
         }
         if uid == 0 {
             let io = |e: caps::errors::CapsError| std::io::Error::other(e.to_string());
-            caps::clear(None, CapSet::Ambient).map_err(io)?;
+            // A kernel without ambient capabilities (gVisor's, before 2023) answers EINVAL:
+            // there are none to clear then.
+            // SAFETY: prctl with integer arguments on the calling process.
+            if unsafe {
+                libc::prctl(
+                    libc::PR_CAP_AMBIENT,
+                    libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                    0,
+                    0,
+                    0,
+                )
+            } != 0
+            {
+                let e = err();
+                if e.raw_os_error() != Some(libc::EINVAL) {
+                    return Err(e);
+                }
+            }
             caps::clear(None, CapSet::Inheritable).map_err(io)?;
             caps::set(None, CapSet::Effective, &self.root_caps).map_err(io)?;
             caps::set(None, CapSet::Permitted, &self.root_caps).map_err(io)?;

@@ -145,6 +145,21 @@ impl Server {
         }
     }
 
+    /// A sandbox on the gVisor runtime (the server must have `runsc`).
+    fn create_gvisor(&self, key: &str) -> Result<String, String> {
+        let (st, v) = self.call(
+            key,
+            "POST",
+            "/api/v1/sandboxes",
+            Some(json!({ "size": "xs", "idle_timeout_sec": 0, "runtime": "gvisor" })),
+        );
+        if st == 201 {
+            Ok(v["data"]["id"].as_str().unwrap_or_default().to_string())
+        } else {
+            Err(format!("HTTP {st}: {v}"))
+        }
+    }
+
     fn exec_true(&self, id: &str) {
         let (st, v) = self.call(
             KEY,
@@ -464,6 +479,29 @@ fn main() {
         target: "p50 <= 20",
     });
 
+    // The same on the gVisor runtime, where the server has `runsc` (else no row).
+    let gvisor = {
+        let (_, t) = s.call(KEY, "GET", "/api/v1/templates/base", None);
+        t["data"]["runtimes"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|x| x == "gvisor"))
+    };
+    if gvisor {
+        let mut samples = Vec::new();
+        for _ in 0..n {
+            let t = Instant::now();
+            let id = s.create_gvisor(KEY).expect("create on gvisor");
+            s.exec_true(&id);
+            samples.push(ms(t.elapsed()));
+            s.destroy(KEY, &id);
+        }
+        series.push(Series {
+            name: "gvisor_create_exec_ms",
+            samples,
+            target: "(none yet)",
+        });
+    }
+
     // The same from the warm pool (size small): wait until a pool sandbox is ready, then time.
     let fast_ready = || {
         let (_, t) = s.call(KEY, "GET", "/api/v1/templates/base", None);
@@ -774,6 +812,7 @@ fn main() {
             "create_exec_warm_ms_p99": p("create_exec_warm_ms", 0.99),
             "create_exec_cold_ms_p50": p("create_exec_cold_ms", 0.5),
             "create_exec_cold_ms_p99": p("create_exec_cold_ms", 0.99),
+            "gvisor_create_exec_ms_p50": p("gvisor_create_exec_ms", 0.5),
             "exec_rtt_ms_p50": p("exec_rtt_ms", 0.5),
             "exec_rtt_ms_p99": p("exec_rtt_ms", 0.99),
             "destroy_ms_p50": p("destroy_ms", 0.5),

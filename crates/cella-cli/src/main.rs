@@ -149,6 +149,15 @@ enum Command {
     },
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit,
+    /// Starts a gVisor sandbox (`cella_runtime::gvisor`).
+    #[command(name = "__gvisor-init", hide = true)]
+    GvisorInit,
+    /// The agent as a gVisor sandbox's init.
+    #[command(name = "__gvisor-agent", hide = true)]
+    GvisorAgent {
+        #[arg(long, default_value_t = 0)]
+        nofile: u64,
+    },
     /// The in-sandbox side of a task run (heartbeats, the agent); see `cella_coder`.
     #[command(name = "__task-agent", hide = true)]
     TaskAgent {
@@ -476,6 +485,13 @@ fn main() -> ExitCode {
         // Must stay single-threaded: it forks.
         return ExitCode::from(cella_runtime::namespace::launcher_main() as u8);
     }
+    if let Command::GvisorInit = &cli.command {
+        // Must stay single-threaded: it forks.
+        return ExitCode::from(cella_runtime::gvisor::launcher_main() as u8);
+    }
+    if let Command::GvisorAgent { nofile } = &cli.command {
+        return ExitCode::from(cella_runtime::gvisor::agent_main(*nofile) as u8);
+    }
     if let Command::TaskAgent { argv } = cli.command {
         // Blocking and threaded on its own; no runtime here.
         std::process::exit(cella_coder::main(argv));
@@ -560,7 +576,10 @@ async fn run(cmd: Command) -> ExitCode {
         Command::Login(a) => people::login(a).await,
         Command::Logout { conn } => people::logout(conn).await,
         Command::Task(c) => tasks::run(c).await,
-        Command::SandboxInit | Command::TaskAgent { .. } => {
+        Command::SandboxInit
+        | Command::GvisorInit
+        | Command::GvisorAgent { .. }
+        | Command::TaskAgent { .. } => {
             unreachable!("handled before the runtime starts")
         }
     }

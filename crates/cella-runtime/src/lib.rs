@@ -2,11 +2,15 @@
 //!
 //! [`Driver`] is the one interface the server uses to make, run and remove sandboxes; it hides
 //! the backend the way Cloud Hypervisor's `Hypervisor` trait does. [`namespace::NamespaceDriver`]
-//! is the Linux namespace backend (the default); a microVM backend will sit beside it.
+//! is the Linux namespace backend (the default), [`gvisor::GvisorDriver`] runs sandboxes on
+//! gVisor's user-space kernel (`runsc`), and [`dispatch::Dispatch`] is the one driver the server
+//! holds: it picks the backend of each sandbox by its [`Runtime`] (in its spec and handle).
 
 pub mod cgroup;
 pub mod disk;
+pub mod dispatch;
 pub mod firewall;
+pub mod gvisor;
 pub mod namespace;
 pub mod rootfs;
 pub mod userns;
@@ -19,10 +23,45 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use tokio::sync::mpsc;
 
+/// The isolation runtime a sandbox runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runtime {
+    /// Linux namespaces on the host's kernel ([`namespace::NamespaceDriver`]).
+    #[default]
+    Namespace,
+    /// gVisor's user-space kernel ([`gvisor::GvisorDriver`]).
+    Gvisor,
+}
+
+impl Runtime {
+    pub const ALL: [Runtime; 2] = [Runtime::Namespace, Runtime::Gvisor];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runtime::Namespace => "namespace",
+            Runtime::Gvisor => "gvisor",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Runtime> {
+        Runtime::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Everything a driver needs to start one sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxSpec {
     pub id: String,
+    /// The backend that runs it.
+    #[serde(default)]
+    pub runtime: Runtime,
     pub hostname: String,
     pub image: rootfs::TemplateImage,
     pub cpu_count: u32,
@@ -56,6 +95,9 @@ pub struct SnapshotInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxHandle {
     pub id: String,
+    /// The backend that runs it (handles stored before there was a choice are namespace ones).
+    #[serde(default)]
+    pub runtime: Runtime,
     /// Host pid of the sandbox's init (the agent).
     pub pid: i32,
     /// The init's start time in clock ticks since boot, to tell it from a reused pid.
@@ -123,6 +165,17 @@ impl DriverError {
 #[async_trait]
 pub trait Driver: Send + Sync + 'static {
     fn name(&self) -> &'static str;
+
+    /// Whether this driver can start sandboxes on `runtime`.
+    fn supports(&self, runtime: Runtime) -> bool {
+        runtime == Runtime::Namespace
+    }
+
+    /// Whether this driver has anything of sandbox `id` on the host (its directory): how a
+    /// dispatcher finds the backend of a sandbox it has no handle for.
+    fn owns(&self, _id: &str) -> bool {
+        false
+    }
 
     /// Starts a sandbox and returns once its agent answers.
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError>;

@@ -947,6 +947,7 @@ async fn run_step(
     let (cpus, mem, disk) = Size::Small.shape();
     let spec = SandboxSpec {
         id: id.clone(),
+        runtime: cella_runtime::Runtime::Namespace,
         hostname: "build".into(),
         image: TemplateImage {
             template_id: base.template_id.clone(),

@@ -46,12 +46,17 @@ pub struct TemplateDefaults {
     pub port: Option<u16>,
     #[serde(default)]
     pub warm: u32,
+    /// The runtime its sandboxes get when their create names none (before `[runtime] default`).
+    #[serde(default)]
+    pub runtime: Option<cella_runtime::Runtime>,
 }
 
 pub struct Catalog {
     templates: std::sync::RwLock<Vec<TemplateEntry>>,
     sizes: SizesConfig,
     host_memory_mb: u64,
+    /// The runtimes this host runs, the server's default first.
+    runtimes: Vec<cella_runtime::Runtime>,
     /// The warm pool, whose ready sandboxes make a size `fast_ready`.
     pub pool: std::sync::Arc<crate::pool::Pool>,
 }
@@ -62,8 +67,34 @@ impl Catalog {
             templates: std::sync::RwLock::new(templates),
             sizes,
             host_memory_mb,
+            runtimes: vec![cella_runtime::Runtime::Namespace],
             pool: Default::default(),
         }
+    }
+
+    /// Sets the runtimes this host runs, the server's default first.
+    pub fn with_runtimes(mut self, runtimes: Vec<cella_runtime::Runtime>) -> Self {
+        self.runtimes = runtimes;
+        self
+    }
+
+    /// The runtimes template `t`'s sandboxes can run on here, its default first: the
+    /// template's own default when the host runs it, else the server's. A template with an
+    /// app (`start`) runs on namespaces only (its port and readiness are not on gVisor yet).
+    pub fn runtimes_of(&self, t: &TemplateEntry) -> Vec<cella_runtime::Runtime> {
+        let mut out: Vec<cella_runtime::Runtime> = self
+            .runtimes
+            .iter()
+            .copied()
+            .filter(|r| *r == cella_runtime::Runtime::Namespace || t.defaults.start.is_none())
+            .collect();
+        if let Some(own) = t.defaults.runtime {
+            if let Some(i) = out.iter().position(|r| *r == own) {
+                let r = out.remove(i);
+                out.insert(0, r);
+            }
+        }
+        out
     }
 
     pub fn templates(&self) -> Vec<TemplateEntry> {
@@ -174,6 +205,11 @@ impl Catalog {
             cli_name: public_id(&t.id).to_string(),
             readiness: self.readiness(t, t.default_size),
             sizes,
+            runtimes: self
+                .runtimes_of(t)
+                .iter()
+                .map(|r| r.as_str().to_string())
+                .collect(),
         }
     }
 

@@ -21,6 +21,8 @@ pub struct Config {
     pub files: FilesConfig,
     pub disk: DiskConfig,
     pub isolation: IsolationConfig,
+    /// `[runtime]`: the isolation runtime of sandboxes that do not name one.
+    pub runtime: RuntimeConfig,
     pub network: NetworkConfig,
     pub pool: PoolConfig,
     pub preview: PreviewConfig,
@@ -416,6 +418,35 @@ impl Default for IsolationConfig {
     }
 }
 
+/// `[runtime]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// The runtime of a sandbox whose create names none (after its template's default):
+    /// `"namespace"` (the default) or `"gvisor"` (needs `runsc` on the host).
+    pub default: String,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            default: "namespace".into(),
+        }
+    }
+}
+
+impl RuntimeConfig {
+    /// The default runtime, checked.
+    pub fn default_runtime(&self) -> Result<cella_runtime::Runtime, String> {
+        cella_runtime::Runtime::parse(&self.default).ok_or_else(|| {
+            format!(
+                "runtime.default {:?} is not a runtime (namespace or gvisor)",
+                self.default
+            )
+        })
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DiskConfig {
@@ -486,6 +517,7 @@ impl Default for Config {
             files: FilesConfig::default(),
             disk: DiskConfig::default(),
             isolation: IsolationConfig::default(),
+            runtime: RuntimeConfig::default(),
             network: NetworkConfig::default(),
             pool: PoolConfig::default(),
             preview: PreviewConfig::default(),

@@ -644,8 +644,27 @@ fn namespace_backend(config: &Config, instance: &str) -> Result<Backend, ServeEr
             ),
         }
     }
+    // gVisor beside it when the host has `runsc` (the dispatcher picks per sandbox).
+    let agent_exe = std::env::current_exe().map_err(|source| ServeError::DataDir {
+        path: dir.clone(),
+        source,
+    })?;
+    let gvisor: Option<Arc<dyn Driver>> = match cella_runtime::gvisor::find_runsc() {
+        Some(runsc) => Some(Arc::new(
+            cella_runtime::gvisor::GvisorDriver::new(dir, agent_exe, runsc, instance)?
+                .with_disk_quota(config.disk.quota)
+                .with_nofile(config.limits.open_files),
+        )),
+        None => {
+            tracing::info!("runsc is not installed: sandboxes run on the namespace runtime only");
+            None
+        }
+    };
     Ok(Backend {
-        driver: Arc::new(driver),
+        driver: Arc::new(cella_runtime::dispatch::Dispatch::new(
+            Arc::new(driver),
+            gvisor,
+        )),
         base_image: image,
         network,
         firewall,
@@ -678,6 +697,21 @@ async fn assemble(
     backend: Backend,
 ) -> Result<(Arc<AppState>, std::fs::File), ServeError> {
     let DataDir { lock, store, .. } = data;
+    let default_runtime = config
+        .runtime
+        .default_runtime()
+        .map_err(ServeError::Config)?;
+    if !backend.driver.supports(default_runtime) {
+        return Err(ServeError::Config(format!(
+            "runtime.default is {default_runtime}, which this host cannot run (is runsc installed?)"
+        )));
+    }
+    let mut runtimes = vec![default_runtime];
+    runtimes.extend(
+        cella_runtime::Runtime::ALL
+            .into_iter()
+            .filter(|r| *r != default_runtime && backend.driver.supports(*r)),
+    );
     let catalog = Catalog::new(
         vec![TemplateEntry {
             id: "base".into(),
@@ -689,7 +723,8 @@ async fn assemble(
         }],
         config.sizes.clone(),
         catalog::host_memory_mb(),
-    );
+    )
+    .with_runtimes(runtimes);
     let limiter = ratelimit::Limiter::new(config.rate_limits.clone());
     let preview_secret = match store.meta_get("preview_secret").await? {
         Some(s) => s,

@@ -33,6 +33,7 @@ use crate::service::{check_timeout, Runnable, SandboxError};
 use crate::util::{new_id, now_ms, rfc3339};
 use crate::AppState;
 pub(crate) use cella_runtime::rootfs::USER_UID;
+use cella_runtime::Runtime;
 use cella_runtime::{DriverError, ExecEvent, Probe, SandboxHandle};
 use cella_store::SandboxRow;
 use cella_types::{CreateSandbox, ExecRequest, ExecResult, Readiness, Sandbox, SandboxState, Size};
@@ -91,6 +92,7 @@ pub fn to_wire(app: &AppState, row: &SandboxRow) -> Sandbox {
         compute_rate: row.compute_rate,
         compute_cost: crate::billing::compute_cost_of(row, now),
         model_cost: row.model_cost,
+        runtime: row.isolation.clone(),
     }
 }
 
@@ -217,7 +219,15 @@ async fn admit(
     let mut env = template.defaults.env.clone();
     env.extend(req.env.clone().unwrap_or_default());
     check_map("env", &env, true)?;
-    let network = req.network.clone().unwrap_or_default();
+    let runtime = admit_runtime(state, req, template, snapshot.is_some())?;
+    let network = match (runtime, &req.network) {
+        // Loopback only on gVisor for now: the policy says so.
+        (Runtime::Gvisor, None) => cella_types::NetworkPolicy {
+            egress: cella_types::Egress::Deny,
+            ..Default::default()
+        },
+        (_, n) => n.clone().unwrap_or_default(),
+    };
     crate::network::check(&network).await?;
     let (cpus, mem, disk) = size.shape();
     Ok(SandboxRow {
@@ -233,6 +243,7 @@ async fn admit(
         snapshot_id: snapshot.map(|s| s.id),
         preview_public: req.preview.as_ref().map(|p| p.public).unwrap_or(true),
         auto_resume: req.auto_resume.unwrap_or(false),
+        isolation: runtime.as_str().to_string(),
         ..SandboxRow::new(
             new_id("sb"),
             auth.workspace_id.clone(),
@@ -243,6 +254,86 @@ async fn admit(
             now_ms(),
         )
     })
+}
+
+/// The runtime a create asks for (else the template's default, else the server's), checked:
+/// known, run by this host for this template, and (on gVisor) asking for nothing gVisor
+/// sandboxes do not have yet.
+fn admit_runtime(
+    state: &AppState,
+    req: &CreateSandbox,
+    template: &crate::catalog::TemplateEntry,
+    from_snapshot: bool,
+) -> Result<Runtime, SandboxError> {
+    let offered = state.catalog.runtimes_of(template);
+    let names = || {
+        offered
+            .iter()
+            .map(|r| r.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let runtime = match &req.runtime {
+        None => offered.first().copied().unwrap_or_default(),
+        Some(name) => Runtime::parse(name).ok_or_else(|| {
+            SandboxError::invalid(
+                "runtime",
+                format!("unknown runtime {name:?}: this server runs {}", names()),
+            )
+        })?,
+    };
+    if !offered.contains(&runtime) {
+        let why = if state.driver.supports(runtime) {
+            format!(
+                "template {} has an app, which runs on the namespace runtime only",
+                crate::catalog::public_id(&template.id)
+            )
+        } else {
+            "this server cannot run it (runsc is not installed)".to_string()
+        };
+        return Err(SandboxError::invalid(
+            "runtime",
+            format!("runtime {runtime} is not available: {why}"),
+        ));
+    }
+    if runtime == Runtime::Gvisor {
+        let not_yet = |field: &str, what: &str| {
+            SandboxError::invalid(
+                field,
+                format!("{what} ({field}) is not supported on the gvisor runtime yet"),
+            )
+        };
+        if from_snapshot {
+            return Err(not_yet("snapshot_id", "starting from a snapshot"));
+        }
+        if req.model_access.unwrap_or(false) {
+            return Err(not_yet("model_access", "model access"));
+        }
+        if let Some(n) = &req.network {
+            if n.egress != cella_types::Egress::Deny || !n.allow.is_empty() {
+                return Err(SandboxError::invalid(
+                    "network",
+                    "the gvisor runtime has loopback only yet: give network {\"egress\": \"deny\"} with nothing allowed, or leave it out",
+                ));
+            }
+        }
+    }
+    Ok(runtime)
+}
+
+/// Refuses `what` for a sandbox on a runtime that does not have it yet (400 naming the
+/// runtime).
+pub(crate) fn refuse_on_gvisor(row: &SandboxRow, what: &str) -> Result<(), SandboxError> {
+    if row.isolation == Runtime::Gvisor.as_str() {
+        return Err(SandboxError::invalid(
+            "runtime",
+            format!(
+                "{what} is not supported on the gvisor runtime yet (sandbox {} runs on gvisor)",
+                row.id
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Creates a sandbox. With `wait`, answers once it runs; else at once, in `provisioning`.
@@ -277,7 +368,8 @@ async fn create_admitted(
     let model_access = req.model_access.unwrap_or(false);
     // The fast path: a sandbox of the warm pool, already running (not for model access,
     // whose token and firewall opening are made at its boot).
-    if req.wait.unwrap_or(true) && row.snapshot_id.is_none() && !model_access {
+    let pooled = row.isolation == Runtime::Namespace.as_str();
+    if req.wait.unwrap_or(true) && row.snapshot_id.is_none() && !model_access && pooled {
         match crate::pool::claim(state, &row, cap).await? {
             Some(Ok(claimed)) => {
                 // The reservation follows the pool sandbox's id.

@@ -105,6 +105,7 @@ async fn copy(
 pub async fn take(state: &AppState, auth: &Auth, id: &str) -> Result<SnapshotRow, SnapshotError> {
     let _guard = state.locks.lock(id).await;
     let row = crate::service::owned(state, auth, id).await?;
+    crate::sandboxes::refuse_on_gvisor(&row, "a snapshot")?;
     Ok(copy(state, &row, false).await?.0)
 }
 
@@ -181,6 +182,7 @@ pub async fn fork(
     let count = check_fork(&req)?;
     let guard = state.locks.lock(id).await;
     let source = crate::service::owned(state, auth, id).await?;
+    crate::sandboxes::refuse_on_gvisor(&source, "a fork")?;
     let st = state_of(&source);
     if !matches!(
         st,

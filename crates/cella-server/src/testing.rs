@@ -319,6 +319,7 @@ impl Driver for FakeDriver {
         let task = tokio::spawn(serve_agent(listener, shared.clone())).abort_handle();
         let handle = SandboxHandle {
             id: spec.id.clone(),
+            runtime: spec.runtime,
             pid: i32::try_from(boot).unwrap_or(i32::MAX),
             start_time: boot,
             socket,

@@ -66,6 +66,8 @@ pub struct SandboxRow {
     pub compute_charged: Option<Money>,
     /// The sum of its model ledger entries (kept by the ledger's trigger, likewise).
     pub model_cost: Money,
+    /// The isolation runtime it runs on (`namespace` or `gvisor`), fixed at create.
+    pub isolation: String,
 }
 
 impl SandboxRow {
@@ -120,6 +122,7 @@ impl SandboxRow {
             auto_resume: false,
             compute_charged: None,
             model_cost: Money::ZERO,
+            isolation: "namespace".into(),
         }
     }
 }
@@ -166,6 +169,7 @@ struct Raw {
     auto_resume: bool,
     compute_charged: Option<i64>,
     model_micros: i64,
+    isolation: String,
 }
 
 impl TryFrom<Raw> for SandboxRow {
@@ -212,6 +216,7 @@ impl TryFrom<Raw> for SandboxRow {
             auto_resume: r.auto_resume,
             compute_charged: r.compute_charged.map(Money::from_micros),
             model_cost: Money::from_micros(r.model_micros),
+            isolation: r.isolation,
         })
     }
 }
@@ -250,7 +255,7 @@ const SANDBOX_COLS: &str = "seq, id, workspace_id, owner_id, template_id, state,
         idle_timeout_sec, metadata, env, created_at, started_at, destroyed_at, total_runtime_sec, \
         running_ms, running_since, timeout_at, state_reason, runtime, rate_micros, paused_ms, \
         paused_since, last_activity_at, cpu_ns, memory_mib_ms, network, snapshot_id, preview_public, \
-        auto_resume, compute_charged, model_micros";
+        auto_resume, compute_charged, model_micros, isolation";
 
 impl Store {
     /// Inserts a sandbox unless its workspace already holds `cap` sandboxes in a capped state.
@@ -260,8 +265,8 @@ impl Store {
         let q = format!(
             "INSERT INTO sandboxes (id, workspace_id, owner_id, template_id, state, size, cpu_count, memory_mb, \
              disk_size_mb, ready, timeout_sec, always_on, persistent, idle_timeout_sec, metadata, env, created_at, \
-             rate_micros, network, snapshot_id, preview_public, auto_resume) \
-             SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
+             rate_micros, network, snapshot_id, preview_public, auto_resume, isolation) \
+             SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
              WHERE (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ?"
         );
         let r = sqlx::query(&q)
@@ -287,6 +292,7 @@ impl Store {
             .bind(&s.snapshot_id)
             .bind(s.preview_public)
             .bind(s.auto_resume)
+            .bind(&s.isolation)
             .bind(&s.workspace_id)
             .bind(cap as i64)
             .execute(&self.pool)
@@ -357,6 +363,7 @@ impl Store {
             state: old.state,
             ready: old.ready,
             runtime: old.runtime.clone(),
+            isolation: old.isolation.clone(),
             cpu_ns: cpu_baseline(&old),
             ..new.clone()
         };
@@ -402,6 +409,7 @@ impl Store {
             .bind(row.auto_resume)
             .bind(row.compute_charged.map(Money::micros))
             .bind(row.model_cost.micros())
+            .bind(&row.isolation)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;

@@ -558,6 +558,10 @@ pub struct Template {
     pub cli_name: String,
     pub readiness: Readiness,
     pub sizes: Vec<TemplateSize>,
+    /// The isolation runtimes it can run on here (`namespace`, `gvisor`); the first is its
+    /// default.
+    #[serde(default)]
+    pub runtimes: Vec<String>,
 }
 
 impl Template {
@@ -687,6 +691,14 @@ pub struct Sandbox {
     /// The sum of its `model` ledger entries (model gateway requests).
     #[serde(default)]
     pub model_cost: Money,
+    /// The isolation runtime it runs on: `namespace` (Linux namespaces on the host's kernel)
+    /// or `gvisor` (gVisor's user-space kernel).
+    #[serde(default = "default_runtime")]
+    pub runtime: String,
+}
+
+fn default_runtime() -> String {
+    "namespace".into()
 }
 
 /// Preview access of a sandbox.
@@ -777,6 +789,11 @@ pub struct CreateSandbox {
     /// and `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY` in its
     /// environment. Needs a server whose sandboxes have a network.
     pub model_access: Option<bool>,
+    /// The isolation runtime: `namespace` or `gvisor` (default: the template's, then the
+    /// server's `[runtime] default`). `gvisor` needs `runsc` on the server; such a sandbox has
+    /// loopback only (`network` must deny egress and allow nothing) and no snapshots, forks,
+    /// previews or model access yet.
+    pub runtime: Option<String>,
 }
 
 /// Whether a sandbox may open connections to destinations its lists do not name.

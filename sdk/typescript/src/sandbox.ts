@@ -31,7 +31,7 @@ import type {
 } from './types.js';
 
 const CREATE_OPTIONS = ['template', 'size', 'cpuCount', 'memoryMb', 'diskSizeMb', 'timeoutSec', 'idleTimeoutSec',
-  'persistent', 'alwaysOn', 'metadata', 'env', 'network', 'wait', 'snapshotId', 'preview', 'autoResume'];
+  'persistent', 'alwaysOn', 'metadata', 'env', 'network', 'wait', 'snapshotId', 'preview', 'autoResume', 'runtime'];
 const RUN_OPTIONS = ['command', 'argv', 'template', 'size', 'env', 'metadata', 'network', 'files', 'cwd', 'user',
   'stdin', 'timeoutSec', 'artifacts'];
 
@@ -55,6 +55,7 @@ function createBody(opts: Record<string, any>) {
     snapshot_id: opts.snapshotId,
     preview: opts.preview,
     auto_resume: opts.autoResume,
+    runtime: opts.runtime,
   });
 }
 

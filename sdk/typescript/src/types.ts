@@ -87,6 +87,8 @@ export interface SandboxInfo {
   preview: { public: boolean };
   /** Preview traffic resumes it when it is paused. */
   autoResume: boolean;
+  /** The isolation runtime it runs on: `namespace` or `gvisor`. */
+  runtime: string;
   [field: string]: unknown;
 }
 
@@ -115,6 +117,8 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   preview?: { public?: boolean };
   /** Preview traffic resumes the sandbox when it is paused (default false). */
   autoResume?: boolean;
+  /** Isolation runtime (default: the template's, then the server's): `gvisor` needs runsc on the server. */
+  runtime?: 'namespace' | 'gvisor';
   /** Egress policy. */
   network?: NetworkPolicy;
   /** Wait until it runs (default true); false answers at once in `provisioning`. */
@@ -460,6 +464,8 @@ export interface TemplateInfo {
   defaultSize: SandboxSize;
   readiness: Readiness;
   sizes: Array<{ size: SandboxSize; state: Readiness; resourceContract?: ResourceContract | null }>;
+  /** The runtimes its sandboxes can run on on this server, its default first. */
+  runtimes: string[];
   [field: string]: unknown;
 }
 

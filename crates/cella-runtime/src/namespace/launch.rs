@@ -302,7 +302,7 @@ fn exec_cgroups(cfg: &LaunchConfig) -> Option<std::sync::Arc<cella_agent::execcg
 
 /// Closes every descriptor but stdin, stdout and stderr: the sandbox must inherit nothing of the
 /// server's (database, listening socket, other sandboxes' pipes).
-fn close_inherited_fds() {
+pub(crate) fn close_inherited_fds() {
     let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
         .map(|rd| {
             rd.flatten()

@@ -9,6 +9,7 @@ mod launch;
 pub mod mounts;
 pub mod net;
 
+pub(crate) use launch::close_inherited_fds;
 pub use launch::launcher_main;
 
 use crate::cgroup::{self, Limits};
@@ -438,6 +439,7 @@ impl NamespaceDriver {
             .ok_or_else(|| DriverError::Launch("sandbox init died at start".into()))?;
         let mut handle = SandboxHandle {
             id: spec.id.clone(),
+            runtime: crate::Runtime::Namespace,
             pid,
             start_time,
             socket: cfg.socket,

@@ -148,6 +148,15 @@ pub fn idmap_dir(cfg: &LaunchConfig) -> PathBuf {
 }
 
 pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
+    let mut ops = root_plan(cfg);
+    ops.extend(kernel_plan(cfg));
+    ops
+}
+
+/// The first part of [`plan`]: the sandbox's files at `cfg.rootfs` (the disk, the overlay of the
+/// template's layers and the writable layer, the template's binds), without the kernel's file
+/// systems, devices or the pivot. The gVisor driver serves this tree to `runsc` as the root.
+pub fn root_plan(cfg: &LaunchConfig) -> Vec<MountOp> {
     let r = &cfg.rootfs;
     // With a user namespace, what the sandbox makes belongs to its root's host id.
     let owner = cfg.userns.map_or(0, |m| m.base);
@@ -242,9 +251,17 @@ pub fn plan(cfg: &LaunchConfig) -> Vec<MountOp> {
             });
         }
     }
-    ops.push(MountOp::Proc {
+    ops
+}
+
+/// The second part of [`plan`]: `/proc`, `/sys`, `/dev` and `/run` of a namespace sandbox, then
+/// the pivot.
+fn kernel_plan(cfg: &LaunchConfig) -> Vec<MountOp> {
+    let r = &cfg.rootfs;
+    let owner = cfg.userns.map_or(0, |m| m.base);
+    let mut ops = vec![MountOp::Proc {
         target: r.join("proc"),
-    });
+    }];
     ops.push(MountOp::Sysfs {
         target: r.join("sys"),
     });

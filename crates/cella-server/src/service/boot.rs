@@ -72,8 +72,10 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                     layered: false,
                 });
             }
+            let runtime = cella_runtime::Runtime::parse(&row.isolation).unwrap_or_default();
             let spec = SandboxSpec {
                 id: row.id.clone(),
+                runtime,
                 hostname: row.id.clone(),
                 image,
                 cpu_count: row.cpu_count as u32,
@@ -81,6 +83,8 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                 disk_size_mb: row.disk_size_mb as u32,
                 pids_max: (row.cpu_count as u32 * 1024).max(1024),
                 network: match &state.network {
+                    // gVisor sandboxes have loopback only (refused at create otherwise).
+                    _ if runtime == cella_runtime::Runtime::Gvisor => None,
                     Some(dns) => Some(
                         crate::timing::phase(
                             "network",

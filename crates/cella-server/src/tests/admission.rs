@@ -174,3 +174,30 @@ async fn an_asynchronous_create_answers_provisioning_then_runs() {
     }
     assert_eq!(state, "running");
 }
+
+#[tokio::test]
+async fn a_runtime_this_host_lacks_is_refused_and_the_default_is_namespace() {
+    // The fake driver runs the namespace runtime only (as a host without runsc).
+    let s = Server::start().await;
+    for (body, words) in [
+        (json!({"runtime": "gvisor"}), ["gvisor", "runsc"]),
+        (json!({"runtime": "kata"}), ["kata", "namespace"]),
+    ] {
+        let (st, v) = s
+            .call("POST", "/api/v1/sandboxes", Some(body.clone()))
+            .await;
+        assert_eq!((st, error(&v).0), (400, "INVALID_REQUEST"), "{body}: {v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        for w in words {
+            assert!(message.contains(w), "{message} does not say {w}");
+        }
+    }
+    assert!(s.listed().await.is_empty());
+    assert!(s.fake.calls().is_empty(), "the driver was never asked");
+    let (_, t) = s.call("GET", "/api/v1/templates", None).await;
+    assert_eq!(t["data"][0]["runtimes"], json!(["namespace"]));
+    let sb = s.create(json!({"runtime": "namespace"})).await;
+    assert_eq!(sb["runtime"], "namespace");
+    let spec = s.fake.spec(&id(&sb)).expect("booted");
+    assert_eq!(spec.runtime, cella_runtime::Runtime::Namespace);
+}

@@ -1,0 +1,406 @@
+//! Sandboxes on the gVisor runtime (`"runtime": "gvisor"`, `runsc` on the `ptrace` platform):
+//! create, exec, files, gVisor's own kernel inside, a syscall gVisor does not have, destroy
+//! leaving nothing, a `kill -9` of the server, and the 400s for what gVisor sandboxes do not
+//! have yet. Skipped (with a line saying so) where the host has no `runsc`.
+
+mod common;
+use common::{Server, KEY};
+use serde_json::{json, Value};
+
+fn have_runsc() -> bool {
+    let found = ["/usr/bin/runsc", "/usr/sbin/runsc", "/usr/local/bin/runsc"]
+        .iter()
+        .any(|p| std::path::Path::new(p).exists());
+    if !found {
+        eprintln!("skipped: runsc is not installed");
+    }
+    found
+}
+
+fn create_gvisor(s: &Server) -> String {
+    let r = s.post(
+        "/api/v1/sandboxes",
+        json!({ "size": "xs", "runtime": "gvisor" }),
+    );
+    assert_eq!(r.status, 201, "create failed: {}\n{}", r.body, s.log());
+    assert_eq!(r.data()["state"], "running");
+    assert_eq!(r.data()["runtime"], "gvisor");
+    r.data()["id"].as_str().unwrap().to_string()
+}
+
+/// Processes on the host whose command line names `needle`.
+fn host_processes_naming(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if e.file_name().to_string_lossy().parse::<i32>().is_err() {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                out.push(cmd);
+            }
+        }
+    }
+    out
+}
+
+fn mounts_naming(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if e.file_name().to_string_lossy().parse::<i32>().is_err() {
+            continue;
+        }
+        if let Ok(m) = std::fs::read_to_string(e.path().join("mountinfo")) {
+            out.extend(m.lines().filter(|l| l.contains(needle)).map(str::to_string));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_gvisor_sandbox_runs_commands_on_gvisors_kernel() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let id = create_gvisor(&s);
+    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(got.data()["runtime"], "gvisor");
+    // Output and exit codes.
+    let r = s.sh(&id, "echo out; echo err >&2; whoami; exit 3");
+    assert_eq!(r["stdout"], "out\nuser\n", "{r}");
+    assert_eq!(r["stderr"], "err\n");
+    assert_eq!(r["exit_code"], 3);
+    // A file written through the API and read back, through the API and by a command.
+    let path = "/home/user/note.txt";
+    let up = s.raw(
+        "PUT",
+        &format!("/api/v1/sandboxes/{id}/files?path={path}"),
+        Some(KEY),
+        Some(b"hello from the host\n".to_vec()),
+        &[],
+    );
+    assert!(
+        up.status < 300,
+        "upload: {} {}\n{}",
+        up.status,
+        up.body,
+        s.log()
+    );
+    assert_eq!(
+        s.sh(&id, &format!("cat {path}"))["stdout"],
+        "hello from the host\n"
+    );
+    assert_eq!(
+        s.sh(&id, "echo made-inside > /home/user/inside.txt")["exit_code"],
+        0
+    );
+    let down = s.raw(
+        "GET",
+        &format!("/api/v1/sandboxes/{id}/files?path=/home/user/inside.txt"),
+        Some(KEY),
+        None,
+        &[],
+    );
+    assert_eq!(down.status, 200, "{}", down.body);
+    assert_eq!(down.body, Value::String("made-inside\n".into()));
+    // gVisor's kernel, not the host's.
+    let host = std::fs::read_to_string("/proc/version").unwrap();
+    let inside = s.sh(&id, "cat /proc/version; dmesg 2>/dev/null | head -3");
+    let inside = inside["stdout"].as_str().unwrap().to_string();
+    assert_ne!(inside.lines().next().unwrap_or(""), host.trim());
+    assert!(
+        inside.contains("gVisor") || inside.contains("4.4.0"),
+        "not gVisor's kernel: {inside}"
+    );
+    // A system call the host has (openat2, 437 on x86_64; the host answers EINVAL for these
+    // arguments) but this gVisor does not: ENOSYS inside, and the sandbox goes on.
+    let probe = "import ctypes; l = ctypes.CDLL(None, use_errno=True); \
+                 r = l.syscall(437, -100, 0, 0, 0); print(r, ctypes.get_errno())";
+    let on_host = std::process::Command::new("python3")
+        .args(["-c", probe])
+        .output()
+        .unwrap();
+    let host_answer = String::from_utf8_lossy(&on_host.stdout).trim().to_string();
+    assert!(host_answer.starts_with("-1 "), "{host_answer}");
+    assert_ne!(
+        host_answer,
+        format!("-1 {}", libc::ENOSYS),
+        "the host has openat2"
+    );
+    let r = s.sh(&id, &format!("python3 -c '{probe}'"));
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let errno = r["stdout"].as_str().unwrap().trim().to_string();
+    assert_eq!(errno, format!("-1 {}", libc::ENOSYS), "{r}");
+    assert_eq!(s.sh(&id, "echo still-here")["stdout"], "still-here\n");
+    // Root commands run (in the same Jail as on namespaces).
+    let r = s.exec(
+        &id,
+        json!({ "command": "id -u; grep CapBnd /proc/self/status", "user": "root" }),
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert!(r["stdout"].as_str().unwrap().starts_with("0\n"), "{r}");
+    // The agent's socket and executable are out of reach inside, also for root, by name and
+    // through the agent's descriptors.
+    let probe = r#"
+import os, socket
+print(os.path.exists('/run/cella-agent/agent.sock'), os.path.exists('/run/cella-agent/cella'))
+try:
+    fds = os.listdir('/proc/1/fd')
+except OSError as e:
+    fds = []
+reached = []
+for f in fds:
+    p = '/proc/1/fd/' + f
+    try:
+        target = os.readlink(p)
+    except OSError:
+        continue
+    if not target.startswith('socket:'):
+        continue
+    try:
+        os.close(os.open(p, os.O_RDWR))
+        reached.append('open ' + f)
+    except OSError:
+        pass
+    try:
+        c = socket.socket(socket.AF_UNIX)
+        c.settimeout(2)
+        c.connect(p)
+        reached.append('connect ' + f)
+    except OSError:
+        pass
+print('reached', reached)
+"#;
+    let r = s.exec(
+        &id,
+        json!({ "command": "python3 -", "stdin": probe, "user": "root" }),
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"], "False False\nreached []\n", "{r}");
+
+    // Destroy leaves nothing: no runsc process, mount, cgroup or directory.
+    let data = s.data_dir();
+    assert!(data.join("gvisor").join(&id).exists());
+    assert!(!host_processes_naming(&id).is_empty());
+    let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(d.status, 200, "{}", d.body);
+    assert_eq!(d.data()["state"], "destroyed");
+    assert!(!data.join("gvisor").join(&id).exists());
+    assert_eq!(host_processes_naming(&id), Vec::<String>::new());
+    assert_eq!(common::cgroup_dirs(&id), Vec::<std::path::PathBuf>::new());
+    assert_eq!(mounts_naming(&id), Vec::<String>::new());
+    let state: Vec<String> = std::fs::read_dir(data.join("runsc"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(&id))
+        .collect();
+    assert_eq!(state, Vec::<String>::new());
+}
+
+#[test]
+fn templates_say_which_runtimes_they_run_on() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let t = s.get("/api/v1/templates");
+    let base = t.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == "base")
+        .cloned()
+        .unwrap();
+    assert_eq!(base["runtimes"], json!(["namespace", "gvisor"]));
+    // Without a runtime: the server's default (namespace).
+    let id = s.create(json!({ "size": "xs" }));
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{id}")).data()["runtime"],
+        "namespace"
+    );
+}
+
+#[test]
+fn the_default_runtime_comes_from_the_config() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start_with("[runtime]\ndefault = \"gvisor\"\n");
+    let t = s.get("/api/v1/templates");
+    assert_eq!(t.body["data"][0]["runtimes"][0], "gvisor");
+    let r = s.post("/api/v1/sandboxes", json!({ "size": "xs" }));
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.data()["runtime"], "gvisor");
+    // Loopback only, and the policy says so.
+    assert_eq!(r.data()["network"]["egress"], "deny");
+}
+
+#[test]
+fn unknown_runtimes_and_what_gvisor_lacks_are_refused_with_nothing_made() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let count = |s: &Server| {
+        s.get("/api/v1/sandboxes?state=all")
+            .data()
+            .as_array()
+            .map_or(0, |a| a.len())
+    };
+    let before = count(&s);
+    let bad = |body: Value, field: &str, words: &[&str]| {
+        let r = s.post("/api/v1/sandboxes", body);
+        r.assert_error(400, "INVALID_REQUEST");
+        let m = r.body["error"]["message"].as_str().unwrap().to_string();
+        assert!(m.contains(field), "{m}");
+        for w in words {
+            assert!(m.contains(w), "{m} does not say {w}");
+        }
+    };
+    bad(
+        json!({ "runtime": "firecracker" }),
+        "runtime",
+        &["firecracker"],
+    );
+    bad(
+        json!({ "runtime": "gvisor", "network": { "egress": "allow" } }),
+        "network",
+        &["gvisor"],
+    );
+    bad(
+        json!({ "runtime": "gvisor", "network": { "egress": "deny", "allow": ["1.1.1.1"] } }),
+        "network",
+        &["gvisor"],
+    );
+    bad(
+        json!({ "runtime": "gvisor", "model_access": true }),
+        "model_access",
+        &["gvisor"],
+    );
+    assert_eq!(count(&s), before, "nothing was made");
+    assert_eq!(
+        std::fs::read_dir(s.data_dir().join("gvisor"))
+            .unwrap()
+            .count(),
+        0
+    );
+    // Snapshots and forks of a gVisor sandbox.
+    let id = create_gvisor(&s);
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/snapshots"), json!({}));
+    r.assert_error(400, "INVALID_REQUEST");
+    assert!(r.body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("gvisor"));
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/fork"), json!({}));
+    r.assert_error(400, "INVALID_REQUEST");
+    assert!(r.body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("gvisor"));
+    assert_eq!(
+        s.get("/api/v1/snapshots").data().as_array().unwrap().len(),
+        0
+    );
+}
+
+#[test]
+fn a_gvisor_sandbox_outlives_a_kill_9_of_the_server() {
+    if !have_runsc() {
+        return;
+    }
+    let mut s = Server::start();
+    let id = create_gvisor(&s);
+    assert_eq!(s.sh(&id, "echo kept > /home/user/kept")["exit_code"], 0);
+    s.kill9();
+    s.restart();
+    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(got.data()["state"], "running", "{}", got.body);
+    assert_eq!(got.data()["runtime"], "gvisor");
+    assert_eq!(s.sh(&id, "cat /home/user/kept")["stdout"], "kept\n");
+    // Its processes died while the server was down: the restart marks it and clears the host.
+    let pids = common::sandbox_pids(&id);
+    assert!(!pids.is_empty());
+    s.kill9();
+    for p in pids {
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    s.restart();
+    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(got.data()["state"], "stopped", "{}", got.body);
+    assert_eq!(host_processes_naming(&id), Vec::<String>::new());
+    assert_eq!(common::cgroup_dirs(&id), Vec::<std::path::PathBuf>::new());
+    // A stopped gVisor sandbox boots again on its files.
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}));
+    assert!(r.status < 300, "{}", r.body);
+    assert_eq!(s.sh(&id, "cat /home/user/kept")["stdout"], "kept\n");
+    let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(d.status, 200);
+    assert!(!s.data_dir().join("gvisor").join(&id).exists());
+}
+
+#[test]
+fn the_interpreter_processes_previews_and_pause_work_on_gvisor() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let id = create_gvisor(&s);
+    // The code interpreter: state persists between cells.
+    let run = |code: &str| {
+        let r = s.post(
+            &format!("/api/v1/sandboxes/{id}/code/run"),
+            json!({ "code": code }),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.data().clone()
+    };
+    run("counter = 41");
+    assert_eq!(run("counter + 1")["result"], "42");
+    // A background process serving on the sandbox's loopback, reached through the preview
+    // (the agent connects to the port inside: no network interface needed).
+    let w = s.exec(
+        &id,
+        json!({ "command": "mkdir -p /tmp/www && echo plain-text > /tmp/www/hello.txt" }),
+    );
+    assert_eq!(w["exit_code"], 0, "{w}");
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        json!({ "argv": ["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1", "--directory", "/tmp/www"] }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let http = reqwest::blocking::Client::builder()
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let url = format!("{}/preview/{id}/8000/hello.txt", s.url);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let body = loop {
+        let r = http.get(&url).send().unwrap();
+        if r.status().as_u16() == 200 {
+            break r.text().unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the app never answered"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(body, "plain-text\n");
+    // Pause freezes it (memory kept), resume goes on where it was.
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.data()["state"], "paused");
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.data()["state"], "running");
+    assert_eq!(run("counter + 2")["result"], "43");
+    assert_eq!(
+        http.get(&url).send().unwrap().text().unwrap(),
+        "plain-text\n"
+    );
+}

@@ -1,0 +1,667 @@
+//! The gVisor driver: a sandbox is a `runsc` container on the `ptrace` platform, its processes
+//! running on gVisor's user-space kernel (the Sentry) instead of the host's.
+//!
+//! On the host a sandbox is `DATA/gvisor/<id>/` (its disk image, the overlay's mount point
+//! `rootfs/`, the OCI bundle `bundle/config.json`, `sock/` with the agent's socket, `init.log`),
+//! runsc's state in `DATA/runsc/` (`runsc --root`, used by nobody else), and the cgroup
+//! `cella/<instance>/<id>`, shared with the namespace driver's naming.
+//!
+//! A boot: the driver makes the cgroup with the sandbox's limits, the disk image and the
+//! bundle (see [`spec::oci_spec`]), and starts `cella __gvisor-init` with a [`GvisorLaunch`] on
+//! its standard input. That launcher joins the cgroup, unshares a mount namespace of its own,
+//! applies the namespace driver's [`root_plan`](crate::namespace::mounts::root_plan) (the disk,
+//! the overlay of the template's layers under the writable layer, the template's binds) and
+//! forks: the child execs `runsc run` (so every `runsc` process of the sandbox, the Sentry,
+//! the gofer and the ptrace stubs, is in the sandbox's cgroup and sees the overlay, which no
+//! other process of the host does; the mounts end with the last of them), the launcher prints
+//! the child's pid and exits. `runsc` runs with `--network=none` (loopback only),
+//! `--host-uds=create`, `--ignore-cgroups` (the cgroup is the launcher's), `--overlay2=none`
+//! (writes reach the sandbox's disk).
+//!
+//! The agent crosses gVisor's boundary through a Unix socket: the server's executable is
+//! bound read-only into the sandbox and runs as its init (`cella __gvisor-agent`, see
+//! [`agent_main`]); it binds `/run/cella-agent/agent.sock` in a bound host directory, which
+//! `--host-uds=create` turns into a socket of the host (`sock/agent.sock`), then mounts an empty
+//! read-only tmpfs over that directory so nothing inside can name the socket or the executable
+//! again (unmounting it instead breaks gVisor's listener: `accept` fails with `EIO`), and
+//! serves as in a namespace sandbox. Its commands get the same `Jail` (seccomp, capabilities, ids, rlimits:
+//! gVisor implements them); timeouts kill by process tree, as gVisor has no cgroup the agent
+//! could delegate.
+//!
+//! The handle's pid is `runsc run`'s (with its start time). Stop and destroy kill every
+//! process of the cgroup, `runsc delete --force` the container's state and reap the pid;
+//! destroy also removes the directory. Pause freezes the cgroup (memory kept in RAM).
+//! Not on gVisor yet (refused with [`DriverError::Unsupported`] naming it): a network
+//! interface, snapshots, layer export, network updates. Memory to disk (`runsc checkpoint`) is
+//! not possible with this channel: runsc 20221219 refuses to save a sandbox while the agent's
+//! host socket is bound ("Cannot save endpoint with bound host socket"), so the agent would
+//! have to close it (and every connection) before a checkpoint and bind it again after a
+//! restore.
+
+pub mod spec;
+
+use crate::cgroup::{self, Limits};
+use crate::namespace::{mounts, process_start_time, LaunchConfig};
+use crate::{
+    Driver, DriverError, ExecEvent, ExecSpec, ExitInfo, Probe, ResourceUsage, Runtime,
+    SandboxHandle, SandboxSpec, SnapshotInfo,
+};
+use async_trait::async_trait;
+use cella_agent::client::{AgentClient, ClientError};
+use cella_agent::proto::ErrorKind;
+use serde::{Deserialize, Serialize};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// What `cella __gvisor-init` reads on its standard input.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GvisorLaunch {
+    /// The mounts (only the root's part of the namespace driver's plan is used).
+    pub launch: LaunchConfig,
+    /// `runsc` and its arguments, up to and including the container id.
+    pub runsc: Vec<String>,
+    /// Where `runsc`'s own messages go.
+    pub log: PathBuf,
+}
+
+#[derive(Clone)]
+pub struct GvisorDriver {
+    data_dir: PathBuf,
+    agent_exe: PathBuf,
+    runsc: PathBuf,
+    cgroup_parent: String,
+    disk_quota: bool,
+    nofile: u64,
+}
+
+/// Where `runsc` is on this host, if anywhere.
+pub fn find_runsc() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([
+            "/usr/bin".into(),
+            "/usr/sbin".into(),
+            "/usr/local/bin".into(),
+        ])
+        .map(|d| d.join("runsc"))
+        .find(|p| p.is_file())
+}
+
+/// The platform sandboxes run on: `ptrace` works everywhere; `kvm` hung on this project's
+/// nested-virtualisation hosts, so it is not tried.
+pub const PLATFORM: &str = "ptrace";
+
+impl GvisorDriver {
+    /// `agent_exe` is the server's executable (its `__gvisor-init` and `__gvisor-agent`);
+    /// `instance` names the server's cgroup subtree (as for the namespace driver).
+    pub fn new(
+        data_dir: &Path,
+        agent_exe: PathBuf,
+        runsc: PathBuf,
+        instance: &str,
+    ) -> Result<Self, DriverError> {
+        for d in ["gvisor", "runsc"] {
+            let p = data_dir.join(d);
+            std::fs::create_dir_all(&p)?;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700))?;
+        }
+        Ok(GvisorDriver {
+            data_dir: data_dir.to_path_buf(),
+            agent_exe,
+            runsc,
+            cgroup_parent: format!("cella/{instance}"),
+            disk_quota: false,
+            nofile: 1024,
+        })
+    }
+
+    /// Gives every sandbox a file system of exactly its `disk_size_mb` (see [`crate::disk`]).
+    pub fn with_disk_quota(mut self, on: bool) -> Self {
+        self.disk_quota = on;
+        self
+    }
+
+    /// `RLIMIT_NOFILE` of every command (0: the agent's own).
+    pub fn with_nofile(mut self, nofile: u64) -> Self {
+        self.nofile = nofile;
+        self
+    }
+
+    fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.data_dir.join("gvisor").join(id)
+    }
+
+    fn runsc_root(&self) -> PathBuf {
+        self.data_dir.join("runsc")
+    }
+
+    fn cgroup_path(&self, id: &str) -> String {
+        format!("{}/{id}", self.cgroup_parent)
+    }
+
+    /// `runsc` with the flags every call of this driver uses.
+    fn runsc_base(&self) -> Vec<String> {
+        vec![
+            self.runsc.to_string_lossy().into_owned(),
+            format!("--root={}", self.runsc_root().display()),
+            format!("--platform={PLATFORM}"),
+            "--network=none".into(),
+            "--host-uds=create".into(),
+            "--ignore-cgroups".into(),
+            "--overlay2=none".into(),
+        ]
+    }
+
+    fn unsupported(what: &str) -> DriverError {
+        DriverError::Unsupported(format!("{what} is not supported on the gvisor runtime yet"))
+    }
+
+    /// Makes the directory, the disk and the bundle; returns the launcher's input.
+    fn prepare(&self, spec: &SandboxSpec) -> Result<GvisorLaunch, DriverError> {
+        let dir = self.sandbox_dir(&spec.id);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        let image = dir.join(crate::disk::IMAGE);
+        let disk = if image.exists() {
+            Some(image)
+        } else if self.disk_quota && !dir.join("upper").exists() {
+            Some(crate::disk::ensure_image(&dir, spec.disk_size_mb)?)
+        } else {
+            None
+        };
+        let disk_mount = dir.join("disk");
+        let layer = if disk.is_some() {
+            disk_mount.clone()
+        } else {
+            dir.clone()
+        };
+        let rootfs = dir.join("rootfs");
+        let sock = dir.join("sock");
+        let bundle = dir.join("bundle");
+        for d in [&rootfs, &sock, &bundle] {
+            std::fs::create_dir_all(d)?;
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))?;
+        }
+        let _ = std::fs::remove_file(sock.join(spec::SOCKET_NAME));
+        let launch = LaunchConfig {
+            id: spec.id.clone(),
+            hostname: spec.hostname.clone(),
+            layers: spec.image.layers.clone(),
+            upper: layer.join("upper"),
+            work: layer.join("work"),
+            rootfs: rootfs.clone(),
+            binds: spec.image.binds.clone(),
+            socket: sock.join(spec::SOCKET_NAME),
+            cgroup: self.cgroup_path(&spec.id),
+            disk,
+            disk_mount,
+            network: None,
+            userns: None,
+            nofile: self.nofile,
+        };
+        let oci = spec::oci_spec(&spec::SpecInput {
+            hostname: spec.hostname.clone(),
+            rootfs,
+            socket_dir: sock,
+            agent_exe: self.agent_exe.clone(),
+            cpu_count: spec.cpu_count,
+            memory_mb: spec.memory_mb,
+            pids_max: spec.pids_max,
+            nofile: self.nofile,
+        });
+        let json = serde_json::to_vec_pretty(&oci).map_err(std::io::Error::other)?;
+        std::fs::write(bundle.join("config.json"), json)?;
+        let mut runsc = self.runsc_base();
+        runsc.extend([
+            "run".into(),
+            format!("--bundle={}", bundle.display()),
+            spec.id.clone(),
+        ]);
+        Ok(GvisorLaunch {
+            launch,
+            runsc,
+            log: dir.join("init.log"),
+        })
+    }
+
+    fn launch(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError> {
+        if spec.network.is_some() {
+            return Err(Self::unsupported("a network interface"));
+        }
+        if spec.snapshot.is_some() {
+            return Err(Self::unsupported("starting from a snapshot"));
+        }
+        if spec.plain_layer {
+            return Err(Self::unsupported("building a template"));
+        }
+        // A container of the same id left by a crash: runsc refuses to make it again.
+        self.runsc_delete(&spec.id);
+        let cgroup_path = self.cgroup_path(&spec.id);
+        cgroup::create(
+            &cgroup_path,
+            Limits {
+                cpus: spec.cpu_count,
+                memory_mb: spec.memory_mb,
+                pids_max: spec.pids_max,
+            },
+        )?;
+        let cfg = self.prepare(spec)?;
+        use std::io::Write;
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new(&self.agent_exe)
+            .arg0("cella")
+            .env_clear()
+            .arg("__gvisor-init")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                DriverError::Launch(format!("starting {}: {e}", self.agent_exe.display()))
+            })?;
+        let mut stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| DriverError::Launch("no launcher stdin".into()))?;
+        stdin.write_all(&serde_json::to_vec(&cfg).map_err(std::io::Error::other)?)?;
+        drop(stdin);
+        let out = child.wait_with_output()?;
+        let answer: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .map_err(|_| DriverError::Launch("the gvisor launcher gave no answer".into()))?;
+        if answer["ok"] != serde_json::Value::Bool(true) {
+            return Err(DriverError::Launch(
+                answer["error"]
+                    .as_str()
+                    .unwrap_or("unknown error")
+                    .to_string(),
+            ));
+        }
+        let pid = answer["pid"]
+            .as_i64()
+            .ok_or_else(|| DriverError::Launch("the gvisor launcher gave no pid".into()))?
+            as i32;
+        let start_time = process_start_time(pid).ok_or_else(|| {
+            DriverError::Launch(format!(
+                "runsc exited at start: {}",
+                self.log_tail(&spec.id)
+            ))
+        })?;
+        Ok(SandboxHandle {
+            id: spec.id.clone(),
+            runtime: Runtime::Gvisor,
+            pid,
+            start_time,
+            socket: cfg.launch.socket,
+            cgroup: cgroup_path,
+            net: None,
+        })
+    }
+
+    /// The end of a sandbox's `init.log` (runsc's complaints), for a boot's error.
+    fn log_tail(&self, id: &str) -> String {
+        let log =
+            std::fs::read_to_string(self.sandbox_dir(id).join("init.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().rev().take(5).collect();
+        let tail: Vec<&str> = lines.into_iter().rev().collect();
+        tail.join(" | ")
+    }
+
+    /// Removes runsc's record of a container (idempotent; its processes are gone or go).
+    fn runsc_delete(&self, id: &str) {
+        let mut args = self.runsc_base();
+        let exe = args.remove(0);
+        let _ = Command::new(exe)
+            .args(args)
+            .args(["delete", "--force", id])
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        // What runsc could not remove (a record of a container whose processes died with a
+        // `kill -9` of everything): its files are named after the container.
+        if let Ok(rd) = std::fs::read_dir(self.runsc_root()) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.contains(id) {
+                    let _ = std::fs::remove_file(e.path())
+                        .or_else(|_| std::fs::remove_dir_all(e.path()));
+                }
+            }
+        }
+    }
+
+    /// Ends the sandbox's processes (every process of its cgroup), runsc's record and the
+    /// socket; without `keep_files`, its directory too.
+    fn remove(
+        &self,
+        id: &str,
+        handle: Option<&SandboxHandle>,
+        keep_files: bool,
+    ) -> Result<(), DriverError> {
+        let cg = self.cgroup_path(id);
+        let res = cgroup::kill_and_remove(&cg);
+        if let Some(h) = handle {
+            if process_start_time(h.pid) == Some(h.start_time) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(h.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            reap(h.pid);
+        }
+        res?;
+        self.runsc_delete(id);
+        let dir = self.sandbox_dir(id);
+        let _ = std::fs::remove_file(dir.join("sock").join(spec::SOCKET_NAME));
+        if keep_files {
+            let _ = std::fs::remove_dir_all(dir.join("work"));
+        } else if dir.exists() {
+            // The overlay and the disk were mounted only in the sandbox's own mount namespace,
+            // gone with its last process; here they are empty directories.
+            std::fs::remove_dir_all(&dir)?;
+        }
+        Ok(())
+    }
+}
+
+fn reap(pid: i32) {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    for _ in 0..100 {
+        match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(2)),
+            _ => return,
+        }
+    }
+}
+
+#[async_trait]
+impl Driver for GvisorDriver {
+    fn name(&self) -> &'static str {
+        "gvisor"
+    }
+
+    fn supports(&self, runtime: Runtime) -> bool {
+        runtime == Runtime::Gvisor
+    }
+
+    fn owns(&self, id: &str) -> bool {
+        !id.is_empty() && !id.contains('/') && self.sandbox_dir(id).exists()
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError> {
+        let this = self.clone();
+        let spec2 = spec.clone();
+        let handle = tokio::task::spawn_blocking(move || {
+            let r = this.launch(&spec2);
+            if r.is_err() {
+                let _ = this.remove(&spec2.id, None, true);
+            }
+            r
+        })
+        .await
+        .map_err(|e| DriverError::Launch(e.to_string()))??;
+        // The socket appears once gVisor has booted and the agent bound it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !handle.socket.exists()
+            && std::time::Instant::now() < deadline
+            && process_start_time(handle.pid) == Some(handle.start_time)
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Bound is not yet listening: a refused connection is tried again, until the deadline.
+        let client = AgentClient::new(&handle.socket);
+        let mut answer = client.ping(Duration::from_secs(2)).await;
+        while answer.is_err()
+            && std::time::Instant::now() < deadline
+            && process_start_time(handle.pid) == Some(handle.start_time)
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            answer = client.ping(Duration::from_secs(2)).await;
+        }
+        if let Err(e) = answer {
+            let tail = self.log_tail(&handle.id);
+            let _ = self.stop(&handle.id, Some(&handle)).await;
+            return Err(DriverError::Launch(format!(
+                "the agent in gVisor did not answer: {e}; runsc: {tail}"
+            )));
+        }
+        Ok(handle)
+    }
+
+    async fn exec(
+        &self,
+        handle: &SandboxHandle,
+        spec: ExecSpec,
+        events: mpsc::Sender<ExecEvent>,
+    ) -> Result<ExitInfo, DriverError> {
+        AgentClient::new(&handle.socket)
+            .exec(spec, events)
+            .await
+            .map_err(|e| match e {
+                ClientError::Refused {
+                    kind: ErrorKind::BadCwd,
+                    message,
+                } => DriverError::BadCwd(message),
+                ClientError::ConsumerGone => DriverError::ClientGone,
+                other => DriverError::Agent(other.to_string()),
+            })
+    }
+
+    async fn probe(&self, handle: &SandboxHandle) -> Probe {
+        match process_start_time(handle.pid) {
+            Some(t) if t == handle.start_time => {}
+            _ => return Probe::Gone("the sandbox's runsc process is gone".into()),
+        }
+        if cgroup::is_frozen(&handle.cgroup) {
+            return Probe::Alive;
+        }
+        match AgentClient::new(&handle.socket)
+            .ping(Duration::from_secs(3))
+            .await
+        {
+            Ok(_) => Probe::Alive,
+            Err(e) => Probe::Gone(format!("the sandbox's agent does not answer: {e}")),
+        }
+    }
+
+    async fn pause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
+        let cg = handle.cgroup.clone();
+        tokio::task::spawn_blocking(move || cgroup::freeze(&cg))
+            .await
+            .map_err(|e| DriverError::Cgroup(e.to_string()))?
+    }
+
+    async fn unpause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
+        cgroup::thaw(&handle.cgroup)
+    }
+
+    async fn stop(&self, id: &str, handle: Option<&SandboxHandle>) -> Result<(), DriverError> {
+        let this = self.clone();
+        let (id, handle) = (id.to_string(), handle.cloned());
+        tokio::task::spawn_blocking(move || this.remove(&id, handle.as_ref(), true))
+            .await
+            .map_err(|e| DriverError::Launch(e.to_string()))?
+    }
+
+    async fn destroy(&self, id: &str, handle: Option<&SandboxHandle>) -> Result<(), DriverError> {
+        let this = self.clone();
+        let (id, handle) = (id.to_string(), handle.cloned());
+        tokio::task::spawn_blocking(move || this.remove(&id, handle.as_ref(), false))
+            .await
+            .map_err(|e| DriverError::Launch(e.to_string()))?
+    }
+
+    async fn snapshot(
+        &self,
+        _id: &str,
+        _handle: Option<&SandboxHandle>,
+        _snapshot_id: &str,
+    ) -> Result<SnapshotInfo, DriverError> {
+        Err(Self::unsupported("snapshots"))
+    }
+
+    async fn export_layer(&self, _id: &str, _dest: &Path) -> Result<(), DriverError> {
+        Err(Self::unsupported("building a template"))
+    }
+
+    async fn delete_snapshot(&self, _snapshot_id: &str) -> Result<(), DriverError> {
+        Ok(())
+    }
+
+    async fn update_network(
+        &self,
+        _handle: &SandboxHandle,
+        _rules: &crate::firewall::EgressRules,
+    ) -> Result<(), DriverError> {
+        Err(Self::unsupported("a network interface"))
+    }
+
+    fn agent(&self, handle: &SandboxHandle) -> AgentClient {
+        AgentClient::new(&handle.socket)
+    }
+
+    fn alive(&self, handle: &SandboxHandle) -> bool {
+        process_start_time(handle.pid) == Some(handle.start_time)
+    }
+
+    fn usage(&self, handle: &SandboxHandle) -> Option<ResourceUsage> {
+        if !cgroup::exists(&handle.cgroup) {
+            return None;
+        }
+        let (cpu_ns, memory_bytes) = cgroup::usage(&handle.cgroup);
+        Some(ResourceUsage {
+            cpu_ns,
+            memory_bytes,
+        })
+    }
+
+    fn tidy(&self) {
+        cgroup::remove_if_empty(&self.cgroup_parent);
+    }
+
+    fn leftovers(&self) -> Vec<String> {
+        let mut ids: Vec<String> = std::fs::read_dir(self.data_dir.join("gvisor"))
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        ids.sort();
+        ids
+    }
+}
+
+/// Entry point of `cella __gvisor-init` (see the module doc). Returns the exit code.
+pub fn launcher_main() -> i32 {
+    match launch_run() {
+        Ok(pid) => {
+            println!("{}", serde_json::json!({ "ok": true, "pid": pid }));
+            0
+        }
+        Err(e) => {
+            println!("{}", serde_json::json!({ "ok": false, "error": e }));
+            1
+        }
+    }
+}
+
+fn launch_run() -> Result<i32, String> {
+    use nix::sched::{unshare, CloneFlags};
+    use nix::unistd::{fork, ForkResult};
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .map_err(|e| format!("reading the launch configuration: {e}"))?;
+    let cfg: GvisorLaunch = serde_json::from_str(&text)
+        .map_err(|e| format!("parsing the launch configuration: {e}"))?;
+    crate::namespace::close_inherited_fds();
+    cgroup::join(&cfg.launch.cgroup, std::process::id()).map_err(|e| e.to_string())?;
+    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare: {e}"))?;
+    for op in mounts::root_plan(&cfg.launch) {
+        mounts::apply(&op, None).map_err(|e| e.to_string())?;
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&cfg.log)
+        .map_err(|e| format!("opening {}: {e}", cfg.log.display()))?;
+    let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+    let (exe, args) = cfg
+        .runsc
+        .split_first()
+        .ok_or_else(|| "no runsc command".to_string())?;
+    // SAFETY: this process is single-threaded.
+    match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
+        ForkResult::Child => {
+            use std::os::unix::process::CommandExt;
+            let _ = nix::unistd::setsid();
+            let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
+            let _ = nix::unistd::dup2(log.as_raw_fd(), 1);
+            let _ = nix::unistd::dup2(log.as_raw_fd(), 2);
+            let err = Command::new(exe)
+                .args(args)
+                .env_clear()
+                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+                .exec();
+            eprintln!("cella-gvisor-init: exec {exe}: {err}");
+            std::process::exit(127);
+        }
+        ForkResult::Parent { child } => Ok(child.as_raw()),
+    }
+}
+
+/// Entry point of `cella __gvisor-agent`, the sandbox's init inside gVisor: binds the agent's
+/// socket (a host socket through `--host-uds=create`), mounts an empty read-only tmpfs over its
+/// directory so nothing in the sandbox can reach the socket or the executable by name, and
+/// serves.
+pub fn agent_main(nofile: u64) -> i32 {
+    use std::os::fd::AsRawFd;
+    let listener = match std::os::unix::net::UnixListener::bind(spec::AGENT_SOCKET) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("cella-gvisor-agent: binding {}: {e}", spec::AGENT_SOCKET);
+            return 1;
+        }
+    };
+    let _ = std::fs::set_permissions(spec::AGENT_SOCKET, std::fs::Permissions::from_mode(0o600));
+    // Hidden under an empty read-only tmpfs. Not unmounted: gVisor's listener of a host
+    // socket breaks (EIO on accept) once its mount is gone. Commands cannot unmount it: their
+    // `Jail` has no CAP_SYS_ADMIN and its seccomp filter refuses every (u)mount.
+    if let Err(e) = nix::mount::mount(
+        Some("none"),
+        spec::AGENT_DIR,
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_RDONLY
+            | nix::mount::MsFlags::MS_NOSUID
+            | nix::mount::MsFlags::MS_NODEV
+            | nix::mount::MsFlags::MS_NOEXEC,
+        Some("size=4k,mode=000"),
+    ) {
+        eprintln!("cella-gvisor-agent: hiding {}: {e}", spec::AGENT_DIR);
+        return 1;
+    }
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        for fd in 0..3 {
+            let _ = nix::unistd::dup2(null.as_raw_fd(), fd);
+        }
+    }
+    cella_agent::serve(
+        listener,
+        cella_agent::AgentConfig {
+            nofile,
+            exec_cgroups: None,
+        },
+    )
+}
