@@ -94,6 +94,7 @@ fn template_catalog_has_exactly_the_seed_shape() {
         .iter()
         .find(|t| t["id"] == "base")
         .expect("base template");
+    // The seed's fields, and `runtimes` (the isolation runtimes it can run on here).
     assert_eq!(
         keys_of(base),
         [
@@ -104,10 +105,12 @@ fn template_catalog_has_exactly_the_seed_shape() {
             "primitive",
             "product",
             "readiness",
+            "runtimes",
             "sdk_name",
             "sizes"
         ]
     );
+    assert_eq!(base["runtimes"][0], "namespace", "the default first");
     assert_eq!(base["default_size"], "small");
     assert_eq!(base["product"], "sandbox");
     // This server keeps no warm pool (tests/pool.rs covers `fast_ready`).

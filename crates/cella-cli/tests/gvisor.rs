@@ -187,10 +187,13 @@ print('reached', reached)
     let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
     assert_eq!(d.status, 200, "{}", d.body);
     assert_eq!(d.data()["state"], "destroyed");
-    assert!(!data.join("gvisor").join(&id).exists());
-    assert_eq!(host_processes_naming(&id), Vec::<String>::new());
-    assert_eq!(common::cgroup_dirs(&id), Vec::<std::path::PathBuf>::new());
-    assert_eq!(mounts_naming(&id), Vec::<String>::new());
+    // The destroy answers once the row is destroyed; the host's teardown follows at once.
+    common::eventually("the gVisor sandbox's host state is gone", || {
+        !data.join("gvisor").join(&id).exists()
+            && host_processes_naming(&id).is_empty()
+            && common::cgroup_dirs(&id).is_empty()
+            && mounts_naming(&id).is_empty()
+    });
     let state: Vec<String> = std::fs::read_dir(data.join("runsc"))
         .unwrap()
         .flatten()
@@ -340,7 +343,8 @@ fn a_gvisor_sandbox_outlives_a_kill_9_of_the_server() {
     assert_eq!(s.sh(&id, "cat /home/user/kept")["stdout"], "kept\n");
     let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
     assert_eq!(d.status, 200);
-    assert!(!s.data_dir().join("gvisor").join(&id).exists());
+    let dir = s.data_dir().join("gvisor").join(&id);
+    common::eventually("the gVisor sandbox's directory is gone", || !dir.exists());
 }
 
 #[test]
