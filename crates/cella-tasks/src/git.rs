@@ -320,7 +320,7 @@ async fn run(inv: &GitInvocation, limit: Option<(&Path, u64)>) -> Result<Output,
                     st = child.wait() => break st.map(Some),
                     _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {
                         let d = dir.to_path_buf();
-                        let size = tokio::task::spawn_blocking(move || dir_size(&d))
+                        let size = tokio::task::spawn_blocking(move || crate::cache::size_of(&d))
                             .await
                             .unwrap_or(0);
                         if size > max {
@@ -350,26 +350,6 @@ async fn run(inv: &GitInvocation, limit: Option<(&Path, u64)>) -> Result<Output,
         stdout: String::from_utf8_lossy(&stdout).into_owned(),
         stderr: String::from_utf8_lossy(&stderr).into_owned(),
     })
-}
-
-/// The bytes of the files under `dir` (symlinks not followed).
-fn dir_size(dir: &Path) -> u64 {
-    let mut total = 0u64;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let Ok(md) = e.metadata() else { continue };
-            if md.is_dir() {
-                stack.push(e.path());
-            } else {
-                total = total.saturating_add(md.len());
-            }
-        }
-    }
-    total
 }
 
 /// git's stderr as one line without secrets: its `fatal:`/`error:`/`remote rejected` lines
@@ -675,7 +655,7 @@ impl HostGit {
                 },
             );
         }
-        if dir_size(&self.work) > max_bytes {
+        if crate::cache::size_of(&self.work) > max_bytes {
             let _ = std::fs::remove_dir_all(&dest);
             return Err(GitError::TooLarge(max_bytes));
         }
