@@ -11,6 +11,7 @@ pub mod disk;
 pub mod dispatch;
 pub mod firewall;
 pub mod gvisor;
+pub mod hosted;
 pub mod namespace;
 pub mod rootfs;
 pub mod userns;

@@ -47,8 +47,7 @@ use crate::{
     SandboxHandle, SandboxSpec, SnapshotInfo,
 };
 use async_trait::async_trait;
-use cella_agent::client::{AgentClient, ClientError};
-use cella_agent::proto::ErrorKind;
+use cella_agent::client::AgentClient;
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -439,45 +438,19 @@ impl Driver for GvisorDriver {
         spec: ExecSpec,
         events: mpsc::Sender<ExecEvent>,
     ) -> Result<ExitInfo, DriverError> {
-        AgentClient::new(&handle.socket)
-            .exec(spec, events)
-            .await
-            .map_err(|e| match e {
-                ClientError::Refused {
-                    kind: ErrorKind::BadCwd,
-                    message,
-                } => DriverError::BadCwd(message),
-                ClientError::ConsumerGone => DriverError::ClientGone,
-                other => DriverError::Agent(other.to_string()),
-            })
+        crate::hosted::exec(handle, spec, events).await
     }
 
     async fn probe(&self, handle: &SandboxHandle) -> Probe {
-        match process_start_time(handle.pid) {
-            Some(t) if t == handle.start_time => {}
-            _ => return Probe::Gone("the sandbox's runsc process is gone".into()),
-        }
-        if cgroup::is_frozen(&handle.cgroup) {
-            return Probe::Alive;
-        }
-        match AgentClient::new(&handle.socket)
-            .ping(Duration::from_secs(3))
-            .await
-        {
-            Ok(_) => Probe::Alive,
-            Err(e) => Probe::Gone(format!("the sandbox's agent does not answer: {e}")),
-        }
+        crate::hosted::probe(handle, "runsc process").await
     }
 
     async fn pause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
-        let cg = handle.cgroup.clone();
-        tokio::task::spawn_blocking(move || cgroup::freeze(&cg))
-            .await
-            .map_err(|e| DriverError::Cgroup(e.to_string()))?
+        crate::hosted::pause(handle).await
     }
 
     async fn unpause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
-        cgroup::thaw(&handle.cgroup)
+        crate::hosted::unpause(handle)
     }
 
     async fn stop(&self, id: &str, handle: Option<&SandboxHandle>) -> Result<(), DriverError> {
@@ -526,18 +499,11 @@ impl Driver for GvisorDriver {
     }
 
     fn alive(&self, handle: &SandboxHandle) -> bool {
-        process_start_time(handle.pid) == Some(handle.start_time)
+        crate::hosted::alive(handle)
     }
 
     fn usage(&self, handle: &SandboxHandle) -> Option<ResourceUsage> {
-        if !cgroup::exists(&handle.cgroup) {
-            return None;
-        }
-        let (cpu_ns, memory_bytes) = cgroup::usage(&handle.cgroup);
-        Some(ResourceUsage {
-            cpu_ns,
-            memory_bytes,
-        })
+        crate::hosted::usage(handle)
     }
 
     fn tidy(&self) {
