@@ -3,8 +3,10 @@
 //! Every operation has deadlines, so a silent or stuck agent never holds a request forever
 //! (callers answer [`ClientError::Timeout`] as 503): connecting takes at most
 //! [`CONNECT_TIMEOUT`], a one-answer request [`ANSWER_TIMEOUT`], and each frame of a streamed
-//! download or upload [`FRAME_TIMEOUT`]. Streams that are quiet by nature (exec output, a
-//! followed process, a terminal, a watch, a port) have deadlines on their setup only.
+//! download or upload [`FRAME_TIMEOUT`]. An exec ends by its own timeout plus [`EXEC_GRACE`]
+//! even when the agent never answers (an agent stuck in its sandbox's memory reclaim, say).
+//! Streams that are quiet by nature (a followed process, a terminal, a watch, a port) have
+//! deadlines on their setup only.
 
 use crate::proto::{self, ErrorKind, ExecSpec, ExitInfo, FrameKind, ProtoError, Request, Response};
 use std::path::PathBuf;
@@ -44,6 +46,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 /// Longest wait for one frame of a download, or to send one frame of an upload.
 pub const FRAME_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long past a command's own timeout an exec may take to answer: the agent kills the
+/// command's whole tree at its timeout, and a tree holding gigabytes takes a while to go.
+pub const EXEC_GRACE: Duration = Duration::from_secs(30);
 
 async fn deadline<T>(
     d: Duration,
@@ -98,6 +103,16 @@ impl AgentClient {
     /// Runs a command and sends its output to `events` as it comes. When the receiver of
     /// `events` is dropped, the connection is closed and the agent kills the command.
     pub async fn exec(
+        &self,
+        spec: ExecSpec,
+        events: mpsc::Sender<ExecEvent>,
+    ) -> Result<ExitInfo, ClientError> {
+        let limit = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
+        // Dropping the connection at the deadline makes the agent kill the command.
+        deadline(limit, self.exec_until_exit(spec, events)).await
+    }
+
+    async fn exec_until_exit(
         &self,
         spec: ExecSpec,
         events: mpsc::Sender<ExecEvent>,
@@ -539,5 +554,53 @@ impl AgentClient {
             Response::Done { .. } => Ok(Watcher { stream: s }),
             _ => Err(ClientError::Unexpected),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use tokio::io::AsyncReadExt;
+
+    /// An agent that takes the command and never answers: the exec still ends, at the
+    /// command's timeout plus the grace, as a timeout (the caller's 503), and the agent sees
+    /// its connection closed (which is what makes a real agent kill the command).
+    #[tokio::test(start_paused = true)]
+    async fn an_exec_whose_agent_never_answers_ends_after_its_timeout_and_the_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let silent = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            // Reads the request, answers nothing; returns once the client hangs up.
+            s.read_to_end(&mut buf).await.unwrap();
+            buf.len()
+        });
+        let spec = ExecSpec {
+            argv: vec!["sleep".into(), "infinity".into()],
+            env: BTreeMap::new(),
+            cwd: "/".into(),
+            uid: 1000,
+            gid: 1000,
+            stdin: None,
+            timeout_ms: 5_000,
+            output_cap: None,
+        };
+        let (tx, _rx) = mpsc::channel(4);
+        let start = tokio::time::Instant::now();
+        let r = AgentClient::new(&path).exec(spec, tx).await;
+        assert!(matches!(r, Err(ClientError::Timeout)), "{r:?}");
+        let took = start.elapsed();
+        let limit = Duration::from_millis(5_000) + EXEC_GRACE;
+        assert!(
+            took >= limit && took < limit + Duration::from_secs(1),
+            "ends at its timeout plus the grace, not {took:?}"
+        );
+        assert!(
+            silent.await.unwrap() > 0,
+            "the agent got the request, then the hang-up"
+        );
     }
 }
