@@ -7,7 +7,7 @@ mod common;
 use cella_tasks::forge::{Forge, ForgeError, RepoRef};
 use cella_tasks::git::{GitError, HostGit};
 use cella_tasks::ForgeConfig;
-use common::{git, git_out, make_repo, Sandbox};
+use common::{git, git_out, git_with_input, make_repo, Sandbox};
 use std::path::Path;
 
 const BRANCH: &str = "cella/tsk_test1";
@@ -697,57 +697,22 @@ async fn a_tree_with_a_dot_git_entry_is_refused() {
     let sbx = Sandbox::new(&tmp.path().join("sandbox"));
     sbx.prepare(&hg, &co, BRANCH).await;
 
-    let blob = {
-        let out = std::process::Command::new("sh")
-            .arg("-c")
-            .arg("printf '[core]\\n\\tfsmonitor = touch /tmp/x\\n' | git hash-object -w --stdin")
-            .current_dir(&sbx.checkout)
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .output()
-            .expect("hash-object");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
-    let inner = {
-        let mut child = std::process::Command::new("git")
-            .arg("mktree")
-            .current_dir(&sbx.checkout)
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("mktree");
-        use std::io::Write as _;
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(format!("100644 blob {blob}\tconfig\n").as_bytes())
-            .expect("write");
-        let out = child.wait_with_output().expect("mktree");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
-    let top = {
-        let mut child = std::process::Command::new("git")
-            .arg("mktree")
-            .current_dir(&sbx.checkout)
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("mktree");
-        use std::io::Write as _;
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(format!("040000 tree {inner}\t.git\n").as_bytes())
-            .expect("write");
-        let out = child.wait_with_output().expect("mktree");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
+    // A tree holding `.git/config`, which git's checkout would refuse to write.
+    let blob = git_with_input(
+        &sbx.checkout,
+        &["hash-object", "-w", "--stdin"],
+        "[core]\n\tfsmonitor = touch /tmp/x\n",
+    );
+    let inner = git_with_input(
+        &sbx.checkout,
+        &["mktree"],
+        &format!("100644 blob {blob}\tconfig\n"),
+    );
+    let top = git_with_input(
+        &sbx.checkout,
+        &["mktree"],
+        &format!("040000 tree {inner}\t.git\n"),
+    );
     assert_eq!(top.len(), 40, "mktree made the tree");
     let commit = git(
         &sbx.checkout,

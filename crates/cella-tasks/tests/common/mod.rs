@@ -34,6 +34,32 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// [`git`] with `input` on its standard input (`hash-object --stdin`, `mktree`).
+pub fn git_with_input(dir: &Path, args: &[&str], input: &str) -> String {
+    use std::io::Write as _;
+    let mut cmd = Command::new("git");
+    clean(&mut cmd, dir);
+    let mut child = cmd
+        .args(args)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run git");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(input.as_bytes()).expect("write to git");
+    drop(stdin);
+    let out = child.wait_with_output().expect("run git");
+    assert!(
+        out.status.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 pub fn git_out(dir: &Path, args: &[&str]) -> Output {
     let mut cmd = Command::new("git");
     clean(&mut cmd, dir);
