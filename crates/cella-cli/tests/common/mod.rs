@@ -649,3 +649,15 @@ pub fn serve_refuses(config: &str) -> String {
     assert!(!out.status.success(), "the server started");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
+
+/// Whether this host has `runsc` (the gVisor runtime); says so on stderr when it has not, for
+/// the gVisor tests that then skip.
+pub fn have_runsc() -> bool {
+    let found = ["/usr/bin/runsc", "/usr/sbin/runsc", "/usr/local/bin/runsc"]
+        .iter()
+        .any(|p| std::path::Path::new(p).exists());
+    if !found {
+        eprintln!("skipped: runsc is not installed");
+    }
+    found
+}

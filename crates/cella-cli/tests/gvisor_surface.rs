@@ -1,0 +1,286 @@
+//! The rest of the in-sandbox API on the gVisor runtime, as a user drives it: streamed exec,
+//! background processes (output followed, stdin, a signal), a terminal over the WebSocket, and
+//! files (list, stat, mkdir, move, a ranged download, delete, a watch). Each goes through the
+//! same agent as on the namespace runtime, but the agent runs on gVisor's kernel (its inotify,
+//! its pseudo-terminals, its process tree), which is what these check. Skipped (with a line
+//! saying so) where the host has no `runsc`.
+
+mod common;
+use common::{have_runsc, sse, Server, KEY};
+use serde_json::{json, Value};
+use std::io::Read;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+use tungstenite::client::IntoClientRequest;
+use tungstenite::Message;
+
+fn create_gvisor(s: &Server) -> String {
+    let r = s.post(
+        "/api/v1/sandboxes",
+        json!({ "size": "xs", "runtime": "gvisor" }),
+    );
+    assert_eq!(r.status, 201, "create failed: {}\n{}", r.body, s.log());
+    assert_eq!(r.data()["runtime"], "gvisor");
+    r.data()["id"].as_str().unwrap().to_string()
+}
+
+fn events_of(text: &str) -> Vec<String> {
+    sse(text)
+        .iter()
+        .map(|(n, d)| match d.as_str() {
+            Some(t) => format!("{n}:{t}"),
+            None => format!("{n}:{d}"),
+        })
+        .collect()
+}
+
+#[test]
+fn streamed_exec_and_background_processes_on_gvisor() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let id = create_gvisor(&s);
+
+    // Streamed exec: stdout and stderr as they come, then the exit code.
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/exec/stream"),
+        json!({ "command": "echo one; sleep 0.2; echo two >&2; exit 3" }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let text = r.body.as_str().unwrap().to_string();
+    let events = sse(&text);
+    let got = events_of(&text);
+    assert_eq!(got[..2], ["stdout:one\n", "stderr:two\n"], "{text}");
+    let (last, exit) = events.last().unwrap();
+    assert_eq!(last, "exit");
+    assert_eq!(exit["exit_code"], 3);
+
+    // A background process: its stdin, its output followed from the start, its exit code.
+    let p = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        json!({ "command": "read line; echo got $line; exit 4" }),
+    );
+    assert_eq!(p.status, 201, "{}", p.body);
+    let pid = p.data()["pid"].as_i64().unwrap();
+    let w = s.raw(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/processes/{pid}/stdin?close=true"),
+        Some(KEY),
+        Some(b"hello\n".to_vec()),
+        &[],
+    );
+    assert_eq!(w.status, 200, "{}", w.body);
+    let out = s.raw(
+        "GET",
+        &format!("/api/v1/sandboxes/{id}/processes/{pid}/output"),
+        Some(KEY),
+        None,
+        &[],
+    );
+    let text = out.body.as_str().unwrap().to_string();
+    assert_eq!(events_of(&text)[0], "stdout:got hello\n", "{text}");
+    assert_eq!(sse(&text).last().unwrap().1["exit_code"], 4, "{text}");
+
+    // A long one ended by a signal: it is reported exited, by that signal.
+    let p = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        json!({ "argv": ["sleep", "300"] }),
+    );
+    let pid = p.data()["pid"].as_i64().unwrap();
+    let sig = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes/{pid}/signal"),
+        json!({ "signal": "TERM" }),
+    );
+    assert_eq!(sig.status, 200, "{}", sig.body);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let done: Value = loop {
+        let p = s.get(&format!("/api/v1/sandboxes/{id}/processes/{pid}"));
+        if p.data()["state"] == "exited" {
+            break p.data().clone();
+        }
+        assert!(Instant::now() < deadline, "sleep did not end: {}", p.body);
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        done["signal"] == "TERM" || done["signal"] == 15 || done["exit_code"] == 143,
+        "ended by the signal: {done}"
+    );
+    assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+}
+
+#[test]
+fn a_terminal_session_on_gvisor() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let id = create_gvisor(&s);
+    let url = format!(
+        "ws://127.0.0.1:{}/api/v1/sandboxes/{id}/pty?cols=80&rows=24",
+        s.port
+    );
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {KEY}").parse().unwrap());
+    let stream = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let (mut ws, resp) = tungstenite::client(req, stream).unwrap();
+    assert_eq!(resp.status().as_u16(), 101);
+    let read_until = |ws: &mut tungstenite::WebSocket<TcpStream>, want: &str| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut screen = String::new();
+        while Instant::now() < deadline && !screen.contains(want) {
+            match ws.read() {
+                Ok(Message::Binary(b)) => screen.push_str(&String::from_utf8_lossy(&b)),
+                Ok(Message::Text(t)) => screen.push_str(t.as_str()),
+                Ok(Message::Close(_)) => break,
+                Ok(_) => {}
+                Err(tungstenite::Error::Io(e))
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => break,
+            }
+        }
+        assert!(screen.contains(want), "never saw {want:?}:\n{screen}");
+        screen
+    };
+    let send = |ws: &mut tungstenite::WebSocket<TcpStream>, t: &str| {
+        ws.send(Message::Binary(t.as_bytes().to_vec().into()))
+            .unwrap()
+    };
+    send(&mut ws, "tty; stty size; echo TERM=$TERM\n");
+    let out = read_until(&mut ws, "TERM=xterm-256color");
+    assert!(out.contains("/dev/pts/"), "a real terminal: {out}");
+    assert!(out.contains("24 80"), "its size: {out}");
+    ws.send(Message::Text(
+        json!({ "resize": { "cols": 100, "rows": 40 } })
+            .to_string()
+            .into(),
+    ))
+    .unwrap();
+    send(&mut ws, "stty size\n");
+    read_until(&mut ws, "40 100");
+    send(&mut ws, "exit\n");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match ws.read() {
+            Ok(Message::Close(_)) | Err(tungstenite::Error::ConnectionClosed) => break,
+            Err(tungstenite::Error::Io(e))
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+            Ok(_) => {}
+        }
+        assert!(Instant::now() < deadline, "the session did not close");
+    }
+    assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+}
+
+#[test]
+fn files_and_a_watch_on_gvisor() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let id = create_gvisor(&s);
+    let f = |rest: &str| format!("/api/v1/sandboxes/{id}/files{rest}");
+    assert_eq!(
+        s.post(&f("/mkdir"), json!({ "path": "/home/user/w/sub" }))
+            .status,
+        200
+    );
+    // A watch on the directory, opened before anything changes in it.
+    let mut watch = reqwest::blocking::Client::new()
+        .get(format!("{}{}", s.url, f("/watch?path=/home/user/w")))
+        .bearer_auth(KEY)
+        .send()
+        .unwrap();
+    assert_eq!(watch.status().as_u16(), 200);
+    let up = s.raw(
+        "PUT",
+        &f("?path=/home/user/w/a.txt"),
+        Some(KEY),
+        Some(b"abcdefghij".to_vec()),
+        &[],
+    );
+    assert_eq!(up.status, 200, "{}", up.body);
+    // A ranged download.
+    let part = s.raw(
+        "GET",
+        &f("?path=/home/user/w/a.txt"),
+        Some(KEY),
+        None,
+        &[("range", "bytes=2-5")],
+    );
+    assert_eq!(part.status, 206);
+    assert_eq!(part.body.as_str(), Some("cdef"));
+    // Stat and list.
+    let st = s.get(&f("/stat?path=/home/user/w/a.txt"));
+    assert_eq!(st.status, 200, "{}", st.body);
+    assert_eq!(st.data()["size"], 10);
+    assert_eq!(st.data()["type"], "file");
+    let list = s.get(&f("/list?path=/home/user/w"));
+    let mut names: Vec<String> = list
+        .data()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["name"].as_str().unwrap(),
+                e["type"].as_str().unwrap()
+            )
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a.txt file", "sub dir"]);
+    // Move and delete.
+    let mv = s.post(
+        &f("/move"),
+        json!({ "from": "/home/user/w/a.txt", "to": "/home/user/w/b.txt" }),
+    );
+    assert_eq!(mv.status, 200, "{}", mv.body);
+    assert_eq!(s.delete(&f("?path=/home/user/w/b.txt")).status, 200);
+    assert_eq!(
+        s.get(&f("/stat?path=/home/user/w/b.txt")).status,
+        404,
+        "gone after the delete"
+    );
+    // The watch saw it all, in order.
+    let mut text = String::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sse(&text).iter().any(|(n, _)| n == "delete") {
+        assert!(Instant::now() < deadline, "events so far:\n{text}");
+        let n = watch.read(&mut buf).unwrap();
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let mut events: Vec<String> = sse(&text)
+        .iter()
+        .map(|(n, d)| match d["from"].as_str() {
+            Some(from) => format!("{n} {from} -> {}", d["path"].as_str().unwrap()),
+            None => format!("{n} {}", d["path"].as_str().unwrap()),
+        })
+        .collect();
+    events.dedup();
+    assert_eq!(
+        events.first().map(String::as_str),
+        Some("create /home/user/w/a.txt"),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&"rename /home/user/w/a.txt -> /home/user/w/b.txt".to_string()),
+        "{events:?}"
+    );
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("delete /home/user/w/b.txt"),
+        "{events:?}"
+    );
+    drop(watch);
+    assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+}
