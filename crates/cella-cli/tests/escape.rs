@@ -62,12 +62,37 @@ fn sh(name: &'static str, root: bool, script: &str) -> Attempt {
 
 #[test]
 fn escape_suite() {
+    escape_suite_on("namespace");
+}
+
+/// The same attempts on gVisor, where the sandbox's system calls meet gVisor's kernel (and the
+/// agent's seccomp filter inside it). gVisor sandboxes have loopback only, so the attempts that
+/// need the sandboxes' network are left out there; a syscall gVisor does not implement answers
+/// ENOSYS, which is contained too.
+#[test]
+fn escape_suite_on_gvisor() {
+    if common::have_runsc() {
+        escape_suite_on("gvisor");
+    }
+}
+
+fn escape_suite_on(runtime: &str) {
     let s = Server::start();
-    let id = s.create(json!({ "size": "xs" }));
-    let neighbour = s.create(json!({ "size": "xs" }));
+    let gvisor = runtime == "gvisor";
+    let id = s.create(json!({ "size": "xs", "runtime": runtime }));
+    let neighbour = s.create(json!({ "size": "xs", "runtime": runtime }));
+    let prelude = if gvisor {
+        // Whatever errno an attempt expects, gVisor's "not implemented" is contained too.
+        PRELUDE.replace(
+            "    print(\"CONTAINED\" if err in codes",
+            "    codes = codes + (errno.ENOSYS,)\n    print(\"CONTAINED\" if err in codes",
+        )
+    } else {
+        PRELUDE.to_string()
+    };
     let w = s.exec(
         &id,
-        json!({ "command": "cat > /tmp/esc.py", "stdin": PRELUDE, "user": "root" }),
+        json!({ "command": "cat > /tmp/esc.py", "stdin": prelude, "user": "root" }),
     );
     assert_eq!(w["exit_code"], 0);
     // The neighbour listens on an abstract Unix socket; it must be unreachable from `id`.
@@ -76,23 +101,28 @@ fn escape_suite() {
     let server_pid = s.server_pid();
     let port = s.port;
     let host_hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
-    // The neighbour also listens on TCP; its address is on its eth0.
+    // The neighbour also listens on TCP; its address is on its eth0 (namespace sandboxes).
     s.exec(&neighbour, json!({ "command": "python3 -c \"import socket,time; s=socket.socket(); s.bind(('0.0.0.0', 9000)); s.listen(); time.sleep(60)\" >/dev/null 2>&1 &" }));
-    let neighbour_addr = s.sh(
-        &neighbour,
-        "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1",
-    )["stdout"]
-        .as_str()
-        .unwrap()
-        .trim()
-        .to_string();
-    let gateway = s.sh(&id, "ip route | awk '/default/ {print $3}'")["stdout"]
-        .as_str()
-        .unwrap()
-        .trim()
-        .to_string();
+    let first_line = |id: &str, cmd: &str| {
+        s.sh(id, cmd)["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    };
+    let (neighbour_addr, gateway) = if gvisor {
+        (String::new(), String::new())
+    } else {
+        (
+            first_line(
+                &neighbour,
+                "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1",
+            ),
+            first_line(&id, "ip route | awk '/default/ {print $3}'"),
+        )
+    };
     assert!(
-        !neighbour_addr.is_empty() && !gateway.is_empty(),
+        gvisor || (!neighbour_addr.is_empty() && !gateway.is_empty()),
         "sandboxes have no network"
     );
     // A service on every address of the host, so a connection attempt has something to reach.
@@ -146,7 +176,7 @@ fn escape_suite() {
         py("ptrace the sandbox's init", true, "expect(sc(101, 16, 1, 0, 0), errno.EPERM)"),
         py("ptrace the sandbox's init as the user", false, "expect(sc(101, 16, 1, 0, 0), errno.EPERM)"),
         sh("read the kernel log (/dev/kmsg)", true, "cat /dev/kmsg 2>/dev/null | head -c1 | grep -q . && echo ESCAPED || echo CONTAINED"),
-        py("make a block device for the host's disk", true, "expect(sc(133, b'/tmp/sda', 0o60600, (8 << 8) | 0), errno.EPERM)"),
+        py("make a block device for the host's disk", true, "expect(sc(133, b'/root/sda', 0o60600, (8 << 8) | 0), errno.EPERM)"),
         sh("find a block device", true, "ls /dev | grep -qE '^(sd|vd|nvme|xvd|loop|dm-)' && echo ESCAPED || echo CONTAINED"),
         py("load a bpf program", true, "expect(sc(321, 5, 0, 0), errno.EPERM)"),
         py("open a perf event", true, "expect(sc(298, 0, 0, -1, -1, 0), errno.EPERM)"),
@@ -174,16 +204,51 @@ fn escape_suite() {
            "open('/tmp/given', 'w').close()\nexpect_oserror(lambda: os.chown('/tmp/given', 4000000000, 4000000000), errno.EINVAL)"),
     ];
 
+    // Attempts through the sandboxes' network (which gVisor sandboxes do not have yet).
+    let needs_network = [
+        "reach the server's API port through the host's address",
+        "reach a host service through the sandbox's gateway",
+        "reach another sandbox over the network",
+        "take another address (spoofing)",
+        "reroute its traffic",
+    ];
+    let attempts: Vec<Attempt> = attempts
+        .into_iter()
+        .filter(|a| !(gvisor && needs_network.contains(&a.name)))
+        .collect();
+    // What gVisor does differently today, each with why; the suite checks that exactly these
+    // get through there (so a fix, or a new gap, shows), and RELIABILITY/security docs say so.
+    let known_on_gvisor: &[(&str, &str)] = &[
+        ("overwrite its own binary through /proc/self/exe",
+         "gVisor has no ETXTBSY; a write lands in the sandbox's own layer (copy-up), the template's stays"),
+        ("read the agent's descriptors (/proc/1/fd)",
+         "gVisor's /proc shows the agent (PID 1) to the sandbox's root; its descriptors are gVisor's, not the host's"),
+        ("read the agent's environment",
+         "the same: it holds PATH and HOME only"),
+        ("give a file to a host id outside the sandbox's range",
+         "no user-namespace id map on a gVisor sandbox's disk: ids inside are the ids in its disk image"),
+    ];
     let mut contained = 0;
     let mut escaped = Vec::new();
+    let mut known = Vec::new();
+    // gVisor's ptrace platform is slow on file-tree walks (a `find /` takes about 40 s).
+    let timeout = if gvisor { 120 } else { 30 };
     for a in &attempts {
-        let r = s.exec(&id, json!({ "command": a.script, "user": if a.root { "root" } else { "user" }, "timeout_sec": 30 }));
+        let r = s.exec(&id, json!({ "command": a.script, "user": if a.root { "root" } else { "user" }, "timeout_sec": timeout }));
         let out = r["stdout"].as_str().unwrap_or("").trim().to_string();
         if out.lines().last() == Some("CONTAINED") {
             contained += 1;
+        } else if let Some((_, why)) = known_on_gvisor.iter().find(|(n, _)| gvisor && *n == a.name)
+        {
+            known.push(a.name);
+            println!("{runtime}: known difference: {}: {why}", a.name);
         } else {
             escaped.push(format!("{}: {out} {}", a.name, r["stderr"]));
         }
+    }
+    if gvisor {
+        let listed: Vec<&str> = known_on_gvisor.iter().map(|(n, _)| *n).collect();
+        assert_eq!(known, listed, "the known gVisor differences changed");
     }
     // The host itself shows nothing of what was tried.
     assert_eq!(
@@ -191,15 +256,22 @@ fn escape_suite() {
         host_hostname
     );
     assert!(!std::path::Path::new("/usr/bin/cella-escape").exists());
-    let init = common::sandbox_pids(&id)[0];
-    let planted = std::fs::metadata(format!("/proc/{init}/root/tmp/rootsh")).unwrap();
-    assert!(
-        std::os::unix::fs::MetadataExt::uid(&planted) >= 1_000_000_000,
-        "the planted set-uid shell belongs to host uid {}",
-        std::os::unix::fs::MetadataExt::uid(&planted)
+    if !gvisor {
+        let init = common::sandbox_pids(&id)[0];
+        let planted = std::fs::metadata(format!("/proc/{init}/root/tmp/rootsh")).unwrap();
+        assert!(
+            std::os::unix::fs::MetadataExt::uid(&planted) >= 1_000_000_000,
+            "the planted set-uid shell belongs to host uid {}",
+            std::os::unix::fs::MetadataExt::uid(&planted)
+        );
+    }
+    println!(
+        "{runtime}: {} attempts, {} contained",
+        attempts.len(),
+        contained
     );
-    println!("{} attempts, {} contained", attempts.len(), contained);
     assert!(attempts.len() >= 30);
+    assert_eq!(contained + known.len(), attempts.len());
     assert!(escaped.is_empty(), "escaped:\n{}", escaped.join("\n"));
     let _ = KEY;
 }
