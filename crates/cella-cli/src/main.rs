@@ -74,6 +74,9 @@ enum Command {
         /// Size (xs, small, medium, large, xl).
         #[arg(long)]
         size: Option<cella_types::Size>,
+        /// Isolation runtime: namespace or gvisor (default: the template's, then the server's).
+        #[arg(long)]
+        runtime: Option<String>,
         /// Copy a local file in: LOCAL:REMOTE (REMOTE relative to the working directory).
         #[arg(long = "file", short = 'f', value_name = "LOCAL:REMOTE")]
         files: Vec<String>,
@@ -447,6 +450,9 @@ struct NewSandbox {
     /// Start from this snapshot's files (its template and size).
     #[arg(long)]
     snapshot: Option<String>,
+    /// Isolation runtime: namespace or gvisor (default: the template's, then the server's).
+    #[arg(long)]
+    runtime: Option<String>,
     /// Active-session timeout in seconds (1-86400, default 3600).
     #[arg(long)]
     timeout: Option<u32>,
@@ -464,6 +470,7 @@ impl NewSandbox {
             template_id: self.template,
             size: self.size,
             snapshot_id: self.snapshot,
+            runtime: self.runtime,
             timeout_sec: self.timeout,
             metadata: (!self.metadata.is_empty()).then(|| self.metadata.into_iter().collect()),
             env: (!self.env.is_empty()).then(|| self.env.into_iter().collect()),
@@ -530,6 +537,7 @@ async fn run(cmd: Command) -> ExitCode {
         Command::Run {
             template,
             size,
+            runtime,
             files,
             artifacts,
             download,
@@ -543,10 +551,15 @@ async fn run(cmd: Command) -> ExitCode {
                 dir: download.unwrap_or_else(|| PathBuf::from(".")),
                 force,
             };
-            one_shot(
-                template, size, files, artifacts, out, timeout, env, argv, conn,
-            )
-            .await
+            let sandbox = cella_types::RunRequest {
+                template_id: template,
+                size,
+                runtime,
+                env: (!env.is_empty()).then(|| env.into_iter().collect()),
+                timeout_sec: timeout,
+                ..Default::default()
+            };
+            one_shot(sandbox, files, artifacts, out, argv, conn).await
         }
         Command::Template(TemplateCmd::Build { file, conn }) => template_build(file, conn).await,
         Command::Expose { id, port, conn } => {
@@ -804,15 +817,12 @@ async fn template_build(file: PathBuf, conn: Conn) -> ExitCode {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// `base` holds the run's sandbox fields (template, size, runtime, env, timeout).
 async fn one_shot(
-    template: Option<String>,
-    size: Option<cella_types::Size>,
+    base: cella_types::RunRequest,
     files: Vec<String>,
     artifacts: Vec<String>,
     download: Download,
-    timeout: Option<u32>,
-    env: Vec<(String, String)>,
     argv: Vec<String>,
     conn: Conn,
 ) -> ExitCode {
@@ -836,14 +846,10 @@ async fn one_shot(
         }
     }
     let req = cella_types::RunRequest {
-        template_id: template,
-        size,
-        env: (!env.is_empty()).then(|| env.into_iter().collect()),
         files: run_files,
         argv: Some(argv),
-        timeout_sec: timeout,
         artifacts,
-        ..Default::default()
+        ..base
     };
     let c = client(&conn);
     let r = match c.run(&req).await {

@@ -284,3 +284,64 @@ fn files_and_a_watch_on_gvisor() {
     drop(watch);
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
 }
+
+#[test]
+fn a_one_shot_run_with_artifacts_on_gvisor() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let r = s.post(
+        "/api/v1/sandboxes/run",
+        json!({
+            "size": "xs",
+            "runtime": "gvisor",
+            "files": [{ "path": "in.txt", "content": "b\na\n" }],
+            "command": "mkdir -p out && sort in.txt > out/sorted.txt && cat /proc/version",
+            "artifacts": ["out/*.txt"],
+        }),
+    );
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    let run = r.data();
+    assert_eq!(run["exit_code"], 0, "{run}");
+    let version = run["stdout"].as_str().unwrap();
+    let host = std::fs::read_to_string("/proc/version").unwrap();
+    assert_ne!(version.trim(), host.trim(), "ran on gVisor's kernel");
+    let artifacts = run["artifacts"].as_array().unwrap();
+    assert_eq!(artifacts.len(), 1, "{run}");
+    assert!(artifacts[0]["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("out/sorted.txt"));
+    let id = artifacts[0]["id"].as_str().unwrap();
+    let bytes = s.get(&format!("/api/v1/artifacts/{id}"));
+    assert_eq!(bytes.status, 200);
+    assert_eq!(bytes.body.as_str(), Some("a\nb\n"));
+    // Its sandbox ran on gVisor and is gone.
+    let sb = s.get(&format!(
+        "/api/v1/sandboxes/{}",
+        run["sandbox_id"].as_str().unwrap()
+    ));
+    assert_eq!(sb.data()["runtime"], "gvisor");
+    assert_eq!(sb.data()["state"], "destroyed");
+    // A run on gVisor that asks for egress is refused, with nothing made.
+    let before = s
+        .get("/api/v1/sandboxes?state=destroyed")
+        .data()
+        .as_array()
+        .unwrap()
+        .len();
+    let bad = s.post(
+        "/api/v1/sandboxes/run",
+        json!({ "runtime": "gvisor", "network": { "egress": "allow" }, "command": "true" }),
+    );
+    bad.assert_error(400, "INVALID_REQUEST");
+    assert!(bad.body.to_string().contains("gvisor"), "{}", bad.body);
+    let after = s
+        .get("/api/v1/sandboxes?state=destroyed")
+        .data()
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(before, after, "no sandbox made for a refused run");
+}

@@ -163,8 +163,8 @@ async fn run_task(
         timeout_sec: Some(timeout.saturating_add(600).min(86_400)),
         idle_timeout_sec: Some(0),
         wait: Some(true),
-        // One-shot runs (their network and the pool) are namespace sandboxes.
-        runtime: Some(cella_runtime::Runtime::Namespace.as_str().into()),
+        // As at create: the template's runtime, then the server's default.
+        runtime: req.runtime.clone(),
         ..Default::default()
     };
     let sb = sandboxes::create(state, auth, create).await?;

@@ -1233,6 +1233,9 @@ pub struct RunFile {
 pub struct RunRequest {
     pub template_id: Option<String>,
     pub size: Option<Size>,
+    /// The run's isolation runtime, as at create: `namespace` or `gvisor` (default: the
+    /// template's, then the server's `[runtime] default`).
+    pub runtime: Option<String>,
     pub env: Option<BTreeMap<String, String>>,
     pub metadata: Option<BTreeMap<String, String>>,
     pub network: Option<NetworkPolicy>,

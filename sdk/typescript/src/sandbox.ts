@@ -32,8 +32,8 @@ import type {
 
 const CREATE_OPTIONS = ['template', 'size', 'cpuCount', 'memoryMb', 'diskSizeMb', 'timeoutSec', 'idleTimeoutSec',
   'persistent', 'alwaysOn', 'metadata', 'env', 'network', 'wait', 'snapshotId', 'preview', 'autoResume', 'runtime'];
-const RUN_OPTIONS = ['command', 'argv', 'template', 'size', 'env', 'metadata', 'network', 'files', 'cwd', 'user',
-  'stdin', 'timeoutSec', 'artifacts'];
+const RUN_OPTIONS = ['command', 'argv', 'template', 'size', 'runtime', 'env', 'metadata', 'network', 'files', 'cwd',
+  'user', 'stdin', 'timeoutSec', 'artifacts'];
 
 const CREATE_TIMEOUT_MS = 120_000;
 
@@ -76,6 +76,7 @@ function runBody(opts: Record<string, any>) {
     argv: opts.argv,
     template_id: opts.template,
     size: opts.size,
+    runtime: opts.runtime,
     env: opts.env,
     metadata: opts.metadata,
     network: opts.network,

@@ -409,6 +409,8 @@ export interface SandboxRunOptions extends ConnectionOptions {
   stdin?: string;
   template?: string;
   size?: SandboxSize;
+  /** Isolation runtime of the run's sandbox, as at create. */
+  runtime?: 'namespace' | 'gvisor';
   metadata?: Record<string, string>;
   network?: NetworkPolicy;
   /** Client-side limit in ms (default: timeoutSec plus margins). */

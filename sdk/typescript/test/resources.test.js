@@ -16,6 +16,9 @@ import {
   ConflictError,
 } from '@cella/sdk';
 import { startServer } from './server.js';
+import { existsSync } from 'node:fs';
+
+const hasRunsc = () => ['/usr/bin/runsc', '/usr/sbin/runsc', '/usr/local/bin/runsc'].some((p) => existsSync(p));
 
 let srv;
 const home = '/home/user';
@@ -121,6 +124,26 @@ describe('one-shot runs and artifacts', () => {
     } finally {
       await sb.kill();
     }
+  });
+
+  it('runs on the gVisor runtime when asked, and creates gVisor sandboxes', { skip: !hasRunsc() && 'runsc is not installed' }, async () => {
+    const r = await Sandbox.run({ ...srv.opts, runtime: 'gvisor', size: 'xs', command: 'echo hi > out.txt; cat /proc/version; dmesg 2>/dev/null | head -3', artifacts: ['out.txt'] });
+    assert.equal(r.exitCode, 0, r.stderr);
+    assert.match(r.stdout, /gVisor|4\.4\.0/);
+    assert.equal(await r.artifacts[0].read({ format: 'text' }), 'hi\n');
+    const gone = await Sandbox.connect(r.sandboxId, { ...srv.opts, resume: false });
+    assert.equal(gone.info.runtime, 'gvisor');
+    const sb = await Sandbox.create({ ...srv.opts, size: 'xs', runtime: 'gvisor' });
+    try {
+      assert.equal(sb.info.runtime, 'gvisor');
+      assert.equal((await sb.commands.run('echo ok')).stdout, 'ok\n');
+    } finally {
+      await sb.kill();
+    }
+    await assert.rejects(
+      Sandbox.run({ ...srv.opts, runtime: 'nope', command: 'true' }),
+      (e) => e instanceof InvalidRequestError && e.field === 'runtime',
+    );
   });
 
   it('refuses a run without a command with InvalidRequestError', async () => {
