@@ -585,8 +585,33 @@ fn the_disk_quota_gives_enospc_inside_and_frees_space_again() {
         String::from_utf8_lossy(&used.stdout)
     );
     // Deleting files frees the space again.
-    let again = s.sh(&id, "rm /home/user/big /home/user/more && dd if=/dev/zero of=/home/user/more bs=1M count=400 2>/dev/null && echo ok");
+    let again = s.sh(&id, "rm /home/user/big /home/user/more && dd if=/dev/zero of=/home/user/more bs=1M count=400 2>/dev/null && sync && echo ok");
     assert_eq!(again["stdout"], "ok\n", "{again}");
+    // Those 400 MiB went to the image with direct I/O: they do not also sit in the host's page
+    // cache (where a kernel cannot do direct I/O for the image, the device runs buffered).
+    let run = |cmd: &str, args: &[&str]| {
+        let o = std::process::Command::new(cmd).args(args).output().unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let img_path = img.to_str().unwrap();
+    let dev = run("losetup", &["-n", "-O", "NAME", "-j", img_path]);
+    let dio = std::fs::read_to_string(format!(
+        "/sys/block/{}/loop/dio",
+        dev.trim_start_matches("/dev/")
+    ))
+    .unwrap_or_default();
+    if dio.trim() == "1" {
+        let cached: u64 = run("fincore", &["-b", "-n", "-o", "RES", img_path])
+            .parse()
+            .unwrap();
+        assert!(
+            cached < 64 << 20,
+            "{} MiB of the sandbox's disk are in the host's page cache",
+            cached >> 20
+        );
+    } else {
+        eprintln!("the loop device {dev:?} runs buffered here (dio {dio:?})");
+    }
     // Files survive a stop and resume on their own file system.
     s.sh(&id, "echo kept > /home/user/note");
     assert_eq!(
