@@ -222,6 +222,8 @@ type TemplateInfo struct {
 	CLIName     string         `json:"cli_name"`
 	Readiness   string         `json:"readiness"`
 	Sizes       []TemplateSize `json:"sizes"`
+	// Runtimes are the runtimes its sandboxes can run on on this server, its default first.
+	Runtimes []string `json:"runtimes"`
 }
 
 // BuildStep is one step of a template build.

@@ -59,6 +59,11 @@ type SandboxInfo struct {
 	ComputeRate        string            `json:"compute_rate"`
 	ComputeCost        string            `json:"compute_cost"`
 	ModelCost          string            `json:"model_cost"`
+	// Runtime is the isolation runtime it runs on: "namespace" or "gvisor".
+	Runtime string `json:"runtime"`
+	// Memory says where a paused sandbox's memory is ("in_ram" or "on_disk"); nil when the
+	// server does not say.
+	Memory *string `json:"memory"`
 }
 
 // PreviewSettings says who may use a sandbox's previews.
@@ -89,6 +94,9 @@ type CreateOptions struct {
 	NoWait bool
 	// SnapshotID starts from a snapshot's files.
 	SnapshotID string
+	// Runtime is the isolation runtime, "namespace" or "gvisor" (empty: the template's, then
+	// the server's default); gvisor needs runsc on the server.
+	Runtime string
 	// PrivatePreview makes previews need a preview token.
 	PrivatePreview bool
 	AutoResume     bool
@@ -136,6 +144,9 @@ func (o *CreateOptions) body() map[string]any {
 	}
 	if o.SnapshotID != "" {
 		b["snapshot_id"] = o.SnapshotID
+	}
+	if o.Runtime != "" {
+		b["runtime"] = o.Runtime
 	}
 	if o.PrivatePreview {
 		b["preview"] = map[string]any{"public": false}

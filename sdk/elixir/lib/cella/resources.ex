@@ -105,10 +105,12 @@ defmodule Cella.Template do
     :primitive,
     :custom,
     :created_at,
-    sizes: []
+    sizes: [],
+    # the runtimes its sandboxes can run on on this server, its default first
+    runtimes: []
   ]
 
-  @doc "The catalog of templates, with their sizes and readiness."
+  @doc "The catalog of templates, with their sizes, readiness and runtimes."
   def list(opts \\ []) do
     {c, _} = Cella.split_opts(opts)
     with {:ok, d} <- HTTP.data(c, :get, "/templates"), do: {:ok, Cella.Model.list(d, __MODULE__)}

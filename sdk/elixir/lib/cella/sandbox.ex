@@ -43,6 +43,10 @@ defmodule Cella.Sandbox do
     :compute_rate,
     :compute_cost,
     :model_cost,
+    # the isolation runtime it runs on: "namespace" or "gvisor"
+    :runtime,
+    # where a paused sandbox's memory is ("in_ram" or "on_disk"); nil when the server does not say
+    :memory,
     metadata: %{},
     resource_contract: %{},
     config: nil
@@ -67,8 +71,10 @@ defmodule Cella.Sandbox do
   Options: `:template` (default the server's `base`), `:size` (default the template's),
   `:timeout` (the active-session timeout in seconds, default 3600), `:metadata` and `:env`
   (maps of strings), `:network` (`%{egress: "deny", allow: ["packages.example.org"]}`), `:idle_timeout`,
-  `:persistent`, `:always_on`, `:snapshot_id` (start from a snapshot), `:wait`, `:extra` (raw
-  fields added to the body), and the connection's (`Cella.Config`).
+  `:persistent`, `:always_on`, `:snapshot_id` (start from a snapshot), `:runtime` (the isolation
+  runtime, `"namespace"` or `"gvisor"`; default the template's, then the server's; gVisor needs
+  `runsc` on the server), `:wait`, `:extra` (raw fields added to the body), and the connection's
+  (`Cella.Config`).
   """
   @spec create(keyword) :: {:ok, t} | {:error, Error.t()}
   def create(opts \\ []) do
@@ -77,6 +83,7 @@ defmodule Cella.Sandbox do
     body =
       %{
         snapshot_id: o[:snapshot_id],
+        runtime: o[:runtime],
         template_id: o[:template],
         size: o[:size],
         timeout_sec: Cella.seconds(o[:timeout]),

@@ -60,10 +60,13 @@ def create_body(
     wait: bool,
     extra: Optional[Mapping[str, Any]],
     snapshot_id: Optional[str] = None,
+    runtime: Optional[str] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
     if snapshot_id is not None:
         body["snapshot_id"] = snapshot_id
+    if runtime is not None:
+        body["runtime"] = runtime
     if template is not None:
         body["template_id"] = template
     if size is not None:

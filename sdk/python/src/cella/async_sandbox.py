@@ -174,6 +174,7 @@ class AsyncSandbox:
         always_on: Optional[bool] = None,
         wait: bool = True,
         snapshot_id: Optional[str] = None,
+        runtime: Optional[str] = None,
         extra: Optional[Mapping[str, Any]] = None,
         server: Optional[str] = None,
         api_key: Optional[str] = None,
@@ -186,7 +187,7 @@ class AsyncSandbox:
         body = create_body(
             template=template, size=size, timeout=timeout, metadata=metadata, env=env, network=network,
             idle_timeout=idle_timeout, persistent=persistent, always_on=always_on, wait=wait, extra=extra,
-            snapshot_id=snapshot_id,
+            snapshot_id=snapshot_id, runtime=runtime,
         )
         config = _connection(server, api_key, max_retries, request_timeout, headers)
 

@@ -111,6 +111,10 @@ class SandboxInfo:
     compute_cost: Decimal = Decimal("0")
     #: What its model gateway requests cost.
     model_cost: Decimal = Decimal("0")
+    #: The isolation runtime it runs on: ``namespace`` or ``gvisor``.
+    runtime: str = ""
+    #: Where a paused sandbox's memory is (``in_ram`` or ``on_disk``); None when the server does not say.
+    memory: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -144,6 +148,8 @@ class SandboxInfo:
             compute_rate=parse_money(d.get("compute_rate")),
             compute_cost=parse_money(d.get("compute_cost")),
             model_cost=parse_money(d.get("model_cost")),
+            runtime=d.get("runtime") or "",
+            memory=d.get("memory"),
             raw=dict(d),
         )
 
@@ -636,6 +642,8 @@ class TemplateInfo:
     default_size: str
     readiness: str
     sizes: List[Dict[str, Any]] = field(default_factory=list)
+    #: The runtimes its sandboxes can run on on this server, its default first.
+    runtimes: List[str] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -646,6 +654,7 @@ class TemplateInfo:
             default_size=d.get("default_size", ""),
             readiness=d.get("readiness", ""),
             sizes=[dict(s) for s in d.get("sizes") or []],
+            runtimes=[str(r) for r in d.get("runtimes") or []],
             raw=dict(d),
         )
 

@@ -186,6 +186,7 @@ class Sandbox:
         always_on: Optional[bool] = None,
         wait: bool = True,
         snapshot_id: Optional[str] = None,
+        runtime: Optional[str] = None,
         extra: Optional[Mapping[str, Any]] = None,
         server: Optional[str] = None,
         api_key: Optional[str] = None,
@@ -198,12 +199,14 @@ class Sandbox:
         ``template`` defaults to the server's ``base``, ``size`` to the template's default;
         ``timeout`` is the active-session timeout in seconds (default 3600); ``network`` is
         the egress policy (``{"egress": "deny", "allow": [...]}`` or a
-        :class:`~cella.NetworkPolicy`). ``extra`` adds raw fields to the request body.
+        :class:`~cella.NetworkPolicy`). ``runtime`` is the isolation runtime, ``"namespace"`` or
+        ``"gvisor"`` (default: the template's, then the server's; ``gvisor`` needs ``runsc`` on the
+        server). ``extra`` adds raw fields to the request body.
         """
         body = create_body(
             template=template, size=size, timeout=timeout, metadata=metadata, env=env, network=network,
             idle_timeout=idle_timeout, persistent=persistent, always_on=always_on, wait=wait, extra=extra,
-            snapshot_id=snapshot_id,
+            snapshot_id=snapshot_id, runtime=runtime,
         )
         transport = SyncTransport(_connection(server, api_key, max_retries, request_timeout, headers))
         try:

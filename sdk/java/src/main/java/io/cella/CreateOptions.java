@@ -64,6 +64,12 @@ public final class CreateOptions {
         /** Start from a snapshot's files. */
         public Builder snapshot(String snapshotId) { body.put("snapshot_id", snapshotId); return this; }
 
+        /**
+         * The isolation runtime, {@code namespace} or {@code gvisor} (default: the template's, then the
+         * server's); {@code gvisor} needs {@code runsc} on the server.
+         */
+        public Builder runtime(String runtime) { body.put("runtime", runtime); return this; }
+
         /** {@code false}: answer at once, while the sandbox is still provisioning (see {@link Sandbox#waitReady}). */
         public Builder waitReady(boolean wait) { body.put("wait", wait); return this; }
 

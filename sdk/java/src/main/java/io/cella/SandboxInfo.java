@@ -55,4 +55,10 @@ public final class SandboxInfo extends Model {
     public String computeRate() { return str("compute_rate"); }
 
     public JsonNode network() { return raw.path("network"); }
+
+    /** The isolation runtime it runs on: {@code namespace} or {@code gvisor}. */
+    public String runtime() { return str("runtime"); }
+
+    /** Where a paused sandbox's memory is ({@code in_ram} or {@code on_disk}), or null when the server does not say. */
+    public String memory() { return str("memory"); }
 }

@@ -18,4 +18,7 @@ public final class TemplateInfo extends Model {
 
     /** Each size and its readiness ({@code fast_ready}, {@code cold_boot_only}, {@code missing}). */
     public JsonNode sizes() { return raw.path("sizes"); }
+
+    /** The runtimes its sandboxes can run on on this server, its default first. */
+    public List<String> runtimes() { return Json.stringList(raw.path("runtimes")); }
 }

@@ -1,0 +1,40 @@
+defmodule CellaTest.RuntimeTest do
+  # Isolation runtimes: a create names one, the sandbox says which it runs on, an unknown one
+  # is a 400 naming the field, templates list theirs.
+  use CellaTest.Case
+
+  alias Cella.{Sandbox, Commands, Template}
+
+  test "a namespace sandbox says so" do
+    sb = sandbox!(runtime: "namespace")
+    assert sb.runtime == "namespace"
+    # this server does not send `memory`: absent is nil
+    assert sb.memory == nil
+    assert {:ok, %Sandbox{runtime: "namespace"}} = Sandbox.get(sb.id)
+  end
+
+  test "a gvisor sandbox runs on gVisor's kernel" do
+    sb = sandbox!(runtime: "gvisor")
+    assert sb.runtime == "gvisor"
+    assert {:ok, %Sandbox{runtime: "gvisor"}} = Sandbox.get(sb.id)
+    inside = Commands.run!(sb, "cat /proc/version; dmesg 2>/dev/null | head -3").stdout
+    host = File.read!("/proc/version") |> String.trim()
+    assert hd(String.split(inside, "\n")) != host
+    assert String.contains?(inside, "gVisor") or String.contains?(inside, "4.4.0"), inside
+    assert {:ok, %Sandbox{state: "destroyed"}} = Sandbox.kill(sb)
+  end
+
+  test "an unknown runtime is a 400 naming the field" do
+    assert {:error, %Cella.Error{reason: :invalid_request, status: 400} = e} =
+             Sandbox.create(size: size(), runtime: "vm")
+
+    assert e.details["field"] == "runtime"
+    assert e.message =~ "vm"
+  end
+
+  test "templates list their runtimes, the default first" do
+    assert {:ok, %Template{runtimes: ["namespace" | _]}} = Template.get("base")
+    assert {:ok, all} = Template.list()
+    assert "gvisor" in Enum.find(all, &(&1.id == "base")).runtimes
+  end
+end

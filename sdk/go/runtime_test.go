@@ -1,0 +1,95 @@
+package cella_test
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	cella "github.com/cella-dev/cella-go"
+)
+
+// Isolation runtimes: a create names one, the sandbox says which it runs on, an unknown one
+// is a 400 naming the field, and templates list theirs.
+
+func TestRuntimeNamespace(t *testing.T) {
+	sb := newSandbox(t, &cella.CreateOptions{Runtime: "namespace"})
+	if got := sb.Info().Runtime; got != "namespace" {
+		t.Fatalf("runtime %q, want namespace", got)
+	}
+	if sb.Info().Memory != nil {
+		t.Fatalf("memory %q: this server does not send it", *sb.Info().Memory)
+	}
+}
+
+func TestRuntimeGVisorRunsOnGVisorsKernel(t *testing.T) {
+	ctx := ctxFor(t, 3*time.Minute)
+	sb := newSandbox(t, &cella.CreateOptions{Runtime: "gvisor"})
+	if got := sb.Info().Runtime; got != "gvisor" {
+		t.Fatalf("runtime %q, want gvisor", got)
+	}
+	info, err := sb.Refresh(ctx)
+	if err != nil || info.Runtime != "gvisor" {
+		t.Fatalf("refresh: %v %+v", err, info)
+	}
+	res, err := sb.Commands.Run(ctx, "cat /proc/version; dmesg 2>/dev/null | head -3", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := os.ReadFile("/proc/version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := strings.SplitN(res.Stdout, "\n", 2)[0]
+	if first == strings.TrimSpace(string(host)) {
+		t.Fatalf("the host's kernel inside: %q", first)
+	}
+	if !strings.Contains(res.Stdout, "gVisor") && !strings.Contains(res.Stdout, "4.4.0") {
+		t.Fatalf("not gVisor's kernel: %q", res.Stdout)
+	}
+	if _, err := sb.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRuntimeUnknownIsA400NamingTheField(t *testing.T) {
+	_, err := cella.NewClient().Sandboxes.Create(ctxFor(t, time.Minute), &cella.CreateOptions{Size: size, Runtime: "vm"})
+	var e *cella.Error
+	if !errors.As(err, &e) || !cella.IsInvalidRequest(err) || e.Code != "INVALID_REQUEST" {
+		t.Fatalf("want a 400 INVALID_REQUEST, got %v", err)
+	}
+	if e.Field() != "runtime" || !strings.Contains(e.Message, "vm") {
+		t.Fatalf("the field is not named: %v %v", e.Message, e.Details)
+	}
+}
+
+func TestTemplatesListTheirRuntimes(t *testing.T) {
+	ctx := ctxFor(t, time.Minute)
+	c := cella.NewClient()
+	base, err := c.Templates.Get(ctx, "base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(base.Runtimes) == 0 || base.Runtimes[0] != "namespace" {
+		t.Fatalf("base runtimes %v: want namespace first", base.Runtimes)
+	}
+	all, err := c.Templates.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tpl := range all {
+		if tpl.ID == "base" && !contains(tpl.Runtimes, "gvisor") {
+			t.Fatalf("base runtimes in the list %v: want gvisor too", tpl.Runtimes)
+		}
+	}
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
