@@ -60,3 +60,19 @@ def test_async_runtime(server: Server) -> None:
         assert "namespace" in (await AsyncTemplate.get("base")).runtimes
 
     asyncio.run(main())
+
+
+def test_one_shot_run_on_gvisor(server: Server) -> None:
+    r = Sandbox.run("echo hi > out.txt; cat /proc/version", runtime="gvisor", size=SIZE, artifacts=["out.txt"])
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines()[0] != Path("/proc/version").read_text().strip()
+    assert [a.path.rsplit("/", 1)[-1] for a in r.artifacts] == ["out.txt"]
+    with pytest.raises(InvalidRequestError) as err:
+        Sandbox.run("true", runtime="vm")
+    assert err.value.field == "runtime"
+
+    async def main() -> None:
+        ar = await AsyncSandbox.run("echo async", runtime="gvisor", size=SIZE)
+        assert ar.stdout == "async\n"
+
+    asyncio.run(main())

@@ -163,11 +163,14 @@ def run_body(
     user: Optional[str],
     timeout: Optional[float],
     stdin: Union[str, bytes, None],
+    runtime: Optional[str] = None,
 ) -> Dict[str, Any]:
     """The body of a one-shot run. ``cmd=None`` sends no command (the server answers 400)."""
     body = command_body(cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin) if cmd is not None else {}
     if template is not None:
         body["template_id"] = template
+    if runtime is not None:
+        body["runtime"] = runtime
     if size is not None:
         body["size"] = size
     if metadata is not None:

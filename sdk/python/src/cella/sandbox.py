@@ -278,6 +278,7 @@ class Sandbox:
         size: Optional[str] = None,
         metadata: Optional[Mapping[str, str]] = None,
         network: NetworkArg = None,
+        runtime: Optional[str] = None,
         check: bool = False,
         server: Optional[str] = None,
         api_key: Optional[str] = None,
@@ -293,9 +294,11 @@ class Sandbox:
         or is a list of ``{"path", "content", "encoding"}`` objects. ``timeout`` is the
         command's, in seconds. Download the artifacts with :meth:`cella.Artifact.download`.
         ``check=True`` raises :class:`~cella.CommandExitError` for an exit code other than 0.
+        ``runtime`` is the run's sandbox's, as for :meth:`create`.
         """
         body = run_body(cmd, files=files, artifacts=artifacts, template=template, size=size, env=env,
-                        metadata=metadata, network=network, cwd=cwd, user=user, timeout=timeout, stdin=stdin)
+                        metadata=metadata, network=network, cwd=cwd, user=user, timeout=timeout, stdin=stdin,
+                        runtime=runtime)
         transport = SyncTransport(_connection(server, api_key, max_retries, request_timeout, headers))
         try:
             data = transport.data("POST", "/sandboxes/run", json=body, timeout=run_http_timeout(timeout))
