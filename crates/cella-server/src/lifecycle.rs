@@ -188,12 +188,16 @@ pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, SandboxError>
     crate::billing::cover_resume(state, &row, now).await?;
     if event == Event::Unpause {
         let h = handle(&row)?;
-        state
+        let restored = state
             .driver
             .unpause(&h)
             .await
             .map_err(SandboxError::driver("resume"))?;
         cella_crash::crash_point!("sandbox.resume.after_thaw");
+        // A sandbox restored from disk (gVisor) has new processes: its new handle.
+        if let Some(new) = restored {
+            row.runtime = serde_json::to_string(&new).ok();
+        }
         if let Some(since) = row.paused_since.take() {
             row.paused_ms += (now - since).max(0);
         }

@@ -93,6 +93,13 @@ pub fn to_wire(app: &AppState, row: &SandboxRow) -> Sandbox {
         compute_cost: crate::billing::compute_cost_of(row, now),
         model_cost: row.model_cost,
         runtime: row.isolation.clone(),
+        memory: (st == SandboxState::Paused).then(|| {
+            if row.isolation == "gvisor" {
+                cella_types::PausedMemory::OnDisk
+            } else {
+                cella_types::PausedMemory::InRam
+            }
+        }),
     }
 }
 
@@ -904,10 +911,23 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
                     running.insert(row.id.clone());
                     // Frozen as its row says: a server stopped between the freezer and the
                     // row's write (a pause, a resume, a snapshot's copy) left them apart.
+                    // A gVisor sandbox found written to disk while its row says running (a
+                    // server killed between its checkpoint and the row's write) is restored
+                    // and its new handle recorded.
                     let frozen = if st == SandboxState::Paused {
                         state.driver.pause(&h).await
                     } else {
-                        state.driver.unpause(&h).await
+                        match state.driver.unpause(&h).await {
+                            Ok(Some(new)) => {
+                                let mut row = row.clone();
+                                row.runtime = serde_json::to_string(&new).ok();
+                                if let Err(e) = state.store.update_sandbox(&row).await {
+                                    tracing::warn!(sandbox = row.id, "recording its handle: {e}");
+                                }
+                                Ok(())
+                            }
+                            other => other.map(|_| ()),
+                        }
                     };
                     if let Err(e) = frozen {
                         tracing::warn!(sandbox = row.id, "setting its freezer state: {e}");
