@@ -502,9 +502,27 @@ fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
     let n = counts(&s, &id).len();
     assert_counted_on(&s, &id, n);
 
-    // Destroyed while paused to disk: nothing is left, the image included.
+    // A command running when a pause begins is cut: it answers 409 (paused), not a hang.
+    let url = format!("{}/api/v1/sandboxes/{id}/exec", s.url);
+    let racing = std::thread::spawn(move || {
+        reqwest::blocking::Client::builder()
+            .timeout(std::time::Duration::from_secs(60))
+            .build()
+            .unwrap()
+            .post(url)
+            .bearer_auth(KEY)
+            .json(&json!({ "command": "sleep 20; echo late" }))
+            .send()
+            .map(|r| (r.status().as_u16(), r.text().unwrap_or_default()))
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
     let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
     assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    let (status, body) = racing.join().unwrap().expect("the racing exec answered");
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("paused"), "{body}");
+
+    // Destroyed while paused to disk: nothing is left, the image included.
     let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
     assert_eq!(d.status, 200, "{}", d.body);
     common::eventually("the paused gVisor sandbox's host state is gone", || {

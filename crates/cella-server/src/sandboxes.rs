@@ -825,6 +825,26 @@ pub async fn exec_failure(
         return SandboxError::invalid("cwd", m);
     }
     tracing::warn!(sandbox = id, "exec failed: {e}");
+    // A pause to disk (gVisor) closes the agent's connections, and its agent answers nothing
+    // until the resume: a command cut by a pause that began while it ran answers as a call
+    // made after it would (409, paused), once the pause is over, and is not taken for dead.
+    if handle.runtime == cella_runtime::Runtime::Gvisor {
+        let settled =
+            tokio::time::timeout(std::time::Duration::from_secs(30), state.locks.lock(id)).await;
+        drop(settled);
+        if let Ok(Some(row)) = state.store.sandbox(id).await {
+            if state_of(&row) != SandboxState::Running {
+                return SandboxError::not_running(&row);
+            }
+            // Paused and resumed since: its processes are new, the old handle's are gone.
+            if handle_of(&row).ok().flatten().as_ref() != Some(handle) {
+                return SandboxError::Driver {
+                    what: "exec",
+                    source: e,
+                };
+            }
+        }
+    }
     match state.driver.probe(handle).await {
         Probe::Gone(reason) => {
             mark_gone(
