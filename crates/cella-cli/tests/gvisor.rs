@@ -1,5 +1,6 @@
 //! Sandboxes on the gVisor runtime (`"runtime": "gvisor"`, `runsc` on the `ptrace` platform):
-//! create, exec, files, gVisor's own kernel inside, a syscall gVisor does not have, destroy
+//! create, exec, files, gVisor's own kernel inside, a syscall gVisor does not have, pause to
+//! disk and resume (also across a `kill -9` of the server, and racing a command), destroy
 //! leaving nothing, a `kill -9` of the server, and the 400s for what gVisor sandboxes do not
 //! have yet. Skipped (with a line saying so) where the host has no `runsc`.
 

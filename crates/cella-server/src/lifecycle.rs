@@ -10,8 +10,9 @@
 //! through the API (the agent is asked before an idle pause). Listing sandboxes does not count.
 //!
 //! Pause, resume, stop and the timers take the sandbox's lock, reload the row, ask the transition
-//! table, call the driver and write the row. Pause is the cgroup freezer (the sandbox keeps its
-//! link and its firewall rules); stop (persistent only) removes its rules and keeps the writable
+//! table, call the driver and write the row. Pause is the cgroup freezer on namespace (the
+//! sandbox keeps its link and its firewall rules) and a checkpoint to disk on gVisor, whose
+//! resume restores new processes: the row takes the handle the driver answers; stop (persistent only) removes its rules and keeps the writable
 //! layer (the disk image); resume from `stopped` claims a plan slot in one SQL statement
 //! (`Store::claim_slot`) and boots again on the same layer, with a new link and rules built again
 //! from the stored policy.

@@ -30,13 +30,27 @@
 //!
 //! The handle's pid is `runsc run`'s (with its start time). Stop and destroy kill every
 //! process of the cgroup, `runsc delete --force` the container's state and reap the pid;
-//! destroy also removes the directory. Pause freezes the cgroup (memory kept in RAM).
+//! destroy also removes the directory (a checkpoint image with it).
+//!
+//! Pause is to disk. runsc 20221219 refuses to save a sandbox that holds a host-backed socket
+//! ("Cannot save endpoint with bound host socket"), so the agent is asked to quiesce first
+//! (`Request::Quiesce`: it closes its listener and every connection, answers, and waits for
+//! `SIGUSR2`); then `runsc checkpoint` writes the whole sandbox (memory, processes, open files;
+//! file contents stay on its disk, `--overlay2=none`) to `memory.partial/`, renamed `memory/`
+//! once whole, and the sandbox's processes end (its RAM is freed; the cgroup stays, empty).
+//! Resume runs the launcher again with the boot's input (`launch.json`: the same mounts, which
+//! a restore needs) and `runsc restore --image-path memory/` instead of `runsc run`, sends
+//! `SIGUSR2` with `runsc kill` (tried until the restored container takes it), waits for the
+//! agent to answer on its socket bound again, and removes the image; the new handle (new pid)
+//! goes back to the server. A failed checkpoint, or a quiesce that failed, wakes the agent the
+//! same way: the sandbox runs on. While the image is whole the sandbox counts as alive
+//! (`alive`, `probe`) though it has no process. A sandbox frozen by an older server is thawed
+//! before its pause to disk. The inverted channel (the agent connecting out through
+//! `--host-uds=open`) was not needed: the signal keeps the host in charge of when the agent
+//! may bind again.
+//!
 //! Not on gVisor yet (refused with [`DriverError::Unsupported`] naming it): a network
-//! interface, snapshots, layer export, network updates. Memory to disk (`runsc checkpoint`) is
-//! not possible with this channel: runsc 20221219 refuses to save a sandbox while the agent's
-//! host socket is bound ("Cannot save endpoint with bound host socket"), so the agent would
-//! have to close it (and every connection) before a checkpoint and bind it again after a
-//! restore.
+//! interface, snapshots, layer export, network updates.
 
 pub mod spec;
 
