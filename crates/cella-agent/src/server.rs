@@ -157,13 +157,15 @@ async fn run(
                     let (stream, _) = accepted?;
                     conns.spawn(handle(
                         stream,
-                        reaper.clone(),
-                        jail.clone(),
-                        procs.clone(),
-                        kernels.clone(),
-                        file_ops.clone(),
-                        config.exec_cgroups.clone(),
-                        quiesce_tx.clone(),
+                        Shared {
+                            reaper: reaper.clone(),
+                            jail: jail.clone(),
+                            procs: procs.clone(),
+                            kernels: kernels.clone(),
+                            file_ops: file_ops.clone(),
+                            cgroups: config.exec_cgroups.clone(),
+                            quiesce: quiesce_tx.clone(),
+                        },
                     ));
                 }
                 Some(stream) = quiesce_rx.recv() => break stream,
@@ -205,16 +207,28 @@ fn pong() -> Response {
 }
 
 /// Reads the connection's one request and runs it.
-async fn handle(
-    mut stream: UnixStream,
+/// What every connection's request may use.
+struct Shared {
     reaper: Arc<Reaper>,
     jail: Arc<Jail>,
     procs: Arc<Procs>,
     kernels: Arc<crate::kernel::Kernels>,
     file_ops: Arc<tokio::sync::Semaphore>,
     cgroups: Option<Arc<ExecCgroups>>,
+    /// Where a `Quiesce` hands its connection to the accept loop (None: refused).
     quiesce: Option<tokio::sync::mpsc::Sender<UnixStream>>,
-) {
+}
+
+async fn handle(mut stream: UnixStream, shared: Shared) {
+    let Shared {
+        reaper,
+        jail,
+        procs,
+        kernels,
+        file_ops,
+        cgroups,
+        quiesce,
+    } = shared;
     let req = match proto::read_frame(&mut stream).await {
         Ok(Some((FrameKind::Json, body))) => serde_json::from_slice::<Request>(&body),
         _ => return,
