@@ -533,3 +533,49 @@ fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
             && mounts_naming(&id).is_empty()
     });
 }
+
+#[test]
+fn a_server_killed_between_the_checkpoint_and_the_row_finds_the_sandbox_running_again() {
+    if !have_runsc() {
+        return;
+    }
+    // The server dies right after the driver's pause (checkpoint written, processes ended),
+    // before the row says paused: at the restart the row says running, so the sandbox is
+    // restored from its image and its new processes recorded.
+    let mut s = Server::start_env("", &[("CELLA_CRASH_AT", "sandbox.pause.after_freeze")]);
+    let id = create_gvisor(&s);
+    let image = s.data_dir().join("gvisor").join(&id).join("memory");
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/code/run"),
+        json!({ "code": "kept = 'before the crash'" }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let _ = s.try_raw(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/pause"),
+        Some(KEY),
+        Some(b"{}".to_vec()),
+        &[],
+    );
+    assert!(
+        s.wait_exit(120).is_some(),
+        "the server did not die at its crash point"
+    );
+    assert!(image.exists(), "no image was written before the crash");
+    s.restart_with_env(&[]);
+    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(got.data()["state"], "running", "{}\n{}", got.body, s.log());
+    assert!(!image.exists());
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/code/run"),
+        json!({ "code": "kept" }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.data()["result"], "'before the crash'");
+    let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(d.status, 200, "{}", d.body);
+    let dir = s.data_dir().join("gvisor").join(&id);
+    common::eventually("the gVisor sandbox's host state is gone", || {
+        !dir.exists() && host_processes_naming(&id).is_empty()
+    });
+}

@@ -408,6 +408,8 @@ impl GvisorDriver {
             run + 1,
             format!("--image-path={}", dir.join(MEMORY_DIR).display()),
         );
+        // A restore the server did not record (killed during a resume) must not run twice.
+        cgroup::kill(&handle.cgroup);
         self.runsc_delete(&handle.id);
         let _ = std::fs::remove_file(dir.join("sock").join(spec::SOCKET_NAME));
         let (pid, start_time) = self.start(&cfg)?;
@@ -612,6 +614,10 @@ impl Driver for GvisorDriver {
     /// sandbox to `memory/` and ends it. A failure wakes the agent: the sandbox runs on.
     async fn pause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
         if self.on_disk(&handle.id) {
+            // On disk it has no process: one left is a restore the server did not record (it
+            // was killed during a resume), ended so that the image is the one copy.
+            let cg = handle.cgroup.clone();
+            let _ = tokio::task::spawn_blocking(move || cgroup::kill(&cg)).await;
             return Ok(());
         }
         // A sandbox frozen by an older server (memory in RAM) is thawed first.
