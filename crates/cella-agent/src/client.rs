@@ -100,6 +100,25 @@ impl AgentClient {
             .map_err(|_| ClientError::Timeout)?
     }
 
+    /// Asks the agent to close its socket and every connection (see `Request::Quiesce`);
+    /// returns once it answered and closed this connection too, the last one.
+    pub async fn quiesce(&self, timeout: Duration) -> Result<(), ClientError> {
+        let work = async {
+            let mut s = self.connect().await?;
+            proto::write_json(&mut s, &Request::Quiesce).await?;
+            match Self::answer(&mut s).await? {
+                Response::Pong { .. } => {}
+                _ => return Err(ClientError::Unexpected),
+            }
+            // The agent closes the connection right after its answer.
+            while proto::read_frame(&mut s).await?.is_some() {}
+            Ok(())
+        };
+        tokio::time::timeout(timeout, work)
+            .await
+            .map_err(|_| ClientError::Timeout)?
+    }
+
     /// Runs a command and sends its output to `events` as it comes. When the receiver of
     /// `events` is dropped, the connection is closed and the agent kills the command.
     pub async fn exec(

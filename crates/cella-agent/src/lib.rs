@@ -23,4 +23,4 @@ mod server;
 mod spawn;
 mod watch;
 
-pub use server::{serve, AgentConfig};
+pub use server::{serve, AgentConfig, Rebind};

@@ -19,6 +19,7 @@ impl Request {
             self,
             Request::Ping
                 | Request::Seal
+                | Request::Quiesce
                 | Request::Stat { .. }
                 | Request::List { .. }
                 | Request::Read { .. }
@@ -69,6 +70,10 @@ pub enum Request {
     /// since. The warm pool seals a sandbox once it is booted and hands it out only while
     /// nothing touched it. Answers `Pong`.
     Seal,
+    /// Before a checkpoint (gVisor's pause to disk): the agent closes its listener and every
+    /// other connection, answers `Pong` on this one, closes it, and waits for `SIGUSR2` to bind
+    /// its socket again. Refused (`Unsupported`) by an agent that cannot bind again.
+    Quiesce,
     Exec(ExecSpec),
     /// Metadata of one path.
     Stat {

@@ -6,6 +6,14 @@
 //! [`crate::procs`] (background processes), [`crate::pty`] (terminals), [`crate::kernel`] (code
 //! kernels), [`crate::files`] and [`crate::watch`] (files), or answers itself (ping, seal,
 //! port connect). Processes are started through [`crate::spawn`]; nothing imports from here.
+//!
+//! Quiescing (gVisor's pause to disk, where `runsc checkpoint` refuses a sandbox that holds a
+//! host-backed socket): an agent configured with a [`Rebind`] takes a `Quiesce` request to its
+//! accept loop, which closes the listener, aborts every other connection (a command running
+//! on one is killed as when its client hangs up; background processes, terminals' programs and
+//! kernels go on), answers on the quiescing connection and closes it, then waits for
+//! `SIGUSR2` (the host sends it after the restore, or after a checkpoint that failed) and binds
+//! its socket again through the directory descriptor it kept.
 
 use crate::exec::exec;
 use crate::execcg::ExecCgroups;
@@ -28,6 +36,37 @@ pub struct AgentConfig {
     /// The sandbox's cgroup, delegated for a cgroup per exec (see [`crate::execcg`]); None:
     /// timeouts kill by process tree.
     pub exec_cgroups: Option<Arc<ExecCgroups>>,
+    /// How to bind the socket again after a `Quiesce`; None: `Quiesce` is refused.
+    pub rebind: Option<Rebind>,
+}
+
+/// Where the agent's socket is bound again after a `Quiesce`: `name` in the directory open as
+/// `dir_fd` (kept open, so the socket can be bound again once the directory is hidden).
+#[derive(Debug, Clone)]
+pub struct Rebind {
+    pub dir_fd: std::os::fd::RawFd,
+    pub name: String,
+}
+
+impl Rebind {
+    /// Binds `name` in the kept directory, replacing the socket file left by the last bind.
+    /// Goes through the working directory (a single bind, while no request runs).
+    fn bind(&self) -> std::io::Result<std::os::unix::net::UnixListener> {
+        // SAFETY: plain system calls on descriptors and paths this process owns.
+        if unsafe { libc::fchdir(self.dir_fd) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let _ = std::fs::remove_file(&self.name);
+        let bound = std::os::unix::net::UnixListener::bind(&self.name);
+        if bound.is_ok() {
+            let _ = std::fs::set_permissions(
+                &self.name,
+                std::os::unix::fs::PermissionsExt::from_mode(0o600),
+            );
+        }
+        let _ = std::env::set_current_dir("/");
+        bound
+    }
 }
 
 /// Runs the agent on an already bound listener; never returns.
@@ -93,17 +132,62 @@ async fn run(
             }
         }
     });
+    // Installed before any quiesce, so the host's wake-up is never lost.
+    let mut wake = match config.rebind {
+        Some(_) => Some(signal(SignalKind::user_defined2())?),
+        None => None,
+    };
+    let (quiesce_tx, mut quiesce_rx) = tokio::sync::mpsc::channel::<UnixStream>(1);
+    let quiesce_tx = config.rebind.is_some().then_some(quiesce_tx);
+    let mut listener = Some(listener);
     loop {
-        let (stream, _) = listener.accept().await?;
-        tokio::spawn(handle(
-            stream,
-            reaper.clone(),
-            jail.clone(),
-            procs.clone(),
-            kernels.clone(),
-            file_ops.clone(),
-            config.exec_cgroups.clone(),
-        ));
+        let current = match listener.take() {
+            Some(l) => l,
+            None => {
+                let rebind = config.rebind.as_ref().expect("quiesced without a rebind");
+                let l = rebind.bind()?;
+                l.set_nonblocking(true)?;
+                tokio::net::UnixListener::from_std(l)?
+            }
+        };
+        let mut conns = tokio::task::JoinSet::new();
+        let quiescer = loop {
+            tokio::select! {
+                accepted = current.accept() => {
+                    let (stream, _) = accepted?;
+                    conns.spawn(handle(
+                        stream,
+                        Shared {
+                            reaper: reaper.clone(),
+                            jail: jail.clone(),
+                            procs: procs.clone(),
+                            kernels: kernels.clone(),
+                            file_ops: file_ops.clone(),
+                            cgroups: config.exec_cgroups.clone(),
+                            quiesce: quiesce_tx.clone(),
+                        },
+                    ));
+                }
+                Some(stream) = quiesce_rx.recv() => break stream,
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            }
+        };
+        // Nothing host-backed may stay open: the listener, then every connection.
+        drop(current);
+        conns.abort_all();
+        while conns.join_next().await.is_some() {}
+        // A wake-up sent before this quiesce (a retried one) must not end the wait below.
+        if let Some(w) = wake.as_mut() {
+            while let Ok(Some(())) = tokio::time::timeout(std::time::Duration::ZERO, w.recv()).await
+            {
+            }
+        }
+        let mut quiescer = quiescer;
+        let _ = proto::write_json(&mut quiescer, &pong()).await;
+        drop(quiescer);
+        if let Some(w) = wake.as_mut() {
+            w.recv().await;
+        }
     }
 }
 
@@ -123,15 +207,28 @@ fn pong() -> Response {
 }
 
 /// Reads the connection's one request and runs it.
-async fn handle(
-    mut stream: UnixStream,
+/// What every connection's request may use.
+struct Shared {
     reaper: Arc<Reaper>,
     jail: Arc<Jail>,
     procs: Arc<Procs>,
     kernels: Arc<crate::kernel::Kernels>,
     file_ops: Arc<tokio::sync::Semaphore>,
     cgroups: Option<Arc<ExecCgroups>>,
-) {
+    /// Where a `Quiesce` hands its connection to the accept loop (None: refused).
+    quiesce: Option<tokio::sync::mpsc::Sender<UnixStream>>,
+}
+
+async fn handle(mut stream: UnixStream, shared: Shared) {
+    let Shared {
+        reaper,
+        jail,
+        procs,
+        kernels,
+        file_ops,
+        cgroups,
+        quiesce,
+    } = shared;
     let req = match proto::read_frame(&mut stream).await {
         Ok(Some((FrameKind::Json, body))) => serde_json::from_slice::<Request>(&body),
         _ => return,
@@ -172,6 +269,20 @@ async fn handle(
             SEALED_AT.store(TOUCHED.load(Ordering::SeqCst), Ordering::SeqCst);
             proto::write_json(&mut stream, &pong()).await
         }
+        Ok(Request::Quiesce) => match quiesce {
+            // The accept loop answers once everything else is closed.
+            Some(tx) => {
+                let _ = tx.send(stream).await;
+                return;
+            }
+            None => {
+                let msg = Response::Error {
+                    kind: ErrorKind::BadRequest,
+                    message: "this sandbox's agent cannot quiesce".into(),
+                };
+                proto::write_json(&mut stream, &msg).await
+            }
+        },
         Ok(Request::Exec(spec)) => exec(stream, spec, reaper, jail, cgroups).await,
         Ok(Request::Spawn { spec, tag }) => {
             proto::write_json(&mut stream, &procs.spawn(spec, tag, &reaper, &jail)).await

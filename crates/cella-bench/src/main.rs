@@ -5,6 +5,7 @@
 //! The model gateway's overhead is measured against a stand-in upstream of its own (`gateway`);
 //! `--gateway-only` measures just that. Task runs (`tasks`: queued to running with a 10 MB
 //! repository, heartbeat loss) use a second server with command agents; `--tasks-only`.
+//! `--gvisor-only` measures only the gVisor runtime's rows.
 //! `--phases` prints where a create, an exec and a destroy spend their time (`phases`).
 
 mod gateway;
@@ -40,6 +41,9 @@ struct Args {
     /// Only the task runs' figures.
     #[arg(long)]
     tasks_only: bool,
+    /// Only the gVisor runtime's figures (create, pause to disk, resume from disk).
+    #[arg(long)]
+    gvisor_only: bool,
     /// Only where the time of a create, an exec and a destroy goes, phase by phase.
     #[arg(long)]
     phases: bool,
@@ -358,6 +362,83 @@ fn runc_peer(n: usize) -> Option<Vec<f64>> {
     }))
 }
 
+/// Create and first exec on the gVisor runtime, and its pause to disk and resume from disk
+/// with ~100 MiB resident; no rows where the server has no `runsc`.
+fn gvisor_series(s: &Server, n: usize) -> Vec<Series> {
+    let mut series = Vec::new();
+    let gvisor = {
+        let (_, t) = s.call(KEY, "GET", "/api/v1/templates/base", None);
+        t["data"]["runtimes"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|x| x == "gvisor"))
+    };
+    if gvisor {
+        let mut samples = Vec::new();
+        for _ in 0..n {
+            let t = Instant::now();
+            let id = s.create_gvisor(KEY).expect("create on gvisor");
+            s.exec_true(&id);
+            samples.push(ms(t.elapsed()));
+            s.destroy(KEY, &id);
+        }
+        series.push(Series {
+            name: "gvisor_create_exec_ms",
+            samples,
+            target: "(none yet)",
+        });
+        // Pause to disk and resume from it, with ~100 MiB resident (a process holding 100 MiB
+        // of bytes that are not zero, so every page is written and read back).
+        let id = s.create_gvisor(KEY).expect("create on gvisor");
+        let hold = "b = bytes(range(256)) * (100 * 4096)\nopen('/tmp/held', 'w').close()\nimport time\ntime.sleep(86400)\n";
+        let (st, v) = s.call(
+            KEY,
+            "POST",
+            &format!("/api/v1/sandboxes/{id}/processes"),
+            Some(json!({ "argv": ["python3", "-c", hold] })),
+        );
+        assert_eq!(st, 201, "starting the memory holder: {v}");
+        // Held once it made its file.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, out) = s.call(
+                KEY,
+                "POST",
+                &format!("/api/v1/sandboxes/{id}/exec"),
+                Some(json!({ "argv": ["test", "-e", "/tmp/held"] })),
+            );
+            if out["data"]["exit_code"] == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the memory holder never held");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let (mut pauses, mut resumes) = (Vec::new(), Vec::new());
+        for _ in 0..n.min(5) {
+            let t = Instant::now();
+            let (st, v) = s.call(KEY, "POST", &format!("/api/v1/sandboxes/{id}/pause"), None);
+            assert_eq!(st, 200, "pause to disk: {v}");
+            pauses.push(ms(t.elapsed()));
+            let t = Instant::now();
+            let (st, v) = s.call(KEY, "POST", &format!("/api/v1/sandboxes/{id}/resume"), None);
+            assert_eq!(st, 200, "resume from disk: {v}");
+            resumes.push(ms(t.elapsed()));
+        }
+        s.destroy(KEY, &id);
+        series.push(Series {
+            name: "gvisor_pause_disk_ms",
+            samples: pauses,
+            target: "p50 <= 1000",
+        });
+        series.push(Series {
+            name: "gvisor_resume_disk_ms",
+            samples: resumes,
+            target: "p50 <= 500",
+        });
+    }
+
+    series
+}
+
 fn main() {
     let args = Args::parse();
     let bin = args
@@ -374,6 +455,20 @@ fn main() {
     if args.phases {
         let s = Server::start(&bin, "");
         phases::measure(&s, n);
+        return;
+    }
+    if args.gvisor_only {
+        let s = Server::start(&bin, "");
+        for x in gvisor_series(&s, n) {
+            println!(
+                "{:<22} p50 {:>9.2}   p90 {:>9.2}   n {}   target {}",
+                x.name,
+                x.p(0.5),
+                x.p(0.9),
+                x.samples.len(),
+                x.target
+            );
+        }
         return;
     }
     // Task runs, on a server of their own (its agents are commands), before anything else.
@@ -480,27 +575,7 @@ fn main() {
     });
 
     // The same on the gVisor runtime, where the server has `runsc` (else no row).
-    let gvisor = {
-        let (_, t) = s.call(KEY, "GET", "/api/v1/templates/base", None);
-        t["data"]["runtimes"]
-            .as_array()
-            .is_some_and(|r| r.iter().any(|x| x == "gvisor"))
-    };
-    if gvisor {
-        let mut samples = Vec::new();
-        for _ in 0..n {
-            let t = Instant::now();
-            let id = s.create_gvisor(KEY).expect("create on gvisor");
-            s.exec_true(&id);
-            samples.push(ms(t.elapsed()));
-            s.destroy(KEY, &id);
-        }
-        series.push(Series {
-            name: "gvisor_create_exec_ms",
-            samples,
-            target: "(none yet)",
-        });
-    }
+    series.extend(gvisor_series(&s, n));
 
     // The same from the warm pool (size small): wait until a pool sandbox is ready, then time.
     let fast_ready = || {
@@ -813,6 +888,8 @@ fn main() {
             "create_exec_cold_ms_p50": p("create_exec_cold_ms", 0.5),
             "create_exec_cold_ms_p99": p("create_exec_cold_ms", 0.99),
             "gvisor_create_exec_ms_p50": p("gvisor_create_exec_ms", 0.5),
+            "gvisor_pause_disk_ms_p50": p("gvisor_pause_disk_ms", 0.5),
+            "gvisor_resume_disk_ms_p50": p("gvisor_resume_disk_ms", 0.5),
             "exec_rtt_ms_p50": p("exec_rtt_ms", 0.5),
             "exec_rtt_ms_p99": p("exec_rtt_ms", 0.99),
             "destroy_ms_p50": p("destroy_ms", 0.5),

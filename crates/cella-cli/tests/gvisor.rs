@@ -1,5 +1,6 @@
 //! Sandboxes on the gVisor runtime (`"runtime": "gvisor"`, `runsc` on the `ptrace` platform):
-//! create, exec, files, gVisor's own kernel inside, a syscall gVisor does not have, destroy
+//! create, exec, files, gVisor's own kernel inside, a syscall gVisor does not have, pause to
+//! disk and resume (also across a `kill -9` of the server, and racing a command), destroy
 //! leaving nothing, a `kill -9` of the server, and the 400s for what gVisor sandboxes do not
 //! have yet. Skipped (with a line saying so) where the host has no `runsc`.
 
@@ -407,4 +408,174 @@ fn the_interpreter_processes_previews_and_pause_work_on_gvisor() {
         http.get(&url).send().unwrap().text().unwrap(),
         "plain-text\n"
     );
+}
+
+/// The numbers a sandbox's counting loop wrote, one a line.
+fn counts(s: &Server, id: &str) -> Vec<u64> {
+    let r = s.sh(id, "cat /home/user/counts");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    r["stdout"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.parse().ok())
+        .collect()
+}
+
+/// The loop went on from where it was: 1, 2, 3, ... with no gap and no new start, and past
+/// `before`.
+fn assert_counted_on(s: &Server, id: &str, before: usize) {
+    let mut seen = Vec::new();
+    common::eventually("the loop counts on after the resume", || {
+        seen = counts(s, id);
+        seen.len() > before + 2
+    });
+    let expect: Vec<u64> = (1..=seen.len() as u64).collect();
+    assert_eq!(seen, expect, "the loop started again or lost numbers");
+}
+
+#[test]
+fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
+    if !have_runsc() {
+        return;
+    }
+    let mut s = Server::start();
+    let id = create_gvisor(&s);
+    let dir = s.data_dir().join("gvisor").join(&id);
+    let image = dir.join("memory").join("checkpoint.img");
+    let code = |s: &Server, code: &str| {
+        let r = s.post(
+            &format!("/api/v1/sandboxes/{id}/code/run"),
+            json!({ "code": code }),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.data().clone()
+    };
+    code(&s, "kept = 41");
+    // A loop whose counter lives only in the shell's memory.
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        json!({ "argv": ["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i >> /home/user/counts; sleep 0.05; done"] }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    common::eventually("the loop counts", || counts(&s, &id).len() >= 3);
+    let running = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert!(running.data().get("memory").is_none(), "{}", running.body);
+
+    // Pause: the whole sandbox in its directory, no runsc process left, its memory freed.
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    assert_eq!(r.data()["state"], "paused");
+    assert_eq!(r.data()["memory"], "on_disk");
+    assert!(image.exists(), "no checkpoint image in {}", dir.display());
+    assert_eq!(host_processes_naming(&id), Vec::<String>::new());
+    assert_eq!(common::sandbox_pids(&id), Vec::<i32>::new());
+    let usage = s.get(&format!("/api/v1/sandboxes/{id}/usage"));
+    assert_eq!(usage.status, 200, "{}", usage.body);
+    // While paused, a command is refused as for any paused sandbox, and nothing runs.
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/exec"),
+        json!({ "command": "true" }),
+    );
+    assert_eq!(r.status, 409, "{}", r.body);
+    // Resume: the same processes and memory, the agent reachable again.
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    assert_eq!(r.data()["state"], "running");
+    assert!(r.data().get("memory").is_none());
+    assert!(!image.exists(), "the image stays after the resume");
+    assert_eq!(code(&s, "kept + 1")["result"], "42");
+    let n = counts(&s, &id).len();
+    assert_counted_on(&s, &id, n);
+
+    // Paused to disk, the server killed: the restart finds it paused, and it resumes.
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    s.kill9();
+    s.restart();
+    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(got.data()["state"], "paused", "{}", got.body);
+    assert_eq!(got.data()["memory"], "on_disk");
+    assert!(image.exists());
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    assert_eq!(code(&s, "kept + 2")["result"], "43");
+    let n = counts(&s, &id).len();
+    assert_counted_on(&s, &id, n);
+
+    // A command running when a pause begins is cut: it answers 409 (paused), not a hang.
+    let url = format!("{}/api/v1/sandboxes/{id}/exec", s.url);
+    let racing = std::thread::spawn(move || {
+        reqwest::blocking::Client::builder()
+            .timeout(std::time::Duration::from_secs(60))
+            .build()
+            .unwrap()
+            .post(url)
+            .bearer_auth(KEY)
+            .json(&json!({ "command": "sleep 20; echo late" }))
+            .send()
+            .map(|r| (r.status().as_u16(), r.text().unwrap_or_default()))
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    let (status, body) = racing.join().unwrap().expect("the racing exec answered");
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("paused"), "{body}");
+
+    // Destroyed while paused to disk: nothing is left, the image included.
+    let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(d.status, 200, "{}", d.body);
+    common::eventually("the paused gVisor sandbox's host state is gone", || {
+        !dir.exists()
+            && host_processes_naming(&id).is_empty()
+            && common::cgroup_dirs(&id).is_empty()
+            && mounts_naming(&id).is_empty()
+    });
+}
+
+#[test]
+fn a_server_killed_between_the_checkpoint_and_the_row_finds_the_sandbox_running_again() {
+    if !have_runsc() {
+        return;
+    }
+    // The server dies right after the driver's pause (checkpoint written, processes ended),
+    // before the row says paused: at the restart the row says running, so the sandbox is
+    // restored from its image and its new processes recorded.
+    let mut s = Server::start_env("", &[("CELLA_CRASH_AT", "sandbox.pause.after_freeze")]);
+    let id = create_gvisor(&s);
+    let image = s.data_dir().join("gvisor").join(&id).join("memory");
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/code/run"),
+        json!({ "code": "kept = 'before the crash'" }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let _ = s.try_raw(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/pause"),
+        Some(KEY),
+        Some(b"{}".to_vec()),
+        &[],
+    );
+    assert!(
+        s.wait_exit(120).is_some(),
+        "the server did not die at its crash point"
+    );
+    assert!(image.exists(), "no image was written before the crash");
+    s.restart_with_env(&[]);
+    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(got.data()["state"], "running", "{}\n{}", got.body, s.log());
+    assert!(!image.exists());
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/code/run"),
+        json!({ "code": "kept" }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.data()["result"], "'before the crash'");
+    let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(d.status, 200, "{}", d.body);
+    let dir = s.data_dir().join("gvisor").join(&id);
+    common::eventually("the gVisor sandbox's host state is gone", || {
+        !dir.exists() && host_processes_naming(&id).is_empty()
+    });
 }

@@ -191,6 +191,25 @@ pub fn usage(path: &str) -> (u64, u64) {
     (cpu_ns, mem)
 }
 
+/// SIGKILLs every process left in the cgroup (its top level) and waits briefly until it is
+/// empty; the cgroup and its limits stay.
+pub fn kill(path: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let pids = procs(path);
+        if pids.is_empty() || Instant::now() > deadline {
+            return;
+        }
+        for p in pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// SIGKILLs every process in the cgroup until it is empty, then removes it.
 pub fn kill_and_remove(path: &str) -> Result<(), DriverError> {
     let cg = load(path);

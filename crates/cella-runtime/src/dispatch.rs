@@ -95,7 +95,7 @@ impl Driver for Dispatch {
         self.of(handle).pause(handle).await
     }
 
-    async fn unpause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
+    async fn unpause(&self, handle: &SandboxHandle) -> Result<Option<SandboxHandle>, DriverError> {
         self.of(handle).unpause(handle).await
     }
 
@@ -251,9 +251,9 @@ mod tests {
             self.note(&format!("pause {}", h.id));
             Ok(())
         }
-        async fn unpause(&self, h: &SandboxHandle) -> Result<(), DriverError> {
+        async fn unpause(&self, h: &SandboxHandle) -> Result<Option<SandboxHandle>, DriverError> {
             self.note(&format!("unpause {}", h.id));
-            Ok(())
+            Ok(None)
         }
         async fn stop(&self, id: &str, h: Option<&SandboxHandle>) -> Result<(), DriverError> {
             self.note(&format!("stop {id} {}", h.is_some()));

@@ -192,11 +192,15 @@ pub trait Driver: Send + Sync + 'static {
     /// Looks whether a sandbox started earlier still runs (frozen counts as running).
     async fn probe(&self, handle: &SandboxHandle) -> Probe;
 
-    /// Freezes every process of the sandbox; memory is kept.
+    /// Pauses the sandbox: the namespace driver freezes every process (memory kept in RAM);
+    /// the gVisor driver writes the whole sandbox to its directory and ends its processes
+    /// (memory on disk). Idempotent; a pause that fails leaves the sandbox running.
     async fn pause(&self, handle: &SandboxHandle) -> Result<(), DriverError>;
 
-    /// Thaws a paused sandbox.
-    async fn unpause(&self, handle: &SandboxHandle) -> Result<(), DriverError>;
+    /// Resumes a paused sandbox (a no-op on a running one). Answers the sandbox's new handle
+    /// when its processes were started again (gVisor's restore: new pids), which the caller
+    /// must record; None when the handle stays.
+    async fn unpause(&self, handle: &SandboxHandle) -> Result<Option<SandboxHandle>, DriverError>;
 
     /// Ends every process of the sandbox but keeps its writable layer, so `create` with the same
     /// id boots it again on the same files. Idempotent.

@@ -10,8 +10,9 @@
 //! through the API (the agent is asked before an idle pause). Listing sandboxes does not count.
 //!
 //! Pause, resume, stop and the timers take the sandbox's lock, reload the row, ask the transition
-//! table, call the driver and write the row. Pause is the cgroup freezer (the sandbox keeps its
-//! link and its firewall rules); stop (persistent only) removes its rules and keeps the writable
+//! table, call the driver and write the row. Pause is the cgroup freezer on namespace (the
+//! sandbox keeps its link and its firewall rules) and a checkpoint to disk on gVisor, whose
+//! resume restores new processes: the row takes the handle the driver answers; stop (persistent only) removes its rules and keeps the writable
 //! layer (the disk image); resume from `stopped` claims a plan slot in one SQL statement
 //! (`Store::claim_slot`) and boots again on the same layer, with a new link and rules built again
 //! from the stored policy.
@@ -188,12 +189,16 @@ pub async fn resume(state: &AppState, id: &str) -> Result<Sandbox, SandboxError>
     crate::billing::cover_resume(state, &row, now).await?;
     if event == Event::Unpause {
         let h = handle(&row)?;
-        state
+        let restored = state
             .driver
             .unpause(&h)
             .await
             .map_err(SandboxError::driver("resume"))?;
         cella_crash::crash_point!("sandbox.resume.after_thaw");
+        // A sandbox restored from disk (gVisor) has new processes: its new handle.
+        if let Some(new) = restored {
+            row.runtime = serde_json::to_string(&new).ok();
+        }
         if let Some(since) = row.paused_since.take() {
             row.paused_ms += (now - since).max(0);
         }

@@ -93,6 +93,13 @@ pub fn to_wire(app: &AppState, row: &SandboxRow) -> Sandbox {
         compute_cost: crate::billing::compute_cost_of(row, now),
         model_cost: row.model_cost,
         runtime: row.isolation.clone(),
+        memory: (st == SandboxState::Paused).then(|| {
+            if row.isolation == "gvisor" {
+                cella_types::PausedMemory::OnDisk
+            } else {
+                cella_types::PausedMemory::InRam
+            }
+        }),
     }
 }
 
@@ -818,6 +825,26 @@ pub async fn exec_failure(
         return SandboxError::invalid("cwd", m);
     }
     tracing::warn!(sandbox = id, "exec failed: {e}");
+    // A pause to disk (gVisor) closes the agent's connections, and its agent answers nothing
+    // until the resume: a command cut by a pause that began while it ran answers as a call
+    // made after it would (409, paused), once the pause is over, and is not taken for dead.
+    if handle.runtime == cella_runtime::Runtime::Gvisor {
+        let settled =
+            tokio::time::timeout(std::time::Duration::from_secs(30), state.locks.lock(id)).await;
+        drop(settled);
+        if let Ok(Some(row)) = state.store.sandbox(id).await {
+            if state_of(&row) != SandboxState::Running {
+                return SandboxError::not_running(&row);
+            }
+            // Paused and resumed since: its processes are new, the old handle's are gone.
+            if handle_of(&row).ok().flatten().as_ref() != Some(handle) {
+                return SandboxError::Driver {
+                    what: "exec",
+                    source: e,
+                };
+            }
+        }
+    }
     match state.driver.probe(handle).await {
         Probe::Gone(reason) => {
             mark_gone(
@@ -904,10 +931,23 @@ pub async fn reconcile(state: &AppState) -> Result<(), cella_store::StoreError> 
                     running.insert(row.id.clone());
                     // Frozen as its row says: a server stopped between the freezer and the
                     // row's write (a pause, a resume, a snapshot's copy) left them apart.
+                    // A gVisor sandbox found written to disk while its row says running (a
+                    // server killed between its checkpoint and the row's write) is restored
+                    // and its new handle recorded.
                     let frozen = if st == SandboxState::Paused {
                         state.driver.pause(&h).await
                     } else {
-                        state.driver.unpause(&h).await
+                        match state.driver.unpause(&h).await {
+                            Ok(Some(new)) => {
+                                let mut row = row.clone();
+                                row.runtime = serde_json::to_string(&new).ok();
+                                if let Err(e) = state.store.update_sandbox(&row).await {
+                                    tracing::warn!(sandbox = row.id, "recording its handle: {e}");
+                                }
+                                Ok(())
+                            }
+                            other => other.map(|_| ()),
+                        }
                     };
                     if let Err(e) = frozen {
                         tracing::warn!(sandbox = row.id, "setting its freezer state: {e}");

@@ -379,7 +379,7 @@ impl Driver for FakeDriver {
         Ok(())
     }
 
-    async fn unpause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
+    async fn unpause(&self, handle: &SandboxHandle) -> Result<Option<SandboxHandle>, DriverError> {
         self.enter(Op::Unpause, &handle.id).await?;
         let mut inner = self.lock();
         let sb = Self::current(&mut inner, handle).ok_or_else(|| gone(&handle.id))?;
@@ -387,7 +387,7 @@ impl Driver for FakeDriver {
         if let Some(a) = &sb.agent {
             a.shared.run.send_replace(Run::Running);
         }
-        Ok(())
+        Ok(None)
     }
 
     async fn stop(&self, id: &str, _handle: Option<&SandboxHandle>) -> Result<(), DriverError> {

@@ -695,6 +695,19 @@ pub struct Sandbox {
     /// or `gvisor` (gVisor's user-space kernel).
     #[serde(default = "default_runtime")]
     pub runtime: String,
+    /// Where a paused sandbox's memory is: `in_ram` (namespace: its processes frozen) or
+    /// `on_disk` (gVisor: the whole sandbox written to its directory, its RAM freed). Absent
+    /// unless paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<PausedMemory>,
+}
+
+/// Where a paused sandbox's memory is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PausedMemory {
+    InRam,
+    OnDisk,
 }
 
 fn default_runtime() -> String {

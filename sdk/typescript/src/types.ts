@@ -89,6 +89,8 @@ export interface SandboxInfo {
   autoResume: boolean;
   /** The isolation runtime it runs on: `namespace` or `gvisor`. */
   runtime: string;
+  /** Only while paused: where its memory is, `in_ram` (namespace) or `on_disk` (gvisor). */
+  memory?: 'in_ram' | 'on_disk' | null;
   [field: string]: unknown;
 }
 

@@ -30,13 +30,27 @@
 //!
 //! The handle's pid is `runsc run`'s (with its start time). Stop and destroy kill every
 //! process of the cgroup, `runsc delete --force` the container's state and reap the pid;
-//! destroy also removes the directory. Pause freezes the cgroup (memory kept in RAM).
+//! destroy also removes the directory (a checkpoint image with it).
+//!
+//! Pause is to disk. runsc 20221219 refuses to save a sandbox that holds a host-backed socket
+//! ("Cannot save endpoint with bound host socket"), so the agent is asked to quiesce first
+//! (`Request::Quiesce`: it closes its listener and every connection, answers, and waits for
+//! `SIGUSR2`); then `runsc checkpoint` writes the whole sandbox (memory, processes, open files;
+//! file contents stay on its disk, `--overlay2=none`) to `memory.partial/`, renamed `memory/`
+//! once whole, and the sandbox's processes end (its RAM is freed; the cgroup stays, empty).
+//! Resume runs the launcher again with the boot's input (`launch.json`: the same mounts, which
+//! a restore needs) and `runsc restore --image-path memory/` instead of `runsc run`, sends
+//! `SIGUSR2` with `runsc kill` (tried until the restored container takes it), waits for the
+//! agent to answer on its socket bound again, and removes the image; the new handle (new pid)
+//! goes back to the server. A failed checkpoint, or a quiesce that failed, wakes the agent the
+//! same way: the sandbox runs on. While the image is whole the sandbox counts as alive
+//! (`alive`, `probe`) though it has no process. A sandbox frozen by an older server is thawed
+//! before its pause to disk. The inverted channel (the agent connecting out through
+//! `--host-uds=open`) was not needed: the signal keeps the host in charge of when the agent
+//! may bind again.
+//!
 //! Not on gVisor yet (refused with [`DriverError::Unsupported`] naming it): a network
-//! interface, snapshots, layer export, network updates. Memory to disk (`runsc checkpoint`) is
-//! not possible with this channel: runsc 20221219 refuses to save a sandbox while the agent's
-//! host socket is bound ("Cannot save endpoint with bound host socket"), so the agent would
-//! have to close it (and every connection) before a checkpoint and bind it again after a
-//! restore.
+//! interface, snapshots, layer export, network updates.
 
 pub mod spec;
 
@@ -65,6 +79,17 @@ pub struct GvisorLaunch {
     /// Where `runsc`'s own messages go.
     pub log: PathBuf,
 }
+
+/// The checkpoint image of a sandbox paused to disk, in its directory (written to
+/// [`MEMORY_TMP`] first, renamed once whole).
+pub const MEMORY_DIR: &str = "memory";
+const MEMORY_TMP: &str = "memory.partial";
+/// The file `runsc checkpoint` writes in the image directory.
+const IMAGE_FILE: &str = "checkpoint.img";
+/// The launcher's input of the sandbox's boot, kept for a restore.
+const LAUNCH_FILE: &str = "launch.json";
+/// Longest wait for the agent to close its connections before a checkpoint.
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone)]
 pub struct GvisorDriver {
@@ -248,6 +273,23 @@ impl GvisorDriver {
             },
         )?;
         let cfg = self.prepare(spec)?;
+        // Kept for a restore from disk, which needs the same mounts.
+        let json = serde_json::to_vec(&cfg).map_err(std::io::Error::other)?;
+        std::fs::write(self.sandbox_dir(&spec.id).join(LAUNCH_FILE), json)?;
+        let (pid, start_time) = self.start(&cfg)?;
+        Ok(SandboxHandle {
+            id: spec.id.clone(),
+            runtime: Runtime::Gvisor,
+            pid,
+            start_time,
+            socket: cfg.launch.socket,
+            cgroup: cgroup_path,
+            net: None,
+        })
+    }
+
+    /// Runs the launcher with `cfg`; answers the pid and start time of its `runsc`.
+    fn start(&self, cfg: &GvisorLaunch) -> Result<(i32, u64), DriverError> {
         use std::io::Write;
         use std::os::unix::process::CommandExt;
         let mut child = Command::new(&self.agent_exe)
@@ -285,17 +327,155 @@ impl GvisorDriver {
         let start_time = process_start_time(pid).ok_or_else(|| {
             DriverError::Launch(format!(
                 "runsc exited at start: {}",
-                self.log_tail(&spec.id)
+                self.log_tail(&cfg.launch.id)
             ))
         })?;
+        Ok((pid, start_time))
+    }
+
+    /// Whether the sandbox is written to disk (a whole checkpoint image in its directory).
+    fn on_disk(&self, id: &str) -> bool {
+        self.sandbox_dir(id)
+            .join(MEMORY_DIR)
+            .join(IMAGE_FILE)
+            .exists()
+    }
+
+    /// `runsc` with this driver's flags and `args`, to its end; its complaints on failure.
+    fn runsc_call(&self, args: &[String]) -> Result<(), String> {
+        let mut base = self.runsc_base();
+        let exe = base.remove(0);
+        let out = Command::new(exe)
+            .args(base)
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| format!("running runsc: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            Err(err.trim().lines().last().unwrap_or("failed").to_string())
+        }
+    }
+
+    /// Writes the whole sandbox (memory, processes, open files) to `memory/` in its directory;
+    /// its processes then end. On failure the sandbox runs on (the agent woken again).
+    fn checkpoint(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
+        let dir = self.sandbox_dir(&handle.id);
+        let tmp = dir.join(MEMORY_TMP);
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700))?;
+        if let Err(e) = self.runsc_call(&[
+            "checkpoint".into(),
+            format!("--image-path={}", tmp.display()),
+            handle.id.clone(),
+        ]) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(DriverError::Launch(format!("runsc checkpoint: {e}")));
+        }
+        // runsc ends the sandbox once saved: its processes leave the cgroup.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !cgroup::procs(&handle.cgroup).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        cgroup::kill(&handle.cgroup);
+        reap(handle.pid);
+        self.runsc_delete(&handle.id);
+        let _ = std::fs::remove_file(dir.join("sock").join(spec::SOCKET_NAME));
+        std::fs::rename(&tmp, dir.join(MEMORY_DIR))?;
+        Ok(())
+    }
+
+    /// Starts the sandbox again from its image; answers its new handle once its `runsc
+    /// restore` runs (the agent is woken and waited for by the caller).
+    fn restore(&self, handle: &SandboxHandle) -> Result<SandboxHandle, DriverError> {
+        let dir = self.sandbox_dir(&handle.id);
+        let text = std::fs::read(dir.join(LAUNCH_FILE))?;
+        let mut cfg: GvisorLaunch = serde_json::from_slice(&text).map_err(std::io::Error::other)?;
+        let run = cfg
+            .runsc
+            .iter()
+            .position(|a| a == "run")
+            .ok_or_else(|| DriverError::Launch("no runsc run in the launch file".into()))?;
+        cfg.runsc[run] = "restore".into();
+        cfg.runsc.insert(
+            run + 1,
+            format!("--image-path={}", dir.join(MEMORY_DIR).display()),
+        );
+        // A restore the server did not record (killed during a resume) must not run twice.
+        cgroup::kill(&handle.cgroup);
+        self.runsc_delete(&handle.id);
+        let _ = std::fs::remove_file(dir.join("sock").join(spec::SOCKET_NAME));
+        let (pid, start_time) = self.start(&cfg)?;
         Ok(SandboxHandle {
-            id: spec.id.clone(),
-            runtime: Runtime::Gvisor,
             pid,
             start_time,
-            socket: cfg.launch.socket,
-            cgroup: cgroup_path,
-            net: None,
+            ..handle.clone()
+        })
+    }
+
+    /// Tells a quiesced agent to bind its socket again (`SIGUSR2` through `runsc kill`, tried
+    /// until the container takes it) and waits until it answers.
+    async fn wake(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
+        let _ = std::fs::remove_file(&handle.socket);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let args = vec!["kill".to_string(), handle.id.clone(), "USR2".into()];
+        loop {
+            let this = self.clone();
+            let a = args.clone();
+            let sent = tokio::task::spawn_blocking(move || this.runsc_call(&a))
+                .await
+                .map_err(|e| DriverError::Launch(e.to_string()))?;
+            match sent {
+                Ok(()) => break,
+                Err(e)
+                    if std::time::Instant::now() >= deadline
+                        || process_start_time(handle.pid) != Some(handle.start_time) =>
+                {
+                    return Err(DriverError::Launch(format!(
+                        "waking the agent: {e}; runsc: {}",
+                        self.log_tail(&handle.id)
+                    )));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+        self.wait_agent(handle, deadline).await
+    }
+
+    /// Waits until the agent's socket answers (it appears once the agent bound it).
+    async fn wait_agent(
+        &self,
+        handle: &SandboxHandle,
+        deadline: std::time::Instant,
+    ) -> Result<(), DriverError> {
+        while !handle.socket.exists()
+            && std::time::Instant::now() < deadline
+            && process_start_time(handle.pid) == Some(handle.start_time)
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // Bound is not yet listening: a refused connection is tried again, until the deadline.
+        let client = AgentClient::new(&handle.socket);
+        let mut answer = client.ping(Duration::from_secs(2)).await;
+        while answer.is_err()
+            && std::time::Instant::now() < deadline
+            && process_start_time(handle.pid) == Some(handle.start_time)
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            answer = client.ping(Duration::from_secs(2)).await;
+        }
+        answer.map(|_| ()).map_err(|e| {
+            DriverError::Launch(format!(
+                "the agent in gVisor did not answer: {e}; runsc: {}",
+                self.log_tail(&handle.id)
+            ))
         })
     }
 
@@ -359,6 +539,8 @@ impl GvisorDriver {
         let _ = std::fs::remove_file(dir.join("sock").join(spec::SOCKET_NAME));
         if keep_files {
             let _ = std::fs::remove_dir_all(dir.join("work"));
+            let _ = std::fs::remove_dir_all(dir.join(MEMORY_DIR));
+            let _ = std::fs::remove_dir_all(dir.join(MEMORY_TMP));
         } else if dir.exists() {
             // The overlay and the disk were mounted only in the sandbox's own mount namespace,
             // gone with its last process; here they are empty directories.
@@ -404,30 +586,10 @@ impl Driver for GvisorDriver {
         })
         .await
         .map_err(|e| DriverError::Launch(e.to_string()))??;
-        // The socket appears once gVisor has booted and the agent bound it.
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while !handle.socket.exists()
-            && std::time::Instant::now() < deadline
-            && process_start_time(handle.pid) == Some(handle.start_time)
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        // Bound is not yet listening: a refused connection is tried again, until the deadline.
-        let client = AgentClient::new(&handle.socket);
-        let mut answer = client.ping(Duration::from_secs(2)).await;
-        while answer.is_err()
-            && std::time::Instant::now() < deadline
-            && process_start_time(handle.pid) == Some(handle.start_time)
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            answer = client.ping(Duration::from_secs(2)).await;
-        }
-        if let Err(e) = answer {
-            let tail = self.log_tail(&handle.id);
+        if let Err(e) = self.wait_agent(&handle, deadline).await {
             let _ = self.stop(&handle.id, Some(&handle)).await;
-            return Err(DriverError::Launch(format!(
-                "the agent in gVisor did not answer: {e}; runsc: {tail}"
-            )));
+            return Err(e);
         }
         Ok(handle)
     }
@@ -442,15 +604,71 @@ impl Driver for GvisorDriver {
     }
 
     async fn probe(&self, handle: &SandboxHandle) -> Probe {
+        if self.on_disk(&handle.id) {
+            return Probe::Alive;
+        }
         crate::hosted::probe(handle, "runsc process").await
     }
 
+    /// To disk: the agent quiesces (no host socket left open), `runsc checkpoint` writes the
+    /// sandbox to `memory/` and ends it. A failure wakes the agent: the sandbox runs on.
     async fn pause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
-        crate::hosted::pause(handle).await
+        if self.on_disk(&handle.id) {
+            // On disk it has no process: one left is a restore the server did not record (it
+            // was killed during a resume), ended so that the image is the one copy.
+            let cg = handle.cgroup.clone();
+            let _ = tokio::task::spawn_blocking(move || cgroup::kill(&cg)).await;
+            return Ok(());
+        }
+        // A sandbox frozen by an older server (memory in RAM) is thawed first.
+        crate::hosted::unpause(handle)?;
+        if let Err(e) = AgentClient::new(&handle.socket)
+            .quiesce(QUIESCE_TIMEOUT)
+            .await
+        {
+            // It may have quiesced before the error: woken either way.
+            let _ = self.wake(handle).await;
+            return Err(DriverError::Agent(format!("quiescing the agent: {e}")));
+        }
+        let this = self.clone();
+        let h = handle.clone();
+        let saved = tokio::task::spawn_blocking(move || this.checkpoint(&h))
+            .await
+            .map_err(|e| DriverError::Launch(e.to_string()))?;
+        if let Err(e) = saved {
+            if let Err(w) = self.wake(handle).await {
+                tracing::warn!(sandbox = handle.id, "after a failed checkpoint: {w}");
+            }
+            return Err(e);
+        }
+        Ok(())
     }
 
-    async fn unpause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
-        crate::hosted::unpause(handle)
+    /// From disk: `runsc restore` of `memory/` in a new launcher (the same mounts), the agent
+    /// woken, the image removed. A failure ends what started and keeps the image.
+    async fn unpause(&self, handle: &SandboxHandle) -> Result<Option<SandboxHandle>, DriverError> {
+        if !self.on_disk(&handle.id) {
+            crate::hosted::unpause(handle)?;
+            return Ok(None);
+        }
+        let this = self.clone();
+        let h = handle.clone();
+        let new = tokio::task::spawn_blocking(move || this.restore(&h))
+            .await
+            .map_err(|e| DriverError::Launch(e.to_string()))??;
+        if let Err(e) = self.wake(&new).await {
+            let this = self.clone();
+            let n = new.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                cgroup::kill(&n.cgroup);
+                reap(n.pid);
+                this.runsc_delete(&n.id);
+            })
+            .await;
+            return Err(e);
+        }
+        std::fs::remove_dir_all(self.sandbox_dir(&handle.id).join(MEMORY_DIR))?;
+        Ok(Some(new))
     }
 
     async fn stop(&self, id: &str, handle: Option<&SandboxHandle>) -> Result<(), DriverError> {
@@ -499,7 +717,7 @@ impl Driver for GvisorDriver {
     }
 
     fn alive(&self, handle: &SandboxHandle) -> bool {
-        crate::hosted::alive(handle)
+        crate::hosted::alive(handle) || self.on_disk(&handle.id)
     }
 
     fn usage(&self, handle: &SandboxHandle) -> Option<ResourceUsage> {
@@ -598,6 +816,15 @@ pub fn agent_main(nofile: u64) -> i32 {
         }
     };
     let _ = std::fs::set_permissions(spec::AGENT_SOCKET, std::fs::Permissions::from_mode(0o600));
+    // Kept open (and out of the commands' reach: close-on-exec) to bind the socket again after
+    // a restore, once the directory is hidden.
+    let dir_fd = match std::fs::File::open(spec::AGENT_DIR) {
+        Ok(f) => std::os::fd::IntoRawFd::into_raw_fd(f),
+        Err(e) => {
+            eprintln!("cella-gvisor-agent: opening {}: {e}", spec::AGENT_DIR);
+            return 1;
+        }
+    };
     // Hidden under an empty read-only tmpfs. Not unmounted: gVisor's listener of a host
     // socket breaks (EIO on accept) once its mount is gone. Commands cannot unmount it: their
     // `Jail` has no CAP_SYS_ADMIN and its seccomp filter refuses every (u)mount.
@@ -628,6 +855,10 @@ pub fn agent_main(nofile: u64) -> i32 {
         cella_agent::AgentConfig {
             nofile,
             exec_cgroups: None,
+            rebind: Some(cella_agent::Rebind {
+                dir_fd,
+                name: spec::SOCKET_NAME.into(),
+            }),
         },
     )
 }

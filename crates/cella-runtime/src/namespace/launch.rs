@@ -261,6 +261,7 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd, userns: Option<OwnedFd>) -> Str
         cella_agent::AgentConfig {
             nofile: cfg.nofile,
             exec_cgroups,
+            rebind: None,
         },
     )
 }

@@ -635,8 +635,8 @@ impl Driver for NamespaceDriver {
         crate::hosted::pause(handle).await
     }
 
-    async fn unpause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
-        crate::hosted::unpause(handle)
+    async fn unpause(&self, handle: &SandboxHandle) -> Result<Option<SandboxHandle>, DriverError> {
+        crate::hosted::unpause(handle).map(|()| None)
     }
 
     async fn snapshot(
