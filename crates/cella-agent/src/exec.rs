@@ -149,6 +149,11 @@ pub(crate) async fn exec(
             return proto::write_json(&mut wr, &Response::Exit(exit)).await;
         }
     };
+    // The next exec's cgroup and process are made now, while this command runs, so that an
+    // exec that follows at once finds them ready.
+    if let Some(c) = &cgroups {
+        c.make_ready();
+    }
     let pid = child.pid;
     let mut exit_rx = child.exit;
     let mut launch = child.launch;

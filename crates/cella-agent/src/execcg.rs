@@ -15,9 +15,11 @@
 //! members are read). An exec that ends on its own leaves its leftovers running, as documented;
 //! its cgroup is removed once empty (tried again at every later exec).
 //!
-//! The `mkdir` is off an exec's path: when an exec is over (its answer sent), the agent removes
-//! its cgroup and makes the next one's ahead, empty, with its `cgroup.procs` open; the next
-//! exec takes it (a fresh group all the same: no process was ever in it).
+//! The `mkdir` is off an exec's path: once an exec's command has started (and when the agent
+//! starts), the agent makes the next exec's cgroup ahead, with its `cgroup.procs` open and the
+//! next command's process already waiting in it ([`crate::standby`]); the next exec takes both
+//! (a fresh group all the same: no process of another exec was ever in it). An exec that ends
+//! removes its own cgroup, or leaves it to be removed once its leftovers have ended.
 //!
 //! No descriptor (an agent run outside a sandbox, a host without a freezer): [`ExecCgroups`] is
 //! absent and the agent falls back to [`crate::spawn::kill_tree`], a process-tree walk.
@@ -132,7 +134,7 @@ impl ExecCgroups {
     }
 
     /// Makes the next exec's cgroup now, and its process in it, unless made already.
-    fn make_ready(&self) {
+    pub(crate) fn make_ready(&self) {
         let mut ready = self.ready.lock().expect("exec cgroup lock");
         if ready.is_none() {
             *ready = self.make();
@@ -241,7 +243,7 @@ impl ExecGroup<'_> {
 
 impl Drop for ExecGroup<'_> {
     /// The exec is over (its answer sent): its cgroup goes now if empty, or once its leftovers
-    /// have ended; and the next exec's is made.
+    /// have ended; and the next exec's is made, unless it was made when this one started.
     fn drop(&mut self) {
         if !self.parent.rmdir(&self.name) {
             self.parent
