@@ -181,7 +181,10 @@ impl Standby {
         let Some(cwd) = w.string(&spec.cwd) else {
             return false;
         };
-        let argv: Option<Vec<_>> = spec.argv.iter().map(|a| w.string(a)).collect();
+        // argv[0] is the program run, as `Command` gives it (`/bin/sh` standing in for bash).
+        let argv: Option<Vec<_>> = std::iter::once(Some(program))
+            .chain(spec.argv[1..].iter().map(|a| w.string(a)))
+            .collect();
         let envs: Option<Vec<_>> = spec
             .env
             .iter()
