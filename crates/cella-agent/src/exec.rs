@@ -1,15 +1,18 @@
 //! One exec: run a command to its end and stream its output back.
 //!
 //! The answer on the connection is `Started { pid }`, then stdout and stderr frames (each stream
-//! cut at the spec's output cap, the cut reported in the exit), then `Exit`. A timeout or the node
+//! cut at the spec's output cap, the cut reported in the exit), then `Exit`. `Started` waits up
+//! to [`ANNOUNCE`] to go out in one write with what follows it. The command starts in the process
+//! made ahead for it when there is one ([`crate::standby`]), else by a fork. A timeout or the node
 //! hanging up kills everything the command started: its exec cgroup as one when the sandbox
 //! delegated one (see [`crate::execcg`]), else its process tree ([`kill_tree`]). After the command
 //! exits, output still buffered is drained for at most [`DRAIN_AFTER_EXIT`].
 
-use crate::execcg::ExecCgroups;
+use crate::execcg::{ExecCgroups, ExecGroup};
 use crate::harden::Jail;
 use crate::proto::{self, ErrorKind, ExecSpec, ExitInfo, FrameKind, Response};
-use crate::spawn::{command, cwd_problem, kill_tree, spawn_failure, Reaper};
+use crate::spawn::{command, cwd_problem, kill_tree, program, spawn_failure, Reaper};
+use crate::standby::Started;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,9 +24,14 @@ use tokio::net::UnixStream;
 /// Background children that keep the pipes open do not hold the answer longer than this.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 
-/// Forwards output up to the cap; returns false when the node has gone away.
+/// How long `Started` may wait to go out with the command's first output or its exit.
+const ANNOUNCE: Duration = Duration::from_millis(5);
+
+/// Forwards output up to the cap, after what is `pending` (the `Started` frame not sent yet),
+/// in one write; returns false when the node has gone away.
 async fn forward(
     wr: &mut tokio::net::unix::OwnedWriteHalf,
+    pending: &mut Vec<u8>,
     kind: FrameKind,
     data: &[u8],
     sent: &mut u64,
@@ -39,7 +47,42 @@ async fn forward(
     if take == 0 {
         return true;
     }
-    proto::write_frame(wr, kind, &data[..take]).await.is_ok()
+    if pending.is_empty() {
+        return proto::write_frame(wr, kind, &data[..take]).await.is_ok();
+    }
+    proto::push_frame(pending, kind, &data[..take]);
+    wr.write_all(&std::mem::take(pending)).await.is_ok()
+}
+
+/// Starts `spec` by forking the agent (when no process was made ahead, see [`crate::standby`]).
+fn spawn(
+    spec: &ExecSpec,
+    jail: &Arc<Jail>,
+    reaper: &Reaper,
+    group: Option<&ExecGroup<'_>>,
+) -> std::io::Result<Started> {
+    let mut cmd = command(
+        spec,
+        jail,
+        spec.stdin.is_some(),
+        true,
+        group.map(|g| g.procs_fd()),
+    );
+    let mut child = cmd.spawn()?;
+    let pid = child.id() as i32;
+    // Registered before anything can reap it: the reaper runs on this same thread.
+    let exit = reaper.register(pid);
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(std::io::Error::other("no output pipes"));
+    };
+    Ok(Started {
+        pid,
+        exit,
+        stdin: child.stdin.take().map(OwnedFd::from),
+        stdout: stdout.into(),
+        stderr: stderr.into(),
+        launch: None,
+    })
 }
 
 /// Runs `spec` and answers on `stream` until the command ended (or was killed).
@@ -67,19 +110,20 @@ pub(crate) async fn exec(
     }
     let started = Instant::now();
     // Everything the command starts is in its own cgroup, killed as one at a timeout.
-    let group = cgroups.as_deref().and_then(ExecCgroups::group);
+    let mut group = cgroups.as_deref().and_then(ExecCgroups::group);
+    let standby = group.as_mut().and_then(ExecGroup::take_standby);
+    let launched = match standby {
+        Some(standby) => match standby.run(program(&spec), &spec).await {
+            Some(s) => Ok(s),
+            None => spawn(&spec, &jail, &reaper, group.as_ref()),
+        },
+        None => spawn(&spec, &jail, &reaper, group.as_ref()),
+    };
     let kill_all = |pid: i32| match &group {
         Some(g) => g.kill(),
         None => kill_tree(pid),
     };
-    let mut cmd = command(
-        &spec,
-        &jail,
-        spec.stdin.is_some(),
-        true,
-        group.as_ref().map(|g| g.procs_fd()),
-    );
-    let mut child = match cmd.spawn() {
+    let child = match launched {
         Ok(c) => c,
         Err(e) => {
             let (code, msg) = spawn_failure(&spec.argv[0], &e);
@@ -87,6 +131,7 @@ pub(crate) async fn exec(
             let mut trunc = false;
             forward(
                 &mut wr,
+                &mut Vec::new(),
                 FrameKind::Stderr,
                 msg.as_bytes(),
                 &mut sent,
@@ -104,29 +149,37 @@ pub(crate) async fn exec(
             return proto::write_json(&mut wr, &Response::Exit(exit)).await;
         }
     };
-    let pid = child.id() as i32;
-    let mut exit_rx = reaper.register(pid);
-    proto::write_json(&mut wr, &Response::Started { pid }).await?;
+    // The next exec's cgroup and process are made now, while this command runs, so that an
+    // exec that follows at once finds them ready.
+    if let Some(c) = &cgroups {
+        c.make_ready();
+    }
+    let pid = child.pid;
+    let mut exit_rx = child.exit;
+    let mut launch = child.launch;
+    // `Started` goes out with the first output or the exit, or after ANNOUNCE: a short command
+    // then costs the node one wake-up, not two.
+    let mut pending = Vec::new();
+    proto::push_frame(
+        &mut pending,
+        FrameKind::Json,
+        &serde_json::to_vec(&Response::Started { pid }).map_err(proto::ProtoError::from)?,
+    );
+    let announce = tokio::time::sleep(ANNOUNCE);
+    tokio::pin!(announce);
 
-    if let (Some(input), Some(stdin)) = (spec.stdin.clone(), child.stdin.take()) {
-        let fd: OwnedFd = stdin.into();
-        if let Ok(mut tx) = pipe::Sender::from_owned_fd(fd) {
+    if let (Some(input), Some(stdin)) = (spec.stdin.clone(), child.stdin) {
+        if let Ok(mut tx) = pipe::Sender::from_owned_fd(stdin) {
             tokio::spawn(async move {
                 let _ = tx.write_all(&input).await;
             });
         }
     }
-    let mut out = child
-        .stdout
-        .take()
-        .map(|s| pipe::Receiver::from_owned_fd(s.into()))
-        .transpose()?;
-    let mut err = child
-        .stderr
-        .take()
-        .map(|s| pipe::Receiver::from_owned_fd(s.into()))
-        .transpose()?;
-    drop(child);
+    let mut out = Some(pipe::Receiver::from_owned_fd(child.stdout)?);
+    let mut err = Some(pipe::Receiver::from_owned_fd(child.stderr)?);
+    // The `errno` of a command that a standby could not start, and the exit code it stands for.
+    let (mut errno, mut errno_len) = ([0u8; 4], 0usize);
+    let mut failed: Option<i32> = None;
 
     let deadline = tokio::time::sleep(Duration::from_millis(spec.timeout_ms.max(1)));
     tokio::pin!(deadline);
@@ -138,13 +191,35 @@ pub(crate) async fn exec(
     let mut timed_out = false;
     let mut ctl = [0u8; 64];
     loop {
-        if status.is_some() && out.is_none() && err.is_none() {
+        if status.is_some() && out.is_none() && err.is_none() && launch.is_none() {
             break;
         }
         tokio::select! {
+            n = async { launch.as_mut().expect("guarded").read(&mut errno[errno_len..]).await }, if launch.is_some() => match n {
+                Ok(n) if n > 0 => {
+                    errno_len += n;
+                    if errno_len == errno.len() {
+                        launch = None;
+                        let e = std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno));
+                        let (code, msg) = spawn_failure(&spec.argv[0], &e);
+                        failed = Some(code);
+                        if !forward(&mut wr, &mut pending, FrameKind::Stderr, msg.as_bytes(), &mut esent, spec.output_cap, &mut etrunc).await {
+                            kill_all(pid);
+                            return Ok(());
+                        }
+                    }
+                }
+                _ => launch = None,
+            },
+            _ = &mut announce, if !pending.is_empty() => {
+                if wr.write_all(&std::mem::take(&mut pending)).await.is_err() {
+                    kill_all(pid);
+                    return Ok(());
+                }
+            },
             n = async { out.as_mut().expect("guarded").read(&mut obuf).await }, if out.is_some() => match n {
                 Ok(n) if n > 0 => {
-                    if !forward(&mut wr, FrameKind::Stdout, &obuf[..n], &mut osent, spec.output_cap, &mut otrunc).await {
+                    if !forward(&mut wr, &mut pending, FrameKind::Stdout, &obuf[..n], &mut osent, spec.output_cap, &mut otrunc).await {
                         kill_all(pid);
                         return Ok(());
                     }
@@ -153,7 +228,7 @@ pub(crate) async fn exec(
             },
             n = async { err.as_mut().expect("guarded").read(&mut ebuf).await }, if err.is_some() => match n {
                 Ok(n) if n > 0 => {
-                    if !forward(&mut wr, FrameKind::Stderr, &ebuf[..n], &mut esent, spec.output_cap, &mut etrunc).await {
+                    if !forward(&mut wr, &mut pending, FrameKind::Stderr, &ebuf[..n], &mut esent, spec.output_cap, &mut etrunc).await {
                         kill_all(pid);
                         return Ok(());
                     }
@@ -179,11 +254,15 @@ pub(crate) async fn exec(
         }
     }
     let exit = ExitInfo {
-        exit_code: status.unwrap_or(255),
+        exit_code: failed.or(status).unwrap_or(255),
         timed_out,
         duration_ms: started.elapsed().as_millis() as u64,
         stdout_truncated: otrunc,
         stderr_truncated: etrunc,
     };
-    proto::write_json(&mut wr, &Response::Exit(exit)).await
+    let exit = serde_json::to_vec(&Response::Exit(exit)).map_err(proto::ProtoError::from)?;
+    proto::push_frame(&mut pending, FrameKind::Json, &exit);
+    wr.write_all(&pending).await?;
+    wr.flush().await?;
+    Ok(())
 }

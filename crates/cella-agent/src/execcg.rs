@@ -15,41 +15,63 @@
 //! members are read). An exec that ends on its own leaves its leftovers running, as documented;
 //! its cgroup is removed once empty (tried again at every later exec).
 //!
-//! The `mkdir` is off an exec's path: when an exec is over (its answer sent), the agent removes
-//! its cgroup and makes the next one's ahead, empty, with its `cgroup.procs` open; the next
-//! exec takes it (a fresh group all the same: no process was ever in it).
+//! The `mkdir` is off an exec's path: once an exec's command has started (and when the agent
+//! starts), the agent makes the next exec's cgroup ahead, with its `cgroup.procs` open and the
+//! next command's process already waiting in it ([`crate::standby`]); the next exec takes both
+//! (a fresh group all the same: no process of another exec was ever in it). An exec that ends
+//! removes its own cgroup, or leaves it to be removed once its leftovers have ended.
 //!
 //! No descriptor (an agent run outside a sandbox, a host without a freezer): [`ExecCgroups`] is
 //! absent and the agent falls back to [`crate::spawn::kill_tree`], a process-tree walk.
 
+use crate::harden::Jail;
+use crate::spawn::Reaper;
+use crate::standby::Standby;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The sandbox's cgroup directory, under which exec cgroups are made.
-#[derive(Debug)]
 pub struct ExecCgroups {
     dir: OwnedFd,
     v2: bool,
     next: AtomicU64,
     /// Exec cgroups whose processes outlived the exec; removed once empty.
     stale: Mutex<Vec<String>>,
-    /// The next exec's cgroup, made ahead (its name and open `cgroup.procs`).
-    ready: Mutex<Option<(String, OwnedFd)>>,
+    /// The next exec's cgroup, made ahead (its name and open `cgroup.procs`), and the next
+    /// exec's process waiting in it (see [`crate::standby`]).
+    ready: Mutex<Option<Ready>>,
+    /// What a [`Standby`] needs; set once the agent runs (none: execs fork as before).
+    standby: OnceLock<(Arc<Reaper>, Arc<Jail>)>,
+}
+
+struct Ready {
+    name: String,
+    procs: OwnedFd,
+    standby: Option<Standby>,
 }
 
 /// One exec's cgroup.
-#[derive(Debug)]
 pub struct ExecGroup<'a> {
     parent: &'a ExecCgroups,
     name: String,
     procs: OwnedFd,
+    standby: Option<Standby>,
 }
 
 fn cstr(s: &str) -> CString {
     CString::new(s).expect("cgroup names have no NUL")
+}
+
+impl std::fmt::Debug for ExecCgroups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecCgroups")
+            .field("dir", &self.dir)
+            .field("v2", &self.v2)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ExecCgroups {
@@ -61,7 +83,15 @@ impl ExecCgroups {
             next: AtomicU64::new(1),
             stale: Mutex::new(Vec::new()),
             ready: Mutex::new(None),
+            standby: OnceLock::new(),
         }
+    }
+
+    /// Lets execs start in a process made ahead ([`Standby`]), and makes the first exec's
+    /// cgroup and process now.
+    pub(crate) fn enable_standby(&self, reaper: Arc<Reaper>, jail: Arc<Jail>) {
+        let _ = self.standby.set((reaper, jail));
+        self.make_ready();
     }
 
     fn open(&self, rel: &str, flags: libc::c_int) -> std::io::Result<OwnedFd> {
@@ -91,27 +121,31 @@ impl ExecCgroups {
     /// one made ahead, else a new one.
     pub fn group(&self) -> Option<ExecGroup<'_>> {
         self.sweep();
-        let (name, procs) = match self.ready.lock().expect("exec cgroup lock").take() {
+        let ready = match self.ready.lock().expect("exec cgroup lock").take() {
             Some(made) => made,
             None => self.make()?,
         };
         Some(ExecGroup {
             parent: self,
-            name,
-            procs,
+            name: ready.name,
+            procs: ready.procs,
+            standby: ready.standby,
         })
     }
 
-    /// Makes the next exec's cgroup now, unless one is made already.
-    fn make_ready(&self) {
+    /// Makes the next exec's cgroup now, and its process in it, unless made already.
+    pub(crate) fn make_ready(&self) {
         let mut ready = self.ready.lock().expect("exec cgroup lock");
         if ready.is_none() {
             *ready = self.make();
+            if let (Some(r), Some((reaper, jail))) = (ready.as_mut(), self.standby.get()) {
+                r.standby = Standby::start(jail, r.procs.as_raw_fd(), reaper);
+            }
         }
     }
 
     /// A new, empty exec cgroup and its `cgroup.procs`, open for writing.
-    fn make(&self) -> Option<(String, OwnedFd)> {
+    fn make(&self) -> Option<Ready> {
         let name = format!("exec-{}", self.next.fetch_add(1, Ordering::Relaxed));
         let c = cstr(&name);
         // SAFETY: as above.
@@ -119,7 +153,11 @@ impl ExecCgroups {
             return None;
         }
         match self.open(&format!("{name}/cgroup.procs"), libc::O_WRONLY) {
-            Ok(procs) => Some((name, procs)),
+            Ok(procs) => Some(Ready {
+                name,
+                procs,
+                standby: None,
+            }),
             Err(_) => {
                 self.rmdir(&name);
                 None
@@ -138,6 +176,11 @@ impl ExecGroup<'_> {
     /// The descriptor the command writes `0` (itself) into between fork and exec.
     pub fn procs_fd(&self) -> RawFd {
         self.procs.as_raw_fd()
+    }
+
+    /// The process waiting in this cgroup for the exec's command, if one was made ahead.
+    pub(crate) fn take_standby(&mut self) -> Option<Standby> {
+        self.standby.take()
     }
 
     fn read(&self, file: &str) -> String {
@@ -200,7 +243,7 @@ impl ExecGroup<'_> {
 
 impl Drop for ExecGroup<'_> {
     /// The exec is over (its answer sent): its cgroup goes now if empty, or once its leftovers
-    /// have ended; and the next exec's is made.
+    /// have ended; and the next exec's is made, unless it was made when this one started.
     fn drop(&mut self) {
         if !self.parent.rmdir(&self.name) {
             self.parent

@@ -21,6 +21,7 @@ pub mod proto;
 mod pty;
 mod server;
 mod spawn;
+mod standby;
 mod watch;
 
 pub use server::{serve, AgentConfig, Rebind};

@@ -374,12 +374,29 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
     if payload.len() > MAX_FRAME {
         return Err(ProtoError::TooLarge(payload.len()));
     }
+    if payload.len() <= SMALL_FRAME {
+        // One write: a reader is woken once, not for the head and again for the payload.
+        let mut buf = Vec::with_capacity(5 + payload.len());
+        push_frame(&mut buf, kind, payload);
+        w.write_all(&buf).await?;
+        return Ok(());
+    }
     let mut head = [0u8; 5];
     head[0] = kind as u8;
     head[1..].copy_from_slice(&(payload.len() as u32).to_be_bytes());
     w.write_all(&head).await?;
     w.write_all(payload).await?;
     Ok(())
+}
+
+/// Frames up to this size are written with their head in one write.
+const SMALL_FRAME: usize = 64 * 1024;
+
+/// Appends one frame (head and payload) to `buf`, for a caller that writes several at once.
+pub fn push_frame(buf: &mut Vec<u8>, kind: FrameKind, payload: &[u8]) {
+    buf.push(kind as u8);
+    buf.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    buf.extend_from_slice(payload);
 }
 
 pub async fn write_json<W: AsyncWrite + Unpin, T: Serialize>(

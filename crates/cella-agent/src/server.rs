@@ -123,6 +123,9 @@ async fn run(
     let kernels = Arc::new(crate::kernel::Kernels::new());
     let file_ops = Arc::new(tokio::sync::Semaphore::new(files::MAX_FILE_OPS));
     let mut sigchld = signal(SignalKind::child())?;
+    if let Some(cgroups) = &config.exec_cgroups {
+        cgroups.enable_standby(reaper.clone(), jail.clone());
+    }
     let r = reaper.clone();
     tokio::spawn(async move {
         loop {

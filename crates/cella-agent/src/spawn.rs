@@ -72,6 +72,16 @@ pub(crate) fn spawn_failure(argv0: &str, err: &std::io::Error) -> (i32, String) 
     }
 }
 
+/// The program `spec` runs: its `argv[0]`, but images without bash (Alpine, distroless with a
+/// shell) still run shell command lines.
+pub(crate) fn program(spec: &ExecSpec) -> &str {
+    if spec.argv[0] == "/bin/bash" && !std::path::Path::new("/bin/bash").exists() {
+        "/bin/sh"
+    } else {
+        spec.argv[0].as_str()
+    }
+}
+
 /// The command for `spec`, confined by `jail`, in a session of its own, with piped output.
 ///
 /// With `join_cgroup` (the `cgroup.procs` of an exec's cgroup, see [`crate::execcg`]) the
@@ -90,13 +100,7 @@ pub(crate) fn command(
     hold_tree: bool,
     join_cgroup: Option<std::os::fd::RawFd>,
 ) -> std::process::Command {
-    // Images without bash (Alpine, distroless with a shell) still run shell command lines.
-    let program = if spec.argv[0] == "/bin/bash" && !std::path::Path::new("/bin/bash").exists() {
-        "/bin/sh"
-    } else {
-        spec.argv[0].as_str()
-    };
-    let mut cmd = std::process::Command::new(program);
+    let mut cmd = std::process::Command::new(program(spec));
     cmd.args(&spec.argv[1..])
         .env_clear()
         .envs(&spec.env)

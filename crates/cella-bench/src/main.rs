@@ -236,6 +236,33 @@ impl Series {
     fn p(&self, q: f64) -> f64 {
         pct(&self.sorted(), q)
     }
+
+    /// Whether the figures meet the target (`p50 <= 5, p99 <= 15`); None when it has none.
+    fn met(&self) -> Option<bool> {
+        let mut any = None;
+        for part in self.target.split(',') {
+            let Some((q, max)) = part.trim().split_once(" <= ") else {
+                continue;
+            };
+            let (Some(q), Ok(max)) = (q.strip_prefix('p'), max.trim().parse::<f64>()) else {
+                continue;
+            };
+            let Ok(q) = q.parse::<f64>() else {
+                continue;
+            };
+            any = Some(any.unwrap_or(true) && self.p(q / 100.0) <= max);
+        }
+        any
+    }
+}
+
+/// "met" or "NOT met" for a summary line.
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "NOT met"
+    }
 }
 
 fn timed(n: usize, mut f: impl FnMut()) -> Vec<f64> {
@@ -566,12 +593,12 @@ fn main() {
     series.push(Series {
         name: "create_exec_cold_ms",
         samples: create,
-        target: "p50 <= 40",
+        target: "p50 <= 12",
     });
     series.push(Series {
         name: "destroy_ms",
         samples: destroy,
-        target: "p50 <= 20",
+        target: "p50 <= 5",
     });
 
     // The same on the gVisor runtime, where the server has `runsc` (else no row).
@@ -601,7 +628,7 @@ fn main() {
     series.push(Series {
         name: "create_exec_warm_ms",
         samples: warm,
-        target: "p50 <= 10, p99 <= 30",
+        target: "p50 <= 5, p99 <= 15",
     });
 
     let id = s.create(KEY).expect("create");
@@ -655,7 +682,7 @@ fn main() {
     series.push(Series {
         name: "fork_100mib_ms",
         samples: fork,
-        target: "p50 <= 150",
+        target: "p50 <= 100",
     });
     series.push(Series {
         name: "fork_source_paused_ms",
@@ -665,7 +692,7 @@ fn main() {
     series.push(Series {
         name: "exec_rtt_ms",
         samples: timed(if q { 50 } else { 300 }, || s.exec_true(&id)),
-        target: "p50 <= 2",
+        target: "p50 <= 1",
     });
     let (mut pause, mut resume) = (Vec::new(), Vec::new());
     for _ in 0..n {
@@ -823,12 +850,15 @@ fn main() {
     );
     for x in &series {
         println!(
-            "{:<22} {:>9.2} {:>9.2} {:>9.2}   {}",
+            "{:<22} {:>9.2} {:>9.2} {:>9.2}   {}{}",
             x.name,
             x.p(0.5),
             x.p(0.9),
             x.p(0.99),
-            x.target
+            x.target,
+            x.met()
+                .map(|m| format!(": {}", verdict(m)))
+                .unwrap_or_default()
         );
     }
     let find = |name: &str| series.iter().find(|x| x.name == name);
@@ -842,9 +872,19 @@ fn main() {
             ("peer_bwrap_ms", "bwrap --unshare-all"),
         ] {
             if let Some(p) = find(peer) {
+                let ratio = mine / p.p(0.5);
+                // The targets for a cold create: below runc, within 3x of bwrap.
+                let target = match (ours, peer) {
+                    ("create_exec_cold_ms", "peer_runc_ms") => {
+                        format!("   (target < 1x: {})", verdict(ratio < 1.0))
+                    }
+                    ("create_exec_cold_ms", "peer_bwrap_ms") => {
+                        format!("   (target <= 3x: {})", verdict(ratio <= 3.0))
+                    }
+                    _ => String::new(),
+                };
                 println!(
-                    "{what} vs {label}: {:.2}x ({mine:.1} ms vs {:.1} ms)",
-                    mine / p.p(0.5),
+                    "{what} vs {label}: {ratio:.2}x ({mine:.1} ms vs {:.1} ms){target}",
                     p.p(0.5)
                 );
             }
@@ -852,7 +892,10 @@ fn main() {
     }
     print_gateway();
     print_tasks();
-    println!("api_get_rps            {rps:.0}   (target >= 10000)");
+    println!(
+        "api_get_rps            {rps:.0}   (target >= 30000: {})",
+        verdict(rps >= 30000.0)
+    );
     println!("upload_mb_s            {upload:.0}   download_mb_s {download:.0}   (target >= 300)");
     println!(
         "idle_sandbox_host_mib  {idle_mib:.1}   (over {} sandboxes; target <= 8)",

@@ -175,6 +175,13 @@ fn exec_takes_argv_stdin_env_cwd_user_and_passes_exit_codes() {
         .as_str()
         .unwrap()
         .contains("no-such-program"));
+    // A file that is not a program: the shell's 126 and why.
+    let denied = s.exec(&id, json!({ "argv": ["/etc/hostname"] }));
+    assert_eq!(denied["exit_code"], 126, "{denied}");
+    assert!(denied["stderr"]
+        .as_str()
+        .unwrap()
+        .contains("/etc/hostname: permission denied"));
     // The unprivileged user cannot write where root owns.
     assert_ne!(s.sh(&id, "touch /etc/x")["exit_code"], 0);
     // /usr: the user cannot write it; root changes only its own sandbox's view, never the host's.

@@ -1,0 +1,390 @@
+//! The next exec's process, started ahead: forked, in its exec cgroup and confined as far as it
+//! can be before its command is known, waiting for the command.
+//!
+//! An exec's start used to be a `fork` of the agent and, in the child, a write of itself into its
+//! exec cgroup: the fork costs about a millisecond, and on cgroup v1 the move waits for an RCU
+//! grace period (several milliseconds) unless the hierarchy was mounted with `favordynmods`.
+//! Both now happen when the previous exec is over (and when the agent starts): a [`Standby`] is a
+//! forked child that has joined the next exec cgroup (see [`crate::execcg`]), made a session of
+//! its own, become a child subreaper, given up the agent's immunity to the OOM killer, reset its
+//! signal mask, put the ends of its output pipes on descriptors 1 and 2 and closed every other
+//! descriptor of the agent's. It then blocks on a pipe. The exec writes its command (program,
+//! argv, environment, working directory, user, whether stdin is `/dev/null`) into a shared
+//! mapping made before the fork, so it is at the same address in both, as ready-made C strings
+//! and pointer arrays: the child builds nothing and allocates nothing. One byte on the pipe sends
+//! the child on: stdin, `chdir`, [`Jail::enter`] (user, capabilities, limits; the seccomp filter
+//! and bounding set are the agent's own, inherited), `execvp` with the command's environment.
+//! It reports a failure as its `errno` on a status pipe that closes on a successful `execve`;
+//! the exec does not wait for that before it goes on to the command's output, and turns an
+//! `errno` read there into the shell's 126/127 and message, like any spawn failure.
+//!
+//! Everything that held for an exec holds the same: one exec, one cgroup (the child is its first
+//! member); the same confinement, in the same order relative to `execve`. A standby that died,
+//! never got ready, or cannot carry the command (too big for its mapping, a NUL in a string)
+//! is dropped and the exec forks as before ([`crate::spawn::command`]).
+
+use crate::harden::Jail;
+use crate::proto::ExecSpec;
+use crate::spawn::Reaper;
+use std::ffi::{c_char, CString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
+use tokio::sync::oneshot;
+
+/// Bytes of the shared mapping that carries a command; a bigger command forks as before.
+const REGION: usize = 4 << 20;
+
+/// The command's layout at the start of the mapping; every pointer points into the mapping.
+#[repr(C)]
+struct Header {
+    program: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+    cwd: *const c_char,
+    uid: u32,
+    gid: u32,
+    stdin_null: u32,
+}
+
+extern "C" {
+    static mut environ: *const *const c_char;
+}
+
+/// A started command: its pid, its exit (from the reaper), its pipes.
+pub(crate) struct Started {
+    pub pid: i32,
+    pub exit: oneshot::Receiver<i32>,
+    pub stdin: Option<OwnedFd>,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+    /// For a command started by a [`Standby`]: its status pipe, which gives the child's `errno`
+    /// if `chdir`, the confinement or `execve` failed, and closes when `execve` succeeded.
+    pub launch: Option<pipe::Receiver>,
+}
+
+/// A forked child waiting for the next exec's command (see the module docs).
+pub(crate) struct Standby {
+    pid: i32,
+    exit: oneshot::Receiver<i32>,
+    /// One byte here sends the child on; closing it makes the child exit.
+    go: OwnedFd,
+    /// `R` once the child is ready; then its `errno` if it failed, EOF once it ran `execve`
+    /// (or exited).
+    status: OwnedFd,
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    region: *mut u8,
+}
+
+// SAFETY: the mapping is owned by the standby alone (the child's copy is its own process's).
+unsafe impl Send for Standby {}
+unsafe impl Sync for Standby {}
+
+fn pipe() -> Option<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: a plain system call filling `fds`.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    // SAFETY: both were just made and are owned by nobody else.
+    Some(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Closes every descriptor from 3 up but those in `keep` (sorted).
+///
+/// # Safety
+/// Only system calls: callable between fork and exec.
+unsafe fn close_all_but(keep: &[RawFd]) {
+    let mut from: u32 = 3;
+    for &k in keep {
+        let k = k as u32;
+        if k > from {
+            libc::syscall(libc::SYS_close_range, from, k - 1, 0u32);
+        }
+        from = from.max(k + 1);
+    }
+    libc::syscall(libc::SYS_close_range, from, u32::MAX, 0u32);
+}
+
+impl Standby {
+    /// Forks a child into the exec cgroup whose `cgroup.procs` is `procs` and leaves it
+    /// waiting. None when a pipe, the mapping or the fork cannot be had.
+    pub(crate) fn start(jail: &Jail, procs: RawFd, reaper: &Reaper) -> Option<Standby> {
+        let (go_r, go_w) = pipe()?;
+        let (st_r, st_w) = pipe()?;
+        let (in_r, in_w) = pipe()?;
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        // SAFETY: a fresh anonymous shared mapping; pages are taken only as they are written.
+        let region = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                REGION,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if region == libc::MAP_FAILED {
+            return None;
+        }
+        let region = region.cast::<u8>();
+        // SAFETY: the agent runs one thread; the child makes only system calls until `execve`
+        // or `_exit` (the jail was prepared before and allocates nothing).
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            // SAFETY: the mapping made above, used by nobody.
+            unsafe { libc::munmap(region.cast(), REGION) };
+            return None;
+        }
+        if pid == 0 {
+            // SAFETY: in the child, see above.
+            unsafe {
+                child(
+                    jail,
+                    procs,
+                    go_r.as_raw_fd(),
+                    st_w.as_raw_fd(),
+                    in_r.as_raw_fd(),
+                    out_w.as_raw_fd(),
+                    err_w.as_raw_fd(),
+                    region.cast::<Header>(),
+                )
+            }
+        }
+        // Registered before anything can reap it: the reaper runs on this same thread.
+        let exit = reaper.register(pid);
+        Some(Standby {
+            pid,
+            exit,
+            go: go_w,
+            status: st_r,
+            stdin: in_w,
+            stdout: out_r,
+            stderr: err_r,
+            region,
+        })
+    }
+
+    /// Writes the command into the mapping; false when it does not fit or has a NUL.
+    fn write_spec(&mut self, program: &str, spec: &ExecSpec) -> bool {
+        let mut w = Writer {
+            base: self.region,
+            used: std::mem::size_of::<Header>().next_multiple_of(16),
+        };
+        let Some(program) = w.string(program) else {
+            return false;
+        };
+        let Some(cwd) = w.string(&spec.cwd) else {
+            return false;
+        };
+        // argv[0] is the program run, as `Command` gives it (`/bin/sh` standing in for bash).
+        let argv: Option<Vec<_>> = std::iter::once(Some(program))
+            .chain(spec.argv[1..].iter().map(|a| w.string(a)))
+            .collect();
+        let envs: Option<Vec<_>> = spec
+            .env
+            .iter()
+            .map(|(k, v)| {
+                if k.contains('=') {
+                    return None;
+                }
+                w.string(&format!("{k}={v}"))
+            })
+            .collect();
+        let (Some(argv), Some(envs)) = (argv, envs) else {
+            return false;
+        };
+        let (Some(argv), Some(envp)) = (w.pointers(&argv), w.pointers(&envs)) else {
+            return false;
+        };
+        // SAFETY: the header lies at the start of the mapping, which is ours and big enough.
+        unsafe {
+            self.region.cast::<Header>().write(Header {
+                program,
+                argv,
+                envp,
+                cwd,
+                uid: spec.uid,
+                gid: spec.gid,
+                stdin_null: spec.stdin.is_none() as u32,
+            });
+        }
+        true
+    }
+
+    /// Sends the waiting child on to run `spec` (its program being `program`).
+    ///
+    /// None: the standby cannot be used (dead, not ready within [`READY_WAIT`], the command
+    /// does not fit); the caller forks as before. The answer does not wait for the child's
+    /// `execve`: [`Started::launch`] tells how it went, read with the command's output.
+    pub(crate) async fn run(mut self, program: &str, spec: &ExecSpec) -> Option<Started> {
+        let mut status = pipe::Receiver::from_owned_fd(self.status.try_clone().ok()?).ok()?;
+        let mut byte = [0u8; 1];
+        // Ready at once unless it was made just now (its cgroup move can take a grace period);
+        // a child stopped or gone is given up.
+        match tokio::time::timeout(READY_WAIT, status.read(&mut byte)).await {
+            Ok(Ok(1)) if byte[0] == b'R' => {}
+            _ => return None,
+        }
+        if self.exit.try_recv().is_ok() || !self.write_spec(program, spec) {
+            return None;
+        }
+        // SAFETY: a plain write of one byte on our pipe.
+        if unsafe { libc::write(self.go.as_raw_fd(), b"G".as_ptr().cast(), 1) } != 1 {
+            return None;
+        }
+        let (_, exit) = oneshot::channel();
+        let exit = std::mem::replace(&mut self.exit, exit);
+        let stdin = spec
+            .stdin
+            .is_some()
+            .then(|| self.stdin.try_clone().ok())
+            .flatten();
+        let (Ok(stdout), Ok(stderr)) = (self.stdout.try_clone(), self.stderr.try_clone()) else {
+            // Sent on already: it runs, and its output is lost; the exit is still waited for.
+            return None;
+        };
+        Some(Started {
+            pid: self.pid,
+            exit,
+            stdin,
+            stdout,
+            stderr,
+            launch: Some(status),
+        })
+    }
+}
+
+/// How long an exec waits for a standby that is not ready yet before it forks instead.
+const READY_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl Drop for Standby {
+    /// Unmaps the command (the child has its own copy, or ran `execve`); an unused child reads
+    /// EOF on its closed `go` pipe and exits, and the reaper collects it.
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `start`, used by nothing else of ours.
+        unsafe { libc::munmap(self.region.cast(), REGION) };
+    }
+}
+
+/// Lays strings and pointer arrays into the mapping.
+struct Writer {
+    base: *mut u8,
+    used: usize,
+}
+
+impl Writer {
+    fn take(&mut self, len: usize, align: usize) -> Option<*mut u8> {
+        let at = self.used.next_multiple_of(align);
+        if at + len > REGION {
+            return None;
+        }
+        self.used = at + len;
+        // SAFETY: within the mapping (checked above).
+        Some(unsafe { self.base.add(at) })
+    }
+
+    fn string(&mut self, s: &str) -> Option<*const c_char> {
+        let c = CString::new(s).ok()?;
+        let bytes = c.as_bytes_with_nul();
+        let at = self.take(bytes.len(), 1)?;
+        // SAFETY: `at` has room for `bytes` (see `take`).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at, bytes.len()) };
+        Some(at.cast_const().cast())
+    }
+
+    fn pointers(&mut self, list: &[*const c_char]) -> Option<*const *const c_char> {
+        let size = std::mem::size_of::<*const c_char>();
+        let at = self
+            .take((list.len() + 1) * size, size)?
+            .cast::<*const c_char>();
+        // SAFETY: `at` is aligned and has room for the list and its NULL.
+        unsafe {
+            for (i, p) in list.iter().enumerate() {
+                at.add(i).write(*p);
+            }
+            at.add(list.len()).write(std::ptr::null());
+        }
+        Some(at.cast_const())
+    }
+}
+
+/// Reports `errno` on the status pipe and exits.
+unsafe fn fail(status: RawFd) -> ! {
+    let e = *libc::__errno_location();
+    libc::write(status, e.to_ne_bytes().as_ptr().cast(), 4);
+    libc::_exit(127)
+}
+
+/// The forked child (see the module docs). Only system calls until `execve` or `_exit`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn child(
+    jail: &Jail,
+    procs: RawFd,
+    go: RawFd,
+    status: RawFd,
+    stdin: RawFd,
+    stdout: RawFd,
+    stderr: RawFd,
+    header: *const Header,
+) -> ! {
+    // Into the exec's cgroup first, while still the sandbox's root; a child that cannot join
+    // exits without saying it is ready, and the exec forks as before.
+    if libc::write(procs, b"0".as_ptr().cast(), 1) != 1 {
+        libc::_exit(1);
+    }
+    libc::setsid();
+    libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    let fd = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY);
+    if fd >= 0 {
+        libc::write(fd, b"0".as_ptr().cast(), 1);
+        libc::close(fd);
+    }
+    // As a spawned command starts: no blocked signal, SIGPIPE back to its default.
+    let mut none: libc::sigset_t = std::mem::zeroed();
+    libc::sigemptyset(&mut none);
+    libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    if libc::dup2(stdout, 1) < 0 || libc::dup2(stderr, 2) < 0 {
+        libc::_exit(1);
+    }
+    // Nothing of the agent's stays open while this child waits (another exec's pipe held
+    // here would never see its end).
+    let mut keep = [go, status, stdin];
+    keep.sort_unstable();
+    close_all_but(&keep);
+    if libc::write(status, b"R".as_ptr().cast(), 1) != 1 {
+        libc::_exit(1);
+    }
+    let mut byte = 0u8;
+    if libc::read(go, (&mut byte as *mut u8).cast(), 1) != 1 {
+        // The agent dropped this standby.
+        libc::_exit(0);
+    }
+    libc::close(go);
+    let h = &*header;
+    if h.stdin_null != 0 {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null < 0 || libc::dup2(null, 0) < 0 {
+            fail(status);
+        }
+        libc::close(null);
+    } else if libc::dup2(stdin, 0) < 0 {
+        fail(status);
+    }
+    libc::close(stdin);
+    if libc::chdir(h.cwd) != 0 {
+        fail(status);
+    }
+    if let Err(e) = jail.enter(h.uid, h.gid) {
+        *libc::__errno_location() = e.raw_os_error().unwrap_or(libc::EPERM);
+        fail(status);
+    }
+    environ = h.envp;
+    libc::execvp(h.program, h.argv);
+    fail(status)
+}
