@@ -5,18 +5,8 @@
 //! have yet. Skipped (with a line saying so) where the host has no `runsc`.
 
 mod common;
-use common::{Server, KEY};
+use common::{have_runsc, Server, KEY};
 use serde_json::{json, Value};
-
-fn have_runsc() -> bool {
-    let found = ["/usr/bin/runsc", "/usr/sbin/runsc", "/usr/local/bin/runsc"]
-        .iter()
-        .any(|p| std::path::Path::new(p).exists());
-    if !found {
-        eprintln!("skipped: runsc is not installed");
-    }
-    found
-}
 
 fn create_gvisor(s: &Server) -> String {
     let r = s.post(
