@@ -17,16 +17,27 @@ pub struct Locks {
 
 impl Locks {
     pub async fn lock(&self, id: &str) -> OwnedMutexGuard<()> {
-        let m = self
-            .inner
-            .lock()
-            .expect("locks")
-            .entry(id.to_string())
-            .or_default()
-            .clone();
+        let m = {
+            let mut map = self.inner.lock().expect("locks");
+            // Locks nobody holds or waits for (the map's is the only reference, and clones
+            // are made only under this mutex) go, so the map does not keep every sandbox
+            // the server has seen.
+            if map.len() >= LOCKS_PRUNE_AT {
+                map.retain(|_, m| Arc::strong_count(m) > 1);
+            }
+            map.entry(id.to_string()).or_default().clone()
+        };
         m.lock_owned().await
     }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.inner.lock().expect("locks").len()
+    }
 }
+
+/// Past this many locks in the map, the unused ones are dropped.
+const LOCKS_PRUNE_AT: usize = 1024;
 
 pub fn state_of(row: &SandboxRow) -> SandboxState {
     row.state
@@ -58,5 +69,25 @@ pub fn handle_or_none(row: &SandboxRow) -> Option<SandboxHandle> {
 pub fn stop_clock(row: &mut SandboxRow, now: i64) {
     if let Some(since) = row.running_since.take() {
         row.running_ms += (now - since).max(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn unused_locks_are_dropped_and_held_ones_kept() {
+        let locks = Locks::default();
+        let held = locks.lock("held").await;
+        for i in 0..LOCKS_PRUNE_AT + 10 {
+            drop(locks.lock(&format!("sb{i}")).await);
+        }
+        assert!(locks.len() < LOCKS_PRUNE_AT, "{} locks kept", locks.len());
+        // The held one survived the pruning: a second locker waits for it.
+        let waiter = tokio::time::timeout(std::time::Duration::from_millis(50), locks.lock("held"));
+        assert!(waiter.await.is_err(), "the held lock was still held");
+        drop(held);
+        let _again = locks.lock("held").await;
     }
 }
