@@ -158,7 +158,8 @@ fn five_hundred_sandboxes_held_by_one_enterprise_workspace() {
                 tracked.lock().unwrap().record(&s, &id);
                 let (_, r) = exec_as(
                     &id,
-                    "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/tick; sleep 1; done' >/dev/null 2>&1 &",
+                    // Written aside and renamed, so a reader never sees the file empty.
+                    "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/tick.new; mv /tmp/tick.new /tmp/tick; sleep 1; done' >/dev/null 2>&1 &",
                 );
                 assert_eq!(r.status, 200, "{}", r.body);
                 // An exec on an earlier sandbox, measured while the others are made.
