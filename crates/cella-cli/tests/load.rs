@@ -108,8 +108,8 @@ fn sixty_four_parallel_creates_make_exactly_the_cap() {
     assert_eq!(assert_all_destroyed(&s, &key), 10);
 }
 
-/// Reads the loop's counter; the loop's `>` empties the file for a moment before it writes,
-/// so an empty read is tried again (with shell builtins only: no process per try).
+/// Reads the loop's counter (tried again if the loop has not written it yet; shell builtins
+/// only: no process per try).
 const READ_TICK: &str =
     "for n in 1 2 3 4 5 6 7 8; do read t < /tmp/tick; [ -n \"$t\" ] && break; done; echo $t";
 
@@ -163,7 +163,9 @@ fn five_hundred_sandboxes_held_by_one_enterprise_workspace() {
                 tracked.lock().unwrap().record(&s, &id);
                 let (_, r) = exec_as(
                     &id,
-                    "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/tick; sleep 1; done' >/dev/null 2>&1 &",
+                    // `1<>` opens without truncating: the fixed-width counter is written over
+                    // itself, so a reader never finds the file empty.
+                    "nohup sh -c 'i=0; while :; do i=$((i+1)); printf \"%012d\\n\" $i 1<>/tmp/tick; sleep 1; done' >/dev/null 2>&1 &",
                 );
                 assert_eq!(r.status, 200, "{}", r.body);
                 // An exec on an earlier sandbox, measured while the others are made.
