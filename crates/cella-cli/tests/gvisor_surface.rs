@@ -6,12 +6,10 @@
 //! saying so) where the host has no `runsc`.
 
 mod common;
-use common::{have_runsc, sse, Server, KEY};
+use common::{have_runsc, pty_open, pty_read_until, pty_send, sse, Server, KEY};
 use serde_json::{json, Value};
 use std::io::Read;
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
-use tungstenite::client::IntoClientRequest;
 use tungstenite::Message;
 
 fn create_gvisor(s: &Server) -> String {
@@ -116,43 +114,9 @@ fn a_terminal_session_on_gvisor() {
     }
     let s = Server::start();
     let id = create_gvisor(&s);
-    let url = format!(
-        "ws://127.0.0.1:{}/api/v1/sandboxes/{id}/pty?cols=80&rows=24",
-        s.port
-    );
-    let mut req = url.into_client_request().unwrap();
-    req.headers_mut()
-        .insert("authorization", format!("Bearer {KEY}").parse().unwrap());
-    let stream = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let (mut ws, resp) = tungstenite::client(req, stream).unwrap();
-    assert_eq!(resp.status().as_u16(), 101);
-    let read_until = |ws: &mut tungstenite::WebSocket<TcpStream>, want: &str| {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        let mut screen = String::new();
-        while Instant::now() < deadline && !screen.contains(want) {
-            match ws.read() {
-                Ok(Message::Binary(b)) => screen.push_str(&String::from_utf8_lossy(&b)),
-                Ok(Message::Text(t)) => screen.push_str(t.as_str()),
-                Ok(Message::Close(_)) => break,
-                Ok(_) => {}
-                Err(tungstenite::Error::Io(e))
-                    if e.kind() == std::io::ErrorKind::WouldBlock
-                        || e.kind() == std::io::ErrorKind::TimedOut => {}
-                Err(_) => break,
-            }
-        }
-        assert!(screen.contains(want), "never saw {want:?}:\n{screen}");
-        screen
-    };
-    let send = |ws: &mut tungstenite::WebSocket<TcpStream>, t: &str| {
-        ws.send(Message::Binary(t.as_bytes().to_vec().into()))
-            .unwrap()
-    };
-    send(&mut ws, "tty; stty size; echo TERM=$TERM\n");
-    let out = read_until(&mut ws, "TERM=xterm-256color");
+    let mut ws = pty_open(&s, &id, "cols=80&rows=24");
+    pty_send(&mut ws, "tty; stty size; echo TERM=$TERM\n");
+    let out = pty_read_until(&mut ws, "TERM=xterm-256color");
     assert!(out.contains("/dev/pts/"), "a real terminal: {out}");
     assert!(out.contains("24 80"), "its size: {out}");
     ws.send(Message::Text(
@@ -161,9 +125,9 @@ fn a_terminal_session_on_gvisor() {
             .into(),
     ))
     .unwrap();
-    send(&mut ws, "stty size\n");
-    read_until(&mut ws, "40 100");
-    send(&mut ws, "exit\n");
+    pty_send(&mut ws, "stty size\n");
+    pty_read_until(&mut ws, "40 100");
+    pty_send(&mut ws, "exit\n");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match ws.read() {

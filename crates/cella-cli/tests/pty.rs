@@ -2,58 +2,10 @@
 //! program, and a clean close from either side.
 
 mod common;
-use common::{Server, KEY};
+use common::{pty_open as open, pty_read_until as read_until, pty_send as send, Server, KEY};
 use serde_json::json;
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
-use tungstenite::client::IntoClientRequest;
-use tungstenite::{Message, WebSocket};
-
-type Ws = WebSocket<TcpStream>;
-
-fn open(s: &Server, id: &str, query: &str) -> Ws {
-    let url = format!(
-        "ws://127.0.0.1:{}/api/v1/sandboxes/{id}/pty?{query}",
-        s.port
-    );
-    let mut req = url.into_client_request().unwrap();
-    req.headers_mut()
-        .insert("authorization", format!("Bearer {KEY}").parse().unwrap());
-    let stream = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let (ws, resp) = tungstenite::client(req, stream).unwrap();
-    assert_eq!(resp.status().as_u16(), 101);
-    ws
-}
-
-fn send(ws: &mut Ws, text: &str) {
-    ws.send(Message::Binary(text.as_bytes().to_vec().into()))
-        .unwrap();
-}
-
-/// Reads terminal output until `want` shows up (or fails after a while); returns all of it.
-fn read_until(ws: &mut Ws, want: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let mut screen = String::new();
-    while Instant::now() < deadline {
-        match ws.read() {
-            Ok(Message::Binary(b)) => screen.push_str(&String::from_utf8_lossy(&b)),
-            Ok(Message::Text(t)) => screen.push_str(t.as_str()),
-            Ok(Message::Close(_)) => break,
-            Ok(_) => {}
-            Err(tungstenite::Error::Io(e))
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut => {}
-            Err(_) => break,
-        }
-        if screen.contains(want) {
-            return screen;
-        }
-    }
-    panic!("never saw {want:?}; the screen had:\n{screen}");
-}
+use tungstenite::Message;
 
 #[test]
 fn an_interactive_shell_session() {

@@ -661,3 +661,54 @@ pub fn have_runsc() -> bool {
     }
     found
 }
+
+/// A terminal session over the API's WebSocket.
+pub type Ws = tungstenite::WebSocket<std::net::TcpStream>;
+
+/// Opens `GET .../pty?{query}` of sandbox `id` as the admin key.
+pub fn pty_open(s: &Server, id: &str, query: &str) -> Ws {
+    let url = format!(
+        "ws://127.0.0.1:{}/api/v1/sandboxes/{id}/pty?{query}",
+        s.port
+    );
+    let mut req = tungstenite::client::IntoClientRequest::into_client_request(url).unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {KEY}").parse().unwrap());
+    let stream = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let (ws, resp) = tungstenite::client(req, stream).unwrap();
+    assert_eq!(resp.status().as_u16(), 101);
+    ws
+}
+
+/// Sends keystrokes.
+pub fn pty_send(ws: &mut Ws, text: &str) {
+    ws.send(tungstenite::Message::Binary(
+        text.as_bytes().to_vec().into(),
+    ))
+    .unwrap();
+}
+
+/// Reads terminal output until `want` shows up (or fails after a while); returns all of it.
+pub fn pty_read_until(ws: &mut Ws, want: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut screen = String::new();
+    while Instant::now() < deadline {
+        match ws.read() {
+            Ok(tungstenite::Message::Binary(b)) => screen.push_str(&String::from_utf8_lossy(&b)),
+            Ok(tungstenite::Message::Text(t)) => screen.push_str(t.as_str()),
+            Ok(tungstenite::Message::Close(_)) => break,
+            Ok(_) => {}
+            Err(tungstenite::Error::Io(e))
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+        if screen.contains(want) {
+            return screen;
+        }
+    }
+    panic!("never saw {want:?}; the screen had:\n{screen}");
+}
