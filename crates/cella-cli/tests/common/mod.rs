@@ -693,7 +693,16 @@ pub fn pty_send(ws: &mut Ws, text: &str) {
 
 /// Reads terminal output until `want` shows up (or fails after a while); returns all of it.
 pub fn pty_read_until(ws: &mut Ws, want: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(15);
+    match pty_read_until_or(ws, want, Duration::from_secs(15)) {
+        Some(screen) => screen,
+        None => panic!("never saw {want:?} within 15 s"),
+    }
+}
+
+/// Reads terminal output until `want` shows up; `None` (after printing the screen) if it did
+/// not within `wait`.
+pub fn pty_read_until_or(ws: &mut Ws, want: &str, wait: Duration) -> Option<String> {
+    let deadline = Instant::now() + wait;
     let mut screen = String::new();
     while Instant::now() < deadline {
         match ws.read() {
@@ -707,8 +716,9 @@ pub fn pty_read_until(ws: &mut Ws, want: &str) -> String {
             Err(_) => break,
         }
         if screen.contains(want) {
-            return screen;
+            return Some(screen);
         }
     }
-    panic!("never saw {want:?}; the screen had:\n{screen}");
+    eprintln!("never saw {want:?}; the screen had:\n{screen}");
+    None
 }
