@@ -6,9 +6,7 @@
 //! saying so) where the host has no `runsc`.
 
 mod common;
-use common::{
-    have_runsc, pty_open, pty_read_until, pty_read_until_or, pty_send, sse, Server, KEY,
-};
+use common::{have_runsc, pty_open, pty_read_until, pty_read_until_or, pty_send, sse, Server, KEY};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::time::{Duration, Instant};
