@@ -55,10 +55,22 @@ const ACTIVITY_FLUSH_TICKS: u32 = 8;
 const PRUNE_TICKS: u32 = 240;
 
 /// Recent activity per sandbox, and how many commands run in each now.
+///
+/// Entries live as long as their sandbox: destroy and the sandbox's loss forget them, and the
+/// minute's prune drops any whose sandbox is no longer live (an exec racing a destroy can
+/// touch one after it was forgotten). Each flush writes only the times that changed since the
+/// last one, so its cost follows the activity, not the number of sandboxes ever seen.
 #[derive(Default)]
 pub struct Activity {
-    last: Mutex<HashMap<String, i64>>,
+    last: Mutex<HashMap<String, Seen>>,
     busy: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+/// When a sandbox was last active, and whether the store has that time yet.
+#[derive(Clone, Copy)]
+struct Seen {
+    at: i64,
+    flushed: bool,
 }
 
 /// Holds a sandbox busy (never idle) until dropped.
@@ -81,10 +93,17 @@ impl Drop for Busy {
 
 impl Activity {
     pub fn touch(&self, id: &str) {
-        self.last
-            .lock()
-            .expect("activity lock")
-            .insert(id.to_string(), now_ms());
+        let seen = Seen {
+            at: now_ms(),
+            flushed: false,
+        };
+        let mut last = self.last.lock().expect("activity lock");
+        match last.get_mut(id) {
+            Some(s) => *s = seen,
+            None => {
+                last.insert(id.to_string(), seen);
+            }
+        }
     }
 
     pub fn busy(&self, id: &str) -> Busy {
@@ -106,19 +125,24 @@ impl Activity {
     }
 
     fn last(&self, id: &str) -> Option<i64> {
-        self.last.lock().expect("activity lock").get(id).copied()
-    }
-
-    /// Activity times to persist; busy sandboxes count as active now.
-    fn snapshot(&self) -> Vec<(String, i64)> {
-        let now = now_ms();
-        let mut out: Vec<(String, i64)> = self
-            .last
+        self.last
             .lock()
             .expect("activity lock")
-            .iter()
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
+            .get(id)
+            .map(|s| s.at)
+    }
+
+    /// Activity times the store does not have yet (each is marked as had); busy sandboxes
+    /// count as active now.
+    fn unflushed(&self) -> Vec<(String, i64)> {
+        let now = now_ms();
+        let mut out: Vec<(String, i64)> = Vec::new();
+        for (k, s) in self.last.lock().expect("activity lock").iter_mut() {
+            if !s.flushed {
+                s.flushed = true;
+                out.push((k.clone(), s.at));
+            }
+        }
         out.extend(
             self.busy
                 .lock()
@@ -129,8 +153,33 @@ impl Activity {
         out
     }
 
-    fn forget(&self, id: &str) {
+    /// Puts times back as not had, after a flush that failed (unless touched again meanwhile).
+    fn unflush(&self, times: &[(String, i64)]) {
+        let mut last = self.last.lock().expect("activity lock");
+        for (k, at) in times {
+            if let Some(s) = last.get_mut(k) {
+                if s.at == *at {
+                    s.flushed = false;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn forget(&self, id: &str) {
         self.last.lock().expect("activity lock").remove(id);
+    }
+
+    /// Drops the entries of sandboxes that are not in `live`.
+    fn keep_only(&self, live: &std::collections::HashSet<&str>) {
+        self.last
+            .lock()
+            .expect("activity lock")
+            .retain(|k, _| live.contains(k.as_str()));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.last.lock().expect("activity lock").len()
     }
 }
 
@@ -334,12 +383,19 @@ pub fn spawn_timers(state: Arc<AppState>) {
                     Ok(n) => tracing::info!("removed {n} sandboxes destroyed over the retention"),
                     Err(e) => tracing::warn!("pruning destroyed sandboxes: {e}"),
                 }
+                if let Ok(live) = state.store.live_sandboxes().await {
+                    let ids = live.iter().map(|r| r.id.as_str()).collect();
+                    state.activity.keep_only(&ids);
+                }
             }
             if n.is_multiple_of(ACTIVITY_FLUSH_TICKS) {
-                let _ = state
-                    .store
-                    .record_activity(&state.activity.snapshot())
-                    .await;
+                let times = state.activity.unflushed();
+                if !times.is_empty() {
+                    if let Err(e) = state.store.record_activity(&times).await {
+                        tracing::warn!("recording activity times: {e}");
+                        state.activity.unflush(&times);
+                    }
+                }
             }
         }
     });
@@ -357,9 +413,7 @@ pub(crate) async fn timers_once(state: &AppState) -> Result<(), SandboxError> {
                 pause(state, &row.id, Some(&reason)).await
             } else {
                 let reason = format!("destroyed: its timeout of {} s ran out", row.timeout_sec);
-                let r = destroy(state, &row.id, Some(&reason)).await;
-                state.activity.forget(&row.id);
-                r
+                destroy(state, &row.id, Some(&reason)).await
             };
             if let Err(e) = result {
                 tracing::warn!(sandbox = row.id, "timeout: {e}");
@@ -474,4 +528,44 @@ pub fn spawn_billing(state: Arc<AppState>) {
             billing_tick(&state, n.is_multiple_of(crate::billing::SWEEP_TICKS)).await;
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Activity;
+
+    #[test]
+    fn activity_is_flushed_once_per_change_and_forgotten_with_its_sandbox() {
+        let a = Activity::default();
+        a.touch("sb1");
+        a.touch("sb2");
+        let mut first = a.unflushed();
+        first.sort();
+        assert_eq!(
+            first.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+            ["sb1", "sb2"]
+        );
+        assert!(a.unflushed().is_empty(), "nothing changed since");
+        a.touch("sb1");
+        let again = a.unflushed();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].0, "sb1");
+        // A failed write puts the times back.
+        a.unflush(&again);
+        assert_eq!(a.unflushed().len(), 1);
+        // Busy sandboxes always count as active now.
+        let busy = a.busy("sb3");
+        assert!(a.unflushed().iter().any(|(k, _)| k == "sb3"));
+        assert!(a.unflushed().iter().any(|(k, _)| k == "sb3"));
+        drop(busy);
+        assert!(a.unflushed().is_empty());
+        // Destroy forgets; the prune keeps only live sandboxes.
+        a.forget("sb1");
+        assert_eq!(a.last("sb1"), None);
+        assert_eq!(a.len(), 2);
+        let live = ["sb3"].into_iter().collect();
+        a.keep_only(&live);
+        assert_eq!(a.len(), 1);
+        assert!(a.last("sb3").is_some());
+    }
 }

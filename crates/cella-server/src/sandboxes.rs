@@ -475,6 +475,7 @@ pub async fn destroy(
         row.state_reason = reason.map(str::to_string);
     }
     crate::timing::phase("store.update", state.store.update_sandbox(&row)).await?;
+    state.activity.forget(id);
     // The host's side runs on after the answer (`teardown`): the row owns nothing any more,
     // so what a crash leaves of it is cleared by the next start's `reconcile`.
     state.teardowns.start(state.driver.clone(), id, handle);
@@ -542,6 +543,7 @@ pub(crate) async fn mark_gone(
         return;
     }
     if row.state.is_terminal() {
+        state.activity.forget(id);
         crate::billing::settle_logged(state, &row).await;
     }
 }
