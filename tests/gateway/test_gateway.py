@@ -9,6 +9,7 @@ inside a sandbox created with `"model_access": true`, with the variables the ser
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import threading
 from typing import Any, Dict, List
@@ -272,12 +273,18 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture
-def model_sandbox(server, sandbox_key, packages_tar):
+@pytest.fixture(params=["namespace", "gvisor"])
+def model_sandbox(request, server, sandbox_key, packages_tar):
+    """A sandbox with model access on each runtime (gVisor's reaches the gateway through its
+    own network stack)."""
+    if request.param == "gvisor" and shutil.which("runsc") is None:
+        pytest.skip("runsc is not installed")
     api = httpx.Client(base_url=server.url + "/api/v1", headers={"Authorization": f"Bearer {sandbox_key}"}, timeout=120)
-    r = api.post("/sandboxes", json={"size": "xs", "model_access": True, "network": {"egress": "deny"}})
+    r = api.post("/sandboxes", json={"size": "xs", "model_access": True, "network": {"egress": "deny"},
+                                     "runtime": request.param})
     assert r.status_code in (200, 201), r.text
     sb = r.json()["data"]
+    assert sb["runtime"] == request.param
     assert "cst_" not in r.text
     try:
         up = api.put(f"/sandboxes/{sb['id']}/files", params={"path": "/tmp/gw/site.tar.gz"}, content=packages_tar)

@@ -259,20 +259,12 @@ fn unknown_runtimes_and_what_gvisor_lacks_are_refused_with_nothing_made() {
         "runtime",
         &["firecracker"],
     );
+    // A bad policy is refused on gVisor as on the namespace runtime (egress itself works:
+    // network.rs, and the gateway's tests reach models from a gVisor sandbox).
     bad(
-        json!({ "runtime": "gvisor", "network": { "egress": "allow" } }),
-        "network",
-        &["gvisor"],
-    );
-    bad(
-        json!({ "runtime": "gvisor", "network": { "egress": "deny", "allow": ["1.1.1.1"] } }),
-        "network",
-        &["gvisor"],
-    );
-    bad(
-        json!({ "runtime": "gvisor", "model_access": true }),
-        "model_access",
-        &["gvisor"],
+        json!({ "runtime": "gvisor", "network": { "egress": "deny", "allow": ["not a host"] } }),
+        "not a host",
+        &["IPv4"],
     );
     assert_eq!(count(&s), before, "nothing was made");
     assert_eq!(

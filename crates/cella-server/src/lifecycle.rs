@@ -387,6 +387,7 @@ pub fn spawn_timers(state: Arc<AppState>) {
                     let ids = live.iter().map(|r| r.id.as_str()).collect();
                     state.activity.keep_only(&ids);
                 }
+                let _ = tokio::task::spawn_blocking(return_free_memory).await;
             }
             if n.is_multiple_of(ACTIVITY_FLUSH_TICKS) {
                 let times = state.activity.unflushed();
@@ -399,6 +400,17 @@ pub fn spawn_timers(state: Arc<AppState>) {
             }
         }
     });
+}
+
+/// Gives the allocator's free pages back to the system. glibc keeps what threads freed in
+/// per-thread arenas (a soak found 12 MiB held in one arena with 0.4 MiB in use), so the
+/// server's resident memory crept up with its history; once a minute this returns it.
+fn return_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 pub(crate) async fn timers_once(state: &AppState) -> Result<(), SandboxError> {

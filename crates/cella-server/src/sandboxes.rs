@@ -228,7 +228,8 @@ async fn admit(
     check_map("env", &env, true)?;
     let runtime = admit_runtime(state, req, template, snapshot.is_some())?;
     let network = match (runtime, &req.network) {
-        // Loopback only on gVisor for now: the policy says so.
+        // On gVisor, loopback only unless asked: a sandbox with a link cannot be snapshotted
+        // with its memory yet.
         (Runtime::Gvisor, None) => cella_types::NetworkPolicy {
             egress: cella_types::Egress::Deny,
             ..Default::default()
@@ -313,19 +314,17 @@ fn admit_runtime(
         if from_snapshot {
             return Err(not_yet("snapshot_id", "starting from a snapshot"));
         }
-        if req.model_access.unwrap_or(false) {
-            return Err(not_yet("model_access", "model access"));
-        }
-        if let Some(n) = &req.network {
-            if n.egress != cella_types::Egress::Deny || !n.allow.is_empty() {
-                return Err(SandboxError::invalid(
-                    "network",
-                    "the gvisor runtime has loopback only yet: give network {\"egress\": \"deny\"} with nothing allowed, or leave it out",
-                ));
-            }
-        }
     }
     Ok(runtime)
+}
+
+/// Whether a gVisor sandbox gets a link: when its policy lets something out, or it has model
+/// access (the gateway is reached over the link). Otherwise it has loopback only.
+pub(crate) async fn needs_link(state: &AppState, row: &SandboxRow) -> bool {
+    let n = &row.network;
+    n.egress != cella_types::Egress::Deny
+        || !n.allow.is_empty()
+        || state.store.has_model_access(&row.id).await.unwrap_or(false)
 }
 
 /// Refuses `what` for a sandbox on a runtime that does not have it yet (400 naming the
@@ -518,6 +517,13 @@ pub(crate) async fn mark_gone(
     let handle = handle_or_none(&row);
     if seen.is_some() && handle.as_ref() != seen {
         return;
+    }
+    // Seen dead without the lock, while a change held it: a gVisor pause to disk has no
+    // process between the checkpoint and its image being whole. Alive again now: nothing.
+    if let Some(h) = &handle {
+        if state.driver.alive(h) {
+            return;
+        }
     }
     crate::gateway::end_boot(state, id).await;
     // Bank the CPU time of this boot while its cgroup still exists.

@@ -94,6 +94,9 @@ struct Inner {
     delay: HashMap<Op, Duration>,
     usage: HashMap<String, ResourceUsage>,
     boots: u64,
+    /// Sandboxes that look dead to `alive` for now (a gVisor pause to disk between its
+    /// checkpoint and its image).
+    hidden: BTreeSet<String>,
 }
 
 struct Sandbox {
@@ -193,6 +196,16 @@ impl FakeDriver {
         let had = sb.handle.is_some();
         end_processes(sb);
         had
+    }
+
+    /// Sandbox `id` looks dead to `alive` (`true`) or as it is again (`false`), as a gVisor
+    /// sandbox does while its pause to disk writes its image.
+    pub fn hide(&self, id: &str, hidden: bool) {
+        let mut inner = self.lock();
+        match hidden {
+            true => inner.hidden.insert(id.to_string()),
+            false => inner.hidden.remove(id),
+        };
     }
 
     /// Where sandbox `id` is, or None when nothing of it is on the pretend host.
@@ -465,7 +478,7 @@ impl Driver for FakeDriver {
 
     fn alive(&self, handle: &SandboxHandle) -> bool {
         let mut inner = self.lock();
-        Self::current(&mut inner, handle).is_some()
+        !inner.hidden.contains(&handle.id) && Self::current(&mut inner, handle).is_some()
     }
 
     fn usage(&self, handle: &SandboxHandle) -> Option<ResourceUsage> {

@@ -78,6 +78,24 @@ pub struct GvisorLaunch {
     pub runsc: Vec<String>,
     /// Where `runsc`'s own messages go.
     pub log: PathBuf,
+    /// The sandbox's link, when it has one.
+    #[serde(default)]
+    pub net: Option<GvisorNet>,
+}
+
+/// A gVisor sandbox's link: made by the launcher as the namespace launcher makes it, in a
+/// network namespace kept at `keep` (a bind mount) so that a restore from disk joins the same
+/// link, with the same firewall rules, after the sandbox's processes ended.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GvisorNet {
+    /// Where to make the link at a first boot.
+    pub plan: crate::namespace::net::NetLaunch,
+    /// The file the sandbox's network namespace is bound to.
+    pub keep: PathBuf,
+    /// At a restore: the link, which exists in `keep`; `eth0` gets its address back (`runsc`
+    /// took it out of the host kernel's view at boot and scrapes it again).
+    #[serde(default)]
+    pub again: Option<crate::namespace::net::NetInfo>,
 }
 
 /// The checkpoint image of a sandbox paused to disk, in its directory (written to
@@ -88,6 +106,15 @@ const MEMORY_TMP: &str = "memory.partial";
 const IMAGE_FILE: &str = "checkpoint.img";
 /// The launcher's input of the sandbox's boot, kept for a restore.
 const LAUNCH_FILE: &str = "launch.json";
+/// The sandbox's network namespace, bound in its directory while it has a link.
+const NETNS_FILE: &str = "netns";
+/// How long the host waits between the agent's quiesce and the checkpoint. The agent's last
+/// closes (its listener, its connections, the host's end of the quiesce call) notify its epoll
+/// instance; a notification that lands while runsc 20221219 saves the epoll state can leave a
+/// removed interest in the saved ready list, and the restored agent then crashes in its event
+/// loop on that interest's stale user data (every restore of that image). Measured: without
+/// the wait, 4 in 10 resumes of a busy sandbox failed so under load.
+const QUIESCE_SETTLE: Duration = Duration::from_millis(50);
 /// Longest wait for the agent to close its connections before a checkpoint.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -99,6 +126,8 @@ pub struct GvisorDriver {
     cgroup_parent: String,
     disk_quota: bool,
     nofile: u64,
+    /// The namespace driver's network (one subnet, one firewall), when sandboxes get links.
+    net: Option<crate::namespace::Network>,
 }
 
 /// Where `runsc` is on this host, if anywhere.
@@ -139,7 +168,15 @@ impl GvisorDriver {
             cgroup_parent: format!("cella/{instance}"),
             disk_quota: false,
             nofile: 1024,
+            net: None,
         })
+    }
+
+    /// Gives sandboxes whose spec asks for it a link on `net` (the namespace driver's, see
+    /// [`crate::namespace::NamespaceDriver::network`]).
+    pub fn with_network(mut self, net: Option<crate::namespace::Network>) -> Self {
+        self.net = net;
+        self
     }
 
     /// Gives every sandbox a file system of exactly its `disk_size_mb` (see [`crate::disk`]).
@@ -210,6 +247,14 @@ impl GvisorDriver {
             std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))?;
         }
         let _ = std::fs::remove_file(sock.join(spec::SOCKET_NAME));
+        let net = match (&self.net, &spec.network) {
+            (Some(n), Some(_)) => Some(GvisorNet {
+                plan: n.plan(),
+                keep: dir.join(NETNS_FILE),
+                again: None,
+            }),
+            _ => None,
+        };
         let launch = LaunchConfig {
             id: spec.id.clone(),
             hostname: spec.hostname.clone(),
@@ -235,10 +280,16 @@ impl GvisorDriver {
             memory_mb: spec.memory_mb,
             pids_max: spec.pids_max,
             nofile: self.nofile,
+            link: net.is_some(),
         });
         let json = serde_json::to_vec_pretty(&oci).map_err(std::io::Error::other)?;
         std::fs::write(bundle.join("config.json"), json)?;
         let mut runsc = self.runsc_base();
+        if net.is_some() {
+            for a in runsc.iter_mut().filter(|a| *a == "--network=none") {
+                *a = "--network=sandbox".into();
+            }
+        }
         runsc.extend([
             "run".into(),
             format!("--bundle={}", bundle.display()),
@@ -248,13 +299,11 @@ impl GvisorDriver {
             launch,
             runsc,
             log: dir.join("init.log"),
+            net,
         })
     }
 
     fn launch(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError> {
-        if spec.network.is_some() {
-            return Err(Self::unsupported("a network interface"));
-        }
         if spec.snapshot.is_some() {
             return Err(Self::unsupported("starting from a snapshot"));
         }
@@ -276,8 +325,8 @@ impl GvisorDriver {
         // Kept for a restore from disk, which needs the same mounts.
         let json = serde_json::to_vec(&cfg).map_err(std::io::Error::other)?;
         std::fs::write(self.sandbox_dir(&spec.id).join(LAUNCH_FILE), json)?;
-        let (pid, start_time) = self.start(&cfg)?;
-        Ok(SandboxHandle {
+        let (pid, start_time, made) = self.start(&cfg)?;
+        let mut handle = SandboxHandle {
             id: spec.id.clone(),
             runtime: Runtime::Gvisor,
             pid,
@@ -285,11 +334,24 @@ impl GvisorDriver {
             socket: cfg.launch.socket,
             cgroup: cgroup_path,
             net: None,
-        })
+        };
+        if let (Some(n), Some(rules), Some(_)) = (&self.net, &spec.network, &cfg.net) {
+            let (info, res) = n.bring_up(&spec.id, made, rules);
+            handle.net = info;
+            if let Err(e) = res {
+                let _ = self.remove(&spec.id, Some(&handle), false);
+                return Err(e);
+            }
+        }
+        Ok(handle)
     }
 
-    /// Runs the launcher with `cfg`; answers the pid and start time of its `runsc`.
-    fn start(&self, cfg: &GvisorLaunch) -> Result<(i32, u64), DriverError> {
+    /// Runs the launcher with `cfg`; answers the pid and start time of its `runsc`, and the
+    /// link it made.
+    fn start(
+        &self,
+        cfg: &GvisorLaunch,
+    ) -> Result<(i32, u64, Option<crate::namespace::net::NetInfo>), DriverError> {
         use std::io::Write;
         use std::os::unix::process::CommandExt;
         let mut child = Command::new(&self.agent_exe)
@@ -330,7 +392,8 @@ impl GvisorDriver {
                 self.log_tail(&cfg.launch.id)
             ))
         })?;
-        Ok((pid, start_time))
+        let made = serde_json::from_value(answer["net"].clone()).ok();
+        Ok((pid, start_time, made))
     }
 
     /// Whether the sandbox is written to disk (a whole checkpoint image in its directory).
@@ -341,15 +404,45 @@ impl GvisorDriver {
             .exists()
     }
 
-    /// `runsc` with this driver's flags and `args`, to its end; its complaints on failure.
-    fn runsc_call(&self, args: &[String]) -> Result<(), String> {
+    /// `runsc` with this driver's flags, for a call about sandbox `id`. A sandbox with a link
+    /// is called from inside its kept network namespace: runsc 20221219 reaches a sandbox's
+    /// control server through an abstract socket, which belongs to the network namespace the
+    /// sandbox runs in (from the host's, a checkpoint finds the sandbox "stopped").
+    fn runsc_command(&self, id: &str) -> Command {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
         let mut base = self.runsc_base();
         let exe = base.remove(0);
-        let out = Command::new(exe)
-            .args(base)
-            .args(args)
+        let ns = std::fs::File::open(self.sandbox_dir(id).join(NETNS_FILE)).ok();
+        if ns.is_some() {
+            for a in base.iter_mut().filter(|a| *a == "--network=none") {
+                *a = "--network=sandbox".into();
+            }
+        }
+        let mut cmd = Command::new(exe);
+        cmd.args(base)
             .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+        if let Some(ns) = ns {
+            // SAFETY: between fork and exec only setns(2), which is async-signal-safe; the
+            // file (close-on-exec) lives in the closure until then. Not a namespace (a crash
+            // left the file unbound): the call runs in the host's, as for a sandbox without one.
+            unsafe {
+                cmd.pre_exec(move || {
+                    libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET);
+                    Ok(())
+                });
+            }
+        }
+        cmd
+    }
+
+    /// `runsc` with this driver's flags and `args` (about sandbox `id`), to its end; its
+    /// complaints on failure.
+    fn runsc_call(&self, id: &str, args: &[String]) -> Result<(), String> {
+        let out = self
+            .runsc_command(id)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -371,11 +464,14 @@ impl GvisorDriver {
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp)?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700))?;
-        if let Err(e) = self.runsc_call(&[
-            "checkpoint".into(),
-            format!("--image-path={}", tmp.display()),
-            handle.id.clone(),
-        ]) {
+        if let Err(e) = self.runsc_call(
+            &handle.id,
+            &[
+                "checkpoint".into(),
+                format!("--image-path={}", tmp.display()),
+                handle.id.clone(),
+            ],
+        ) {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(DriverError::Launch(format!("runsc checkpoint: {e}")));
         }
@@ -408,11 +504,17 @@ impl GvisorDriver {
             run + 1,
             format!("--image-path={}", dir.join(MEMORY_DIR).display()),
         );
+        // The same link, kept while the sandbox was on disk.
+        if let Some(n) = cfg.net.as_mut() {
+            n.again = Some(handle.net.clone().ok_or_else(|| {
+                DriverError::Launch("the sandbox had a link but its handle does not say".into())
+            })?);
+        }
         // A restore the server did not record (killed during a resume) must not run twice.
         cgroup::kill(&handle.cgroup);
         self.runsc_delete(&handle.id);
         let _ = std::fs::remove_file(dir.join("sock").join(spec::SOCKET_NAME));
-        let (pid, start_time) = self.start(&cfg)?;
+        let (pid, start_time, _) = self.start(&cfg)?;
         Ok(SandboxHandle {
             pid,
             start_time,
@@ -429,7 +531,8 @@ impl GvisorDriver {
         loop {
             let this = self.clone();
             let a = args.clone();
-            let sent = tokio::task::spawn_blocking(move || this.runsc_call(&a))
+            let id = handle.id.clone();
+            let sent = tokio::task::spawn_blocking(move || this.runsc_call(&id, &a))
                 .await
                 .map_err(|e| DriverError::Launch(e.to_string()))?;
             match sent {
@@ -490,13 +593,9 @@ impl GvisorDriver {
 
     /// Removes runsc's record of a container (idempotent; its processes are gone or go).
     fn runsc_delete(&self, id: &str) {
-        let mut args = self.runsc_base();
-        let exe = args.remove(0);
-        let _ = Command::new(exe)
-            .args(args)
+        let _ = self
+            .runsc_command(id)
             .args(["delete", "--force", id])
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -522,6 +621,9 @@ impl GvisorDriver {
         handle: Option<&SandboxHandle>,
         keep_files: bool,
     ) -> Result<(), DriverError> {
+        if let Some(n) = &self.net {
+            n.remove_rules(id, handle);
+        }
         let cg = self.cgroup_path(id);
         let res = cgroup::kill_and_remove(&cg);
         if let Some(h) = handle {
@@ -537,6 +639,8 @@ impl GvisorDriver {
         self.runsc_delete(id);
         let dir = self.sandbox_dir(id);
         let _ = std::fs::remove_file(dir.join("sock").join(spec::SOCKET_NAME));
+        // The link goes with its namespace (a next boot makes another).
+        release_netns(&dir.join(NETNS_FILE));
         if keep_files {
             let _ = std::fs::remove_dir_all(dir.join("work"));
             let _ = std::fs::remove_dir_all(dir.join(MEMORY_DIR));
@@ -547,6 +651,15 @@ impl GvisorDriver {
             std::fs::remove_dir_all(&dir)?;
         }
         Ok(())
+    }
+}
+
+/// Unbinds a kept network namespace (its link and the veth's host end go with it) and removes
+/// the file; nothing when there is none.
+fn release_netns(file: &Path) {
+    if file.exists() {
+        let _ = nix::mount::umount2(file, nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_file(file);
     }
 }
 
@@ -630,6 +743,8 @@ impl Driver for GvisorDriver {
             let _ = self.wake(handle).await;
             return Err(DriverError::Agent(format!("quiescing the agent: {e}")));
         }
+        // Let the closes settle before the save: see [`QUIESCE_SETTLE`].
+        tokio::time::sleep(QUIESCE_SETTLE).await;
         let this = self.clone();
         let h = handle.clone();
         let saved = tokio::task::spawn_blocking(move || this.checkpoint(&h))
@@ -706,10 +821,13 @@ impl Driver for GvisorDriver {
 
     async fn update_network(
         &self,
-        _handle: &SandboxHandle,
-        _rules: &crate::firewall::EgressRules,
+        handle: &SandboxHandle,
+        rules: &crate::firewall::EgressRules,
     ) -> Result<(), DriverError> {
-        Err(Self::unsupported("a network interface"))
+        match &self.net {
+            Some(n) => n.update(handle, rules).await,
+            None => Ok(()), // loopback only: nothing to filter
+        }
     }
 
     fn agent(&self, handle: &SandboxHandle) -> AgentClient {
@@ -744,8 +862,11 @@ impl Driver for GvisorDriver {
 /// Entry point of `cella __gvisor-init` (see the module doc). Returns the exit code.
 pub fn launcher_main() -> i32 {
     match launch_run() {
-        Ok(pid) => {
-            println!("{}", serde_json::json!({ "ok": true, "pid": pid }));
+        Ok((pid, net)) => {
+            println!(
+                "{}",
+                serde_json::json!({ "ok": true, "pid": pid, "net": net })
+            );
             0
         }
         Err(e) => {
@@ -755,7 +876,45 @@ pub fn launcher_main() -> i32 {
     }
 }
 
-fn launch_run() -> Result<i32, String> {
+/// Puts the launcher in the sandbox's network namespace: a new one with a new link (bound at
+/// `keep`), or at a restore the kept one with `eth0` addressed again. Answers the link.
+fn enter_link(n: &GvisorNet) -> Result<crate::namespace::net::NetInfo, String> {
+    use crate::namespace::net;
+    use nix::sched::{setns, unshare, CloneFlags};
+    use std::os::unix::fs::OpenOptionsExt;
+    match &n.again {
+        None => {
+            let host = net::HostNs::open().map_err(|e| e.to_string())?;
+            unshare(CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare: {e}"))?;
+            let info = net::setup_inside(&host, &n.plan).map_err(|e| e.to_string())?;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600)
+                .open(&n.keep)
+                .map_err(|e| format!("{}: {e}", n.keep.display()))?;
+            nix::mount::mount(
+                Some("/proc/self/ns/net"),
+                &n.keep,
+                None::<&str>,
+                nix::mount::MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .map_err(|e| format!("keeping the network namespace: {e}"))?;
+            Ok(info)
+        }
+        Some(info) => {
+            let ns = std::fs::File::open(&n.keep)
+                .map_err(|e| format!("the kept network namespace: {e}"))?;
+            setns(&ns, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))?;
+            net::readdress(info).map_err(|e| e.to_string())?;
+            Ok(info.clone())
+        }
+    }
+}
+
+fn launch_run() -> Result<(i32, Option<crate::namespace::net::NetInfo>), String> {
     use nix::sched::{unshare, CloneFlags};
     use nix::unistd::{fork, ForkResult};
     use std::io::Read;
@@ -768,9 +927,30 @@ fn launch_run() -> Result<i32, String> {
         .map_err(|e| format!("parsing the launch configuration: {e}"))?;
     crate::namespace::close_inherited_fds();
     cgroup::join(&cfg.launch.cgroup, std::process::id()).map_err(|e| e.to_string())?;
+    // The link first, while this process still sees the host's mounts (the kept namespace's
+    // bind mount must outlive it).
+    let made = match &cfg.net {
+        Some(n) => Some(enter_link(n)?),
+        None => None,
+    };
     unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare: {e}"))?;
     for op in mounts::root_plan(&cfg.launch) {
         mounts::apply(&op, None).map_err(|e| e.to_string())?;
+    }
+    if made.is_some() {
+        // runsc 20221219 tells the host's network namespace by `/proc/sys/net/core/rmem_default`
+        // existing, which newer kernels show in every namespace: it would refuse the sandbox's
+        // own. Hidden in this mount namespace only (runsc's processes are its only users).
+        nix::mount::mount(
+            Some("tmpfs"),
+            "/proc/sys/net/core",
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID
+                | nix::mount::MsFlags::MS_NODEV
+                | nix::mount::MsFlags::MS_NOEXEC,
+            Some("size=4k,mode=0555"),
+        )
+        .map_err(|e| format!("hiding /proc/sys/net/core from runsc: {e}"))?;
     }
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -798,7 +978,7 @@ fn launch_run() -> Result<i32, String> {
             eprintln!("cella-gvisor-init: exec {exe}: {err}");
             std::process::exit(127);
         }
-        ForkResult::Parent { child } => Ok(child.as_raw()),
+        ForkResult::Parent { child } => Ok((child.as_raw(), made)),
     }
 }
 

@@ -34,6 +34,9 @@ const CAPS: &[&str] = &[
     "CAP_SYS_ADMIN",
 ];
 
+/// The network namespace a sandbox with a link joins: `runsc`'s own, which is its launcher's.
+const LAUNCHER_NETNS: &str = "/proc/self/ns/net";
+
 /// What a sandbox's spec is made of.
 #[derive(Debug, Clone)]
 pub struct SpecInput {
@@ -49,6 +52,10 @@ pub struct SpecInput {
     pub pids_max: u32,
     /// `RLIMIT_NOFILE` of the commands (0: the agent's own).
     pub nofile: u64,
+    /// The sandbox has a link: the launcher made it in its own network namespace, which the
+    /// sandbox joins and `runsc --network=sandbox` takes over. Otherwise a namespace of its
+    /// own with loopback only (`--network=none`).
+    pub link: bool,
 }
 
 fn caps() -> Vec<&'static str> {
@@ -65,6 +72,10 @@ fn path(p: &Path) -> String {
 /// the host enforces them through the cgroup every `runsc` process of the sandbox runs in).
 pub fn oci_spec(s: &SpecInput) -> Value {
     let memory = s.memory_mb as i64 * 1024 * 1024;
+    let network = match s.link {
+        true => json!({ "type": "network", "path": LAUNCHER_NETNS }),
+        false => json!({ "type": "network" }),
+    };
     json!({
         "ociVersion": "1.0.2",
         "process": {
@@ -101,7 +112,7 @@ pub fn oci_spec(s: &SpecInput) -> Value {
         ],
         "linux": {
             "namespaces": [
-                { "type": "pid" }, { "type": "network" }, { "type": "ipc" },
+                { "type": "pid" }, network, { "type": "ipc" },
                 { "type": "uts" }, { "type": "mount" },
             ],
             "resources": {
@@ -128,6 +139,7 @@ mod tests {
             memory_mb: 1024,
             pids_max: 512,
             nofile: 1024,
+            link: false,
         }
     }
 
@@ -159,6 +171,15 @@ mod tests {
             assert!(ns.iter().any(|n| n["type"] == kind), "{kind}");
         }
         assert!(!ns.iter().any(|n| n["type"] == "user"));
+        assert!(ns.iter().all(|n| n.get("path").is_none()));
+        // With a link: the launcher's namespace, where the link is.
+        let s = oci_spec(&SpecInput {
+            link: true,
+            ..input()
+        });
+        let ns = s["linux"]["namespaces"].as_array().unwrap();
+        let net = ns.iter().find(|n| n["type"] == "network").unwrap();
+        assert_eq!(net["path"], "/proc/self/ns/net");
     }
 
     #[test]

@@ -133,13 +133,110 @@ fn host_file_max() -> u64 {
         .unwrap_or(0)
 }
 
-/// The sandbox network: its subnet, the firewall, and a guess at the next free slot.
+/// The sandbox network: its subnet, the firewall, and a guess at the next free slot. Shared
+/// by both backends (see [`NamespaceDriver::network`]): one subnet, one firewall.
 #[derive(Clone)]
-struct Network {
+pub struct Network {
     subnet: std::net::Ipv4Addr,
     prefix: u8,
     firewall: crate::firewall::Firewall,
     next_slot: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Network {
+    /// What a launcher needs to make a sandbox's link.
+    pub(crate) fn plan(&self) -> net::NetLaunch {
+        net::NetLaunch {
+            subnet: self.subnet,
+            prefix: self.prefix,
+            first_slot: self.next_slot.load(std::sync::atomic::Ordering::Relaxed)
+                % net::capacity(self.prefix),
+        }
+    }
+
+    /// Once a launcher made the link (`made`, from its answer): the host end up and the
+    /// sandbox's firewall rules in place. Answers the link with its interface index.
+    pub(crate) fn bring_up(
+        &self,
+        id: &str,
+        made: Option<net::NetInfo>,
+        rules: &crate::firewall::EgressRules,
+    ) -> (Option<net::NetInfo>, Result<(), DriverError>) {
+        let Some(mut info) = made else {
+            return (
+                None,
+                Err(DriverError::Network(
+                    "the launcher made no interface".into(),
+                )),
+            );
+        };
+        self.next_slot
+            .store(info.slot + 1, std::sync::atomic::Ordering::Relaxed);
+        let r = net::host_up(&info)
+            .map_err(|e| DriverError::Network(format!("host end: {e}")))
+            .and_then(|ifindex| {
+                info.ifindex = ifindex;
+                let link = Some((info.host_addr, info.sandbox_addr));
+                self.firewall.install(id, ifindex, link, rules)
+            });
+        (Some(info), r)
+    }
+
+    /// Removes a sandbox's firewall rules. With the boot's interface index they go in a
+    /// thread of their own (deleting nftables objects waits for an RCU grace period; as the
+    /// index is never reused, rules that outlive the call apply to nothing); without one,
+    /// every chain of the sandbox's id and its map entries go at once.
+    pub(crate) fn remove_rules(&self, id: &str, handle: Option<&SandboxHandle>) {
+        let boot = handle
+            .and_then(|h| h.net.as_ref())
+            .filter(|i| i.ifindex != 0);
+        let (fw, id2) = (self.firewall.clone(), id.to_string());
+        match boot {
+            Some(info) => {
+                let ifindex = info.ifindex;
+                std::thread::spawn(move || {
+                    if let Err(e) = fw.remove_boot(&id2, ifindex) {
+                        tracing::warn!(sandbox = id2, "removing firewall rules: {e}");
+                    }
+                });
+            }
+            None => {
+                if let Err(e) = fw.remove_all(id) {
+                    tracing::warn!(sandbox = id, "removing firewall rules: {e}");
+                }
+            }
+        }
+    }
+
+    /// Replaces the rules of a running sandbox's link.
+    pub(crate) async fn update(
+        &self,
+        handle: &SandboxHandle,
+        rules: &crate::firewall::EgressRules,
+    ) -> Result<(), DriverError> {
+        let Some(info) = &handle.net else {
+            return Ok(()); // loopback only: nothing to filter
+        };
+        let (fw, id, rules) = (self.firewall.clone(), handle.id.clone(), rules.clone());
+        let (recorded, iface) = (info.ifindex, info.iface.clone());
+        let link = Some((info.host_addr, info.sandbox_addr));
+        tokio::task::spawn_blocking(move || {
+            // A handle from before interface indexes were recorded: look it up, and clear
+            // what older versions left for this sandbox.
+            let ifindex = match recorded {
+                0 => net::ifindex(&iface)
+                    .map_err(|e| DriverError::Network(format!("{iface}: {e}")))?,
+                i => i,
+            };
+            fw.install(&id, ifindex, link, &rules)?;
+            if recorded == 0 {
+                fw.remove_others(&id, ifindex)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| DriverError::Network(e.to_string()))?
+    }
 }
 
 impl NamespaceDriver {
@@ -189,6 +286,11 @@ impl NamespaceDriver {
     /// Whether sandboxes get a network interface.
     pub fn has_network(&self) -> bool {
         self.net.is_some()
+    }
+
+    /// The network this driver gives sandboxes, for the gVisor backend to share.
+    pub fn network(&self) -> Option<Network> {
+        self.net.clone()
     }
 
     /// Runs sandboxes in user namespaces with `ids` (see [`crate::userns`]; check the host with
@@ -341,12 +443,7 @@ impl NamespaceDriver {
             disk,
             disk_mount,
             network: match (&self.net, &spec.network) {
-                (Some(n), Some(_)) => Some(net::NetLaunch {
-                    subnet: n.subnet,
-                    prefix: n.prefix,
-                    first_slot: n.next_slot.load(std::sync::atomic::Ordering::Relaxed)
-                        % net::capacity(n.prefix),
-                }),
+                (Some(n), Some(_)) => Some(n.plan()),
                 _ => None,
             },
             userns: self.ids,
@@ -448,25 +545,9 @@ impl NamespaceDriver {
         cella_crash::crash_point!("runtime.launch.after_init");
         if let (Some(n), Some(rules)) = (&self.net, &spec.network) {
             let t = std::time::Instant::now();
-            let info: Option<net::NetInfo> = serde_json::from_value(answer["net"].clone()).ok();
-            let res = match info {
-                None => Err(DriverError::Network(
-                    "the launcher made no interface".into(),
-                )),
-                Some(mut info) => {
-                    n.next_slot
-                        .store(info.slot + 1, std::sync::atomic::Ordering::Relaxed);
-                    let r = net::host_up(&info)
-                        .map_err(|e| DriverError::Network(format!("host end: {e}")))
-                        .and_then(|ifindex| {
-                            info.ifindex = ifindex;
-                            let link = Some((info.host_addr, info.sandbox_addr));
-                            n.firewall.install(&spec.id, ifindex, link, rules)
-                        });
-                    handle.net = Some(info);
-                    r
-                }
-            };
+            let made = serde_json::from_value(answer["net"].clone()).ok();
+            let (info, res) = n.bring_up(&spec.id, made, rules);
+            handle.net = info;
             if let Err(e) = res {
                 let _ = self.remove(&spec.id, Some(&handle), true);
                 return Err(e);
@@ -484,12 +565,8 @@ impl NamespaceDriver {
     /// Ends the sandbox's processes and drops its cgroup and socket; with `keep_files`, its
     /// writable layer stays for a later boot.
     ///
-    /// It starts with the firewall rules. When the handle knows the boot's interface index, the
-    /// boot's rules are removed in a thread of their own and the call goes on without waiting
-    /// (deleting nftables objects waits for an RCU grace period); as the index is never reused,
-    /// rules that outlive the answer by a few milliseconds apply to nothing. Without an index (no
-    /// handle), every chain of the sandbox's id and its map entries go at once. The link needs
-    /// nothing: it went with the namespace.
+    /// It starts with the firewall rules ([`Network::remove_rules`]: with the boot's interface
+    /// index they go after the answer). The link needs nothing: it went with the namespace.
     fn remove(
         &self,
         id: &str,
@@ -498,27 +575,7 @@ impl NamespaceDriver {
     ) -> Result<(), DriverError> {
         let alive = handle.is_some_and(|h| process_start_time(h.pid) == Some(h.start_time));
         if let Some(n) = &self.net {
-            let boot = handle
-                .and_then(|h| h.net.as_ref())
-                .filter(|i| i.ifindex != 0);
-            let (fw, id2) = (n.firewall.clone(), id.to_string());
-            match boot {
-                // The boot's own chain and entry: they can never apply to another interface,
-                // so they go after the response (deleting takes an RCU grace period).
-                Some(info) => {
-                    let ifindex = info.ifindex;
-                    std::thread::spawn(move || {
-                        if let Err(e) = fw.remove_boot(&id2, ifindex) {
-                            tracing::warn!(sandbox = id2, "removing firewall rules: {e}");
-                        }
-                    });
-                }
-                None => {
-                    if let Err(e) = fw.remove_all(id) {
-                        tracing::warn!(sandbox = id, "removing firewall rules: {e}");
-                    }
-                }
-            }
+            n.remove_rules(id, handle);
         }
         if let Some(h) = handle {
             if alive {
@@ -719,28 +776,10 @@ impl Driver for NamespaceDriver {
         handle: &SandboxHandle,
         rules: &crate::firewall::EgressRules,
     ) -> Result<(), DriverError> {
-        let (Some(n), Some(info)) = (&self.net, &handle.net) else {
-            return Ok(()); // loopback only: nothing to filter
-        };
-        let (fw, id, rules) = (n.firewall.clone(), handle.id.clone(), rules.clone());
-        let (recorded, iface) = (info.ifindex, info.iface.clone());
-        let link = Some((info.host_addr, info.sandbox_addr));
-        tokio::task::spawn_blocking(move || {
-            // A handle from before interface indexes were recorded: look it up, and clear
-            // what older versions left for this sandbox.
-            let ifindex = match recorded {
-                0 => net::ifindex(&iface)
-                    .map_err(|e| DriverError::Network(format!("{iface}: {e}")))?,
-                i => i,
-            };
-            fw.install(&id, ifindex, link, &rules)?;
-            if recorded == 0 {
-                fw.remove_others(&id, ifindex)?;
-            }
-            Ok(())
-        })
-        .await
-        .map_err(|e| DriverError::Network(e.to_string()))?
+        match &self.net {
+            Some(n) => n.update(handle, rules).await,
+            None => Ok(()), // loopback only: nothing to filter
+        }
     }
 
     fn agent(&self, handle: &SandboxHandle) -> AgentClient {

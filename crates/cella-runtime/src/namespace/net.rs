@@ -147,6 +147,19 @@ pub fn setup_inside(host: &HostNs, plan: &NetLaunch) -> Result<NetInfo, NetError
     Ok(info)
 }
 
+/// Run inside a sandbox's network namespace whose link exists (a gVisor sandbox restored from
+/// disk: `runsc` took `eth0`'s address out of the host kernel's view at boot and looks for it
+/// again): `eth0` gets its address, is up, and the default route is back.
+pub fn readdress(info: &NetInfo) -> Result<(), NetError> {
+    let sock = inet_socket().map_err(step("socket"))?;
+    set_addr(&sock, "eth0", info.sandbox_addr, 30).map_err(step("eth0 address"))?;
+    set_up(&sock, "eth0").map_err(step("eth0 up"))?;
+    match default_route(&sock, info.host_addr) {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        r => r.map_err(step("default route")),
+    }
+}
+
 /// Run by the server (in the host namespace) once the launcher answered: no IPv6 on the host
 /// end, its address, up. Returns the host end's interface index.
 pub fn host_up(info: &NetInfo) -> std::io::Result<u32> {

@@ -83,8 +83,12 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                 disk_size_mb: row.disk_size_mb as u32,
                 pids_max: (row.cpu_count as u32 * 1024).max(1024),
                 network: match &state.network {
-                    // gVisor sandboxes have loopback only (refused at create otherwise).
-                    _ if runtime == cella_runtime::Runtime::Gvisor => None,
+                    // A gVisor sandbox gets a link only when it can use one.
+                    _ if runtime == cella_runtime::Runtime::Gvisor
+                        && !crate::sandboxes::needs_link(state, &row).await =>
+                    {
+                        None
+                    }
                     Some(dns) => Some(
                         crate::timing::phase(
                             "network",

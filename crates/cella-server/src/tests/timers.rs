@@ -104,3 +104,24 @@ async fn a_sandbox_whose_init_died_is_found_out_by_the_liveness_check() {
     assert_eq!(s.get(&fine).await["state"], "running");
     assert_eq!(s.fake.state(&fine), Some(FakeState::Running));
 }
+
+#[tokio::test]
+async fn a_sandbox_seen_dead_during_a_change_that_held_its_lock_is_left_alone() {
+    // A gVisor pause to disk has no process between its checkpoint and its image being whole;
+    // the liveness check, which takes no lock, may look just then.
+    let s = Server::start().await;
+    let sb = id(&s.create(json!({})).await);
+    let guard = s.state.locks.lock(&sb).await;
+    s.fake.hide(&sb, true);
+    let state = s.state.clone();
+    let check = tokio::spawn(async move { crate::lifecycle::check_liveness(&state).await });
+    // The check saw it dead and now waits for the lock; the change ends, the sandbox is there.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.fake.hide(&sb, false);
+    drop(guard);
+    check.await.unwrap();
+    let v = s.get(&sb).await;
+    assert_eq!(v["state"], "running", "{v}");
+    assert!(v["state_reason"].is_null(), "{v}");
+    assert_eq!(s.fake.state(&sb), Some(FakeState::Running));
+}
