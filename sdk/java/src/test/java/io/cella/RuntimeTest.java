@@ -49,6 +49,27 @@ class RuntimeTest {
     }
 
     @Test
+    void oneShotRunOnGvisor() throws Exception {
+        RunResult r = Sandbox.run(RunOptions.command("echo hi > out.txt; cat /proc/version; dmesg 2>/dev/null | head -3")
+                .runtime("gvisor").size(TestServer.SIZE).artifact("out.txt").timeout(Duration.ofMinutes(2)).connection(TestServer.admin()).build());
+        assertTrue(r.ok(), r.toString());
+        String host = Files.readString(Path.of("/proc/version")).trim();
+        assertNotEquals(host, r.stdout().split("\n", 2)[0]);
+        assertTrue(r.stdout().contains("gVisor") || r.stdout().contains("4.4.0"), "not gVisor's kernel: " + r.stdout());
+        assertEquals(1, r.artifacts().size());
+        assertEquals("hi\n", new String(Artifact.download(r.artifacts().get(0).id(), TestServer.admin()), java.nio.charset.StandardCharsets.UTF_8));
+        SandboxInfo gone = Sandbox.connect(r.sandboxId(), TestServer.admin(), false).info();
+        assertEquals("gvisor", gone.runtime());
+        assertEquals("destroyed", gone.state());
+
+        InvalidRequestException e = assertThrows(InvalidRequestException.class,
+                () -> Sandbox.run(RunOptions.command("true").runtime("vm").size(TestServer.SIZE).connection(TestServer.admin()).build()));
+        assertEquals(400, e.status());
+        assertEquals("runtime", e.field().orElse(null));
+        assertTrue(e.getMessage().contains("vm"), e.getMessage());
+    }
+
+    @Test
     void templatesListTheirRuntimes() {
         TemplateInfo base = Template.get("base", TestServer.admin());
         assertEquals("namespace", base.runtimes().get(0));
