@@ -32,6 +32,29 @@ defmodule CellaTest.RuntimeTest do
     assert e.message =~ "vm"
   end
 
+  test "a one-shot run on gvisor runs on gVisor's kernel; an unknown runtime is a 400" do
+    assert {:ok, %Cella.RunResult{exit_code: 0} = r} =
+             Sandbox.run("echo hi > out.txt; cat /proc/version; dmesg 2>/dev/null | head -3",
+               runtime: "gvisor",
+               size: size(),
+               artifacts: ["out.txt"],
+               timeout: 120
+             )
+
+    host = File.read!("/proc/version") |> String.trim()
+    assert hd(String.split(r.stdout, "\n")) != host
+    assert String.contains?(r.stdout, "gVisor") or String.contains?(r.stdout, "4.4.0"), r.stdout
+    assert [%Cella.Artifact{} = art] = r.artifacts
+    assert {:ok, "hi\n"} = Cella.Artifact.download(art)
+    assert {:ok, %Sandbox{runtime: "gvisor", state: "destroyed"}} = Sandbox.get(r.sandbox_id)
+
+    assert {:error, %Cella.Error{reason: :invalid_request, status: 400} = e} =
+             Sandbox.run("true", runtime: "vm", size: size())
+
+    assert Cella.Error.field(e) == "runtime"
+    assert e.message =~ "vm"
+  end
+
   test "templates list their runtimes, the default first" do
     assert {:ok, %Template{runtimes: ["namespace" | _]}} = Template.get("base")
     assert {:ok, all} = Template.list()

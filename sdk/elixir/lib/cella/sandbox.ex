@@ -317,8 +317,9 @@ defmodule Cella.Sandbox do
 
   `:files` maps paths (absolute, or relative to `:cwd`) to content (binaries that are not
   UTF-8 are sent as base64). Other options: `:timeout` (the command's, seconds), `:env`,
-  `:cwd`, `:user`, `:stdin`, `:template`, `:size`, `:metadata`, `:network`, `check: true`
-  (an exit code other than 0 is an error `COMMAND_EXIT`). Download the artifacts with
+  `:cwd`, `:user`, `:stdin`, `:template`, `:size`, `:runtime` (`"namespace"` or `"gvisor"`, as
+  at create), `:metadata`, `:network`, `check: true` (an exit code other than 0 is an error
+  `COMMAND_EXIT`). Download the artifacts with
   `Cella.Artifact.download/2`.
   """
   @spec run(String.t() | [String.t()], keyword) :: {:ok, Cella.RunResult.t()} | {:error, Error.t()}
@@ -338,6 +339,7 @@ defmodule Cella.Sandbox do
         %{
           template_id: o[:template],
           size: o[:size],
+          runtime: o[:runtime],
           metadata: o[:metadata],
           network: o[:network],
           files: if(files == [], do: nil, else: files),
