@@ -200,6 +200,16 @@ func (s *SandboxService) Get(ctx context.Context, id string) (*SandboxInfo, erro
 	return &info, nil
 }
 
+// Kill destroys a sandbox by its id, without a handle and without resuming it first
+// (idempotent: a destroyed one answers as it is). A missing id is a not-found error.
+func (s *SandboxService) Kill(ctx context.Context, id string) (*SandboxInfo, error) {
+	var info SandboxInfo
+	if err := s.c.do(ctx, &request{method: "DELETE", path: "/sandboxes/" + seg(id)}, &info); err != nil {
+		return nil, err
+	}
+	return &info, nil
+}
+
 // ListOptions filter a sandbox listing.
 type ListOptions struct {
 	// State keeps one state ("all": every state; empty: the live ones).

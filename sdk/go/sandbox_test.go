@@ -79,6 +79,29 @@ func TestCreateExecAndLifecycle(t *testing.T) {
 	}
 }
 
+func TestKillByID(t *testing.T) {
+	ctx := ctxFor(t, 3*time.Minute)
+	c := cella.NewClient()
+	sb := newSandbox(t, nil)
+	if _, err := sb.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A paused sandbox is destroyed by its id alone, without being resumed first.
+	info, err := c.Sandboxes.Kill(ctx, sb.ID())
+	if err != nil || info.ID != sb.ID() || info.State != "destroyed" {
+		t.Fatalf("kill by id: %+v %v", info, err)
+	}
+	if got, err := c.Sandboxes.Get(ctx, sb.ID()); err != nil || got.State != "destroyed" {
+		t.Fatalf("after the kill: %+v %v", got, err)
+	}
+	if again, err := c.Sandboxes.Kill(ctx, sb.ID()); err != nil || again.State != "destroyed" {
+		t.Fatalf("a second kill: %+v %v", again, err)
+	}
+	if _, err := c.Sandboxes.Kill(ctx, "sbnosuchsandbox000000"); !cella.IsNotFound(err) {
+		t.Fatalf("kill of a missing id: %v", err)
+	}
+}
+
 func containsSandbox(list []cella.SandboxInfo, id string) bool {
 	for _, s := range list {
 		if s.ID == id {
