@@ -314,6 +314,25 @@ func TestFilesRoundTripOf10MiB(t *testing.T) {
 	}
 }
 
+func TestFilesReadRange(t *testing.T) {
+	ctx := ctxFor(t, 2*time.Minute)
+	sb := newSandbox(t, nil)
+	if _, err := sb.Files.WriteText(ctx, "/home/user/digits.txt", "0123456789", nil); err != nil {
+		t.Fatal(err)
+	}
+	for rng, want := range map[string]string{"2-4": "234", "bytes=7-": "789", "-3": "789", "8-99": "89"} {
+		got, err := sb.Files.ReadRange(ctx, "/home/user/digits.txt", rng)
+		if err != nil || string(got) != want {
+			t.Fatalf("range %q: %q %v, want %q", rng, got, err, want)
+		}
+	}
+	_, err := sb.Files.ReadRange(ctx, "/home/user/digits.txt", "10-")
+	var e *cella.Error
+	if !errors.As(err, &e) || e.Status != 416 || e.Code != cella.CodeRangeNotSatisfiable || e.Details["size"] != float64(10) {
+		t.Fatalf("a range past the end: %v", err)
+	}
+}
+
 func TestWatch(t *testing.T) {
 	ctx := ctxFor(t, 2*time.Minute)
 	sb := newSandbox(t, nil)
