@@ -79,6 +79,28 @@ func TestCreateExecAndLifecycle(t *testing.T) {
 	}
 }
 
+func TestCreateByResources(t *testing.T) {
+	ctx := ctxFor(t, 2*time.Minute)
+	c := cella.NewClient()
+	sb, err := c.Sandboxes.Create(ctx, &cella.CreateOptions{CPUCount: 1, MemoryMB: 1024, DiskSizeMB: 4096, Timeout: 5 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer killSandbox(t, sb)
+	if i := sb.Info(); i.Size != "xs" || i.CPUCount != 1 || i.MemoryMB != 1024 || i.ResourceContract.ContractID != "sandbox/xs@v1" {
+		t.Fatalf("the contract's size: %+v", i)
+	}
+	_, err = c.Sandboxes.Create(ctx, &cella.CreateOptions{CPUCount: 3, MemoryMB: 1024, DiskSizeMB: 4096})
+	var e *cella.Error
+	if !errors.As(err, &e) || !cella.IsInvalidRequest(err) || e.Field() != "cpu_count" || e.Details["contracts"] == nil {
+		t.Fatalf("resources of no contract: %v", err)
+	}
+	_, err = c.Sandboxes.Create(ctx, &cella.CreateOptions{CPUCount: 1})
+	if !errors.As(err, &e) || e.Field() != "memory_mb" {
+		t.Fatalf("one of the three alone: %v", err)
+	}
+}
+
 func TestKillByID(t *testing.T) {
 	ctx := ctxFor(t, 3*time.Minute)
 	c := cella.NewClient()
