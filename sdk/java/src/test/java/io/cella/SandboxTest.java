@@ -71,6 +71,19 @@ class SandboxTest {
     }
 
     @Test
+    void createByResources() {
+        try (Sandbox sb = Sandbox.create(CreateOptions.builder().resources(1, 1024, 4096).timeout(Duration.ofMinutes(5)).connection(TestServer.admin()).build())) {
+            assertEquals("xs", sb.info().size());
+            assertEquals(1, sb.info().cpuCount());
+            assertEquals("sandbox/xs@v1", sb.info().resourceContract().path("contract_id").asText());
+        }
+        InvalidRequestException e = assertThrows(InvalidRequestException.class,
+                () -> Sandbox.create(CreateOptions.builder().resources(3, 1024, 4096).connection(TestServer.admin()).build()));
+        assertEquals("cpu_count", e.field().orElse(null));
+        assertTrue(e.details().path("contracts").isArray(), e.details().toString());
+    }
+
+    @Test
     void keepOnCloseLeavesItRunning() {
         String id;
         try (Sandbox sb = Sandbox.create(CreateOptions.builder().size(TestServer.SIZE).waitReady(false).connection(TestServer.admin()).build())) {
