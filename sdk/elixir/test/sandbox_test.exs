@@ -44,6 +44,20 @@ defmodule CellaTest.SandboxTest do
     assert {:ok, %Sandbox{state: "destroyed"}} = Sandbox.kill(other.id, [])
   end
 
+  test "a size by its resources: cpu_count, memory_mb, disk_size_mb of one contract" do
+    assert {:ok, sb} =
+             Sandbox.create(cpu_count: 1, memory_mb: 1024, disk_size_mb: 4096, timeout: 300)
+
+    on_exit(fn -> Sandbox.kill(sb) end)
+    assert sb.size == "xs" and sb.cpu_count == 1
+
+    assert {:error, %Cella.Error{reason: :invalid_request} = e} =
+             Sandbox.create(cpu_count: 3, memory_mb: 1024, disk_size_mb: 4096)
+
+    assert Cella.Error.field(e) == "cpu_count"
+    assert is_list(e.details["contracts"])
+  end
+
   test "templates say the names the SDKs and the CLI know them by" do
     assert {:ok, %Cella.Template{sdk_name: "base", cli_name: "base", product: "sandbox"}} =
              Cella.Template.get("base")

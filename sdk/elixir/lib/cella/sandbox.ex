@@ -72,7 +72,8 @@ defmodule Cella.Sandbox do
   @doc """
   Creates a sandbox and (unless `wait: false`) waits until it runs.
 
-  Options: `:template` (default the server's `base`), `:size` (default the template's),
+  Options: `:template` (default the server's `base`), `:size` (default the template's; or
+  `:cpu_count`, `:memory_mb` and `:disk_size_mb` together, equal to one size's contract),
   `:timeout` (the active-session timeout in seconds, default 3600), `:metadata` and `:env`
   (maps of strings), `:network` (`%{egress: "deny", allow: ["packages.example.org"]}`), `:idle_timeout`,
   `:persistent`, `:always_on`, `:snapshot_id` (start from a snapshot), `:runtime` (the isolation
@@ -92,6 +93,9 @@ defmodule Cella.Sandbox do
         runtime: o[:runtime],
         template_id: o[:template],
         size: o[:size],
+        cpu_count: o[:cpu_count],
+        memory_mb: o[:memory_mb],
+        disk_size_mb: o[:disk_size_mb],
         timeout_sec: Cella.seconds(o[:timeout]),
         idle_timeout_sec: Cella.seconds(o[:idle_timeout]),
         persistent: o[:persistent],
