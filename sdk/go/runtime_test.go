@@ -53,6 +53,32 @@ func TestRuntimeGVisorRunsOnGVisorsKernel(t *testing.T) {
 	}
 }
 
+func TestMemoryWhilePaused(t *testing.T) {
+	ctx := ctxFor(t, 3*time.Minute)
+	for runtime, want := range map[string]string{"namespace": "in_ram", "gvisor": "on_disk"} {
+		sb := newSandbox(t, &cella.CreateOptions{Runtime: runtime})
+		// A shell that keeps a value in its memory only and writes it once told to, after the resume.
+		if _, err := sb.Commands.Start(ctx, "x=kept; until [ -e /home/user/go ]; do sleep 0.1; done; echo $x > /home/user/mark", nil); err != nil {
+			t.Fatal(err)
+		}
+		info, err := sb.Pause(ctx)
+		if err != nil || info.State != "paused" || info.Memory == nil || *info.Memory != want {
+			t.Fatalf("%s paused: %+v %v, want memory %q", runtime, info, err, want)
+		}
+		if got, err := cella.NewClient().Sandboxes.Get(ctx, sb.ID()); err != nil || got.Memory == nil || *got.Memory != want {
+			t.Fatalf("%s read again: %+v %v", runtime, got, err)
+		}
+		info, err = sb.Resume(ctx)
+		if err != nil || info.State != "running" || info.Memory != nil {
+			t.Fatalf("%s resumed: %+v %v, want no memory field", runtime, info, err)
+		}
+		res, err := sb.Commands.Run(ctx, "touch go; for i in $(seq 300); do [ -s mark ] && break; sleep 0.1; done; cat mark", nil)
+		if err != nil || res.Stdout != "kept\n" {
+			t.Fatalf("%s: the shell's value after the resume: %+v %v", runtime, res, err)
+		}
+	}
+}
+
 func TestRuntimeUnknownIsA400NamingTheField(t *testing.T) {
 	_, err := cella.NewClient().Sandboxes.Create(ctxFor(t, time.Minute), &cella.CreateOptions{Size: size, Runtime: "vm"})
 	var e *cella.Error
