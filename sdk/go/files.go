@@ -81,6 +81,27 @@ func (f *Files) ReadBytes(ctx context.Context, path string) ([]byte, error) {
 	return b, nil
 }
 
+// ReadRange reads part of a file: rng is one range of bytes as HTTP writes it, "10-19" (bytes
+// 10 to 19, an end past the file cut to it), "10-" (from byte 10 on) or "-100" (the last 100
+// bytes); a "bytes=" prefix may be given. A range outside the file is an *Error with
+// Code CodeRangeNotSatisfiable (416) and details.size.
+func (f *Files) ReadRange(ctx context.Context, path, rng string) ([]byte, error) {
+	if !strings.HasPrefix(rng, "bytes=") {
+		rng = "bytes=" + rng
+	}
+	resp, err := f.sb.c.send(ctx, &request{method: "GET", path: f.path(), query: url.Values{"path": {path}},
+		headers: map[string]string{"Accept": "application/octet-stream", "Range": rng}})
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, connError(err)
+	}
+	return b, nil
+}
+
 // ReadText reads a whole file as text.
 func (f *Files) ReadText(ctx context.Context, path string) (string, error) {
 	b, err := f.ReadBytes(ctx, path)

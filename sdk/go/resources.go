@@ -33,8 +33,11 @@ type RunOptions struct {
 	Stdin     *string
 	Template  string
 	Size      string
-	Metadata  map[string]string
-	Network   *NetworkPolicy
+	// Runtime is the isolation runtime of the run's sandbox, "namespace" or "gvisor", as in
+	// CreateOptions.Runtime (empty: the template's, then the server's default).
+	Runtime  string
+	Metadata map[string]string
+	Network  *NetworkPolicy
 	// Check returns a *CommandExitError for an exit code other than 0.
 	Check bool
 }
@@ -100,6 +103,9 @@ func (s *SandboxService) Run(ctx context.Context, command string, opts *RunOptio
 	}
 	if opts.Size != "" {
 		b["size"] = opts.Size
+	}
+	if opts.Runtime != "" {
+		b["runtime"] = opts.Runtime
 	}
 	if opts.Metadata != nil {
 		b["metadata"] = opts.Metadata

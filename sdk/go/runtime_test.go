@@ -53,10 +53,71 @@ func TestRuntimeGVisorRunsOnGVisorsKernel(t *testing.T) {
 	}
 }
 
+func TestMemoryWhilePaused(t *testing.T) {
+	ctx := ctxFor(t, 3*time.Minute)
+	for runtime, want := range map[string]string{"namespace": "in_ram", "gvisor": "on_disk"} {
+		sb := newSandbox(t, &cella.CreateOptions{Runtime: runtime})
+		info, err := sb.Pause(ctx)
+		if err != nil || info.State != "paused" || info.Memory == nil || *info.Memory != want {
+			t.Fatalf("%s paused: %+v %v, want memory %q", runtime, info, err, want)
+		}
+		info, err = sb.Resume(ctx)
+		if err != nil || info.State != "running" || info.Memory != nil {
+			t.Fatalf("%s resumed: %+v %v, want no memory field", runtime, info, err)
+		}
+		if res, err := sb.Commands.Run(ctx, "echo ok", nil); err != nil || res.Stdout != "ok\n" {
+			t.Fatalf("%s: a command after the resume: %+v %v", runtime, res, err)
+		}
+	}
+}
+
 func TestRuntimeUnknownIsA400NamingTheField(t *testing.T) {
 	_, err := cella.NewClient().Sandboxes.Create(ctxFor(t, time.Minute), &cella.CreateOptions{Size: size, Runtime: "vm"})
 	var e *cella.Error
 	if !errors.As(err, &e) || !cella.IsInvalidRequest(err) || e.Code != "INVALID_REQUEST" {
+		t.Fatalf("want a 400 INVALID_REQUEST, got %v", err)
+	}
+	if e.Field() != "runtime" || !strings.Contains(e.Message, "vm") {
+		t.Fatalf("the field is not named: %v %v", e.Message, e.Details)
+	}
+}
+
+func TestOneShotRunOnGVisor(t *testing.T) {
+	ctx := ctxFor(t, 3*time.Minute)
+	c := cella.NewClient()
+	res, err := c.Sandboxes.Run(ctx, "echo hi > out.txt; cat /proc/version; dmesg 2>/dev/null | head -3", &cella.RunOptions{
+		Size: size, Runtime: "gvisor", Artifacts: []string{"out.txt"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	host, err := os.ReadFile("/proc/version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first := strings.SplitN(res.Stdout, "\n", 2)[0]; first == strings.TrimSpace(string(host)) {
+		t.Fatalf("the host's kernel inside: %q", first)
+	}
+	if !strings.Contains(res.Stdout, "gVisor") && !strings.Contains(res.Stdout, "4.4.0") {
+		t.Fatalf("not gVisor's kernel: %q", res.Stdout)
+	}
+	if len(res.Artifacts) != 1 || !strings.HasSuffix(res.Artifacts[0].Path, "/out.txt") {
+		t.Fatalf("artifacts: %+v", res.Artifacts)
+	}
+	if data, err := c.Artifacts.Read(ctx, res.Artifacts[0].ID); err != nil || string(data) != "hi\n" {
+		t.Fatalf("the artifact: %q %v", data, err)
+	}
+	info, err := c.Sandboxes.Get(ctx, res.SandboxID)
+	if err != nil || info.Runtime != "gvisor" || info.State != "destroyed" {
+		t.Fatalf("the run's sandbox: %+v %v", info, err)
+	}
+
+	_, err = c.Sandboxes.Run(ctx, "true", &cella.RunOptions{Size: size, Runtime: "vm"})
+	var e *cella.Error
+	if !errors.As(err, &e) || !cella.IsInvalidRequest(err) || e.Status != 400 {
 		t.Fatalf("want a 400 INVALID_REQUEST, got %v", err)
 	}
 	if e.Field() != "runtime" || !strings.Contains(e.Message, "vm") {

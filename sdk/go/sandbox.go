@@ -78,6 +78,11 @@ type CreateOptions struct {
 	Template string
 	// Size is xs, small, medium, large or xl (default: the template's).
 	Size string
+	// CPUCount, MemoryMB and DiskSizeMB are the compatibility form of Size: all three together,
+	// equal to one size's resource contract (1, 1024, 4096 is xs); 0 is not sent.
+	CPUCount   int
+	MemoryMB   int
+	DiskSizeMB int
 	// Timeout is the active-session timeout (rounded up to seconds; default one hour).
 	Timeout time.Duration
 	// IdleTimeout is the idle timer (0: the server's default; see NoIdleTimeout).
@@ -115,6 +120,15 @@ func (o *CreateOptions) body() map[string]any {
 	}
 	if o.Size != "" {
 		b["size"] = o.Size
+	}
+	if o.CPUCount != 0 {
+		b["cpu_count"] = o.CPUCount
+	}
+	if o.MemoryMB != 0 {
+		b["memory_mb"] = o.MemoryMB
+	}
+	if o.DiskSizeMB != 0 {
+		b["disk_size_mb"] = o.DiskSizeMB
 	}
 	if o.Timeout > 0 {
 		b["timeout_sec"] = wholeSeconds(o.Timeout)
@@ -195,6 +209,16 @@ func (s *SandboxService) Connect(ctx context.Context, id string, noResume ...boo
 func (s *SandboxService) Get(ctx context.Context, id string) (*SandboxInfo, error) {
 	var info SandboxInfo
 	if err := s.c.do(ctx, &request{method: "GET", path: "/sandboxes/" + seg(id)}, &info); err != nil {
+		return nil, err
+	}
+	return &info, nil
+}
+
+// Kill destroys a sandbox by its id, without a handle and without resuming it first
+// (idempotent: a destroyed one answers as it is). A missing id is a not-found error.
+func (s *SandboxService) Kill(ctx context.Context, id string) (*SandboxInfo, error) {
+	var info SandboxInfo
+	if err := s.c.do(ctx, &request{method: "DELETE", path: "/sandboxes/" + seg(id)}, &info); err != nil {
 		return nil, err
 	}
 	return &info, nil

@@ -79,6 +79,51 @@ func TestCreateExecAndLifecycle(t *testing.T) {
 	}
 }
 
+func TestCreateByResources(t *testing.T) {
+	ctx := ctxFor(t, 2*time.Minute)
+	c := cella.NewClient()
+	sb, err := c.Sandboxes.Create(ctx, &cella.CreateOptions{CPUCount: 1, MemoryMB: 1024, DiskSizeMB: 4096, Timeout: 5 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer killSandbox(t, sb)
+	if i := sb.Info(); i.Size != "xs" || i.CPUCount != 1 || i.MemoryMB != 1024 || i.ResourceContract.ContractID != "sandbox/xs@v1" {
+		t.Fatalf("the contract's size: %+v", i)
+	}
+	_, err = c.Sandboxes.Create(ctx, &cella.CreateOptions{CPUCount: 3, MemoryMB: 1024, DiskSizeMB: 4096})
+	var e *cella.Error
+	if !errors.As(err, &e) || !cella.IsInvalidRequest(err) || e.Field() != "cpu_count" || e.Details["contracts"] == nil {
+		t.Fatalf("resources of no contract: %v", err)
+	}
+	_, err = c.Sandboxes.Create(ctx, &cella.CreateOptions{CPUCount: 1})
+	if !errors.As(err, &e) || e.Field() != "memory_mb" {
+		t.Fatalf("one of the three alone: %v", err)
+	}
+}
+
+func TestKillByID(t *testing.T) {
+	ctx := ctxFor(t, 3*time.Minute)
+	c := cella.NewClient()
+	sb := newSandbox(t, nil)
+	if _, err := sb.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A paused sandbox is destroyed by its id alone, without being resumed first.
+	info, err := c.Sandboxes.Kill(ctx, sb.ID())
+	if err != nil || info.ID != sb.ID() || info.State != "destroyed" {
+		t.Fatalf("kill by id: %+v %v", info, err)
+	}
+	if got, err := c.Sandboxes.Get(ctx, sb.ID()); err != nil || got.State != "destroyed" {
+		t.Fatalf("after the kill: %+v %v", got, err)
+	}
+	if again, err := c.Sandboxes.Kill(ctx, sb.ID()); err != nil || again.State != "destroyed" {
+		t.Fatalf("a second kill: %+v %v", again, err)
+	}
+	if _, err := c.Sandboxes.Kill(ctx, "sbnosuchsandbox000000"); !cella.IsNotFound(err) {
+		t.Fatalf("kill of a missing id: %v", err)
+	}
+}
+
 func containsSandbox(list []cella.SandboxInfo, id string) bool {
 	for _, s := range list {
 		if s.ID == id {
@@ -288,6 +333,25 @@ func TestFilesRoundTripOf10MiB(t *testing.T) {
 	_, err = sb.Files.Read(ctx, "/home/user/nothing")
 	if !cella.IsNotFound(err) {
 		t.Fatalf("a missing file: %v", err)
+	}
+}
+
+func TestFilesReadRange(t *testing.T) {
+	ctx := ctxFor(t, 2*time.Minute)
+	sb := newSandbox(t, nil)
+	if _, err := sb.Files.WriteText(ctx, "/home/user/digits.txt", "0123456789", nil); err != nil {
+		t.Fatal(err)
+	}
+	for rng, want := range map[string]string{"2-4": "234", "bytes=7-": "789", "-3": "789", "8-99": "89"} {
+		got, err := sb.Files.ReadRange(ctx, "/home/user/digits.txt", rng)
+		if err != nil || string(got) != want {
+			t.Fatalf("range %q: %q %v, want %q", rng, got, err, want)
+		}
+	}
+	_, err := sb.Files.ReadRange(ctx, "/home/user/digits.txt", "10-")
+	var e *cella.Error
+	if !errors.As(err, &e) || e.Status != 416 || e.Code != cella.CodeRangeNotSatisfiable || e.Details["size"] != float64(10) {
+		t.Fatalf("a range past the end: %v", err)
 	}
 }
 

@@ -24,11 +24,44 @@ defmodule CellaTest.RuntimeTest do
     assert {:ok, %Sandbox{state: "destroyed"}} = Sandbox.kill(sb)
   end
 
+  test "memory while paused: in_ram on namespace, on_disk on gvisor, none once resumed" do
+    for {runtime, want} <- [{"namespace", "in_ram"}, {"gvisor", "on_disk"}] do
+      sb = sandbox!(runtime: runtime)
+      assert {:ok, %Sandbox{state: "paused", memory: ^want}} = Sandbox.pause(sb)
+      assert {:ok, %Sandbox{state: "running", memory: nil}} = Sandbox.resume(sb)
+
+      assert Commands.run!(sb, "echo ok").stdout == "ok\n"
+    end
+  end
+
   test "an unknown runtime is a 400 naming the field" do
     assert {:error, %Cella.Error{reason: :invalid_request, status: 400} = e} =
              Sandbox.create(size: size(), runtime: "vm")
 
     assert e.details["field"] == "runtime"
+    assert e.message =~ "vm"
+  end
+
+  test "a one-shot run on gvisor runs on gVisor's kernel; an unknown runtime is a 400" do
+    assert {:ok, %Cella.RunResult{exit_code: 0} = r} =
+             Sandbox.run("echo hi > out.txt; cat /proc/version; dmesg 2>/dev/null | head -3",
+               runtime: "gvisor",
+               size: size(),
+               artifacts: ["out.txt"],
+               timeout: 120
+             )
+
+    host = File.read!("/proc/version") |> String.trim()
+    assert hd(String.split(r.stdout, "\n")) != host
+    assert String.contains?(r.stdout, "gVisor") or String.contains?(r.stdout, "4.4.0"), r.stdout
+    assert [%Cella.Artifact{} = art] = r.artifacts
+    assert {:ok, "hi\n"} = Cella.Artifact.download(art)
+    assert {:ok, %Sandbox{runtime: "gvisor", state: "destroyed"}} = Sandbox.get(r.sandbox_id)
+
+    assert {:error, %Cella.Error{reason: :invalid_request, status: 400} = e} =
+             Sandbox.run("true", runtime: "vm", size: size())
+
+    assert Cella.Error.field(e) == "runtime"
     assert e.message =~ "vm"
   end
 

@@ -24,6 +24,45 @@ defmodule CellaTest.SandboxTest do
     assert {:ok, []} = Sandbox.list(metadata: %{"tag" => t})
   end
 
+  test "preview and auto_resume at create; kill by id, without a resume" do
+    sb = sandbox!(preview: %{public: false}, auto_resume: true)
+    assert sb.preview == %{"public" => false}
+    assert sb.auto_resume == true
+    assert sb.resource_contract["contract_id"] == "sandbox/xs@v1"
+    assert {:ok, %Sandbox{state: "paused"}} = Sandbox.pause(sb)
+
+    assert {:ok, %Sandbox{id: id, state: "destroyed", auto_resume: true} = gone} =
+             Sandbox.kill(sb.id)
+
+    assert id == sb.id and is_integer(gone.total_runtime_sec)
+    assert {:ok, %Sandbox{state: "destroyed"}} = Sandbox.kill(sb.id)
+    assert {:error, %Cella.Error{reason: :not_found}} = Sandbox.kill("sbnosuchsandbox000000")
+    assert_raise Cella.Error, fn -> Sandbox.kill!("sbnosuchsandbox000000", []) end
+
+    other = sandbox!()
+    assert other.preview == %{"public" => true} and other.auto_resume == false
+    assert {:ok, %Sandbox{state: "destroyed"}} = Sandbox.kill(other.id, [])
+  end
+
+  test "a size by its resources: cpu_count, memory_mb, disk_size_mb of one contract" do
+    assert {:ok, sb} =
+             Sandbox.create(cpu_count: 1, memory_mb: 1024, disk_size_mb: 4096, timeout: 300)
+
+    on_exit(fn -> Sandbox.kill(sb) end)
+    assert sb.size == "xs" and sb.cpu_count == 1
+
+    assert {:error, %Cella.Error{reason: :invalid_request} = e} =
+             Sandbox.create(cpu_count: 3, memory_mb: 1024, disk_size_mb: 4096)
+
+    assert Cella.Error.field(e) == "cpu_count"
+    assert is_list(e.details["contracts"])
+  end
+
+  test "templates say the names the SDKs and the CLI know them by" do
+    assert {:ok, %Cella.Template{sdk_name: "base", cli_name: "base", product: "sandbox"}} =
+             Cella.Template.get("base")
+  end
+
   test "with_sandbox destroys its sandbox after, also when the function raises" do
     me = self()
 

@@ -103,6 +103,9 @@ defmodule Cella.Template do
     :readiness,
     :product,
     :primitive,
+    # the names the SDKs and the CLI know it by
+    :sdk_name,
+    :cli_name,
     :custom,
     :created_at,
     sizes: [],

@@ -43,12 +43,16 @@ defmodule Cella.Sandbox do
     :compute_rate,
     :compute_cost,
     :model_cost,
+    # preview traffic resumes it when it is paused
+    :auto_resume,
     # the isolation runtime it runs on: "namespace" or "gvisor"
     :runtime,
     # where a paused sandbox's memory is ("in_ram" or "on_disk"); nil when the server does not say
     :memory,
     metadata: %{},
     resource_contract: %{},
+    # who may use its previews: %{"public" => false} needs its preview token
+    preview: %{},
     config: nil
   ]
 
@@ -68,12 +72,15 @@ defmodule Cella.Sandbox do
   @doc """
   Creates a sandbox and (unless `wait: false`) waits until it runs.
 
-  Options: `:template` (default the server's `base`), `:size` (default the template's),
+  Options: `:template` (default the server's `base`), `:size` (default the template's; or
+  `:cpu_count`, `:memory_mb` and `:disk_size_mb` together, equal to one size's contract),
   `:timeout` (the active-session timeout in seconds, default 3600), `:metadata` and `:env`
   (maps of strings), `:network` (`%{egress: "deny", allow: ["packages.example.org"]}`), `:idle_timeout`,
   `:persistent`, `:always_on`, `:snapshot_id` (start from a snapshot), `:runtime` (the isolation
   runtime, `"namespace"` or `"gvisor"`; default the template's, then the server's; gVisor needs
-  `runsc` on the server), `:wait`, `:extra` (raw fields added to the body), and the connection's
+  `runsc` on the server), `:preview` (`%{public: false}`: previews need the sandbox's preview
+  token), `:auto_resume` (preview traffic resumes it when paused), `:model_access` (it may use
+  the model gateway), `:wait`, `:extra` (raw fields added to the body), and the connection's
   (`Cella.Config`).
   """
   @spec create(keyword) :: {:ok, t} | {:error, Error.t()}
@@ -86,6 +93,9 @@ defmodule Cella.Sandbox do
         runtime: o[:runtime],
         template_id: o[:template],
         size: o[:size],
+        cpu_count: o[:cpu_count],
+        memory_mb: o[:memory_mb],
+        disk_size_mb: o[:disk_size_mb],
         timeout_sec: Cella.seconds(o[:timeout]),
         idle_timeout_sec: Cella.seconds(o[:idle_timeout]),
         persistent: o[:persistent],
@@ -93,6 +103,9 @@ defmodule Cella.Sandbox do
         metadata: o[:metadata],
         env: o[:env],
         network: o[:network],
+        preview: o[:preview],
+        auto_resume: o[:auto_resume],
+        model_access: o[:model_access],
         wait: if(Keyword.get(o, :wait, true), do: nil, else: false)
       }
       |> Enum.reject(fn {_, v} -> is_nil(v) end)
@@ -208,8 +221,18 @@ defmodule Cella.Sandbox do
   @doc "Ends every process and keeps the files (persistent sandboxes only)."
   def stop(%__MODULE__{} = sb), do: update(sb, HTTP.data(sb.config, :post, path(sb, "stop")))
 
-  @doc "Destroys the sandbox (idempotent); its files are gone."
-  def kill(%__MODULE__{} = sb), do: update(sb, HTTP.data(sb.config, :delete, path(sb)))
+  @doc """
+  Destroys the sandbox (idempotent); its files are gone. Also takes a sandbox's id (and the
+  connection's options): it is destroyed without being attached or resumed first.
+  """
+  @spec kill(t | String.t(), keyword) :: {:ok, t} | {:error, Error.t()}
+  def kill(sb_or_id, opts \\ [])
+  def kill(%__MODULE__{} = sb, _opts), do: update(sb, HTTP.data(sb.config, :delete, path(sb)))
+
+  def kill(id, opts) when is_binary(id) do
+    {c, _} = Cella.split_opts(opts)
+    with {:ok, data} <- HTTP.data(c, :delete, HTTP.sandbox_path(id)), do: {:ok, wrap(data, c)}
+  end
 
   @doc "The same as `kill/1`."
   def destroy(%__MODULE__{} = sb), do: kill(sb)
@@ -317,8 +340,9 @@ defmodule Cella.Sandbox do
 
   `:files` maps paths (absolute, or relative to `:cwd`) to content (binaries that are not
   UTF-8 are sent as base64). Other options: `:timeout` (the command's, seconds), `:env`,
-  `:cwd`, `:user`, `:stdin`, `:template`, `:size`, `:metadata`, `:network`, `check: true`
-  (an exit code other than 0 is an error `COMMAND_EXIT`). Download the artifacts with
+  `:cwd`, `:user`, `:stdin`, `:template`, `:size`, `:runtime` (`"namespace"` or `"gvisor"`, as
+  at create), `:metadata`, `:network`, `check: true` (an exit code other than 0 is an error
+  `COMMAND_EXIT`). Download the artifacts with
   `Cella.Artifact.download/2`.
   """
   @spec run(String.t() | [String.t()], keyword) :: {:ok, Cella.RunResult.t()} | {:error, Error.t()}
@@ -338,6 +362,7 @@ defmodule Cella.Sandbox do
         %{
           template_id: o[:template],
           size: o[:size],
+          runtime: o[:runtime],
           metadata: o[:metadata],
           network: o[:network],
           files: if(files == [], do: nil, else: files),
@@ -373,7 +398,7 @@ defmodule Cella.Sandbox do
     pause: 1,
     resume: 1,
     stop: 1,
-    kill: 1,
+    kill: [1, 2],
     destroy: 1,
     set_timeout: 2,
     usage: 1,

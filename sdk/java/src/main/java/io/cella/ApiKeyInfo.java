@@ -24,4 +24,9 @@ public final class ApiKeyInfo extends Model {
     public String key() { return str("key"); }
 
     public String expiresAt() { return str("expires_at"); }
+
+    public String createdAt() { return str("created_at"); }
+
+    /** When it was last used, or null. */
+    public String lastUsedAt() { return str("last_used_at"); }
 }

@@ -41,6 +41,15 @@ public final class CreateOptions {
         /** {@code xs}, {@code small}, {@code medium}, {@code large} or {@code xl}. */
         public Builder size(String size) { body.put("size", size); return this; }
 
+        /**
+         * The compatibility form of a size: vCPUs, memory and disk (MiB) equal to one size's resource
+         * contract ({@code 1, 1024, 4096} is {@code xs}); other figures are an {@link InvalidRequestException}.
+         */
+        public Builder resources(int cpuCount, int memoryMb, int diskSizeMb) {
+            body.put("cpu_count", cpuCount).put("memory_mb", memoryMb).put("disk_size_mb", diskSizeMb);
+            return this;
+        }
+
         /** The active-session timeout (default one hour; whole seconds, rounded up). */
         public Builder timeout(Duration timeout) { body.put("timeout_sec", seconds(timeout)); return this; }
 

@@ -7,6 +7,7 @@ import java.net.http.HttpResponse;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.util.List;
+import java.util.Map;
 
 /** The sandbox's filesystem: {@code sandbox.files()}. Paths are absolute paths inside it. */
 public final class Files {
@@ -33,6 +34,23 @@ public final class Files {
     /** A file's bytes. */
     public byte[] readBytes(String path) {
         return t().request("GET", path(), Transport.Query.of().add("path", path), null, null);
+    }
+
+    /**
+     * Part of a file: {@code range} is one range of bytes as HTTP writes it, {@code "10-19"} (bytes
+     * 10 to 19; an end past the file is cut to it), {@code "10-"} (from byte 10 on) or {@code "-100"}
+     * (the last 100 bytes); a {@code bytes=} prefix may be given. A range outside the file throws
+     * {@link RangeNotSatisfiableException} (its {@code details().path("size")} is the file's size).
+     */
+    public byte[] readBytes(String path, String range) {
+        String header = range.startsWith("bytes=") ? range : "bytes=" + range;
+        HttpResponse<InputStream> resp = t().send("GET", path(), Transport.Query.of().add("path", path), null, t().config.requestTimeout(),
+                "application/octet-stream", Map.of("Range", header));
+        try (InputStream in = resp.body()) {
+            return in.readAllBytes();
+        } catch (IOException e) {
+            throw Transport.wrapRead(e, resp.headers().firstValue("x-request-id").orElse(null));
+        }
     }
 
     /**

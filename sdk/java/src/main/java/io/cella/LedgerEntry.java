@@ -27,4 +27,18 @@ public final class LedgerEntry extends Model {
     public String taskId() { return str("task_id"); }
 
     public String reference() { return str("reference"); }
+
+    /** A compute charge's billed seconds, else null. */
+    public Long computeSec() { return numOrNull("compute_sec"); }
+
+    /** A compute charge's rate per second, else null. */
+    public String computeRate() { return str("compute_rate"); }
+
+    /** A model charge's model, else null. */
+    public String model() { return str("model"); }
+
+    /** A model charge's tokens, else null. */
+    public Long inputTokens() { return numOrNull("input_tokens"); }
+
+    public Long outputTokens() { return numOrNull("output_tokens"); }
 }

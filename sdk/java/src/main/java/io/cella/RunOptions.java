@@ -74,6 +74,9 @@ public final class RunOptions {
 
         public Builder size(String size) { body.put("size", size); return this; }
 
+        /** The isolation runtime of the run's sandbox, {@code namespace} or {@code gvisor}, as at create. */
+        public Builder runtime(String runtime) { body.put("runtime", runtime); return this; }
+
         public Builder metadata(String key, String value) { Json.child(body, "metadata").put(key, value); return this; }
 
         public Builder network(JsonNode policy) { body.set("network", policy); return this; }

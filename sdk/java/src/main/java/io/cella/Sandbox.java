@@ -49,6 +49,14 @@ public final class Sandbox implements AutoCloseable {
         return new Sandbox(new SandboxInfo(t.data("POST", "/sandboxes", null, Transport.Body.json(options.body), timeout)), t);
     }
 
+    /** Destroy a sandbox by its id, without attaching or resuming it (idempotent). */
+    public static SandboxInfo kill(String sandboxId) { return kill(sandboxId, null); }
+
+    /** Destroy a sandbox by its id on a connection; a missing id is a {@link NotFoundException}. */
+    public static SandboxInfo kill(String sandboxId, ConnectionConfig connection) {
+        return new SandboxInfo(new Transport(connection).data("DELETE", Transport.sandboxPath(sandboxId)));
+    }
+
     /** Attach to an existing sandbox (resumed first if it is paused or stopped). */
     public static Sandbox connect(String sandboxId) { return connect(sandboxId, null, true); }
 

@@ -47,12 +47,39 @@ public final class SandboxInfo extends Model {
 
     public String createdAt() { return str("created_at"); }
 
+    /** When it last started running, or null. */
+    public String startedAt() { return str("started_at"); }
+
+    /** When it was first ready for commands, or null. */
+    public String readyAt() { return str("ready_at"); }
+
+    /** Seconds it ran in all, once it is destroyed; null before. */
+    public Long totalRuntimeSec() { return numOrNull("total_runtime_sec"); }
+
+    /** The workspace it belongs to. */
+    public String tenantId() { return str("tenant_id"); }
+
+    /** The API key or user that made it. */
+    public String ownerId() { return str("owner_id"); }
+
+    /** Its size's resource contract: {@code contract_id}, {@code vcpus}, {@code memory_mb}, {@code disk_size_mb}... */
+    public JsonNode resourceContract() { return raw.path("resource_contract"); }
+
     public String destroyedAt() { return str("destroyed_at"); }
 
     /** Its compute charge so far (a decimal string). */
     public String computeCost() { return str("compute_cost"); }
 
     public String computeRate() { return str("compute_rate"); }
+
+    /** What its model gateway requests cost so far (a decimal string). */
+    public String modelCost() { return str("model_cost"); }
+
+    /** {@code false}: its previews need its preview token (see {@link Sandbox#previewToken}). */
+    public boolean previewPublic() { return raw.path("preview").path("public").asBoolean(true); }
+
+    /** Preview traffic resumes it when it is paused. */
+    public boolean autoResume() { return bool("auto_resume"); }
 
     public JsonNode network() { return raw.path("network"); }
 

@@ -14,6 +14,15 @@ public final class TaskInfo extends Model {
 
     public String workspaceId() { return str("workspace_id"); }
 
+    /** The user or API key that started it ({@code usr_...} / {@code key_...}). */
+    public String createdBy() { return str("created_by"); }
+
+    /** Its session limit in minutes, from the workspace's settings when it started. */
+    public long sessionLimitMin() { return num("session_limit_min"); }
+
+    /** Compute price per running second (a decimal string). */
+    public String computeRate() { return str("compute_rate"); }
+
     public String repository() { return str("repository"); }
 
     public String baseBranch() { return str("base_branch"); }

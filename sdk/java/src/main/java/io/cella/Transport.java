@@ -111,12 +111,13 @@ final class Transport {
         return sb.toString();
     }
 
-    private HttpRequest build(String method, String path, Query query, Body body, Duration timeout, String accept) {
+    private HttpRequest build(String method, String path, Query query, Body body, Duration timeout, String accept, Map<String, String> extra) {
         HttpRequest.Builder b = HttpRequest.newBuilder(URI.create(config.apiUrl() + path + (query == null ? "" : query.render())));
         b.header("User-Agent", "cella-java/" + VERSION);
         b.header("Accept", accept);
         if (config.apiKey() != null) b.header("Authorization", "Bearer " + config.apiKey());
         for (Map.Entry<String, String> h : config.headers().entrySet()) b.header(h.getKey(), h.getValue());
+        for (Map.Entry<String, String> h : extra.entrySet()) b.header(h.getKey(), h.getValue());
         if (timeout != null) b.timeout(timeout);
         if (body != null) {
             b.header("Content-Type", body.contentType);
@@ -131,10 +132,15 @@ final class Transport {
 
     /** Send a request; answers 2xx/3xx responses, throws the typed error of the others. */
     HttpResponse<InputStream> send(String method, String path, Query query, Body body, Duration timeout, String accept) {
+        return send(method, path, query, body, timeout, accept, Map.of());
+    }
+
+    /** {@link #send} with headers of this request only (e.g. {@code Range}). */
+    HttpResponse<InputStream> send(String method, String path, Query query, Body body, Duration timeout, String accept, Map<String, String> extra) {
         int attempt = 0;
         boolean resent = false;
         while (true) {
-            HttpRequest req = build(method, path, query, body, timeout, accept);
+            HttpRequest req = build(method, path, query, body, timeout, accept, extra);
             long started = System.nanoTime();
             HttpResponse<InputStream> resp;
             try {

@@ -44,7 +44,10 @@ class AdminTest {
         ApiKeyInfo k = ApiKey.create(s.defaultWorkspace(), "temp", List.of("sandboxes:read"), s.admin());
         assertTrue(k.key().startsWith("cella_"));
         assertTrue(ApiKey.list(s.admin()).stream().anyMatch(x -> x.id().equals(k.id())));
+        assertNotNull(k.createdAt());
+        assertNull(k.lastUsedAt());
         Sandbox.list(ListOptions.builder().connection(s.connection(k.key())).build());
+        assertNotNull(ApiKey.list(s.admin()).stream().filter(x -> x.id().equals(k.id())).findFirst().orElseThrow().lastUsedAt());
         ApiKey.revoke(k.id(), s.admin());
         assertThrows(AuthenticationException.class, () -> Sandbox.list(ListOptions.builder().connection(s.connection(k.key())).build()));
 

@@ -80,6 +80,18 @@ class FilesTest {
     }
 
     @Test
+    void rangedReads() {
+        sb.files().write("/home/user/digits.txt", "0123456789");
+        assertEquals("234", new String(sb.files().readBytes("/home/user/digits.txt", "2-4")));
+        assertEquals("789", new String(sb.files().readBytes("/home/user/digits.txt", "bytes=7-")));
+        assertEquals("789", new String(sb.files().readBytes("/home/user/digits.txt", "-3")));
+        assertEquals("89", new String(sb.files().readBytes("/home/user/digits.txt", "8-99")));
+        RangeNotSatisfiableException e = assertThrows(RangeNotSatisfiableException.class, () -> sb.files().readBytes("/home/user/digits.txt", "10-"));
+        assertEquals(416, e.status());
+        assertEquals(10, e.details().path("size").asLong());
+    }
+
+    @Test
     void directoriesAndEntries() {
         sb.files().makeDir("/home/user/d/sub");
         sb.files().write("/home/user/d/a.txt", "a");

@@ -40,10 +40,46 @@ class RuntimeTest {
     }
 
     @Test
+    void memoryWhilePaused() {
+        for (String[] c : new String[][] {{"namespace", "in_ram"}, {"gvisor", "on_disk"}}) {
+            try (Sandbox sb = Sandbox.create(opts(c[0]).build())) {
+                SandboxInfo paused = sb.pause();
+                assertEquals("paused", paused.state());
+                assertEquals(c[1], paused.memory(), c[0]);
+                SandboxInfo resumed = sb.resume();
+                assertEquals("running", resumed.state());
+                assertNull(resumed.memory(), c[0]);
+                assertEquals("ok\n", sb.commands().run("echo ok").stdout(), c[0]);
+            }
+        }
+    }
+
+    @Test
     void unknownRuntimeIsA400NamingTheField() {
         InvalidRequestException e = assertThrows(InvalidRequestException.class, () -> Sandbox.create(opts("vm").build()));
         assertEquals(400, e.status());
         assertEquals("INVALID_REQUEST", e.code());
+        assertEquals("runtime", e.field().orElse(null));
+        assertTrue(e.getMessage().contains("vm"), e.getMessage());
+    }
+
+    @Test
+    void oneShotRunOnGvisor() throws Exception {
+        RunResult r = Sandbox.run(RunOptions.command("echo hi > out.txt; cat /proc/version; dmesg 2>/dev/null | head -3")
+                .runtime("gvisor").size(TestServer.SIZE).artifact("out.txt").timeout(Duration.ofMinutes(2)).connection(TestServer.admin()).build());
+        assertTrue(r.ok(), r.toString());
+        String host = Files.readString(Path.of("/proc/version")).trim();
+        assertNotEquals(host, r.stdout().split("\n", 2)[0]);
+        assertTrue(r.stdout().contains("gVisor") || r.stdout().contains("4.4.0"), "not gVisor's kernel: " + r.stdout());
+        assertEquals(1, r.artifacts().size());
+        assertEquals("hi\n", new String(Artifact.download(r.artifacts().get(0).id(), TestServer.admin()), java.nio.charset.StandardCharsets.UTF_8));
+        SandboxInfo gone = Sandbox.connect(r.sandboxId(), TestServer.admin(), false).info();
+        assertEquals("gvisor", gone.runtime());
+        assertEquals("destroyed", gone.state());
+
+        InvalidRequestException e = assertThrows(InvalidRequestException.class,
+                () -> Sandbox.run(RunOptions.command("true").runtime("vm").size(TestServer.SIZE).connection(TestServer.admin()).build()));
+        assertEquals(400, e.status());
         assertEquals("runtime", e.field().orElse(null));
         assertTrue(e.getMessage().contains("vm"), e.getMessage());
     }

@@ -2,6 +2,7 @@ package io.cella;
 
 import static org.junit.jupiter.api.Assertions.*;
 
+import java.math.BigDecimal;
 import java.time.Duration;
 import java.util.List;
 import java.util.Map;
@@ -36,6 +37,50 @@ class SandboxTest {
         Sandbox again = Sandbox.connect(id, TestServer.admin(), false);
         assertEquals("destroyed", again.state());
         assertTrue(Sandbox.list(ListOptions.builder().metadata("tag", tag).connection(TestServer.admin()).build()).isEmpty());
+    }
+
+    @Test
+    void fieldsOfTheSandboxAndKillById() {
+        try (Sandbox sb = Sandbox.create(CreateOptions.builder().size(TestServer.SIZE).publicPreview(false).autoResume(true).connection(TestServer.admin()).build())) {
+            SandboxInfo i = sb.info();
+            assertEquals(TestServer.get().defaultWorkspace(), i.tenantId());
+            assertNotNull(i.ownerId());
+            assertNotNull(i.startedAt());
+            assertNotNull(i.readyAt());
+            assertNull(i.totalRuntimeSec(), "not before it is destroyed");
+            assertEquals("sandbox/xs@v1", i.resourceContract().path("contract_id").asText());
+            assertEquals(i.memoryMb(), i.resourceContract().path("memory_mb").asLong());
+            assertEquals(0, new BigDecimal("0").compareTo(new BigDecimal(i.modelCost())));
+            assertFalse(i.previewPublic());
+            assertTrue(i.autoResume());
+            assertEquals("paused", sb.pause().state());
+            // By its id alone: destroyed without being resumed first; again is the same answer.
+            SandboxInfo gone = Sandbox.kill(sb.id(), TestServer.admin());
+            assertEquals("destroyed", gone.state());
+            assertNotNull(gone.totalRuntimeSec());
+            assertEquals("destroyed", Sandbox.connect(sb.id(), TestServer.admin(), false).state());
+            assertEquals("destroyed", Sandbox.kill(sb.id(), TestServer.admin()).state());
+            assertThrows(NotFoundException.class, () -> Sandbox.kill("sbnosuchsandbox000000", TestServer.admin()));
+        }
+
+        TemplateInfo base = Template.get("base", TestServer.admin());
+        assertEquals("sandbox", base.product());
+        assertEquals("base", base.sdkName());
+        assertEquals("base", base.cliName());
+        assertTrue(List.of("fast_ready", "cold_boot_only", "missing").contains(base.readiness()), base.readiness());
+    }
+
+    @Test
+    void createByResources() {
+        try (Sandbox sb = Sandbox.create(CreateOptions.builder().resources(1, 1024, 4096).timeout(Duration.ofMinutes(5)).connection(TestServer.admin()).build())) {
+            assertEquals("xs", sb.info().size());
+            assertEquals(1, sb.info().cpuCount());
+            assertEquals("sandbox/xs@v1", sb.info().resourceContract().path("contract_id").asText());
+        }
+        InvalidRequestException e = assertThrows(InvalidRequestException.class,
+                () -> Sandbox.create(CreateOptions.builder().resources(3, 1024, 4096).connection(TestServer.admin()).build()));
+        assertEquals("cpu_count", e.field().orElse(null));
+        assertTrue(e.details().path("contracts").isArray(), e.details().toString());
     }
 
     @Test

@@ -56,6 +56,8 @@ class TaskTest {
         TaskInfo t = Task.start(TaskOptions.builder("acme/web", "Add a greeting.").baseBranch("main").metadata("ticket", "WEB-1").connection(tasks).build());
         assertEquals("queued", t.state());
         assertEquals("cella/" + t.id(), t.branch());
+        assertTrue(t.createdBy().startsWith("key"), t.createdBy());
+        assertTrue(t.sessionLimitMin() > 0, t.toString());
         List<String> states = new ArrayList<>();
         TaskInfo end = Task.waitFor(t.id(), java.time.Duration.ofMinutes(3), e -> {
             if ("state".equals(e.event())) states.add(e.state());
@@ -97,6 +99,8 @@ class TaskTest {
         List<LedgerEntry> ledger = Workspace.ledger(w.id(), null, s.admin());
         assertEquals(credit.id(), ledger.get(0).id());
         assertEquals("java sdk test", ledger.get(0).reference());
+        assertNull(ledger.get(0).computeSec(), "a credit has no compute figures");
+        assertNull(ledger.get(0).model());
         UsageReport u = Workspace.usage(w.id(), null, null, s.admin());
         assertEquals("USD", u.currency());
         assertTrue(u.days().isArray());
