@@ -57,8 +57,8 @@ pub mod spec;
 use crate::cgroup::{self, Limits};
 use crate::namespace::{mounts, process_start_time, LaunchConfig};
 use crate::{
-    Driver, DriverError, ExecEvent, ExecSpec, ExitInfo, Probe, ResourceUsage, Runtime,
-    SandboxHandle, SandboxSpec, SnapshotInfo,
+    Driver, DriverError, ExecEvent, ExecSpec, ExitInfo, MemorySnapshot, Probe, ResourceUsage,
+    Runtime, SandboxHandle, SandboxSpec, SnapshotInfo,
 };
 use async_trait::async_trait;
 use cella_agent::client::AgentClient;
@@ -251,12 +251,11 @@ impl GvisorDriver {
         })
     }
 
-    fn launch(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError> {
+    /// Starts the sandbox; answers its handle and whether it was restored from a snapshot's
+    /// checkpoint (its agent then waits to be woken).
+    fn launch(&self, spec: &SandboxSpec) -> Result<(SandboxHandle, bool), DriverError> {
         if spec.network.is_some() {
             return Err(Self::unsupported("a network interface"));
-        }
-        if spec.snapshot.is_some() {
-            return Err(Self::unsupported("starting from a snapshot"));
         }
         if spec.plain_layer {
             return Err(Self::unsupported("building a template"));
@@ -272,12 +271,34 @@ impl GvisorDriver {
                 pids_max: spec.pids_max,
             },
         )?;
+        // The first boot from a snapshot: its files become the sandbox's own disk, and a
+        // snapshot with memory is restored rather than booted.
+        let dir = self.sandbox_dir(&spec.id);
+        let mut image = None;
+        if let (Some(snap), false) = (&spec.snapshot, dir.join(crate::disk::IMAGE).exists()) {
+            let src = self.snapshot_dir(snap);
+            if !src.join(crate::disk::IMAGE).exists() {
+                return Err(DriverError::Image(format!(
+                    "snapshot {snap} has no files on this host"
+                )));
+            }
+            std::fs::create_dir_all(&dir)?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+            crate::disk::copy_sparse(&src.join(crate::disk::IMAGE), &dir.join(crate::disk::IMAGE))?;
+            let mem = src.join(MEMORY_DIR);
+            if mem.join(IMAGE_FILE).exists() {
+                image = Some(mem);
+            }
+        }
         let cfg = self.prepare(spec)?;
         // Kept for a restore from disk, which needs the same mounts.
         let json = serde_json::to_vec(&cfg).map_err(std::io::Error::other)?;
-        std::fs::write(self.sandbox_dir(&spec.id).join(LAUNCH_FILE), json)?;
-        let (pid, start_time) = self.start(&cfg)?;
-        Ok(SandboxHandle {
+        std::fs::write(dir.join(LAUNCH_FILE), json)?;
+        let (pid, start_time) = match &image {
+            Some(mem) => self.start(&as_restore(cfg.clone(), mem)?)?,
+            None => self.start(&cfg)?,
+        };
+        let handle = SandboxHandle {
             id: spec.id.clone(),
             runtime: Runtime::Gvisor,
             pid,
@@ -285,7 +306,68 @@ impl GvisorDriver {
             socket: cfg.launch.socket,
             cgroup: cgroup_path,
             net: None,
-        })
+        };
+        Ok((handle, image.is_some()))
+    }
+
+    fn snapshot_dir(&self, snapshot_id: &str) -> PathBuf {
+        self.data_dir.join("snapshots").join(snapshot_id)
+    }
+
+    /// Copies a sandbox at rest (no process: stopped, or written to disk) into snapshot
+    /// `snapshot_id`: its disk image and, with `memory`, its checkpoint image (a hard link:
+    /// nothing writes an image once whole). Blocking.
+    fn copy_at_rest(
+        &self,
+        id: &str,
+        snapshot_id: &str,
+        memory: bool,
+    ) -> Result<SnapshotInfo, DriverError> {
+        let src = self.sandbox_dir(id);
+        let disk = src.join(crate::disk::IMAGE);
+        if !disk.exists() {
+            return Err(DriverError::Unsupported(
+                "snapshots need the sandbox's files in a disk image ([disk] quota = true)".into(),
+            ));
+        }
+        if memory && !self.on_disk(id) {
+            return Err(DriverError::Unsupported(format!(
+                "sandbox {id} has no memory to snapshot (it is not running)"
+            )));
+        }
+        let dir = self.snapshot_dir(snapshot_id);
+        let res = (|| -> Result<u64, DriverError> {
+            std::fs::create_dir_all(&dir)?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+            // The sandbox's file system was mounted only in its mount namespace, which ends
+            // with its last process; its loop device lets go of the image a moment later.
+            wait_released(&disk);
+            let dst = dir.join(crate::disk::IMAGE);
+            crate::disk::copy_sparse(&disk, &dst)?;
+            let mut bytes = crate::disk::allocated_bytes(&dst);
+            if memory {
+                let tmp = dir.join(MEMORY_TMP);
+                let _ = std::fs::remove_dir_all(&tmp);
+                std::fs::create_dir_all(&tmp)?;
+                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700))?;
+                for e in std::fs::read_dir(src.join(MEMORY_DIR))?.flatten() {
+                    std::fs::hard_link(e.path(), tmp.join(e.file_name()))?;
+                    bytes += crate::disk::allocated_bytes(&tmp.join(e.file_name()));
+                }
+                std::fs::rename(&tmp, dir.join(MEMORY_DIR))?;
+            }
+            Ok(bytes)
+        })();
+        match res {
+            Ok(size_bytes) => Ok(SnapshotInfo {
+                size_bytes,
+                paused_us: 0,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
     }
 
     /// Runs the launcher with `cfg`; answers the pid and start time of its `runsc`.
@@ -397,17 +479,8 @@ impl GvisorDriver {
     fn restore(&self, handle: &SandboxHandle) -> Result<SandboxHandle, DriverError> {
         let dir = self.sandbox_dir(&handle.id);
         let text = std::fs::read(dir.join(LAUNCH_FILE))?;
-        let mut cfg: GvisorLaunch = serde_json::from_slice(&text).map_err(std::io::Error::other)?;
-        let run = cfg
-            .runsc
-            .iter()
-            .position(|a| a == "run")
-            .ok_or_else(|| DriverError::Launch("no runsc run in the launch file".into()))?;
-        cfg.runsc[run] = "restore".into();
-        cfg.runsc.insert(
-            run + 1,
-            format!("--image-path={}", dir.join(MEMORY_DIR).display()),
-        );
+        let cfg: GvisorLaunch = serde_json::from_slice(&text).map_err(std::io::Error::other)?;
+        let cfg = as_restore(cfg, &dir.join(MEMORY_DIR))?;
         // A restore the server did not record (killed during a resume) must not run twice.
         cgroup::kill(&handle.cgroup);
         self.runsc_delete(&handle.id);
@@ -550,6 +623,40 @@ impl GvisorDriver {
     }
 }
 
+/// The launcher's input of a boot turned into a restore of the checkpoint image in `image`
+/// (the same bundle and mounts).
+fn as_restore(mut cfg: GvisorLaunch, image: &Path) -> Result<GvisorLaunch, DriverError> {
+    let run = cfg
+        .runsc
+        .iter()
+        .position(|a| a == "run")
+        .ok_or_else(|| DriverError::Launch("no runsc run in the launch file".into()))?;
+    cfg.runsc[run] = "restore".into();
+    cfg.runsc
+        .insert(run + 1, format!("--image-path={}", image.display()));
+    Ok(cfg)
+}
+
+/// Waits (up to 10 s) until no loop device is backed by `image`.
+fn wait_released(image: &Path) {
+    let want = image.to_string_lossy().into_owned();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let busy = std::fs::read_dir("/sys/block")
+            .map(|rd| {
+                rd.flatten().any(|e| {
+                    std::fs::read_to_string(e.path().join("loop/backing_file"))
+                        .is_ok_and(|b| b.trim_end() == want)
+                })
+            })
+            .unwrap_or(false);
+        if !busy || std::time::Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 fn reap(pid: i32) {
     use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
     for _ in 0..100 {
@@ -577,7 +684,7 @@ impl Driver for GvisorDriver {
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError> {
         let this = self.clone();
         let spec2 = spec.clone();
-        let handle = tokio::task::spawn_blocking(move || {
+        let (handle, restored) = tokio::task::spawn_blocking(move || {
             let r = this.launch(&spec2);
             if r.is_err() {
                 let _ = this.remove(&spec2.id, None, true);
@@ -587,7 +694,13 @@ impl Driver for GvisorDriver {
         .await
         .map_err(|e| DriverError::Launch(e.to_string()))??;
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        if let Err(e) = self.wait_agent(&handle, deadline).await {
+        let ready = if restored {
+            // Restored from a snapshot's checkpoint: its agent waits, quiesced, to be woken.
+            self.wake(&handle).await
+        } else {
+            self.wait_agent(&handle, deadline).await
+        };
+        if let Err(e) = ready {
             let _ = self.stop(&handle.id, Some(&handle)).await;
             return Err(e);
         }
@@ -689,11 +802,75 @@ impl Driver for GvisorDriver {
 
     async fn snapshot(
         &self,
-        _id: &str,
-        _handle: Option<&SandboxHandle>,
-        _snapshot_id: &str,
+        id: &str,
+        handle: Option<&SandboxHandle>,
+        snapshot_id: &str,
     ) -> Result<SnapshotInfo, DriverError> {
-        Err(Self::unsupported("snapshots"))
+        // A running one would be restored with a new handle, which this call cannot answer.
+        if handle.is_some_and(|h| !self.on_disk(&h.id)) {
+            return Err(DriverError::Unsupported(
+                "a snapshot of a running gvisor sandbox goes through snapshot_with_memory".into(),
+            ));
+        }
+        let this = self.clone();
+        let (id, snap) = (id.to_string(), snapshot_id.to_string());
+        tokio::task::spawn_blocking(move || this.copy_at_rest(&id, &snap, false))
+            .await
+            .map_err(|e| DriverError::Launch(e.to_string()))?
+    }
+
+    /// A running sandbox is written to its directory as a pause to disk does (quiesce,
+    /// checkpoint: its files then rest on its disk image, and the sentry flushed what it
+    /// cached), copied, and restored from its own image as a resume does: new handle. A
+    /// server killed in between finds it on disk with its row running, and restores it.
+    async fn snapshot_with_memory(
+        &self,
+        id: &str,
+        handle: Option<&SandboxHandle>,
+        snapshot_id: &str,
+        memory: bool,
+    ) -> MemorySnapshot {
+        let at_rest = |this: GvisorDriver| {
+            let (id, snap) = (id.to_string(), snapshot_id.to_string());
+            async move {
+                tokio::task::spawn_blocking(move || this.copy_at_rest(&id, &snap, memory))
+                    .await
+                    .map_err(|e| DriverError::Launch(e.to_string()))?
+            }
+        };
+        let Some(h) = handle.filter(|h| !self.on_disk(&h.id)) else {
+            return MemorySnapshot {
+                result: at_rest(self.clone()).await,
+                new_handle: None,
+            };
+        };
+        let t = std::time::Instant::now();
+        if let Err(e) = self.pause(h).await {
+            return MemorySnapshot {
+                result: Err(e),
+                new_handle: None,
+            };
+        }
+        let copied = at_rest(self.clone()).await;
+        // Written to disk, copied or not, its row still running.
+        cella_crash::crash_point!("runtime.gvisor.snapshot.saved");
+        match self.unpause(h).await {
+            Ok(new) => MemorySnapshot {
+                result: copied.map(|info| SnapshotInfo {
+                    paused_us: t.elapsed().as_micros() as u64,
+                    ..info
+                }),
+                new_handle: new,
+            },
+            Err(e) => {
+                // It stays on disk (alive for the server: a resume or restart restores it).
+                let _ = std::fs::remove_dir_all(self.snapshot_dir(snapshot_id));
+                MemorySnapshot {
+                    result: Err(e),
+                    new_handle: None,
+                }
+            }
+        }
     }
 
     async fn export_layer(&self, _id: &str, _dest: &Path) -> Result<(), DriverError> {
