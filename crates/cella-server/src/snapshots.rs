@@ -21,6 +21,15 @@
 //! (`Store::booting_from_snapshot`). The driver's side of the copy (freeze, `syncfs`, sparse
 //! copy, thaw) is told at the namespace driver's `take_snapshot`.
 //!
+//! On gVisor (the sandbox's `isolation`) the copy goes through
+//! `Driver::snapshot_with_memory`: a running sandbox is checkpointed and restored, and its new
+//! handle is recorded in its row whether or not the copy succeeded. `memory: true` keeps the
+//! checkpoint (the row's `memory`); a create from it restores a new sandbox, and a fork of a
+//! running or paused gVisor sandbox always takes one, so its children continue where the
+//! source was. A snapshot records its runtime (`isolation`): sandboxes made from it run on it.
+//! `memory: true` on a namespace sandbox is a 400 naming the field and the runtime, checked
+//! before anything is done.
+//!
 //! Routes parse, call one function here and encode; the errors are [`SnapshotError`], which
 //! `service::error` holds and turns into the API's envelope. This module sits above
 //! `service` and `billing` (each child of a fork reserves its 60-second minimum, as a create

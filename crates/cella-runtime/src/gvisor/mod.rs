@@ -49,8 +49,37 @@
 //! `--host-uds=open`) was not needed: the signal keeps the host in charge of when the agent
 //! may bind again.
 //!
+//! Snapshots live where the namespace driver keeps its own (`DATA/snapshots/<snap>/`:
+//! `disk.img`, and with memory `memory/checkpoint.img`), so deleting one and the clean-up of
+//! snapshot files no row names are shared. A snapshot of a running sandbox is a pause to disk
+//! (above), a sparse copy of the disk image once its loop device let go of it (the sandbox's
+//! mount namespace ends with its last process), a hard link of the checkpoint image into the
+//! snapshot (nothing writes an image once whole), and a resume from its own image: the source
+//! keeps running with a new handle, which the server records. Files and memory are of the same
+//! instant, and the sentry's own file cache was flushed by the checkpoint; a snapshot without
+//! memory of a running sandbox goes the same way, the image not kept. A server killed in
+//! between finds the sandbox on disk with its row running and restores it (as after a pause).
+//! `runsc checkpoint --leave-running` was not used: this runsc implements it by restoring the
+//! container from the checkpoint process itself, outside the launcher's mount namespace (where
+//! the sandbox's overlay and disk are mounted) and outside its cgroup. A paused sandbox is
+//! copied as it lies (its image linked); a stopped one has files only.
+//!
+//! A create with [`SandboxSpec::snapshot`] copies the snapshot's disk into the new sandbox's
+//! directory at its first boot and, when the snapshot has memory, runs `runsc restore
+//! --image-path=<snapshot>/memory` with the new sandbox's own bundle, container id, cgroup and
+//! launcher. runsc does not need the checkpoint's paths: the gofer opens the new bundle's root
+//! (the new overlay on the new disk) and binds, and what the image records is the layout inside
+//! the sandbox (the same template, size and spec), which is why a snapshot starts only as its
+//! template and size. The restored agent is woken as after a resume and binds its socket in the
+//! new `sock/`. The hostname inside stays the source's (it is kernel state in the image).
+//!
 //! Not on gVisor yet (refused with [`DriverError::Unsupported`] naming it): a network
-//! interface, snapshots, layer export, network updates.
+//! interface, layer export, network updates.
+//!
+//! Known limit of runsc 20221219 (`ptrace`): a sandbox whose programs free memory (munmap)
+//! between checkpoints is sometimes restored with corrupt memory, and the agent (PID 1)
+//! faults at once (seen in tokio's I/O driver, its stack holding other data). The resume or
+//! the snapshot then fails and the sandbox stays on disk.
 
 pub mod spec;
 
