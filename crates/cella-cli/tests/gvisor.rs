@@ -779,3 +779,67 @@ fn a_server_killed_between_the_checkpoint_and_the_row_finds_the_sandbox_running_
         !dir.exists() && host_processes_naming(&id).is_empty()
     });
 }
+
+#[test]
+fn a_server_killed_in_a_gvisor_snapshot_or_fork_leaves_the_source_running_and_nothing_else() {
+    if !have_runsc() {
+        return;
+    }
+    // runtime.gvisor.snapshot.saved: the source written to disk and copied, not yet restored,
+    // no row for the snapshot. fork.after_children_insert: the children's rows stored, none
+    // booted, the internal snapshot (with memory) on disk.
+    for (point, verb) in [
+        ("runtime.gvisor.snapshot.saved", "snapshots"),
+        ("fork.after_children_insert", "fork"),
+    ] {
+        let mut s = Server::start_env("", &[("CELLA_CRASH_AT", point)]);
+        let id = create_gvisor(&s);
+        cell(&s, &id, "kept = 'before the crash'");
+        let body = if verb == "fork" {
+            json!({ "count": 2 })
+        } else {
+            json!({ "memory": true })
+        };
+        let _ = s.try_raw(
+            "POST",
+            &format!("/api/v1/sandboxes/{id}/{verb}"),
+            Some(KEY),
+            Some(body.to_string().into_bytes()),
+            &[],
+        );
+        assert!(
+            s.wait_exit(120).is_some(),
+            "{point}: the server did not die at its crash point"
+        );
+        s.restart_with_env(&[]);
+        let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+        assert_eq!(got.data()["state"], "running", "{point}: {}", got.body);
+        assert_eq!(
+            cell(&s, &id, "kept")["result"],
+            "'before the crash'",
+            "{point}"
+        );
+        // No snapshot listed, none on disk; the only gVisor sandbox on the host is the source.
+        assert_eq!(
+            s.get("/api/v1/snapshots").data().as_array().unwrap().len(),
+            0,
+            "{point}"
+        );
+        let snaps = s.data_dir().join("snapshots");
+        common::eventually("the snapshot's files are gone", || {
+            std::fs::read_dir(&snaps).map_or(0, |d| d.count()) == 0
+        });
+        let all = s.get("/api/v1/sandboxes?state=all");
+        for sb in all.data().as_array().unwrap() {
+            let other = sb["id"].as_str().unwrap();
+            if other == id {
+                continue;
+            }
+            assert_ne!(sb["state"], "running", "{point}: {sb}");
+            assert_nothing_left(&s, other);
+        }
+        let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
+        assert_eq!(d.status, 200, "{}", d.body);
+        assert_nothing_left(&s, &id);
+    }
+}
