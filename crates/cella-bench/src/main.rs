@@ -41,7 +41,8 @@ struct Args {
     /// Only the task runs' figures.
     #[arg(long)]
     tasks_only: bool,
-    /// Only the gVisor runtime's figures (create, pause to disk, resume from disk).
+    /// Only the gVisor runtime's figures (create, pause to disk, resume from disk, snapshots
+    /// with memory, creates from them, forks).
     #[arg(long)]
     gvisor_only: bool,
     /// Only where the time of a create, an exec and a destroy goes, phase by phase.
