@@ -390,6 +390,8 @@ fn a_snapshot_with_memory_starts_new_gvisor_sandboxes_where_the_source_was() {
     let new = r.data()["id"].as_str().unwrap().to_string();
     assert_ne!(new, src);
     assert_eq!(cell(&s, &new, "kept + 1")["result"], "42");
+    // Its own hostname (the image holds the source's).
+    assert_eq!(s.sh(&new, "hostname")["stdout"], format!("{new}\n"));
     let n = counts(&s, &new).len();
     assert!(n >= 3, "the loop's file came with the snapshot");
     assert_counted_on(&s, &new, n);

@@ -71,7 +71,8 @@
 //! (the new overlay on the new disk) and binds, and what the image records is the layout inside
 //! the sandbox (the same template, size and spec), which is why a snapshot starts only as its
 //! template and size. The restored agent is woken as after a resume and binds its socket in the
-//! new `sock/`. The hostname inside stays the source's (it is kernel state in the image).
+//! new `sock/`, then is told the new sandbox's hostname (`Request::SetHostname`): the image
+//! holds the source's.
 //!
 //! Not on gVisor yet (refused with [`DriverError::Unsupported`] naming it): a network
 //! interface, layer export, network updates.
@@ -724,8 +725,15 @@ impl Driver for GvisorDriver {
         .map_err(|e| DriverError::Launch(e.to_string()))??;
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let ready = if restored {
-            // Restored from a snapshot's checkpoint: its agent waits, quiesced, to be woken.
-            self.wake(&handle).await
+            // Restored from a snapshot's checkpoint: its agent waits, quiesced, to be woken;
+            // the hostname in the image is the source's.
+            match self.wake(&handle).await {
+                Ok(()) => AgentClient::new(&handle.socket)
+                    .set_hostname(&spec.hostname, Duration::from_secs(10))
+                    .await
+                    .map_err(|e| DriverError::Agent(format!("setting the hostname: {e}"))),
+                Err(e) => Err(e),
+            }
         } else {
             self.wait_agent(&handle, deadline).await
         };
