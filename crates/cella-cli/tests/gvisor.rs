@@ -1,8 +1,10 @@
 //! Sandboxes on the gVisor runtime (`"runtime": "gvisor"`, `runsc` on the `ptrace` platform):
 //! create, exec, files, gVisor's own kernel inside, a syscall gVisor does not have, pause to
-//! disk and resume (also across a `kill -9` of the server, and racing a command), destroy
-//! leaving nothing, a `kill -9` of the server, and the 400s for what gVisor sandboxes do not
-//! have yet. Skipped (with a line saying so) where the host has no `runsc`.
+//! disk and resume (also across a `kill -9` of the server, and racing a command), snapshots
+//! with memory and creates from them, forks with memory (also a `kill -9` in either), snapshots
+//! of paused and stopped sandboxes, destroy leaving nothing, a `kill -9` of the server, and the
+//! 400s for what gVisor sandboxes do not have yet. Skipped (with a line saying so) where the
+//! host has no `runsc`.
 
 mod common;
 use common::{have_runsc, Server, KEY};
@@ -843,5 +845,63 @@ fn a_server_killed_in_a_gvisor_snapshot_or_fork_leaves_the_source_running_and_no
         let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
         assert_eq!(d.status, 200, "{}", d.body);
         assert_nothing_left(&s, &id);
+    }
+}
+
+#[test]
+fn snapshots_of_a_paused_or_stopped_gvisor_sandbox() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let src = create_gvisor(&s);
+    cell(&s, &src, "kept = 'paused'");
+    // Paused (its memory on disk): the snapshot links its image; it stays paused.
+    let r = s.post(&format!("/api/v1/sandboxes/{src}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{src}/snapshots"),
+        json!({ "memory": true }),
+    );
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    assert_eq!(r.data()["memory"], true);
+    let snap = r.data()["id"].as_str().unwrap().to_string();
+    let got = s.get(&format!("/api/v1/sandboxes/{src}"));
+    assert_eq!(got.data()["state"], "paused");
+    assert_eq!(got.data()["memory"], "on_disk");
+    let r = s.post("/api/v1/sandboxes", json!({ "snapshot_id": snap }));
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    let new = r.data()["id"].as_str().unwrap().to_string();
+    assert_eq!(cell(&s, &new, "kept")["result"], "'paused'");
+    // The source resumes from its own image, which the snapshot shares.
+    let r = s.post(&format!("/api/v1/sandboxes/{src}/resume"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    assert_eq!(cell(&s, &src, "kept")["result"], "'paused'");
+    assert!(s
+        .data_dir()
+        .join("snapshots")
+        .join(&snap)
+        .join("memory")
+        .join("checkpoint.img")
+        .exists());
+    // Stopped: no memory to keep (409, nothing made); its files can be.
+    let r = s.post(&format!("/api/v1/sandboxes/{src}/stop"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{src}/snapshots"),
+        json!({ "memory": true }),
+    );
+    r.assert_error(409, "CONFLICT");
+    assert_eq!(
+        s.get("/api/v1/snapshots").data().as_array().unwrap().len(),
+        1
+    );
+    let r = s.post(&format!("/api/v1/sandboxes/{src}/snapshots"), json!({}));
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    assert_eq!(r.data()["memory"], false);
+    for id in [&src, &new] {
+        let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
+        assert_eq!(d.status, 200, "{}", d.body);
+        assert_nothing_left(&s, id);
     }
 }
