@@ -77,10 +77,13 @@
 //! Not on gVisor yet (refused with [`DriverError::Unsupported`] naming it): a network
 //! interface, layer export, network updates.
 //!
-//! Known limit of runsc 20221219 (`ptrace`): a sandbox whose programs free memory (munmap)
-//! between checkpoints is sometimes restored with corrupt memory, and the agent (PID 1)
-//! faults at once (seen in tokio's I/O driver, its stack holding other data). The resume or
-//! the snapshot then fails and the sandbox stays on disk.
+//! Known limit, cause not found: a restore sometimes starts with the agent (PID 1) faulting at
+//! once (a null read in tokio's I/O driver, `dispatch_event`, its stack holding other data),
+//! the same image every time it is restored. Seen after one to three checkpoints of a sandbox
+//! where a program allocates and frees memory in a loop or the code interpreter ran, with this
+//! driver's builds of before and after snapshots; a bare `runsc` container with such programs
+//! (same flags and limits, no agent) went through six checkpoints and restores intact. The
+//! resume or the snapshot then fails and the sandbox stays on disk.
 
 pub mod spec;
 
