@@ -100,6 +100,22 @@ impl AgentClient {
             .map_err(|_| ClientError::Timeout)?
     }
 
+    /// Sets the sandbox's hostname (see `Request::SetHostname`).
+    pub async fn set_hostname(&self, name: &str, timeout: Duration) -> Result<(), ClientError> {
+        let work = async {
+            let mut s = self.connect().await?;
+            let req = Request::SetHostname { name: name.into() };
+            proto::write_json(&mut s, &req).await?;
+            match Self::answer(&mut s).await? {
+                Response::Pong { .. } => Ok(()),
+                _ => Err(ClientError::Unexpected),
+            }
+        };
+        tokio::time::timeout(timeout, work)
+            .await
+            .map_err(|_| ClientError::Timeout)?
+    }
+
     /// Asks the agent to close its socket and every connection (see `Request::Quiesce`);
     /// returns once it answered and closed this connection too, the last one.
     pub async fn quiesce(&self, timeout: Duration) -> Result<(), ClientError> {

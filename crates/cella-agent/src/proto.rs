@@ -20,6 +20,7 @@ impl Request {
             Request::Ping
                 | Request::Seal
                 | Request::Quiesce
+                | Request::SetHostname { .. }
                 | Request::Stat { .. }
                 | Request::List { .. }
                 | Request::Read { .. }
@@ -74,6 +75,11 @@ pub enum Request {
     /// other connection, answers `Pong` on this one, closes it, and waits for `SIGUSR2` to bind
     /// its socket again. Refused (`Unsupported`) by an agent that cannot bind again.
     Quiesce,
+    /// Sets the sandbox's hostname (its UTS namespace's): a gVisor sandbox restored from
+    /// another's checkpoint takes its own. Answers `Pong`.
+    SetHostname {
+        name: String,
+    },
     Exec(ExecSpec),
     /// Metadata of one path.
     Stat {

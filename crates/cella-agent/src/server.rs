@@ -326,6 +326,16 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
             }
         }
         Ok(Request::Activity) => proto::write_json(&mut stream, &procs.activity()).await,
+        Ok(Request::SetHostname { name }) => {
+            let msg = match nix::unistd::sethostname(&name) {
+                Ok(()) => pong(),
+                Err(e) => Response::Error {
+                    kind: ErrorKind::BadRequest,
+                    message: format!("setting the hostname: {e}"),
+                },
+            };
+            proto::write_json(&mut stream, &msg).await
+        }
         Ok(Request::Watch { path, recursive }) => {
             crate::watch::watch(&mut stream, path, recursive).await
         }

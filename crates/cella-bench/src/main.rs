@@ -41,7 +41,8 @@ struct Args {
     /// Only the task runs' figures.
     #[arg(long)]
     tasks_only: bool,
-    /// Only the gVisor runtime's figures (create, pause to disk, resume from disk).
+    /// Only the gVisor runtime's figures (create, pause to disk, resume from disk, snapshots
+    /// with memory, creates from them, forks).
     #[arg(long)]
     gvisor_only: bool,
     /// Only where the time of a create, an exec and a destroy goes, phase by phase.
@@ -389,8 +390,9 @@ fn runc_peer(n: usize) -> Option<Vec<f64>> {
     }))
 }
 
-/// Create and first exec on the gVisor runtime, and its pause to disk and resume from disk
-/// with ~100 MiB resident; no rows where the server has no `runsc`.
+/// Create and first exec on the gVisor runtime, and with ~100 MiB resident: its pause to disk
+/// and resume from disk, snapshots with memory, creates restored from one, and forks with
+/// memory; no rows where the server has no `runsc`.
 fn gvisor_series(s: &Server, n: usize) -> Vec<Series> {
     let mut series = Vec::new();
     let gvisor = {
@@ -450,7 +452,69 @@ fn gvisor_series(s: &Server, n: usize) -> Vec<Series> {
             assert_eq!(st, 200, "resume from disk: {v}");
             resumes.push(ms(t.elapsed()));
         }
+        // Snapshots with memory of the same sandbox (~100 MiB resident), sandboxes restored
+        // from one, and forks (one child each).
+        let mut snaps = Vec::new();
+        let mut snap_ms = Vec::new();
+        for _ in 0..n.min(5) {
+            let t = Instant::now();
+            let (st, v) = s.call(
+                KEY,
+                "POST",
+                &format!("/api/v1/sandboxes/{id}/snapshots"),
+                Some(json!({ "memory": true })),
+            );
+            assert_eq!(st, 201, "snapshot with memory: {v}");
+            snap_ms.push(ms(t.elapsed()));
+            snaps.push(v["data"]["id"].as_str().unwrap_or_default().to_string());
+        }
+        let mut restores = Vec::new();
+        for _ in 0..n.min(5) {
+            let t = Instant::now();
+            let (st, v) = s.call(
+                KEY,
+                "POST",
+                "/api/v1/sandboxes",
+                Some(json!({ "snapshot_id": snaps[0], "idle_timeout_sec": 0 })),
+            );
+            assert_eq!(st, 201, "create from a snapshot with memory: {v}");
+            restores.push(ms(t.elapsed()));
+            s.destroy(KEY, v["data"]["id"].as_str().unwrap_or_default());
+        }
+        for snap in &snaps {
+            s.call(KEY, "DELETE", &format!("/api/v1/snapshots/{snap}"), None);
+        }
+        let mut forks = Vec::new();
+        for _ in 0..n.min(3) {
+            let t = Instant::now();
+            let (st, v) = s.call(
+                KEY,
+                "POST",
+                &format!("/api/v1/sandboxes/{id}/fork"),
+                Some(json!({ "count": 1 })),
+            );
+            assert_eq!(st, 201, "fork with memory: {v}");
+            forks.push(ms(t.elapsed()));
+            for c in v["data"].as_array().into_iter().flatten() {
+                s.destroy(KEY, c["id"].as_str().unwrap_or_default());
+            }
+        }
         s.destroy(KEY, &id);
+        series.push(Series {
+            name: "gvisor_snapshot_memory_ms",
+            samples: snap_ms,
+            target: "(none yet)",
+        });
+        series.push(Series {
+            name: "gvisor_create_from_snapshot_ms",
+            samples: restores,
+            target: "p50 <= 150",
+        });
+        series.push(Series {
+            name: "gvisor_fork_memory_ms",
+            samples: forks,
+            target: "p50 <= 500",
+        });
         series.push(Series {
             name: "gvisor_pause_disk_ms",
             samples: pauses,
@@ -933,6 +997,9 @@ fn main() {
             "gvisor_create_exec_ms_p50": p("gvisor_create_exec_ms", 0.5),
             "gvisor_pause_disk_ms_p50": p("gvisor_pause_disk_ms", 0.5),
             "gvisor_resume_disk_ms_p50": p("gvisor_resume_disk_ms", 0.5),
+            "gvisor_snapshot_memory_ms_p50": p("gvisor_snapshot_memory_ms", 0.5),
+            "gvisor_create_from_snapshot_ms_p50": p("gvisor_create_from_snapshot_ms", 0.5),
+            "gvisor_fork_memory_ms_p50": p("gvisor_fork_memory_ms", 0.5),
             "exec_rtt_ms_p50": p("exec_rtt_ms", 0.5),
             "exec_rtt_ms_p99": p("exec_rtt_ms", 0.99),
             "destroy_ms_p50": p("destroy_ms", 0.5),

@@ -1,8 +1,10 @@
 //! Sandboxes on the gVisor runtime (`"runtime": "gvisor"`, `runsc` on the `ptrace` platform):
 //! create, exec, files, gVisor's own kernel inside, a syscall gVisor does not have, pause to
-//! disk and resume (also across a `kill -9` of the server, and racing a command), destroy
-//! leaving nothing, a `kill -9` of the server, and the 400s for what gVisor sandboxes do not
-//! have yet. Skipped (with a line saying so) where the host has no `runsc`.
+//! disk and resume (also across a `kill -9` of the server, and racing a command), snapshots
+//! with memory and creates from them, forks with memory (also a `kill -9` in either), snapshots
+//! of paused and stopped sandboxes, destroy leaving nothing, a `kill -9` of the server, and the
+//! 400s for what gVisor sandboxes do not have yet. Skipped (with a line saying so) where the
+//! host has no `runsc`.
 
 mod common;
 use common::{have_runsc, Server, KEY};
@@ -273,24 +275,236 @@ fn unknown_runtimes_and_what_gvisor_lacks_are_refused_with_nothing_made() {
             .count(),
         0
     );
-    // Snapshots and forks of a gVisor sandbox.
-    let id = create_gvisor(&s);
-    let r = s.post(&format!("/api/v1/sandboxes/{id}/snapshots"), json!({}));
+    // A snapshot with memory of a namespace sandbox: the field and the runtime named, nothing
+    // made, and the sandbox untouched.
+    let r = s.post("/api/v1/sandboxes", json!({ "size": "xs" }));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let ns = r.data()["id"].as_str().unwrap().to_string();
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{ns}/snapshots"),
+        json!({ "memory": true }),
+    );
     r.assert_error(400, "INVALID_REQUEST");
-    assert!(r.body["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("gvisor"));
-    let r = s.post(&format!("/api/v1/sandboxes/{id}/fork"), json!({}));
+    assert_eq!(r.body["error"]["details"]["field"], "memory", "{}", r.body);
+    let m = r.body["error"]["message"].as_str().unwrap();
+    assert!(m.contains("gvisor") && m.contains("namespace"), "{m}");
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{ns}/snapshots"),
+        json!({ "memory": "yes" }),
+    );
     r.assert_error(400, "INVALID_REQUEST");
-    assert!(r.body["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("gvisor"));
     assert_eq!(
         s.get("/api/v1/snapshots").data().as_array().unwrap().len(),
         0
     );
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{ns}")).data()["state"],
+        "running"
+    );
+    // A gVisor sandbox's snapshot starts only on gVisor.
+    let id = create_gvisor(&s);
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/snapshots"), json!({}));
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    assert_eq!(r.data()["memory"], false);
+    let snap = r.data()["id"].as_str().unwrap().to_string();
+    let before = count(&s);
+    bad(
+        json!({ "snapshot_id": snap, "runtime": "namespace" }),
+        "runtime",
+        &["gvisor", &snap],
+    );
+    assert_eq!(count(&s), before, "nothing was made");
+}
+
+/// A code cell's result in sandbox `id`.
+fn cell(s: &Server, id: &str, code: &str) -> Value {
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/code/run"),
+        json!({ "code": code }),
+    );
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    r.data().clone()
+}
+
+/// Starts the counting loop (its counter only in the shell's memory) and waits for it.
+fn start_counting(s: &Server, id: &str) {
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        json!({ "argv": ["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i >> /home/user/counts; sleep 0.05; done"] }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    common::eventually("the loop counts", || counts(s, id).len() >= 3);
+}
+
+/// Nothing of sandbox `id` is left on the host.
+fn assert_nothing_left(s: &Server, id: &str) {
+    let dir = s.data_dir().join("gvisor").join(id);
+    common::eventually("the gVisor sandbox's host state is gone", || {
+        !dir.exists()
+            && host_processes_naming(id).is_empty()
+            && common::cgroup_dirs(id).is_empty()
+            && mounts_naming(id).is_empty()
+    });
+}
+
+#[test]
+fn a_snapshot_with_memory_starts_new_gvisor_sandboxes_where_the_source_was() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let src = create_gvisor(&s);
+    cell(&s, &src, "kept = 41");
+    start_counting(&s, &src);
+
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{src}/snapshots"),
+        json!({ "memory": true }),
+    );
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    assert_eq!(r.data()["memory"], true);
+    let snap = r.data()["id"].as_str().unwrap().to_string();
+    let snap_dir = s.data_dir().join("snapshots").join(&snap);
+    assert!(snap_dir.join("memory").join("checkpoint.img").exists());
+    let got = s.get(&format!("/api/v1/snapshots/{snap}"));
+    assert_eq!(got.data()["memory"], true, "{}", got.body);
+
+    // The source runs on, reachable, its memory and its loop as they were.
+    let got = s.get(&format!("/api/v1/sandboxes/{src}"));
+    assert_eq!(got.data()["state"], "running");
+    assert_eq!(cell(&s, &src, "kept + 1")["result"], "42");
+    let n = counts(&s, &src).len();
+    assert_counted_on(&s, &src, n);
+
+    // A new sandbox from it: its own id, continuing where the source was.
+    let r = s.post("/api/v1/sandboxes", json!({ "snapshot_id": snap }));
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    assert_eq!(r.data()["state"], "running");
+    assert_eq!(r.data()["runtime"], "gvisor");
+    let new = r.data()["id"].as_str().unwrap().to_string();
+    assert_ne!(new, src);
+    assert_eq!(cell(&s, &new, "kept + 1")["result"], "42");
+    // Its own hostname (the image holds the source's).
+    assert_eq!(s.sh(&new, "hostname")["stdout"], format!("{new}\n"));
+    let n = counts(&s, &new).len();
+    assert!(n >= 3, "the loop's file came with the snapshot");
+    assert_counted_on(&s, &new, n);
+    // Its own memory, files and cgroup.
+    cell(&s, &new, "kept = 100");
+    assert_eq!(cell(&s, &src, "kept")["result"], "41");
+    let w = s.sh(&new, "echo mine > /home/user/only-new");
+    assert_eq!(w["exit_code"], 0, "{w}");
+    let r = s.sh(&src, "test -e /home/user/only-new");
+    assert_ne!(
+        r["exit_code"], 0,
+        "the new sandbox's file showed in the source"
+    );
+    assert!(!common::cgroup_dirs(&new).is_empty());
+    assert!(!common::sandbox_pids(&new).is_empty());
+
+    // A second one from the same snapshot starts where the source was too.
+    let r = s.post("/api/v1/sandboxes", json!({ "snapshot_id": snap }));
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    let second = r.data()["id"].as_str().unwrap().to_string();
+    assert_eq!(cell(&s, &second, "kept")["result"], "41");
+
+    // A plain file snapshot (memory false): sandboxes from it boot on its files, afresh.
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{src}/snapshots"),
+        json!({ "memory": false }),
+    );
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    assert_eq!(r.data()["memory"], false);
+    let files = r.data()["id"].as_str().unwrap().to_string();
+    assert!(!s
+        .data_dir()
+        .join("snapshots")
+        .join(&files)
+        .join("memory")
+        .exists());
+    let r = s.post("/api/v1/sandboxes", json!({ "snapshot_id": files }));
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    let fresh = r.data()["id"].as_str().unwrap().to_string();
+    let r = s.sh(&fresh, "test -s /home/user/counts && echo there");
+    assert_eq!(r["stdout"], "there\n", "{r}");
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{fresh}/code/run"),
+        json!({ "code": "kept" }),
+    );
+    assert!(r.body.to_string().contains("NameError"), "{}", r.body);
+
+    // Deleting the snapshot removes its image; the sandboxes made from it run on.
+    let d = s.delete(&format!("/api/v1/snapshots/{snap}"));
+    assert_eq!(d.status, 200, "{}", d.body);
+    assert!(!snap_dir.exists(), "the snapshot's image stays");
+    assert_eq!(cell(&s, &new, "kept")["result"], "100");
+    for id in [&src, &new, &second, &fresh] {
+        let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
+        assert_eq!(d.status, 200, "{}", d.body);
+    }
+    for id in [&src, &new, &second, &fresh] {
+        assert_nothing_left(&s, id);
+    }
+}
+
+#[test]
+fn a_fork_of_a_gvisor_sandbox_carries_its_memory_to_each_child() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let src = create_gvisor(&s);
+    cell(&s, &src, "kept = 7");
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{src}/fork"),
+        json!({ "count": 2 }),
+    );
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    assert_eq!(r.body["fork"]["processes_copied"], true, "{}", r.body);
+    let children: Vec<String> = r.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            assert_eq!(c["state"], "running", "{c}");
+            assert_eq!(c["runtime"], "gvisor", "{c}");
+            c["id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(children.len(), 2);
+    // The parent runs on.
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{src}")).data()["state"],
+        "running"
+    );
+    assert_eq!(cell(&s, &src, "kept")["result"], "7");
+    for c in &children {
+        assert_eq!(cell(&s, c, "kept")["result"], "7");
+    }
+    // A change in one child is its own.
+    cell(&s, &children[0], "kept = 8");
+    assert_eq!(cell(&s, &src, "kept")["result"], "7");
+    assert_eq!(cell(&s, &children[1], "kept")["result"], "7");
+    let w = s.sh(&children[0], "echo a > /home/user/child-file");
+    assert_eq!(w["exit_code"], 0, "{w}");
+    for other in [&src, &children[1]] {
+        let r = s.sh(other, "test -e /home/user/child-file");
+        assert_ne!(r["exit_code"], 0, "a child's file showed in {other}");
+    }
+    // The fork's internal snapshot is gone.
+    assert_eq!(
+        std::fs::read_dir(s.data_dir().join("snapshots"))
+            .map(|d| d.count())
+            .unwrap_or(0),
+        0
+    );
+    for id in children.iter().chain([&src]) {
+        let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
+        assert_eq!(d.status, 200, "{}", d.body);
+    }
+    for id in children.iter().chain([&src]) {
+        assert_nothing_left(&s, id);
+    }
 }
 
 #[test]
@@ -560,4 +774,126 @@ fn a_server_killed_between_the_checkpoint_and_the_row_finds_the_sandbox_running_
     common::eventually("the gVisor sandbox's host state is gone", || {
         !dir.exists() && host_processes_naming(&id).is_empty()
     });
+}
+
+#[test]
+fn a_server_killed_in_a_gvisor_snapshot_or_fork_leaves_the_source_running_and_nothing_else() {
+    if !have_runsc() {
+        return;
+    }
+    // runtime.gvisor.snapshot.saved: the source written to disk and copied, not yet restored,
+    // no row for the snapshot. fork.after_children_insert: the children's rows stored, none
+    // booted, the internal snapshot (with memory) on disk.
+    for (point, verb) in [
+        ("runtime.gvisor.snapshot.saved", "snapshots"),
+        ("fork.after_children_insert", "fork"),
+    ] {
+        let mut s = Server::start_env("", &[("CELLA_CRASH_AT", point)]);
+        let id = create_gvisor(&s);
+        cell(&s, &id, "kept = 'before the crash'");
+        let body = if verb == "fork" {
+            json!({ "count": 2 })
+        } else {
+            json!({ "memory": true })
+        };
+        let _ = s.try_raw(
+            "POST",
+            &format!("/api/v1/sandboxes/{id}/{verb}"),
+            Some(KEY),
+            Some(body.to_string().into_bytes()),
+            &[],
+        );
+        assert!(
+            s.wait_exit(120).is_some(),
+            "{point}: the server did not die at its crash point"
+        );
+        s.restart_with_env(&[]);
+        let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+        assert_eq!(got.data()["state"], "running", "{point}: {}", got.body);
+        assert_eq!(
+            cell(&s, &id, "kept")["result"],
+            "'before the crash'",
+            "{point}"
+        );
+        // No snapshot listed, none on disk; the only gVisor sandbox on the host is the source.
+        assert_eq!(
+            s.get("/api/v1/snapshots").data().as_array().unwrap().len(),
+            0,
+            "{point}"
+        );
+        let snaps = s.data_dir().join("snapshots");
+        common::eventually("the snapshot's files are gone", || {
+            std::fs::read_dir(&snaps).map_or(0, |d| d.count()) == 0
+        });
+        let all = s.get("/api/v1/sandboxes?state=all");
+        for sb in all.data().as_array().unwrap() {
+            let other = sb["id"].as_str().unwrap();
+            if other == id {
+                continue;
+            }
+            assert_ne!(sb["state"], "running", "{point}: {sb}");
+            assert_nothing_left(&s, other);
+        }
+        let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
+        assert_eq!(d.status, 200, "{}", d.body);
+        assert_nothing_left(&s, &id);
+    }
+}
+
+#[test]
+fn snapshots_of_a_paused_or_stopped_gvisor_sandbox() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let src = create_gvisor(&s);
+    cell(&s, &src, "kept = 'paused'");
+    // Paused (its memory on disk): the snapshot links its image; it stays paused.
+    let r = s.post(&format!("/api/v1/sandboxes/{src}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{src}/snapshots"),
+        json!({ "memory": true }),
+    );
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    assert_eq!(r.data()["memory"], true);
+    let snap = r.data()["id"].as_str().unwrap().to_string();
+    let got = s.get(&format!("/api/v1/sandboxes/{src}"));
+    assert_eq!(got.data()["state"], "paused");
+    assert_eq!(got.data()["memory"], "on_disk");
+    let r = s.post("/api/v1/sandboxes", json!({ "snapshot_id": snap }));
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    let new = r.data()["id"].as_str().unwrap().to_string();
+    assert_eq!(cell(&s, &new, "kept")["result"], "'paused'");
+    // The source resumes from its own image, which the snapshot shares.
+    let r = s.post(&format!("/api/v1/sandboxes/{src}/resume"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    assert_eq!(cell(&s, &src, "kept")["result"], "'paused'");
+    assert!(s
+        .data_dir()
+        .join("snapshots")
+        .join(&snap)
+        .join("memory")
+        .join("checkpoint.img")
+        .exists());
+    // Stopped: no memory to keep (409, nothing made); its files can be.
+    let r = s.post(&format!("/api/v1/sandboxes/{src}/stop"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{src}/snapshots"),
+        json!({ "memory": true }),
+    );
+    r.assert_error(409, "CONFLICT");
+    assert_eq!(
+        s.get("/api/v1/snapshots").data().as_array().unwrap().len(),
+        1
+    );
+    let r = s.post(&format!("/api/v1/sandboxes/{src}/snapshots"), json!({}));
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    assert_eq!(r.data()["memory"], false);
+    for id in [&src, &new] {
+        let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
+        assert_eq!(d.status, 200, "{}", d.body);
+        assert_nothing_left(&s, id);
+    }
 }

@@ -628,6 +628,20 @@ fn on_gvisor_the_same_policies_hold_and_the_link_outlives_a_pause_to_disk() {
         "after the resume"
     );
 
+    // A snapshot with memory of a sandbox with a link is a conflict (its network stack would go
+    // with it), and changes nothing: the sandbox runs on.
+    let snap = s.post(
+        &format!("/api/v1/sandboxes/{listed}/snapshots"),
+        json!({ "memory": true }),
+    );
+    snap.assert_error(409, "CONFLICT");
+    assert!(
+        snap.body.to_string().contains("network link"),
+        "{}",
+        snap.body
+    );
+    assert_eq!(reach(&s, &listed, &[PUBLIC]), [true]);
+
     // Destroyed: its rules and its kept namespace go.
     for id in [&closed, &open, &listed] {
         assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);

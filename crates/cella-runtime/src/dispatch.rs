@@ -143,6 +143,21 @@ impl Driver for Dispatch {
         d.snapshot(id, handle, snapshot_id).await
     }
 
+    async fn snapshot_with_memory(
+        &self,
+        id: &str,
+        handle: Option<&SandboxHandle>,
+        snapshot_id: &str,
+        memory: bool,
+    ) -> crate::MemorySnapshot {
+        let d = match handle {
+            Some(h) => self.of(h),
+            None => self.by_id(id),
+        };
+        d.snapshot_with_memory(id, handle, snapshot_id, memory)
+            .await
+    }
+
     async fn export_layer(&self, id: &str, dest: &Path) -> Result<(), DriverError> {
         self.by_id(id).export_layer(id, dest).await
     }

@@ -91,6 +91,14 @@ pub struct SnapshotInfo {
     pub paused_us: u64,
 }
 
+/// What [`Driver::snapshot_with_memory`] did: the snapshot, and the source's new handle when
+/// it was restored from a checkpoint (to be recorded whether or not the snapshot succeeded).
+#[derive(Debug)]
+pub struct MemorySnapshot {
+    pub result: Result<SnapshotInfo, DriverError>,
+    pub new_handle: Option<SandboxHandle>,
+}
+
 /// What the driver needs to find a running sandbox again, also after a server restart.
 /// Stored by the server as JSON.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -224,6 +232,29 @@ pub trait Driver: Send + Sync + 'static {
     /// where it serves as a read-only layer of a template (whiteouts and opaque directories
     /// included, as overlayfs wrote them).
     async fn export_layer(&self, id: &str, dest: &std::path::Path) -> Result<(), DriverError>;
+
+    /// A snapshot of a gVisor sandbox (the only backend that has it): its files as
+    /// [`Driver::snapshot`] takes them and, with `memory`, its whole running state (memory,
+    /// processes, open files) as a checkpoint image beside them, from which
+    /// [`Driver::create`] with [`SandboxSpec::snapshot`] restores a new sandbox. A running
+    /// sandbox is checkpointed and restored: answers its new handle, which the caller must
+    /// record, even when the snapshot failed (None when the handle stays: paused on disk, or
+    /// stopped).
+    async fn snapshot_with_memory(
+        &self,
+        _id: &str,
+        _handle: Option<&SandboxHandle>,
+        _snapshot_id: &str,
+        _memory: bool,
+    ) -> MemorySnapshot {
+        MemorySnapshot {
+            result: Err(DriverError::Unsupported(format!(
+                "snapshots with memory need the gvisor runtime (this is {})",
+                self.name()
+            ))),
+            new_handle: None,
+        }
+    }
 
     /// Removes a snapshot's files. Idempotent.
     async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), DriverError>;

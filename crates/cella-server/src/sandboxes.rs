@@ -226,7 +226,7 @@ async fn admit(
     let mut env = template.defaults.env.clone();
     env.extend(req.env.clone().unwrap_or_default());
     check_map("env", &env, true)?;
-    let runtime = admit_runtime(state, req, template, snapshot.is_some())?;
+    let runtime = admit_runtime(state, req, template, snapshot.as_ref())?;
     let network = match (runtime, &req.network) {
         // On gVisor, loopback only unless asked: a sandbox with a link cannot be snapshotted
         // with its memory yet.
@@ -271,8 +271,27 @@ fn admit_runtime(
     state: &AppState,
     req: &CreateSandbox,
     template: &crate::catalog::TemplateEntry,
-    from_snapshot: bool,
+    snapshot: Option<&cella_store::SnapshotRow>,
 ) -> Result<Runtime, SandboxError> {
+    // A snapshot's files (and memory) start on the runtime of the sandbox they were taken of.
+    if let Some(snap) = snapshot {
+        let theirs = Runtime::parse(&snap.isolation).unwrap_or_default();
+        if req.runtime.as_deref().is_some_and(|r| r != theirs.as_str()) {
+            return Err(SandboxError::invalid(
+                "runtime",
+                format!(
+                    "snapshot {} was taken of a {theirs} sandbox and starts only on {theirs}; leave runtime out or give that one",
+                    snap.id
+                ),
+            ));
+        }
+        if !state.driver.supports(theirs) {
+            return Err(SandboxError::invalid(
+                "runtime",
+                format!("runtime {theirs} is not available: this server cannot run it (runsc is not installed)"),
+            ));
+        }
+    }
     let offered = state.catalog.runtimes_of(template);
     let names = || {
         offered
@@ -282,6 +301,9 @@ fn admit_runtime(
             .join(", ")
     };
     let runtime = match &req.runtime {
+        None if snapshot.is_some() => snapshot
+            .and_then(|s| Runtime::parse(&s.isolation))
+            .unwrap_or_default(),
         None => offered.first().copied().unwrap_or_default(),
         Some(name) => Runtime::parse(name).ok_or_else(|| {
             SandboxError::invalid(
@@ -304,17 +326,6 @@ fn admit_runtime(
             format!("runtime {runtime} is not available: {why}"),
         ));
     }
-    if runtime == Runtime::Gvisor {
-        let not_yet = |field: &str, what: &str| {
-            SandboxError::invalid(
-                field,
-                format!("{what} ({field}) is not supported on the gvisor runtime yet"),
-            )
-        };
-        if from_snapshot {
-            return Err(not_yet("snapshot_id", "starting from a snapshot"));
-        }
-    }
     Ok(runtime)
 }
 
@@ -325,21 +336,6 @@ pub(crate) async fn needs_link(state: &AppState, row: &SandboxRow) -> bool {
     n.egress != cella_types::Egress::Deny
         || !n.allow.is_empty()
         || state.store.has_model_access(&row.id).await.unwrap_or(false)
-}
-
-/// Refuses `what` for a sandbox on a runtime that does not have it yet (400 naming the
-/// runtime).
-pub(crate) fn refuse_on_gvisor(row: &SandboxRow, what: &str) -> Result<(), SandboxError> {
-    if row.isolation == Runtime::Gvisor.as_str() {
-        return Err(SandboxError::invalid(
-            "runtime",
-            format!(
-                "{what} is not supported on the gvisor runtime yet (sandbox {} runs on gvisor)",
-                row.id
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Creates a sandbox. With `wait`, answers once it runs; else at once, in `provisioning`.

@@ -21,6 +21,15 @@
 //! (`Store::booting_from_snapshot`). The driver's side of the copy (freeze, `syncfs`, sparse
 //! copy, thaw) is told at the namespace driver's `take_snapshot`.
 //!
+//! On gVisor (the sandbox's `isolation`) the copy goes through
+//! `Driver::snapshot_with_memory`: a running sandbox is checkpointed and restored, and its new
+//! handle is recorded in its row whether or not the copy succeeded. `memory: true` keeps the
+//! checkpoint (the row's `memory`); a create from it restores a new sandbox, and a fork of a
+//! running or paused gVisor sandbox always takes one, so its children continue where the
+//! source was. A snapshot records its runtime (`isolation`): sandboxes made from it run on it.
+//! `memory: true` on a namespace sandbox is a 400 naming the field and the runtime, checked
+//! before anything is done.
+//!
 //! Routes parse, call one function here and encode; the errors are [`SnapshotError`], which
 //! `service::error` holds and turns into the API's envelope. This module sits above
 //! `service` and `billing` (each child of a fork reserves its 60-second minimum, as a create
@@ -32,9 +41,9 @@ pub use crate::service::error::SnapshotError;
 use crate::service::SandboxError;
 use crate::util::{new_id, now_ms};
 use crate::AppState;
-use cella_runtime::{DriverError, SnapshotInfo};
+use cella_runtime::{DriverError, Runtime, SnapshotInfo};
 use cella_store::{SandboxRow, SnapshotRow};
-use cella_types::{ForkRequest, SandboxState};
+use cella_types::{CreateSnapshot, ForkRequest, SandboxState};
 use std::sync::Arc;
 
 /// The most sandboxes one fork makes.
@@ -54,11 +63,13 @@ fn driver_error(sandbox: &str, e: DriverError) -> SnapshotError {
 }
 
 /// Copies the files of `row` into a new snapshot (the caller holds its lock and checked the
-/// workspace). `internal`: a fork's, neither listed nor held to the quota.
+/// workspace), with `memory` its checkpoint too (gVisor). `internal`: a fork's, neither listed
+/// nor held to the quota.
 async fn copy(
     state: &AppState,
     row: &SandboxRow,
     internal: bool,
+    memory: bool,
 ) -> Result<(SnapshotRow, SnapshotInfo), SnapshotError> {
     let handle = match state_of(row) {
         SandboxState::Running | SandboxState::Paused => crate::rows::handle_of(row)?,
@@ -71,11 +82,32 @@ async fn copy(
         storage.check(0, "a snapshot")?;
     }
     let snap_id = new_id("snap");
-    let info = state
-        .driver
-        .snapshot(&row.id, handle.as_ref(), &snap_id)
-        .await
-        .map_err(|e| driver_error(&row.id, e))?;
+    let gvisor = row.isolation == Runtime::Gvisor.as_str();
+    let info = if gvisor {
+        // A running gVisor sandbox is checkpointed and restored: its new handle is recorded
+        // whatever became of the snapshot.
+        let taken = state
+            .driver
+            .snapshot_with_memory(&row.id, handle.as_ref(), &snap_id, memory)
+            .await;
+        if let Some(new) = taken.new_handle {
+            let mut r = row.clone();
+            r.runtime = serde_json::to_string(&new).ok();
+            if let Err(e) = state.store.update_sandbox(&r).await {
+                tracing::error!(
+                    sandbox = row.id,
+                    "recording its handle after a snapshot: {e}"
+                );
+            }
+        }
+        taken.result
+    } else {
+        state
+            .driver
+            .snapshot(&row.id, handle.as_ref(), &snap_id)
+            .await
+    }
+    .map_err(|e| driver_error(&row.id, e))?;
     if !internal {
         if let Err(e) = storage.check(info.size_bytes, "this snapshot") {
             let _ = state.driver.delete_snapshot(&snap_id).await;
@@ -93,6 +125,8 @@ async fn copy(
         created_at: now_ms(),
         size_bytes: info.size_bytes as i64,
         internal,
+        memory: gvisor && memory,
+        isolation: row.isolation.clone(),
     };
     if let Err(e) = state.store.insert_snapshot(&snap).await {
         let _ = state.driver.delete_snapshot(&snap.id).await;
@@ -101,12 +135,33 @@ async fn copy(
     Ok((snap, info))
 }
 
-/// Takes a snapshot of the caller's sandbox `id`.
-pub async fn take(state: &AppState, auth: &Auth, id: &str) -> Result<SnapshotRow, SnapshotError> {
+/// Takes a snapshot of the caller's sandbox `id` (with `memory`: its checkpoint too, gVisor
+/// only).
+pub async fn take(
+    state: &AppState,
+    auth: &Auth,
+    id: &str,
+    req: &CreateSnapshot,
+) -> Result<SnapshotRow, SnapshotError> {
+    let memory = req.memory.unwrap_or(false);
     let _guard = state.locks.lock(id).await;
     let row = crate::service::owned(state, auth, id).await?;
-    crate::sandboxes::refuse_on_gvisor(&row, "a snapshot")?;
-    Ok(copy(state, &row, false).await?.0)
+    if memory && row.isolation != Runtime::Gvisor.as_str() {
+        return Err(SandboxError::invalid(
+            "memory",
+            format!(
+                "a snapshot with memory needs the gvisor runtime; sandbox {id} runs on {}",
+                row.isolation
+            ),
+        )
+        .into());
+    }
+    if memory && state_of(&row) == SandboxState::Stopped {
+        return Err(SnapshotError::Unsupported(format!(
+            "sandbox {id} is stopped: it has no memory to snapshot (resume it, or leave memory out)"
+        )));
+    }
+    Ok(copy(state, &row, false, memory).await?.0)
 }
 
 /// The workspace's snapshots, newest first: up to `limit` older than `before_seq`, and whether
@@ -155,6 +210,9 @@ pub async fn delete(state: &AppState, auth: &Auth, id: &str) -> Result<SnapshotR
 pub struct Fork {
     /// The new sandboxes, as they are after their boot.
     pub children: Vec<SandboxRow>,
+    /// Whether they were restored from a checkpoint of the source (gVisor): its processes and
+    /// memory carried over.
+    pub memory: bool,
     /// How long the source was frozen for the copy.
     pub source_paused_us: u64,
 }
@@ -182,7 +240,6 @@ pub async fn fork(
     let count = check_fork(&req)?;
     let guard = state.locks.lock(id).await;
     let source = crate::service::owned(state, auth, id).await?;
-    crate::sandboxes::refuse_on_gvisor(&source, "a fork")?;
     let st = state_of(&source);
     if !matches!(
         st,
@@ -191,7 +248,9 @@ pub async fn fork(
         return Err(SnapshotError::NotForkable { state: st });
     }
     let (_, cap) = crate::service::runnable::workspace_cap(state, auth).await?;
-    let (snap, info) = copy(state, &source, true).await?;
+    // On gVisor the children are restored from one checkpoint of a running or paused source.
+    let memory = source.isolation == Runtime::Gvisor.as_str() && st != SandboxState::Stopped;
+    let (snap, info) = copy(state, &source, true, memory).await?;
     cella_crash::crash_point!("fork.after_snapshot");
     drop(guard);
     // From here on a task of its own: a client that hangs up leaves no half-made fork and no
@@ -212,6 +271,7 @@ pub async fn fork(
         .map_err(|source| SnapshotError::Task { sandbox, source })??;
     Ok(Fork {
         children,
+        memory,
         source_paused_us: info.paused_us,
     })
 }
@@ -241,6 +301,7 @@ async fn make_children(
             compute_rate: source.compute_rate,
             network: source.network.clone(),
             snapshot_id: Some(snap.id.clone()),
+            isolation: source.isolation.clone(),
             preview_public: source.preview_public,
             auto_resume: source.auto_resume,
             ..SandboxRow::new(

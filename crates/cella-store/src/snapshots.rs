@@ -19,6 +19,10 @@ pub struct SnapshotRow {
     pub created_at: i64,
     pub size_bytes: i64,
     pub internal: bool,
+    /// It holds a checkpoint of the running sandbox (memory, processes), not only its files.
+    pub memory: bool,
+    /// The runtime of the sandbox it was taken of (`namespace` or `gvisor`).
+    pub isolation: String,
 }
 
 /// A row as SQLite holds it.
@@ -33,6 +37,8 @@ struct Raw {
     created_at: i64,
     size_bytes: i64,
     internal: bool,
+    memory: bool,
+    isolation: String,
 }
 
 impl TryFrom<Raw> for SnapshotRow {
@@ -48,18 +54,21 @@ impl TryFrom<Raw> for SnapshotRow {
             created_at: r.created_at,
             size_bytes: r.size_bytes,
             internal: r.internal,
+            memory: r.memory,
+            isolation: r.isolation,
         })
     }
 }
 
 const SNAPSHOT_COLS: &str =
-    "seq, id, workspace_id, sandbox_id, template_id, size, created_at, size_bytes, internal";
+    "seq, id, workspace_id, sandbox_id, template_id, size, created_at, size_bytes, internal, \
+     memory, isolation";
 
 impl Store {
     pub async fn insert_snapshot(&self, s: &SnapshotRow) -> Result<()> {
         sqlx::query(
-            "INSERT INTO snapshots (id, workspace_id, sandbox_id, template_id, size, created_at, size_bytes, internal) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO snapshots (id, workspace_id, sandbox_id, template_id, size, created_at, size_bytes, internal, memory, isolation) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&s.id)
         .bind(&s.workspace_id)
@@ -69,6 +78,8 @@ impl Store {
         .bind(s.created_at)
         .bind(s.size_bytes)
         .bind(s.internal)
+        .bind(s.memory)
+        .bind(&s.isolation)
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -381,9 +381,14 @@ async fn snapshot_size_round_trips_and_a_bad_one_is_corrupt() {
             created_at: 1,
             size_bytes: 10,
             internal: false,
+            memory: i == 1,
+            isolation: "gvisor".into(),
         };
         store.insert_snapshot(&s).await.unwrap();
-        assert_eq!(store.snapshot(&s.id).await.unwrap().unwrap().size, size);
+        let back = store.snapshot(&s.id).await.unwrap().unwrap();
+        assert_eq!(back.size, size);
+        assert_eq!(back.memory, i == 1);
+        assert_eq!(back.isolation, "gvisor");
     }
     raw(
         &store,

@@ -1197,6 +1197,18 @@ pub struct Snapshot {
     pub created_at: String,
     /// Bytes the snapshot occupies on the host.
     pub size_bytes: u64,
+    /// Whether it holds the sandbox's memory and processes too (a gVisor checkpoint): sandboxes
+    /// made from it continue where the source was, rather than booting on its files.
+    pub memory: bool,
+}
+
+/// `POST /api/v1/sandboxes/{id}/snapshots` (the body may be left out).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshot {
+    /// Keep the sandbox's memory and processes too (default false). gVisor sandboxes only,
+    /// running or paused.
+    pub memory: Option<bool>,
 }
 
 /// `POST /api/v1/sandboxes/{id}/fork`.
@@ -1217,8 +1229,9 @@ pub struct ForkInfo {
     pub source_paused_ms: f64,
     /// Always true: each new sandbox starts with the source's files as they were.
     pub filesystem_copied: bool,
-    /// False on the namespace backend: running processes and memory do not carry over (the
-    /// new sandboxes start fresh on the copied files).
+    /// False on the namespace runtime: running processes and memory do not carry over (the
+    /// new sandboxes start fresh on the copied files). True on gVisor: every new sandbox is
+    /// restored from one checkpoint of the source and continues where it was.
     pub processes_copied: bool,
 }
 

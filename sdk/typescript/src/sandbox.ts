@@ -342,10 +342,15 @@ export class Sandbox {
 
   /**
    * Copies the sandbox's files into a snapshot; `Sandbox.create({snapshotId})` starts new
-   * sandboxes from it. Returns the SnapshotInfo.
+   * sandboxes from it. With `memory: true` (gVisor sandboxes) its memory and processes too:
+   * sandboxes made from it continue where it was. Returns the SnapshotInfo.
    */
-  async createSnapshot(): Promise<SnapshotInfo> {
-    const r = await this._request('POST', '/snapshots');
+  async createSnapshot(options: { memory?: boolean } = {}): Promise<SnapshotInfo> {
+    const r = await this._request(
+      'POST',
+      '/snapshots',
+      options.memory === undefined ? {} : { json: { memory: options.memory } },
+    );
     return camelize<SnapshotInfo>(r.data);
   }
 

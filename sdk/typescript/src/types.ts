@@ -354,6 +354,8 @@ export interface SnapshotInfo {
   createdAt: Date;
   /** Bytes the snapshot takes on the host. */
   sizeBytes: number;
+  /** Whether it holds the sandbox's memory and processes too (gVisor). */
+  memory: boolean;
   [field: string]: unknown;
 }
 

@@ -13,7 +13,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use cella_store::SnapshotRow;
-use cella_types::{Data, ForkInfo, ForkRequest, ForkResult, List, Snapshot};
+use cella_types::{CreateSnapshot, Data, ForkInfo, ForkRequest, ForkResult, List, Snapshot};
 use std::sync::Arc;
 
 fn wire(s: &SnapshotRow) -> Snapshot {
@@ -24,21 +24,31 @@ fn wire(s: &SnapshotRow) -> Snapshot {
         size: s.size,
         created_at: rfc3339(s.created_at),
         size_bytes: s.size_bytes.max(0) as u64,
+        memory: s.memory,
     }
 }
 
 /// Snapshot a sandbox's files (running: frozen for the instant the copy takes; paused or
-/// stopped: copied as they are). Scope `sandboxes:write`.
+/// stopped: copied as they are). With `"memory": true` (gVisor sandboxes, running or paused)
+/// its memory and processes too: a running one is checkpointed and restored, and sandboxes
+/// made from the snapshot continue where it was. Scope `sandboxes:write`.
 #[utoipa::path(post, path = "/api/v1/sandboxes/{id}/snapshots", tag = "snapshots",
-    params(("id" = String, Path)),
-    responses((status = 201, body = Data<Snapshot>), (status = 404, body = cella_types::ErrorBody),
+    params(("id" = String, Path)), request_body(content = Option<CreateSnapshot>),
+    responses((status = 201, body = Data<Snapshot>), (status = 400, body = cella_types::ErrorBody),
+              (status = 404, body = cella_types::ErrorBody),
               (status = 409, body = cella_types::ErrorBody)))]
 pub async fn create(
     State(state): State<Arc<AppState>>,
     auth: Auth,
     Path(id): Path<String>,
+    body: ApiBody,
 ) -> Result<(StatusCode, Json<Data<Snapshot>>), ApiError> {
-    let snap = service::take(&state, &auth, &id).await?;
+    let req: CreateSnapshot = if body.is_empty() {
+        CreateSnapshot::default()
+    } else {
+        body.json()?
+    };
+    let snap = service::take(&state, &auth, &id, &req).await?;
     Ok((StatusCode::CREATED, Json(Data { data: wire(&snap) })))
 }
 
@@ -95,7 +105,8 @@ pub async fn delete(
 
 /// Fork a sandbox: `count` (1-10) new sandboxes whose files equal the source's at this instant.
 /// The source keeps running (frozen only while its files are copied). Processes and memory do
-/// not carry over on the namespace backend: the new sandboxes boot fresh on the copied files.
+/// not carry over on the namespace runtime: the new sandboxes boot fresh on the copied files.
+/// On gVisor they do: every new sandbox is restored from one checkpoint of the source.
 /// Scope `sandboxes:write`.
 #[utoipa::path(post, path = "/api/v1/sandboxes/{id}/fork", tag = "snapshots",
     params(("id" = String, Path)), request_body = ForkRequest,
@@ -121,7 +132,7 @@ pub async fn fork(
                 source_id: id,
                 source_paused_ms: fork.source_paused_us as f64 / 1000.0,
                 filesystem_copied: true,
-                processes_copied: false,
+                processes_copied: fork.memory,
             },
         }),
     ))
