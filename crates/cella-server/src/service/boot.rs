@@ -85,7 +85,7 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                 network: match &state.network {
                     // A gVisor sandbox gets a link only when it can use one.
                     _ if runtime == cella_runtime::Runtime::Gvisor
-                        && !crate::sandboxes::needs_link(state, &row).await =>
+                        && !crate::sandboxes::needs_link(state, row).await =>
                     {
                         None
                     }
