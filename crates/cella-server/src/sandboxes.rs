@@ -329,15 +329,6 @@ fn admit_runtime(
     Ok(runtime)
 }
 
-/// Whether a gVisor sandbox gets a link: when its policy lets something out, or it has model
-/// access (the gateway is reached over the link). Otherwise it has loopback only.
-pub(crate) async fn needs_link(state: &AppState, row: &SandboxRow) -> bool {
-    let n = &row.network;
-    n.egress != cella_types::Egress::Deny
-        || !n.allow.is_empty()
-        || state.store.has_model_access(&row.id).await.unwrap_or(false)
-}
-
 /// Creates a sandbox. With `wait`, answers once it runs; else at once, in `provisioning`.
 pub async fn create(
     state: &Arc<AppState>,

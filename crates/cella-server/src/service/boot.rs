@@ -85,7 +85,7 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                 network: match &state.network {
                     // A gVisor sandbox gets a link only when it can use one.
                     _ if runtime == cella_runtime::Runtime::Gvisor
-                        && !crate::sandboxes::needs_link(state, row).await =>
+                        && !needs_link(state, row).await =>
                     {
                         None
                     }
@@ -299,4 +299,13 @@ async fn start_template_app(
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// Whether a gVisor sandbox gets a link: when its policy lets something out, or it has model
+/// access (the gateway is reached over the link). Otherwise it has loopback only.
+async fn needs_link(state: &AppState, row: &SandboxRow) -> bool {
+    let n = &row.network;
+    n.egress != cella_types::Egress::Deny
+        || !n.allow.is_empty()
+        || state.store.has_model_access(&row.id).await.unwrap_or(false)
 }
