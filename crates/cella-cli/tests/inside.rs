@@ -262,6 +262,48 @@ fn uploads_over_the_limit_are_refused_and_leave_nothing() {
     assert_eq!(ok.status, 200);
 }
 
+/// A client that sends its whole body before it reads the answer (Go's, Python's and most
+/// others do) gets the 413, not a reset connection: the server reads the refused body on (and
+/// drops it) before it closes. 16 MiB is more than the kernel's socket buffers hold, so without
+/// that the write would fail.
+#[test]
+fn a_refused_body_is_read_on_so_the_client_gets_its_413() {
+    let s = Server::start_with("[files]\nmax_upload_bytes = 1048576\n");
+    let id = s.create(json!({ "size": "xs" }));
+    let body = vec![b'x'; 16 * 1024 * 1024];
+    for (what, head) in [
+        (
+            "an upload over max_upload_bytes",
+            format!("PUT /api/v1/sandboxes/{id}/files?path=/tmp/big HTTP/1.1\r\nContent-Type: application/octet-stream\r\n"),
+        ),
+        (
+            "a JSON body over 4 MiB",
+            format!("POST /api/v1/sandboxes/{id}/exec HTTP/1.1\r\nContent-Type: application/json\r\n"),
+        ),
+    ] {
+        let mut tcp = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(
+            tcp,
+            "{head}Host: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        tcp.write_all(&body)
+            .unwrap_or_else(|e| panic!("{what}: the server cut the body off: {e}"));
+        let mut answer = Vec::new();
+        let _ = tcp.read_to_end(&mut answer);
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 413"), "{what}: {answer}");
+        assert!(answer.contains("PAYLOAD_TOO_LARGE"), "{what}: {answer}");
+        assert!(
+            answer.to_lowercase().contains("connection: close"),
+            "{what}: {answer}"
+        );
+    }
+    assert_eq!(s.sh(&id, "ls -A /tmp")["stdout"], "", "nothing was written");
+}
+
 #[test]
 fn files_routes_list_stat_mkdir_move_delete_and_ranges() {
     let s = Server::start();

@@ -420,9 +420,18 @@ pub struct ClientAddr(pub std::net::SocketAddr);
 
 /// A request body stream that notes when it was read to its end.
 struct BodyEnd {
-    inner: axum::body::BodyDataStream,
+    inner: Option<axum::body::BodyDataStream>,
     done: Arc<std::sync::atomic::AtomicBool>,
+    /// The body's declared length (`Content-Length`), when it has one.
+    declared: Option<u64>,
 }
+
+/// How much of a body a handler left unread the server still reads (and drops) before it
+/// closes the connection, and for how long: a client that sends its whole body before it reads
+/// the answer (most do) then gets the answer (a 413, say) instead of a reset connection. A body
+/// declared larger than this is not read: the connection is closed after the answer at once.
+const LINGER_BYTES: u64 = 64 * 1024 * 1024;
+const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl futures_util::Stream for BodyEnd {
     type Item = Result<axum::body::Bytes, axum::Error>;
@@ -431,11 +440,44 @@ impl futures_util::Stream for BodyEnd {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
-        let r = std::pin::Pin::new(&mut self.inner).poll_next(cx);
+        let Some(inner) = self.inner.as_mut() else {
+            return std::task::Poll::Ready(None);
+        };
+        let r = std::pin::Pin::new(inner).poll_next(cx);
         if let std::task::Poll::Ready(None) = r {
             self.done.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         r
+    }
+}
+
+impl Drop for BodyEnd {
+    /// A body dropped before its end is read on (and dropped) in the background, within
+    /// [`LINGER_BYTES`] and [`LINGER_TIME`]: the connection lives while it is read, and closes
+    /// cleanly after it (the answer said `Connection: close`).
+    fn drop(&mut self) {
+        use futures_util::StreamExt;
+        if self.done.load(std::sync::atomic::Ordering::Relaxed)
+            || self.declared.is_some_and(|n| n > LINGER_BYTES)
+        {
+            return;
+        }
+        let (Some(mut rest), Ok(rt)) = (self.inner.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        rt.spawn(async move {
+            let _ = tokio::time::timeout(LINGER_TIME, async {
+                let mut read = 0u64;
+                while let Some(Ok(chunk)) = rest.next().await {
+                    read += chunk.len() as u64;
+                    if read > LINGER_BYTES {
+                        break;
+                    }
+                }
+            })
+            .await;
+        });
     }
 }
 
@@ -459,19 +501,20 @@ async fn request_context(mut req: Request, next: Next) -> Response {
     // A request body the handler does not read to its end leaves the connection unusable for
     // the next request: then the answer says `Connection: close` (else a keep-alive client
     // would send its next request into a connection the server is dropping).
-    let has_body = req
+    let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .is_some_and(|n| n > 0)
+        .and_then(|v| v.parse::<u64>().ok());
+    let has_body = declared.is_some_and(|n| n > 0)
         || req.headers().contains_key(header::TRANSFER_ENCODING);
     let read_to_end = Arc::new(std::sync::atomic::AtomicBool::new(!has_body));
     if has_body {
         let (parts, body) = req.into_parts();
         let tracked = BodyEnd {
-            inner: body.into_data_stream(),
+            inner: Some(body.into_data_stream()),
             done: read_to_end.clone(),
+            declared,
         };
         req = Request::from_parts(parts, axum::body::Body::from_stream(tracked));
     }
@@ -1065,12 +1108,12 @@ impl futures_util::Stream for IdleBody {
 /// Outermost layer: a request body that sends nothing for `[server] body_idle_timeout_sec`
 /// is abandoned; the answer is 408 `REQUEST_TIMEOUT` and the connection is closed.
 async fn body_idle(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let has_body = req
+    let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .is_some_and(|n| n > 0)
+        .and_then(|v| v.parse::<u64>().ok());
+    let has_body = declared.is_some_and(|n| n > 0)
         || req.headers().contains_key(header::TRANSFER_ENCODING);
     if !has_body {
         return next.run(req).await;

@@ -376,8 +376,8 @@ async fn guard(
         }
         Err(e) => {
             // Read a body of a size the handlers read whole (as they did before they looked at
-            // the scope), so the connection stays usable; a larger one is left unread, and the
-            // connection is closed after the answer.
+            // the scope), so the connection stays usable; a larger one is left to the request
+            // layer, which reads it on behind the answer and then closes the connection.
             let declared = req
                 .headers()
                 .get(axum::http::header::CONTENT_LENGTH)
