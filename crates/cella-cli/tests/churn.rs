@@ -114,7 +114,11 @@ fn soak_keeps_the_server_flat() {
     let total = Duration::from_secs(minutes * 60);
     // Each minute, or at least twelve samples in a short soak.
     let every = Duration::from_secs((minutes * 60 / 12).clamp(5, 60));
-    let s = Server::start_with(UNLIMITED);
+    // The server logs where its memory is once a minute (target `cella::memory`).
+    let s = Server::start_env(
+        UNLIMITED,
+        &[("RUST_LOG", "info,sqlx=warn,rmcp=warn,cella::memory=debug")],
+    );
     let pid = s.server_pid();
     // Warm-up: one cycle, then the baseline, then the four sandboxes the soak keeps.
     let warm = Mutex::new(Tracked::default());
@@ -129,10 +133,13 @@ fn soak_keeps_the_server_flat() {
     }
     let ops = AtomicUsize::new(0);
     let errors = Mutex::new(Vec::<String>::new());
-    let samples = Mutex::new(Vec::<(u64, u64, u64, u64)>::new());
+    let samples = Mutex::new(Vec::<(u64, u64, u64, u64, [u64; 3])>::new());
     let start = Instant::now();
     let (rss, fds, threads) = server_sample(pid);
-    samples.lock().unwrap().push((0, rss, fds, threads));
+    samples
+        .lock()
+        .unwrap()
+        .push((0, rss, fds, threads, memory_report(&s.log())));
     std::thread::scope(|sc| {
         // Four workers at a steady rate: each does one operation every 250 ms.
         for w in 0..4usize {
@@ -195,16 +202,19 @@ fn soak_keeps_the_server_flat() {
             });
         }
         // The sampler.
-        let samples = &samples;
+        let (samples, s) = (&samples, &s);
         sc.spawn(move || {
             let mut next = every;
             while start.elapsed() < total {
                 if start.elapsed() >= next {
                     let (rss, fds, threads) = server_sample(pid);
-                    samples
-                        .lock()
-                        .unwrap()
-                        .push((start.elapsed().as_secs(), rss, fds, threads));
+                    samples.lock().unwrap().push((
+                        start.elapsed().as_secs(),
+                        rss,
+                        fds,
+                        threads,
+                        memory_report(&s.log()),
+                    ));
                     next += every;
                 }
                 std::thread::sleep(Duration::from_millis(200));
@@ -217,9 +227,9 @@ fn soak_keeps_the_server_flat() {
         ops.load(Ordering::SeqCst),
         errors.lock().unwrap().len()
     );
-    println!("soak: t_sec rss_kib fds threads");
-    for (t, rss, fds, th) in &samples {
-        println!("soak: {t} {rss} {fds} {th}");
+    println!("soak: t_sec rss_kib fds threads heap_in_use_kib heap_held_kib sqlite_kib");
+    for (t, rss, fds, th, [used, held, sqlite]) in &samples {
+        println!("soak: {t} {rss} {fds} {th} {used} {held} {sqlite}");
     }
     assert!(
         errors.lock().unwrap().is_empty(),
@@ -229,6 +239,9 @@ fn soak_keeps_the_server_flat() {
     let rss: Vec<u64> = samples.iter().map(|x| x.1).collect();
     let fds: Vec<u64> = samples.iter().map(|x| x.2).collect();
     let th: Vec<u64> = samples.iter().map(|x| x.3).collect();
+    // The heap in use (the allocator's, after its free pages went back), from the second
+    // report on: the first comes before the soak's sandboxes and caches are there.
+    let used: Vec<u64> = samples.iter().map(|x| x.4[0]).skip(2).collect();
     // Growth: the last third's median above the first third's by more than 25% and 16 MiB
     // (memory), 16 (descriptors), 8 (threads).
     assert!(
@@ -237,11 +250,55 @@ fn soak_keeps_the_server_flat() {
     );
     assert!(!grows(&fds, 0, 16), "open descriptors grow: {fds:?}");
     assert!(!grows(&th, 0, 8), "threads grow: {th:?}");
+    assert!(
+        used.len() < 6 || !grows(&used, 25, 8 * 1024),
+        "the heap in use grows: {used:?}"
+    );
     for id in &keep {
         assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
     }
     let tracked = tracked.into_inner().unwrap();
     assert_back_to(&s, &base, &tracked, "soak");
+}
+
+/// The newest of the server's memory reports in its log: the heap in use, the heap the
+/// allocator holds, and SQLite's part, in KiB (zeros before the first).
+fn memory_report(log: &str) -> [u64; 3] {
+    let Some(line) = log.lines().rev().find(|l| l.contains("cella::memory")) else {
+        return [0; 3];
+    };
+    // Without the terminal's colours (`ESC [ ... m`).
+    let mut plain = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    let line = plain;
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    [
+        field("heap_in_use_kib"),
+        field("heap_held_kib"),
+        field("sqlite_kib"),
+    ]
+}
+
+#[test]
+fn memory_reports_are_read() {
+    let log = "x INFO a\n2026 DEBUG cella::memory: memory heap_in_use_kib=10 heap_held_kib=20 sqlite_kib=3 sqlite_peak_kib=4\n\
+               2026 DEBUG cella::memory: memory heap_in_use_kib=11 heap_held_kib=21 sqlite_kib=5 sqlite_peak_kib=6\n";
+    assert_eq!(memory_report(log), [11, 21, 5]);
+    assert_eq!(memory_report("nothing"), [0; 3]);
+    let coloured = "\u{1b}[2m2026\u{1b}[0m DEBUG cella::memory: memory \u{1b}[3mheap_in_use_kib\u{1b}[0m\u{1b}[2m=\u{1b}[0m7 \u{1b}[3msqlite_kib\u{1b}[0m\u{1b}[2m=\u{1b}[0m2";
+    assert_eq!(memory_report(coloured), [7, 0, 2]);
 }
 
 #[test]

@@ -405,11 +405,27 @@ pub fn spawn_timers(state: Arc<AppState>) {
 /// Gives the allocator's free pages back to the system. glibc keeps what threads freed in
 /// per-thread arenas (a soak found 12 MiB held in one arena with 0.4 MiB in use), so the
 /// server's resident memory crept up with its history; once a minute this returns it.
+///
+/// Then it logs (at `debug`, target `cella::memory`) where the memory is: the heap in use and
+/// held by the allocator, and SQLite's part of it. The soak reads these lines to tell a leak
+/// (in use grows) from caches filling to their bounds.
 fn return_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks the allocator's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
+    {
+        // SAFETY: malloc_trim only walks the allocator's own free lists; mallinfo2 reads them.
+        let heap = unsafe {
+            libc::malloc_trim(0);
+            libc::mallinfo2()
+        };
+        let (sqlite, sqlite_peak) = cella_store::sqlite_memory();
+        tracing::debug!(
+            target: "cella::memory",
+            heap_in_use_kib = (heap.uordblks + heap.hblkhd) / 1024,
+            heap_held_kib = (heap.arena + heap.hblkhd) / 1024,
+            sqlite_kib = sqlite / 1024,
+            sqlite_peak_kib = sqlite_peak / 1024,
+            "memory"
+        );
     }
 }
 

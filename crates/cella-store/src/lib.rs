@@ -161,6 +161,19 @@ pub fn is_internal_workspace(id: &str) -> bool {
     id == POOL_WORKSPACE || id == TASKS_WORKSPACE
 }
 
+/// What SQLite's own allocator holds in this process now, in bytes, and the most it has held
+/// (page caches and prepared statements of every connection): the part of the server's memory
+/// that grows with use up to the caches' bounds and then stays.
+pub fn sqlite_memory() -> (i64, i64) {
+    // SAFETY: both read SQLite's global counters; neither takes a pointer.
+    unsafe {
+        (
+            libsqlite3_sys::sqlite3_memory_used(),
+            libsqlite3_sys::sqlite3_memory_highwater(0),
+        )
+    }
+}
+
 #[derive(Clone)]
 pub struct Store {
     pool: SqlitePool,
