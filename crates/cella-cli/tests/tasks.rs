@@ -723,6 +723,86 @@ fn an_agent_that_fails_ends_failed_agent_exit() {
     assert_no_host_checkout(&s, &id);
 }
 
+/// A workspace's `task_runtime` setting puts its runs' sandboxes on gVisor: the agent runs under
+/// gVisor's kernel (what it saw is on the pushed branch), reads the base read-only, and the run
+/// ends, bills and cleans up as on the namespace runtime. A runtime the server does not know is
+/// a 400 naming the setting, and changes nothing.
+#[test]
+fn task_runtime_gvisor_runs_the_agent_under_gvisor() {
+    if !common::have_runsc() {
+        return;
+    }
+    let repos = tempfile::tempdir().unwrap();
+    let bare = make_repo(repos.path(), "acme/web", &[("README.md", "# web\n")]);
+    let script = format!(
+        "uname -r > kernel.txt; cp README.md seen.txt; \
+         if touch /opt/cella-base/x 2>/dev/null; then echo writable > base.txt; fi; \
+         {GIT_ID} add -A && {GIT_ID} commit -qm 'What the agent saw'"
+    );
+    let s = Server::start_with(&config(
+        2,
+        &git_forge("git", repos.path()),
+        &command_agent("script", &script),
+        "",
+    ));
+    let (ws, key) = workspace(&s, "0.001000", "20", 5);
+    let patch = |settings: Value| {
+        s.req(
+            "PATCH",
+            &format!("/api/v1/workspaces/{ws}"),
+            Some(KEY),
+            Some(&json!({ "settings": settings })),
+        )
+    };
+    let bad = patch(json!({ "task_runtime": "firecracker" }));
+    bad.assert_error(400, "INVALID_REQUEST");
+    assert_eq!(
+        bad.body["error"]["details"]["field"],
+        "settings.task_runtime"
+    );
+    let now = s.get(&format!("/api/v1/workspaces/{ws}"));
+    assert!(
+        now.data()["settings"].get("task_runtime").is_none(),
+        "{}",
+        now.body
+    );
+    let ok = patch(json!({ "task_runtime": "gvisor" }));
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(ok.data()["settings"]["task_runtime"], "gvisor");
+
+    let t = start(
+        &s,
+        &key,
+        json!({ "repository": "acme/web", "task": "look around" }),
+    );
+    let id = t["id"].as_str().unwrap().to_string();
+    let t = wait_end(&s, &key, &id, 180);
+    assert_eq!(t["state"], "stopped", "{t}\n{}", tail(&s));
+    let branch = t["branch"].as_str().unwrap();
+    // gVisor's kernel answers `uname -r` with its own release, not the host's.
+    let host = String::from_utf8(Command::new("uname").arg("-r").output().unwrap().stdout).unwrap();
+    let seen = file_on_branch(&bare, branch, "kernel.txt").unwrap();
+    assert_ne!(seen, host, "the agent ran on the host's kernel");
+    assert_eq!(
+        file_on_branch(&bare, branch, "seen.txt").as_deref(),
+        Some("# web\n")
+    );
+    assert_eq!(
+        file_on_branch(&bare, branch, "base.txt"),
+        None,
+        "the base is read-only"
+    );
+    let entries = settled_ledger(&s, &ws, &id);
+    assert_eq!(entries_of(&entries, &id, "compute").len(), 1, "{entries:?}");
+    assert_no_sandbox_left(&s);
+    assert_no_host_checkout(&s, &id);
+    assert!(
+        !s.log().contains("the sandbox did not start"),
+        "{}",
+        tail(&s)
+    );
+}
+
 /// Kept base checkouts (`[tasks] checkout_cache`, "local" by default for a forge on this
 /// host): the second run on the same base commit skips the clone and its agent works on the
 /// same files; once the base branch moves, the next run is on the new commit (never a stale

@@ -415,6 +415,7 @@ async fn workspace_columns_round_trip_and_bad_ones_are_corrupt() {
         session_limit_min: 30,
         heartbeat_timeout_sec: 300,
         model_allowlist: vec!["m1".into()],
+        task_runtime: Some("gvisor".into()),
     };
     store.update_workspace(&w).await.unwrap();
     let back = store.workspace("ws1").await.unwrap().unwrap();

@@ -255,6 +255,10 @@ pub struct WorkspaceSettings {
     /// Seconds a task run's agent may go without a heartbeat before the run is failed.
     #[serde(default = "default_heartbeat_timeout")]
     pub heartbeat_timeout_sec: u32,
+    /// The isolation runtime of the workspace's task runs' sandboxes, `namespace` or `gvisor`
+    /// (absent: `namespace`), as the setting is when a run's sandbox starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_runtime: Option<String>,
 }
 
 /// The most names `model_allowlist` takes.

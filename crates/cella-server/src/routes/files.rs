@@ -6,8 +6,8 @@
 //! `AgentClient::write_file` sends `Write`, the body's chunks as `Data` frames, then `DataEnd`; the
 //! agent writes beside the target (a `.cella-upload-` file; missing parents are made) and at
 //! `DataEnd` syncs, sets mode and owner, and renames it into place. Past the limit the client
-//! shuts the connection and waits until the agent removed the partial file; the handler drains a
-//! bounded part of the body so that the client can read the 413. A download (`GET`) sends `Read`
+//! shuts the connection and waits until the agent removed the partial file; the request layer reads
+//! a bounded part of the rest of the body behind the 413, so that the client can read it. A download (`GET`) sends `Read`
 //! and streams the agent's `Data` frames as the body (only a few frames are in flight either way,
 //! so the server's memory stays flat); a suffix `Range` first learns the size, a range outside the
 //! file is a 416 with `Content-Range: bytes */SIZE`. A watch (the agent's inotify) is sent on as
@@ -33,9 +33,6 @@ use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// After refusing an upload that is too large, how much more of its body is read and dropped.
-const DRAIN_BYTES: usize = 16 * 1024 * 1024;
-const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 /// Entries a listing returns at most.
 const LIST_LIMIT_MAX: usize = 10_000;
 
@@ -173,31 +170,16 @@ pub async fn upload(
     }
     let agent = agent(&state, &auth, &id).await?;
     let _busy = state.activity.busy(&id);
-    let mut chunks = body
+    let chunks = body
         .into_data_stream()
         .map(|r| r.map(|b: Bytes| b.to_vec()));
-    match agent
-        .write_file(&path, uid, uid, mode, max, chunks.by_ref())
-        .await
-    {
+    match agent.write_file(&path, uid, uid, mode, max, chunks).await {
         Ok(_) => Ok(Json(Data {
             data: stat_entry(&agent, &path).await?,
         })),
-        Err(WriteError::TooLarge) => {
-            // Read (and drop) a little more of the body, so that the client, still sending,
-            // gets to read the answer instead of a reset connection.
-            let _ = tokio::time::timeout(DRAIN_TIME, async {
-                let mut drained = 0usize;
-                while let Some(Ok(c)) = chunks.next().await {
-                    drained += c.len();
-                    if drained > DRAIN_BYTES {
-                        break;
-                    }
-                }
-            })
-            .await;
-            Err(too_large())
-        }
+        // The rest of the body is read on behind the answer (the request layer's `BodyEnd`),
+        // so that the client, still sending, gets to read it instead of a reset connection.
+        Err(WriteError::TooLarge) => Err(too_large()),
         Err(WriteError::Source(e)) => Err(ApiError::invalid(
             "body",
             format!("the upload was interrupted: {e}"),

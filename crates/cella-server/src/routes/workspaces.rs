@@ -174,7 +174,7 @@ pub async fn update(
             ));
         }
         row.settings = settings;
-        crate::service::accounts::check_settings(&row.settings)?;
+        crate::service::accounts::check_settings_here(&state, &row.settings)?;
     }
     state.store.update_workspace(&row).await?;
     Ok(Json(Data {

@@ -90,7 +90,31 @@ pub fn check_settings(s: &WorkspaceSettings) -> Result<()> {
             "heartbeat_timeout_sec must be from 10 to 86400 (seconds)",
         ));
     }
+    if let Some(r) = &s.task_runtime {
+        if cella_runtime::Runtime::parse(r).is_none() {
+            return Err(invalid(
+                "settings.task_runtime",
+                format!("unknown task_runtime {r:?}: namespace or gvisor"),
+            ));
+        }
+    }
     Ok(())
+}
+
+/// [`check_settings`], and that this server runs the `task_runtime` asked for.
+pub fn check_settings_here(state: &crate::AppState, s: &WorkspaceSettings) -> Result<()> {
+    check_settings(s)?;
+    let asked = s
+        .task_runtime
+        .as_deref()
+        .and_then(cella_runtime::Runtime::parse);
+    match asked {
+        Some(r) if !state.driver.supports(r) => Err(invalid(
+            "settings.task_runtime",
+            format!("task_runtime {r} is not available: this server cannot run it (runsc is not installed)"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Makes a key (not stored yet); returns the row and the secret (to store only as a hash).
@@ -180,6 +204,13 @@ mod tests {
                 "settings.heartbeat_timeout_sec",
                 WorkspaceSettings {
                     heartbeat_timeout_sec: 86401,
+                    ..w.settings.clone()
+                },
+            ),
+            (
+                "settings.task_runtime",
+                WorkspaceSettings {
+                    task_runtime: Some("kvm".into()),
                     ..w.settings.clone()
                 },
             ),

@@ -10,6 +10,7 @@ use crate::util::{new_id, now_ms};
 use crate::AppState;
 use cella_agent::proto::{Request, Response};
 use cella_billing::Holder;
+use cella_runtime::Runtime;
 use cella_store::{SandboxRow, TaskEnd, TaskRow};
 use cella_tasks::failure::reason;
 use cella_tasks::{
@@ -599,6 +600,21 @@ async fn boot_sandbox(
         })?;
     let size = template.default_size;
     let (cpus, mem, disk) = size.shape();
+    // The workspace's `task_runtime` as it is now.
+    let runtime = match state.store.workspace(&row.workspace_id).await {
+        Ok(Some(w)) => w.settings.task_runtime.as_deref().and_then(Runtime::parse),
+        _ => None,
+    }
+    .unwrap_or_default();
+    if !state.catalog.runtimes_of(&template).contains(&runtime) {
+        return Err(Ending::failed(
+            FailureKind::ProvisionFailed,
+            &format!(
+                "the workspace's task_runtime {runtime} is not available for the agent's template {} on this server",
+                agent.template
+            ),
+        ));
+    }
     let sb = SandboxRow {
         owner_id: row.id.clone(),
         timeout_sec: crate::sandboxes::MAX_TIMEOUT_SEC as i64,
@@ -613,6 +629,7 @@ async fn boot_sandbox(
         },
         preview_public: false,
         auto_resume: false,
+        isolation: runtime.as_str().to_string(),
         ..SandboxRow::new(
             sandbox_id.to_string(),
             cella_store::TASKS_WORKSPACE.to_string(),
