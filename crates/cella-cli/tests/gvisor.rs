@@ -897,3 +897,57 @@ fn snapshots_of_a_paused_or_stopped_gvisor_sandbox() {
         assert_nothing_left(&s, id);
     }
 }
+
+/// Stress for the restore crash of #24 (see the gVisor driver's `epoll` module): pauses and
+/// resumes one busy sandbox `CELLA_STRESS_CYCLES` times (default 100), with code cells and
+/// commands (whose pipes the agent registers and deletes) between the cycles. Prints its
+/// figures; `CELLA_STRESS_KEEP` names a directory to copy a sandbox that failed to resume to.
+#[test]
+#[ignore]
+fn stress_pause_resume_cycles() {
+    if !have_runsc() {
+        return;
+    }
+    let n: usize = std::env::var("CELLA_STRESS_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let s = Server::start();
+    let id = create_gvisor(&s);
+    cell(&s, &id, "kept = 0");
+    start_counting(&s, &id);
+    let t0 = std::time::Instant::now();
+    for i in 0..n {
+        for _ in 0..3 {
+            let r = s.sh(&id, "cat /home/user/counts > /dev/null; echo ok");
+            assert_eq!(r["stdout"], "ok\n", "cycle {i}: {r}");
+        }
+        let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
+        assert_eq!(r.status, 200, "cycle {i}: {}\n{}", r.body, s.log());
+        let r = s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}));
+        if r.status != 200 {
+            if let Ok(keep) = std::env::var("CELLA_STRESS_KEEP") {
+                let _ = std::process::Command::new("cp")
+                    .arg("-a")
+                    .arg(s.data_dir().join("gvisor").join(&id))
+                    .arg(&keep)
+                    .status();
+            }
+            panic!(
+                "STRESS: the resume of cycle {i} of {n} failed: {}\n{}",
+                r.body,
+                s.log()
+            );
+        }
+        let got = cell(
+            &s,
+            &id,
+            "kept += 1\nx = [bytearray(100000) for _ in range(50)]\ndel x\nkept",
+        );
+        assert_eq!(got["result"], format!("{}", i + 1), "cycle {i}: {got}");
+    }
+    eprintln!(
+        "STRESS: {n} pause/resume cycles, every resume answered, {:?}",
+        t0.elapsed()
+    );
+}
