@@ -4,7 +4,7 @@
 //! with memory and creates from them, forks with memory (also a `kill -9` in either), snapshots
 //! of paused and stopped sandboxes, destroy leaving nothing, a `kill -9` of the server, and the
 //! 400s for what gVisor sandboxes do not have yet. Skipped (with a line saying so) where the
-//! host has no `runsc`.
+//! host has no `runsc`. Ignored unless asked for: a stress of pause/resume cycles, with figures.
 
 mod common;
 use common::{have_runsc, Server, KEY};
