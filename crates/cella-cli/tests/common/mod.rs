@@ -675,11 +675,16 @@ pub fn pty_open(s: &Server, id: &str, query: &str) -> Ws {
     req.headers_mut()
         .insert("authorization", format!("Bearer {KEY}").parse().unwrap());
     let stream = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    // The upgrade may take a while under load (a 200 ms wait here once failed the handshake);
+    // the reads after it poll in short steps.
     stream
-        .set_read_timeout(Some(Duration::from_millis(200)))
+        .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
     let (ws, resp) = tungstenite::client(req, stream).unwrap();
     assert_eq!(resp.status().as_u16(), 101);
+    ws.get_ref()
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     ws
 }
 
