@@ -573,91 +573,84 @@ fn rules_and_interfaces_go_with_the_sandbox_also_after_a_crash() {
 
 #[test]
 fn on_gvisor_the_same_policies_hold_and_the_link_outlives_a_pause_to_disk() {
-    common::tolerating_known_restore_crash(
-        "on_gvisor_the_same_policies_hold_and_the_link_outlives_a_pause_to_disk",
-        || {
-            if !have_runsc() {
-                return;
-            }
-            let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-            let _outside = Outside::start();
-            let s = Server::start_with("[network]\ndeny_always = []\n");
-            let gvisor = |network: Value| {
-                let mut body = json!({ "size": "xs", "runtime": "gvisor" });
-                if !network.is_null() {
-                    body["network"] = network;
-                }
-                let id = s.create(body);
-                let sb = s.get(&format!("/api/v1/sandboxes/{id}"));
-                assert_eq!(sb.data()["runtime"], "gvisor");
-                id
-            };
-            // Without a policy a gVisor sandbox has loopback only, and says so.
-            let closed = gvisor(Value::Null);
-            let shown = s.get(&format!("/api/v1/sandboxes/{closed}"));
-            assert_eq!(shown.data()["network"]["egress"], "deny");
-            assert_eq!(
-                reach(&s, &closed, &[PUBLIC, PRIVATE, METADATA]),
-                [false, false, false]
-            );
-            // The namespace runtime's policies, the same answers: [internet, private, metadata].
-            let open = gvisor(json!({ "allow": ["10.99.0.1"] }));
-            assert_eq!(
-                reach(&s, &open, &[PUBLIC, PRIVATE, METADATA]),
-                [true, true, false]
-            );
-            let listed = gvisor(json!({ "egress": "deny", "allow": ["198.51.100.0/24"] }));
-            assert_eq!(
-                reach(&s, &listed, &[PUBLIC, PRIVATE, METADATA]),
-                [true, false, false]
-            );
-            // The kernel inside is gVisor's, and the traffic left through its own network stack.
-            let v = s.sh(&listed, "cat /proc/version");
-            assert!(
-                v["stdout"].as_str().unwrap() != std::fs::read_to_string("/proc/version").unwrap()
-            );
-            let out = s.sh(&listed, "exec 3<>/dev/tcp/198.51.100.1/8080; head -1 <&3");
-            assert_eq!(out["stdout"], "outside\n", "{out}");
-
-            // Paused to disk, its processes are gone and its rules stay; resumed, the same link works.
-            assert!(has_chain(&s, &listed));
-            let p = s.post(&format!("/api/v1/sandboxes/{listed}/pause"), json!({}));
-            assert_eq!(p.status, 200, "{}", p.body);
-            assert_eq!(p.data()["memory"], "on_disk", "{}", p.body);
-            assert!(has_chain(&s, &listed), "its rules stay while it is on disk");
-            let r = s.post(&format!("/api/v1/sandboxes/{listed}/resume"), json!({}));
-            assert_eq!(r.status, 200, "{}", r.body);
-            assert_eq!(
-                reach(&s, &listed, &[PUBLIC, PRIVATE, METADATA]),
-                [true, false, false],
-                "after the resume"
-            );
-
-            // A snapshot with memory of a sandbox with a link is a conflict (its network stack would go
-            // with it), and changes nothing: the sandbox runs on.
-            let snap = s.post(
-                &format!("/api/v1/sandboxes/{listed}/snapshots"),
-                json!({ "memory": true }),
-            );
-            snap.assert_error(409, "CONFLICT");
-            assert!(
-                snap.body.to_string().contains("network link"),
-                "{}",
-                snap.body
-            );
-            assert_eq!(reach(&s, &listed, &[PUBLIC]), [true]);
-
-            // Destroyed: its rules and its kept namespace go.
-            for id in [&closed, &open, &listed] {
-                assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
-                assert!(chain_goes(&s, id), "the rules of {id} stay");
-                let dir = s.data_dir().join("gvisor").join(id.as_str());
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while dir.exists() && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                assert!(!dir.exists(), "{} is left", dir.display());
-            }
-        },
+    if !have_runsc() {
+        return;
+    }
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let _outside = Outside::start();
+    let s = Server::start_with("[network]\ndeny_always = []\n");
+    let gvisor = |network: Value| {
+        let mut body = json!({ "size": "xs", "runtime": "gvisor" });
+        if !network.is_null() {
+            body["network"] = network;
+        }
+        let id = s.create(body);
+        let sb = s.get(&format!("/api/v1/sandboxes/{id}"));
+        assert_eq!(sb.data()["runtime"], "gvisor");
+        id
+    };
+    // Without a policy a gVisor sandbox has loopback only, and says so.
+    let closed = gvisor(Value::Null);
+    let shown = s.get(&format!("/api/v1/sandboxes/{closed}"));
+    assert_eq!(shown.data()["network"]["egress"], "deny");
+    assert_eq!(
+        reach(&s, &closed, &[PUBLIC, PRIVATE, METADATA]),
+        [false, false, false]
     );
+    // The namespace runtime's policies, the same answers: [internet, private, metadata].
+    let open = gvisor(json!({ "allow": ["10.99.0.1"] }));
+    assert_eq!(
+        reach(&s, &open, &[PUBLIC, PRIVATE, METADATA]),
+        [true, true, false]
+    );
+    let listed = gvisor(json!({ "egress": "deny", "allow": ["198.51.100.0/24"] }));
+    assert_eq!(
+        reach(&s, &listed, &[PUBLIC, PRIVATE, METADATA]),
+        [true, false, false]
+    );
+    // The kernel inside is gVisor's, and the traffic left through its own network stack.
+    let v = s.sh(&listed, "cat /proc/version");
+    assert!(v["stdout"].as_str().unwrap() != std::fs::read_to_string("/proc/version").unwrap());
+    let out = s.sh(&listed, "exec 3<>/dev/tcp/198.51.100.1/8080; head -1 <&3");
+    assert_eq!(out["stdout"], "outside\n", "{out}");
+
+    // Paused to disk, its processes are gone and its rules stay; resumed, the same link works.
+    assert!(has_chain(&s, &listed));
+    let p = s.post(&format!("/api/v1/sandboxes/{listed}/pause"), json!({}));
+    assert_eq!(p.status, 200, "{}", p.body);
+    assert_eq!(p.data()["memory"], "on_disk", "{}", p.body);
+    assert!(has_chain(&s, &listed), "its rules stay while it is on disk");
+    let r = s.post(&format!("/api/v1/sandboxes/{listed}/resume"), json!({}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        reach(&s, &listed, &[PUBLIC, PRIVATE, METADATA]),
+        [true, false, false],
+        "after the resume"
+    );
+
+    // A snapshot with memory of a sandbox with a link is a conflict (its network stack would go
+    // with it), and changes nothing: the sandbox runs on.
+    let snap = s.post(
+        &format!("/api/v1/sandboxes/{listed}/snapshots"),
+        json!({ "memory": true }),
+    );
+    snap.assert_error(409, "CONFLICT");
+    assert!(
+        snap.body.to_string().contains("network link"),
+        "{}",
+        snap.body
+    );
+    assert_eq!(reach(&s, &listed, &[PUBLIC]), [true]);
+
+    // Destroyed: its rules and its kept namespace go.
+    for id in [&closed, &open, &listed] {
+        assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+        assert!(chain_goes(&s, id), "the rules of {id} stay");
+        let dir = s.data_dir().join("gvisor").join(id.as_str());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while dir.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!dir.exists(), "{} is left", dir.display());
+    }
 }

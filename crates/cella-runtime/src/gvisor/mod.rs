@@ -93,14 +93,12 @@
 //! Not on gVisor yet (refused with [`DriverError::Unsupported`] naming it): layer export
 //! (template builds), and a snapshot with memory of a sandbox with a link.
 //!
-//! Known limit, cause not found: a restore sometimes starts with the agent (PID 1) faulting at
-//! once (a null read in tokio's I/O driver, `dispatch_event`, its stack holding other data),
-//! the same image every time it is restored. Seen after one to three checkpoints of a sandbox
-//! where a program allocates and frees memory in a loop or the code interpreter ran, with this
-//! driver's builds of before and after snapshots; a bare `runsc` container with such programs
-//! (same flags and limits, no agent) went through six checkpoints and restores intact. The
-//! resume or the snapshot then fails and the sandbox stays on disk.
+//! A restore used to start, now and then, with the agent (PID 1) dying of a `SIGSEGV` in tokio's
+//! I/O driver, the same image every time: this runsc resurrects deleted epoll interests at a
+//! restore, with their old user data (freed pointers for tokio). The agent quiets every interest
+//! before deleting it, so one that comes back is a harmless wake-up; see [`epoll`].
 
+pub mod epoll;
 pub mod spec;
 
 use crate::cgroup::{self, Limits};
@@ -157,13 +155,6 @@ const IMAGE_FILE: &str = "checkpoint.img";
 const LAUNCH_FILE: &str = "launch.json";
 /// The sandbox's network namespace, bound in its directory while it has a link.
 const NETNS_FILE: &str = "netns";
-/// How long the host waits between the agent's quiesce and the checkpoint. The agent's last
-/// closes (its listener, its connections, the host's end of the quiesce call) notify its epoll
-/// instance; a notification that lands while runsc 20221219 saves the epoll state can leave a
-/// removed interest in the saved ready list, and the restored agent then crashes in its event
-/// loop on that interest's stale user data (every restore of that image). Measured: without
-/// the wait, 4 in 10 resumes of a busy sandbox failed so under load.
-const QUIESCE_SETTLE: Duration = Duration::from_millis(50);
 /// Longest wait for the agent to close its connections before a checkpoint.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -917,8 +908,6 @@ impl Driver for GvisorDriver {
             let _ = self.wake(handle).await;
             return Err(DriverError::Agent(format!("quiescing the agent: {e}")));
         }
-        // Let the closes settle before the save: see [`QUIESCE_SETTLE`].
-        tokio::time::sleep(QUIESCE_SETTLE).await;
         let this = self.clone();
         let h = handle.clone();
         let saved = tokio::task::spawn_blocking(move || this.checkpoint(&h))
@@ -1235,6 +1224,8 @@ fn launch_run() -> Result<(i32, Option<crate::namespace::net::NetInfo>), String>
 /// serves.
 pub fn agent_main(nofile: u64) -> i32 {
     use std::os::fd::AsRawFd;
+    // Before any epoll instance exists: see [`epoll`].
+    epoll::quiet_deleted_interests();
     let listener = match std::os::unix::net::UnixListener::bind(spec::AGENT_SOCKET) {
         Ok(l) => l,
         Err(e) => {
