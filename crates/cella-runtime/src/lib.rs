@@ -8,6 +8,7 @@
 
 pub mod cgroup;
 pub mod disk;
+pub mod diskpool;
 pub mod dispatch;
 pub mod firewall;
 pub mod gvisor;

@@ -506,8 +506,8 @@ async fn request_context(mut req: Request, next: Next) -> Response {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let has_body = declared.is_some_and(|n| n > 0)
-        || req.headers().contains_key(header::TRANSFER_ENCODING);
+    let has_body =
+        declared.is_some_and(|n| n > 0) || req.headers().contains_key(header::TRANSFER_ENCODING);
     let read_to_end = Arc::new(std::sync::atomic::AtomicBool::new(!has_body));
     if has_body {
         let (parts, body) = req.into_parts();
@@ -640,6 +640,11 @@ fn namespace_backend(config: &Config, instance: &str) -> Result<Backend, ServeEr
     let ids = user_namespaces(config, dir, &image)?;
     let mut driver = NamespaceDriver::new(dir, agent_exe, instance)?
         .with_disk_quota(config.disk.quota)
+        .with_disk_pool(if config.disk.quota {
+            config.disk.pool as usize
+        } else {
+            0
+        })?
         .with_userns(ids)
         .with_file_limits(cella_runtime::namespace::FileLimits {
             per_process: config.limits.open_files,
@@ -1113,8 +1118,8 @@ async fn body_idle(State(state): State<Arc<AppState>>, req: Request, next: Next)
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let has_body = declared.is_some_and(|n| n > 0)
-        || req.headers().contains_key(header::TRANSFER_ENCODING);
+    let has_body =
+        declared.is_some_and(|n| n > 0) || req.headers().contains_key(header::TRANSFER_ENCODING);
     if !has_body {
         return next.run(req).await;
     }
