@@ -546,7 +546,6 @@ impl NamespaceDriver {
             }
             answer = next_line();
         }
-        drop(next_line);
         let _ = child.wait();
         tracing::debug!(
             sandbox = spec.id,
