@@ -286,6 +286,27 @@ fn a_fork_gives_independent_copies_and_the_source_runs_on() {
         s.get(&format!("/api/v1/sandboxes/{a}")).data()["state"],
         "paused"
     );
+    // A fork of one child (its disk is the fork's own copy, moved in): the source's files, its
+    // own from then on, and no snapshot files left behind.
+    let only = r.body["data"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(read(&s, &only, "/home/user/state.txt"), "orig");
+    write(&s, &only, "/home/user/state.txt", "only");
+    assert_eq!(read(&s, &only, "/home/user/state.txt"), "only");
+    let left: Vec<_> = std::fs::read_dir(s.data_dir().join("snapshots"))
+        .map(|d| d.flatten().collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{a}/resume"), json!({}))
+            .status,
+        200
+    );
+    assert_eq!(read(&s, &a, "/home/user/state.txt"), "orig");
+    assert_eq!(
+        s.post(&format!("/api/v1/sandboxes/{a}/pause"), json!({}))
+            .status,
+        200
+    );
 
     // Bad counts, and forks past the plan cap, make nothing.
     for bad in [

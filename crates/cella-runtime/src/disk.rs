@@ -33,7 +33,16 @@ pub fn ensure_image(dir: &Path, size_mb: u32) -> Result<std::path::PathBuf, Driv
     if img.exists() {
         return Ok(img);
     }
-    let tmp = dir.join(format!("{IMAGE}.tmp"));
+    format_image(&img, size_mb)?;
+    Ok(img)
+}
+
+/// Formats a new sparse image of `size_mb` MiB at `img` (made as `<img>.tmp`, renamed once
+/// whole, so a file at `img` is always a whole image).
+pub fn format_image(img: &Path, size_mb: u32) -> Result<(), DriverError> {
+    let mut tmp = img.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
     let f = File::create(&tmp)?;
     f.set_len(size_mb as u64 * 1024 * 1024)?;
     drop(f);
@@ -50,7 +59,10 @@ pub fn ensure_image(dir: &Path, size_mb: u32) -> Result<std::path::PathBuf, Driv
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .output()
-        .map_err(|e| DriverError::Launch(format!("running mkfs.ext4 (install e2fsprogs): {e}")))?;
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            DriverError::Launch(format!("running mkfs.ext4 (install e2fsprogs): {e}"))
+        })?;
     if !out.status.success() {
         let _ = std::fs::remove_file(&tmp);
         return Err(DriverError::Launch(format!(
@@ -58,8 +70,8 @@ pub fn ensure_image(dir: &Path, size_mb: u32) -> Result<std::path::PathBuf, Driv
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
-    std::fs::rename(&tmp, &img)?;
-    Ok(img)
+    std::fs::rename(&tmp, img)?;
+    Ok(())
 }
 
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;

@@ -166,6 +166,10 @@ impl Driver for Dispatch {
         self.namespace.delete_snapshot(snapshot_id).await
     }
 
+    async fn give_snapshot(&self, snapshot_id: &str, id: &str) -> Result<bool, DriverError> {
+        self.namespace.give_snapshot(snapshot_id, id).await
+    }
+
     async fn update_network(
         &self,
         handle: &SandboxHandle,

@@ -8,6 +8,7 @@
 
 pub mod cgroup;
 pub mod disk;
+pub mod diskpool;
 pub mod dispatch;
 pub mod firewall;
 pub mod gvisor;
@@ -258,6 +259,13 @@ pub trait Driver: Send + Sync + 'static {
 
     /// Removes a snapshot's files. Idempotent.
     async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), DriverError>;
+
+    /// Gives a snapshot's files to sandbox `id`, which has none yet and boots from it next:
+    /// moved, not copied (a fork of one child, whose snapshot is deleted after the boot).
+    /// Answers whether it did; `false` (the default) leaves the boot to copy them.
+    async fn give_snapshot(&self, _snapshot_id: &str, _id: &str) -> Result<bool, DriverError> {
+        Ok(false)
+    }
 
     /// Replaces a running sandbox's egress rules.
     async fn update_network(

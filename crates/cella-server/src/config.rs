@@ -453,11 +453,17 @@ pub struct DiskConfig {
     /// Give each sandbox a file system of exactly its `disk_size_mb` (a sparse ext4 image;
     /// needs mkfs.ext4 and loop devices). Off: the writable layer is a plain directory.
     pub quota: bool,
+    /// Formatted disk images kept ready per disk size (`cella_runtime::diskpool`), so a first
+    /// boot need not format its own. 0: none.
+    pub pool: u32,
 }
 
 impl Default for DiskConfig {
     fn default() -> Self {
-        DiskConfig { quota: true }
+        DiskConfig {
+            quota: true,
+            pool: 2,
+        }
     }
 }
 

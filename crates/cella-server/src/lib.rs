@@ -640,6 +640,11 @@ fn namespace_backend(config: &Config, instance: &str) -> Result<Backend, ServeEr
     let ids = user_namespaces(config, dir, &image)?;
     let mut driver = NamespaceDriver::new(dir, agent_exe, instance)?
         .with_disk_quota(config.disk.quota)
+        .with_disk_pool(if config.disk.quota {
+            config.disk.pool as usize
+        } else {
+            0
+        })?
         .with_userns(ids)
         .with_file_limits(cella_runtime::namespace::FileLimits {
             per_process: config.limits.open_files,

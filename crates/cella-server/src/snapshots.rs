@@ -336,6 +336,16 @@ async fn make_children(
         ids.push(child.id);
     }
     cella_crash::crash_point!("fork.after_children_insert");
+    // One child on the namespace runtime takes the fork's own snapshot files (deleted after the
+    // boot anyway) instead of a copy of them: one copy of the source's disk per fork, not two.
+    if let [only] = ids.as_slice() {
+        if !snap.memory && source.isolation == Runtime::Namespace.as_str() {
+            match state.driver.give_snapshot(&snap.id, only).await {
+                Ok(_) => {}
+                Err(e) => tracing::warn!(sandbox = only, "moving a fork's files: {e}"),
+            }
+        }
+    }
     let boots: Vec<_> = ids
         .iter()
         .map(|cid| {

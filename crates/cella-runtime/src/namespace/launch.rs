@@ -11,8 +11,9 @@
 //! freezer hierarchies), starts the launcher with an empty environment and sends it the cgroup's
 //! path as the first line of its stdin; while the launcher joins that cgroup, the driver makes the
 //! sandbox's disk at its first boot (a copy of the snapshot's image when `SandboxSpec::snapshot`
-//! is set, else `disk::ensure_image`) and writes `launch.json` (with the subnet and a first slot to
-//! try, when the sandbox gets a network); then the whole configuration follows on stdin.
+//! is set and a fork did not move it in already, else one formatted ahead taken from the
+//! `diskpool`, else `disk::ensure_image`) and writes `launch.json` (with the subnet and a first
+//! slot to try, when the sandbox gets a network); then the whole configuration follows on stdin.
 //!
 //! The launcher closes inherited descriptors, joins the cgroup, makes the sandbox's user namespace
 //! (`userns::create`: a helper child running as the sandbox's accounting uid unshares it, the
@@ -20,7 +21,9 @@
 //! PID namespace, whose first child would otherwise be the helper), opens the host's network
 //! namespace, unshares the mount, UTS, IPC, network, PID and cgroup namespaces (all owned by the
 //! host's user namespace), sets the new network namespace's `ip_unprivileged_port_start` to 0 and
-//! `ping_group_range` to every group, makes the sandbox's link (`net::setup_inside`), and forks.
+//! `ping_group_range` to every group, makes the sandbox's link (`net::setup_inside`), prints it as
+//! a first line `{"net": {...}}` (the driver brings the host end up and installs this boot's
+//! firewall chain while the child below builds the root), and forks.
 //! The child (PID 1) applies the mount plan (`mounts::plan`: `MakePrivate`; `Disk`, the image on a
 //! free loop device with auto-clear, mounted `nosuid`, `nodev`, in this mount namespace only;
 //! `ShiftIds`; `PrepareUpper`, which writes `/etc/hostname` and `/etc/hosts` into the upper layer,
@@ -32,9 +35,10 @@
 //! disk mounted), enters the user namespace as its root (`userns::enter`), puts its standard
 //! streams on `/dev/null` and becomes the agent. The launcher prints
 //! `{"ok": true, "pid": N, "net": {...}}` and exits. The driver records pid, process start time,
-//! socket, cgroup and link as the `SandboxHandle`; with a network it configures the host end
-//! (`net::host_up`) and installs this boot's chain (until then the firewall refuses whatever the
-//! sandbox sends; a failure here ends the sandbox and fails the boot), and pings the agent.
+//! socket, cgroup and link as the `SandboxHandle`; with a network the host end (`net::host_up`)
+//! and this boot's chain were made on the first line (until then the firewall refuses whatever
+//! the sandbox sends; a failure there ends the sandbox and fails the boot; a failed boot after it
+//! removes every chain of the sandbox's id), and it pings the agent.
 
 use super::{mounts, LaunchConfig};
 use nix::sched::{unshare, CloneFlags};
@@ -140,6 +144,13 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
         _ => None,
     };
     drop(host_ns);
+    if let Some(info) = &net {
+        // The link exists now: the driver brings its host end up and installs its firewall
+        // chain while the child below builds the root (the final answer repeats it).
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", serde_json::json!({ "net": info }));
+        let _ = out.flush();
+    }
     let t_net = t0.elapsed();
     // SAFETY: the launcher is single-threaded.
     match unsafe { fork() }.map_err(step("fork"))? {

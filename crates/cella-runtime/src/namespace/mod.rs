@@ -64,6 +64,7 @@ pub struct NamespaceDriver {
     agent_exe: PathBuf,
     cgroup_parent: String,
     disk_quota: bool,
+    disks: Option<crate::diskpool::DiskPool>,
     net: Option<Network>,
     ids: Option<crate::userns::IdMap>,
     files: FileLimits,
@@ -253,6 +254,7 @@ impl NamespaceDriver {
             agent_exe,
             cgroup_parent: format!("cella/{instance}"),
             disk_quota: false,
+            disks: None,
             net: None,
             ids: None,
             files: FileLimits::default(),
@@ -310,6 +312,16 @@ impl NamespaceDriver {
     pub fn with_disk_quota(mut self, on: bool) -> Self {
         self.disk_quota = on;
         self
+    }
+
+    /// Keeps `per_size` formatted disk images of each size ready in `DATA/disks/` (see
+    /// [`crate::diskpool`]; emptied here, at the server's start).
+    pub fn with_disk_pool(mut self, per_size: usize) -> Result<Self, DriverError> {
+        self.disks = Some(crate::diskpool::DiskPool::new(
+            &self.data_dir.join("disks"),
+            per_size,
+        )?);
+        Ok(self)
     }
 
     fn sandbox_dir(&self, id: &str) -> PathBuf {
@@ -418,7 +430,10 @@ impl NamespaceDriver {
             // Its files live there, whatever the setting is now.
             Some(image)
         } else if self.disk_quota && !legacy && !spec.plain_layer {
-            Some(crate::disk::ensure_image(&dir, spec.disk_size_mb)?)
+            Some(match &self.disks {
+                Some(pool) => pool.take(&dir, spec.disk_size_mb)?,
+                None => crate::disk::ensure_image(&dir, spec.disk_size_mb)?,
+            })
         } else {
             None
         };
@@ -507,7 +522,31 @@ impl NamespaceDriver {
         cella_crash::crash_point!("runtime.launch.after_disk");
         stdin.write_all(&serde_json::to_vec(&cfg).map_err(std::io::Error::other)?)?;
         drop(stdin);
-        let out = child.wait_with_output()?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| DriverError::Launch("no launcher stdout".into()))?;
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let mut next_line =
+            || -> Option<serde_json::Value> { serde_json::from_str(&lines.next()?.ok()?).ok() };
+        let mut answer = next_line();
+        // With a link, a first line names it as soon as it exists: its host end and firewall
+        // chain are made here while the sandbox's init builds its root.
+        let mut early = None;
+        if let Some(first) = answer.as_ref().filter(|a| a.get("ok").is_none()) {
+            if let (Some(n), Some(rules)) = (&self.net, &spec.network) {
+                let t = std::time::Instant::now();
+                let made = serde_json::from_value(first["net"].clone()).ok();
+                early = Some(n.bring_up(&spec.id, made, rules));
+                tracing::debug!(
+                    sandbox = spec.id,
+                    firewall_ms = t.elapsed().as_secs_f64() * 1e3,
+                    "network up during the boot"
+                );
+            }
+            answer = next_line();
+        }
+        let _ = child.wait();
         tracing::debug!(
             sandbox = spec.id,
             cgroup_ms = t_cgroup.as_secs_f64() * 1e3,
@@ -515,7 +554,7 @@ impl NamespaceDriver {
             launch_ms = (t0.elapsed() - t_prepare).as_secs_f64() * 1e3,
             "boot phases"
         );
-        let answer: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|_| {
+        let answer = answer.ok_or_else(|| {
             let log = std::fs::read_to_string(dir.join("init.log")).unwrap_or_default();
             DriverError::Launch(format!("launcher gave no answer; its log: {}", log.trim()))
         })?;
@@ -544,19 +583,15 @@ impl NamespaceDriver {
         };
         cella_crash::crash_point!("runtime.launch.after_init");
         if let (Some(n), Some(rules)) = (&self.net, &spec.network) {
-            let t = std::time::Instant::now();
-            let made = serde_json::from_value(answer["net"].clone()).ok();
-            let (info, res) = n.bring_up(&spec.id, made, rules);
+            let (info, res) = early.unwrap_or_else(|| {
+                let made = serde_json::from_value(answer["net"].clone()).ok();
+                n.bring_up(&spec.id, made, rules)
+            });
             handle.net = info;
             if let Err(e) = res {
                 let _ = self.remove(&spec.id, Some(&handle), true);
                 return Err(e);
             }
-            tracing::debug!(
-                sandbox = spec.id,
-                firewall_ms = t.elapsed().as_secs_f64() * 1e3,
-                "network up"
-            );
         }
         cella_crash::crash_point!("runtime.launch.after_network");
         Ok(handle)
@@ -769,6 +804,20 @@ impl Driver for NamespaceDriver {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
             _ => Ok(()),
         }
+    }
+
+    async fn give_snapshot(&self, snapshot_id: &str, id: &str) -> Result<bool, DriverError> {
+        let src = self.snapshot_image(snapshot_id);
+        let dir = self.sandbox_dir(id);
+        if !src.exists() || dir.join(crate::disk::IMAGE).exists() || dir.join("upper").exists() {
+            return Ok(false);
+        }
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        // Same file system (both under the data directory): one rename. The boot then finds
+        // its image and copies nothing.
+        std::fs::rename(&src, dir.join(crate::disk::IMAGE))?;
+        Ok(true)
     }
 
     async fn update_network(

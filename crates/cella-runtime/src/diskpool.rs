@@ -1,0 +1,245 @@
+//! Disk images formatted ahead: a first boot takes one with a rename instead of running
+//! `mkfs.ext4` on its path (15-35 ms of a cold create on the development machine).
+//!
+//! The pool is the directory `DATA/disks/`: `<size_mb>-<n>.img`, each a fresh sparse image made
+//! exactly as [`crate::disk::ensure_image`] makes one (formatted, never mounted). A take renames
+//! it into the sandbox's directory, so no image is handed out twice. The pool keeps `per_size`
+//! images of each disk size a boot asked for since the server started (at most [`MAX_SIZES`]
+//! sizes; a boot of another size, or one that finds the pool empty, formats its own image as
+//! before). One background thread refills it after each take, at a lower CPU priority (nice 10)
+//! than the server, and while the size still has an image ready only once no boot took one for
+//! 150 ms (its `mkfs` would slow the boot that just took one). An image being formatted is
+//! `<name>.tmp` until whole.
+//!
+//! What a crash leaves: only files of this directory, which [`DiskPool::new`] (the server's
+//! start) removes before anything else uses it. Nothing of the pool is mounted or attached.
+//! `per_size = 0` keeps no image (and still empties the directory).
+
+use crate::DriverError;
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::Duration;
+
+/// Distinct disk sizes the pool keeps images of.
+pub const MAX_SIZES: usize = 8;
+
+/// The pool of formatted images (cheap to clone: one shared pool).
+#[derive(Clone)]
+pub struct DiskPool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    per_size: usize,
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    /// Ready images by size (MiB); a size with an entry is one the pool keeps.
+    ready: BTreeMap<u32, Vec<PathBuf>>,
+    /// The next file number.
+    next: u64,
+    /// When a boot last took an image.
+    last_take: Option<std::time::Instant>,
+}
+
+/// A refill waits until no boot took an image for this long (while the size still has one
+/// ready), so that its `mkfs` does not run beside the boot that just took one.
+const QUIET: Duration = Duration::from_millis(150);
+
+impl DiskPool {
+    /// A pool in `dir`, emptied first (images of an earlier run are never used), keeping
+    /// `per_size` images of each size once asked for one.
+    pub fn new(dir: &Path, per_size: usize) -> Result<DiskPool, DriverError> {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        let pool = DiskPool {
+            inner: Arc::new(Inner {
+                dir: dir.to_path_buf(),
+                per_size,
+                state: Mutex::default(),
+                wake: Condvar::new(),
+            }),
+        };
+        if per_size > 0 {
+            let weak = Arc::downgrade(&pool.inner);
+            std::thread::Builder::new()
+                .name("cella-diskpool".into())
+                .spawn(move || refill(weak))?;
+        }
+        Ok(pool)
+    }
+
+    /// The sandbox's image in `dir`: the one there, else one of the pool (renamed in), else a new
+    /// one formatted now. Asks the pool to refill.
+    pub fn take(&self, dir: &Path, size_mb: u32) -> Result<PathBuf, DriverError> {
+        let img = dir.join(crate::disk::IMAGE);
+        if img.exists() {
+            return Ok(img);
+        }
+        if let Some(from) = self.pop(size_mb) {
+            match std::fs::rename(&from, &img) {
+                Ok(()) => return Ok(img),
+                Err(e) => {
+                    tracing::warn!("taking {} from the disk pool: {e}", from.display());
+                    let _ = std::fs::remove_file(&from);
+                }
+            }
+        }
+        crate::disk::ensure_image(dir, size_mb)
+    }
+
+    /// A ready image of `size_mb`, if any; the size is kept from now on (room permitting).
+    fn pop(&self, size_mb: u32) -> Option<PathBuf> {
+        if self.inner.per_size == 0 {
+            return None;
+        }
+        let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !st.ready.contains_key(&size_mb) && st.ready.len() >= MAX_SIZES {
+            return None;
+        }
+        let got = st.ready.entry(size_mb).or_default().pop();
+        st.last_take = Some(std::time::Instant::now());
+        self.inner.wake.notify_one();
+        got
+    }
+
+    /// Images ready now, by size (for tests and logs).
+    pub fn ready(&self) -> BTreeMap<u32, usize> {
+        let st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.ready.iter().map(|(s, v)| (*s, v.len())).collect()
+    }
+}
+
+/// The refill thread: formats images of sizes short of `per_size` until the pool is dropped.
+fn refill(weak: Weak<Inner>) {
+    // Nice is per thread on Linux, and `mkfs` inherits this thread's: formatting ahead yields
+    // the CPU to the server's own work.
+    // SAFETY: setpriority of the calling thread.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let (size, path) = {
+            let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
+            let short = st
+                .ready
+                .iter()
+                .find(|(_, v)| v.len() < inner.per_size)
+                .map(|(s, v)| (*s, v.is_empty()));
+            let since = st.last_take.map_or(QUIET, |t| t.elapsed());
+            match short {
+                Some((_, false)) if since < QUIET => {
+                    let _ = inner.wake.wait_timeout(st, QUIET - since);
+                    continue;
+                }
+                Some((s, _)) => {
+                    st.next += 1;
+                    (s, inner.dir.join(format!("{s}-{}.img", st.next)))
+                }
+                None => {
+                    // Woken by a take, or now and then to see whether the pool is gone.
+                    let _ = inner.wake.wait_timeout(st, Duration::from_secs(5));
+                    continue;
+                }
+            }
+        };
+        match crate::disk::format_image(&path, size) {
+            Ok(()) => {
+                let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
+                st.ready.entry(size).or_default().push(path);
+            }
+            Err(e) => {
+                // Not kept until a boot asks for the size again (e.g. no mkfs.ext4: each boot
+                // then fails with the reason itself).
+                tracing::warn!(size_mb = size, "formatting a disk image ahead: {e}");
+                let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
+                if st.ready.get(&size).is_some_and(|v| v.is_empty()) {
+                    st.ready.remove(&size);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn has_mkfs() -> bool {
+        std::process::Command::new("mkfs.ext4")
+            .arg("-V")
+            .output()
+            .is_ok()
+    }
+
+    #[test]
+    fn a_take_renames_a_ready_image_and_the_pool_refills() {
+        if !has_mkfs() {
+            eprintln!("skipped: no mkfs.ext4");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("disks");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("64-1.img.tmp"), b"left by a crash").unwrap();
+        let pool = DiskPool::new(&dir, 2).unwrap();
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "emptied at start"
+        );
+        let wait_ready = |n: usize| {
+            for _ in 0..500 {
+                if pool.ready().get(&64).copied() == Some(n) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            panic!("pool never reached {n}: {:?}", pool.ready());
+        };
+        // The first boot of a size formats its own image; the pool then keeps two of it.
+        let a = tmp.path().join("a");
+        std::fs::create_dir_all(&a).unwrap();
+        let img = pool.take(&a, 64).unwrap();
+        assert_eq!(std::fs::metadata(&img).unwrap().len(), 64 << 20);
+        wait_ready(2);
+        // The next one is a ready image, renamed in: never handed out twice.
+        let b = tmp.path().join("b");
+        std::fs::create_dir_all(&b).unwrap();
+        let img = pool.take(&b, 64).unwrap();
+        assert_eq!(img, b.join(crate::disk::IMAGE));
+        assert_eq!(std::fs::metadata(&img).unwrap().len(), 64 << 20);
+        let in_pool: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        assert!(in_pool.len() <= 2, "{in_pool:?}");
+        wait_ready(2);
+        // An image already there stays.
+        let again = pool.take(&b, 64).unwrap();
+        assert_eq!(again, img);
+    }
+
+    #[test]
+    fn no_pool_formats_in_place_and_keeps_nothing() {
+        if !has_mkfs() {
+            eprintln!("skipped: no mkfs.ext4");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("disks");
+        let pool = DiskPool::new(&dir, 0).unwrap();
+        let a = tmp.path().join("a");
+        std::fs::create_dir_all(&a).unwrap();
+        pool.take(&a, 64).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(pool.ready().is_empty());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    }
+}
