@@ -632,16 +632,13 @@ fn the_disk_quota_gives_enospc_inside_and_frees_space_again() {
         200
     );
     assert_eq!(s.sh(&id, "cat /home/user/note")["stdout"], "kept\n");
-    // Destroy leaves no loop device behind.
+    // Destroy leaves no loop device behind (the teardown runs after the answer).
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
-    std::thread::sleep(Duration::from_millis(200));
-    let loops = std::process::Command::new("losetup")
-        .arg("-a")
-        .output()
-        .unwrap();
-    assert!(
-        !String::from_utf8_lossy(&loops.stdout).contains(&id),
-        "{}",
-        String::from_utf8_lossy(&loops.stdout)
-    );
+    common::eventually("the destroyed sandbox's loop device is detached", || {
+        let loops = std::process::Command::new("losetup")
+            .arg("-a")
+            .output()
+            .unwrap();
+        !String::from_utf8_lossy(&loops.stdout).contains(&id)
+    });
 }
