@@ -13,6 +13,9 @@ type WorkspaceSettings struct {
 	SessionLimitMin     int      `json:"session_limit_min"`
 	HeartbeatTimeoutSec int      `json:"heartbeat_timeout_sec"`
 	ModelAllowlist      []string `json:"model_allowlist,omitempty"`
+	// TaskRuntime is where the workspace's task runs' sandboxes run ("namespace" or
+	// "gvisor"); empty means the server's default, "namespace".
+	TaskRuntime string `json:"task_runtime,omitempty"`
 }
 
 // Workspace is a workspace (tenant).

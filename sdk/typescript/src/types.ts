@@ -612,6 +612,8 @@ export interface WorkspaceSettings {
   sessionLimitMin?: number;
   modelAllowlist?: string[];
   heartbeatTimeoutSec?: number;
+  /** Where the workspace's task runs' sandboxes run: `namespace` or `gvisor` (absent: `namespace`). */
+  taskRuntime?: string | null;
   [field: string]: unknown;
 }
 

@@ -856,7 +856,7 @@ class TaskLogChunk:
 class WorkspaceInfo:
     """A workspace (``GET /api/v1/workspaces/{id}``); ``settings`` as the server answers them
     (``tasks_enabled``, ``compute_rate``, ``session_limit_min``, ``heartbeat_timeout_sec``,
-    ``model_allowlist``)."""
+    ``model_allowlist``, ``task_runtime``)."""
 
     id: str
     name: str

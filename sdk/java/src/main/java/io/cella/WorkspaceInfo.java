@@ -18,6 +18,6 @@ public final class WorkspaceInfo extends Model {
 
     public String kind() { return str("kind"); }
 
-    /** {@code tasks_enabled}, {@code compute_rate}, {@code session_limit_min}, {@code heartbeat_timeout_sec}. */
+    /** {@code tasks_enabled}, {@code compute_rate}, {@code session_limit_min}, {@code heartbeat_timeout_sec}, {@code model_allowlist}, {@code task_runtime}. */
     public JsonNode settings() { return raw.path("settings"); }
 }
