@@ -172,7 +172,8 @@ fn ledger(s: &Server, ws: &str) -> Vec<Value> {
     r.data().as_array().unwrap().clone()
 }
 
-/// Every file under `dir` that holds `needle`.
+/// Every file under `dir` that holds `needle`. Only a file's data is read: the holes of a
+/// sparse file (the disk pool's images are mostly holes) read as zeros and cannot hold it.
 fn files_holding(dir: &Path, needle: &[u8]) -> Vec<String> {
     let mut hits = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -187,16 +188,57 @@ fn files_holding(dir: &Path, needle: &[u8]) -> Vec<String> {
             };
             if m.is_dir() {
                 stack.push(p);
-            } else if m.is_file() {
-                if let Ok(b) = std::fs::read(&p) {
-                    if b.windows(needle.len()).any(|w| w == needle) {
-                        hits.push(p.display().to_string());
-                    }
-                }
+            } else if m.is_file() && file_holds(&p, needle) {
+                hits.push(p.display().to_string());
             }
         }
     }
     hits
+}
+
+/// Whether the data extents of the file at `p` hold `needle`, read in 1 MiB chunks that
+/// overlap by the needle's length.
+fn file_holds(p: &Path, needle: &[u8]) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::fd::AsRawFd;
+    let Ok(mut f) = std::fs::File::open(p) else {
+        return false;
+    };
+    let len = f.metadata().map(|m| m.len() as i64).unwrap_or(0);
+    let mut at: i64 = 0;
+    let mut buf = vec![0u8; 1 << 20];
+    while at < len {
+        // SAFETY: lseek on a descriptor this function owns.
+        let data = unsafe { libc::lseek(f.as_raw_fd(), at, libc::SEEK_DATA) };
+        if data < 0 {
+            break; // no data past `at`
+        }
+        let hole = unsafe { libc::lseek(f.as_raw_fd(), data, libc::SEEK_HOLE) };
+        let end = if hole < 0 { len } else { hole };
+        let mut pos = data;
+        while pos < end {
+            let want = ((end - pos) as usize).min(buf.len());
+            if f.seek(SeekFrom::Start(pos as u64)).is_err() {
+                return false;
+            }
+            let Ok(n) = f.read(&mut buf[..want]) else {
+                return false;
+            };
+            if n == 0 {
+                break;
+            }
+            if buf[..n].windows(needle.len()).any(|w| w == needle) {
+                return true;
+            }
+            if pos + n as i64 >= end {
+                break;
+            }
+            // Step back by the needle's length so a match across chunks is seen.
+            pos += (n.saturating_sub(needle.len()).max(1)) as i64;
+        }
+        at = end;
+    }
+    false
 }
 
 #[test]
