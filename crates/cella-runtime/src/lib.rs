@@ -14,6 +14,7 @@ pub mod firewall;
 pub mod gvisor;
 pub mod hosted;
 pub mod namespace;
+pub mod reap;
 pub mod rootfs;
 pub mod userns;
 

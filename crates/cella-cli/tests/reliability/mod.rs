@@ -161,6 +161,23 @@ fn walk_cgroups(dir: &Path, out: &mut BTreeSet<String>, procs: &mut BTreeSet<i32
     }
 }
 
+/// A process as a leak report names it: its pid, state, parent and command line.
+pub fn describe_process(pid: i32) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " ").trim().to_string())
+        .unwrap_or_default();
+    format!(
+        "{pid} (state {}, parent {}): {cmdline}",
+        fields.first().unwrap_or(&"?"),
+        fields.get(1).unwrap_or(&"?")
+    )
+}
+
 /// Pids whose parent is `pid`.
 pub fn children_of(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
@@ -337,7 +354,11 @@ pub fn assert_back_to(s: &Server, base: &Census, tracked: &Tracked, what: &str) 
             diff("nft chains", &base.chains, &now.chains);
             // A process of the baseline that has ended is no leak (a short-lived helper of
             // the server's start, say); one that is new is.
-            let left: Vec<_> = now.procs.difference(&base.procs).cloned().collect();
+            let left: Vec<String> = now
+                .procs
+                .difference(&base.procs)
+                .map(|p| describe_process(*p))
+                .collect();
             assert!(left.is_empty(), "processes left: {left:?}");
             diff("sandbox files", &base.sandbox_files, &now.sandbox_files);
             assert_eq!(base.files, now.files, "files under the data directory");

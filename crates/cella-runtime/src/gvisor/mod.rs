@@ -608,7 +608,7 @@ impl GvisorDriver {
             std::thread::sleep(Duration::from_millis(2));
         }
         cgroup::kill(&handle.cgroup);
-        reap(handle.pid);
+        crate::reap::reap(handle.pid, handle.start_time);
         self.runsc_delete(&handle.id);
         let _ = std::fs::remove_file(dir.join("sock").join(spec::SOCKET_NAME));
         std::fs::rename(&tmp, dir.join(MEMORY_DIR))?;
@@ -751,7 +751,7 @@ impl GvisorDriver {
                     nix::sys::signal::Signal::SIGKILL,
                 );
             }
-            reap(h.pid);
+            crate::reap::reap(h.pid, h.start_time);
         }
         res?;
         self.runsc_delete(id);
@@ -812,16 +812,6 @@ fn wait_released(image: &Path) {
             return;
         }
         std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-fn reap(pid: i32) {
-    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-    for _ in 0..100 {
-        match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(2)),
-            _ => return,
-        }
     }
 }
 
@@ -939,7 +929,7 @@ impl Driver for GvisorDriver {
             let n = new.clone();
             let _ = tokio::task::spawn_blocking(move || {
                 cgroup::kill(&n.cgroup);
-                reap(n.pid);
+                crate::reap::reap(n.pid, n.start_time);
                 this.runsc_delete(&n.id);
             })
             .await;

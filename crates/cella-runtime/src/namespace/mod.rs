@@ -625,7 +625,7 @@ impl NamespaceDriver {
         let res = cgroup::kill_and_remove(&cg);
         if let Some(h) = handle {
             // The init is our child when the server is its subreaper; reap it so no zombie stays.
-            reap(h.pid);
+            crate::reap::reap(h.pid, h.start_time);
         }
         res?;
         cella_crash::crash_point!("runtime.remove.after_kill");
@@ -640,16 +640,6 @@ impl NamespaceDriver {
             std::fs::remove_dir_all(&dir)?;
         }
         Ok(())
-    }
-}
-
-fn reap(pid: i32) {
-    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-    for _ in 0..100 {
-        match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(2)),
-            _ => return,
-        }
     }
 }
 
