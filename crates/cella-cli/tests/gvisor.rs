@@ -317,6 +317,23 @@ fn unknown_runtimes_and_what_gvisor_lacks_are_refused_with_nothing_made() {
 }
 
 /// A code cell's result in sandbox `id`.
+/// An upload body that sends 64 KiB every 100 ms, `n` times: still arriving while a test
+/// pauses the sandbox.
+struct Trickle(usize);
+
+impl std::io::Read for Trickle {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.0 == 0 {
+            return Ok(0);
+        }
+        self.0 -= 1;
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let n = buf.len().min(64 * 1024);
+        buf[..n].fill(b'x');
+        Ok(n)
+    }
+}
+
 fn cell(s: &Server, id: &str, code: &str) -> Value {
     let r = s.post(
         &format!("/api/v1/sandboxes/{id}/code/run"),
@@ -718,6 +735,54 @@ fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
     let (status, body) = racing.join().unwrap().expect("the racing exec answered");
     assert_eq!(status, 409, "{body}");
     assert!(body.contains("paused"), "{body}");
+
+    // So is an upload whose body is still arriving, and a code cell still running.
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    let url = format!("{}/api/v1/sandboxes/{id}/files?path=/home/user/slow.bin", s.url);
+    let racing = std::thread::spawn(move || {
+        reqwest::blocking::Client::builder()
+            .timeout(std::time::Duration::from_secs(60))
+            .build()
+            .unwrap()
+            .put(url)
+            .bearer_auth(KEY)
+            .body(reqwest::blocking::Body::new(Trickle(40)))
+            .send()
+            .map(|r| (r.status().as_u16(), r.text().unwrap_or_default()))
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    let (status, body) = racing.join().unwrap().expect("the racing upload answered");
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("SANDBOX_NOT_RUNNING") && body.contains("paused"), "{body}");
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    // The cut upload left no file, whole or partial.
+    let r = s.get(&format!(
+        "/api/v1/sandboxes/{id}/files/list?path=/home/user"
+    ));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(!r.body.to_string().contains("slow.bin"), "{}", r.body);
+    let url = format!("{}/api/v1/sandboxes/{id}/code/run", s.url);
+    let racing = std::thread::spawn(move || {
+        reqwest::blocking::Client::builder()
+            .timeout(std::time::Duration::from_secs(60))
+            .build()
+            .unwrap()
+            .post(url)
+            .bearer_auth(KEY)
+            .json(&json!({ "code": "import time\ntime.sleep(20)\n'late'" }))
+            .send()
+            .map(|r| (r.status().as_u16(), r.text().unwrap_or_default()))
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    let (status, body) = racing.join().unwrap().expect("the racing cell answered");
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("SANDBOX_NOT_RUNNING") && body.contains("paused"), "{body}");
 
     // Destroyed while paused to disk: nothing is left, the image included.
     let d = s.delete(&format!("/api/v1/sandboxes/{id}"));

@@ -809,6 +809,33 @@ pub fn exec_answer(out: ExecOutput) -> axum::response::Response {
         .into_response()
 }
 
+/// What a call to the agent of sandbox `id` that failed with `e` answers. A call whose
+/// connection broke (not one the agent refused) may have been cut by a pause to disk (gVisor),
+/// a stop or a destroy that began while it ran: once that change is over (the sandbox's lock,
+/// bounded), a sandbox that is no longer running answers as a call made after it would (409
+/// `SANDBOX_NOT_RUNNING`, or 404 when it is gone); anything else is the agent's error for `op`.
+pub async fn agent_failure(
+    state: &AppState,
+    id: &str,
+    op: crate::service::AgentOp,
+    e: cella_agent::client::ClientError,
+) -> SandboxError {
+    use cella_agent::client::ClientError;
+    if !matches!(e, ClientError::Refused { .. }) {
+        let settled =
+            tokio::time::timeout(std::time::Duration::from_secs(30), state.locks.lock(id)).await;
+        drop(settled);
+        match state.store.sandbox(id).await {
+            Ok(Some(row)) if state_of(&row) != SandboxState::Running => {
+                return SandboxError::not_running(&row)
+            }
+            Ok(None) => return SandboxError::NotFound("sandbox"),
+            _ => {}
+        }
+    }
+    op.err()(e)
+}
+
 /// What an exec that failed in the driver answers; a sandbox found dead is recorded as such.
 pub async fn exec_failure(
     state: &AppState,

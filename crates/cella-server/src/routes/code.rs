@@ -82,12 +82,16 @@ async fn call(state: &AppState, sb: &Runnable, lang: &str, op: CodeOp) -> Result
         action: op,
         spec,
     };
-    match sb
-        .agent(state)
-        .call(&req)
-        .await
-        .map_err(AgentOp::Code.err())?
-    {
+    let answer = match sb.agent(state).call(&req).await {
+        Ok(a) => a,
+        // A cell cut by a pause, a stop or a destroy answers as one asked after it.
+        Err(e) => {
+            return Err(crate::sandboxes::agent_failure(state, &sb.row.id, AgentOp::Code, e)
+                .await
+                .into())
+        }
+    };
+    match answer {
         AgentResponse::Code { answer } => Ok(answer),
         _ => Err(SandboxError::UnexpectedAnswer("a code operation").into()),
     }

@@ -51,14 +51,43 @@ fn entry(i: FileInfo) -> FileEntry {
 }
 
 /// The agent of a running sandbox of the caller's workspace (404 / 409 otherwise).
-async fn agent(state: &AppState, auth: &Auth, id: &str) -> Result<AgentClient, ApiError> {
-    Ok(crate::service::runnable(state, auth, id)
-        .await?
-        .agent(state))
+async fn agent(state: &Arc<AppState>, auth: &Auth, id: &str) -> Result<FileAgent, ApiError> {
+    let client = crate::service::runnable(state, auth, id).await?.agent(state);
+    Ok(FileAgent {
+        client,
+        state: state.clone(),
+        id: id.to_string(),
+    })
 }
 
-pub(crate) fn agent_error(e: ClientError) -> ApiError {
-    crate::service::AgentOp::Files.err()(e).into()
+/// A running sandbox's agent, for file calls: [`FileAgent::check`] turns a failed call into
+/// its answer (a call cut by a pause, a stop or a destroy answers as one made after it).
+struct FileAgent {
+    client: AgentClient,
+    state: Arc<AppState>,
+    id: String,
+}
+
+impl std::ops::Deref for FileAgent {
+    type Target = AgentClient;
+    fn deref(&self) -> &AgentClient {
+        &self.client
+    }
+}
+
+impl FileAgent {
+    async fn check<T>(&self, r: Result<T, ClientError>) -> Result<T, ApiError> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.failure(e).await),
+        }
+    }
+
+    async fn failure(&self, e: ClientError) -> ApiError {
+        crate::sandboxes::agent_failure(&self.state, &self.id, crate::service::AgentOp::Files, e)
+            .await
+            .into()
+    }
 }
 
 /// Query parameters by name; unknown ones are refused.
@@ -112,13 +141,16 @@ fn owner(p: &HashMap<String, String>) -> Result<u32, ApiError> {
     }
 }
 
-async fn stat_entry(agent: &AgentClient, path: &str) -> Result<FileEntry, ApiError> {
+async fn stat_entry(agent: &FileAgent, path: &str) -> Result<FileEntry, ApiError> {
     match agent
-        .call(&Request::Stat {
-            path: path.to_string(),
-        })
-        .await
-        .map_err(agent_error)?
+        .check(
+            agent
+                .call(&Request::Stat {
+                    path: path.to_string(),
+                })
+                .await,
+        )
+        .await?
     {
         AgentResponse::Stat(i) => Ok(entry(i)),
         _ => Err(crate::service::SandboxError::UnexpectedAnswer("a file's stat").into()),
@@ -184,7 +216,7 @@ pub async fn upload(
             "body",
             format!("the upload was interrupted: {e}"),
         )),
-        Err(WriteError::Agent(e)) => Err(agent_error(e)),
+        Err(WriteError::Agent(e)) => Err(agent.failure(e).await),
     }
 }
 
@@ -240,19 +272,17 @@ pub async fn download(
         Some((Some(a), len)) => (a, len),
         Some((None, Some(suffix))) => {
             // The size of what the path leads to (following links), from the agent.
-            let size = agent
+            let size = agent.check(agent
                 .read_file(&path, 0, Some(0))
-                .await
-                .map_err(agent_error)?
+                .await).await?
                 .size;
             (size.saturating_sub(suffix), Some(suffix.min(size)))
         }
         Some((None, None)) => (0, None),
     };
-    let reader = agent
+    let reader = agent.check(agent
         .read_file(&path, offset, length)
-        .await
-        .map_err(agent_error)?;
+        .await).await?;
     if range.is_some() && (offset >= reader.size || reader.length == 0) {
         return Err(unsatisfiable(reader.size));
     }
@@ -304,14 +334,13 @@ pub async fn list(
             .ok_or_else(|| ApiError::invalid("limit", "limit must be from 1 to 10000"))?,
     };
     let agent = agent(&state, &auth, &id).await?;
-    match agent
+    match agent.check(agent
         .call(&Request::List {
             path,
             recursive,
             limit,
         })
-        .await
-        .map_err(agent_error)?
+        .await).await?
     {
         AgentResponse::Entries { entries, truncated } => Ok(Json(FileList {
             data: entries.into_iter().map(entry).collect(),
@@ -363,7 +392,7 @@ pub async fn mkdir(
         uid: USER_UID,
         gid: USER_UID,
     };
-    agent.call(&r).await.map_err(agent_error)?;
+    agent.check(agent.call(&r).await).await?;
     Ok(Json(Data {
         data: stat_entry(&agent, &req.path).await?,
     }))
@@ -389,13 +418,12 @@ pub async fn rename(
         }
     }
     let agent = agent(&state, &auth, &id).await?;
-    agent
+    agent.check(agent
         .call(&Request::Move {
             from: req.from,
             to: req.to.clone(),
         })
-        .await
-        .map_err(agent_error)?;
+        .await).await?;
     Ok(Json(Data {
         data: stat_entry(&agent, &req.to).await?,
     }))
@@ -416,13 +444,12 @@ pub async fn remove(
     let path = path_of(&p, "path")?;
     let recursive = flag(&p, "recursive")?;
     let agent = agent(&state, &auth, &id).await?;
-    agent
+    agent.check(agent
         .call(&Request::Remove {
             path: path.clone(),
             recursive,
         })
-        .await
-        .map_err(agent_error)?;
+        .await).await?;
     Ok(Json(Data {
         data: Deleted {
             path,
@@ -453,7 +480,7 @@ pub async fn watch(
     let path = path_of(&p, "path")?;
     let recursive = flag(&p, "recursive")?;
     let agent = agent(&state, &auth, &id).await?;
-    let watcher = agent.watch(&path, recursive).await.map_err(agent_error)?;
+    let watcher = agent.check(agent.watch(&path, recursive).await).await?;
     let stream = futures_util::stream::unfold(watcher, |mut w| async move {
         let change = w.next().await?;
         let mut data = json!({ "path": change.path, "dir": change.dir });
