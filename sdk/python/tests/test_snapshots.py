@@ -95,6 +95,11 @@ def test_snapshot_with_memory_continues_where_the_source_was(server: Server) -> 
             assert sb.run_code("counter").text == "0"
         finally:
             assert Snapshot.delete(snap.id).id == snap.id
+        # a fork of a gvisor sandbox carries its memory too, as it is now
+        (child,) = sb.fork()
+        with child:
+            assert child.info.runtime == "gvisor"
+            assert child.run_code("counter + 2").text == "2"
     finally:
         sb.kill()
 
