@@ -193,6 +193,15 @@ func TestSnapshotWithMemoryContinuesWhereTheSourceWas(t *testing.T) {
 	if ex, err := sb.RunCode(ctx, "counter", nil); err != nil || ex.Text() != "0" {
 		t.Fatalf("the source went on: %+v %v", ex, err)
 	}
+	// A fork of a gvisor sandbox carries its memory too, as it is now.
+	forks, fork, err := sb.Fork(ctx, 1, nil)
+	if err != nil || len(forks) != 1 || !fork.ProcessesCopied || !fork.FilesystemCopied {
+		t.Fatalf("fork: %+v %+v %v", forks, fork, err)
+	}
+	defer killSandbox(t, forks[0])
+	if ex, err := forks[0].RunCode(ctx, "counter + 2", nil); err != nil || ex.Text() != "2" {
+		t.Fatalf("the variable in the fork: %+v %v", ex, err)
+	}
 }
 
 func TestSnapshotWithMemoryOfANamespaceSandboxIsA400(t *testing.T) {
