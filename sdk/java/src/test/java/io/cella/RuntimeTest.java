@@ -126,6 +126,10 @@ class RuntimeTest {
             } finally {
                 assertEquals(snap.id(), Snapshot.delete(snap.id(), TestServer.admin()).id());
             }
+            try (Sandbox fork = sb.fork()) { // a fork of a gVisor sandbox carries its memory too, as it is now
+                assertEquals("gvisor", fork.info().runtime());
+                assertEquals("2", fork.runCode("counter + 2").result());
+            }
         }
     }
 
