@@ -97,6 +97,12 @@ defmodule CellaTest.RuntimeTest do
     assert {:ok, %Sandbox{state: "destroyed"}} = Sandbox.kill(from)
     assert {:ok, %Snapshot{id: id}} = Snapshot.delete(snap.id)
     assert id == snap.id
+
+    # a fork of a gvisor sandbox carries its memory too, as it is now
+    assert {:ok, [fork]} = Sandbox.fork(sb)
+    ExUnit.Callbacks.on_exit(fn -> Sandbox.kill(fork) end)
+    assert fork.runtime == "gvisor"
+    assert {:ok, %Cella.Execution{result: "2"}} = Sandbox.run_code(fork, "counter + 2")
   end
 
   test "a snapshot with memory of a namespace sandbox is a 400 naming the field" do
