@@ -18,7 +18,7 @@ func TestSnapshotsAndFork(t *testing.T) {
 		t.Fatal(err)
 	}
 	snap, err := sb.CreateSnapshot(ctx)
-	if err != nil || snap.SandboxID != sb.ID() {
+	if err != nil || snap.SandboxID != sb.ID() || snap.Memory {
 		t.Fatalf("snapshot: %+v %v", snap, err)
 	}
 	defer c.Snapshots.Delete(ctx, snap.ID)

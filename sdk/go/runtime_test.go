@@ -3,6 +3,7 @@ package cella_test
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -153,4 +154,77 @@ func contains(xs []string, x string) bool {
 		}
 	}
 	return false
+}
+
+// A snapshot with memory of a gvisor sandbox: a sandbox made from it continues where the
+// source was (a variable of the code interpreter is still there).
+func TestSnapshotWithMemoryContinuesWhereTheSourceWas(t *testing.T) {
+	if _, err := exec.LookPath("runsc"); err != nil {
+		t.Skip("runsc (gVisor) is not installed: no gvisor sandboxes here")
+	}
+	ctx := ctxFor(t, 4*time.Minute)
+	c := cella.NewClient()
+	sb := newSandbox(t, &cella.CreateOptions{Runtime: "gvisor"})
+	if ex, err := sb.RunCode(ctx, "counter = 41", nil); err != nil || !ex.OK {
+		t.Fatalf("a cell: %+v %v", ex, err)
+	}
+	snap, err := sb.CreateSnapshot(ctx, &cella.SnapshotOptions{Memory: true})
+	if err != nil || !snap.Memory || snap.SandboxID != sb.ID() {
+		t.Fatalf("snapshot with memory: %+v %v", snap, err)
+	}
+	defer func() {
+		if _, err := c.Snapshots.Delete(ctx, snap.ID); err != nil {
+			t.Errorf("deleting the snapshot: %v", err)
+		}
+	}()
+	if got, err := c.Snapshots.Get(ctx, snap.ID); err != nil || !got.Memory {
+		t.Fatalf("get: %+v %v", got, err)
+	}
+	if ex, err := sb.RunCode(ctx, "counter = 0", nil); err != nil || !ex.OK {
+		t.Fatalf("a cell: %+v %v", ex, err)
+	}
+	from := newSandbox(t, &cella.CreateOptions{SnapshotID: snap.ID})
+	if from.ID() == sb.ID() || from.Info().Runtime != "gvisor" {
+		t.Fatalf("a sandbox from the snapshot: %+v", from.Info())
+	}
+	if ex, err := from.RunCode(ctx, "counter + 1", nil); err != nil || ex.Text() != "42" {
+		t.Fatalf("the variable in the new sandbox: %+v %v", ex, err)
+	}
+	if ex, err := sb.RunCode(ctx, "counter", nil); err != nil || ex.Text() != "0" {
+		t.Fatalf("the source went on: %+v %v", ex, err)
+	}
+	// A fork of a gvisor sandbox carries its memory too, as it is now.
+	forks, fork, err := sb.Fork(ctx, 1, nil)
+	if err != nil || len(forks) != 1 || !fork.ProcessesCopied || !fork.FilesystemCopied {
+		t.Fatalf("fork: %+v %+v %v", forks, fork, err)
+	}
+	defer killSandbox(t, forks[0])
+	if ex, err := forks[0].RunCode(ctx, "counter + 2", nil); err != nil || ex.Text() != "2" {
+		t.Fatalf("the variable in the fork: %+v %v", ex, err)
+	}
+}
+
+func TestSnapshotWithMemoryOfANamespaceSandboxIsA400(t *testing.T) {
+	ctx := ctxFor(t, 2*time.Minute)
+	sb := newSandbox(t, &cella.CreateOptions{Runtime: "namespace"})
+	_, err := sb.CreateSnapshot(ctx, &cella.SnapshotOptions{Memory: true})
+	var e *cella.Error
+	if !errors.As(err, &e) || !cella.IsInvalidRequest(err) || e.Status != 400 || e.Code != "INVALID_REQUEST" {
+		t.Fatalf("want a 400 INVALID_REQUEST, got %v", err)
+	}
+	if e.Field() != "memory" || !strings.Contains(e.Message, "namespace") {
+		t.Fatalf("the field is not named: %v %v", e.Message, e.Details)
+	}
+	snaps, err := cella.NewClient().Snapshots.List(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range snaps {
+		if s.SandboxID == sb.ID() {
+			t.Fatalf("a snapshot was made: %+v", s)
+		}
+	}
+	if info, err := sb.Refresh(ctx); err != nil || info.State != "running" {
+		t.Fatalf("the sandbox after: %+v %v", info, err)
+	}
 }

@@ -392,13 +392,28 @@ type SnapshotInfo struct {
 	Size       string    `json:"size"`
 	SizeBytes  int64     `json:"size_bytes"`
 	CreatedAt  time.Time `json:"created_at"`
+	// Memory says whether it holds the sandbox's memory and processes too (a gvisor
+	// checkpoint): sandboxes made from it continue where the sandbox was.
+	Memory bool `json:"memory"`
+}
+
+// SnapshotOptions are the optional fields of CreateSnapshot.
+type SnapshotOptions struct {
+	// Memory keeps the sandbox's memory and processes too (gvisor sandboxes only; on a
+	// namespace sandbox the answer is a 400 naming "memory").
+	Memory bool
 }
 
 // CreateSnapshot copies the sandbox's files into a snapshot, from which
-// CreateOptions.SnapshotID starts new sandboxes.
-func (sb *Sandbox) CreateSnapshot(ctx context.Context) (*SnapshotInfo, error) {
+// CreateOptions.SnapshotID starts new sandboxes; with &SnapshotOptions{Memory: true} (gvisor)
+// its memory and processes too. Options after the first are ignored.
+func (sb *Sandbox) CreateSnapshot(ctx context.Context, opts ...*SnapshotOptions) (*SnapshotInfo, error) {
+	req := &request{method: "POST", path: sb.path("snapshots")}
+	if len(opts) > 0 && opts[0] != nil {
+		req.body = map[string]any{"memory": opts[0].Memory}
+	}
 	var s SnapshotInfo
-	if err := sb.c.do(ctx, &request{method: "POST", path: sb.path("snapshots")}, &s); err != nil {
+	if err := sb.c.do(ctx, req, &s); err != nil {
 		return nil, err
 	}
 	return &s, nil

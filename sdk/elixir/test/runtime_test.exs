@@ -1,9 +1,15 @@
 defmodule CellaTest.RuntimeTest do
   # Isolation runtimes: a create names one, the sandbox says which it runs on, an unknown one
-  # is a 400 naming the field, templates list theirs.
+  # is a 400 naming the field, templates list theirs; snapshots with memory on gVisor.
   use CellaTest.Case
 
-  alias Cella.{Sandbox, Commands, Template}
+  alias Cella.{Sandbox, Commands, Snapshot, Template}
+
+  # why the gVisor-only tests are skipped (nil: they run)
+  @no_runsc if System.find_executable("runsc"),
+              do: nil,
+              else: "runsc (gVisor) is not installed: no gvisor sandboxes here"
+  if @no_runsc, do: IO.puts("runtime_test: skipping the snapshot with memory: #{@no_runsc}")
 
   test "a namespace sandbox says so" do
     sb = sandbox!(runtime: "namespace")
@@ -69,5 +75,46 @@ defmodule CellaTest.RuntimeTest do
     assert {:ok, %Template{runtimes: ["namespace" | _]}} = Template.get("base")
     assert {:ok, all} = Template.list()
     assert "gvisor" in Enum.find(all, &(&1.id == "base")).runtimes
+  end
+
+  if @no_runsc, do: @tag(skip: @no_runsc)
+
+  test "a snapshot with memory: a sandbox made from it continues where the source was" do
+    sb = sandbox!(runtime: "gvisor")
+    assert {:ok, %Cella.Execution{ok: true}} = Sandbox.run_code(sb, "counter = 41")
+    assert {:ok, %Snapshot{memory: true} = snap} = Sandbox.create_snapshot(sb, memory: true)
+    ExUnit.Callbacks.on_exit(fn -> Snapshot.delete(snap.id) end)
+    assert snap.sandbox_id == sb.id
+    assert {:ok, %Snapshot{memory: true}} = Snapshot.get(snap.id)
+    # the source goes on; the snapshot does not
+    assert {:ok, %Cella.Execution{ok: true}} = Sandbox.run_code(sb, "counter = 0")
+
+    from = sandbox!(snapshot_id: snap.id)
+    assert from.id != sb.id and from.runtime == "gvisor"
+    assert {:ok, %Cella.Execution{result: "42"}} = Sandbox.run_code(from, "counter + 1")
+    assert {:ok, %Cella.Execution{result: "0"}} = Sandbox.run_code(sb, "counter")
+
+    assert {:ok, %Sandbox{state: "destroyed"}} = Sandbox.kill(from)
+    assert {:ok, %Snapshot{id: id}} = Snapshot.delete(snap.id)
+    assert id == snap.id
+
+    # a fork of a gvisor sandbox carries its memory too, as it is now
+    assert {:ok, [fork]} = Sandbox.fork(sb)
+    ExUnit.Callbacks.on_exit(fn -> Sandbox.kill(fork) end)
+    assert fork.runtime == "gvisor"
+    assert {:ok, %Cella.Execution{result: "2"}} = Sandbox.run_code(fork, "counter + 2")
+  end
+
+  test "a snapshot with memory of a namespace sandbox is a 400 naming the field" do
+    sb = sandbox!(runtime: "namespace")
+
+    assert {:error, %Cella.Error{reason: :invalid_request, status: 400} = e} =
+             Sandbox.create_snapshot(sb, memory: true)
+
+    assert Cella.Error.field(e) == "memory"
+    assert e.message =~ "namespace"
+    assert {:ok, snaps} = Snapshot.list()
+    refute Enum.any?(snaps, &(&1.sandbox_id == sb.id))
+    assert {:ok, %Sandbox{state: "running"}} = Sandbox.refresh(sb)
   end
 end

@@ -116,7 +116,7 @@ defmodule CellaTest.SandboxTest do
     Files.write!(sb, "/home/user/state.txt", "from the source")
 
     assert {:ok, %Snapshot{id: "snap" <> _} = snap} = Sandbox.create_snapshot(sb)
-    assert snap.sandbox_id == sb.id
+    assert snap.sandbox_id == sb.id and snap.memory == false
     assert {:ok, %Snapshot{id: id}} = Snapshot.get(snap.id)
     assert id == snap.id
     assert {:ok, snaps} = Snapshot.list()

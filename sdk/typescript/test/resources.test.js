@@ -44,6 +44,7 @@ describe('snapshots', () => {
       assert.equal(snap.size, 'xs');
       assert.ok(snap.createdAt instanceof Date);
       assert.ok(snap.sizeBytes > 0);
+      assert.equal(snap.memory, false);
       await sb.files.write(`${home}/state.txt`, 'after\n');
 
       assert.deepEqual(await Snapshot.get(snap.id, srv.opts), snap);
@@ -60,6 +61,57 @@ describe('snapshots', () => {
       assert.equal((await Snapshot.delete(snap.id, srv.opts)).id, snap.id);
       await assert.rejects(Snapshot.get(snap.id, srv.opts), NotFoundError);
       await assert.rejects(Sandbox.create({ ...srv.opts, snapshotId: snap.id }), NotFoundError);
+    } finally {
+      await sb.kill();
+    }
+  });
+
+  it('with memory on gVisor: a sandbox made from it continues where the source was; so does a fork', { skip: !hasRunsc() && 'runsc is not installed' }, async () => {
+    const sb = await Sandbox.create({ ...srv.opts, size: 'xs', runtime: 'gvisor' });
+    try {
+      assert.ok((await sb.runCode('counter = 41')).ok);
+      const snap = await sb.createSnapshot({ memory: true });
+      try {
+        assert.equal(snap.memory, true);
+        assert.equal(snap.sandboxId, sb.id);
+        assert.equal((await Snapshot.get(snap.id, srv.opts)).memory, true);
+        assert.ok((await sb.runCode('counter = 0')).ok); // the source goes on; the snapshot does not
+        const copy = await Sandbox.create({ ...srv.opts, snapshotId: snap.id });
+        try {
+          assert.notEqual(copy.id, sb.id);
+          assert.equal(copy.info.runtime, 'gvisor');
+          assert.equal((await copy.runCode('counter + 1')).text, '42');
+        } finally {
+          await copy.kill();
+        }
+        assert.equal((await sb.runCode('counter')).text, '0');
+      } finally {
+        assert.equal((await Snapshot.delete(snap.id, srv.opts)).id, snap.id);
+      }
+      const [child] = await sb.fork();
+      try {
+        assert.equal(child.info.runtime, 'gvisor');
+        assert.equal((await child.runCode('counter + 2')).text, '2');
+      } finally {
+        await child.kill();
+      }
+    } finally {
+      await sb.kill();
+    }
+  });
+
+  it('with memory on a namespace sandbox is an InvalidRequestError naming memory; nothing is made', async () => {
+    const sb = await Sandbox.create({ ...srv.opts, size: 'xs', runtime: 'namespace' });
+    try {
+      await assert.rejects(sb.createSnapshot({ memory: true }), (e) => {
+        assert.ok(e instanceof InvalidRequestError);
+        assert.equal(e.status, 400);
+        assert.equal(e.field, 'memory');
+        assert.match(e.message, /namespace/);
+        return true;
+      });
+      assert.ok(!(await Snapshot.list(srv.opts)).some((s) => s.sandboxId === sb.id));
+      assert.equal((await sb.refresh()).state, 'running');
     } finally {
       await sb.kill();
     }

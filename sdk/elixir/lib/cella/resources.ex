@@ -1,12 +1,14 @@
 defmodule Cella.Snapshot do
   @moduledoc """
-  A snapshot of a sandbox's files (`Cella.Sandbox.create_snapshot/1`), from which
-  `Cella.Sandbox.create(snapshot_id: id)` starts new sandboxes.
+  A snapshot of a sandbox's files (`Cella.Sandbox.create_snapshot/2`), from which
+  `Cella.Sandbox.create(snapshot_id: id)` starts new sandboxes. `memory` says whether it holds
+  the sandbox's memory and processes too (a gVisor checkpoint): sandboxes made from it continue
+  where the sandbox was.
   """
   import Cella, only: [defbang: 1]
   alias Cella.HTTP
 
-  use Cella.Model, [:id, :sandbox_id, :template_id, :size, :created_at, :size_bytes]
+  use Cella.Model, [:id, :sandbox_id, :template_id, :size, :created_at, :size_bytes, memory: false]
 
   @doc "The workspace's snapshots, newest first (`limit:`)."
   def list(opts \\ []) do

@@ -257,12 +257,21 @@ defmodule Cella.Sandbox do
   @doc """
   Copies the sandbox's files into a snapshot, from which `create(snapshot_id: id)` starts new
   sandboxes. A running sandbox is frozen only while the copy is taken.
+
+  `memory: true` (gVisor sandboxes) keeps its memory and processes too: sandboxes made from
+  the snapshot continue where it was (the snapshot's `memory` is `true`). On a namespace
+  sandbox it is an `:invalid_request` error naming `memory`, and nothing is made.
   """
-  @spec create_snapshot(t) :: {:ok, Cella.Snapshot.t()} | {:error, Error.t()}
-  def create_snapshot(%__MODULE__{} = sb) do
+  @spec create_snapshot(t, keyword) :: {:ok, Cella.Snapshot.t()} | {:error, Error.t()}
+  def create_snapshot(%__MODULE__{} = sb, opts \\ []) do
+    body = if Keyword.has_key?(opts, :memory), do: [json: %{memory: opts[:memory]}], else: []
+
     with {:ok, d} <-
-           HTTP.data(sb.config, :post, path(sb, "snapshots"),
-             timeout: sb.config.request_timeout + 300
+           HTTP.data(
+             sb.config,
+             :post,
+             path(sb, "snapshots"),
+             body ++ [timeout: sb.config.request_timeout + 300]
            ) do
       {:ok, Cella.Snapshot.from_map(d)}
     end
@@ -402,7 +411,7 @@ defmodule Cella.Sandbox do
     destroy: 1,
     set_timeout: 2,
     usage: 1,
-    create_snapshot: 1,
+    create_snapshot: [1, 2],
     fork: [1, 2],
     collect_artifacts: 2,
     expose: 2,

@@ -29,6 +29,11 @@ def sandbox_path(sandbox_id: str, *rest: str) -> str:
     return "/sandboxes/" + seg(sandbox_id) + "".join("/" + r for r in rest)
 
 
+def snapshot_body(memory: Optional[bool]) -> Dict[str, Any]:
+    """The request arguments of ``POST .../snapshots``: no body unless ``memory`` is given."""
+    return {} if memory is None else {"json": {"memory": memory}}
+
+
 def whole_seconds(value: Optional[float], name: str) -> Optional[int]:
     """A timeout in seconds as the whole number the server takes (rounded up)."""
     if value is None:

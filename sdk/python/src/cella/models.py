@@ -537,7 +537,8 @@ NetworkArg = Union[NetworkPolicy, Mapping[str, Any], None]
 
 @dataclass
 class SnapshotInfo:
-    """A snapshot of a sandbox's files (``GET /api/v1/snapshots/{id}``)."""
+    """A snapshot of a sandbox's files, and with ``memory`` its running state too
+    (``GET /api/v1/snapshots/{id}``)."""
 
     id: str
     sandbox_id: str
@@ -545,6 +546,9 @@ class SnapshotInfo:
     size: str
     created_at: Optional[datetime]
     size_bytes: int
+    #: Whether it holds the sandbox's memory and processes too (a ``gvisor`` checkpoint):
+    #: sandboxes made from it continue where the sandbox was.
+    memory: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -556,6 +560,7 @@ class SnapshotInfo:
             size=d.get("size", ""),
             created_at=parse_time(d.get("created_at")),
             size_bytes=int(d.get("size_bytes") or 0),
+            memory=bool(d.get("memory", False)),
             raw=dict(d),
         )
 

@@ -22,6 +22,7 @@ from ._common import (
     file_mode,
     sandbox_path,
     seg,
+    snapshot_body,
     signal_value,
     stream_error,
     whole_seconds,
@@ -389,11 +390,13 @@ class Sandbox:
     def usage(self) -> SandboxUsage:
         return SandboxUsage.from_dict(self._transport.data("GET", sandbox_path(self.id, "usage")))
 
-    def create_snapshot(self) -> SnapshotInfo:
+    def create_snapshot(self, memory: Optional[bool] = None) -> SnapshotInfo:
         """Copy the sandbox's files into a snapshot (``POST .../snapshots``), from which
         ``create(snapshot_id=...)`` starts new sandboxes. A running sandbox is frozen only
-        while the copy is taken."""
-        return SnapshotInfo.from_dict(self._transport.data("POST", sandbox_path(self.id, "snapshots")))
+        while the copy is taken. With ``memory=True`` (``gvisor`` sandboxes; on ``namespace``
+        an :class:`InvalidRequestError` naming ``memory``) its memory and processes too:
+        sandboxes made from it continue where it was."""
+        return SnapshotInfo.from_dict(self._transport.data("POST", sandbox_path(self.id, "snapshots"), **snapshot_body(memory)))
 
     def collect_artifacts(self, paths: Sequence[str]) -> List[ArtifactInfo]:
         """Keep files of the running sandbox as artifacts (globs or paths, relative to

@@ -154,8 +154,21 @@ public final class Sandbox implements AutoCloseable {
     public SandboxUsage usage() { return new SandboxUsage(transport.data("GET", Transport.sandboxPath(id(), "usage"))); }
 
     /** Copy the sandbox's files into a snapshot, from which {@code CreateOptions.snapshot(id)} starts new sandboxes. */
-    public SnapshotInfo createSnapshot() {
-        return new SnapshotInfo(transport.data("POST", Transport.sandboxPath(id(), "snapshots"), null, null, transport.config.requestTimeout().plus(Duration.ofSeconds(300))));
+    public SnapshotInfo createSnapshot() { return snapshot(null); }
+
+    /**
+     * A snapshot; with {@code memory} true (gVisor sandboxes) it keeps the sandbox's memory and processes too,
+     * so sandboxes made from it continue where it was. On a namespace sandbox {@code true} is an
+     * {@link InvalidRequestException} naming {@code memory}.
+     */
+    public SnapshotInfo createSnapshot(boolean memory) {
+        ObjectNode body = Json.object();
+        body.put("memory", memory);
+        return snapshot(Transport.Body.json(body));
+    }
+
+    private SnapshotInfo snapshot(Transport.Body body) {
+        return new SnapshotInfo(transport.data("POST", Transport.sandboxPath(id(), "snapshots"), null, body, transport.config.requestTimeout().plus(Duration.ofSeconds(300))));
     }
 
     /** Keep files of the running sandbox as artifacts (globs or paths, relative to {@code /home/user} or absolute). */

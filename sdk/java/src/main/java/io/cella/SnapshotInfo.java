@@ -4,7 +4,7 @@ import com.fasterxml.jackson.databind.JsonNode;
 import java.util.List;
 import java.util.Map;
 
-/** A snapshot: a copy of a sandbox's files, to start new sandboxes from. */
+/** A snapshot: a copy of a sandbox's files (with {@link #memory()}, of its running state too), to start new sandboxes from. */
 public final class SnapshotInfo extends Model {
     SnapshotInfo(JsonNode raw) {
         super(raw);
@@ -21,4 +21,7 @@ public final class SnapshotInfo extends Model {
     public long sizeBytes() { return num("size_bytes"); }
 
     public String createdAt() { return str("created_at"); }
+
+    /** Whether it holds the sandbox's memory and processes too (a gVisor checkpoint): sandboxes made from it continue where the sandbox was. */
+    public boolean memory() { return bool("memory"); }
 }

@@ -1,14 +1,20 @@
 package io.cella;
 
 import static org.junit.jupiter.api.Assertions.*;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
+import java.io.File;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.time.Duration;
+import java.util.Arrays;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.extension.ExtendWith;
 
-/** Isolation runtimes: a create names one, the sandbox says which it runs on, an unknown one is a 400 naming the field, templates list theirs. */
+/**
+ * Isolation runtimes: a create names one, the sandbox says which it runs on, an unknown one is a 400 naming the field,
+ * templates list theirs; snapshots with memory on gVisor.
+ */
 @ExtendWith(TestServer.class)
 class RuntimeTest {
     private static CreateOptions.Builder opts(String runtime) {
@@ -90,5 +96,53 @@ class RuntimeTest {
         assertEquals("namespace", base.runtimes().get(0));
         TemplateInfo listed = Template.list(TestServer.admin()).stream().filter(t -> t.id().equals("base")).findFirst().orElseThrow();
         assertTrue(listed.runtimes().contains("gvisor"), listed.runtimes().toString());
+    }
+
+    /** Whether runsc (gVisor) is on the PATH; the gVisor-only tests are skipped, saying so, without it. */
+    private static boolean runsc() {
+        boolean found = Arrays.stream(System.getenv().getOrDefault("PATH", "").split(File.pathSeparator))
+                .anyMatch(dir -> !dir.isEmpty() && Files.isExecutable(Path.of(dir, "runsc")));
+        if (!found) System.out.println("skipped: runsc (gVisor) is not installed: no gvisor sandboxes here");
+        return found;
+    }
+
+    @Test
+    void snapshotWithMemoryContinuesWhereTheSourceWas() {
+        assumeTrue(runsc(), "runsc (gVisor) is not installed: no gvisor sandboxes here");
+        try (Sandbox sb = Sandbox.create(opts("gvisor").build())) {
+            assertTrue(sb.runCode("counter = 41").ok());
+            SnapshotInfo snap = sb.createSnapshot(true);
+            try {
+                assertTrue(snap.memory(), snap.toString());
+                assertEquals(sb.id(), snap.sandboxId());
+                assertTrue(Snapshot.get(snap.id(), TestServer.admin()).memory());
+                assertTrue(sb.runCode("counter = 0").ok()); // the source goes on; the snapshot does not
+                try (Sandbox copy = Sandbox.create(CreateOptions.builder().snapshot(snap.id()).timeout(Duration.ofMinutes(5)).connection(TestServer.admin()).build())) {
+                    assertNotEquals(sb.id(), copy.id());
+                    assertEquals("gvisor", copy.info().runtime());
+                    assertEquals("42", copy.runCode("counter + 1").result());
+                }
+                assertEquals("0", sb.runCode("counter").result());
+            } finally {
+                assertEquals(snap.id(), Snapshot.delete(snap.id(), TestServer.admin()).id());
+            }
+            try (Sandbox fork = sb.fork()) { // a fork of a gVisor sandbox carries its memory too, as it is now
+                assertEquals("gvisor", fork.info().runtime());
+                assertEquals("2", fork.runCode("counter + 2").result());
+            }
+        }
+    }
+
+    @Test
+    void snapshotWithMemoryOfANamespaceSandboxIsA400() {
+        try (Sandbox sb = Sandbox.create(opts("namespace").build())) {
+            InvalidRequestException e = assertThrows(InvalidRequestException.class, () -> sb.createSnapshot(true));
+            assertEquals(400, e.status());
+            assertEquals("INVALID_REQUEST", e.code());
+            assertEquals("memory", e.field().orElse(null));
+            assertTrue(e.getMessage().contains("namespace"), e.getMessage());
+            assertTrue(Snapshot.list(TestServer.admin()).stream().noneMatch(s -> s.sandboxId().equals(sb.id())), "a snapshot was made");
+            assertEquals("running", sb.refresh().state());
+        }
     }
 }

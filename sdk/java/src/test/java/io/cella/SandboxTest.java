@@ -122,6 +122,7 @@ class SandboxTest {
             sb.files().write("/home/user/note.txt", "kept");
             SnapshotInfo snap = sb.createSnapshot();
             assertTrue(snap.id().startsWith("snap"), snap.toString());
+            assertFalse(snap.memory(), snap.toString());
             assertEquals(snap, Snapshot.get(snap.id(), TestServer.admin()));
             assertTrue(Snapshot.list(TestServer.admin()).stream().anyMatch(s -> s.id().equals(snap.id())));
             try (Sandbox copy = Sandbox.create(CreateOptions.builder().snapshot(snap.id()).connection(TestServer.admin()).build())) {
