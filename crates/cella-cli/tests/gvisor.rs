@@ -739,7 +739,10 @@ fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
     // So is an upload whose body is still arriving, and a code cell still running.
     let r = s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}));
     assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
-    let url = format!("{}/api/v1/sandboxes/{id}/files?path=/home/user/slow.bin", s.url);
+    let url = format!(
+        "{}/api/v1/sandboxes/{id}/files?path=/home/user/slow.bin",
+        s.url
+    );
     let racing = std::thread::spawn(move || {
         reqwest::blocking::Client::builder()
             .timeout(std::time::Duration::from_secs(60))
@@ -756,7 +759,10 @@ fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
     assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
     let (status, body) = racing.join().unwrap().expect("the racing upload answered");
     assert_eq!(status, 409, "{body}");
-    assert!(body.contains("SANDBOX_NOT_RUNNING") && body.contains("paused"), "{body}");
+    assert!(
+        body.contains("SANDBOX_NOT_RUNNING") && body.contains("paused"),
+        "{body}"
+    );
     let r = s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}));
     assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
     // The cut upload left no file, whole or partial.
@@ -782,7 +788,10 @@ fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
     assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
     let (status, body) = racing.join().unwrap().expect("the racing cell answered");
     assert_eq!(status, 409, "{body}");
-    assert!(body.contains("SANDBOX_NOT_RUNNING") && body.contains("paused"), "{body}");
+    assert!(
+        body.contains("SANDBOX_NOT_RUNNING") && body.contains("paused"),
+        "{body}"
+    );
 
     // Destroyed while paused to disk: nothing is left, the image included.
     let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
