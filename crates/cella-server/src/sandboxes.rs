@@ -315,7 +315,7 @@ fn admit_runtime(
     if !offered.contains(&runtime) {
         let why = if state.driver.supports(runtime) {
             format!(
-                "template {} has an app, which runs on the namespace runtime only",
+                "template {} does not run on it",
                 crate::catalog::public_id(&template.id)
             )
         } else {
