@@ -47,7 +47,8 @@
 //!    into the layer store (`root.part`, renamed `root` with `complete` beside it); it is
 //!    destroyed whatever happened. Overlayfs wrote the upper directory in its own format, so it
 //!    serves as a lower layer as it is.
-//! 4. At the end the image and the defaults (with the spec's `start`, `ready`, `port` and `warm`)
+//! 4. At the end the image and the defaults (with the spec's `start`, `ready`, `port`, `warm` and
+//!    `snapshot_boot`, which makes `gvisor` the template's runtime; see `crate::bootimages`)
 //!    go to the template's row and to the catalog, and the warm pool is woken for `warm`. The row
 //!    is written `ready` or `failed` (`error` names the step and why), with `finished_at`. A
 //!    build's log keeps at most 4 MiB; `GET .../builds/{build_id}` reads the progress in memory
@@ -59,7 +60,9 @@
 //!
 //! [`delete`] answers 404 for a template the workspace does not see, 409 for a built-in one and
 //! while sandboxes (pool ones excepted) or snapshots use it; it destroys the template's pool
-//! sandboxes, takes it out of the catalog, deletes its rows and gives back its charges.
+//! sandboxes, takes it out of the catalog, removes its boot images, deletes its rows and gives
+//! back its charges. A successful build removes the boot images of the template's earlier
+//! builds.
 
 use crate::auth::Auth;
 use crate::catalog::{TemplateDefaults, TemplateEntry};

@@ -90,6 +90,13 @@
 //! new `sock/`, then is told the new sandbox's hostname (`Request::SetHostname`): the image
 //! holds the source's.
 //!
+//! A template's boot image ([`SandboxSpec::boot_image`], the server's `bootimages`) is the same
+//! thing kept elsewhere: `save_boot_image` pauses a running sandbox to disk, copies it as a
+//! snapshot with memory into `<dest>.partial`, renames that to `dest` once whole (a crash in
+//! between leaves only the partial directory, crash point `runtime.gvisor.boot_image.written`)
+//! and resumes it with a new handle; a create with `boot_image` starts from that directory as
+//! from a snapshot's.
+//!
 //! Not on gVisor yet (refused with [`DriverError::Unsupported`] naming it): layer export
 //! (template builds), and a snapshot with memory of a sandbox with a link.
 //!

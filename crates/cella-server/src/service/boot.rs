@@ -1,5 +1,8 @@
 //! Booting a sandbox: its driver sandbox, then its template's app (when it has one) until
 //! that is ready; the result (`running` or `error`) is recorded through the transition table.
+//! A `snapshot_boot` template's first boot restores its boot image, or makes it once the app is
+//! ready (`crate::bootimages::boot_plan`); a sandbox restored from a checkpoint (an image, or a
+//! snapshot with memory) does not start its app again, only checks it is ready.
 //! A failed boot of a new sandbox removes what it made on the host (directory, disk image,
 //! cgroup): a sandbox in `error` holds nothing there.
 //! Also banking a boot's clock and CPU time when it ends.
