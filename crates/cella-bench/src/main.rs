@@ -531,16 +531,17 @@ fn gvisor_series(s: &Server, n: usize) -> Vec<Series> {
     series
 }
 
-/// A `snapshot_boot` template (an app that holds a little memory): a create + first exec
-/// restored from its boot image, against a cold create + first exec of the same template (an
-/// `env` of its own makes a create boot cold and start the app), and the first create, which
-/// boots cold and saves the image.
+/// A `snapshot_boot` template whose app holds 8 MiB and is ready one second after it starts
+/// (the work an app does before it serves): a create + first exec restored from its boot image,
+/// against a cold create + first exec of the same template (an `env` of its own makes a create
+/// boot cold and start the app), and the first create, which boots cold and saves the image.
 fn boot_image_series(s: &Server, n: usize) -> Vec<Series> {
     let spec = json!({
         "id": "bench-boot",
         "snapshot_boot": true,
         "default_size": "xs",
-        "start": "python3 -c 'import time; b = bytes(range(256)) * 4096 * 8; time.sleep(86400)'",
+        "start": "python3 -c 'import time; b = bytes(range(256)) * 4096 * 8; time.sleep(1); open(\"/tmp/app-ready\", \"w\").close(); time.sleep(86400)'",
+        "ready": { "command": "test -e /tmp/app-ready" },
     });
     let (st, v) = s.call(KEY, "POST", "/api/v1/templates", Some(spec));
     assert_eq!(st, 202, "building the snapshot_boot template: {v}");

@@ -1081,6 +1081,16 @@ impl Driver for GvisorDriver {
                 handle.id
             )));
         }
+        // Checked before the pause, which would be for nothing.
+        if !self
+            .sandbox_dir(&handle.id)
+            .join(crate::disk::IMAGE)
+            .exists()
+        {
+            return refused(DriverError::Unsupported(
+                "boot images need the sandbox's files in a disk image ([disk] quota = true)".into(),
+            ));
+        }
         let Some(name) = dest.file_name() else {
             return refused(DriverError::Launch(format!(
                 "{} names no directory",

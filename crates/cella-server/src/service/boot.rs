@@ -2,7 +2,7 @@
 //! that is ready; the result (`running` or `error`) is recorded through the transition table.
 //! A `snapshot_boot` template's first boot restores its boot image, or makes it once the app is
 //! ready (`crate::bootimages::boot_plan`); a sandbox restored from a checkpoint (an image, or a
-//! snapshot with memory) does not start its app again, only checks it is ready.
+//! snapshot with memory) does not start its app again nor check it (it was ready when saved).
 //! A failed boot of a new sandbox removes what it made on the host (directory, disk image,
 //! cgroup): a sandbox in `error` holds nothing there.
 //! Also banking a boot's clock and CPU time when it ends.
@@ -106,7 +106,8 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                 boot_image: None,
                 plain_layer: false,
             };
-            if let Some(snap) = &row.snapshot_id {
+            // Only its first boot comes from the snapshot (a later one boots on its own files).
+            if let (Some(snap), None) = (&row.snapshot_id, row.started_at) {
                 restored = runtime == cella_runtime::Runtime::Gvisor
                     && matches!(state.store.snapshot(snap).await, Ok(Some(s)) if s.memory);
             }
@@ -323,9 +324,9 @@ async fn save_boot_image(
     Ok(handle)
 }
 
-/// Starts the template's app (`start`) in a new sandbox (not in one `restored` from a
-/// checkpoint, where it runs already) and waits until its readiness check passes (a command
-/// that exits 0, or a port that accepts connections).
+/// Starts the template's app (`start`) in a new sandbox and waits until its readiness check
+/// passes (a command that exits 0, or a port that accepts connections). Nothing in one
+/// `restored` from a checkpoint: its app runs there already, as it was once ready.
 async fn start_template_app(
     state: &AppState,
     row: &SandboxRow,
@@ -338,6 +339,10 @@ async fn start_template_app(
     let Some(start) = t.defaults.start.clone() else {
         return Ok(());
     };
+    if restored {
+        // Its app was started and ready when its checkpoint was written; it goes on from there.
+        return Ok(());
+    }
     // The row as it will be once booted (a copy, never stored), for the exec spec's defaults.
     let mut boot_row = row.clone();
     super::transitions::apply(&mut boot_row, super::transitions::Event::Booted)?;
@@ -353,18 +358,16 @@ async fn start_template_app(
         )
         .map_err(AppStartError::Spec)?;
     let agent = state.driver.agent(handle);
-    if !restored {
-        match agent
-            .call(&cella_agent::proto::Request::Spawn {
-                spec,
-                tag: Some("template-app".into()),
-            })
-            .await
-        {
-            Ok(cella_agent::proto::Response::Started { .. }) => {}
-            Ok(other) => return Err(AppStartError::Answer(Box::new(other))),
-            Err(e) => return Err(AppStartError::Agent(e)),
-        }
+    match agent
+        .call(&cella_agent::proto::Request::Spawn {
+            spec,
+            tag: Some("template-app".into()),
+        })
+        .await
+    {
+        Ok(cella_agent::proto::Response::Started { .. }) => {}
+        Ok(other) => return Err(AppStartError::Answer(Box::new(other))),
+        Err(e) => return Err(AppStartError::Agent(e)),
     }
     let ready = t.defaults.ready.clone().unwrap_or(cella_types::ReadyCheck {
         command: None,
