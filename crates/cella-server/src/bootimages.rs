@@ -1,10 +1,14 @@
 //! Boot images of `snapshot_boot` templates: a template's first gVisor boot of a size, its app
 //! started and ready, saved (disk and checkpoint) so that later creates restore from it.
 //!
-//! An image is `DATA/boot-images/<template key>/<size>-<build id>/` (`disk.img` and
+//! An image is `DATA/boot-images/<template key>/<size>-<build id>-<stamp>/` (`disk.img` and
 //! `memory/checkpoint.img`, as a snapshot with memory holds them): one per template, size and
-//! build, owned by the server (no snapshot row, not charged to the workspace's storage), removed
-//! with its template, and those of earlier builds when a build succeeds. It is written to
+//! build, owned by the server. The stamp ([`stamp`]) names the server's executable (the agent
+//! in the image runs from it) and `runsc` (which wrote the image): after an upgrade of either,
+//! images made before are not used (a restore would fail, or run the old agent's memory over the
+//! new executable) but made again, and the start's tidy removes them. Images have no snapshot
+//! row and are not charged to the workspace's storage; they go with their template, and those
+//! of earlier builds when a build succeeds. One is written to
 //! `<name>.partial` and renamed once whole (`Driver::save_boot_image`), so a directory without
 //! that suffix is whole; `.partial` ones are what a crash left, removed at the next start
 //! ([`BootImages::tidy`]).
@@ -35,6 +39,8 @@ pub struct BootImages {
     root: Option<PathBuf>,
     /// The images being made now.
     making: Mutex<HashSet<PathBuf>>,
+    /// What the images of this server's executable and `runsc` end with.
+    stamp: String,
 }
 
 /// The making of one image, claimed (released when dropped).
@@ -58,19 +64,43 @@ fn plain(name: &str) -> bool {
     !name.is_empty() && !name.starts_with('.') && !name.contains('/') && !name.contains('\0')
 }
 
+/// A short digest of what a boot image depends on past its template: the files (size and
+/// modification time) of the server's executable and of `runsc`, when there is one.
+pub fn stamp(exe: &Path, runsc: Option<&Path>) -> String {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::MetadataExt;
+    let mut h = Sha256::new();
+    for p in std::iter::once(exe).chain(runsc) {
+        h.update(p.as_os_str().as_encoded_bytes());
+        if let Ok(m) = std::fs::metadata(p) {
+            h.update(format!(":{}:{}.{};", m.len(), m.mtime(), m.mtime_nsec()));
+        }
+    }
+    hex::encode(&h.finalize()[..6])
+}
+
 impl BootImages {
-    pub fn new(root: PathBuf) -> Self {
+    /// Images under `root`, of the server's executable and `runsc` named by `stamp`.
+    pub fn new(root: PathBuf, stamp: String) -> Self {
         BootImages {
             root: Some(root),
             making: Default::default(),
+            stamp,
         }
+    }
+
+    /// The end of the names of this build's images.
+    fn tail(&self, version: &str) -> String {
+        format!("-{version}-{}", self.stamp)
     }
 
     /// The image of template `key`'s build `version` in `size` (whether or not it exists).
     pub fn path(&self, key: &str, version: &str, size: Size) -> Option<PathBuf> {
         let root = self.root.as_ref()?;
-        (plain(key) && plain(version))
-            .then(|| root.join(key).join(format!("{}-{version}", size.as_str())))
+        (plain(key) && plain(version)).then(|| {
+            root.join(key)
+                .join(format!("{}{}", size.as_str(), self.tail(version)))
+        })
     }
 
     /// Whether that image is there, whole.
@@ -110,7 +140,7 @@ impl BootImages {
         let making = self.making.lock().expect("boot images lock").clone();
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let kept = keep.is_some_and(|v| name.ends_with(&format!("-{v}")));
+            let kept = keep.is_some_and(|v| name.ends_with(&self.tail(v)));
             let busy = making.iter().any(|m| {
                 m.file_name()
                     .is_some_and(|f| name == format!("{}{PARTIAL}", f.to_string_lossy()))
@@ -217,11 +247,11 @@ mod tests {
     #[test]
     fn paths_claims_and_tidying() {
         let tmp = tempfile::tempdir().unwrap();
-        let images = BootImages::new(tmp.path().join(DIR));
+        let images = BootImages::new(tmp.path().join(DIR), "s1".into());
         assert!(images.path("../x", "bld1", Size::Xs).is_none());
         assert!(images.path("t.k", "a/b", Size::Xs).is_none());
         let p = images.path("t.k", "bld1", Size::Xs).unwrap();
-        assert!(p.ends_with("t.k/xs-bld1"));
+        assert!(p.ends_with("t.k/xs-bld1-s1"));
         assert!(!images.ready("t.k", "bld1", Size::Xs));
         // One maker at a time; the claim goes with its guard.
         let m = images.claim(&p).unwrap();
@@ -236,15 +266,24 @@ mod tests {
         assert!(images.ready("t.k", "bld1", Size::Xs));
         drop(m);
         // A crash's partial image, an earlier build's image, another template's image.
-        let partial = tmp.path().join(DIR).join("t.k").join("small-bld1.partial");
+        let partial = tmp
+            .path()
+            .join(DIR)
+            .join("t.k")
+            .join("small-bld1-s1.partial");
         make_whole(&partial);
         let old = images.path("t.k", "bld0", Size::Xs).unwrap();
         make_whole(&old);
         let gone = images.path("u.k", "bld9", Size::Xs).unwrap();
         make_whole(&gone);
+        // Of another executable or runsc.
+        let before = BootImages::new(tmp.path().join(DIR), "s0".into());
+        let stale = before.path("t.k", "bld1", Size::Xs).unwrap();
+        make_whole(&stale);
+        assert!(!images.ready("t.k", "bld1", Size::Small));
         images.tidy(&[("t.k".into(), Some("bld1".into()))]);
         assert!(images.ready("t.k", "bld1", Size::Xs));
-        assert!(!partial.exists() && !old.exists());
+        assert!(!partial.exists() && !old.exists() && !stale.exists());
         assert!(!tmp.path().join(DIR).join("u.k").exists());
         // A partial image being made now stays; the template's delete removes the rest.
         let making = images.path("t.k", "bld1", Size::Small).unwrap();

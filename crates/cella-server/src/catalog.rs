@@ -79,9 +79,10 @@ impl Catalog {
         }
     }
 
-    /// Keeps boot images under `root` (see [`crate::bootimages`]).
-    pub fn with_boot_images(mut self, root: std::path::PathBuf) -> Self {
-        self.boot_images = crate::bootimages::BootImages::new(root);
+    /// Keeps boot images under `root`, of the executable and `runsc` that `stamp` names (see
+    /// [`crate::bootimages`]).
+    pub fn with_boot_images(mut self, root: std::path::PathBuf, stamp: String) -> Self {
+        self.boot_images = crate::bootimages::BootImages::new(root, stamp);
         self
     }
 
@@ -316,7 +317,7 @@ mod tests {
                 cella_runtime::Runtime::Namespace,
                 cella_runtime::Runtime::Gvisor,
             ])
-            .with_boot_images(tmp.path().to_path_buf());
+            .with_boot_images(tmp.path().to_path_buf(), "s".into());
         assert_eq!(c.runtimes_of(&t)[0], cella_runtime::Runtime::Gvisor);
         assert_eq!(c.readiness(&t, Size::Xs), Readiness::ColdBootOnly);
         let p = c.boot_images.path("base", "v1", Size::Xs).unwrap();
@@ -330,7 +331,7 @@ mod tests {
         plain.defaults.runtime = None;
         assert_eq!(c.readiness(&plain, Size::Xs), Readiness::ColdBootOnly);
         let host = Catalog::new(vec![], SizesConfig::default(), 0)
-            .with_boot_images(tmp.path().to_path_buf());
+            .with_boot_images(tmp.path().to_path_buf(), "s".into());
         assert_eq!(host.readiness(&t, Size::Xs), Readiness::ColdBootOnly);
     }
 

@@ -775,7 +775,13 @@ async fn assemble(
         catalog::host_memory_mb(),
     )
     .with_runtimes(runtimes)
-    .with_boot_images(config.data_dir.join(bootimages::DIR));
+    .with_boot_images(
+        config.data_dir.join(bootimages::DIR),
+        bootimages::stamp(
+            &std::env::current_exe().unwrap_or_default(),
+            cella_runtime::gvisor::find_runsc().as_deref(),
+        ),
+    );
     let limiter = ratelimit::Limiter::new(config.rate_limits.clone());
     let preview_secret = match store.meta_get("preview_secret").await? {
         Some(s) => s,
