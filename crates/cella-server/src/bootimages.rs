@@ -20,8 +20,8 @@
 //! spec) and does not start the app again. Without: the boot that claims the making (one at a
 //! time per image, [`BootImages::claim`]; a create racing it boots cold and saves nothing)
 //! boots cold, starts the app, waits for it, and saves the image; the sandbox runs on.
-//! A restore that fails (a newer `runsc` refusing an older image, say) is logged, the image is
-//! dropped, and the same create boots cold and makes the image again.
+//! A restore that fails (a damaged image, say) is logged, the image is dropped, and the same
+//! create boots cold and makes the image again.
 
 use cella_types::Size;
 use std::collections::HashSet;
