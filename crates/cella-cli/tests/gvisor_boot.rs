@@ -165,6 +165,11 @@ fn later_creates_of_a_snapshot_boot_template_restore_its_first_boot() {
     );
     assert!(!common::cgroup_dirs(&second).is_empty());
     assert_eq!(images(&s), made, "a restore makes no image");
+    // Two sandboxes of one image draw their own bytes from the kernel's random source.
+    let twin = create(&s, json!({ "template_id": "counter" }));
+    assert_eq!(count(&s, &twin).0, boot);
+    let draw = |id: &str| s.sh(id, "od -An -N16 -tx1 /dev/urandom")["stdout"].clone();
+    assert_ne!(draw(&second), draw(&twin));
 
     // A create with an env of its own boots cold (the app in the image lacks it).
     let own = create(
@@ -189,7 +194,7 @@ fn later_creates_of_a_snapshot_boot_template_restore_its_first_boot() {
     // In use: not deleted. Then deleted with its images.
     s.delete("/api/v1/templates/counter")
         .assert_error(409, "CONFLICT");
-    let all = [&first, &second, &own, &third, &fourth];
+    let all = [&first, &second, &twin, &own, &third, &fourth];
     for id in all {
         assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
     }
