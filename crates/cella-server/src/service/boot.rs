@@ -141,7 +141,7 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                             Ok(h)
                         }
                         Err(e) => {
-                            // A newer runsc, say: the image goes, and this create boots cold
+                            // A damaged image, say: it goes, and this create boots cold
                             // and makes it again.
                             tracing::warn!(
                                 sandbox = row.id,
