@@ -782,6 +782,52 @@ fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
         body.contains("SANDBOX_NOT_RUNNING") && body.contains("paused"),
         "{body}"
     );
+    // A client following a background process's output, and one following a streamed
+    // exec, each get the stream's `error` event naming the pause, not a hang or an agent error.
+    resume(&s, &id);
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        json!({ "command": "echo started; sleep 30" }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let pid = r.data()["pid"].as_i64().unwrap();
+    let url = format!("{}/api/v1/sandboxes/{id}", s.url);
+    let follow = |path: String, body: Option<serde_json::Value>| {
+        std::thread::spawn(move || {
+            let c = reqwest::blocking::Client::builder()
+                .timeout(std::time::Duration::from_secs(60))
+                .build()
+                .unwrap();
+            let req = match body {
+                Some(b) => c.post(path).json(&b),
+                None => c.get(path),
+            };
+            let r = req.bearer_auth(KEY).send().unwrap();
+            (r.status().as_u16(), r.text().unwrap_or_default())
+        })
+    };
+    let output = follow(format!("{url}/processes/{pid}/output"), None);
+    let streamed = follow(
+        format!("{url}/exec/stream"),
+        Some(json!({ "command": "echo streaming; sleep 30" })),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    for (what, t, first) in [
+        ("output", output, "started"),
+        ("stream", streamed, "streaming"),
+    ] {
+        let (status, body) = t.join().unwrap();
+        assert_eq!(status, 200, "{what}: {body}");
+        assert!(body.contains(first), "{what}: {body}");
+        assert!(
+            body.contains("event: error")
+                && body.contains("SANDBOX_NOT_RUNNING")
+                && body.contains("paused"),
+            "{what}: {body}"
+        );
+    }
 
     // Destroyed while paused to disk: nothing is left, the image included.
     let d = s.delete(&format!("/api/v1/sandboxes/{id}"));

@@ -823,10 +823,7 @@ pub async fn agent_failure(
 ) -> SandboxError {
     use cella_agent::client::ClientError;
     if !matches!(e, ClientError::Refused { .. }) {
-        let settled =
-            tokio::time::timeout(std::time::Duration::from_secs(30), state.locks.lock(id)).await;
-        drop(settled);
-        match state.store.sandbox(id).await {
+        match settled(state, id).await {
             Ok(Some(row)) if state_of(&row) != SandboxState::Running => {
                 return SandboxError::not_running(&row)
             }
@@ -835,6 +832,17 @@ pub async fn agent_failure(
         }
     }
     op.err()(e)
+}
+
+/// Sandbox `id`'s row once a change of its state that holds its lock is over (waited for at
+/// most 30 s): what a call that was cut while it ran reads to know why.
+async fn settled(
+    state: &AppState,
+    id: &str,
+) -> Result<Option<SandboxRow>, cella_store::StoreError> {
+    let lock = tokio::time::timeout(std::time::Duration::from_secs(30), state.locks.lock(id)).await;
+    drop(lock);
+    state.store.sandbox(id).await
 }
 
 /// What an exec that failed in the driver answers; a sandbox found dead is recorded as such.
@@ -852,10 +860,7 @@ pub async fn exec_failure(
     // until the resume: a command cut by a pause that began while it ran answers as a call
     // made after it would (409, paused), once the pause is over, and is not taken for dead.
     if handle.runtime == cella_runtime::Runtime::Gvisor {
-        let settled =
-            tokio::time::timeout(std::time::Duration::from_secs(30), state.locks.lock(id)).await;
-        drop(settled);
-        if let Ok(Some(row)) = state.store.sandbox(id).await {
+        if let Ok(Some(row)) = settled(state, id).await {
             if state_of(&row) != SandboxState::Running {
                 return SandboxError::not_running(&row);
             }

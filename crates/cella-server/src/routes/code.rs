@@ -68,7 +68,12 @@ fn language_query(q: &QueryPairs) -> Result<&'static str, ApiError> {
 }
 
 /// Sends one interpreter operation to the sandbox's agent.
-async fn call(state: &AppState, sb: &Runnable, lang: &str, op: CodeOp) -> Result<Value, ApiError> {
+async fn call(
+    state: &Arc<AppState>,
+    sb: &Runnable,
+    lang: &str,
+    op: CodeOp,
+) -> Result<Value, ApiError> {
     // The kernel starts, if it must, as the sandbox's user with the sandbox's environment.
     let spec = sb.spec(
         ExecRequest {
@@ -82,17 +87,8 @@ async fn call(state: &AppState, sb: &Runnable, lang: &str, op: CodeOp) -> Result
         action: op,
         spec,
     };
-    let answer = match sb.agent(state).call(&req).await {
-        Ok(a) => a,
-        // A cell cut by a pause, a stop or a destroy answers as one asked after it.
-        Err(e) => {
-            return Err(
-                crate::sandboxes::agent_failure(state, &sb.row.id, AgentOp::Code, e)
-                    .await
-                    .into(),
-            )
-        }
-    };
+    // A cell cut by a pause, a stop or a destroy answers as one asked after it.
+    let answer = sb.checked_agent(state, AgentOp::Code).ask(&req).await?;
     match answer {
         AgentResponse::Code { answer } => Ok(answer),
         _ => Err(SandboxError::UnexpectedAnswer("a code operation").into()),

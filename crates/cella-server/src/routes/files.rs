@@ -17,6 +17,7 @@
 use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::extract::{ApiBody, QueryPairs};
+use crate::service::{AgentOp, CheckedAgent};
 use crate::util::rfc3339;
 use crate::AppState;
 use axum::body::{Body, Bytes};
@@ -24,7 +25,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use cella_agent::client::{AgentClient, ClientError, WriteError};
+use cella_agent::client::WriteError;
 use cella_agent::proto::{FileInfo, Request, Response as AgentResponse};
 use cella_runtime::rootfs::USER_UID;
 use cella_types::{Data, Deleted, ErrorCode, FileEntry, FileList, MkdirRequest, MoveRequest};
@@ -51,45 +52,10 @@ fn entry(i: FileInfo) -> FileEntry {
 }
 
 /// The agent of a running sandbox of the caller's workspace (404 / 409 otherwise).
-async fn agent(state: &Arc<AppState>, auth: &Auth, id: &str) -> Result<FileAgent, ApiError> {
-    let client = crate::service::runnable(state, auth, id)
+async fn agent(state: &Arc<AppState>, auth: &Auth, id: &str) -> Result<CheckedAgent, ApiError> {
+    Ok(crate::service::runnable(state, auth, id)
         .await?
-        .agent(state);
-    Ok(FileAgent {
-        client,
-        state: state.clone(),
-        id: id.to_string(),
-    })
-}
-
-/// A running sandbox's agent, for file calls: [`FileAgent::check`] turns a failed call into
-/// its answer (a call cut by a pause, a stop or a destroy answers as one made after it).
-struct FileAgent {
-    client: AgentClient,
-    state: Arc<AppState>,
-    id: String,
-}
-
-impl std::ops::Deref for FileAgent {
-    type Target = AgentClient;
-    fn deref(&self) -> &AgentClient {
-        &self.client
-    }
-}
-
-impl FileAgent {
-    async fn check<T>(&self, r: Result<T, ClientError>) -> Result<T, ApiError> {
-        match r {
-            Ok(v) => Ok(v),
-            Err(e) => Err(self.failure(e).await),
-        }
-    }
-
-    async fn failure(&self, e: ClientError) -> ApiError {
-        crate::sandboxes::agent_failure(&self.state, &self.id, crate::service::AgentOp::Files, e)
-            .await
-            .into()
-    }
+        .checked_agent(state, AgentOp::Files))
 }
 
 /// Query parameters by name; unknown ones are refused.
@@ -143,7 +109,7 @@ fn owner(p: &HashMap<String, String>) -> Result<u32, ApiError> {
     }
 }
 
-async fn stat_entry(agent: &FileAgent, path: &str) -> Result<FileEntry, ApiError> {
+async fn stat_entry(agent: &CheckedAgent, path: &str) -> Result<FileEntry, ApiError> {
     match agent
         .check(
             agent
@@ -218,7 +184,7 @@ pub async fn upload(
             "body",
             format!("the upload was interrupted: {e}"),
         )),
-        Err(WriteError::Agent(e)) => Err(agent.failure(e).await),
+        Err(WriteError::Agent(e)) => Err(agent.failure(e).await.into()),
     }
 }
 

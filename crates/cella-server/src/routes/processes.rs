@@ -11,7 +11,6 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Json;
-use cella_agent::client::AgentClient;
 use cella_agent::proto::{ProcessInfo, Request, Response as AgentResponse};
 use cella_types::{Data, ExecRequest, ExecUser, List, Process, SignalRequest, StartProcess};
 use std::sync::Arc;
@@ -35,10 +34,13 @@ fn wire(p: ProcessInfo) -> Process {
     }
 }
 
-use crate::service::{runnable, AgentOp};
+use crate::service::{runnable, AgentOp, CheckedAgent};
 
-async fn call(agent: &AgentClient, req: &Request) -> Result<AgentResponse, ApiError> {
-    Ok(agent.call(req).await.map_err(AgentOp::Processes.err())?)
+/// The agent of a running sandbox of the caller's workspace, for process calls.
+async fn agent(state: &Arc<AppState>, auth: &Auth, id: &str) -> Result<CheckedAgent, ApiError> {
+    Ok(runnable(state, auth, id)
+        .await?
+        .checked_agent(state, AgentOp::Processes))
 }
 
 fn one(r: AgentResponse) -> Result<Process, ApiError> {
@@ -74,14 +76,14 @@ pub async fn start(
         ..Default::default()
     };
     let spec = sb.spec(exec, None)?;
-    let agent = sb.agent(&state);
-    let pid = match call(&agent, &Request::Spawn { spec, tag }).await? {
+    let agent = sb.checked_agent(&state, AgentOp::Processes);
+    let pid = match agent.ask(&Request::Spawn { spec, tag }).await? {
         AgentResponse::Started { pid } => pid,
         _ => {
             return Err(crate::service::SandboxError::UnexpectedAnswer("starting a process").into())
         }
     };
-    let p = one(call(&agent, &Request::Process { pid }).await?)?;
+    let p = one(agent.ask(&Request::Process { pid }).await?)?;
     Ok((StatusCode::CREATED, Json(Data { data: p })))
 }
 
@@ -93,8 +95,11 @@ pub async fn list(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<List<Process>>, ApiError> {
-    let handle = runnable(&state, &auth, &id).await?.handle;
-    match call(&state.driver.agent(&handle), &Request::Processes).await? {
+    match agent(&state, &auth, &id)
+        .await?
+        .ask(&Request::Processes)
+        .await?
+    {
         AgentResponse::Processes { processes } => Ok(Json(List {
             data: processes.into_iter().map(wire).collect(),
             next_cursor: None,
@@ -112,9 +117,9 @@ pub async fn get(
     auth: Auth,
     Path((id, pid)): Path<(String, i32)>,
 ) -> Result<Json<Data<Process>>, ApiError> {
-    let handle = runnable(&state, &auth, &id).await?.handle;
+    let agent = agent(&state, &auth, &id).await?;
     Ok(Json(Data {
-        data: one(call(&state.driver.agent(&handle), &Request::Process { pid }).await?)?,
+        data: one(agent.ask(&Request::Process { pid }).await?)?,
     }))
 }
 
@@ -148,13 +153,9 @@ pub async fn signal(
     let req: SignalRequest = body.json()?;
     let signal =
         signal_number(&req.signal).ok_or_else(|| ApiError::invalid("signal", "unknown signal"))?;
-    let handle = runnable(&state, &auth, &id).await?.handle;
+    let agent = agent(&state, &auth, &id).await?;
     Ok(Json(Data {
-        data: one(call(
-            &state.driver.agent(&handle),
-            &Request::Signal { pid, signal },
-        )
-        .await?)?,
+        data: one(agent.ask(&Request::Signal { pid, signal }).await?)?,
     }))
 }
 
@@ -185,19 +186,16 @@ pub async fn stdin(
             }
         }
     }
-    let handle = runnable(&state, &auth, &id).await?.handle;
-    let agent = state.driver.agent(&handle);
-    call(
-        &agent,
-        &Request::Stdin {
+    let agent = agent(&state, &auth, &id).await?;
+    agent
+        .ask(&Request::Stdin {
             pid,
             data: body.to_vec(),
             close,
-        },
-    )
-    .await?;
+        })
+        .await?;
     Ok(Json(Data {
-        data: one(call(&agent, &Request::Process { pid }).await?)?,
+        data: one(agent.ask(&Request::Process { pid }).await?)?,
     }))
 }
 
@@ -222,18 +220,15 @@ pub async fn output(
             _ => return Err(ApiError::invalid(&k, "from must be start or now")),
         }
     }
-    let handle = runnable(&state, &auth, &id).await?.handle;
-    let agent = state.driver.agent(&handle);
+    let agent = agent(&state, &auth, &id).await?;
     // Answer 404 now, not in the stream, for a pid the agent does not know.
-    one(call(&agent, &Request::Process { pid }).await?)?;
+    one(agent.ask(&Request::Process { pid }).await?)?;
     let (ev_tx, ev_rx) = tokio::sync::mpsc::channel(64);
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let busy = state.activity.busy(&id);
     tokio::spawn(async move {
-        let r = agent
-            .follow(pid, from_start, ev_tx)
-            .await
-            .map_err(|e| ApiError::from(AgentOp::Processes.err()(e)));
+        let r = agent.follow(pid, from_start, ev_tx).await;
+        let r = agent.check(r).await.map_err(ApiError::from);
         let _ = done_tx.send(r);
         drop(busy);
     });

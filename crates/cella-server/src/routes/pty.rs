@@ -101,11 +101,9 @@ pub async fn pty(
         ..Default::default()
     };
     let spec = sb.spec(req, None)?;
-    let (_pid, mut writer, mut reader) = sb
-        .agent(&state)
-        .open_pty(spec, cols, rows)
-        .await
-        .map_err(AgentOp::Pty.err())?;
+    let agent = sb.checked_agent(&state, AgentOp::Pty);
+    let opened = agent.open_pty(spec, cols, rows).await;
+    let (_pid, mut writer, mut reader) = agent.check(opened).await?;
     let busy = state.activity.busy(&id);
     Ok(ws.on_upgrade(move |socket: WebSocket| async move {
         let (mut ws_tx, mut ws_rx) = socket.split();

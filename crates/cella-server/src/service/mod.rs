@@ -42,4 +42,4 @@ pub mod transitions;
 pub use error::{
     AgentOp, LastBuild, RunError, SandboxError, SnapshotError, TaskError, TemplateError,
 };
-pub use runnable::{check_timeout, owned, runnable, Runnable};
+pub use runnable::{check_timeout, owned, runnable, CheckedAgent, Runnable};

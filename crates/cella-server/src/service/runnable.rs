@@ -2,16 +2,18 @@
 //! give me its handle", fills in what its template sets for commands, and turns an exec
 //! request into the agent's spec.
 
+use super::AgentOp;
 use super::SandboxError;
 use crate::auth::Auth;
 use crate::rows::{handle_of, state_of};
 use crate::AppState;
-use cella_agent::client::AgentClient;
+use cella_agent::client::{AgentClient, ClientError};
 use cella_runtime::rootfs::USER_UID;
 use cella_runtime::{base_env, ExecSpec, SandboxHandle};
 use cella_store::SandboxRow;
 use cella_types::{ExecRequest, ExecUser, SandboxState};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A command's timeout when none is given, and the longest one (also of a sandbox's active
 /// session).
@@ -150,6 +152,16 @@ impl Runnable {
         state.driver.agent(&self.handle)
     }
 
+    /// Its agent for calls of one kind, whose failures [`CheckedAgent::check`] answers.
+    pub fn checked_agent(&self, state: &Arc<AppState>, op: AgentOp) -> CheckedAgent {
+        CheckedAgent {
+            client: self.agent(state),
+            state: state.clone(),
+            id: self.row.id.clone(),
+            op,
+        }
+    }
+
     /// Checks an exec request and turns it into the agent's spec, with the template's working
     /// directory and user where the request leaves them open. `output_cap` bounds each stream
     /// (None for a streamed exec, which keeps nothing).
@@ -223,5 +235,48 @@ mod tests {
             e.to_string(),
             "timeout_sec: timeout_sec must be from 1 to 86400"
         );
+    }
+}
+
+/// A running sandbox's agent, for calls of one kind (`op`): a call that fails answers what
+/// [`crate::sandboxes::agent_failure`] decides, so that a call cut by a pause, a stop or a
+/// destroy answers as one made after it (409 or 404), and the agent's own refusals keep their
+/// meaning for `op`.
+#[derive(Clone)]
+pub struct CheckedAgent {
+    client: AgentClient,
+    state: Arc<AppState>,
+    id: String,
+    op: AgentOp,
+}
+
+impl std::ops::Deref for CheckedAgent {
+    type Target = AgentClient;
+    fn deref(&self) -> &AgentClient {
+        &self.client
+    }
+}
+
+impl CheckedAgent {
+    /// `r`, or the answer to its failure.
+    pub async fn check<T>(&self, r: Result<T, ClientError>) -> Result<T, SandboxError> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.failure(e).await),
+        }
+    }
+
+    /// The answer to a call that failed with `e`.
+    pub async fn failure(&self, e: ClientError) -> SandboxError {
+        crate::sandboxes::agent_failure(&self.state, &self.id, self.op.clone(), e).await
+    }
+
+    /// One request and its answer.
+    pub async fn ask(
+        &self,
+        req: &cella_agent::proto::Request,
+    ) -> Result<cella_agent::proto::Response, SandboxError> {
+        let r = self.client.call(req).await;
+        self.check(r).await
     }
 }
