@@ -56,7 +56,9 @@
 //! once whole, and the sandbox's processes end (its RAM is freed; the cgroup stays, empty).
 //! Resume runs the launcher again with the boot's input (`launch.json`: the same mounts, which
 //! a restore needs) and `runsc restore --image-path memory/` instead of `runsc run`, sends
-//! `SIGUSR2` with `runsc kill` (tried until the restored container takes it), waits for the
+//! `SIGUSR2` with `runsc kill` once runsc's state file says the restored container runs (read
+//! every 2 ms: a `runsc kill` tried before fails only after tens of milliseconds of a runsc
+//! process on the cores the restore wants; polling that way cost a resume 80-180 ms), waits for the
 //! agent to answer on its socket bound again, and removes the image; the new handle (new pid)
 //! goes back to the server. A failed checkpoint, or a quiesce that failed, wakes the agent the
 //! same way: the sandbox runs on. While the image is whole the sandbox counts as alive
@@ -661,7 +663,22 @@ impl GvisorDriver {
         let _ = std::fs::remove_file(&handle.socket);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let args = vec!["kill".to_string(), handle.id.clone(), "USR2".into()];
+        let started = std::time::Instant::now();
+        // runsc marks the container running in its state file once the restore is whole;
+        // until then each `runsc kill` fails slowly (tens of milliseconds of a runsc process,
+        // on the cores the restore wants), so the file is read first, which costs nothing.
+        let state = self
+            .runsc_root()
+            .join(format!("{0}_sandbox:{0}.state", handle.id));
+        while std::time::Instant::now() < deadline
+            && process_start_time(handle.pid) == Some(handle.start_time)
+            && !std::fs::read(&state).is_ok_and(|b| says_running(&b))
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let mut tries = 0u32;
         loop {
+            tries += 1;
             let this = self.clone();
             let a = args.clone();
             let id = handle.id.clone();
@@ -682,7 +699,16 @@ impl GvisorDriver {
                 Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
             }
         }
-        self.wait_agent(handle, deadline).await
+        let signalled = started.elapsed();
+        let r = self.wait_agent(handle, deadline).await;
+        tracing::debug!(
+            sandbox = handle.id,
+            tries,
+            signalled_ms = signalled.as_millis() as u64,
+            answered_ms = started.elapsed().as_millis() as u64,
+            "gvisor agent woken"
+        );
+        r
     }
 
     /// Waits until the agent's socket answers (it appears once the agent bound it).
@@ -794,6 +820,12 @@ fn release_netns(file: &Path) {
         let _ = nix::mount::umount2(file, nix::mount::MntFlags::MNT_DETACH);
         let _ = std::fs::remove_file(file);
     }
+}
+
+/// Whether a runsc container state file says the container is running (a file being written,
+/// not yet whole JSON, does not).
+fn says_running(state: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(state).is_ok_and(|v| v["status"] == "running")
 }
 
 /// The launcher's input of a boot turned into a restore of the checkpoint image in `image`
@@ -1359,4 +1391,20 @@ pub fn agent_main(nofile: u64) -> i32 {
             }),
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::says_running;
+
+    #[test]
+    fn a_state_file_says_running_only_when_whole_and_running() {
+        let running = br#"{"id":"sb1","spec":{"process":{"env":["X=\"status\":\"running\""]}},"status":"running","sandbox":{"pid":7}}"#;
+        assert!(says_running(running));
+        let created = br#"{"id":"sb1","spec":{"process":{"env":["X=\"status\":\"running\""]}},"status":"created"}"#;
+        assert!(!says_running(created));
+        // Half written.
+        assert!(!says_running(&running[..running.len() - 20]));
+        assert!(!says_running(b""));
+    }
 }
