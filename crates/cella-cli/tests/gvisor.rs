@@ -197,6 +197,47 @@ print('reached', reached)
 }
 
 #[test]
+fn a_gvisor_boot_takes_a_disk_formatted_ahead_by_the_pool() {
+    if !have_runsc() {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let s = Server::start();
+    // The first boot of a size formats its own disk; the pool keeps that size from then on.
+    let first = create_gvisor(&s);
+    let pool = s.data_dir().join("disks");
+    let ready = || -> Vec<u64> {
+        std::fs::read_dir(&pool)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        let n = e.file_name().to_string_lossy().to_string();
+                        n.starts_with("4096-") && n.ends_with(".img")
+                    })
+                    .map(|e| e.metadata().unwrap().ino())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    common::eventually("the pool formats an xs disk ahead", || !ready().is_empty());
+    let inodes = ready();
+    let second = create_gvisor(&s);
+    let disk = s.data_dir().join("gvisor").join(&second).join("disk.img");
+    let taken = std::fs::metadata(&disk).unwrap().ino();
+    assert!(
+        inodes.contains(&taken),
+        "the boot formatted its own disk instead of taking one of {inodes:?}"
+    );
+    // The disk is the size's: 4 GiB, written to from inside.
+    let r = s.sh(&second, "echo kept > /home/user/f && cat /home/user/f");
+    assert_eq!(r["stdout"], "kept\n", "{r}");
+    assert_eq!(std::fs::metadata(&disk).unwrap().len(), 4096 << 20);
+    for id in [first, second] {
+        assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+    }
+}
+
+#[test]
 fn templates_say_which_runtimes_they_run_on() {
     if !have_runsc() {
         return;

@@ -1,6 +1,7 @@
 //! Disk images formatted ahead: a first boot takes one with a rename instead of running
 //! `mkfs.ext4` on its path (15-35 ms of a cold create on the development machine).
 //!
+//! One pool serves both runtimes (the gVisor driver is handed the namespace driver's).
 //! The pool is the directory `DATA/disks/`: `<size_mb>-<n>.img`, each a fresh sparse image made
 //! exactly as [`crate::disk::ensure_image`] makes one (formatted, never mounted). A take renames
 //! it into the sandbox's directory, so no image is handed out twice. The pool keeps `per_size`

@@ -702,6 +702,7 @@ fn namespace_backend(config: &Config, instance: &str) -> Result<Backend, ServeEr
         Some(runsc) => Some(Arc::new(
             cella_runtime::gvisor::GvisorDriver::new(dir, agent_exe, runsc, instance)?
                 .with_disk_quota(config.disk.quota)
+                .with_disk_pool(driver.disk_pool())
                 .with_nofile(config.limits.open_files)
                 .with_network(driver.network()),
         )),

@@ -6,7 +6,8 @@
 //! runsc's state in `DATA/runsc/` (`runsc --root`, used by nobody else), and the cgroup
 //! `cella/<instance>/<id>`, shared with the namespace driver's naming.
 //!
-//! A boot: the driver makes the cgroup with the sandbox's limits, the disk image and the
+//! A boot: the driver makes the cgroup with the sandbox's limits, the disk image (taken from
+//! the namespace driver's pool of formatted ones, [`crate::diskpool`], shared) and the
 //! bundle (see [`spec::oci_spec`]), and starts `cella __gvisor-init` with a [`GvisorLaunch`] on
 //! its standard input. That launcher joins the cgroup, unshares a mount namespace of its own,
 //! applies the namespace driver's [`root_plan`](crate::namespace::mounts::root_plan) (the disk,
@@ -174,6 +175,8 @@ pub struct GvisorDriver {
     runsc: PathBuf,
     cgroup_parent: String,
     disk_quota: bool,
+    /// The namespace driver's pool of formatted disk images, shared (one directory).
+    disks: Option<crate::diskpool::DiskPool>,
     nofile: u64,
     /// The namespace driver's network (one subnet, one firewall), when sandboxes get links.
     net: Option<crate::namespace::Network>,
@@ -216,6 +219,7 @@ impl GvisorDriver {
             runsc,
             cgroup_parent: format!("cella/{instance}"),
             disk_quota: false,
+            disks: None,
             nofile: 1024,
             net: None,
         })
@@ -231,6 +235,13 @@ impl GvisorDriver {
     /// Gives every sandbox a file system of exactly its `disk_size_mb` (see [`crate::disk`]).
     pub fn with_disk_quota(mut self, on: bool) -> Self {
         self.disk_quota = on;
+        self
+    }
+
+    /// Takes first boots' disk images from `pool` (the namespace driver's, see
+    /// [`crate::diskpool`]) instead of formatting one on the boot's path.
+    pub fn with_disk_pool(mut self, pool: Option<crate::diskpool::DiskPool>) -> Self {
+        self.disks = pool;
         self
     }
 
@@ -278,7 +289,10 @@ impl GvisorDriver {
         let disk = if image.exists() {
             Some(image)
         } else if self.disk_quota && !dir.join("upper").exists() {
-            Some(crate::disk::ensure_image(&dir, spec.disk_size_mb)?)
+            Some(match &self.disks {
+                Some(pool) => pool.take(&dir, spec.disk_size_mb)?,
+                None => crate::disk::ensure_image(&dir, spec.disk_size_mb)?,
+            })
         } else {
             None
         };

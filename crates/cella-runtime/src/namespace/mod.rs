@@ -295,6 +295,11 @@ impl NamespaceDriver {
         self.net.clone()
     }
 
+    /// Its pool of formatted disk images, for the gVisor backend to share.
+    pub fn disk_pool(&self) -> Option<crate::diskpool::DiskPool> {
+        self.disks.clone()
+    }
+
     /// Runs sandboxes in user namespaces with `ids` (see [`crate::userns`]; check the host with
     /// [`crate::userns::probe`] first).
     pub fn with_userns(mut self, ids: Option<crate::userns::IdMap>) -> Self {
