@@ -628,22 +628,54 @@ fn on_gvisor_the_same_policies_hold_and_the_link_outlives_a_pause_to_disk() {
         "after the resume"
     );
 
-    // A snapshot with memory of a sandbox with a link is a conflict (its network stack would go
-    // with it), and changes nothing: the sandbox runs on.
+    // A snapshot with memory of a sandbox with a link, a sandbox created from it and a fork:
+    // each new one goes on where the source was (an interpreter's variable), on a link of its
+    // own (its own address, its own rules, the policy it was given); the source keeps its own.
+    let cell = |id: &str, code: &str| {
+        let r = s.post(
+            &format!("/api/v1/sandboxes/{id}/code/run"),
+            json!({ "code": code }),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.data()["result"].clone()
+    };
+    cell(&listed, "kept = 41");
     let snap = s.post(
         &format!("/api/v1/sandboxes/{listed}/snapshots"),
         json!({ "memory": true }),
     );
-    snap.assert_error(409, "CONFLICT");
-    assert!(
-        snap.body.to_string().contains("network link"),
-        "{}",
-        snap.body
-    );
+    assert_eq!(snap.status, 201, "{}", snap.body);
+    assert_eq!(snap.data()["memory"], true);
+    let from = s.create(json!({
+        "snapshot_id": snap.data()["id"],
+        "network": { "egress": "deny", "allow": ["198.51.100.0/24"] },
+    }));
+    let fork = s.post(&format!("/api/v1/sandboxes/{listed}/fork"), json!({}));
+    assert_eq!(fork.status, 201, "{}", fork.body);
+    let forked = fork.data()[0]["id"].as_str().unwrap().to_string();
+    let (source_addr, _) = addresses(&s, &listed);
+    let mut seen = vec![source_addr];
+    for id in [&from, &forked] {
+        assert_eq!(
+            cell(id, "kept + 1"),
+            "42",
+            "{id} did not go on from the source"
+        );
+        assert!(has_chain(&s, id), "{id} has no rules of its own");
+        assert_eq!(
+            reach(&s, id, &[PUBLIC, PRIVATE, METADATA]),
+            [true, false, false],
+            "{id}"
+        );
+        let (addr, _) = addresses(&s, id);
+        assert!(!seen.contains(&addr), "{id} shares the address {addr}");
+        seen.push(addr);
+    }
     assert_eq!(reach(&s, &listed, &[PUBLIC]), [true]);
+    assert_eq!(cell(&listed, "kept"), "41");
 
     // Destroyed: its rules and its kept namespace go.
-    for id in [&closed, &open, &listed] {
+    for id in [&closed, &open, &listed, &from, &forked] {
         assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
         assert!(chain_goes(&s, id), "the rules of {id} stay");
         let dir = s.data_dir().join("gvisor").join(id.as_str());

@@ -229,8 +229,8 @@ async fn admit(
     check_map("env", &env, true)?;
     let runtime = admit_runtime(state, req, template, snapshot.as_ref())?;
     let network = match (runtime, &req.network) {
-        // On gVisor, loopback only unless asked: a sandbox with a link cannot be snapshotted
-        // with its memory yet.
+        // On gVisor, loopback only unless asked (a link is made per boot, and its boot is the
+        // cost of a gVisor create).
         (Runtime::Gvisor, None) => cella_types::NetworkPolicy {
             egress: cella_types::Egress::Deny,
             ..Default::default()

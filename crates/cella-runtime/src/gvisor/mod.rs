@@ -32,8 +32,12 @@
 //! network namespace, so every runsc call about a linked sandbox runs there. A pause to disk
 //! keeps the namespace (link and rules stay); the restore joins it and gives `eth0` its
 //! address back (runsc took it out of the host kernel's view and scrapes it again). Destroy
-//! and stop unbind it. A snapshot with memory of a linked sandbox is refused (its network
-//! stack would go with it).
+//! and stop unbind it. A sandbox restored from another's checkpoint (a snapshot with memory,
+//! a fork's child) gets a link of its own, made at its launch as at a first boot, or none: runsc
+//! sets the network stack up from the namespace it starts in and the checkpoint's endpoints
+//! are put on it, so it takes the new address (connections open at the checkpoint do not
+//! survive the move; listeners do). Either way round works: a linked sandbox's checkpoint into
+//! one without a link (loopback only), and the other way.
 //!
 //! The agent crosses gVisor's boundary through a Unix socket: the server's executable is
 //! bound read-only into the sandbox and runs as its init (`cella __gvisor-agent`, see
@@ -101,7 +105,7 @@
 //! from a snapshot's.
 //!
 //! Not on gVisor yet (refused with [`DriverError::Unsupported`] naming it): layer export
-//! (template builds), and a snapshot with memory of a sandbox with a link.
+//! (template builds), and a boot image of a sandbox with a link.
 //!
 //! A restore used to start, now and then, with the agent (PID 1) dying of a `SIGSEGV` in tokio's
 //! I/O driver, the same image every time: this runsc resurrects deleted epoll interests at a
@@ -412,12 +416,6 @@ impl GvisorDriver {
         let json = serde_json::to_vec(&cfg).map_err(std::io::Error::other)?;
         std::fs::write(dir.join(LAUNCH_FILE), json)?;
         let (pid, start_time, made) = match &image {
-            // A checkpoint holds its network stack: a link to restore it onto is not made yet.
-            Some(_) if cfg.net.is_some() => {
-                return Err(Self::unsupported(
-                    "a network link on a sandbox started from a snapshot with memory",
-                ))
-            }
             Some(mem) => self.start(&as_restore(cfg.clone(), mem)?)?,
             None => self.start(&cfg)?,
         };
@@ -1046,15 +1044,6 @@ impl Driver for GvisorDriver {
         snapshot_id: &str,
         memory: bool,
     ) -> MemorySnapshot {
-        // Its checkpoint would hold its network stack, which a new sandbox cannot take yet.
-        if memory && handle.is_some_and(|h| h.net.is_some()) {
-            return MemorySnapshot {
-                result: Err(Self::unsupported(
-                    "a snapshot with memory of a sandbox with a network link",
-                )),
-                new_handle: None,
-            };
-        }
         let at_rest = |this: GvisorDriver| {
             let (id, snap) = (id.to_string(), snapshot_id.to_string());
             async move {
