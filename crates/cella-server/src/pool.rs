@@ -15,7 +15,13 @@
 //! does not answer, is destroyed and the next one tried (the refill boots a new one).
 //!
 //! Readiness (`GET /api/v1/templates`) reads [`Pool::ready`]: `fast_ready` only where a ready
-//! pool sandbox waits now.
+//! `namespace` pool sandbox waits now.
+//!
+//! Each pool is also per isolation runtime. `[pool] gvisor` (default 0) keeps that many `gvisor`
+//! sandboxes of each built-in template that runs on gVisor, in its default size, on a server
+//! with `runsc`: a gVisor boot takes a few hundred milliseconds, a claim a few. They boot as a
+//! create without a `network` field would (loopback only), so only such a create claims one;
+//! one that asks for a link, model access or a snapshot boots its own.
 //!
 //! - *Claim* ([`claim`]; `Store::claim_pooled`, one transaction). Its first statement reserves a
 //!   ready pool sandbox: an `UPDATE` that gives the oldest `running`, `ready` row of the pool's
@@ -42,6 +48,7 @@
 use crate::rows::state_of;
 use crate::service::boot::boot_locked;
 use crate::AppState;
+use cella_runtime::Runtime;
 use cella_store::{SandboxRow, POOL_WORKSPACE};
 use cella_types::{Readiness, SandboxState, Size, ALL_SIZES};
 use std::collections::HashMap;
@@ -50,8 +57,8 @@ use std::time::Duration;
 
 #[derive(Default)]
 pub struct Pool {
-    /// Ready pool sandboxes per (template, size), as last counted.
-    ready: Mutex<HashMap<(String, Size), i64>>,
+    /// Ready pool sandboxes per (template, size, runtime), as last counted.
+    ready: Mutex<HashMap<(String, Size, Runtime), i64>>,
     wake: tokio::sync::Notify,
     last_boot: Mutex<Option<tokio::time::Instant>>,
     /// The server is stopping: no more pool boots.
@@ -59,27 +66,32 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// How many ready sandboxes of `template` and `size` wait now.
+    /// How many ready `namespace` sandboxes of `template` and `size` wait now.
     pub fn ready(&self, template: &str, size: Size) -> i64 {
+        self.ready_on(template, size, Runtime::Namespace)
+    }
+
+    /// How many ready sandboxes of `template` and `size` on `runtime` wait now.
+    pub fn ready_on(&self, template: &str, size: Size, runtime: Runtime) -> i64 {
         *self
             .ready
             .lock()
             .expect("pool lock")
-            .get(&(template.to_string(), size))
+            .get(&(template.to_string(), size, runtime))
             .unwrap_or(&0)
     }
 
-    fn set(&self, template: &str, size: Size, n: i64) {
+    fn set(&self, template: &str, size: Size, runtime: Runtime, n: i64) {
         self.ready
             .lock()
             .expect("pool lock")
-            .insert((template.to_string(), size), n);
+            .insert((template.to_string(), size, runtime), n);
     }
 
     /// One sandbox left the pool: count it at once (readiness must not lag) and refill.
-    pub fn claimed(&self, template: &str, size: Size) {
+    pub fn claimed(&self, template: &str, size: Size, runtime: Runtime) {
         let mut m = self.ready.lock().expect("pool lock");
-        let n = m.entry((template.to_string(), size)).or_insert(0);
+        let n = m.entry((template.to_string(), size, runtime)).or_insert(0);
         *n = (*n - 1).max(0);
         drop(m);
         self.wake.notify_one();
@@ -94,6 +106,24 @@ impl Pool {
 fn target(state: &AppState, size: Size) -> i64 {
     let cfg = &state.config.pool;
     cfg.sizes.get(size.as_str()).copied().unwrap_or(cfg.default) as i64
+}
+
+/// The network policy a `gvisor` pool sandbox boots with: a create without a `network` field's.
+pub fn gvisor_default_network() -> cella_types::NetworkPolicy {
+    cella_types::NetworkPolicy {
+        egress: cella_types::Egress::Deny,
+        ..Default::default()
+    }
+}
+
+/// Whether a create of `row` (as made by `admit`) may take a pool sandbox: one the pool keeps
+/// as it would boot it.
+pub fn claimable(row: &SandboxRow) -> bool {
+    match Runtime::parse(&row.isolation) {
+        Some(Runtime::Namespace) => true,
+        Some(Runtime::Gvisor) => row.network == gvisor_default_network(),
+        None => false,
+    }
 }
 
 /// Starts the refill task.
@@ -114,6 +144,8 @@ pub fn spawn(state: Arc<AppState>) {
 pub(crate) async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::StoreError> {
     for t in state.catalog.templates() {
         let t = &t;
+        let runtimes = state.catalog.runtimes_of(t);
+        let default = runtimes.first().copied().unwrap_or_default();
         for size in ALL_SIZES {
             let want = if state.catalog.available(t, size) == Readiness::Missing {
                 0
@@ -127,31 +159,23 @@ pub(crate) async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::Sto
             } else {
                 target(state, size)
             };
-            loop {
-                let (booting, ready) = state.store.pool_counts(&t.id, size).await?;
-                state.pool().set(&t.id, size, ready);
-                if booting + ready >= want {
-                    if ready > want {
-                        trim(state, &t.id, size, ready - want).await?;
-                    }
-                    break;
-                }
-                let interval = Duration::from_millis(state.config.pool.boot_interval_ms);
-                let last = *state.pool().last_boot.lock().expect("pool lock");
-                if let Some(last) = last {
-                    tokio::time::sleep_until(last + interval).await;
-                }
-                *state.pool().last_boot.lock().expect("pool lock") =
-                    Some(tokio::time::Instant::now());
-                if state
-                    .pool()
-                    .stopping
-                    .load(std::sync::atomic::Ordering::Relaxed)
-                {
-                    return Ok(());
-                }
-                if !boot_one(state, &t.id, size).await? {
-                    break; // it failed to boot: try again at the next round
+            let mut pools = vec![(default, want)];
+            // gVisor ones beside a built-in template's namespace pool, in its default size.
+            if t.workspace_id.is_none()
+                && default != Runtime::Gvisor
+                && runtimes.contains(&Runtime::Gvisor)
+            {
+                let pooled = state.catalog.available(t, size) != Readiness::Missing;
+                let gvisor = if size == t.default_size && pooled {
+                    state.config.pool.gvisor as i64
+                } else {
+                    0
+                };
+                pools.push((Runtime::Gvisor, gvisor));
+            }
+            for (runtime, want) in pools {
+                if !top_up(state, &t.id, size, runtime, want).await? {
+                    return Ok(()); // the server is stopping
                 }
             }
         }
@@ -159,10 +183,51 @@ pub(crate) async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::Sto
     Ok(())
 }
 
+/// Boots pool sandboxes of one (template, size, runtime) up to `want`, one at a time, or
+/// removes the ready ones beyond it. False when the server is stopping.
+async fn top_up(
+    state: &Arc<AppState>,
+    template: &str,
+    size: Size,
+    runtime: Runtime,
+    want: i64,
+) -> Result<bool, cella_store::StoreError> {
+    loop {
+        let (booting, ready) = state
+            .store
+            .pool_counts(template, size, runtime.as_str())
+            .await?;
+        state.pool().set(template, size, runtime, ready);
+        if booting + ready >= want {
+            if ready > want {
+                trim(state, template, size, runtime, ready - want).await?;
+            }
+            return Ok(true);
+        }
+        let interval = Duration::from_millis(state.config.pool.boot_interval_ms);
+        let last = *state.pool().last_boot.lock().expect("pool lock");
+        if let Some(last) = last {
+            tokio::time::sleep_until(last + interval).await;
+        }
+        *state.pool().last_boot.lock().expect("pool lock") = Some(tokio::time::Instant::now());
+        if state
+            .pool()
+            .stopping
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Ok(false);
+        }
+        if !boot_one(state, template, size, runtime).await? {
+            return Ok(true); // it failed to boot: try again at the next round
+        }
+    }
+}
+
 async fn boot_one(
     state: &Arc<AppState>,
     template: &str,
     size: Size,
+    runtime: Runtime,
 ) -> Result<bool, cella_store::StoreError> {
     let (cpus, mem, disk) = size.shape();
     // A template app in the pool starts with the template's environment.
@@ -178,6 +243,12 @@ async fn boot_one(
         always_on: true,
         persistent: false,
         env,
+        isolation: runtime.as_str().to_string(),
+        network: if runtime == Runtime::Gvisor {
+            gvisor_default_network()
+        } else {
+            cella_types::NetworkPolicy::default()
+        },
         ..SandboxRow::new(
             crate::util::new_id("sb"),
             POOL_WORKSPACE.into(),
@@ -209,9 +280,12 @@ async fn boot_one(
         );
         discard(state, &row).await?;
     } else {
-        state
-            .pool()
-            .set(template, size, state.pool().ready(template, size) + 1);
+        state.pool().set(
+            template,
+            size,
+            runtime,
+            state.pool().ready_on(template, size, runtime) + 1,
+        );
     }
     Ok(ok)
 }
@@ -220,12 +294,13 @@ async fn trim(
     state: &Arc<AppState>,
     template: &str,
     size: Size,
+    runtime: Runtime,
     n: i64,
 ) -> Result<(), cella_store::StoreError> {
     let rows = state.store.pool_rows().await?;
     for r in rows
         .into_iter()
-        .filter(|r| r.template_id == template && r.size == size)
+        .filter(|r| r.template_id == template && r.size == size && r.isolation == runtime.as_str())
         .take(n as usize)
     {
         let _guard = state.locks.lock(&r.id).await;
@@ -320,7 +395,10 @@ pub async fn claim(
     cap: u32,
 ) -> Result<Option<Result<SandboxRow, ()>>, cella_store::StoreError> {
     let size = new.size;
-    if state.pool().ready(&new.template_id, size) == 0 {
+    let Some(runtime) = Runtime::parse(&new.isolation) else {
+        return Ok(None);
+    };
+    if !claimable(new) || state.pool().ready_on(&new.template_id, size, runtime) == 0 {
         return Ok(None);
     }
     let now = crate::util::now_ms();
@@ -355,7 +433,7 @@ pub async fn claim(
             }
             cella_store::Claim::AtCap => return Ok(Some(Err(()))),
         };
-        state.pool().claimed(&row.template_id, size);
+        state.pool().claimed(&row.template_id, size, runtime);
         let guard = state.locks.lock(&row.id).await;
         match crate::timing::phase(
             "agent.ping",
@@ -381,7 +459,8 @@ pub async fn claim(
     };
     let handle = crate::rows::handle_or_none(&row);
     let policy = row.network.clone();
-    if policy != cella_types::NetworkPolicy::default() {
+    // (A gVisor pool sandbox is claimed only with the policy it booted with.)
+    if runtime == Runtime::Namespace && policy != cella_types::NetworkPolicy::default() {
         if let (Some(dns), Some(h)) = (&state.network, &handle) {
             let rules = crate::network::rules(&policy, dns).await;
             if let Err(e) = state.driver.update_network(h, &rules).await {
