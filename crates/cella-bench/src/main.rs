@@ -525,9 +525,84 @@ fn gvisor_series(s: &Server, n: usize) -> Vec<Series> {
             samples: resumes,
             target: "p50 <= 500",
         });
+        series.extend(boot_image_series(s, n));
     }
 
     series
+}
+
+/// A `snapshot_boot` template whose app holds 8 MiB and is ready one second after it starts
+/// (the work an app does before it serves): a create + first exec restored from its boot image,
+/// against a cold create + first exec of the same template (an `env` of its own makes a create
+/// boot cold and start the app), and the first create, which boots cold and saves the image.
+fn boot_image_series(s: &Server, n: usize) -> Vec<Series> {
+    let spec = json!({
+        "id": "bench-boot",
+        "snapshot_boot": true,
+        "default_size": "xs",
+        "start": "python3 -c 'import time; b = bytes(range(256)) * 4096 * 8; time.sleep(1); open(\"/tmp/app-ready\", \"w\").close(); time.sleep(86400)'",
+        "ready": { "command": "test -e /tmp/app-ready" },
+    });
+    let (st, v) = s.call(KEY, "POST", "/api/v1/templates", Some(spec));
+    assert_eq!(st, 202, "building the snapshot_boot template: {v}");
+    let build = v["data"]["id"].as_str().unwrap_or_default().to_string();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let (_, b) = s.call(
+            KEY,
+            "GET",
+            &format!("/api/v1/templates/bench-boot/builds/{build}"),
+            None,
+        );
+        match b["data"]["state"].as_str() {
+            Some("ready") => break,
+            Some("failed") => panic!("the snapshot_boot template's build failed: {b}"),
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "the build did not end: {b}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let create_exec = |env: bool| {
+        let mut body = json!({ "template_id": "bench-boot", "idle_timeout_sec": 0 });
+        if env {
+            body["env"] = json!({ "COLD": "1" });
+        }
+        let t = Instant::now();
+        let (st, v) = s.call(KEY, "POST", "/api/v1/sandboxes", Some(body));
+        assert_eq!(st, 201, "create of the snapshot_boot template: {v}");
+        let id = v["data"]["id"].as_str().unwrap_or_default().to_string();
+        s.exec_true(&id);
+        (ms(t.elapsed()), id)
+    };
+    let (first, id) = create_exec(false);
+    s.destroy(KEY, &id);
+    let (mut restored, mut cold) = (Vec::new(), Vec::new());
+    for _ in 0..n.min(10) {
+        let (t, id) = create_exec(false);
+        restored.push(t);
+        s.destroy(KEY, &id);
+        let (t, id) = create_exec(true);
+        cold.push(t);
+        s.destroy(KEY, &id);
+    }
+    s.call(KEY, "DELETE", "/api/v1/templates/bench-boot", None);
+    vec![
+        Series {
+            name: "gvisor_boot_image_first_create_ms",
+            samples: vec![first],
+            target: "(none)",
+        },
+        Series {
+            name: "gvisor_boot_image_create_exec_ms",
+            samples: restored,
+            target: "p50 <= 150",
+        },
+        Series {
+            name: "gvisor_boot_template_cold_create_exec_ms",
+            samples: cold,
+            target: "(none)",
+        },
+    ]
 }
 
 fn main() {
@@ -1000,6 +1075,8 @@ fn main() {
             "gvisor_snapshot_memory_ms_p50": p("gvisor_snapshot_memory_ms", 0.5),
             "gvisor_create_from_snapshot_ms_p50": p("gvisor_create_from_snapshot_ms", 0.5),
             "gvisor_fork_memory_ms_p50": p("gvisor_fork_memory_ms", 0.5),
+            "gvisor_boot_image_create_exec_ms_p50": p("gvisor_boot_image_create_exec_ms", 0.5),
+            "gvisor_boot_template_cold_create_exec_ms_p50": p("gvisor_boot_template_cold_create_exec_ms", 0.5),
             "exec_rtt_ms_p50": p("exec_rtt_ms", 0.5),
             "exec_rtt_ms_p99": p("exec_rtt_ms", 0.99),
             "destroy_ms_p50": p("destroy_ms", 0.5),

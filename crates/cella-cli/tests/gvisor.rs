@@ -317,6 +317,41 @@ fn unknown_runtimes_and_what_gvisor_lacks_are_refused_with_nothing_made() {
 }
 
 /// A code cell's result in sandbox `id`.
+/// Sends the request `make` builds (from a client and the sandbox's URL) on a thread, pauses
+/// the sandbox `after_ms` later, and returns the body of the request's answer, which must be
+/// a 409.
+fn cut_by_pause(
+    s: &Server,
+    id: &str,
+    after_ms: u64,
+    make: impl FnOnce(&reqwest::blocking::Client, &str) -> reqwest::blocking::RequestBuilder
+        + Send
+        + 'static,
+) -> String {
+    let url = format!("{}/api/v1/sandboxes/{id}", s.url);
+    let racing = std::thread::spawn(move || {
+        let c = reqwest::blocking::Client::builder()
+            .timeout(std::time::Duration::from_secs(60))
+            .build()
+            .unwrap();
+        make(&c, &url)
+            .bearer_auth(KEY)
+            .send()
+            .map(|r| (r.status().as_u16(), r.text().unwrap_or_default()))
+    });
+    std::thread::sleep(std::time::Duration::from_millis(after_ms));
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    let (status, body) = racing.join().unwrap().expect("the racing call answered");
+    assert_eq!(status, 409, "{body}");
+    body
+}
+
+fn resume(s: &Server, id: &str) {
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+}
+
 /// An upload body that sends 64 KiB every 100 ms, `n` times: still arriving while a test
 /// pauses the sandbox.
 struct Trickle(usize);
@@ -716,73 +751,37 @@ fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
     let n = counts(&s, &id).len();
     assert_counted_on(&s, &id, n);
 
-    // A command running when a pause begins is cut: it answers 409 (paused), not a hang.
-    let url = format!("{}/api/v1/sandboxes/{id}/exec", s.url);
-    let racing = std::thread::spawn(move || {
-        reqwest::blocking::Client::builder()
-            .timeout(std::time::Duration::from_secs(60))
-            .build()
-            .unwrap()
-            .post(url)
-            .bearer_auth(KEY)
-            .json(&json!({ "command": "sleep 20; echo late" }))
-            .send()
-            .map(|r| (r.status().as_u16(), r.text().unwrap_or_default()))
+    // A command running when a pause begins is cut: it answers 409 (paused), not a hang. So
+    // does an upload whose body is still arriving, and a code cell still running.
+    let exec = json!({ "command": "sleep 20; echo late" });
+    let body = cut_by_pause(&s, &id, 500, move |c, url| {
+        c.post(format!("{url}/exec")).json(&exec)
     });
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
-    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
-    let (status, body) = racing.join().unwrap().expect("the racing exec answered");
-    assert_eq!(status, 409, "{body}");
     assert!(body.contains("paused"), "{body}");
-
-    // So is an upload whose body is still arriving, and a code cell still running.
-    let r = s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}));
-    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
-    let url = format!("{}/api/v1/sandboxes/{id}/files?path=/home/user/slow.bin", s.url);
-    let racing = std::thread::spawn(move || {
-        reqwest::blocking::Client::builder()
-            .timeout(std::time::Duration::from_secs(60))
-            .build()
-            .unwrap()
-            .put(url)
-            .bearer_auth(KEY)
+    resume(&s, &id);
+    let body = cut_by_pause(&s, &id, 1000, |c, url| {
+        c.put(format!("{url}/files?path=/home/user/slow.bin"))
             .body(reqwest::blocking::Body::new(Trickle(40)))
-            .send()
-            .map(|r| (r.status().as_u16(), r.text().unwrap_or_default()))
     });
-    std::thread::sleep(std::time::Duration::from_millis(1000));
-    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
-    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
-    let (status, body) = racing.join().unwrap().expect("the racing upload answered");
-    assert_eq!(status, 409, "{body}");
-    assert!(body.contains("SANDBOX_NOT_RUNNING") && body.contains("paused"), "{body}");
-    let r = s.post(&format!("/api/v1/sandboxes/{id}/resume"), json!({}));
-    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    assert!(
+        body.contains("SANDBOX_NOT_RUNNING") && body.contains("paused"),
+        "{body}"
+    );
+    resume(&s, &id);
     // The cut upload left no file, whole or partial.
     let r = s.get(&format!(
         "/api/v1/sandboxes/{id}/files/list?path=/home/user"
     ));
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(!r.body.to_string().contains("slow.bin"), "{}", r.body);
-    let url = format!("{}/api/v1/sandboxes/{id}/code/run", s.url);
-    let racing = std::thread::spawn(move || {
-        reqwest::blocking::Client::builder()
-            .timeout(std::time::Duration::from_secs(60))
-            .build()
-            .unwrap()
-            .post(url)
-            .bearer_auth(KEY)
-            .json(&json!({ "code": "import time\ntime.sleep(20)\n'late'" }))
-            .send()
-            .map(|r| (r.status().as_u16(), r.text().unwrap_or_default()))
+    let cell = json!({ "code": "import time\ntime.sleep(20)\n'late'" });
+    let body = cut_by_pause(&s, &id, 1000, move |c, url| {
+        c.post(format!("{url}/code/run")).json(&cell)
     });
-    std::thread::sleep(std::time::Duration::from_millis(1000));
-    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
-    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
-    let (status, body) = racing.join().unwrap().expect("the racing cell answered");
-    assert_eq!(status, 409, "{body}");
-    assert!(body.contains("SANDBOX_NOT_RUNNING") && body.contains("paused"), "{body}");
+    assert!(
+        body.contains("SANDBOX_NOT_RUNNING") && body.contains("paused"),
+        "{body}"
+    );
 
     // Destroyed while paused to disk: nothing is left, the image included.
     let d = s.delete(&format!("/api/v1/sandboxes/{id}"));

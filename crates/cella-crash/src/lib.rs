@@ -26,8 +26,9 @@
 //! `sandbox.boot.before_ready_write`, `sandbox.pause.after_freeze`,
 //! `sandbox.resume.after_thaw`, `sandbox.resume.after_claim`, `sandbox.stop.after_teardown`,
 //! `sandbox.destroy.after_state_write`, `sandbox.destroy.teardown`, `runtime.remove.after_kill`,
-//! `runtime.snapshot.frozen`, `snapshot.take.after_copy`, `fork.after_snapshot`,
-//! `fork.after_children_insert`, `build.step.after_boot`, `build.step.after_export`,
+//! `runtime.snapshot.frozen`, `runtime.gvisor.snapshot.saved`, `runtime.gvisor.boot_image.written`,
+//! `snapshot.take.after_copy`, `fork.after_snapshot`, `fork.after_children_insert`,
+//! `build.step.after_boot`, `build.step.after_export`,
 //! `build.before_image_write`, `task.provision.after_sandbox_id`, `task.push.after_push`,
 //! `task.settle.after_end`, `billing.reserve.after`, `billing.settle.before`,
 //! `billing.settle.entry_written`, `billing.settle.committed`.

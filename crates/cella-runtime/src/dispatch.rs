@@ -162,6 +162,14 @@ impl Driver for Dispatch {
         self.by_id(id).export_layer(id, dest).await
     }
 
+    async fn save_boot_image(
+        &self,
+        handle: &SandboxHandle,
+        dest: &std::path::Path,
+    ) -> crate::MemorySnapshot {
+        self.of(handle).save_boot_image(handle, dest).await
+    }
+
     async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), DriverError> {
         self.namespace.delete_snapshot(snapshot_id).await
     }
@@ -354,6 +362,7 @@ mod tests {
             pids_max: 1024,
             network: None,
             snapshot: None,
+            boot_image: None,
             plain_layer: false,
         }
     }

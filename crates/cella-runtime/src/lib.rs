@@ -78,6 +78,11 @@ pub struct SandboxSpec {
     /// writable layer yet.
     #[serde(default)]
     pub snapshot: Option<String>,
+    /// Start from this boot image instead (a template's first boot, saved by
+    /// [`Driver::save_boot_image`]: a whole directory with the disk image and the checkpoint),
+    /// when the sandbox has no writable layer yet. gVisor only.
+    #[serde(default)]
+    pub boot_image: Option<std::path::PathBuf>,
     /// Keep the writable layer as a plain directory (no disk image), so that
     /// [`Driver::export_layer`] can turn it into a template layer.
     #[serde(default)]
@@ -252,6 +257,24 @@ pub trait Driver: Send + Sync + 'static {
         MemorySnapshot {
             result: Err(DriverError::Unsupported(format!(
                 "snapshots with memory need the gvisor runtime (this is {})",
+                self.name()
+            ))),
+            new_handle: None,
+        }
+    }
+
+    /// Saves running sandbox `handle` as a boot image at `dest` (which must not exist): its
+    /// disk and its checkpoint (memory, processes), written beside `dest` and renamed into
+    /// place once whole. The sandbox runs on, with the new handle answered, which the caller
+    /// must record even when the image failed. gVisor only (the default refuses).
+    async fn save_boot_image(
+        &self,
+        _handle: &SandboxHandle,
+        _dest: &std::path::Path,
+    ) -> MemorySnapshot {
+        MemorySnapshot {
+            result: Err(DriverError::Unsupported(format!(
+                "boot images need the gvisor runtime (this is {})",
                 self.name()
             ))),
             new_handle: None,

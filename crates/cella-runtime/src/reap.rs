@@ -78,14 +78,20 @@ mod tests {
     /// no zombie.
     #[test]
     fn a_slow_child_is_reaped_and_leaves_no_zombie() {
-        let child = std::process::Command::new("sleep").arg("0.6").spawn().unwrap();
+        let child = std::process::Command::new("sleep")
+            .arg("0.6")
+            .spawn()
+            .unwrap();
         let pid = child.id() as i32;
         // The driver knows only the pid and its start time, not the `Child`.
         std::mem::forget(child);
         let (_, start) = state_and_start(pid).unwrap();
         let t = std::time::Instant::now();
         reap(pid, start);
-        assert!(t.elapsed() < Duration::from_millis(500), "reap waited inline");
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "reap waited inline"
+        );
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while state_and_start(pid).is_some() {
             assert!(

@@ -47,7 +47,8 @@
 //!    into the layer store (`root.part`, renamed `root` with `complete` beside it); it is
 //!    destroyed whatever happened. Overlayfs wrote the upper directory in its own format, so it
 //!    serves as a lower layer as it is.
-//! 4. At the end the image and the defaults (with the spec's `start`, `ready`, `port` and `warm`)
+//! 4. At the end the image and the defaults (with the spec's `start`, `ready`, `port`, `warm` and
+//!    `snapshot_boot`, which makes `gvisor` the template's runtime; see `crate::bootimages`)
 //!    go to the template's row and to the catalog, and the warm pool is woken for `warm`. The row
 //!    is written `ready` or `failed` (`error` names the step and why), with `finished_at`. A
 //!    build's log keeps at most 4 MiB; `GET .../builds/{build_id}` reads the progress in memory
@@ -59,7 +60,9 @@
 //!
 //! [`delete`] answers 404 for a template the workspace does not see, 409 for a built-in one and
 //! while sandboxes (pool ones excepted) or snapshots use it; it destroys the template's pool
-//! sandboxes, takes it out of the catalog, deletes its rows and gives back its charges.
+//! sandboxes, takes it out of the catalog, removes its boot images, deletes its rows and gives
+//! back its charges. A successful build removes the boot images of the template's earlier
+//! builds.
 
 use crate::auth::Auth;
 use crate::catalog::{TemplateDefaults, TemplateEntry};
@@ -301,6 +304,21 @@ pub async fn start(
     }
     if spec.warm.is_some_and(|w| w > 10) {
         return Err(TemplateError::invalid("warm", "warm is at most 10"));
+    }
+    if spec.snapshot_boot == Some(true) {
+        // Its boot image is a gVisor checkpoint.
+        if !state.catalog.runs(cella_runtime::Runtime::Gvisor) {
+            return Err(TemplateError::invalid(
+                "snapshot_boot",
+                "snapshot_boot needs the gvisor runtime, which this server cannot run (runsc is not installed)",
+            ));
+        }
+        if spec.warm.is_some_and(|w| w > 0) {
+            return Err(TemplateError::invalid(
+                "snapshot_boot",
+                "a snapshot_boot template cannot be warm (the warm pool runs namespace sandboxes, a snapshot_boot template's run on gvisor): give warm 0 or leave snapshot_boot out",
+            ));
+        }
     }
     let now = now_ms();
     let trow = TemplateRow {
@@ -764,6 +782,11 @@ async fn run(
     defaults.ready = spec.ready.clone();
     defaults.port = spec.port;
     defaults.warm = spec.warm.unwrap_or(0);
+    defaults.snapshot_boot = spec.snapshot_boot.unwrap_or(false);
+    // Its sandboxes run where its boot image does, unless a create says otherwise.
+    defaults.runtime = defaults
+        .snapshot_boot
+        .then_some(cella_runtime::Runtime::Gvisor);
     let image = TemplateImage {
         template_id: spec.id.clone(),
         version: build.id.clone(),
@@ -806,6 +829,8 @@ async fn run(
         workspace_id: Some(build.workspace_id.clone()),
         defaults,
     });
+    // Boot images of earlier builds start nothing any more.
+    state.catalog.boot_images.retain(&spec.id, Some(&build.id));
     state.pool().wake();
     set(&|p| {
         p.say(&format!(
@@ -964,6 +989,7 @@ async fn run_step(
             None => None,
         },
         snapshot: None,
+        boot_image: None,
         plain_layer: true,
     };
     let handle = state
@@ -1201,6 +1227,7 @@ pub async fn delete(
         }
     }
     state.catalog.remove(key);
+    state.catalog.boot_images.retain(key, None);
     state.store.delete_template(key).await?;
     // Its charges go back, and of the layers it held (every build's) and its image lists, those
     // that no workspace's charge, no other template and no imported image holds leave the

@@ -49,6 +49,10 @@ pub struct TemplateDefaults {
     /// The runtime its sandboxes get when their create names none (before `[runtime] default`).
     #[serde(default)]
     pub runtime: Option<cella_runtime::Runtime>,
+    /// Its first gVisor boot of each size is saved, and later ones restore from it (see
+    /// [`crate::bootimages`]).
+    #[serde(default)]
+    pub snapshot_boot: bool,
 }
 
 pub struct Catalog {
@@ -59,6 +63,8 @@ pub struct Catalog {
     runtimes: Vec<cella_runtime::Runtime>,
     /// The warm pool, whose ready sandboxes make a size `fast_ready`.
     pub pool: std::sync::Arc<crate::pool::Pool>,
+    /// The boot images of `snapshot_boot` templates, which make a size `fast_ready` too.
+    pub boot_images: crate::bootimages::BootImages,
 }
 
 impl Catalog {
@@ -69,7 +75,30 @@ impl Catalog {
             host_memory_mb,
             runtimes: vec![cella_runtime::Runtime::Namespace],
             pool: Default::default(),
+            boot_images: Default::default(),
         }
+    }
+
+    /// Keeps boot images under `root`, of the executable and `runsc` that `stamp` names (see
+    /// [`crate::bootimages`]).
+    pub fn with_boot_images(mut self, root: std::path::PathBuf, stamp: String) -> Self {
+        self.boot_images = crate::bootimages::BootImages::new(root, stamp);
+        self
+    }
+
+    /// Whether this host runs `runtime`.
+    pub fn runs(&self, runtime: cella_runtime::Runtime) -> bool {
+        self.runtimes.contains(&runtime)
+    }
+
+    /// Whether a create of template `t` in `size` without a runtime of its own restores from
+    /// the template's boot image now (`snapshot_boot`, gVisor its default, the image there).
+    pub fn boots_from_image(&self, t: &TemplateEntry, size: Size) -> bool {
+        t.defaults.snapshot_boot
+            && self.runtimes_of(t).first() == Some(&cella_runtime::Runtime::Gvisor)
+            && t.image
+                .as_ref()
+                .is_some_and(|i| self.boot_images.ready(&t.id, &i.version, size))
     }
 
     /// Sets the runtimes this host runs, the server's default first.
@@ -79,15 +108,9 @@ impl Catalog {
     }
 
     /// The runtimes template `t`'s sandboxes can run on here, its default first: the
-    /// template's own default when the host runs it, else the server's. A template with an
-    /// app (`start`) runs on namespaces only (its port and readiness are not on gVisor yet).
+    /// template's own default when the host runs it, else the server's.
     pub fn runtimes_of(&self, t: &TemplateEntry) -> Vec<cella_runtime::Runtime> {
-        let mut out: Vec<cella_runtime::Runtime> = self
-            .runtimes
-            .iter()
-            .copied()
-            .filter(|r| *r == cella_runtime::Runtime::Namespace || t.defaults.start.is_none())
-            .collect();
+        let mut out: Vec<cella_runtime::Runtime> = self.runtimes.clone();
         if let Some(own) = t.defaults.runtime {
             if let Some(i) = out.iter().position(|r| *r == own) {
                 let r = out.remove(i);
@@ -177,13 +200,15 @@ impl Catalog {
     /// `missing`: disabled by the server's config, or more memory than the host has (unless
     /// overcommit is allowed), or the template's image is not on this host. `fast_ready`: a
     /// warm pool sandbox of that size on the template's default runtime waits now, so a
-    /// create that names no runtime only claims it. `cold_boot_only`: a create boots a sandbox
-    /// (tens of milliseconds here).
+    /// create that names no runtime only claims it; or the template is `snapshot_boot` and its
+    /// boot image of that size is there ([`Self::boots_from_image`]). `cold_boot_only`: a
+    /// create boots a sandbox (tens of milliseconds here).
     pub fn readiness(&self, t: &TemplateEntry, size: Size) -> Readiness {
         let runtime = self.runtimes_of(t).first().copied().unwrap_or_default();
         match self.available(t, size) {
             Readiness::Missing => Readiness::Missing,
             _ if self.pool.ready_on(&t.id, size, runtime) > 0 => Readiness::FastReady,
+            _ if self.boots_from_image(t, size) => Readiness::FastReady,
             _ => Readiness::ColdBootOnly,
         }
     }
@@ -281,6 +306,35 @@ mod tests {
         assert_eq!(c.readiness(&entry(false), Size::Small), Readiness::Missing);
         c.pool.claimed("base", Size::Small); // never below zero
         assert_eq!(c.readiness(t, Size::Small), Readiness::ColdBootOnly);
+    }
+
+    #[test]
+    fn a_snapshot_boot_size_is_fast_ready_once_its_boot_image_is_there() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut t = entry(true);
+        t.defaults.snapshot_boot = true;
+        t.defaults.runtime = Some(cella_runtime::Runtime::Gvisor);
+        let c = Catalog::new(vec![t.clone()], SizesConfig::default(), 0)
+            .with_runtimes(vec![
+                cella_runtime::Runtime::Namespace,
+                cella_runtime::Runtime::Gvisor,
+            ])
+            .with_boot_images(tmp.path().to_path_buf(), "s".into());
+        assert_eq!(c.runtimes_of(&t)[0], cella_runtime::Runtime::Gvisor);
+        assert_eq!(c.readiness(&t, Size::Xs), Readiness::ColdBootOnly);
+        let p = c.boot_images.path("base", "v1", Size::Xs).unwrap();
+        std::fs::create_dir_all(p.join("memory")).unwrap();
+        std::fs::write(p.join("disk.img"), b"d").unwrap();
+        std::fs::write(p.join("memory").join("checkpoint.img"), b"m").unwrap();
+        assert_eq!(c.readiness(&t, Size::Xs), Readiness::FastReady);
+        assert_eq!(c.readiness(&t, Size::Small), Readiness::ColdBootOnly);
+        // Not where a create without a runtime would not restore: gVisor not its default.
+        let mut plain = t.clone();
+        plain.defaults.runtime = None;
+        assert_eq!(c.readiness(&plain, Size::Xs), Readiness::ColdBootOnly);
+        let host = Catalog::new(vec![], SizesConfig::default(), 0)
+            .with_boot_images(tmp.path().to_path_buf(), "s".into());
+        assert_eq!(host.readiness(&t, Size::Xs), Readiness::ColdBootOnly);
     }
 
     #[test]

@@ -42,6 +42,7 @@
 
 pub mod auth;
 pub mod billing;
+pub mod bootimages;
 pub mod builds;
 pub mod catalog;
 pub mod config;
@@ -773,7 +774,14 @@ async fn assemble(
         config.sizes.clone(),
         catalog::host_memory_mb(),
     )
-    .with_runtimes(runtimes);
+    .with_runtimes(runtimes)
+    .with_boot_images(
+        config.data_dir.join(bootimages::DIR),
+        bootimages::stamp(
+            &std::env::current_exe().unwrap_or_default(),
+            cella_runtime::gvisor::find_runsc().as_deref(),
+        ),
+    );
     let limiter = ratelimit::Limiter::new(config.rate_limits.clone());
     let preview_secret = match store.meta_get("preview_secret").await? {
         Some(s) => s,
@@ -815,6 +823,14 @@ async fn assemble(
     });
     state.gateway.set_app(&state);
     builds::restore(&state).await?;
+    // Boot images of templates that are gone or rebuilt, and what a crash left half written.
+    let live: Vec<(String, Option<String>)> = state
+        .catalog
+        .templates()
+        .into_iter()
+        .map(|t| (t.id, t.image.map(|i| i.version)))
+        .collect();
+    state.catalog.boot_images.tidy(&live);
     Ok((state, lock))
 }
 

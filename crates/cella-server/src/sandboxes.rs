@@ -15,7 +15,8 @@
 //! own under the sandbox's lock (`service::boot`): the driver launches it (see the namespace
 //! driver's `launch`), then a template's `start` command runs, as a background process tagged
 //! `template-app` with the template's exec defaults, until its ready check passes (a command, or a
-//! TCP connect to its port; a failure ends the sandbox and fails the boot). The row turns
+//! TCP connect to its port; a failure ends the sandbox and fails the boot); a `snapshot_boot`
+//! template's sandbox may instead restore its boot image, app running (`crate::bootimages`). The row turns
 //! `running` with its `timeout_at`, or `error` with its `state_reason` (a waiting create then
 //! answers 503).
 //!
@@ -315,7 +316,7 @@ fn admit_runtime(
     if !offered.contains(&runtime) {
         let why = if state.driver.supports(runtime) {
             format!(
-                "template {} has an app, which runs on the namespace runtime only",
+                "template {} does not run on it",
                 crate::catalog::public_id(&template.id)
             )
         } else {

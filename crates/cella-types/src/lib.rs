@@ -1387,6 +1387,11 @@ pub struct TemplateSpec {
     pub default_size: Option<Size>,
     /// Sandboxes of this template kept booted ahead (in its default size; default 0).
     pub warm: Option<u32>,
+    /// Boot once, then restore: the first gVisor boot of each size (its app started and
+    /// ready) is checkpointed, and later creates on gVisor restore from that image (default
+    /// false; the template's sandboxes then default to `gvisor`).
+    #[serde(default)]
+    pub snapshot_boot: Option<bool>,
 }
 
 /// A file's content inside a request.

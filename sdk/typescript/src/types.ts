@@ -453,10 +453,12 @@ export interface TemplateSpec {
   ready?: { command?: string; port?: number; timeoutSec?: number; [field: string]: unknown };
   default_size?: SandboxSize;
   warm?: number;
+  /** gVisor: save the first boot of each size (app ready) and restore later creates from it. */
+  snapshot_boot?: boolean;
   [field: string]: unknown;
 }
 
-/** `fast_ready`: warm sandboxes wait; `cold_boot_only`: each one boots; `missing`: not on this server. */
+/** `fast_ready`: warm sandboxes wait, or a saved boot is restored; `cold_boot_only`: each one boots; `missing`: not on this server. */
 export type Readiness = 'fast_ready' | 'cold_boot_only' | 'missing';
 
 export interface TemplateInfo {

@@ -169,7 +169,12 @@ pub fn describe_process(pid: i32) -> String {
         .map(|(_, r)| r.split_whitespace().collect())
         .unwrap_or_default();
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| String::from_utf8_lossy(&b).replace('\0', " ").trim().to_string())
+        .map(|b| {
+            String::from_utf8_lossy(&b)
+                .replace('\0', " ")
+                .trim()
+                .to_string()
+        })
         .unwrap_or_default();
     format!(
         "{pid} (state {}, parent {}): {cmdline}",

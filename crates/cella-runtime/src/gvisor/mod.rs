@@ -90,6 +90,13 @@
 //! new `sock/`, then is told the new sandbox's hostname (`Request::SetHostname`): the image
 //! holds the source's.
 //!
+//! A template's boot image ([`SandboxSpec::boot_image`], the server's `bootimages`) is the same
+//! thing kept elsewhere: `save_boot_image` pauses a running sandbox to disk, copies it as a
+//! snapshot with memory into `<dest>.partial`, renames that to `dest` once whole (a crash in
+//! between leaves only the partial directory, crash point `runtime.gvisor.boot_image.written`)
+//! and resumes it with a new handle; a create with `boot_image` starts from that directory as
+//! from a snapshot's.
+//!
 //! Not on gVisor yet (refused with [`DriverError::Unsupported`] naming it): layer export
 //! (template builds), and a snapshot with memory of a sandbox with a link.
 //!
@@ -364,11 +371,16 @@ impl GvisorDriver {
         // snapshot with memory is restored rather than booted.
         let dir = self.sandbox_dir(&spec.id);
         let mut image = None;
-        if let (Some(snap), false) = (&spec.snapshot, dir.join(crate::disk::IMAGE).exists()) {
-            let src = self.snapshot_dir(snap);
+        // A template's boot image is a snapshot's directory kept elsewhere.
+        let source = match (&spec.boot_image, &spec.snapshot) {
+            (Some(b), _) => Some((b.clone(), format!("boot image {}", b.display()))),
+            (None, Some(snap)) => Some((self.snapshot_dir(snap), format!("snapshot {snap}"))),
+            (None, None) => None,
+        };
+        if let (Some((src, what)), false) = (source, dir.join(crate::disk::IMAGE).exists()) {
             if !src.join(crate::disk::IMAGE).exists() {
                 return Err(DriverError::Image(format!(
-                    "snapshot {snap} has no files on this host"
+                    "{what} has no files on this host"
                 )));
             }
             std::fs::create_dir_all(&dir)?;
@@ -426,6 +438,21 @@ impl GvisorDriver {
         snapshot_id: &str,
         memory: bool,
     ) -> Result<SnapshotInfo, DriverError> {
+        if memory && !self.on_disk(id) {
+            return Err(DriverError::Unsupported(format!(
+                "sandbox {id} has no memory to snapshot (it is not running)"
+            )));
+        }
+        let size_bytes = self.copy_into(id, &self.snapshot_dir(snapshot_id), memory)?;
+        Ok(SnapshotInfo {
+            size_bytes,
+            paused_us: 0,
+        })
+    }
+
+    /// Copies sandbox `id` at rest (see [`Self::copy_at_rest`]) into directory `dir`; answers
+    /// the bytes it takes. A failure removes `dir`. Blocking.
+    fn copy_into(&self, id: &str, dir: &Path, memory: bool) -> Result<u64, DriverError> {
         let src = self.sandbox_dir(id);
         let disk = src.join(crate::disk::IMAGE);
         if !disk.exists() {
@@ -433,15 +460,9 @@ impl GvisorDriver {
                 "snapshots need the sandbox's files in a disk image ([disk] quota = true)".into(),
             ));
         }
-        if memory && !self.on_disk(id) {
-            return Err(DriverError::Unsupported(format!(
-                "sandbox {id} has no memory to snapshot (it is not running)"
-            )));
-        }
-        let dir = self.snapshot_dir(snapshot_id);
         let res = (|| -> Result<u64, DriverError> {
-            std::fs::create_dir_all(&dir)?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+            std::fs::create_dir_all(dir)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
             // The sandbox's file system was mounted only in its mount namespace, which ends
             // with its last process; its loop device lets go of the image a moment later.
             wait_released(&disk);
@@ -461,16 +482,10 @@ impl GvisorDriver {
             }
             Ok(bytes)
         })();
-        match res {
-            Ok(size_bytes) => Ok(SnapshotInfo {
-                size_bytes,
-                paused_us: 0,
-            }),
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                Err(e)
-            }
+        if res.is_err() {
+            let _ = std::fs::remove_dir_all(dir);
         }
+        res
     }
 
     /// Runs the launcher with `cfg`; answers the pid and start time of its `runsc`, and the
@@ -1033,6 +1048,81 @@ impl Driver for GvisorDriver {
                     result: Err(e),
                     new_handle: None,
                 }
+            }
+        }
+    }
+
+    /// As a snapshot with memory of a running sandbox (pause to disk, copy, resume), into
+    /// `<dest>.partial`, renamed `dest` once whole: a crash in between leaves only the partial
+    /// directory, which no create takes.
+    async fn save_boot_image(&self, handle: &SandboxHandle, dest: &Path) -> MemorySnapshot {
+        let refused = |e: DriverError| MemorySnapshot {
+            result: Err(e),
+            new_handle: None,
+        };
+        if handle.net.is_some() {
+            return refused(Self::unsupported(
+                "a boot image of a sandbox with a network link",
+            ));
+        }
+        if self.on_disk(&handle.id) {
+            return refused(DriverError::Unsupported(format!(
+                "sandbox {} is paused to disk, not running",
+                handle.id
+            )));
+        }
+        // Checked before the pause, which would be for nothing.
+        if !self
+            .sandbox_dir(&handle.id)
+            .join(crate::disk::IMAGE)
+            .exists()
+        {
+            return refused(DriverError::Unsupported(
+                "boot images need the sandbox's files in a disk image ([disk] quota = true)".into(),
+            ));
+        }
+        let Some(name) = dest.file_name() else {
+            return refused(DriverError::Launch(format!(
+                "{} names no directory",
+                dest.display()
+            )));
+        };
+        let mut partial = name.to_os_string();
+        partial.push(".partial");
+        let tmp = dest.with_file_name(partial);
+        let t = std::time::Instant::now();
+        if let Err(e) = self.pause(handle).await {
+            return refused(e);
+        }
+        let this = self.clone();
+        let (id, tmp2, dest2) = (handle.id.clone(), tmp.clone(), dest.to_path_buf());
+        let saved = tokio::task::spawn_blocking(move || -> Result<u64, DriverError> {
+            let _ = std::fs::remove_dir_all(&tmp2);
+            let bytes = this.copy_into(&id, &tmp2, true)?;
+            // Written, not yet in place: a crash here leaves only `.partial`.
+            cella_crash::crash_point!("runtime.gvisor.boot_image.written");
+            if let Err(e) = std::fs::rename(&tmp2, &dest2) {
+                let _ = std::fs::remove_dir_all(&tmp2);
+                return Err(e.into());
+            }
+            Ok(bytes)
+        })
+        .await
+        .map_err(|e| DriverError::Launch(e.to_string()))
+        .and_then(|r| r);
+        match self.unpause(handle).await {
+            Ok(new) => MemorySnapshot {
+                result: saved.map(|size_bytes| SnapshotInfo {
+                    size_bytes,
+                    paused_us: t.elapsed().as_micros() as u64,
+                }),
+                new_handle: new,
+            },
+            Err(e) => {
+                // It stays on disk; the image goes (a sandbox that cannot restore from its own
+                // checkpoint makes no image for others).
+                let _ = std::fs::remove_dir_all(dest);
+                refused(e)
             }
         }
     }

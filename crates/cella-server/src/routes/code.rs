@@ -86,9 +86,11 @@ async fn call(state: &AppState, sb: &Runnable, lang: &str, op: CodeOp) -> Result
         Ok(a) => a,
         // A cell cut by a pause, a stop or a destroy answers as one asked after it.
         Err(e) => {
-            return Err(crate::sandboxes::agent_failure(state, &sb.row.id, AgentOp::Code, e)
-                .await
-                .into())
+            return Err(
+                crate::sandboxes::agent_failure(state, &sb.row.id, AgentOp::Code, e)
+                    .await
+                    .into(),
+            )
         }
     };
     match answer {

@@ -52,7 +52,9 @@ fn entry(i: FileInfo) -> FileEntry {
 
 /// The agent of a running sandbox of the caller's workspace (404 / 409 otherwise).
 async fn agent(state: &Arc<AppState>, auth: &Auth, id: &str) -> Result<FileAgent, ApiError> {
-    let client = crate::service::runnable(state, auth, id).await?.agent(state);
+    let client = crate::service::runnable(state, auth, id)
+        .await?
+        .agent(state);
     Ok(FileAgent {
         client,
         state: state.clone(),
@@ -272,17 +274,17 @@ pub async fn download(
         Some((Some(a), len)) => (a, len),
         Some((None, Some(suffix))) => {
             // The size of what the path leads to (following links), from the agent.
-            let size = agent.check(agent
-                .read_file(&path, 0, Some(0))
-                .await).await?
+            let size = agent
+                .check(agent.read_file(&path, 0, Some(0)).await)
+                .await?
                 .size;
             (size.saturating_sub(suffix), Some(suffix.min(size)))
         }
         Some((None, None)) => (0, None),
     };
-    let reader = agent.check(agent
-        .read_file(&path, offset, length)
-        .await).await?;
+    let reader = agent
+        .check(agent.read_file(&path, offset, length).await)
+        .await?;
     if range.is_some() && (offset >= reader.size || reader.length == 0) {
         return Err(unsatisfiable(reader.size));
     }
@@ -334,13 +336,17 @@ pub async fn list(
             .ok_or_else(|| ApiError::invalid("limit", "limit must be from 1 to 10000"))?,
     };
     let agent = agent(&state, &auth, &id).await?;
-    match agent.check(agent
-        .call(&Request::List {
-            path,
-            recursive,
-            limit,
-        })
-        .await).await?
+    match agent
+        .check(
+            agent
+                .call(&Request::List {
+                    path,
+                    recursive,
+                    limit,
+                })
+                .await,
+        )
+        .await?
     {
         AgentResponse::Entries { entries, truncated } => Ok(Json(FileList {
             data: entries.into_iter().map(entry).collect(),
@@ -418,12 +424,16 @@ pub async fn rename(
         }
     }
     let agent = agent(&state, &auth, &id).await?;
-    agent.check(agent
-        .call(&Request::Move {
-            from: req.from,
-            to: req.to.clone(),
-        })
-        .await).await?;
+    agent
+        .check(
+            agent
+                .call(&Request::Move {
+                    from: req.from,
+                    to: req.to.clone(),
+                })
+                .await,
+        )
+        .await?;
     Ok(Json(Data {
         data: stat_entry(&agent, &req.to).await?,
     }))
@@ -444,12 +454,16 @@ pub async fn remove(
     let path = path_of(&p, "path")?;
     let recursive = flag(&p, "recursive")?;
     let agent = agent(&state, &auth, &id).await?;
-    agent.check(agent
-        .call(&Request::Remove {
-            path: path.clone(),
-            recursive,
-        })
-        .await).await?;
+    agent
+        .check(
+            agent
+                .call(&Request::Remove {
+                    path: path.clone(),
+                    recursive,
+                })
+                .await,
+        )
+        .await?;
     Ok(Json(Data {
         data: Deleted {
             path,

@@ -1,5 +1,8 @@
 //! Booting a sandbox: its driver sandbox, then its template's app (when it has one) until
 //! that is ready; the result (`running` or `error`) is recorded through the transition table.
+//! A `snapshot_boot` template's first boot restores its boot image, or makes it once the app is
+//! ready (`crate::bootimages::boot_plan`); a sandbox restored from a checkpoint (an image, or a
+//! snapshot with memory) does not start its app again nor check it (it was ready when saved).
 //! A failed boot of a new sandbox removes what it made on the host (directory, disk image,
 //! cgroup): a sandbox in `error` holds nothing there.
 //! Also banking a boot's clock and CPU time when it ends.
@@ -41,10 +44,11 @@ pub async fn boot(state: &AppState, id: &str) {
 /// Boots (or boots again, on its kept files) the sandbox of `row`, which the caller holds the
 /// lock of and has put in `provisioning`; records `running` or `error`.
 pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
-    let image = state
-        .catalog
-        .get(&row.template_id)
-        .and_then(|t| t.image.clone());
+    let template = state.catalog.get(&row.template_id);
+    let image = template.as_ref().and_then(|t| t.image.clone());
+    // Whether the sandbox comes from a checkpoint (its app already runs in it).
+    let mut restored = false;
+    let mut making = None;
     let result = match image {
         None => Err(DriverError::Image(format!(
             "template {} has no image on this host",
@@ -99,9 +103,66 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                     None => None,
                 },
                 snapshot: row.snapshot_id.clone(),
+                boot_image: None,
                 plain_layer: false,
             };
-            crate::timing::phase("driver.create", state.driver.create(&spec)).await
+            // Only its first boot comes from the snapshot (a later one boots on its own files).
+            if let (Some(snap), None) = (&row.snapshot_id, row.started_at) {
+                restored = runtime == cella_runtime::Runtime::Gvisor
+                    && matches!(state.store.snapshot(snap).await, Ok(Some(s)) if s.memory);
+            }
+            let plan = match &template {
+                Some(t) => crate::bootimages::boot_plan(
+                    &state.catalog.boot_images,
+                    &crate::bootimages::Of {
+                        key: &t.id,
+                        version: t.image.as_ref().map(|i| i.version.as_str()),
+                        snapshot_boot: t.defaults.snapshot_boot,
+                        env: &t.defaults.env,
+                    },
+                    row.size,
+                    &spec,
+                    &row.env,
+                    row.started_at.is_none(),
+                ),
+                None => crate::bootimages::BootPlan::Plain,
+            };
+            match plan {
+                crate::bootimages::BootPlan::Restore(path) => {
+                    let from_image = SandboxSpec {
+                        boot_image: Some(path.clone()),
+                        ..spec.clone()
+                    };
+                    match crate::timing::phase("driver.create", state.driver.create(&from_image))
+                        .await
+                    {
+                        Ok(h) => {
+                            restored = true;
+                            Ok(h)
+                        }
+                        Err(e) => {
+                            // A damaged image, say: it goes, and this create boots cold
+                            // and makes it again.
+                            tracing::warn!(
+                                sandbox = row.id,
+                                image = %path.display(),
+                                "restoring from the template's boot image failed, booting cold and making the image again: {e}"
+                            );
+                            let _ = state.driver.destroy(&row.id, None).await;
+                            state.catalog.boot_images.drop_image(&path);
+                            making = state.catalog.boot_images.claim(&path);
+                            crate::timing::phase("driver.create", state.driver.create(&spec)).await
+                        }
+                    }
+                }
+                crate::bootimages::BootPlan::Make(m) => {
+                    making = Some(m);
+                    crate::timing::phase("driver.create", state.driver.create(&spec)).await
+                }
+                crate::bootimages::BootPlan::Plain => {
+                    crate::timing::phase("driver.create", state.driver.create(&spec)).await
+                }
+            }
         }
     };
     // A template app starts with its sandbox, which is ready only once the app is.
@@ -120,8 +181,11 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
     };
     let result = match result {
         Ok(handle) => {
-            match crate::timing::phase("template_app", start_template_app(state, row, &handle))
-                .await
+            match crate::timing::phase(
+                "template_app",
+                start_template_app(state, row, &handle, restored),
+            )
+            .await
             {
                 Ok(()) => Ok(handle),
                 Err(reason) => {
@@ -138,6 +202,11 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
             }
         }
         Err(e) => Err(e),
+    };
+    // The first boot of a `snapshot_boot` template's size, ready: saved for the creates after it.
+    let result = match (result, making.take()) {
+        (Ok(handle), Some(m)) => save_boot_image(state, row, handle, &m.path).await,
+        (r, _) => r,
     };
     let now = now_ms();
     match result {
@@ -211,12 +280,58 @@ fn spec_message(e: &SandboxError) -> String {
     }
 }
 
+/// Saves the just-booted sandbox `handle` of `row` as its template's boot image at `path`
+/// (see [`crate::bootimages`]); answers its handle afterwards (new once it was restored from
+/// its checkpoint). A failed save is logged and the sandbox runs on without an image made;
+/// one whose agent no longer answers after it is ended (the boot fails).
+async fn save_boot_image(
+    state: &AppState,
+    row: &SandboxRow,
+    handle: SandboxHandle,
+    path: &std::path::Path,
+) -> Result<SandboxHandle, DriverError> {
+    let saved =
+        crate::timing::phase("boot_image", state.driver.save_boot_image(&handle, path)).await;
+    let handle = saved.new_handle.unwrap_or(handle);
+    match saved.result {
+        Ok(info) => tracing::info!(
+            sandbox = row.id,
+            image = %path.display(),
+            bytes = info.size_bytes,
+            paused_ms = info.paused_us / 1000,
+            "saved the template's boot image"
+        ),
+        Err(e) => {
+            tracing::warn!(
+                sandbox = row.id,
+                image = %path.display(),
+                "saving the template's boot image: {e}"
+            );
+            if let Err(gone) = state
+                .driver
+                .agent(&handle)
+                .ping(std::time::Duration::from_secs(5))
+                .await
+            {
+                state.gateway.end_boot(state, &row.id).await;
+                let _ = state.driver.destroy(&row.id, Some(&handle)).await;
+                return Err(DriverError::Launch(format!(
+                    "saving the template's boot image: {e}; the sandbox did not come back: {gone}"
+                )));
+            }
+        }
+    }
+    Ok(handle)
+}
+
 /// Starts the template's app (`start`) in a new sandbox and waits until its readiness check
-/// passes (a command that exits 0, or a port that accepts connections).
+/// passes (a command that exits 0, or a port that accepts connections). Nothing in one
+/// `restored` from a checkpoint: its app runs there already, as it was once ready.
 async fn start_template_app(
     state: &AppState,
     row: &SandboxRow,
     handle: &SandboxHandle,
+    restored: bool,
 ) -> Result<(), AppStartError> {
     let Some(t) = state.catalog.get(&row.template_id) else {
         return Ok(());
@@ -224,6 +339,10 @@ async fn start_template_app(
     let Some(start) = t.defaults.start.clone() else {
         return Ok(());
     };
+    if restored {
+        // Its app was started and ready when its checkpoint was written; it goes on from there.
+        return Ok(());
+    }
     // The row as it will be once booted (a copy, never stored), for the exec spec's defaults.
     let mut boot_row = row.clone();
     super::transitions::apply(&mut boot_row, super::transitions::Event::Booted)?;
