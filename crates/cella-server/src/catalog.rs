@@ -304,7 +304,8 @@ mod tests {
         assert_eq!(c.readiness(t, Size::Small), Readiness::ColdBootOnly);
         assert_eq!(c.readiness(t, Size::Xl), Readiness::Missing);
         assert_eq!(c.readiness(&entry(false), Size::Small), Readiness::Missing);
-        c.pool.claimed("base", Size::Small); // never below zero
+        c.pool
+            .claimed("base", Size::Small, cella_runtime::Runtime::Namespace); // never below zero
         assert_eq!(c.readiness(t, Size::Small), Readiness::ColdBootOnly);
     }
 

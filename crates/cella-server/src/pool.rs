@@ -128,6 +128,12 @@ pub fn claimable(row: &SandboxRow) -> bool {
 
 /// Starts the refill task.
 pub fn spawn(state: Arc<AppState>) {
+    if state.config.pool.gvisor > 0 && !state.catalog.runs(Runtime::Gvisor) {
+        tracing::warn!(
+            "[pool] gvisor = {}, but this host cannot run gvisor (runsc is not installed): no gVisor sandboxes are kept",
+            state.config.pool.gvisor
+        );
+    }
     tokio::spawn(async move {
         loop {
             if let Err(e) = refill(&state).await {
@@ -139,15 +145,42 @@ pub fn spawn(state: Arc<AppState>) {
     });
 }
 
-/// Boots pool sandboxes until every (template, size) has its target, one at a time; removes
-/// pool sandboxes beyond the target (after a config change) and ones that died.
+/// Boots pool sandboxes until every (template, size, runtime) has its target, one at a time;
+/// removes ready pool sandboxes beyond the target (after a config change, or of a pool no
+/// longer kept: a template or runtime gone, the default runtime changed).
 pub(crate) async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::StoreError> {
+    let mut pools = targets(state);
+    // Pools nothing asks for any more are emptied.
+    for r in state.store.pool_rows().await? {
+        let runtime = Runtime::parse(&r.isolation).unwrap_or_default();
+        if !pools
+            .iter()
+            .any(|(t, s, rt, _)| *t == r.template_id && *s == r.size && *rt == runtime)
+        {
+            pools.push((r.template_id, r.size, runtime, 0));
+        }
+    }
+    for (template, size, runtime, want) in pools {
+        if !top_up(state, &template, size, runtime, want).await? {
+            return Ok(()); // the server is stopping
+        }
+    }
+    Ok(())
+}
+
+/// How many pool sandboxes each (template, size, runtime) should have, in the order they are
+/// filled. A template's pool is of its default runtime (what a create that names none
+/// gets): `[pool] sizes`/`default` for a built-in template, `warm` in its default size for a
+/// custom one, 0 for a missing size. A built-in template whose default is not `gvisor` but
+/// that runs on it here also gets `[pool] gvisor` of them in its default size.
+fn targets(state: &AppState) -> Vec<(String, Size, Runtime, i64)> {
+    let mut out = Vec::new();
     for t in state.catalog.templates() {
-        let t = &t;
-        let runtimes = state.catalog.runtimes_of(t);
+        let runtimes = state.catalog.runtimes_of(&t);
         let default = runtimes.first().copied().unwrap_or_default();
         for size in ALL_SIZES {
-            let want = if state.catalog.available(t, size) == Readiness::Missing {
+            let missing = state.catalog.available(&t, size) == Readiness::Missing;
+            let want = if missing {
                 0
             } else if t.workspace_id.is_some() {
                 // A custom template: its own `warm`, in its default size.
@@ -159,28 +192,21 @@ pub(crate) async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::Sto
             } else {
                 target(state, size)
             };
-            let mut pools = vec![(default, want)];
-            // gVisor ones beside a built-in template's namespace pool, in its default size.
+            out.push((t.id.clone(), size, default, want));
             if t.workspace_id.is_none()
                 && default != Runtime::Gvisor
                 && runtimes.contains(&Runtime::Gvisor)
             {
-                let pooled = state.catalog.available(t, size) != Readiness::Missing;
-                let gvisor = if size == t.default_size && pooled {
+                let gvisor = if size == t.default_size && !missing {
                     state.config.pool.gvisor as i64
                 } else {
                     0
                 };
-                pools.push((Runtime::Gvisor, gvisor));
-            }
-            for (runtime, want) in pools {
-                if !top_up(state, &t.id, size, runtime, want).await? {
-                    return Ok(()); // the server is stopping
-                }
+                out.push((t.id.clone(), size, Runtime::Gvisor, gvisor));
             }
         }
     }
-    Ok(())
+    out
 }
 
 /// Boots pool sandboxes of one (template, size, runtime) up to `want`, one at a time, or
@@ -280,6 +306,10 @@ async fn boot_one(
         );
         discard(state, &row).await?;
     } else {
+        tracing::info!(
+            "warm pool sandbox {} ready ({template}, {size}, {runtime})",
+            row.id
+        );
         state.pool().set(
             template,
             size,
@@ -300,7 +330,12 @@ async fn trim(
     let rows = state.store.pool_rows().await?;
     for r in rows
         .into_iter()
-        .filter(|r| r.template_id == template && r.size == size && r.isolation == runtime.as_str())
+        .filter(|r| {
+            r.template_id == template
+                && r.size == size
+                && r.isolation == runtime.as_str()
+                && r.ready
+        })
         .take(n as usize)
     {
         let _guard = state.locks.lock(&r.id).await;
