@@ -145,6 +145,20 @@ pub fn spawn(state: Arc<AppState>) {
     });
 }
 
+/// Counts the ready pool sandboxes the store holds (at a start, before the first request: a
+/// create at once after a restart claims one that survived it, and readiness says so).
+pub async fn recount(state: &AppState) -> Result<(), cella_store::StoreError> {
+    for r in state.store.pool_rows().await? {
+        let runtime = Runtime::parse(&r.isolation).unwrap_or_default();
+        let (_, ready) = state
+            .store
+            .pool_counts(&r.template_id, r.size, runtime.as_str())
+            .await?;
+        state.pool().set(&r.template_id, r.size, runtime, ready);
+    }
+    Ok(())
+}
+
 /// Boots pool sandboxes until every (template, size, runtime) has its target, one at a time;
 /// removes ready pool sandboxes beyond the target (after a config change, or of a pool no
 /// longer kept: a template or runtime gone, the default runtime changed).
