@@ -14,18 +14,24 @@
 //! the agent (one `Ping`) before handing it out: a sandbox touched since, or one whose agent
 //! does not answer, is destroyed and the next one tried (the refill boots a new one).
 //!
-//! Readiness (`GET /api/v1/templates`) reads [`Pool::ready`]: `fast_ready` only where a ready
-//! `namespace` pool sandbox waits now.
+//! Pools are per (template, size, isolation runtime). A template's pool (`[pool] default` and
+//! `sizes`, a custom template's `warm`) is of its default runtime, the one a create that names
+//! none gets. `[pool] gvisor` (default 0) adds that many `gvisor` sandboxes of each built-in
+//! template whose default is not gVisor but that runs on it here, in its default size (on a
+//! host without `runsc`: none, and a warning at start). A gVisor pool sandbox boots as a
+//! create without a `network` field would (loopback only, no link), so [`claimable`] lets only
+//! a create with that same policy take one; a create that asks for a link (a policy that lets
+//! something out, or model access), another size or a snapshot boots its own. The rest of a
+//! claim is the same on both runtimes: the `Ping`, the request's settings (`env` is the
+//! server's, given with every command), the id (the hostname) and the size's limits the
+//! sandbox booted with.
 //!
-//! Each pool is also per isolation runtime. `[pool] gvisor` (default 0) keeps that many `gvisor`
-//! sandboxes of each built-in template that runs on gVisor, in its default size, on a server
-//! with `runsc`: a gVisor boot takes a few hundred milliseconds, a claim a few. They boot as a
-//! create without a `network` field would (loopback only), so only such a create claims one;
-//! one that asks for a link, model access or a snapshot boots its own.
+//! Readiness (`GET /api/v1/templates`) reads [`Pool::ready_on`] of the template's default
+//! runtime: `fast_ready` only where such a ready pool sandbox waits now.
 //!
 //! - *Claim* ([`claim`]; `Store::claim_pooled`, one transaction). Its first statement reserves a
 //!   ready pool sandbox: an `UPDATE` that gives the oldest `running`, `ready` row of the pool's
-//!   workspace of that template and size to the caller's workspace, only while the workspace's
+//!   workspace of that template, size and runtime to the caller's workspace, only while the workspace's
 //!   count of capped states is under its cap. Two concurrent claims never get the same row, and
 //!   the cap is never passed. The row is then inserted again as the request's (a new `seq`: it
 //!   lists as the newest), keeping what the running sandbox fixes (its id, which is its hostname,
@@ -33,13 +39,15 @@
 //!   gone at once (`Pool::claimed`, which wakes the refill) and starts its CPU seconds at zero
 //!   (`cpu_ns` is minus the cgroup's CPU time so far). A failure to install a non-default egress
 //!   policy destroys the sandbox and marks its row failed through the transition table (`Lost`).
-//! - *Refill* ([`spawn`], started after `reconcile`) loops on `refill`, woken by a claim or after
-//!   5 s. Per template and size the target is `[pool] sizes[size]`, else `[pool] default` (a
-//!   custom template's own `warm`, in its default size only), 0 for a missing size. While booting
-//!   and ready ones are fewer, `boot_one` inserts a row in the pool's workspace and boots it like
-//!   any sandbox, at least `[pool] boot_interval_ms` after the last pool boot; one that fails is
-//!   discarded and tried again at the next round. Ready rows beyond the target are discarded
-//!   (`trim`). For `reconcile`, the liveness check and the timers, pool rows are sandboxes like
+//! - *Refill* ([`spawn`], started after `reconcile` and [`recount`]) loops on `refill`, woken by
+//!   a claim or after 5 s. Per template and size the target is `[pool] sizes[size]`, else
+//!   `[pool] default` (a custom template's own `warm`, in its default size only), 0 for a
+//!   missing size, and `[pool] gvisor` for the gVisor pool (`targets`). While booting and ready
+//!   ones are fewer, `boot_one` inserts a row in the pool's workspace and boots it like any
+//!   sandbox, at least `[pool] boot_interval_ms` after the last pool boot, and logs it ready;
+//!   one that fails is discarded and tried again at the next round. Ready rows beyond the
+//!   target are discarded (`trim`), those of a pool no target names too (a template gone,
+//!   `runsc` gone, another default runtime since the last start). For `reconcile`, the liveness check and the timers, pool rows are sandboxes like
 //!   any other; one that dies goes to `error` and no longer counts.
 //! - *Clean stop*: after SIGTERM or Ctrl-C, `serve` calls [`drain`]: no more pool boots, and every
 //!   pool sandbox is destroyed (users' sandboxes run on; the pool is booted again at the next
