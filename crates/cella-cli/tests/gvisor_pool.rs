@@ -122,7 +122,7 @@ fn a_gvisor_create_claims_a_gvisor_pool_sandbox_and_the_pool_refills() {
     let pooled = wait_ready(&s, "gvisor", 1);
     assert_eq!(
         gvisor_dirs(&s),
-        [pooled.clone()],
+        std::slice::from_ref(&pooled),
         "one gVisor sandbox booted ahead"
     );
     // Nobody's: not listed, 404 by id.

@@ -31,24 +31,25 @@
 //!
 //! - *Claim* ([`claim`]; `Store::claim_pooled`, one transaction). Its first statement reserves a
 //!   ready pool sandbox: an `UPDATE` that gives the oldest `running`, `ready` row of the pool's
-//!   workspace of that template, size and runtime to the caller's workspace, only while the workspace's
-//!   count of capped states is under its cap. Two concurrent claims never get the same row, and
-//!   the cap is never passed. The row is then inserted again as the request's (a new `seq`: it
-//!   lists as the newest), keeping what the running sandbox fixes (its id, which is its hostname,
-//!   size, resources, state, handle). The claim sets the clocks to now, counts the pool sandbox
-//!   gone at once (`Pool::claimed`, which wakes the refill) and starts its CPU seconds at zero
-//!   (`cpu_ns` is minus the cgroup's CPU time so far). A failure to install a non-default egress
-//!   policy destroys the sandbox and marks its row failed through the transition table (`Lost`).
-//! - *Refill* ([`spawn`], started after `reconcile` and [`recount`]) loops on `refill`, woken by
-//!   a claim or after 5 s. Per template and size the target is `[pool] sizes[size]`, else
-//!   `[pool] default` (a custom template's own `warm`, in its default size only), 0 for a
-//!   missing size, and `[pool] gvisor` for the gVisor pool (`targets`). While booting and ready
-//!   ones are fewer, `boot_one` inserts a row in the pool's workspace and boots it like any
-//!   sandbox, at least `[pool] boot_interval_ms` after the last pool boot, and logs it ready;
-//!   one that fails is discarded and tried again at the next round. Ready rows beyond the
-//!   target are discarded (`trim`), those of a pool no target names too (a template gone,
-//!   `runsc` gone, another default runtime since the last start). For `reconcile`, the liveness check and the timers, pool rows are sandboxes like
-//!   any other; one that dies goes to `error` and no longer counts.
+//!   workspace of that template, size and runtime to the caller's workspace, only while the
+//!   workspace's count of capped states is under its cap. Two concurrent claims never get the same
+//!   row, and the cap is never passed. The row is then inserted again as the request's (a new
+//!   `seq`: it lists as the newest), keeping what the running sandbox fixes (its id, which is its
+//!   hostname, size, resources, state, handle). The claim sets the clocks to now, counts the pool
+//!   sandbox gone at once (`Pool::claimed`, which wakes the refill) and starts its CPU seconds at
+//!   zero (`cpu_ns` is minus the cgroup's CPU time so far). A failure to install a non-default
+//!   egress policy destroys the sandbox and marks its row failed through the transition table
+//!   (`Lost`).
+//! - *Refill* ([`spawn`], started after `reconcile` and [`recount`]) loops on `refill`, woken by a
+//!   claim or after 5 s. Per template and size the target is `[pool] sizes[size]`, else `[pool]
+//!   default` (a custom template's own `warm`, in its default size only), 0 for a missing size, and
+//!   `[pool] gvisor` for the gVisor pool (`targets`). While booting and ready ones are fewer,
+//!   `boot_one` inserts a row in the pool's workspace and boots it like any sandbox, at least
+//!   `[pool] boot_interval_ms` after the last pool boot, and logs it ready; one that fails is
+//!   discarded and tried again at the next round. Ready rows beyond the target are discarded
+//!   (`trim`), those of a pool no target names too (a template gone, `runsc` gone, another default
+//!   runtime since the last start). For `reconcile`, the liveness check and the timers, pool rows
+//!   are sandboxes like any other; one that dies goes to `error` and no longer counts.
 //! - *Clean stop*: after SIGTERM or Ctrl-C, `serve` calls [`drain`]: no more pool boots, and every
 //!   pool sandbox is destroyed (users' sandboxes run on; the pool is booted again at the next
 //!   start). A `kill -9` leaves the pool to the next start, which finds it like any sandbox.
