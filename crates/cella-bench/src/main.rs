@@ -390,10 +390,10 @@ fn runc_peer(n: usize) -> Option<Vec<f64>> {
     }))
 }
 
-/// Create and first exec on the gVisor runtime, and with ~100 MiB resident: its pause to disk
-/// and resume from disk, snapshots with memory, creates restored from one, and forks with
-/// memory; no rows where the server has no `runsc`.
-fn gvisor_series(s: &Server, n: usize) -> Vec<Series> {
+/// Create and first exec on the gVisor runtime (cold, and claimed from a warm pool), and with
+/// ~100 MiB resident: its pause to disk and resume from disk, snapshots with memory, creates
+/// restored from one, and forks with memory; no rows where the server has no `runsc`.
+fn gvisor_series(s: &Server, bin: &Path, n: usize) -> Vec<Series> {
     let mut series = Vec::new();
     let gvisor = {
         let (_, t) = s.call(KEY, "GET", "/api/v1/templates/base", None);
@@ -415,6 +415,7 @@ fn gvisor_series(s: &Server, n: usize) -> Vec<Series> {
             samples,
             target: "(none yet)",
         });
+        series.push(gvisor_warm_series(bin, n));
         // Pause to disk and resume from it, with ~100 MiB resident (a process holding 100 MiB
         // of bytes that are not zero, so every page is written and read back).
         let id = s.create_gvisor(KEY).expect("create on gvisor");
@@ -531,6 +532,49 @@ fn gvisor_series(s: &Server, n: usize) -> Vec<Series> {
     series
 }
 
+/// Create + first exec of a gVisor sandbox claimed from the warm pool: on a server of its own
+/// whose default runtime is gVisor, so its `small` pool is of gVisor sandboxes and `base`'s
+/// readiness says when one is ready (`fast_ready`); each sample waits for that, then times.
+fn gvisor_warm_series(bin: &Path, n: usize) -> Series {
+    let s = Server::start(bin, "[runtime]\ndefault = \"gvisor\"\n");
+    let fast_ready = || {
+        let (_, t) = s.call(KEY, "GET", "/api/v1/templates/base", None);
+        t["data"]["sizes"]
+            .as_array()
+            .and_then(|a| a.iter().find(|z| z["size"] == "small"))
+            .map(|z| z["state"] == "fast_ready")
+            .unwrap_or(false)
+    };
+    let mut samples = Vec::new();
+    for _ in 0..n {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !fast_ready() {
+            assert!(
+                Instant::now() < deadline,
+                "no gVisor pool sandbox became ready"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let t = Instant::now();
+        let (st, v) = s.call(
+            KEY,
+            "POST",
+            "/api/v1/sandboxes",
+            Some(json!({ "size": "small", "idle_timeout_sec": 0, "runtime": "gvisor" })),
+        );
+        assert_eq!(st, 201, "create on gvisor from the pool: {v}");
+        let id = v["data"]["id"].as_str().unwrap_or_default().to_string();
+        s.exec_true(&id);
+        samples.push(ms(t.elapsed()));
+        s.destroy(KEY, &id);
+    }
+    Series {
+        name: "gvisor_warm_create_exec_ms",
+        samples,
+        target: "(none)",
+    }
+}
+
 /// A `snapshot_boot` template whose app holds 8 MiB and is ready one second after it starts
 /// (the work an app does before it serves): a create + first exec restored from its boot image,
 /// against a cold create + first exec of the same template (an `env` of its own makes a create
@@ -625,7 +669,7 @@ fn main() {
     }
     if args.gvisor_only {
         let s = Server::start(&bin, "");
-        for x in gvisor_series(&s, n) {
+        for x in gvisor_series(&s, &bin, n) {
             println!(
                 "{:<22} p50 {:>9.2}   p90 {:>9.2}   n {}   target {}",
                 x.name,
@@ -741,7 +785,7 @@ fn main() {
     });
 
     // The same on the gVisor runtime, where the server has `runsc` (else no row).
-    series.extend(gvisor_series(&s, n));
+    series.extend(gvisor_series(&s, &bin, n));
 
     // The same from the warm pool (size small): wait until a pool sandbox is ready, then time.
     let fast_ready = || {
@@ -1070,6 +1114,7 @@ fn main() {
             "create_exec_cold_ms_p50": p("create_exec_cold_ms", 0.5),
             "create_exec_cold_ms_p99": p("create_exec_cold_ms", 0.99),
             "gvisor_create_exec_ms_p50": p("gvisor_create_exec_ms", 0.5),
+            "gvisor_warm_create_exec_ms_p50": p("gvisor_warm_create_exec_ms", 0.5),
             "gvisor_pause_disk_ms_p50": p("gvisor_pause_disk_ms", 0.5),
             "gvisor_resume_disk_ms_p50": p("gvisor_resume_disk_ms", 0.5),
             "gvisor_snapshot_memory_ms_p50": p("gvisor_snapshot_memory_ms", 0.5),

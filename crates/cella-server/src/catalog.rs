@@ -199,13 +199,15 @@ impl Catalog {
     ///
     /// `missing`: disabled by the server's config, or more memory than the host has (unless
     /// overcommit is allowed), or the template's image is not on this host. `fast_ready`: a
-    /// warm pool sandbox of that size waits now, so a create only claims it; or the template
-    /// is `snapshot_boot` and its boot image of that size is there ([`Self::boots_from_image`]).
-    /// `cold_boot_only`: a create boots a sandbox (tens of milliseconds here).
+    /// warm pool sandbox of that size on the template's default runtime waits now, so a
+    /// create that names no runtime only claims it; or the template is `snapshot_boot` and its
+    /// boot image of that size is there ([`Self::boots_from_image`]). `cold_boot_only`: a
+    /// create boots a sandbox (tens of milliseconds here).
     pub fn readiness(&self, t: &TemplateEntry, size: Size) -> Readiness {
+        let runtime = self.runtimes_of(t).first().copied().unwrap_or_default();
         match self.available(t, size) {
             Readiness::Missing => Readiness::Missing,
-            _ if self.pool.ready(&t.id, size) > 0 => Readiness::FastReady,
+            _ if self.pool.ready_on(&t.id, size, runtime) > 0 => Readiness::FastReady,
             _ if self.boots_from_image(t, size) => Readiness::FastReady,
             _ => Readiness::ColdBootOnly,
         }
@@ -302,7 +304,8 @@ mod tests {
         assert_eq!(c.readiness(t, Size::Small), Readiness::ColdBootOnly);
         assert_eq!(c.readiness(t, Size::Xl), Readiness::Missing);
         assert_eq!(c.readiness(&entry(false), Size::Small), Readiness::Missing);
-        c.pool.claimed("base", Size::Small); // never below zero
+        c.pool
+            .claimed("base", Size::Small, cella_runtime::Runtime::Namespace); // never below zero
         assert_eq!(c.readiness(t, Size::Small), Readiness::ColdBootOnly);
     }
 

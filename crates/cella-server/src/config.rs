@@ -268,6 +268,9 @@ pub struct PoolConfig {
     pub sizes: std::collections::BTreeMap<String, u32>,
     /// Least time between two pool boots, to bound the background load of refilling.
     pub boot_interval_ms: u64,
+    /// `gvisor` sandboxes kept booted ahead per built-in template (that runs on gVisor), in its
+    /// default size, beside the namespace ones (needs `runsc`; 0: none).
+    pub gvisor: u32,
 }
 
 impl Default for PoolConfig {
@@ -276,6 +279,7 @@ impl Default for PoolConfig {
             default: 1,
             sizes: [("small".to_string(), 2)].into_iter().collect(),
             boot_interval_ms: 0,
+            gvisor: 0,
         }
     }
 }

@@ -858,6 +858,9 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     lifecycle::spawn_timers(state.clone());
     lifecycle::spawn_billing(state.clone());
     network::spawn_refresh(state.clone());
+    if let Err(e) = pool::recount(&state).await {
+        tracing::warn!("warm pool: {e}");
+    }
     pool::spawn(state.clone());
     let addr = listener.local_addr().map_err(ServeError::Serve)?;
     tracing::info!(

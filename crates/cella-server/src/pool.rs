@@ -14,27 +14,42 @@
 //! the agent (one `Ping`) before handing it out: a sandbox touched since, or one whose agent
 //! does not answer, is destroyed and the next one tried (the refill boots a new one).
 //!
-//! Readiness (`GET /api/v1/templates`) reads [`Pool::ready`]: `fast_ready` only where a ready
-//! pool sandbox waits now.
+//! Pools are per (template, size, isolation runtime). A template's pool (`[pool] default` and
+//! `sizes`, a custom template's `warm`) is of its default runtime, the one a create that names
+//! none gets. `[pool] gvisor` (default 0) adds that many `gvisor` sandboxes of each built-in
+//! template whose default is not gVisor but that runs on it here, in its default size (on a
+//! host without `runsc`: none, and a warning at start). A gVisor pool sandbox boots as a
+//! create without a `network` field would (loopback only, no link), so [`claimable`] lets only
+//! a create with that same policy take one; a create that asks for a link (a policy that lets
+//! something out, or model access), another size or a snapshot boots its own. The rest of a
+//! claim is the same on both runtimes: the `Ping`, the request's settings (`env` is the
+//! server's, given with every command), the id (the hostname) and the size's limits the
+//! sandbox booted with.
+//!
+//! Readiness (`GET /api/v1/templates`) reads [`Pool::ready_on`] of the template's default
+//! runtime: `fast_ready` only where such a ready pool sandbox waits now.
 //!
 //! - *Claim* ([`claim`]; `Store::claim_pooled`, one transaction). Its first statement reserves a
 //!   ready pool sandbox: an `UPDATE` that gives the oldest `running`, `ready` row of the pool's
-//!   workspace of that template and size to the caller's workspace, only while the workspace's
-//!   count of capped states is under its cap. Two concurrent claims never get the same row, and
-//!   the cap is never passed. The row is then inserted again as the request's (a new `seq`: it
-//!   lists as the newest), keeping what the running sandbox fixes (its id, which is its hostname,
-//!   size, resources, state, handle). The claim sets the clocks to now, counts the pool sandbox
-//!   gone at once (`Pool::claimed`, which wakes the refill) and starts its CPU seconds at zero
-//!   (`cpu_ns` is minus the cgroup's CPU time so far). A failure to install a non-default egress
-//!   policy destroys the sandbox and marks its row failed through the transition table (`Lost`).
-//! - *Refill* ([`spawn`], started after `reconcile`) loops on `refill`, woken by a claim or after
-//!   5 s. Per template and size the target is `[pool] sizes[size]`, else `[pool] default` (a
-//!   custom template's own `warm`, in its default size only), 0 for a missing size. While booting
-//!   and ready ones are fewer, `boot_one` inserts a row in the pool's workspace and boots it like
-//!   any sandbox, at least `[pool] boot_interval_ms` after the last pool boot; one that fails is
+//!   workspace of that template, size and runtime to the caller's workspace, only while the
+//!   workspace's count of capped states is under its cap. Two concurrent claims never get the same
+//!   row, and the cap is never passed. The row is then inserted again as the request's (a new
+//!   `seq`: it lists as the newest), keeping what the running sandbox fixes (its id, which is its
+//!   hostname, size, resources, state, handle). The claim sets the clocks to now, counts the pool
+//!   sandbox gone at once (`Pool::claimed`, which wakes the refill) and starts its CPU seconds at
+//!   zero (`cpu_ns` is minus the cgroup's CPU time so far). A failure to install a non-default
+//!   egress policy destroys the sandbox and marks its row failed through the transition table
+//!   (`Lost`).
+//! - *Refill* ([`spawn`], started after `reconcile` and [`recount`]) loops on `refill`, woken by a
+//!   claim or after 5 s. Per template and size the target is `[pool] sizes[size]`, else `[pool]
+//!   default` (a custom template's own `warm`, in its default size only), 0 for a missing size, and
+//!   `[pool] gvisor` for the gVisor pool (`targets`). While booting and ready ones are fewer,
+//!   `boot_one` inserts a row in the pool's workspace and boots it like any sandbox, at least
+//!   `[pool] boot_interval_ms` after the last pool boot, and logs it ready; one that fails is
 //!   discarded and tried again at the next round. Ready rows beyond the target are discarded
-//!   (`trim`). For `reconcile`, the liveness check and the timers, pool rows are sandboxes like
-//!   any other; one that dies goes to `error` and no longer counts.
+//!   (`trim`), those of a pool no target names too (a template gone, `runsc` gone, another default
+//!   runtime since the last start). For `reconcile`, the liveness check and the timers, pool rows
+//!   are sandboxes like any other; one that dies goes to `error` and no longer counts.
 //! - *Clean stop*: after SIGTERM or Ctrl-C, `serve` calls [`drain`]: no more pool boots, and every
 //!   pool sandbox is destroyed (users' sandboxes run on; the pool is booted again at the next
 //!   start). A `kill -9` leaves the pool to the next start, which finds it like any sandbox.
@@ -42,6 +57,7 @@
 use crate::rows::state_of;
 use crate::service::boot::boot_locked;
 use crate::AppState;
+use cella_runtime::Runtime;
 use cella_store::{SandboxRow, POOL_WORKSPACE};
 use cella_types::{Readiness, SandboxState, Size, ALL_SIZES};
 use std::collections::HashMap;
@@ -50,8 +66,8 @@ use std::time::Duration;
 
 #[derive(Default)]
 pub struct Pool {
-    /// Ready pool sandboxes per (template, size), as last counted.
-    ready: Mutex<HashMap<(String, Size), i64>>,
+    /// Ready pool sandboxes per (template, size, runtime), as last counted.
+    ready: Mutex<HashMap<(String, Size, Runtime), i64>>,
     wake: tokio::sync::Notify,
     last_boot: Mutex<Option<tokio::time::Instant>>,
     /// The server is stopping: no more pool boots.
@@ -59,27 +75,32 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// How many ready sandboxes of `template` and `size` wait now.
+    /// How many ready `namespace` sandboxes of `template` and `size` wait now.
     pub fn ready(&self, template: &str, size: Size) -> i64 {
+        self.ready_on(template, size, Runtime::Namespace)
+    }
+
+    /// How many ready sandboxes of `template` and `size` on `runtime` wait now.
+    pub fn ready_on(&self, template: &str, size: Size, runtime: Runtime) -> i64 {
         *self
             .ready
             .lock()
             .expect("pool lock")
-            .get(&(template.to_string(), size))
+            .get(&(template.to_string(), size, runtime))
             .unwrap_or(&0)
     }
 
-    fn set(&self, template: &str, size: Size, n: i64) {
+    fn set(&self, template: &str, size: Size, runtime: Runtime, n: i64) {
         self.ready
             .lock()
             .expect("pool lock")
-            .insert((template.to_string(), size), n);
+            .insert((template.to_string(), size, runtime), n);
     }
 
     /// One sandbox left the pool: count it at once (readiness must not lag) and refill.
-    pub fn claimed(&self, template: &str, size: Size) {
+    pub fn claimed(&self, template: &str, size: Size, runtime: Runtime) {
         let mut m = self.ready.lock().expect("pool lock");
-        let n = m.entry((template.to_string(), size)).or_insert(0);
+        let n = m.entry((template.to_string(), size, runtime)).or_insert(0);
         *n = (*n - 1).max(0);
         drop(m);
         self.wake.notify_one();
@@ -96,8 +117,32 @@ fn target(state: &AppState, size: Size) -> i64 {
     cfg.sizes.get(size.as_str()).copied().unwrap_or(cfg.default) as i64
 }
 
+/// The network policy a `gvisor` pool sandbox boots with: a create without a `network` field's.
+pub fn gvisor_default_network() -> cella_types::NetworkPolicy {
+    cella_types::NetworkPolicy {
+        egress: cella_types::Egress::Deny,
+        ..Default::default()
+    }
+}
+
+/// Whether a create of `row` (as made by `admit`) may take a pool sandbox: one the pool keeps
+/// as it would boot it.
+pub fn claimable(row: &SandboxRow) -> bool {
+    match Runtime::parse(&row.isolation) {
+        Some(Runtime::Namespace) => true,
+        Some(Runtime::Gvisor) => row.network == gvisor_default_network(),
+        None => false,
+    }
+}
+
 /// Starts the refill task.
 pub fn spawn(state: Arc<AppState>) {
+    if state.config.pool.gvisor > 0 && !state.catalog.runs(Runtime::Gvisor) {
+        tracing::warn!(
+            "[pool] gvisor = {}, but this host cannot run gvisor (runsc is not installed): no gVisor sandboxes are kept",
+            state.config.pool.gvisor
+        );
+    }
     tokio::spawn(async move {
         loop {
             if let Err(e) = refill(&state).await {
@@ -109,13 +154,56 @@ pub fn spawn(state: Arc<AppState>) {
     });
 }
 
-/// Boots pool sandboxes until every (template, size) has its target, one at a time; removes
-/// pool sandboxes beyond the target (after a config change) and ones that died.
+/// Counts the ready pool sandboxes the store holds (at a start, before the first request: a
+/// create at once after a restart claims one that survived it, and readiness says so).
+pub async fn recount(state: &AppState) -> Result<(), cella_store::StoreError> {
+    for r in state.store.pool_rows().await? {
+        let runtime = Runtime::parse(&r.isolation).unwrap_or_default();
+        let (_, ready) = state
+            .store
+            .pool_counts(&r.template_id, r.size, runtime.as_str())
+            .await?;
+        state.pool().set(&r.template_id, r.size, runtime, ready);
+    }
+    Ok(())
+}
+
+/// Boots pool sandboxes until every (template, size, runtime) has its target, one at a time;
+/// removes ready pool sandboxes beyond the target (after a config change, or of a pool no
+/// longer kept: a template or runtime gone, the default runtime changed).
 pub(crate) async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::StoreError> {
+    let mut pools = targets(state);
+    // Pools nothing asks for any more are emptied.
+    for r in state.store.pool_rows().await? {
+        let runtime = Runtime::parse(&r.isolation).unwrap_or_default();
+        if !pools
+            .iter()
+            .any(|(t, s, rt, _)| *t == r.template_id && *s == r.size && *rt == runtime)
+        {
+            pools.push((r.template_id, r.size, runtime, 0));
+        }
+    }
+    for (template, size, runtime, want) in pools {
+        if !top_up(state, &template, size, runtime, want).await? {
+            return Ok(()); // the server is stopping
+        }
+    }
+    Ok(())
+}
+
+/// How many pool sandboxes each (template, size, runtime) should have, in the order they are
+/// filled. A template's pool is of its default runtime (what a create that names none
+/// gets): `[pool] sizes`/`default` for a built-in template, `warm` in its default size for a
+/// custom one, 0 for a missing size. A built-in template whose default is not `gvisor` but
+/// that runs on it here also gets `[pool] gvisor` of them in its default size.
+fn targets(state: &AppState) -> Vec<(String, Size, Runtime, i64)> {
+    let mut out = Vec::new();
     for t in state.catalog.templates() {
-        let t = &t;
+        let runtimes = state.catalog.runtimes_of(&t);
+        let default = runtimes.first().copied().unwrap_or_default();
         for size in ALL_SIZES {
-            let want = if state.catalog.available(t, size) == Readiness::Missing {
+            let missing = state.catalog.available(&t, size) == Readiness::Missing;
+            let want = if missing {
                 0
             } else if t.workspace_id.is_some() {
                 // A custom template: its own `warm`, in its default size.
@@ -127,42 +215,68 @@ pub(crate) async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::Sto
             } else {
                 target(state, size)
             };
-            loop {
-                let (booting, ready) = state.store.pool_counts(&t.id, size).await?;
-                state.pool().set(&t.id, size, ready);
-                if booting + ready >= want {
-                    if ready > want {
-                        trim(state, &t.id, size, ready - want).await?;
-                    }
-                    break;
-                }
-                let interval = Duration::from_millis(state.config.pool.boot_interval_ms);
-                let last = *state.pool().last_boot.lock().expect("pool lock");
-                if let Some(last) = last {
-                    tokio::time::sleep_until(last + interval).await;
-                }
-                *state.pool().last_boot.lock().expect("pool lock") =
-                    Some(tokio::time::Instant::now());
-                if state
-                    .pool()
-                    .stopping
-                    .load(std::sync::atomic::Ordering::Relaxed)
-                {
-                    return Ok(());
-                }
-                if !boot_one(state, &t.id, size).await? {
-                    break; // it failed to boot: try again at the next round
-                }
+            out.push((t.id.clone(), size, default, want));
+            if t.workspace_id.is_none()
+                && default != Runtime::Gvisor
+                && runtimes.contains(&Runtime::Gvisor)
+            {
+                let gvisor = if size == t.default_size && !missing {
+                    state.config.pool.gvisor as i64
+                } else {
+                    0
+                };
+                out.push((t.id.clone(), size, Runtime::Gvisor, gvisor));
             }
         }
     }
-    Ok(())
+    out
+}
+
+/// Boots pool sandboxes of one (template, size, runtime) up to `want`, one at a time, or
+/// removes the ready ones beyond it. False when the server is stopping.
+async fn top_up(
+    state: &Arc<AppState>,
+    template: &str,
+    size: Size,
+    runtime: Runtime,
+    want: i64,
+) -> Result<bool, cella_store::StoreError> {
+    loop {
+        let (booting, ready) = state
+            .store
+            .pool_counts(template, size, runtime.as_str())
+            .await?;
+        state.pool().set(template, size, runtime, ready);
+        if booting + ready >= want {
+            if ready > want {
+                trim(state, template, size, runtime, ready - want).await?;
+            }
+            return Ok(true);
+        }
+        let interval = Duration::from_millis(state.config.pool.boot_interval_ms);
+        let last = *state.pool().last_boot.lock().expect("pool lock");
+        if let Some(last) = last {
+            tokio::time::sleep_until(last + interval).await;
+        }
+        *state.pool().last_boot.lock().expect("pool lock") = Some(tokio::time::Instant::now());
+        if state
+            .pool()
+            .stopping
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Ok(false);
+        }
+        if !boot_one(state, template, size, runtime).await? {
+            return Ok(true); // it failed to boot: try again at the next round
+        }
+    }
 }
 
 async fn boot_one(
     state: &Arc<AppState>,
     template: &str,
     size: Size,
+    runtime: Runtime,
 ) -> Result<bool, cella_store::StoreError> {
     let (cpus, mem, disk) = size.shape();
     // A template app in the pool starts with the template's environment.
@@ -178,6 +292,12 @@ async fn boot_one(
         always_on: true,
         persistent: false,
         env,
+        isolation: runtime.as_str().to_string(),
+        network: if runtime == Runtime::Gvisor {
+            gvisor_default_network()
+        } else {
+            cella_types::NetworkPolicy::default()
+        },
         ..SandboxRow::new(
             crate::util::new_id("sb"),
             POOL_WORKSPACE.into(),
@@ -209,9 +329,16 @@ async fn boot_one(
         );
         discard(state, &row).await?;
     } else {
-        state
-            .pool()
-            .set(template, size, state.pool().ready(template, size) + 1);
+        tracing::info!(
+            "warm pool sandbox {} ready ({template}, {size}, {runtime})",
+            row.id
+        );
+        state.pool().set(
+            template,
+            size,
+            runtime,
+            state.pool().ready_on(template, size, runtime) + 1,
+        );
     }
     Ok(ok)
 }
@@ -220,12 +347,18 @@ async fn trim(
     state: &Arc<AppState>,
     template: &str,
     size: Size,
+    runtime: Runtime,
     n: i64,
 ) -> Result<(), cella_store::StoreError> {
     let rows = state.store.pool_rows().await?;
     for r in rows
         .into_iter()
-        .filter(|r| r.template_id == template && r.size == size)
+        .filter(|r| {
+            r.template_id == template
+                && r.size == size
+                && r.isolation == runtime.as_str()
+                && r.ready
+        })
         .take(n as usize)
     {
         let _guard = state.locks.lock(&r.id).await;
@@ -320,7 +453,10 @@ pub async fn claim(
     cap: u32,
 ) -> Result<Option<Result<SandboxRow, ()>>, cella_store::StoreError> {
     let size = new.size;
-    if state.pool().ready(&new.template_id, size) == 0 {
+    let Some(runtime) = Runtime::parse(&new.isolation) else {
+        return Ok(None);
+    };
+    if !claimable(new) || state.pool().ready_on(&new.template_id, size, runtime) == 0 {
         return Ok(None);
     }
     let now = crate::util::now_ms();
@@ -355,7 +491,7 @@ pub async fn claim(
             }
             cella_store::Claim::AtCap => return Ok(Some(Err(()))),
         };
-        state.pool().claimed(&row.template_id, size);
+        state.pool().claimed(&row.template_id, size, runtime);
         let guard = state.locks.lock(&row.id).await;
         match crate::timing::phase(
             "agent.ping",
@@ -381,7 +517,8 @@ pub async fn claim(
     };
     let handle = crate::rows::handle_or_none(&row);
     let policy = row.network.clone();
-    if policy != cella_types::NetworkPolicy::default() {
+    // (A gVisor pool sandbox is claimed only with the policy it booted with.)
+    if runtime == Runtime::Namespace && policy != cella_types::NetworkPolicy::default() {
         if let (Some(dns), Some(h)) = (&state.network, &handle) {
             let rules = crate::network::rules(&policy, dns).await;
             if let Err(e) = state.driver.update_network(h, &rules).await {

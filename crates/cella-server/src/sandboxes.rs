@@ -362,7 +362,7 @@ async fn create_admitted(
     let model_access = req.model_access.unwrap_or(false);
     // The fast path: a sandbox of the warm pool, already running (not for model access,
     // whose token and firewall opening are made at its boot).
-    let pooled = row.isolation == Runtime::Namespace.as_str();
+    let pooled = crate::pool::claimable(&row);
     if req.wait.unwrap_or(true) && row.snapshot_id.is_none() && !model_access && pooled {
         match crate::pool::claim(state, &row, cap).await? {
             Some(Ok(claimed)) => {

@@ -16,10 +16,11 @@
 //! and drops to the sandbox's user ids, which needs root. A paused fake sandbox's agent holds
 //! every request until it is resumed, as a frozen one does.
 //!
-//! Knobs: [`FakeDriver::fail`] makes every call of an operation fail (until
-//! [`FakeDriver::heal`]), [`FakeDriver::delay`] makes it slow, [`FakeDriver::kill`] ends a
-//! sandbox's processes behind the server's back (it is no longer `alive`, its probe says
-//! `Gone`, its files stay), and [`FakeDriver::calls`] records what the server asked for.
+//! Knobs: [`FakeDriver::run_gvisor`] makes it run `gvisor` sandboxes too (fake ones),
+//! [`FakeDriver::fail`] makes every call of an operation fail (until [`FakeDriver::heal`]),
+//! [`FakeDriver::delay`] makes it slow, [`FakeDriver::kill`] ends a sandbox's processes behind
+//! the server's back (it is no longer `alive`, its probe says `Gone`, its files stay), and
+//! [`FakeDriver::calls`] records what the server asked for.
 
 use async_trait::async_trait;
 use cella_agent::client::AgentClient;
@@ -83,6 +84,8 @@ pub struct FakeDriver {
     dir: PathBuf,
     inner: Mutex<Inner>,
     on_exec: Arc<Mutex<Arc<ExecFn>>>,
+    /// It also runs `gvisor` sandboxes ([`FakeDriver::run_gvisor`]).
+    gvisor: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -154,7 +157,14 @@ impl FakeDriver {
             dir: dir.into(),
             inner: Mutex::default(),
             on_exec: Arc::new(Mutex::new(Arc::new(echo))),
+            gvisor: Default::default(),
         }
+    }
+
+    /// Whether it also runs `gvisor` sandboxes (as a host with `runsc` does; they are fake
+    /// sandboxes like the others). A server reads this when its state is built.
+    pub fn run_gvisor(&self, yes: bool) {
+        self.gvisor.store(yes, Ordering::Relaxed);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -295,6 +305,10 @@ fn gone(id: &str) -> DriverError {
 impl Driver for FakeDriver {
     fn name(&self) -> &'static str {
         "fake"
+    }
+
+    fn supports(&self, runtime: cella_runtime::Runtime) -> bool {
+        runtime == cella_runtime::Runtime::Namespace || self.gvisor.load(Ordering::Relaxed)
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError> {

@@ -318,7 +318,7 @@ impl Store {
         let q = format!(
             "UPDATE sandboxes SET workspace_id = ? WHERE id = ( \
                SELECT id FROM sandboxes WHERE workspace_id = ? AND template_id = ? AND size = ? \
-               AND state = 'running' AND ready = 1 ORDER BY seq LIMIT 1) \
+               AND isolation = ? AND state = 'running' AND ready = 1 ORDER BY seq LIMIT 1) \
              AND (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ? \
              RETURNING id"
         );
@@ -327,6 +327,7 @@ impl Store {
             .bind(POOL_WORKSPACE)
             .bind(&new.template_id)
             .bind(new.size.as_str())
+            .bind(&new.isolation)
             .bind(&new.workspace_id)
             .bind(cap as i64)
             .fetch_optional(&mut *tx)
@@ -335,11 +336,12 @@ impl Store {
             tx.rollback().await?;
             let ready: i64 = sqlx::query_scalar(
                 "SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND template_id = ? \
-                 AND size = ? AND state = 'running' AND ready = 1",
+                 AND size = ? AND isolation = ? AND state = 'running' AND ready = 1",
             )
             .bind(POOL_WORKSPACE)
             .bind(&new.template_id)
             .bind(new.size.as_str())
+            .bind(&new.isolation)
             .fetch_one(&self.pool)
             .await?;
             return Ok(if ready == 0 {
@@ -431,15 +433,22 @@ impl Store {
         Ok(())
     }
 
-    /// Pool sandboxes of a template and size that are booting or ready: (booting, ready).
-    pub async fn pool_counts(&self, template: &str, size: Size) -> Result<(i64, i64)> {
+    /// Pool sandboxes of a template, size and isolation runtime that are booting or ready:
+    /// (booting, ready).
+    pub async fn pool_counts(
+        &self,
+        template: &str,
+        size: Size,
+        isolation: &str,
+    ) -> Result<(i64, i64)> {
         let (booting, ready): (i64, i64) = sqlx::query_as(
             "SELECT COALESCE(SUM(state = 'provisioning'), 0), COALESCE(SUM(state = 'running' AND ready = 1), 0) \
-             FROM sandboxes WHERE workspace_id = ? AND template_id = ? AND size = ?",
+             FROM sandboxes WHERE workspace_id = ? AND template_id = ? AND size = ? AND isolation = ?",
         )
         .bind(POOL_WORKSPACE)
         .bind(template)
         .bind(size.as_str())
+        .bind(isolation)
         .fetch_one(&self.pool)
         .await?;
         Ok((booting, ready))

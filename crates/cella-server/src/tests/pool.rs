@@ -172,3 +172,180 @@ async fn a_pool_boot_that_fails_leaves_nothing() {
     crate::pool::refill(&s.state).await.expect("refill");
     assert_eq!(pool_ids(&s).await.len(), 2);
 }
+
+/// A server on a fake host that runs gVisor too, whose pool keeps `n` gVisor base sandboxes
+/// (and no namespace ones unless `f` says so).
+async fn with_gvisor_pool(n: u32, f: impl FnOnce(&mut Config)) -> Server {
+    let dir = Arc::new(tempfile::tempdir().expect("temp dir"));
+    let fake = Arc::new(crate::testing::FakeDriver::new(dir.path().join("agents")));
+    fake.run_gvisor(true);
+    let mut c = config(dir.path());
+    c.pool.gvisor = n;
+    f(&mut c);
+    Server::boot(dir, fake, c).await
+}
+
+/// The pool's sandboxes as (id, size, isolation).
+async fn pool_rows(s: &Server) -> Vec<(String, String, String)> {
+    let rows = s.state.store.pool_rows().await.expect("pool rows");
+    rows.into_iter()
+        .map(|r| (r.id, r.size.to_string(), r.isolation))
+        .collect()
+}
+
+/// Stops `s` and starts a server on the same data directory and fake host, with the config
+/// `f` changes and gVisor run or not, reconciled as `serve` does.
+async fn restart_with(s: Server, gvisor: bool, f: impl FnOnce(&mut Config)) -> Server {
+    let (fake, mut c, dir) = s.stop();
+    fake.run_gvisor(gvisor);
+    f(&mut c);
+    let s = Server::boot(dir, fake, c).await;
+    crate::sandboxes::reconcile(&s.state)
+        .await
+        .expect("reconcile");
+    s
+}
+
+#[tokio::test]
+async fn a_gvisor_pool_sandbox_goes_only_to_a_create_that_would_boot_it_the_same() {
+    let s = with_gvisor_pool(1, |_| {}).await;
+    crate::pool::refill(&s.state).await.expect("refill");
+    let pooled = pool_rows(&s).await;
+    assert_eq!(pooled.len(), 1, "{pooled:?}");
+    let (gv, size, isolation) = pooled[0].clone();
+    assert_eq!((size.as_str(), isolation.as_str()), ("small", "gvisor"));
+    let spec = s.fake.spec(&gv).expect("booted");
+    assert_eq!(spec.runtime, cella_runtime::Runtime::Gvisor);
+    assert!(
+        spec.network.is_none(),
+        "loopback only, as a create without network"
+    );
+    // `base` runs on namespace by default: its readiness is that pool's.
+    assert_eq!(readiness(&s, "small").await, "cold_boot_only");
+
+    // Creates that would boot another sandbox boot their own.
+    for body in [
+        json!({}),
+        json!({"runtime": "namespace"}),
+        json!({"runtime": "gvisor", "size": "xs"}),
+        json!({"runtime": "gvisor", "network": {"egress": "allow"}}),
+        json!({"runtime": "gvisor", "network": {"egress": "deny", "allow": ["10.1.2.3"]}}),
+    ] {
+        let sb = s.create(body.clone()).await;
+        assert_ne!(id(&sb), gv, "{body} took the gVisor pool sandbox");
+    }
+    let (status, v) = s
+        .call(
+            "POST",
+            "/api/v1/sandboxes",
+            Some(json!({"runtime": "gvisor", "wait": false})),
+        )
+        .await;
+    assert_eq!(status, 202, "{v}");
+    assert_ne!(id(&v["data"]), gv);
+    assert_eq!(pool_rows(&s).await, pooled, "still waiting");
+
+    // A gVisor create as the pool booted it (an explicit deny-all is the default) claims it,
+    // with its own settings, and nothing is installed in it.
+    let sb = s
+        .create(json!({"runtime": "gvisor", "network": {"egress": "deny"}, "env": {"A": "b"}, "metadata": {"k": "v"}}))
+        .await;
+    assert_eq!(id(&sb), gv, "claimed from the gVisor pool");
+    assert_eq!(sb["runtime"], "gvisor");
+    assert_eq!(sb["metadata"]["k"], "v");
+    assert_eq!(s.fake.count(Op::Create, &gv), 1, "booted once, by the pool");
+    assert_eq!(s.fake.count(Op::UpdateNetwork, &gv), 0);
+    let row = s.state.store.sandbox(&gv).await.unwrap().unwrap();
+    assert_eq!(row.env.get("A").map(String::as_str), Some("b"));
+    assert!(pool_rows(&s).await.is_empty());
+    // Refilled: a gVisor one again, none of namespace.
+    crate::pool::refill(&s.state).await.expect("refill");
+    let again = pool_rows(&s).await;
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0].0, gv);
+    assert_eq!(again[0].2, "gvisor");
+}
+
+#[tokio::test]
+async fn each_runtimes_pool_serves_its_own_creates() {
+    let s = with_gvisor_pool(1, |c| {
+        c.pool.sizes.insert("small".into(), 1);
+    })
+    .await;
+    crate::pool::refill(&s.state).await.expect("refill");
+    let pooled = pool_rows(&s).await;
+    let of = |rt: &str| {
+        pooled
+            .iter()
+            .find(|p| p.2 == rt)
+            .map(|p| p.0.clone())
+            .expect("one of that runtime")
+    };
+    let (ns, gv) = (of("namespace"), of("gvisor"));
+    assert_eq!(pooled.len(), 2);
+    let a = s.create(json!({"runtime": "gvisor"})).await;
+    assert_eq!((id(&a), &a["runtime"]), (gv.clone(), &json!("gvisor")));
+    let b = s.create(json!({})).await;
+    assert_eq!((id(&b), &b["runtime"]), (ns.clone(), &json!("namespace")));
+    // Both taken: the next of each boots.
+    let c = s.create(json!({"runtime": "gvisor"})).await;
+    assert!(id(&c) != gv && id(&c) != ns);
+}
+
+#[tokio::test]
+async fn the_gvisor_pool_follows_the_config_and_the_host() {
+    // A host without runsc: the server starts and keeps no gVisor sandbox.
+    let dir = Arc::new(tempfile::tempdir().expect("temp dir"));
+    let fake = Arc::new(crate::testing::FakeDriver::new(dir.path().join("agents")));
+    let mut c = config(dir.path());
+    c.pool.gvisor = 1;
+    let s = Server::boot(dir, fake, c).await;
+    crate::pool::refill(&s.state).await.expect("refill");
+    assert!(pool_rows(&s).await.is_empty());
+    assert!(s.fake.ids().is_empty());
+
+    // With runsc: two; then the number goes down to 0 and they go.
+    let s = restart_with(s, true, |c| c.pool.gvisor = 2).await;
+    crate::pool::refill(&s.state).await.expect("refill");
+    assert_eq!(pool_rows(&s).await.len(), 2);
+    let s = restart_with(s, true, |c| c.pool.gvisor = 0).await;
+    crate::pool::refill(&s.state).await.expect("refill");
+    assert!(pool_rows(&s).await.is_empty());
+    assert!(s.fake.ids().is_empty(), "{:?}", s.fake.ids());
+
+    // runsc gone after a restart: the gVisor ones left are removed too.
+    let s = restart_with(s, true, |c| c.pool.gvisor = 1).await;
+    crate::pool::refill(&s.state).await.expect("refill");
+    assert_eq!(pool_rows(&s).await.len(), 1);
+    let s = restart_with(s, false, |_| {}).await;
+    crate::pool::refill(&s.state).await.expect("refill");
+    assert!(pool_rows(&s).await.is_empty());
+    assert!(s.fake.ids().is_empty(), "{:?}", s.fake.ids());
+
+    // gVisor the default runtime: the pool of `[pool] sizes` is of gVisor sandboxes (what a
+    // create that names none gets), its readiness is theirs, and the namespace ones of before
+    // are removed.
+    let s = restart_with(s, true, |c| {
+        c.pool.gvisor = 0;
+        c.pool.sizes.insert("small".into(), 1);
+    })
+    .await;
+    crate::pool::refill(&s.state).await.expect("refill");
+    let before = pool_rows(&s).await;
+    assert_eq!(before.len(), 1);
+    assert_eq!(before[0].2, "namespace");
+    let s = restart_with(s, true, |c| c.runtime.default = "gvisor".into()).await;
+    crate::pool::refill(&s.state).await.expect("refill");
+    let after = pool_rows(&s).await;
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_eq!(after[0].2, "gvisor");
+    assert_eq!(
+        s.fake.state(&before[0].0),
+        None,
+        "the namespace one is gone"
+    );
+    assert_eq!(readiness(&s, "small").await, "fast_ready");
+    let sb = s.create(json!({})).await;
+    assert_eq!(id(&sb), after[0].0);
+    assert_eq!(sb["runtime"], "gvisor");
+}
