@@ -238,6 +238,63 @@ fn a_gvisor_boot_takes_a_disk_formatted_ahead_by_the_pool() {
 }
 
 #[test]
+fn on_a_gvisor_server_template_builds_run_their_steps_on_gvisor() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start_with("[runtime]\ndefault = \"gvisor\"\n");
+    let spec = json!({
+        "id": "gvbuilt",
+        "steps": [
+            { "run": "mkdir -p /opt/app && echo built > /opt/app/built.txt && cat /proc/version > /opt/app/kernel" },
+            { "copy": { "src": "index.html", "dest": "/opt/app/index.html" } },
+            { "run": "rm /opt/app/built.txt && printf '#!/bin/sh\\necho tool-ran\\n' > /usr/local/bin/mytool && chmod +x /usr/local/bin/mytool" },
+            { "user": "user" },
+            { "run": "echo mine > /home/user/mine.txt" }
+        ],
+        "files": { "index.html": { "content": "<h1>built on gVisor</h1>" } },
+        "default_size": "xs"
+    });
+    let b = common::build(&s, KEY, &spec);
+    assert_eq!(b["state"], "ready", "{b}\n{}", s.log());
+    let host = std::fs::read_to_string("/proc/version").unwrap();
+    let check = |id: &str| {
+        let out = s.sh(
+            id,
+            "echo /opt/app/*; cat /opt/app/index.html; echo; mytool; \
+             python3 -c \"import os; print(os.stat('/home/user/mine.txt').st_uid, os.stat('/opt/app/kernel').st_uid)\"",
+        );
+        assert_eq!(
+            out["stdout"],
+            "/opt/app/index.html /opt/app/kernel\n<h1>built on gVisor</h1>\ntool-ran\n1000 0\n",
+            "{out}"
+        );
+        s.sh(id, "cat /opt/app/kernel")["stdout"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    // Its first step ran on gVisor's kernel, not the host's.
+    let on_gvisor = s.create(json!({ "template_id": "gvbuilt" }));
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{on_gvisor}")).data()["runtime"],
+        "gvisor"
+    );
+    let kernel = check(&on_gvisor);
+    assert_ne!(kernel.trim(), host.trim());
+    assert!(
+        kernel.contains("gVisor") || kernel.contains("4.4.0"),
+        "the step did not run on gVisor: {kernel}"
+    );
+    // The layers serve the namespace runtime as well, with the same owners.
+    let on_namespace = s.create(json!({ "template_id": "gvbuilt", "runtime": "namespace" }));
+    assert_eq!(check(&on_namespace), kernel);
+    for id in [on_gvisor, on_namespace] {
+        assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+    }
+}
+
+#[test]
 fn templates_say_which_runtimes_they_run_on() {
     if !have_runsc() {
         return;

@@ -38,7 +38,8 @@
 //!    skeleton layer goes on top. For each `run` or `copy` step the cache key is the digest so
 //!    far: a layer already complete under that key is used as it is (`cached`), else `run_step`
 //!    makes it. After each step the progress is written to the build's row.
-//! 3. `run_step` boots a build sandbox through the driver with no row: id `bld...`, hostname
+//! 3. `run_step` boots a build sandbox through the driver with no row, on the server's default
+//!    runtime (`[runtime] default`; on `gvisor` each step runs on gVisor's kernel): id `bld...`, hostname
 //!    `build`, the layers so far and the base's binds, the `small` shape, 4096 pids, the default
 //!    egress rules and a plain writable layer (no disk image). A `run` step is one exec of
 //!    `/bin/bash -c 'mkdir -p DIR && cd DIR && CMD'` as the user in force (root by default), 30
@@ -972,7 +973,8 @@ async fn run_step(
     let (cpus, mem, disk) = Size::Small.shape();
     let spec = SandboxSpec {
         id: id.clone(),
-        runtime: cella_runtime::Runtime::Namespace,
+        // The runtime the operator chose for untrusted code: a step is a tenant's command.
+        runtime: state.catalog.default_runtime(),
         hostname: "build".into(),
         image: TemplateImage {
             template_id: base.template_id.clone(),

@@ -91,6 +91,11 @@ impl Catalog {
         self.runtimes.contains(&runtime)
     }
 
+    /// The server's default runtime (`[runtime] default`): template builds' steps run on it.
+    pub fn default_runtime(&self) -> cella_runtime::Runtime {
+        self.runtimes.first().copied().unwrap_or_default()
+    }
+
     /// Whether a create of template `t` in `size` without a runtime of its own restores from
     /// the template's boot image now (`snapshot_boot`, gVisor its default, the image there).
     pub fn boots_from_image(&self, t: &TemplateEntry, size: Size) -> bool {

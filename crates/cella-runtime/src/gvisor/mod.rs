@@ -104,8 +104,11 @@
 //! and resumes it with a new handle; a create with `boot_image` starts from that directory as
 //! from a snapshot's.
 //!
-//! Not on gVisor yet (refused with [`DriverError::Unsupported`] naming it): layer export
-//! (template builds), and a boot image of a sandbox with a link.
+//! A template build's step ([`SandboxSpec::plain_layer`]) gets no disk image: its writable
+//! layer is the directory `upper/`, exported as the namespace driver exports one
+//! (`namespace::export_upper`); the gofer wrote it with the ids the sandbox sees, so it needs
+//! no shift. Not on gVisor yet (refused with [`DriverError::Unsupported`] naming it): a boot
+//! image of a sandbox with a link.
 //!
 //! A restore used to start, now and then, with the agent (PID 1) dying of a `SIGSEGV` in tokio's
 //! I/O driver, the same image every time: this runsc resurrects deleted epoll interests at a
@@ -292,7 +295,7 @@ impl GvisorDriver {
         let image = dir.join(crate::disk::IMAGE);
         let disk = if image.exists() {
             Some(image)
-        } else if self.disk_quota && !dir.join("upper").exists() {
+        } else if self.disk_quota && !spec.plain_layer && !dir.join("upper").exists() {
             Some(match &self.disks {
                 Some(pool) => pool.take(&dir, spec.disk_size_mb)?,
                 None => crate::disk::ensure_image(&dir, spec.disk_size_mb)?,
@@ -373,9 +376,6 @@ impl GvisorDriver {
     /// Starts the sandbox; answers its handle and whether it was restored from a snapshot's
     /// checkpoint (its agent then waits to be woken).
     fn launch(&self, spec: &SandboxSpec) -> Result<(SandboxHandle, bool), DriverError> {
-        if spec.plain_layer {
-            return Err(Self::unsupported("building a template"));
-        }
         // A container of the same id left by a crash: runsc refuses to make it again.
         self.runsc_delete(&spec.id);
         let cgroup_path = self.cgroup_path(&spec.id);
@@ -1162,8 +1162,14 @@ impl Driver for GvisorDriver {
         }
     }
 
-    async fn export_layer(&self, _id: &str, _dest: &Path) -> Result<(), DriverError> {
-        Err(Self::unsupported("building a template"))
+    async fn export_layer(&self, id: &str, dest: &Path) -> Result<(), DriverError> {
+        let dir = self.sandbox_dir(id);
+        let binds = std::fs::read(dir.join(LAUNCH_FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<GvisorLaunch>(&b).ok())
+            .map(|c| c.launch.binds)
+            .unwrap_or_default();
+        crate::namespace::export_upper(&dir, id, dest, &binds).await
     }
 
     async fn delete_snapshot(&self, _snapshot_id: &str) -> Result<(), DriverError> {

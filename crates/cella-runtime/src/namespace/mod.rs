@@ -741,56 +741,13 @@ impl Driver for NamespaceDriver {
 
     async fn export_layer(&self, id: &str, dest: &Path) -> Result<(), DriverError> {
         let dir = self.sandbox_dir(id);
-        let upper = dir.join("upper");
-        if !upper.is_dir() {
-            return Err(DriverError::Unsupported(format!(
-                "sandbox {id} has no plain writable layer to export"
-            )));
-        }
         // What the sandbox changed under a layered bind (/usr) goes to that place in the layer.
         let binds: Vec<crate::rootfs::Bind> = std::fs::read(dir.join("launch.json"))
             .ok()
             .and_then(|b| serde_json::from_slice::<LaunchConfig>(&b).ok())
             .map(|c| c.binds)
             .unwrap_or_default();
-        if let Some(parent) = dest.parent() {
-            tokio::fs::create_dir_all(parent).await?;
-        }
-        tokio::fs::rename(&upper, dest).await?;
-        for b in binds.iter().filter(|b| b.layered) {
-            let from = dir
-                .join("binds")
-                .join(mounts::bind_name(&b.dst))
-                .join("upper");
-            if !from.is_dir() || std::fs::read_dir(&from)?.next().is_none() {
-                continue;
-            }
-            let to = dest.join(b.dst.strip_prefix("/").unwrap_or(&b.dst));
-            if let Ok(m) = std::fs::symlink_metadata(&to) {
-                // The mount point the overlay made in the root layer: replaced by the changes.
-                if m.is_dir() {
-                    std::fs::remove_dir_all(&to)?;
-                } else {
-                    std::fs::remove_file(&to)?;
-                }
-            }
-            if let Some(p) = to.parent() {
-                std::fs::create_dir_all(p)?;
-            }
-            std::fs::rename(&from, &to)?;
-        }
-        // Layers hold ids from 0 (sandboxes see them through id-mapped mounts); the sandbox's
-        // files carry its range's host ids.
-        let base = crate::userns::recorded_base(&dir).unwrap_or(0);
-        if base != 0 {
-            let dest = dest.to_path_buf();
-            tokio::task::spawn_blocking(move || {
-                crate::userns::shift_tree(&dest, base, 0, crate::userns::IdMap::COUNT)
-            })
-            .await
-            .map_err(|e| DriverError::Launch(e.to_string()))??;
-        }
-        Ok(())
+        export_upper(&dir, id, dest, &binds).await
     }
 
     async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), DriverError> {
@@ -868,4 +825,59 @@ impl Driver for NamespaceDriver {
         ids.dedup();
         ids
     }
+}
+
+/// Moves the plain writable layer of the stopped sandbox in `dir` (and what it changed under
+/// its layered `binds`, at their places) to `dest`, its ids from 0: a template build's step,
+/// on either runtime (a gVisor sandbox's files already hold its own ids).
+pub(crate) async fn export_upper(
+    dir: &Path,
+    id: &str,
+    dest: &Path,
+    binds: &[crate::rootfs::Bind],
+) -> Result<(), DriverError> {
+    let upper = dir.join("upper");
+    if !upper.is_dir() {
+        return Err(DriverError::Unsupported(format!(
+            "sandbox {id} has no plain writable layer to export"
+        )));
+    }
+    if let Some(parent) = dest.parent() {
+        tokio::fs::create_dir_all(parent).await?;
+    }
+    tokio::fs::rename(&upper, dest).await?;
+    for b in binds.iter().filter(|b| b.layered) {
+        let from = dir
+            .join("binds")
+            .join(mounts::bind_name(&b.dst))
+            .join("upper");
+        if !from.is_dir() || std::fs::read_dir(&from)?.next().is_none() {
+            continue;
+        }
+        let to = dest.join(b.dst.strip_prefix("/").unwrap_or(&b.dst));
+        if let Ok(m) = std::fs::symlink_metadata(&to) {
+            // The mount point the overlay made in the root layer: replaced by the changes.
+            if m.is_dir() {
+                std::fs::remove_dir_all(&to)?;
+            } else {
+                std::fs::remove_file(&to)?;
+            }
+        }
+        if let Some(p) = to.parent() {
+            std::fs::create_dir_all(p)?;
+        }
+        std::fs::rename(&from, &to)?;
+    }
+    // Layers hold ids from 0 (sandboxes see them through id-mapped mounts); the sandbox's
+    // files carry its range's host ids.
+    let base = crate::userns::recorded_base(dir).unwrap_or(0);
+    if base != 0 {
+        let dest = dest.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            crate::userns::shift_tree(&dest, base, 0, crate::userns::IdMap::COUNT)
+        })
+        .await
+        .map_err(|e| DriverError::Launch(e.to_string()))??;
+    }
+    Ok(())
 }
