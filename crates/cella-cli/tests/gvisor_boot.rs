@@ -171,6 +171,20 @@ fn later_creates_of_a_snapshot_boot_template_restore_its_first_boot() {
     let draw = |id: &str| s.sh(id, "od -An -N16 -tx1 /dev/urandom")["stdout"].clone();
     assert_ne!(draw(&second), draw(&twin));
 
+    // A create with a link restores it too, on a link of its own: an address of its own
+    // on eth0 (the image was saved without one).
+    let linked = create(
+        &s,
+        json!({ "template_id": "counter", "network": { "egress": "allow" } }),
+    );
+    assert_eq!(count(&s, &linked).0, boot, "the linked create booted cold");
+    let addr = s.sh(&linked, "ip -4 -o addr show eth0 | awk '{print $4}'");
+    assert!(
+        addr["stdout"].as_str().unwrap().contains('/'),
+        "no address on eth0: {addr}"
+    );
+    assert_eq!(images(&s), made, "a restore makes no image");
+
     // A create with an env of its own boots cold (the app in the image lacks it).
     let own = create(
         &s,
@@ -194,7 +208,7 @@ fn later_creates_of_a_snapshot_boot_template_restore_its_first_boot() {
     // In use: not deleted. Then deleted with its images.
     s.delete("/api/v1/templates/counter")
         .assert_error(409, "CONFLICT");
-    let all = [&first, &second, &twin, &own, &third, &fourth];
+    let all = [&first, &second, &twin, &linked, &own, &third, &fourth];
     for id in all {
         assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
     }

@@ -14,12 +14,14 @@
 //! ([`BootImages::tidy`]).
 //!
 //! Which boots use one ([`boot_plan`]): the first boot of a sandbox of such a template on
-//! gVisor, not from a snapshot, with no network link (a checkpoint holds its network stack)
-//! and with no `env` of its own past the template's (the app in the image was started without
-//! it). With an image of its size and build: the create restores from it (`boot_image` in the
-//! spec) and does not start the app again. Without: the boot that claims the making (one at a
-//! time per image, [`BootImages::claim`]; a create racing it boots cold and saves nothing)
-//! boots cold, starts the app, waits for it, and saves the image; the sandbox runs on.
+//! gVisor, not from a snapshot, without model access and with no `env` of its own past the
+//! template's (the app in the image was started without either). With an image of its size
+//! and build: the create restores from it (`boot_image` in the spec), on a link of its own
+//! when its policy asks for one (the restored network stack takes the new address), and does
+//! not start the app again. Without: the boot that claims the making (one at a time per
+//! image, [`BootImages::claim`]; a create racing it boots cold and saves nothing), if it has
+//! no link (the image would hold the app's connections), boots cold, starts the app, waits
+//! for it, and saves the image; the sandbox runs on.
 //! A restore that fails (a damaged image, say) is logged, the image is dropped, and the same
 //! create boots cold and makes the image again.
 
@@ -211,12 +213,13 @@ pub fn boot_plan<'a>(
     spec: &cella_runtime::SandboxSpec,
     env: &std::collections::BTreeMap<String, String>,
     first_boot: bool,
+    model_access: bool,
 ) -> BootPlan<'a> {
     let eligible = t.snapshot_boot
         && first_boot
         && spec.runtime == cella_runtime::Runtime::Gvisor
         && spec.snapshot.is_none()
-        && spec.network.is_none()
+        && !model_access
         && env == t.env;
     let Some(path) = t
         .version
@@ -227,6 +230,10 @@ pub fn boot_plan<'a>(
     };
     if whole(&path) {
         return BootPlan::Restore(path);
+    }
+    // Made only by a boot without a link: what the app connected to is not saved.
+    if spec.network.is_some() {
+        return BootPlan::Plain;
     }
     match images.claim(&path) {
         Some(m) => BootPlan::Make(m),

@@ -124,6 +124,8 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                     &spec,
                     &row.env,
                     row.started_at.is_none(),
+                    runtime == cella_runtime::Runtime::Gvisor
+                        && state.store.has_model_access(&row.id).await.unwrap_or(false),
                 ),
                 None => crate::bootimages::BootPlan::Plain,
             };
