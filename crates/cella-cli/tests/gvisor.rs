@@ -247,6 +247,7 @@ fn on_a_gvisor_server_template_builds_run_their_steps_on_gvisor() {
         "id": "gvbuilt",
         "steps": [
             { "run": "mkdir -p /opt/app && echo built > /opt/app/built.txt && cat /proc/version > /opt/app/kernel" },
+            { "run": "python3 -c \"import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); socket.create_connection(s.getsockname())\"" },
             { "copy": { "src": "index.html", "dest": "/opt/app/index.html" } },
             { "run": "rm /opt/app/built.txt && printf '#!/bin/sh\\necho tool-ran\\n' > /usr/local/bin/mytool && chmod +x /usr/local/bin/mytool" },
             { "user": "user" },

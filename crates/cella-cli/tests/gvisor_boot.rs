@@ -19,7 +19,8 @@ fn counter_spec(id: &str) -> Value {
         "id": id,
         "snapshot_boot": true,
         "default_size": "xs",
-        "start": "b=$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); echo $b > /home/user/boot; \
+        "start": "python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & \
+                  b=$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); echo $b > /home/user/boot; \
                   i=0; while true; do i=$((i+1)); echo \"$b $i\" > /home/user/count.new; \
                   mv /home/user/count.new /home/user/count; sleep 0.1; done",
         "ready": { "command": "test \"$(cut -d' ' -f2 /home/user/count 2>/dev/null || echo 0)\" -ge 5", "timeout_sec": 60 }
@@ -183,6 +184,12 @@ fn later_creates_of_a_snapshot_boot_template_restore_its_first_boot() {
         addr["stdout"].as_str().unwrap().contains('/'),
         "no address on eth0: {addr}"
     );
+    // The app's listener on loopback, saved without a link, answers on the link's side too.
+    let page = s.sh(
+        &linked,
+        "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/').status)\"",
+    );
+    assert_eq!(page["stdout"], "200\n", "{page}");
     assert_eq!(images(&s), made, "a restore makes no image");
 
     // A create with an env of its own boots cold (the app in the image lacks it).

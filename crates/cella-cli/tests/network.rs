@@ -640,6 +640,20 @@ fn on_gvisor_the_same_policies_hold_and_the_link_outlives_a_pause_to_disk() {
         r.data()["result"].clone()
     };
     cell(&listed, "kept = 41");
+    // A listener on loopback (a linked gVisor sandbox has one) that the new sandboxes keep.
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{listed}/processes"),
+        json!({ "command": "python3 -m http.server 8000 --bind 127.0.0.1" }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let served = |id: &str| {
+        let r = s.sh(
+            id,
+            "for i in $(seq 50); do python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/').status)\" 2>/dev/null && break; sleep 0.1; done",
+        );
+        r["stdout"].as_str().unwrap().trim().to_string()
+    };
+    assert_eq!(served(&listed), "200");
     let snap = s.post(
         &format!("/api/v1/sandboxes/{listed}/snapshots"),
         json!({ "memory": true }),
@@ -661,6 +675,7 @@ fn on_gvisor_the_same_policies_hold_and_the_link_outlives_a_pause_to_disk() {
             "42",
             "{id} did not go on from the source"
         );
+        assert_eq!(served(id), "200", "{id} lost the source's listener");
         assert!(has_chain(&s, id), "{id} has no rules of its own");
         assert_eq!(
             reach(&s, id, &[PUBLIC, PRIVATE, METADATA]),

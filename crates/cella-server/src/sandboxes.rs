@@ -695,7 +695,11 @@ pub async fn exec_kept(
             out: [out, err],
             budget: held,
         }),
-        Err(e) => Err(exec_failure(state, &row.id, handle, e).await),
+        Err(e) => {
+            // What it kept goes back to the shared budget now, not after the wait below.
+            drop((out, err, held));
+            Err(exec_failure(state, &row.id, handle, e).await)
+        }
     }
 }
 

@@ -21,7 +21,8 @@
 //!
 //! A link ([`GvisorNet`]; the server gives one when the policy lets something out or the
 //! sandbox has model access) is the namespace driver's: the launcher makes the veth pair in a
-//! network namespace of its own as the namespace launcher does, binds that namespace to
+//! network namespace of its own as the namespace launcher does (`lo` brought up first: runsc
+//! gives the sandbox a loopback only when the namespace's is up), binds that namespace to
 //! `netns` in the sandbox's directory (so it outlives the sandbox's processes), and runsc
 //! `--network=sandbox` takes `eth0` over into gVisor's network stack; the host end, its
 //! firewall chain and the gateway's listener are the same as for a namespace sandbox (one
@@ -1243,6 +1244,8 @@ fn enter_link(n: &GvisorNet) -> Result<crate::namespace::net::NetInfo, String> {
         None => {
             let host = net::HostNs::open().map_err(|e| e.to_string())?;
             unshare(CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare: {e}"))?;
+            // runsc gives the sandbox a loopback only if the namespace's `lo` is up.
+            crate::namespace::launch::loopback_up().map_err(|e| format!("loopback: {e}"))?;
             let info = net::setup_inside(&host, &n.plan).map_err(|e| e.to_string())?;
             std::fs::OpenOptions::new()
                 .create(true)
@@ -1265,6 +1268,8 @@ fn enter_link(n: &GvisorNet) -> Result<crate::namespace::net::NetInfo, String> {
             let ns = std::fs::File::open(&n.keep)
                 .map_err(|e| format!("the kept network namespace: {e}"))?;
             setns(&ns, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))?;
+            // (Up already, but not in a namespace an older server kept.)
+            crate::namespace::launch::loopback_up().map_err(|e| format!("loopback: {e}"))?;
             net::readdress(info).map_err(|e| e.to_string())?;
             Ok(info.clone())
         }

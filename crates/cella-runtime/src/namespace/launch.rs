@@ -345,7 +345,9 @@ fn net_sysctls() {
 }
 
 /// `ip link set lo up` without a netlink dependency: two ioctls.
-fn loopback_up() -> std::io::Result<()> {
+/// Brings `lo` up in the calling thread's network namespace (also the gVisor launcher's: runsc
+/// `--network=sandbox` takes over only the interfaces that are up).
+pub(crate) fn loopback_up() -> std::io::Result<()> {
     // SAFETY: plain syscalls on a zeroed ifreq that we own.
     unsafe {
         let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);

@@ -5,7 +5,7 @@
 //! `DATA/run/<id>.sock` (the agent's socket) and the cgroup `cella/<instance>/<id>`. Its mounts
 //! exist only in its own mount namespace and vanish with its last process.
 
-mod launch;
+pub(crate) mod launch;
 pub mod mounts;
 pub mod net;
 

@@ -142,6 +142,17 @@ pub async fn boot_locked(state: &AppState, row: &mut SandboxRow) {
                             restored = true;
                             Ok(h)
                         }
+                        Err(e) if spec.network.is_some() => {
+                            // On a link, the image is not the only suspect (and this boot
+                            // could not make one): it stays, this create boots cold.
+                            tracing::warn!(
+                                sandbox = row.id,
+                                image = %path.display(),
+                                "restoring from the template's boot image onto a link failed, booting cold: {e}"
+                            );
+                            let _ = state.driver.destroy(&row.id, None).await;
+                            crate::timing::phase("driver.create", state.driver.create(&spec)).await
+                        }
                         Err(e) => {
                             // A damaged image, say: it goes, and this create boots cold
                             // and makes it again.
