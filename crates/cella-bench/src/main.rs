@@ -5,7 +5,8 @@
 //! The model gateway's overhead is measured against a stand-in upstream of its own (`gateway`);
 //! `--gateway-only` measures just that. Task runs (`tasks`: queued to running with a 10 MB
 //! repository, heartbeat loss) use a second server with command agents; `--tasks-only`.
-//! `--gvisor-only` measures only the gVisor runtime's rows.
+//! `--gvisor-only` measures only the gVisor runtime's rows, beside `runsc` alone (`runsc run` of `true`,
+//! `runsc restore` of a checkpointed `sleep`).
 //! `--phases` prints where a create, an exec and a destroy spend their time (`phases`).
 
 mod gateway;
@@ -332,12 +333,11 @@ fn bwrap_peer(n: usize) -> Option<Vec<f64>> {
     })
 }
 
-fn runc_peer(n: usize) -> Option<Vec<f64>> {
-    if !ensure_program("runc", "runc") {
-        return None;
-    }
+/// An OCI bundle whose process runs `args` on a root of the host's `/usr` (read-only), with a
+/// `small` sandbox's limits: what the `runc` and `runsc` peers run.
+fn peer_bundle(args: &[&str]) -> Option<tempfile::TempDir> {
     let bundle = tempfile::Builder::new()
-        .prefix("cella-bench-runc-")
+        .prefix("cella-bench-oci-")
         .tempdir()
         .ok()?;
     let rootfs = bundle.path().join("rootfs");
@@ -357,7 +357,7 @@ fn runc_peer(n: usize) -> Option<Vec<f64>> {
     let spec_path = bundle.path().join("config.json");
     let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&spec_path).ok()?).ok()?;
     spec["process"]["terminal"] = json!(false);
-    spec["process"]["args"] = json!(["true"]);
+    spec["process"]["args"] = json!(args);
     spec["root"]["readonly"] = json!(true);
     spec["mounts"].as_array_mut()?.push(json!({
         "destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]
@@ -369,6 +369,14 @@ fn runc_peer(n: usize) -> Option<Vec<f64>> {
         "pids": { "limit": 2048 }
     });
     std::fs::write(&spec_path, serde_json::to_vec_pretty(&spec).ok()?).ok()?;
+    Some(bundle)
+}
+
+fn runc_peer(n: usize) -> Option<Vec<f64>> {
+    if !ensure_program("runc", "runc") {
+        return None;
+    }
+    let bundle = peer_bundle(&["true"])?;
     let run = |i: usize| {
         Command::new("runc")
             .args(["run", "--bundle"])
@@ -388,6 +396,70 @@ fn runc_peer(n: usize) -> Option<Vec<f64>> {
         i += 1;
         run(i);
     }))
+}
+
+/// `runsc` alone, with the flags the gVisor runtime uses (`ptrace`, no network): `runsc run`
+/// of `true` to its end, and `runsc restore` of a checkpointed `sleep` until it runs again
+/// (what every resume, create from a snapshot with memory and fork pays at least).
+fn runsc_peers(n: usize) -> Option<(Vec<f64>, Vec<f64>)> {
+    if !ensure_program("runc", "runc") || !Path::new("/usr/bin/runsc").exists() {
+        return None;
+    }
+    let root = tempfile::Builder::new()
+        .prefix("cella-bench-runsc-")
+        .tempdir()
+        .ok()?;
+    let runsc = |args: &[&str]| {
+        Command::new("runsc")
+            .arg(format!("--root={}", root.path().display()))
+            .args(["--platform=ptrace", "--network=none", "--ignore-cgroups"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    let bundle = peer_bundle(&["true"])?;
+    let b = bundle.path().display().to_string();
+    let id = |i: usize| format!("cella-bench-{}-{i}", std::process::id());
+    if !runsc(&["run", "--bundle", &b, &id(usize::MAX)]) {
+        return None;
+    }
+    let mut i = 0;
+    let run = timed(n, || {
+        i += 1;
+        runsc(&["run", "--bundle", &b, &id(i)]);
+    });
+    // A sleeping container, checkpointed once; each sample restores it and waits until runsc
+    // says it runs, then removes it.
+    let sleeper = peer_bundle(&["sleep", "3600"])?;
+    let sb = sleeper.path().display().to_string();
+    let image = sleeper.path().join("image");
+    let first = id(usize::MAX - 1);
+    if !runsc(&["run", "--detach", "--bundle", &sb, &first])
+        || !runsc(&[
+            "checkpoint",
+            &format!("--image-path={}", image.display()),
+            &first,
+        ])
+    {
+        runsc(&["delete", "--force", &first]);
+        return Some((run, Vec::new()));
+    }
+    runsc(&["delete", "--force", &first]);
+    let img = format!("--image-path={}", image.display());
+    let mut restore = Vec::new();
+    for j in 0..n {
+        let c = id(usize::MAX - 2 - j);
+        let t = Instant::now();
+        let ok = runsc(&["restore", "--detach", &img, "--bundle", &sb, &c]);
+        if ok {
+            restore.push(ms(t.elapsed()));
+        }
+        runsc(&["delete", "--force", &c]);
+    }
+    Some((run, restore))
 }
 
 /// Create and first exec on the gVisor runtime (cold, and claimed from a warm pool), and with
@@ -416,6 +488,20 @@ fn gvisor_series(s: &Server, bin: &Path, n: usize) -> Vec<Series> {
             target: "(none yet)",
         });
         series.push(gvisor_warm_series(bin, n));
+        if let Some((run, restore)) = runsc_peers(n) {
+            series.push(Series {
+                name: "peer_runsc_run_ms",
+                samples: run,
+                target: "(runsc alone: run of `true`)",
+            });
+            if !restore.is_empty() {
+                series.push(Series {
+                    name: "peer_runsc_restore_ms",
+                    samples: restore,
+                    target: "(runsc alone: restore of a checkpointed sleep)",
+                });
+            }
+        }
         // Pause to disk and resume from it, with ~100 MiB resident (a process holding 100 MiB
         // of bytes that are not zero, so every page is written and read back).
         let id = s.create_gvisor(KEY).expect("create on gvisor");
