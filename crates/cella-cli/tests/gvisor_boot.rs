@@ -298,6 +298,42 @@ fn a_kill_9_while_the_boot_image_is_written_leaves_nothing_and_racing_creates_ma
 }
 
 #[test]
+fn a_warm_snapshot_boot_template_hands_out_sandboxes_restored_from_its_image() {
+    if !have_runsc() {
+        eprintln!("skipped: no runsc on this host");
+        return;
+    }
+    let s = Server::start();
+    let mut spec = counter_spec("counter");
+    spec["warm"] = json!(1);
+    let b = build(&s, KEY, &spec);
+    assert_eq!(b["state"], "ready", "{b}");
+    // The pool's first sandbox boots cold and makes the image; a create claims it.
+    let maker = common::wait_ready(&s, "gvisor", 1);
+    assert_eq!(images(&s).len(), 1, "the pool's boot made no image");
+    let first = create(&s, json!({ "template_id": "counter" }));
+    assert_eq!(first, maker, "the create did not claim the pool's sandbox");
+    let (boot, _) = count(&s, &first);
+    // The refill restores the image: the next claim goes on from the image's app.
+    let refill = common::wait_ready(&s, "gvisor", 2);
+    let second = create(&s, json!({ "template_id": "counter" }));
+    assert_eq!(second, refill);
+    let (b2, i2) = count(&s, &second);
+    assert_eq!(
+        b2, boot,
+        "the refill booted cold instead of restoring the image"
+    );
+    assert!(i2 >= 5, "{i2}");
+    counts_on(&s, &second, i2);
+    assert_eq!(s.sh(&second, "hostname")["stdout"], format!("{second}\n"));
+    assert_eq!(images(&s).len(), 1);
+    for id in [&first, &second] {
+        assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+        assert_nothing_left(&s, id);
+    }
+}
+
+#[test]
 fn snapshot_boot_is_checked_before_anything_is_built() {
     let s = Server::start();
     let bad = |spec: Value, field: &str| {
@@ -306,12 +342,7 @@ fn snapshot_boot_is_checked_before_anything_is_built() {
         let m = r.body["error"]["message"].as_str().unwrap().to_string();
         assert!(m.contains(field), "{m}");
     };
-    if have_runsc() {
-        bad(
-            json!({ "id": "warmboot", "snapshot_boot": true, "warm": 1 }),
-            "snapshot_boot",
-        );
-    } else {
+    if !have_runsc() {
         bad(
             json!({ "id": "noboot", "snapshot_boot": true }),
             "snapshot_boot",

@@ -5,39 +5,8 @@
 //! nothing on the host. Skipped (with a line saying so) where the host has no `runsc`.
 
 mod common;
-use common::{have_runsc, Server};
+use common::{have_runsc, wait_ready, Server};
 use serde_json::json;
-use std::time::{Duration, Instant};
-
-/// The ids the server logged as ready pool sandboxes of `runtime`, oldest first.
-fn ready_in_log(s: &Server, runtime: &str) -> Vec<String> {
-    let tail = format!(", {runtime})");
-    s.log()
-        .lines()
-        .filter_map(|l| {
-            let rest = l.split("warm pool sandbox ").nth(1)?;
-            let (id, what) = rest.split_once(" ready (")?;
-            what.contains(&tail).then(|| id.to_string())
-        })
-        .collect()
-}
-
-/// Waits until the server has logged `n` ready pool sandboxes of `runtime`; answers the last.
-fn wait_ready(s: &Server, runtime: &str, n: usize) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let ids = ready_in_log(s, runtime);
-        if ids.len() >= n {
-            return ids[n - 1].clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {n}th {runtime} pool sandbox: {}",
-            s.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// The gVisor sandboxes with a directory on the host.
 fn gvisor_dirs(s: &Server) -> Vec<String> {

@@ -314,12 +314,6 @@ pub async fn start(
                 "snapshot_boot needs the gvisor runtime, which this server cannot run (runsc is not installed)",
             ));
         }
-        if spec.warm.is_some_and(|w| w > 0) {
-            return Err(TemplateError::invalid(
-                "snapshot_boot",
-                "a snapshot_boot template cannot be warm (the warm pool runs namespace sandboxes, a snapshot_boot template's run on gvisor): give warm 0 or leave snapshot_boot out",
-            ));
-        }
     }
     let now = now_ms();
     let trow = TemplateRow {

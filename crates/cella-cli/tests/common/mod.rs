@@ -727,3 +727,33 @@ pub fn pty_read_until_or(ws: &mut Ws, want: &str, wait: Duration) -> Option<Stri
     eprintln!("never saw {want:?}; the screen had:\n{screen}");
     None
 }
+
+/// The ids the server logged as ready pool sandboxes of `runtime`, oldest first.
+pub fn ready_in_log(s: &Server, runtime: &str) -> Vec<String> {
+    let tail = format!(", {runtime})");
+    s.log()
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("warm pool sandbox ").nth(1)?;
+            let (id, what) = rest.split_once(" ready (")?;
+            what.contains(&tail).then(|| id.to_string())
+        })
+        .collect()
+}
+
+/// Waits until the server has logged `n` ready pool sandboxes of `runtime`; answers the last.
+pub fn wait_ready(s: &Server, runtime: &str, n: usize) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ids = ready_in_log(s, runtime);
+        if ids.len() >= n {
+            return ids[n - 1].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {n}th {runtime} pool sandbox: {}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
