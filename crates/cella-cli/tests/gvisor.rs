@@ -7,7 +7,7 @@
 //! host has no `runsc`. Ignored unless asked for: a stress of pause/resume cycles, with figures.
 
 mod common;
-use common::{have_runsc, Server, KEY};
+use common::{have_runsc, host_processes_naming, mounts_naming, Server, KEY};
 use serde_json::{json, Value};
 
 fn create_gvisor(s: &Server) -> String {
@@ -19,36 +19,6 @@ fn create_gvisor(s: &Server) -> String {
     assert_eq!(r.data()["state"], "running");
     assert_eq!(r.data()["runtime"], "gvisor");
     r.data()["id"].as_str().unwrap().to_string()
-}
-
-/// Processes on the host whose command line names `needle`.
-fn host_processes_naming(needle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        if e.file_name().to_string_lossy().parse::<i32>().is_err() {
-            continue;
-        }
-        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains(needle) {
-                out.push(cmd);
-            }
-        }
-    }
-    out
-}
-
-fn mounts_naming(needle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        if e.file_name().to_string_lossy().parse::<i32>().is_err() {
-            continue;
-        }
-        if let Ok(m) = std::fs::read_to_string(e.path().join("mountinfo")) {
-            out.extend(m.lines().filter(|l| l.contains(needle)).map(str::to_string));
-        }
-    }
-    out
 }
 
 #[test]

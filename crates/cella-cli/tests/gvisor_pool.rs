@@ -5,7 +5,7 @@
 //! nothing on the host. Skipped (with a line saying so) where the host has no `runsc`.
 
 mod common;
-use common::{have_runsc, wait_ready, Server};
+use common::{have_runsc, host_processes_naming, mounts_naming, wait_ready, Server};
 use serde_json::json;
 
 /// The gVisor sandboxes with a directory on the host.
@@ -19,36 +19,6 @@ fn gvisor_dirs(s: &Server) -> Vec<String> {
         .unwrap_or_default();
     v.sort();
     v
-}
-
-/// Processes on the host whose command line names `needle`.
-fn host_processes_naming(needle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        if e.file_name().to_string_lossy().parse::<i32>().is_err() {
-            continue;
-        }
-        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains(needle) {
-                out.push(cmd);
-            }
-        }
-    }
-    out
-}
-
-fn mounts_naming(needle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        if e.file_name().to_string_lossy().parse::<i32>().is_err() {
-            continue;
-        }
-        if let Ok(m) = std::fs::read_to_string(e.path().join("mountinfo")) {
-            out.extend(m.lines().filter(|l| l.contains(needle)).map(str::to_string));
-        }
-    }
-    out
 }
 
 /// Nothing of sandbox `id` is left on the host: directory, processes, cgroups, mounts, runsc

@@ -757,3 +757,34 @@ pub fn wait_ready(s: &Server, runtime: &str, n: usize) -> String {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Processes on the host whose command line names `needle`.
+pub fn host_processes_naming(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if e.file_name().to_string_lossy().parse::<i32>().is_err() {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                out.push(cmd);
+            }
+        }
+    }
+    out
+}
+
+/// Mount lines, in any process's view, that name `needle`.
+pub fn mounts_naming(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if e.file_name().to_string_lossy().parse::<i32>().is_err() {
+            continue;
+        }
+        if let Ok(m) = std::fs::read_to_string(e.path().join("mountinfo")) {
+            out.extend(m.lines().filter(|l| l.contains(needle)).map(str::to_string));
+        }
+    }
+    out
+}
