@@ -618,19 +618,22 @@ fn gvisor_series(s: &Server, bin: &Path, n: usize) -> Vec<Series> {
     series
 }
 
+/// Whether `base`'s `small` size reads `fast_ready` now (a warm pool sandbox waits).
+fn small_fast_ready(s: &Server) -> bool {
+    let (_, t) = s.call(KEY, "GET", "/api/v1/templates/base", None);
+    t["data"]["sizes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|z| z["size"] == "small"))
+        .map(|z| z["state"] == "fast_ready")
+        .unwrap_or(false)
+}
+
 /// Create + first exec of a gVisor sandbox claimed from the warm pool: on a server of its own
 /// whose default runtime is gVisor, so its `small` pool is of gVisor sandboxes and `base`'s
 /// readiness says when one is ready (`fast_ready`); each sample waits for that, then times.
 fn gvisor_warm_series(bin: &Path, n: usize) -> Series {
     let s = Server::start(bin, "[runtime]\ndefault = \"gvisor\"\n");
-    let fast_ready = || {
-        let (_, t) = s.call(KEY, "GET", "/api/v1/templates/base", None);
-        t["data"]["sizes"]
-            .as_array()
-            .and_then(|a| a.iter().find(|z| z["size"] == "small"))
-            .map(|z| z["state"] == "fast_ready")
-            .unwrap_or(false)
-    };
+    let fast_ready = || small_fast_ready(&s);
     let mut samples = Vec::new();
     for _ in 0..n {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -874,14 +877,7 @@ fn main() {
     series.extend(gvisor_series(&s, &bin, n));
 
     // The same from the warm pool (size small): wait until a pool sandbox is ready, then time.
-    let fast_ready = || {
-        let (_, t) = s.call(KEY, "GET", "/api/v1/templates/base", None);
-        t["data"]["sizes"]
-            .as_array()
-            .and_then(|a| a.iter().find(|z| z["size"] == "small"))
-            .map(|z| z["state"] == "fast_ready")
-            .unwrap_or(false)
-    };
+    let fast_ready = || small_fast_ready(&s);
     let mut warm = Vec::new();
     for _ in 0..n {
         let deadline = Instant::now() + Duration::from_secs(10);
