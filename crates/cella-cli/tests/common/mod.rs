@@ -501,6 +501,28 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
         janitor(&self.data_dir());
+        unmount_under(&self.data_dir());
+    }
+}
+
+/// Detaches every mount under `data` (a linked gVisor sandbox's kept network namespace, bound
+/// in its directory, outlives a killed server: the namespace and its link would stay on the
+/// host, and the temporary directory could not be removed).
+fn unmount_under(data: &Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<&str> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| Path::new(m).starts_with(data))
+        .collect();
+    points.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in points {
+        if let Ok(c) = std::ffi::CString::new(m) {
+            // SAFETY: umount2 of a path we own, with a NUL-terminated string.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
     }
 }
 
