@@ -203,6 +203,14 @@ fn later_creates_of_a_snapshot_boot_template_restore_its_first_boot() {
     // An image that does not restore: dropped, the create boots cold and makes it again.
     let ckpt = made[0].join("memory").join("checkpoint.img");
     std::fs::write(&ckpt, b"not a checkpoint").unwrap();
+    // A create with a link that fails to restore it boots cold and leaves the image alone (it
+    // cannot make one); only a create without a link drops and remakes it.
+    let linked_cold = create(
+        &s,
+        json!({ "template_id": "counter", "network": { "egress": "allow" } }),
+    );
+    assert_ne!(count(&s, &linked_cold).0, boot, "booted cold");
+    assert_eq!(std::fs::read(&ckpt).unwrap(), b"not a checkpoint");
     let third = create(&s, json!({ "template_id": "counter" }));
     let (b3, _) = count(&s, &third);
     assert_ne!(b3, boot, "booted cold");
@@ -215,7 +223,16 @@ fn later_creates_of_a_snapshot_boot_template_restore_its_first_boot() {
     // In use: not deleted. Then deleted with its images.
     s.delete("/api/v1/templates/counter")
         .assert_error(409, "CONFLICT");
-    let all = [&first, &second, &twin, &linked, &own, &third, &fourth];
+    let all = [
+        &first,
+        &second,
+        &twin,
+        &linked,
+        &own,
+        &linked_cold,
+        &third,
+        &fourth,
+    ];
     for id in all {
         assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
     }
