@@ -27,6 +27,11 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 /// How long `Started` may wait to go out with the command's first output or its exit.
 const ANNOUNCE: Duration = Duration::from_millis(5);
 
+/// How long a command runs before the next exec's cgroup and process are made beside it. A
+/// shorter command is answered first: the agent runs on one thread, and making them (a cgroup,
+/// five pipes, a fork) would hold up its answer by about half a millisecond.
+const PREPARE_AFTER: Duration = Duration::from_millis(5);
+
 /// Forwards output up to the cap, after what is `pending` (the `Started` frame not sent yet),
 /// in one write; returns false when the node has gone away.
 async fn forward(
@@ -149,11 +154,6 @@ pub(crate) async fn exec(
             return proto::write_json(&mut wr, &Response::Exit(exit)).await;
         }
     };
-    // The next exec's cgroup and process are made now, while this command runs, so that an
-    // exec that follows at once finds them ready.
-    if let Some(c) = &cgroups {
-        c.make_ready();
-    }
     let pid = child.pid;
     let mut exit_rx = child.exit;
     let mut launch = child.launch;
@@ -185,6 +185,11 @@ pub(crate) async fn exec(
     tokio::pin!(deadline);
     let drain = tokio::time::sleep(Duration::from_secs(86400 * 365));
     tokio::pin!(drain);
+    // The next exec's cgroup and process are made once the answer is out (when this exec's
+    // group is dropped), or during a command that runs past PREPARE_AFTER.
+    let prepare = tokio::time::sleep(PREPARE_AFTER);
+    tokio::pin!(prepare);
+    let mut prepared = cgroups.is_none();
     let (mut obuf, mut ebuf) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
     let (mut osent, mut esent, mut otrunc, mut etrunc) = (0u64, 0u64, false, false);
     let mut status: Option<i32> = None;
@@ -244,6 +249,12 @@ pub(crate) async fn exec(
                 kill_all(pid);
             },
             _ = &mut drain, if status.is_some() => break,
+            _ = &mut prepare, if !prepared => {
+                prepared = true;
+                if let Some(c) = &cgroups {
+                    c.make_ready();
+                }
+            },
             r = rd.read(&mut ctl) => {
                 // The node sends nothing more; a read that returns means it hung up.
                 if matches!(r, Ok(0) | Err(_)) {

@@ -15,8 +15,8 @@
 //! members are read). An exec that ends on its own leaves its leftovers running, as documented;
 //! its cgroup is removed once empty (tried again at every later exec).
 //!
-//! The `mkdir` is off an exec's path: once an exec's command has started (and when the agent
-//! starts), the agent makes the next exec's cgroup ahead, with its `cgroup.procs` open and the
+//! The `mkdir` is off an exec's path: once an exec has answered, or its command has run a few
+//! milliseconds (and when the agent starts), the agent makes the next exec's cgroup ahead, with its `cgroup.procs` open and the
 //! next command's process already waiting in it ([`crate::standby`]); the next exec takes both
 //! (a fresh group all the same: no process of another exec was ever in it). An exec that ends
 //! removes its own cgroup, or leaves it to be removed once its leftovers have ended.
@@ -243,7 +243,7 @@ impl ExecGroup<'_> {
 
 impl Drop for ExecGroup<'_> {
     /// The exec is over (its answer sent): its cgroup goes now if empty, or once its leftovers
-    /// have ended; and the next exec's is made, unless it was made when this one started.
+    /// have ended; and the next exec's is made, unless it was made while this one ran.
     fn drop(&mut self) {
         if !self.parent.rmdir(&self.name) {
             self.parent

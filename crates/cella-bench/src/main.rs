@@ -1,6 +1,6 @@
 //! `cella-bench`: one run that starts its own server on a temporary data dir, measures every
-//! figure through the real HTTP API, runs the peers (`runc run`, `bwrap --unshare-all`) in the
-//! same run, and prints a table (`--json FILE` writes the figures). It builds nothing: it runs
+//! figure through the real HTTP API, runs the peers (`runc run`, `bwrap --unshare-all`, and a
+//! spawn of `bash -c true` on the host: the floor of an exec) in the same run, and prints a table (`--json FILE` writes the figures). It builds nothing: it runs
 //! the `cella` binary that sits beside it (build both with `cargo build --release`).
 //! The model gateway's overhead is measured against a stand-in upstream of its own (`gateway`);
 //! `--gateway-only` measures just that. Task runs (`tasks`: queued to running with a 10 MB
@@ -277,6 +277,43 @@ fn timed(n: usize, mut f: impl FnMut()) -> Vec<f64> {
         .collect()
 }
 
+/// `GET /api/v1/sandboxes/{id}` answered per second, 32 requests always in flight on 32 kept
+/// connections. The load comes from one thread (an async client on a single-threaded
+/// runtime): a thread per connection spent more of the two cores switching between the
+/// client's own threads than the server spent answering.
+fn get_rps(url: &str, id: &str, secs: u64) -> f64 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime for the load");
+    let count = Arc::new(AtomicU64::new(0));
+    rt.block_on(async {
+        let c = reqwest::Client::new();
+        let target = format!("{url}/api/v1/sandboxes/{id}");
+        let until = tokio::time::Instant::now() + Duration::from_secs(secs);
+        let tasks: Vec<_> = (0..32)
+            .map(|_| {
+                let (c, target, count) = (c.clone(), target.clone(), count.clone());
+                tokio::spawn(async move {
+                    while tokio::time::Instant::now() < until {
+                        let ok = match c.get(&target).bearer_auth(KEY).send().await {
+                            Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
+                            Err(_) => false,
+                        };
+                        if ok {
+                            count.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            let _ = t.await;
+        }
+    });
+    count.load(Ordering::Relaxed) as f64 / secs as f64
+}
+
 /// Installs a Debian package when its program is missing (the bench's setup).
 fn ensure_program(program: &str, package: &str) -> bool {
     let have = |p: &str| {
@@ -396,6 +433,21 @@ fn runc_peer(n: usize) -> Option<Vec<f64>> {
         i += 1;
         run(i);
     }))
+}
+
+/// How long the bench waits before each create of the cold and warm figures: the last
+/// sample's destroy (answered before its teardown ends) and the pools' refills are over by then.
+const SETTLE: Duration = Duration::from_millis(250);
+
+/// What an exec cannot go below: spawning `/bin/bash -c true` on the host and waiting for it
+/// (an exec of `true` runs exactly that in the sandbox), with nothing of Cella around it.
+fn spawn_peer(n: usize) -> Vec<f64> {
+    timed(n, || {
+        Command::new("/bin/bash")
+            .args(["-c", "true"])
+            .status()
+            .expect("spawning /bin/bash");
+    })
 }
 
 /// `runsc` alone, with the flags the gVisor runtime uses (`ptrace`, no network): `runsc run`
@@ -850,22 +902,39 @@ fn main() {
         return;
     }
 
-    // Create (wait) then a first `exec true`, cold (no pool for xs); destroy.
+    // Create (wait) then a first `exec true`, cold (no pool for xs); destroy. The figure is of
+    // creates SETTLE apart (what the last sample's destroy and the disk pool's refill do in the
+    // background is over); the same back to back follows, as a second figure.
     let mut create = Vec::new();
     let mut destroy = Vec::new();
-    for _ in 0..n {
+    let mut burst = Vec::new();
+    for i in 0..2 * n {
+        if i < n {
+            std::thread::sleep(SETTLE);
+        }
         let t = Instant::now();
         let id = s.create(KEY).expect("create");
         s.exec_true(&id);
-        create.push(ms(t.elapsed()));
+        if i < n {
+            create.push(ms(t.elapsed()));
+        } else {
+            burst.push(ms(t.elapsed()));
+        }
         let t = Instant::now();
         s.destroy(KEY, &id);
-        destroy.push(ms(t.elapsed()));
+        if i < n {
+            destroy.push(ms(t.elapsed()));
+        }
     }
     series.push(Series {
         name: "create_exec_cold_ms",
         samples: create,
         target: "p50 <= 12",
+    });
+    series.push(Series {
+        name: "create_exec_cold_burst_ms",
+        samples: burst,
+        target: "",
     });
     series.push(Series {
         name: "destroy_ms",
@@ -876,10 +945,15 @@ fn main() {
     // The same on the gVisor runtime, where the server has `runsc` (else no row).
     series.extend(gvisor_series(&s, &bin, n));
 
-    // The same from the warm pool (size small): wait until a pool sandbox is ready, then time.
+    // The same from the warm pool (size small): SETTLE apart (the last claim's refill is over),
+    // then back to back (each claim beside the refill of the one before).
     let fast_ready = || small_fast_ready(&s);
     let mut warm = Vec::new();
-    for _ in 0..n {
+    let mut warm_burst = Vec::new();
+    for i in 0..2 * n {
+        if i < n {
+            std::thread::sleep(SETTLE);
+        }
         let deadline = Instant::now() + Duration::from_secs(10);
         while !fast_ready() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
@@ -887,13 +961,22 @@ fn main() {
         let t = Instant::now();
         let id = s.create_size(KEY, "small").expect("create");
         s.exec_true(&id);
-        warm.push(ms(t.elapsed()));
+        if i < n {
+            warm.push(ms(t.elapsed()));
+        } else {
+            warm_burst.push(ms(t.elapsed()));
+        }
         s.destroy(KEY, &id);
     }
     series.push(Series {
         name: "create_exec_warm_ms",
         samples: warm,
         target: "p50 <= 5, p99 <= 15",
+    });
+    series.push(Series {
+        name: "create_exec_warm_burst_ms",
+        samples: warm_burst,
+        target: "",
     });
 
     let id = s.create(KEY).expect("create");
@@ -980,28 +1063,7 @@ fn main() {
     });
 
     // GET requests per second at 32 concurrent connections.
-    let count = Arc::new(AtomicU64::new(0));
-    let secs = if q { 2 } else { 5 };
-    let until = Instant::now() + Duration::from_secs(secs);
-    std::thread::scope(|sc| {
-        for _ in 0..32 {
-            let count = count.clone();
-            let (url, id) = (s.url.clone(), id.clone());
-            sc.spawn(move || {
-                let c = Client::new();
-                while Instant::now() < until {
-                    if c.get(format!("{url}/api/v1/sandboxes/{id}"))
-                        .bearer_auth(KEY)
-                        .send()
-                        .is_ok()
-                    {
-                        count.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            });
-        }
-    });
-    let rps = count.load(Ordering::Relaxed) as f64 / secs as f64;
+    let rps = get_rps(&s.url, &id, if q { 2 } else { 5 });
 
     // Upload and download of one big file.
     let mb: u64 = if q { 50 } else { 200 };
@@ -1094,6 +1156,11 @@ fn main() {
 
     let runc = runc_peer(n);
     let bwrap = bwrap_peer(n);
+    series.push(Series {
+        name: "peer_spawn_bash_ms",
+        samples: spawn_peer(if q { 50 } else { 300 }),
+        target: "",
+    });
     if let Some(r) = &runc {
         series.push(Series {
             name: "peer_runc_ms",
@@ -1155,6 +1222,14 @@ fn main() {
             }
         }
     }
+    if let (Some(exec), Some(floor)) = (find("exec_rtt_ms"), find("peer_spawn_bash_ms")) {
+        let (e, f) = (exec.p(0.5), floor.p(0.5));
+        println!(
+            "exec `true` vs spawning `bash -c true` on the host: {:.2}x ({e:.2} ms vs {f:.2} ms: {:.2} ms of Cella)",
+            e / f,
+            e - f
+        );
+    }
     print_gateway();
     print_tasks();
     println!(
@@ -1195,6 +1270,8 @@ fn main() {
             "create_exec_warm_ms_p99": p("create_exec_warm_ms", 0.99),
             "create_exec_cold_ms_p50": p("create_exec_cold_ms", 0.5),
             "create_exec_cold_ms_p99": p("create_exec_cold_ms", 0.99),
+            "create_exec_cold_burst_ms_p50": p("create_exec_cold_burst_ms", 0.5),
+            "create_exec_warm_burst_ms_p50": p("create_exec_warm_burst_ms", 0.5),
             "gvisor_create_exec_ms_p50": p("gvisor_create_exec_ms", 0.5),
             "gvisor_warm_create_exec_ms_p50": p("gvisor_warm_create_exec_ms", 0.5),
             "gvisor_pause_disk_ms_p50": p("gvisor_pause_disk_ms", 0.5),
@@ -1218,6 +1295,7 @@ fn main() {
             "download_mb_s": download.round(),
             "peer_runc_ms_p50": p("peer_runc_ms", 0.5),
             "peer_bwrap_ms_p50": p("peer_bwrap_ms", 0.5),
+            "peer_spawn_bash_ms_p50": p("peer_spawn_bash_ms", 0.5),
             "gateway_added_ms_p50": (gw_added * 1000.0).round() / 1000.0,
             "gateway_ttfb_added_ms_p50": (gw_ttfb_added * 1000.0).round() / 1000.0,
             "gateway_rps_32": gw.gateway_rps.round(),

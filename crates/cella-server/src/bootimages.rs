@@ -22,8 +22,9 @@
 //! image, [`BootImages::claim`]; a create racing it boots cold and saves nothing), if it has
 //! no link (the image would hold the app's connections), boots cold, starts the app, waits
 //! for it, and saves the image; the sandbox runs on.
-//! A restore that fails (a damaged image, say) is logged, the image is dropped, and the same
-//! create boots cold and makes the image again.
+//! A restore that fails (a damaged image, say) is logged, the image is dropped (renamed aside,
+//! then removed: [`BootImages::drop_image`]), and the same create boots cold and makes the
+//! image again.
 
 use cella_types::Size;
 use std::collections::HashSet;
@@ -33,6 +34,8 @@ use std::sync::Mutex;
 /// Where boot images live under the data directory.
 pub const DIR: &str = "boot-images";
 const PARTIAL: &str = ".partial";
+/// What an image dropped in place is renamed to end with, before it is removed.
+const DROPPED: &str = ".dropped-";
 
 /// The server's boot images (see the module doc).
 #[derive(Default)]
@@ -110,21 +113,44 @@ impl BootImages {
         self.path(key, version, size).is_some_and(|p| whole(&p))
     }
 
-    /// Claims the making of the image at `path`; None while another boot makes it.
+    /// Claims the making of the image at `path`; None while another boot makes it. What lies
+    /// at `path` without being whole (a removal cut by a crash, say) goes first: the maker
+    /// renames its image into place, which an existing directory would refuse.
     pub fn claim(&self, path: &Path) -> Option<Making<'_>> {
         let mut making = self.making.lock().expect("boot images lock");
-        making.insert(path.to_path_buf()).then(|| Making {
+        let made = making.insert(path.to_path_buf()).then(|| Making {
             images: self,
             path: path.to_path_buf(),
-        })
+        });
+        drop(making);
+        if made.is_some() && path.exists() && !whole(path) {
+            self.drop_image(path);
+        }
+        made
     }
 
-    /// Drops the image at `path` (one that failed to restore).
+    /// Drops the image at `path` (one that failed to restore): renamed aside in one step, so
+    /// no create finds it half removed and a crash leaves no part of it at `path` (the aside
+    /// name ends with no build's name: the next [`Self::retain`] removes what is left), then
+    /// removed. A restore that had it open goes on reading its files.
     pub fn drop_image(&self, path: &Path) {
-        if path.exists() {
-            if let Err(e) = std::fs::remove_dir_all(path) {
-                tracing::warn!(image = %path.display(), "removing a boot image: {e}");
-            }
+        let Some(name) = path.file_name() else { return };
+        let mut aside = name.to_os_string();
+        aside.push(format!(
+            "{DROPPED}{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default()
+        ));
+        let aside = path.with_file_name(aside);
+        let gone = match std::fs::rename(path, &aside) {
+            Ok(()) => std::fs::remove_dir_all(&aside),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(_) => std::fs::remove_dir_all(path),
+        };
+        if let Err(e) = gone {
+            tracing::warn!(image = %path.display(), "removing a boot image: {e}");
         }
     }
 
@@ -301,5 +327,43 @@ mod tests {
         drop(m);
         images.retain("t.k", None);
         assert!(!tmp.path().join(DIR).join("t.k").exists());
+    }
+
+    #[test]
+    fn a_dropped_image_leaves_nothing_at_its_place_and_a_maker_clears_what_a_crash_left() {
+        let tmp = tempfile::tempdir().unwrap();
+        let images = BootImages::new(tmp.path().join(DIR), "s1".into());
+        let p = images.path("t.k", "bld1", Size::Xs).unwrap();
+        let dir = p.parent().unwrap().to_path_buf();
+        make_whole(&p);
+        images.drop_image(&p);
+        assert!(!p.exists());
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "nothing set aside is left"
+        );
+        images.drop_image(&p); // not there: nothing to do
+
+        // A removal cut by a crash: half an image at the path, and one set aside.
+        std::fs::create_dir_all(p.join("memory")).unwrap();
+        std::fs::write(p.join("memory").join("checkpoint.img"), b"m").unwrap();
+        let aside = dir.join(format!("xs-bld1-s1{DROPPED}12"));
+        make_whole(&aside);
+        assert!(!images.ready("t.k", "bld1", Size::Xs));
+        // The next boot claims the making; the maker's rename into place then works.
+        let m = images.claim(&p).unwrap();
+        assert!(!p.exists());
+        let partial = dir.join("xs-bld1-s1.partial");
+        make_whole(&partial);
+        std::fs::rename(&partial, &p).unwrap();
+        assert!(images.ready("t.k", "bld1", Size::Xs));
+        // A claim never touches a whole image; the next start removes what was set aside.
+        drop(m);
+        drop(images.claim(&p).unwrap());
+        assert!(images.ready("t.k", "bld1", Size::Xs));
+        images.tidy(&[("t.k".into(), Some("bld1".into()))]);
+        assert!(!aside.exists());
+        assert!(images.ready("t.k", "bld1", Size::Xs));
     }
 }

@@ -29,15 +29,16 @@
 //! Readiness (`GET /api/v1/templates`) reads [`Pool::ready_on`] of the template's default
 //! runtime: `fast_ready` only where such a ready pool sandbox waits now.
 //!
-//! - *Claim* ([`claim`]; `Store::claim_pooled`, one transaction). Its first statement reserves a
-//!   ready pool sandbox: an `UPDATE` that gives the oldest `running`, `ready` row of the pool's
-//!   workspace of that template, size and runtime to the caller's workspace, only while the
-//!   workspace's count of capped states is under its cap. Two concurrent claims never get the same
-//!   row, and the cap is never passed. The row is then inserted again as the request's (a new
-//!   `seq`: it lists as the newest), keeping what the running sandbox fixes (its id, which is its
-//!   hostname, size, resources, state, handle). The claim sets the clocks to now, counts the pool
-//!   sandbox gone at once (`Pool::claimed`, which wakes the refill) and starts its CPU seconds at
-//!   zero (`cpu_ns` is minus the cgroup's CPU time so far). A failure to install a non-default
+//! - *Claim* ([`claim`]; `Store::claim_pooled`, one write). It reads the oldest `running`,
+//!   `ready` row of the pool's workspace of that template, size and runtime, then one
+//!   `INSERT OR REPLACE` stores the caller's row under that sandbox's id (a new `seq`: it lists
+//!   as the newest), only while the row is still the pool's and ready and the workspace's count
+//!   of capped states is under its cap. Two concurrent claims never get the same row (the
+//!   loser tries the next), and the cap is never passed. The row keeps what the running
+//!   sandbox fixes (its id, which is its hostname, size, resources, state, handle). The claim
+//!   sets the clocks to now, counts the pool sandbox gone at once (`Pool::claimed`, which
+//!   wakes the refill) and starts its CPU seconds at zero (`cpu_ns` is minus the cgroup's CPU
+//!   time so far). A failure to install a non-default
 //!   egress policy destroys the sandbox and marks its row failed through the transition table
 //!   (`Lost`).
 //! - *Refill* ([`spawn`], started after `reconcile` and [`recount`]) loops on `refill`, woken by a

@@ -233,6 +233,9 @@ impl Store {
             .pragma("secure_delete", "ON");
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
+            // No ping before each use: a connection to a local file does not go stale, and the
+            // ping was a round trip to the connection's thread on every statement.
+            .test_before_acquire(false)
             .connect_with(opts)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;

@@ -302,125 +302,126 @@ impl Store {
 
     /// Takes a ready pool sandbox of `template` and `size` for `new.workspace_id`, unless that
     /// workspace is at `cap`. The row becomes `new` but for what the running sandbox fixes: its
-    /// id, runtime record and resource figures. One statement reserves it (two concurrent
-    /// claims never get the same sandbox, and the cap is never overshot); a transaction then
-    /// stores it again under a new `seq`.
+    /// id, runtime record and resource figures. The oldest ready row is read (from the rows
+    /// kept in memory when they are current), then one statement gives it to the caller: an
+    /// `INSERT OR REPLACE` of the caller's row under the same id (so a fresh `seq`: it lists
+    /// as the newest) that inserts only while the row is still the pool's and ready and the
+    /// workspace is under its cap. Two concurrent claims never get the same sandbox (the
+    /// second finds it gone and tries the next), and the cap is never overshot. Two round trips
+    /// to the database, one write; the claim used to be a transaction of five statements.
     pub async fn claim_pooled(
         &self,
         new: &SandboxRow,
         cap: u32,
-        cpu_baseline: impl FnOnce(&SandboxRow) -> i64,
+        cpu_baseline: impl Fn(&SandboxRow) -> i64,
     ) -> Result<Claim> {
-        let changed = self.sandboxes_changing();
-        // One transaction (one sync to disk): its first statement writes, so it holds the write
-        // lock from the start.
-        let mut tx = self.pool.begin().await?;
-        let q = format!(
-            "UPDATE sandboxes SET workspace_id = ? WHERE id = ( \
-               SELECT id FROM sandboxes WHERE workspace_id = ? AND template_id = ? AND size = ? \
-               AND isolation = ? AND state = 'running' AND ready = 1 ORDER BY seq LIMIT 1) \
+        let cols = &SANDBOX_COLS["seq, ".len()..];
+        let marks = vec!["?"; cols.split(',').count()].join(", ");
+        let insert = format!(
+            "INSERT OR REPLACE INTO sandboxes ({cols}) SELECT {marks} \
+             WHERE EXISTS (SELECT 1 FROM sandboxes WHERE id = ? AND workspace_id = ? \
+               AND state = 'running' AND ready = 1) \
              AND (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ? \
-             RETURNING id"
+             RETURNING {SANDBOX_COLS}"
         );
-        let id: Option<String> = sqlx::query_scalar(&q)
-            .bind(&new.workspace_id)
-            .bind(POOL_WORKSPACE)
-            .bind(&new.template_id)
-            .bind(new.size.as_str())
-            .bind(&new.isolation)
-            .bind(&new.workspace_id)
-            .bind(cap as i64)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(id) = id else {
-            tx.rollback().await?;
-            let ready: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND template_id = ? \
-                 AND size = ? AND isolation = ? AND state = 'running' AND ready = 1",
+        // A few tries: each lost race means another claim took that row.
+        for _ in 0..8 {
+            let id: Option<String> = sqlx::query_scalar(
+                "SELECT id FROM sandboxes WHERE workspace_id = ? AND template_id = ? AND size = ? \
+                 AND isolation = ? AND state = 'running' AND ready = 1 ORDER BY seq LIMIT 1",
             )
             .bind(POOL_WORKSPACE)
             .bind(&new.template_id)
             .bind(new.size.as_str())
             .bind(&new.isolation)
-            .fetch_one(&self.pool)
+            .fetch_optional(&self.pool)
             .await?;
-            return Ok(if ready == 0 {
-                Claim::Empty
-            } else {
-                Claim::AtCap
-            });
-        };
-        let q = format!("DELETE FROM sandboxes WHERE id = ? RETURNING {SANDBOX_COLS}");
-        let old: Raw = sqlx::query_as(&q).bind(&id).fetch_one(&mut *tx).await?;
-        // A corrupt pool row fails the claim (the transaction rolls back when dropped).
-        let old = SandboxRow::try_from(old)?;
-        let row = SandboxRow {
-            seq: 0,
-            id: old.id.clone(),
-            template_id: old.template_id.clone(),
-            size: old.size,
-            cpu_count: old.cpu_count,
-            memory_mb: old.memory_mb,
-            disk_size_mb: old.disk_size_mb,
-            state: old.state,
-            ready: old.ready,
-            runtime: old.runtime.clone(),
-            isolation: old.isolation.clone(),
-            cpu_ns: cpu_baseline(&old),
-            ..new.clone()
-        };
-        let cols = &SANDBOX_COLS["seq, ".len()..];
-        let marks = vec!["?"; cols.split(',').count()].join(", ");
-        let q = format!("INSERT INTO sandboxes ({cols}) VALUES ({marks})");
-        sqlx::query(&q)
-            .bind(&row.id)
-            .bind(&row.workspace_id)
-            .bind(&row.owner_id)
-            .bind(&row.template_id)
-            .bind(row.state.as_str())
-            .bind(row.size.as_str())
-            .bind(row.cpu_count)
-            .bind(row.memory_mb)
-            .bind(row.disk_size_mb)
-            .bind(row.ready)
-            .bind(row.ready_at)
-            .bind(row.timeout_sec)
-            .bind(row.always_on)
-            .bind(row.persistent)
-            .bind(row.idle_timeout_sec)
-            .bind(encode_json(TABLE, &row.id, "metadata", &row.metadata)?)
-            .bind(encode_json(TABLE, &row.id, "env", &row.env)?)
-            .bind(row.created_at)
-            .bind(row.started_at)
-            .bind(row.destroyed_at)
-            .bind(row.total_runtime_sec)
-            .bind(row.running_ms)
-            .bind(row.running_since)
-            .bind(row.timeout_at)
-            .bind(&row.state_reason)
-            .bind(&row.runtime)
-            .bind(row.compute_rate.micros())
-            .bind(row.paused_ms)
-            .bind(row.paused_since)
-            .bind(row.last_activity_at)
-            .bind(row.cpu_ns)
-            .bind(row.memory_mib_ms)
-            .bind(encode_json(TABLE, &row.id, "network", &row.network)?)
-            .bind(&row.snapshot_id)
-            .bind(row.preview_public)
-            .bind(row.auto_resume)
-            .bind(row.compute_charged.map(Money::micros))
-            .bind(row.model_cost.micros())
-            .bind(&row.isolation)
-            .execute(&mut *tx)
+            let Some(id) = id else {
+                return Ok(Claim::Empty);
+            };
+            // A corrupt pool row fails the claim here, before anything is written.
+            let Some(old) = self.sandbox(&id).await? else {
+                continue;
+            };
+            let row = SandboxRow {
+                seq: 0,
+                id: old.id.clone(),
+                template_id: old.template_id.clone(),
+                size: old.size,
+                cpu_count: old.cpu_count,
+                memory_mb: old.memory_mb,
+                disk_size_mb: old.disk_size_mb,
+                state: old.state,
+                ready: old.ready,
+                runtime: old.runtime.clone(),
+                isolation: old.isolation.clone(),
+                cpu_ns: cpu_baseline(&old),
+                ..new.clone()
+            };
+            let changed = self.sandboxes_changing();
+            let claimed: Option<Raw> = sqlx::query_as(&insert)
+                .bind(&row.id)
+                .bind(&row.workspace_id)
+                .bind(&row.owner_id)
+                .bind(&row.template_id)
+                .bind(row.state.as_str())
+                .bind(row.size.as_str())
+                .bind(row.cpu_count)
+                .bind(row.memory_mb)
+                .bind(row.disk_size_mb)
+                .bind(row.ready)
+                .bind(row.ready_at)
+                .bind(row.timeout_sec)
+                .bind(row.always_on)
+                .bind(row.persistent)
+                .bind(row.idle_timeout_sec)
+                .bind(encode_json(TABLE, &row.id, "metadata", &row.metadata)?)
+                .bind(encode_json(TABLE, &row.id, "env", &row.env)?)
+                .bind(row.created_at)
+                .bind(row.started_at)
+                .bind(row.destroyed_at)
+                .bind(row.total_runtime_sec)
+                .bind(row.running_ms)
+                .bind(row.running_since)
+                .bind(row.timeout_at)
+                .bind(&row.state_reason)
+                .bind(&row.runtime)
+                .bind(row.compute_rate.micros())
+                .bind(row.paused_ms)
+                .bind(row.paused_since)
+                .bind(row.last_activity_at)
+                .bind(row.cpu_ns)
+                .bind(row.memory_mib_ms)
+                .bind(encode_json(TABLE, &row.id, "network", &row.network)?)
+                .bind(&row.snapshot_id)
+                .bind(row.preview_public)
+                .bind(row.auto_resume)
+                .bind(row.compute_charged.map(Money::micros))
+                .bind(row.model_cost.micros())
+                .bind(&row.isolation)
+                .bind(&row.id)
+                .bind(POOL_WORKSPACE)
+                .bind(&row.workspace_id)
+                .bind(cap as i64)
+                .fetch_optional(&self.pool)
+                .await?;
+            // The epoch moves before the row is read again, so what was kept of it is not served.
+            drop(changed);
+            if let Some(r) = claimed {
+                return Ok(Claim::Claimed(Box::new(SandboxRow::try_from(r)?)));
+            }
+            let still_pooled: Option<i64> = sqlx::query_scalar(
+                "SELECT 1 FROM sandboxes WHERE id = ? AND workspace_id = ? AND state = 'running' AND ready = 1",
+            )
+            .bind(&id)
+            .bind(POOL_WORKSPACE)
+            .fetch_optional(&self.pool)
             .await?;
-        tx.commit().await?;
-        // The epoch moves before the row is read again, so what was kept of it is not served.
-        drop(changed);
-        Ok(match self.sandbox(&id).await? {
-            Some(r) => Claim::Claimed(Box::new(r)),
-            None => Claim::Empty,
-        })
+            if still_pooled.is_some() {
+                return Ok(Claim::AtCap);
+            }
+        }
+        Ok(Claim::Empty)
     }
 
     /// Removes a sandbox row for good (the pool's own sandboxes leave no record).

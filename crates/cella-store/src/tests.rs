@@ -957,3 +957,93 @@ async fn a_claimed_pool_sandbox_is_read_as_the_claimers() {
         "ws1"
     );
 }
+
+/// A claim takes the oldest ready pool sandbox of its template, size and runtime, stores it
+/// as the caller's with a new `seq` and the caller's settings, keeps what the running sandbox
+/// fixes, and sets the CPU baseline; at the workspace's cap nothing changes; two claims never
+/// get the same sandbox.
+#[tokio::test]
+async fn claims_take_the_oldest_ready_pool_sandbox_once_and_respect_the_cap() {
+    let (_d, store) = store_with_ws().await;
+    for id in ["sbp1", "sbp2"] {
+        let p = SandboxRow {
+            state: SandboxState::Running,
+            ready: true,
+            ..sandbox(id, POOL_WORKSPACE)
+        };
+        assert!(store.insert_sandbox_capped(&p, 100).await.unwrap());
+        raw(
+            &store,
+            &format!("UPDATE sandboxes SET runtime = '{{\"id\":\"{id}\"}}' WHERE id = '{id}'"),
+        )
+        .await;
+    }
+    // Booting, another size, another runtime: never taken.
+    let booting = sandbox("sbboot", POOL_WORKSPACE);
+    assert!(store.insert_sandbox_capped(&booting, 100).await.unwrap());
+    let other = SandboxRow {
+        state: SandboxState::Running,
+        ready: true,
+        isolation: "gvisor".into(),
+        ..sandbox("sbgv", POOL_WORKSPACE)
+    };
+    assert!(store.insert_sandbox_capped(&other, 100).await.unwrap());
+    let mine = sandbox("sbmine", "ws1");
+    assert!(store.insert_sandbox_capped(&mine, 100).await.unwrap());
+    let mine_seq = store.sandbox("sbmine").await.unwrap().unwrap().seq;
+
+    let want = SandboxRow {
+        owner_id: "key9".into(),
+        timeout_sec: 77,
+        metadata: [("who".to_string(), "me".to_string())].into(),
+        ..sandbox("ignored", "ws1")
+    };
+    // At the cap (ws1 holds one capped sandbox): nothing is claimed, nothing changes.
+    assert_eq!(
+        store.claim_pooled(&want, 1, |_| -5).await.unwrap(),
+        Claim::AtCap
+    );
+    let p1 = store.sandbox("sbp1").await.unwrap().unwrap();
+    assert_eq!(p1.workspace_id, POOL_WORKSPACE);
+
+    let (a, b) = tokio::join!(
+        store.claim_pooled(&want, 10, |old| -(old.seq * 1000)),
+        store.claim_pooled(&want, 10, |old| -(old.seq * 1000)),
+    );
+    let (Claim::Claimed(a), Claim::Claimed(b)) = (a.unwrap(), b.unwrap()) else {
+        panic!("both ready pool sandboxes should be claimed");
+    };
+    let mut got = [a.id.as_str(), b.id.as_str()];
+    got.sort();
+    assert_eq!(got, ["sbp1", "sbp2"], "two claims, two different sandboxes");
+    for r in [&a, &b] {
+        assert_eq!(r.workspace_id, "ws1");
+        assert_eq!(r.owner_id, "key9");
+        assert_eq!(r.timeout_sec, 77);
+        assert_eq!(r.metadata.get("who").map(String::as_str), Some("me"));
+        assert_eq!(
+            r.runtime.as_deref(),
+            Some(&*format!("{{\"id\":\"{}\"}}", r.id))
+        );
+        assert_eq!(r.state, SandboxState::Running);
+        assert!(r.ready);
+        assert!(r.seq > mine_seq, "listed as the newest");
+        assert_eq!(
+            store.sandbox(&r.id).await.unwrap().unwrap().workspace_id,
+            "ws1"
+        );
+    }
+    assert_eq!(a.cpu_ns % 1000, 0);
+    assert!(a.cpu_ns < 0, "the baseline is the old row's");
+    // None left of that runtime: empty, and the others stayed the pool's.
+    assert_eq!(
+        store.claim_pooled(&want, 10, |_| 0).await.unwrap(),
+        Claim::Empty
+    );
+    for id in ["sbboot", "sbgv"] {
+        assert_eq!(
+            store.sandbox(id).await.unwrap().unwrap().workspace_id,
+            POOL_WORKSPACE
+        );
+    }
+}
