@@ -92,14 +92,7 @@ pub fn exec_parent(path: &str) -> Option<(PathBuf, bool)> {
 
 /// Where the v1 freezer hierarchy is mounted (read once).
 fn freezer_mount() -> Option<PathBuf> {
-    static MOUNT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
-    MOUNT
-        .get_or_init(|| {
-            hierarchies::V1::new()
-                .get_mount_point(cgroups_rs::fs::Controllers::Freezer)
-                .map(|(m, _)| m)
-        })
-        .clone()
+    v1_mount(cgroups_rs::fs::Controllers::Freezer)
 }
 
 /// Pids in the cgroup directory `dir` and every cgroup below it.
