@@ -1,6 +1,7 @@
 //! Sandboxes on the gVisor runtime (`"runtime": "gvisor"`, `runsc` on the `ptrace` platform):
 //! create, exec, files, gVisor's own kernel inside, a syscall gVisor does not have, pause to
-//! disk and resume (also across a `kill -9` of the server, and racing a command), snapshots
+//! disk and resume (also across a `kill -9` of the server, an upgrade of its executable, and
+//! racing a command), snapshots
 //! with memory and creates from them, forks with memory (also a `kill -9` in either), snapshots
 //! of paused and stopped sandboxes, destroy leaving nothing, a `kill -9` of the server, and the
 //! 400s for what gVisor sandboxes do not have yet. Skipped (with a line saying so) where the
@@ -907,6 +908,102 @@ fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
             && common::cgroup_dirs(&id).is_empty()
             && mounts_naming(&id).is_empty()
     });
+}
+
+/// The agent executables pinned in the data directory, one per build.
+fn pinned_agents(s: &Server) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(s.data_dir().join("gvisor-agents"))
+        .map(|rd| rd.flatten().map(|e| e.path().join("cella")).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The agent executable sandbox `id` runs (from its launch file).
+fn agent_of(s: &Server, id: &str) -> String {
+    let launch = std::fs::read(s.data_dir().join("gvisor").join(id).join("launch.json")).unwrap();
+    let v: Value = serde_json::from_slice(&launch).unwrap();
+    v["agent"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn sandboxes_paused_to_disk_and_memory_snapshots_survive_an_upgrade_of_the_server() {
+    if !have_runsc() {
+        return;
+    }
+    // The server runs from a path of its own, which the "upgrade" replaces with a new file, as
+    // a package manager does. (The new file is this build with bytes appended: same code, so
+    // that the test needs no second build. A real rebuild between a pause and its resume made
+    // the restored agent die of SIGSEGV before agents were pinned.)
+    let bin_dir = tempfile::tempdir().unwrap();
+    let exe = bin_dir.path().join("cella");
+    if std::fs::hard_link(common::bin(), &exe).is_err() {
+        std::fs::copy(common::bin(), &exe).unwrap();
+    }
+    let mut s = Server::start_exe(&exe);
+    let id = create_gvisor(&s);
+    cell(&s, &id, "kept = 41");
+    start_counting(&s, &id);
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/snapshots"),
+        json!({ "memory": true }),
+    );
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    let snap = r.data()["id"].as_str().unwrap().to_string();
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    let first = pinned_agents(&s);
+    assert_eq!(first.len(), 1, "one pinned agent for the first build");
+    assert_eq!(agent_of(&s, &id), first[0].display().to_string());
+    s.stop();
+
+    let new = bin_dir.path().join("cella.new");
+    std::fs::copy(common::bin(), &new).unwrap();
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&new)
+        .unwrap()
+        .write_all(b"another build")
+        .unwrap();
+    std::fs::rename(&new, &exe).unwrap();
+    s.restart();
+
+    // The paused sandbox resumes on the agent it was paused with, its memory and loop intact.
+    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(got.data()["state"], "paused", "{}", got.body);
+    let before = counts_after_resume(&s, &id);
+    assert_eq!(cell(&s, &id, "kept + 1")["result"], "42");
+    assert_counted_on(&s, &id, before);
+    assert_eq!(agent_of(&s, &id), first[0].display().to_string());
+    // A sandbox from the snapshot restores over the agent the snapshot was made with.
+    let r = s.post("/api/v1/sandboxes", json!({ "snapshot_id": snap }));
+    assert_eq!(r.status, 201, "{}\n{}", r.body, s.log());
+    let child = r.data()["id"].as_str().unwrap().to_string();
+    assert_eq!(cell(&s, &child, "kept + 1")["result"], "42");
+    assert_eq!(agent_of(&s, &child), first[0].display().to_string());
+    // A new sandbox runs the new build's agent.
+    let fresh = create_gvisor(&s);
+    let agents = pinned_agents(&s);
+    assert_eq!(agents.len(), 2, "{agents:?}");
+    let second = agents.iter().find(|a| **a != first[0]).unwrap();
+    assert_eq!(agent_of(&s, &fresh), second.display().to_string());
+
+    // Once nothing names the first build's agent, the next start forgets it.
+    for x in [&id, &child, &fresh] {
+        assert_eq!(s.delete(&format!("/api/v1/sandboxes/{x}")).status, 200);
+        assert_nothing_left(&s, x);
+    }
+    assert_eq!(s.delete(&format!("/api/v1/snapshots/{snap}")).status, 200);
+    s.stop();
+    s.restart();
+    assert_eq!(pinned_agents(&s), vec![second.clone()]);
+}
+
+/// Resumes sandbox `id` and answers how many numbers its loop had counted.
+fn counts_after_resume(s: &Server, id: &str) -> usize {
+    resume(s, id);
+    counts(s, id).len()
 }
 
 #[test]

@@ -69,6 +69,8 @@ pub struct Server {
     http: Client,
     /// Extra environment of the server process (`start_env`); `restart_with_env` changes it.
     env: Vec<(String, String)>,
+    /// The executable started: the build's, or one a test put elsewhere (`start_exe`).
+    pub exe: PathBuf,
 }
 
 fn free_port() -> u16 {
@@ -89,8 +91,17 @@ impl Server {
         Server::start_env(config, &[])
     }
 
+    /// Starts a server from executable `exe` (a test that replaces it as an upgrade does).
+    pub fn start_exe(exe: &Path) -> Server {
+        Server::start_full("", &[], exe)
+    }
+
     /// Starts a server with `config` (TOML) and these extra environment variables.
     pub fn start_env(config: &str, env: &[(&str, &str)]) -> Server {
+        Server::start_full(config, env, Path::new(bin()))
+    }
+
+    fn start_full(config: &str, env: &[(&str, &str)], exe: &Path) -> Server {
         let dir = tempfile::Builder::new()
             .prefix("cella-test-")
             .tempdir()
@@ -116,6 +127,7 @@ impl Server {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            exe: exe.to_path_buf(),
         };
         s.spawn();
         s
@@ -131,7 +143,7 @@ impl Server {
             .append(true)
             .open(self.dir.path().join("server.log"))
             .unwrap();
-        let child = Command::new(bin())
+        let child = Command::new(&self.exe)
             .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
             .arg("--data-dir")
             .arg(self.data_dir())

@@ -50,6 +50,14 @@
 //! gVisor implements them); timeouts kill by process tree, as gVisor has no cgroup the agent
 //! could delegate.
 //!
+//! The executable bound in is not the server's own path but this build's pin of it,
+//! `DATA/gvisor-agents/<build>/cella` (a hard link, see [`pin_agent`]), named in the sandbox's
+//! `launch.json`, and in an `agent` file beside every checkpoint copied out of it (snapshots
+//! with memory, boot images). A restored agent goes on with its old memory, so it must run
+//! over the same code: after an upgrade, a sandbox paused to disk and a snapshot's restores
+//! bind the build they were saved with (a restore over the new executable crashed the agent
+//! with `SIGSEGV`); pins nothing names are removed at the next start.
+//!
 //! The handle's pid is `runsc run`'s (with its start time). Stop and destroy kill every
 //! process of the cgroup, `runsc delete --force` the container's state and reap the pid;
 //! destroy also removes the directory (a checkpoint image with it).
@@ -62,10 +70,11 @@
 //! once whole, and the sandbox's processes end (its RAM is freed; the cgroup stays, empty).
 //! Resume runs the launcher again with the boot's input (`launch.json`: the same mounts, which
 //! a restore needs) and `runsc restore --image-path memory/` instead of `runsc run`, sends
-//! `SIGUSR2` with `runsc kill` once runsc's state file says the restored container runs (read
-//! every 2 ms: a `runsc kill` tried before fails only after tens of milliseconds of a runsc
-//! process on the cores the restore wants; polling that way cost a resume 80-180 ms), waits for the
-//! agent to answer on its socket bound again, and removes the image; the new handle (new pid)
+//! `SIGUSR2` once runsc's state file says the restored container runs (read every 2 ms: a
+//! signal tried before fails; through `runsc kill` each failure cost tens of milliseconds of a
+//! runsc process on the cores the restore wants), straight to runsc's control server
+//! ([`control`]; `runsc kill` where that does not answer), waits for the agent to answer on
+//! its socket bound again, and removes the image; the new handle (new pid)
 //! goes back to the server. A failed checkpoint, or a quiesce that failed, wakes the agent the
 //! same way: the sandbox runs on. While the image is whole the sandbox counts as alive
 //! (`alive`, `probe`) though it has no process. A sandbox frozen by an older server is thawed
@@ -116,6 +125,7 @@
 //! restore, with their old user data (freed pointers for tokio). The agent quiets every interest
 //! before deleting it, so one that comes back is a harmless wake-up; see [`epoll`].
 
+pub mod control;
 pub mod epoll;
 pub mod spec;
 
@@ -146,6 +156,10 @@ pub struct GvisorLaunch {
     /// The sandbox's link, when it has one.
     #[serde(default)]
     pub net: Option<GvisorNet>,
+    /// The agent executable bound into the sandbox (a pinned one, see [`pin_agent`]); None in
+    /// launch files written before agents were pinned.
+    #[serde(default)]
+    pub agent: Option<PathBuf>,
 }
 
 /// A gVisor sandbox's link: made by the launcher as the namespace launcher makes it, in a
@@ -173,6 +187,13 @@ const IMAGE_FILE: &str = "checkpoint.img";
 const LAUNCH_FILE: &str = "launch.json";
 /// The sandbox's network namespace, bound in its directory while it has a link.
 const NETNS_FILE: &str = "netns";
+/// Where the agent executables sandboxes run are pinned, one directory per build.
+const AGENTS_DIR: &str = "gvisor-agents";
+/// The executable's name in its pinned directory.
+const AGENT_NAME: &str = "cella";
+/// In a snapshot's or boot image's directory with memory: the path of the agent its
+/// checkpoint was made with.
+const AGENT_FILE: &str = "agent";
 /// Longest wait for the agent to close its connections before a checkpoint.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -188,6 +209,9 @@ pub struct GvisorDriver {
     nofile: u64,
     /// The namespace driver's network (one subnet, one firewall), when sandboxes get links.
     net: Option<crate::namespace::Network>,
+    /// This build's agent executable as sandboxes run it ([`pin_agent`]), made at the first
+    /// boot that needs it.
+    pinned: std::sync::Arc<std::sync::OnceLock<PathBuf>>,
 }
 
 /// Where `runsc` is on this host, if anywhere.
@@ -221,7 +245,7 @@ impl GvisorDriver {
             std::fs::create_dir_all(&p)?;
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700))?;
         }
-        Ok(GvisorDriver {
+        let driver = GvisorDriver {
             data_dir: data_dir.to_path_buf(),
             agent_exe,
             runsc,
@@ -230,7 +254,86 @@ impl GvisorDriver {
             disks: None,
             nofile: 1024,
             net: None,
-        })
+            pinned: Default::default(),
+        };
+        driver.forget_agents();
+        Ok(driver)
+    }
+
+    /// The agent executable new sandboxes of this build run: the server's executable pinned
+    /// under `DATA/gvisor-agents/` ([`pin_agent`]), or the executable itself where pinning
+    /// failed (logged).
+    fn agent(&self) -> PathBuf {
+        self.pinned
+            .get_or_init(|| {
+                pin_agent(&self.data_dir, &self.agent_exe).unwrap_or_else(|e| {
+                    tracing::warn!(
+                        "pinning the gVisor agent {}: {e}; sandboxes paused to disk will not \
+                         resume after an upgrade",
+                        self.agent_exe.display()
+                    );
+                    self.agent_exe.clone()
+                })
+            })
+            .clone()
+    }
+
+    /// Removes the pinned agents of earlier builds that nothing names any more: no sandbox's
+    /// launch file, no snapshot's or boot image's `agent` record.
+    fn forget_agents(&self) {
+        let root = self.data_dir.join(AGENTS_DIR);
+        let Ok(rd) = std::fs::read_dir(&root) else {
+            return;
+        };
+        let current = agent_stamp(&self.agent_exe);
+        let mut named: Vec<String> = Vec::new();
+        let mut read = |f: PathBuf| {
+            if let Ok(t) = std::fs::read_to_string(f) {
+                named.push(t);
+            }
+        };
+        let children = |d: PathBuf| -> Vec<PathBuf> {
+            std::fs::read_dir(d)
+                .map(|rd| rd.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default()
+        };
+        for d in children(self.data_dir.join("gvisor")) {
+            read(d.join(LAUNCH_FILE));
+        }
+        for d in children(self.data_dir.join("snapshots")) {
+            read(d.join(AGENT_FILE));
+        }
+        for t in children(self.data_dir.join("boot-images")) {
+            for d in children(t) {
+                read(d.join(AGENT_FILE));
+            }
+        }
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pinned = e.path().join(AGENT_NAME).to_string_lossy().into_owned();
+            if current.as_deref() != Some(name.as_str())
+                && !named.iter().any(|t| t.contains(&pinned))
+            {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+
+    /// The agent a checkpoint in `src` (a snapshot's or boot image's directory) was made with,
+    /// which its restore must run: a restored process goes on with the memory of that
+    /// executable's code. None for a record from before agents were pinned.
+    fn agent_of(&self, src: &Path) -> Result<Option<PathBuf>, DriverError> {
+        let Ok(text) = std::fs::read_to_string(src.join(AGENT_FILE)) else {
+            return Ok(None);
+        };
+        let agent = PathBuf::from(text.trim_end());
+        if !agent.is_file() {
+            return Err(DriverError::Image(format!(
+                "its memory was saved by a build of cella whose agent ({}) is gone",
+                agent.display()
+            )));
+        }
+        Ok(Some(agent))
     }
 
     /// Gives sandboxes whose spec asks for it a link on `net` (the namespace driver's, see
@@ -288,8 +391,9 @@ impl GvisorDriver {
         DriverError::Unsupported(format!("{what} is not supported on the gvisor runtime yet"))
     }
 
-    /// Makes the directory, the disk and the bundle; returns the launcher's input.
-    fn prepare(&self, spec: &SandboxSpec) -> Result<GvisorLaunch, DriverError> {
+    /// Makes the directory, the disk and the bundle (its init `agent`); returns the launcher's
+    /// input.
+    fn prepare(&self, spec: &SandboxSpec, agent: PathBuf) -> Result<GvisorLaunch, DriverError> {
         let dir = self.sandbox_dir(&spec.id);
         std::fs::create_dir_all(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
@@ -346,7 +450,7 @@ impl GvisorDriver {
             hostname: spec.hostname.clone(),
             rootfs,
             socket_dir: sock,
-            agent_exe: self.agent_exe.clone(),
+            agent_exe: agent.clone(),
             cpu_count: spec.cpu_count,
             memory_mb: spec.memory_mb,
             pids_max: spec.pids_max,
@@ -371,6 +475,7 @@ impl GvisorDriver {
             runsc,
             log: dir.join("init.log"),
             net,
+            agent: Some(agent),
         })
     }
 
@@ -392,6 +497,7 @@ impl GvisorDriver {
         // snapshot with memory is restored rather than booted.
         let dir = self.sandbox_dir(&spec.id);
         let mut image = None;
+        let mut agent = None;
         // A template's boot image is a snapshot's directory kept elsewhere.
         let source = match (&spec.boot_image, &spec.snapshot) {
             (Some(b), _) => Some((b.clone(), format!("boot image {}", b.display()))),
@@ -404,15 +510,17 @@ impl GvisorDriver {
                     "{what} has no files on this host"
                 )));
             }
+            let mem = src.join(MEMORY_DIR);
+            if mem.join(IMAGE_FILE).exists() {
+                // Checked before the copy, which would be for nothing.
+                agent = self.agent_of(&src)?;
+                image = Some(mem);
+            }
             std::fs::create_dir_all(&dir)?;
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
             crate::disk::copy_sparse(&src.join(crate::disk::IMAGE), &dir.join(crate::disk::IMAGE))?;
-            let mem = src.join(MEMORY_DIR);
-            if mem.join(IMAGE_FILE).exists() {
-                image = Some(mem);
-            }
         }
-        let cfg = self.prepare(spec)?;
+        let cfg = self.prepare(spec, agent.unwrap_or_else(|| self.agent()))?;
         // Kept for a restore from disk, which needs the same mounts.
         let json = serde_json::to_vec(&cfg).map_err(std::io::Error::other)?;
         std::fs::write(dir.join(LAUNCH_FILE), json)?;
@@ -492,6 +600,14 @@ impl GvisorDriver {
                 for e in std::fs::read_dir(src.join(MEMORY_DIR))?.flatten() {
                     std::fs::hard_link(e.path(), tmp.join(e.file_name()))?;
                     bytes += crate::disk::allocated_bytes(&tmp.join(e.file_name()));
+                }
+                // The agent the checkpoint's memory runs, which its restores must bind.
+                let agent = std::fs::read(src.join(LAUNCH_FILE))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<GvisorLaunch>(&b).ok())
+                    .and_then(|l| l.agent);
+                if let Some(a) = agent {
+                    std::fs::write(dir.join(AGENT_FILE), a.as_os_str().as_encoded_bytes())?;
                 }
                 std::fs::rename(&tmp, dir.join(MEMORY_DIR))?;
             }
@@ -670,16 +786,15 @@ impl GvisorDriver {
         })
     }
 
-    /// Tells a quiesced agent to bind its socket again (`SIGUSR2` through `runsc kill`, tried
-    /// until the container takes it) and waits until it answers.
+    /// Tells a quiesced agent to bind its socket again (`SIGUSR2` through runsc's control
+    /// server, tried until the container takes it) and waits until it answers.
     async fn wake(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
         let _ = std::fs::remove_file(&handle.socket);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let args = vec!["kill".to_string(), handle.id.clone(), "USR2".into()];
         let started = std::time::Instant::now();
         // runsc marks the container running in its state file once the restore is whole;
-        // until then each `runsc kill` fails slowly (tens of milliseconds of a runsc process,
-        // on the cores the restore wants), so the file is read first, which costs nothing.
+        // until then a signal fails, so the file is read first, which costs nothing.
         let state = self
             .runsc_root()
             .join(format!("{0}_sandbox:{0}.state", handle.id));
@@ -689,15 +804,27 @@ impl GvisorDriver {
         {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+        let netns = Some(self.sandbox_dir(&handle.id).join(NETNS_FILE)).filter(|f| f.exists());
         let mut tries = 0u32;
         loop {
             tries += 1;
             let this = self.clone();
             let a = args.clone();
             let id = handle.id.clone();
-            let sent = tokio::task::spawn_blocking(move || this.runsc_call(&id, &a))
-                .await
-                .map_err(|e| DriverError::Launch(e.to_string()))?;
+            let ns = netns.clone();
+            // Straight to runsc's control server; `runsc kill` only where that does not answer.
+            let sent = tokio::task::spawn_blocking(move || {
+                match control::signal_init(&id, libc::SIGUSR2, ns.as_deref()) {
+                    Ok(()) => Ok(()),
+                    Err(control::ControlError::Refused(e)) => Err(e),
+                    Err(control::ControlError::Unreachable(e)) => {
+                        tracing::debug!(sandbox = id, "waking through runsc kill: {e}");
+                        this.runsc_call(&id, &a)
+                    }
+                }
+            })
+            .await
+            .map_err(|e| DriverError::Launch(e.to_string()))?;
             match sent {
                 Ok(()) => break,
                 Err(e)
@@ -763,8 +890,22 @@ impl GvisorDriver {
         tail.join(" | ")
     }
 
-    /// Removes runsc's record of a container (idempotent; its processes are gone or go).
+    /// Whether runsc keeps a record of container `id` (its state and lock files are named
+    /// after it).
+    fn has_record(&self, id: &str) -> bool {
+        std::fs::read_dir(self.runsc_root()).is_ok_and(|rd| {
+            rd.flatten()
+                .any(|e| e.file_name().to_string_lossy().contains(id))
+        })
+    }
+
+    /// Removes runsc's record of a container (idempotent; its processes are gone or go). No
+    /// `runsc` runs when there is no record (a first boot, a restore after the checkpoint's
+    /// own delete): it would only fail to load one, after a Go program's start.
     fn runsc_delete(&self, id: &str) {
+        if !self.has_record(id) {
+            return;
+        }
         let _ = self
             .runsc_command(id)
             .args(["delete", "--force", id])
@@ -824,6 +965,52 @@ impl GvisorDriver {
         }
         Ok(())
     }
+}
+
+/// Names a build of the server's executable: its file's device, inode, size and modification
+/// time (an upgrade that puts a new file in place changes them; hashing 200 MB at each start
+/// would cost more than a start; the change time would change with the pin's own link). None
+/// when it cannot be read.
+fn agent_stamp(exe: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(exe).ok()?;
+    Some(format!(
+        "{:x}-{:x}-{:x}-{:x}.{:x}",
+        m.dev(),
+        m.ino(),
+        m.len(),
+        m.mtime(),
+        m.mtime_nsec()
+    ))
+}
+
+/// Pins `exe` for sandboxes: `DATA/gvisor-agents/<stamp>/cella`, a hard link to it (a copy
+/// across file systems), made once per build. A sandbox paused to disk, a snapshot with memory
+/// and a boot image hold the memory of the agent's process, which goes on with that
+/// executable's code after a restore: a restore over another build's executable crashes the
+/// agent (`SIGSEGV`). The pinned file outlives an upgrade that replaces the server's (a new
+/// file in its place; one rewritten in place, with the same inode, is not caught). Pins nothing
+/// names are removed at the next start ([`GvisorDriver::forget_agents`]).
+fn pin_agent(data_dir: &Path, exe: &Path) -> std::io::Result<PathBuf> {
+    let stamp = agent_stamp(exe)
+        .ok_or_else(|| std::io::Error::other(format!("{} cannot be read", exe.display())))?;
+    let root = data_dir.join(AGENTS_DIR);
+    let dir = root.join(stamp);
+    let pinned = dir.join(AGENT_NAME);
+    if pinned.is_file() {
+        return Ok(pinned);
+    }
+    for d in [&root, &dir] {
+        std::fs::create_dir_all(d)?;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))?;
+    }
+    let tmp = dir.join(format!("{AGENT_NAME}.{}.partial", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    if std::fs::hard_link(exe, &tmp).is_err() {
+        std::fs::copy(exe, &tmp)?;
+    }
+    std::fs::rename(&tmp, &pinned)?;
+    Ok(pinned)
 }
 
 /// Unbinds a kept network namespace (its link and the veth's host end go with it) and removes
@@ -890,6 +1077,7 @@ impl Driver for GvisorDriver {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError> {
+        let t = std::time::Instant::now();
         let this = self.clone();
         let spec2 = spec.clone();
         let (handle, restored) = tokio::task::spawn_blocking(move || {
@@ -901,6 +1089,7 @@ impl Driver for GvisorDriver {
         })
         .await
         .map_err(|e| DriverError::Launch(e.to_string()))??;
+        let launched = t.elapsed();
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let ready = if restored {
             // Restored from a snapshot's checkpoint: its agent waits, quiesced, to be woken;
@@ -919,6 +1108,13 @@ impl Driver for GvisorDriver {
             let _ = self.stop(&handle.id, Some(&handle)).await;
             return Err(e);
         }
+        tracing::debug!(
+            sandbox = spec.id,
+            restored,
+            launched_ms = launched.as_secs_f64() * 1e3,
+            ready_ms = t.elapsed().as_secs_f64() * 1e3,
+            "gvisor sandbox up"
+        );
         Ok(handle)
     }
 
@@ -1409,7 +1605,101 @@ pub fn agent_main(nofile: u64) -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::says_running;
+    use super::*;
+
+    /// An "executable" of a build: a file with `content` put in place as an upgrade puts one
+    /// (written aside, renamed over the old).
+    fn install(exe: &Path, content: &str) {
+        let tmp = exe.with_extension("new");
+        std::fs::write(&tmp, content).unwrap();
+        std::fs::rename(&tmp, exe).unwrap();
+    }
+
+    #[test]
+    fn each_build_of_the_agent_is_pinned_once_and_outlives_its_upgrade() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("cella");
+        install(&exe, "build one");
+        let data = dir.path().join("data");
+        let one = pin_agent(&data, &exe).unwrap();
+        assert_eq!(
+            pin_agent(&data, &exe).unwrap(),
+            one,
+            "pinned once per build"
+        );
+        assert_eq!(std::fs::read_to_string(&one).unwrap(), "build one");
+        install(&exe, "build two");
+        let two = pin_agent(&data, &exe).unwrap();
+        assert_ne!(two, one);
+        assert_eq!(std::fs::read_to_string(&two).unwrap(), "build two");
+        // What sandboxes of build one restore over is still build one.
+        assert_eq!(std::fs::read_to_string(&one).unwrap(), "build one");
+    }
+
+    #[test]
+    fn a_start_forgets_only_the_pinned_agents_nothing_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("cella");
+        let data = dir.path().join("data");
+        let mut pins = Vec::new();
+        for build in [
+            "paused sandbox's",
+            "snapshot's",
+            "boot image's",
+            "nobody's",
+            "current",
+        ] {
+            install(&exe, build);
+            pins.push(pin_agent(&data, &exe).unwrap());
+        }
+        let put = |f: PathBuf, text: String| {
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(f, text).unwrap();
+        };
+        let launch = serde_json::json!({ "agent": pins[0], "other": "fields" });
+        put(
+            data.join("gvisor/sb1").join(LAUNCH_FILE),
+            launch.to_string(),
+        );
+        put(
+            data.join("snapshots/sn1").join(AGENT_FILE),
+            pins[1].display().to_string(),
+        );
+        put(
+            data.join("boot-images/t1/small-v1-x").join(AGENT_FILE),
+            pins[2].display().to_string(),
+        );
+        let driver = GvisorDriver::new(&data, exe.clone(), "/bin/false".into(), "unit").unwrap();
+        for (i, p) in pins.iter().enumerate() {
+            assert_eq!(p.exists(), i != 3, "{}", p.display());
+        }
+        assert_eq!(
+            driver.agent(),
+            pins[4],
+            "the current build's pin is used, not made again"
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_restores_over_the_agent_it_was_made_with_or_says_it_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("cella");
+        install(&exe, "build one");
+        let driver =
+            GvisorDriver::new(&dir.path().join("data"), exe, "/bin/false".into(), "unit").unwrap();
+        let snap = dir.path().join("snap");
+        std::fs::create_dir_all(&snap).unwrap();
+        // From before agents were pinned: the current one.
+        assert_eq!(driver.agent_of(&snap).unwrap(), None);
+        let pinned = driver.agent();
+        std::fs::write(snap.join(AGENT_FILE), pinned.display().to_string()).unwrap();
+        assert_eq!(driver.agent_of(&snap).unwrap(), Some(pinned.clone()));
+        std::fs::remove_file(&pinned).unwrap();
+        match driver.agent_of(&snap) {
+            Err(DriverError::Image(m)) => assert!(m.contains("is gone"), "{m}"),
+            other => panic!("expected an image error, got {other:?}"),
+        }
+    }
 
     #[test]
     fn a_state_file_says_running_only_when_whole_and_running() {
