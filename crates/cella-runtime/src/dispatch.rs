@@ -149,12 +149,13 @@ impl Driver for Dispatch {
         handle: Option<&SandboxHandle>,
         snapshot_id: &str,
         memory: bool,
+        leave_on_disk: bool,
     ) -> crate::MemorySnapshot {
         let d = match handle {
             Some(h) => self.of(h),
             None => self.by_id(id),
         };
-        d.snapshot_with_memory(id, handle, snapshot_id, memory)
+        d.snapshot_with_memory(id, handle, snapshot_id, memory, leave_on_disk)
             .await
     }
 

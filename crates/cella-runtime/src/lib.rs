@@ -246,13 +246,17 @@ pub trait Driver: Send + Sync + 'static {
     /// [`Driver::create`] with [`SandboxSpec::snapshot`] restores a new sandbox. A running
     /// sandbox is checkpointed and restored: answers its new handle, which the caller must
     /// record, even when the snapshot failed (None when the handle stays: paused on disk, or
-    /// stopped).
+    /// stopped). With `leave_on_disk`, a running sandbox whose snapshot succeeded is not
+    /// restored but left written to disk (new handle None), for the caller to restore with
+    /// [`Driver::unpause`] while it does something else (a fork's children restore meanwhile);
+    /// a failed snapshot restores it as without.
     async fn snapshot_with_memory(
         &self,
         _id: &str,
         _handle: Option<&SandboxHandle>,
         _snapshot_id: &str,
         _memory: bool,
+        _leave_on_disk: bool,
     ) -> MemorySnapshot {
         MemorySnapshot {
             result: Err(DriverError::Unsupported(format!(

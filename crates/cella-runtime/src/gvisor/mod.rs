@@ -890,13 +890,14 @@ impl GvisorDriver {
         tail.join(" | ")
     }
 
-    /// Whether runsc keeps a record of container `id` (its state and lock files are named
-    /// after it).
+    /// Whether runsc keeps a record of container `id`: its state or lock file (runsc
+    /// 20221219 names them `<sandbox>_sandbox:<container>.state` and `.lock`; a sandbox's
+    /// container has the sandbox's id).
     fn has_record(&self, id: &str) -> bool {
-        std::fs::read_dir(self.runsc_root()).is_ok_and(|rd| {
-            rd.flatten()
-                .any(|e| e.file_name().to_string_lossy().contains(id))
-        })
+        let root = self.runsc_root();
+        ["state", "lock"]
+            .iter()
+            .any(|ext| root.join(format!("{id}_sandbox:{id}.{ext}")).exists())
     }
 
     /// Removes runsc's record of a container (idempotent; its processes are gone or go). No
@@ -1232,14 +1233,16 @@ impl Driver for GvisorDriver {
 
     /// A running sandbox is written to its directory as a pause to disk does (quiesce,
     /// checkpoint: its files then rest on its disk image, and the sentry flushed what it
-    /// cached), copied, and restored from its own image as a resume does: new handle. A
-    /// server killed in between finds it on disk with its row running, and restores it.
+    /// cached), copied, and restored from its own image as a resume does: new handle (or, with
+    /// `leave_on_disk` and a copy made, left for the caller's `unpause`). A server killed in
+    /// between finds it on disk with its row running, and restores it.
     async fn snapshot_with_memory(
         &self,
         id: &str,
         handle: Option<&SandboxHandle>,
         snapshot_id: &str,
         memory: bool,
+        leave_on_disk: bool,
     ) -> MemorySnapshot {
         let at_rest = |this: GvisorDriver| {
             let (id, snap) = (id.to_string(), snapshot_id.to_string());
@@ -1265,6 +1268,12 @@ impl Driver for GvisorDriver {
         let copied = at_rest(self.clone()).await;
         // Written to disk, copied or not, its row still running.
         cella_crash::crash_point!("runtime.gvisor.snapshot.saved");
+        if leave_on_disk && copied.is_ok() {
+            return MemorySnapshot {
+                result: copied,
+                new_handle: None,
+            };
+        }
         match self.unpause(h).await {
             Ok(new) => MemorySnapshot {
                 result: copied.map(|info| SnapshotInfo {
