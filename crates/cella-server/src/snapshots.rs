@@ -286,19 +286,27 @@ pub async fn fork(
     // On gVisor the children are restored from one checkpoint of a running or paused source.
     let memory = source.isolation == Runtime::Gvisor.as_str() && st != SandboxState::Stopped;
     let t = std::time::Instant::now();
-    let (snap, info, on_disk) = copy(state, &source, true, memory, true).await?;
-    cella_crash::crash_point!("fork.after_snapshot");
     // A running gVisor source left on disk is restored while its children restore (two
     // restores at once take about 40% less than one after the other here), its lock held
-    // until then; a task of its own, so a client that hangs up does not leave it on disk.
-    let resumed = on_disk.map(|h| {
-        let (st, id) = (state.clone(), source.id.clone());
-        tokio::spawn(async move {
-            let _guard = guard;
-            resume_source(&st, &id, &h).await;
-            t.elapsed()
-        })
+    // until then. Both in tasks of their own, so a client that hangs up does not leave it on
+    // disk.
+    let (st, src) = (state.clone(), source.clone());
+    let copied = tokio::spawn(async move {
+        let (snap, info, on_disk) = copy(&st, &src, true, memory, true).await?;
+        cella_crash::crash_point!("fork.after_snapshot");
+        let resumed = on_disk.map(|h| {
+            tokio::spawn(async move {
+                let _guard = guard;
+                resume_source(&st, &src.id, &h).await;
+                t.elapsed()
+            })
+        });
+        Ok::<_, SnapshotError>((snap, info, resumed))
     });
+    let (snap, info, resumed) = copied.await.map_err(|e| SnapshotError::Task {
+        sandbox: source.id.clone(),
+        source: e,
+    })??;
     // From here on a task of its own: a client that hangs up leaves no half-made fork and no
     // internal snapshot behind.
     let st = state.clone();
