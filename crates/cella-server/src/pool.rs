@@ -50,7 +50,8 @@
 //!   discarded and tried again at the next round. Ready rows beyond the target are discarded
 //!   (`trim`), those of a pool no target names too (a template gone, `runsc` gone, another default
 //!   runtime since the last start). For `reconcile`, the liveness check and the timers, pool rows
-//!   are sandboxes like any other; one that dies goes to `error` and no longer counts.
+//!   are sandboxes like any other; one that dies goes to `error` (cleared from the host) and no
+//!   longer counts, and the next refill deletes its row.
 //! - *Clean stop*: after SIGTERM or Ctrl-C, `serve` calls [`drain`]: no more pool boots, and every
 //!   pool sandbox is destroyed (users' sandboxes run on; the pool is booted again at the next
 //!   start). A `kill -9` leaves the pool to the next start, which finds it like any sandbox.
@@ -173,6 +174,11 @@ pub async fn recount(state: &AppState) -> Result<(), cella_store::StoreError> {
 /// removes ready pool sandboxes beyond the target (after a config change, or of a pool no
 /// longer kept: a template or runtime gone, the default runtime changed).
 pub(crate) async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::StoreError> {
+    // Rows of pool sandboxes that died (nobody's, nothing left of them on the host).
+    let failed = state.store.delete_failed_pool_rows().await?;
+    if failed > 0 {
+        tracing::info!("removed {failed} dead warm pool sandbox row(s)");
+    }
     let mut pools = targets(state);
     // Pools nothing asks for any more are emptied.
     for r in state.store.pool_rows().await? {

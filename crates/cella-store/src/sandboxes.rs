@@ -434,6 +434,17 @@ impl Store {
         Ok(())
     }
 
+    /// Removes the warm pool's rows in `error` (found dead after their boot: the liveness check
+    /// already cleared them from the host); answers how many went.
+    pub async fn delete_failed_pool_rows(&self) -> Result<u64> {
+        let _changed = self.sandboxes_changing();
+        let done = sqlx::query("DELETE FROM sandboxes WHERE workspace_id = ? AND state = 'error'")
+            .bind(POOL_WORKSPACE)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// Pool sandboxes of a template, size and isolation runtime that are booting or ready:
     /// (booting, ready).
     pub async fn pool_counts(

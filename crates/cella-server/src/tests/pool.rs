@@ -5,6 +5,7 @@
 use super::*;
 use crate::testing::{FakeState, Op};
 use cella_agent::proto::{ExecSpec, Request, Response};
+use cella_types::SandboxState;
 use serde_json::json;
 
 /// A server whose pool keeps `n` small base sandboxes.
@@ -158,6 +159,28 @@ async fn pool_sandboxes_never_count_toward_a_cap_but_claims_do() {
         "a refused create claims nothing"
     );
     assert_eq!(s.listed().await.len(), 10);
+}
+
+#[tokio::test]
+async fn a_pool_sandbox_that_dies_is_replaced_and_its_row_goes() {
+    let s = with_pool(2, |_| {}).await;
+    crate::pool::refill(&s.state).await.expect("refill");
+    let pooled = pool_ids(&s).await;
+    assert_eq!(pooled.len(), 2);
+    assert!(s.fake.kill(&pooled[0]));
+    crate::lifecycle::check_liveness(&s.state).await;
+    let dead = s.state.store.sandbox(&pooled[0]).await.expect("read");
+    assert_eq!(dead.map(|r| r.state), Some(SandboxState::Error));
+    assert_eq!(s.fake.state(&pooled[0]), None, "cleared from the host");
+    crate::pool::refill(&s.state).await.expect("refill");
+    assert_eq!(
+        s.state.store.sandbox(&pooled[0]).await.expect("read"),
+        None,
+        "the dead one's row is gone"
+    );
+    let now = pool_ids(&s).await;
+    assert_eq!(now.len(), 2, "refilled to its target");
+    assert!(now.contains(&pooled[1]) && !now.contains(&pooled[0]));
 }
 
 #[tokio::test]
