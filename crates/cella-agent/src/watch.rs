@@ -5,6 +5,8 @@
 //! `from`). A recursive watch follows directories created after it started, and reports what
 //! was already in such a directory when its watch was added. Like inotify itself, identical
 //! events that follow each other unread are merged (two quick writes may give one `modify`).
+//! A move out of the tree is reported a moment (`PAIR_WAIT`) after it happened, since that is
+//! how long its first half waits for a second one that would make it a `rename`.
 
 use crate::files::{check, error, fstatat, io_error, is_dir, names, open_in_root, open_subdir};
 use crate::proto::{self, ErrorKind, ProtoError, Response};
@@ -21,6 +23,8 @@ use tokio::net::UnixStream;
 
 /// Directories one recursive watch follows at most.
 const MAX_DIRS: usize = 10_000;
+/// How long the first half of a rename read alone waits for its second half.
+const PAIR_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 fn mask() -> AddWatchFlags {
     AddWatchFlags::IN_CREATE
@@ -198,16 +202,46 @@ pub async fn watch(
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     proto::write_json(stream, &Response::Done { bytes: 0 }).await?;
     let mut probe = [0u8; 16];
+    // Rename halves share a cookie. The kernel queues them one after the other, so a read can
+    // end between them: a half read alone waits [`PAIR_WAIT`] for its pair, and is reported as
+    // moved out of the tree (`delete`) only then.
+    let mut moved_from: HashMap<u32, (PathBuf, bool, tokio::time::Instant)> = HashMap::new();
     loop {
+        let unpaired_until = moved_from.values().map(|(_, _, at)| *at + PAIR_WAIT).min();
         tokio::select! {
+            _ = tokio::time::sleep_until(unpaired_until.unwrap_or_else(tokio::time::Instant::now)),
+                if unpaired_until.is_some() =>
+            {
+                let now = tokio::time::Instant::now();
+                let expired: Vec<u32> = moved_from
+                    .iter()
+                    .filter(|(_, (_, _, at))| *at + PAIR_WAIT <= now)
+                    .map(|(cookie, _)| *cookie)
+                    .collect();
+                let mut out = Vec::new();
+                for cookie in expired {
+                    let Some((from, is_dir, _)) = moved_from.remove(&cookie) else { continue };
+                    out.push(event("delete", &from, None, is_dir));
+                    if is_dir {
+                        // Moved out of the watched tree: stop following it.
+                        let gone: Vec<WatchDescriptor> =
+                            wds.iter().filter(|(_, p)| p.starts_with(&from)).map(|(wd, _)| *wd).collect();
+                        for wd in gone {
+                            let _ = ino.rm_watch(wd);
+                            wds.remove(&wd);
+                        }
+                    }
+                }
+                for r in out {
+                    proto::write_json(stream, &r).await?;
+                }
+            }
             ready = fd.readable() => {
                 let mut guard = ready?;
                 let events = match guard.try_io(|_| ino.read_events().map_err(std::io::Error::from)) {
                     Ok(Ok(ev)) => ev,
                     Ok(Err(_)) | Err(_) => continue,
                 };
-                // Rename halves share a cookie; a half without its pair left or entered the tree.
-                let mut moved_from: HashMap<u32, (PathBuf, bool)> = HashMap::new();
                 let mut out = Vec::new();
                 for ev in events {
                     let Some(dir) = wds.get(&ev.wd).cloned() else { continue };
@@ -225,10 +259,10 @@ pub async fn watch(
                     } else if ev.mask.contains(AddWatchFlags::IN_DELETE) {
                         out.push(event("delete", &full, None, is_dir));
                     } else if ev.mask.contains(AddWatchFlags::IN_MOVED_FROM) {
-                        moved_from.insert(ev.cookie, (full, is_dir));
+                        moved_from.insert(ev.cookie, (full, is_dir, tokio::time::Instant::now()));
                     } else if ev.mask.contains(AddWatchFlags::IN_MOVED_TO) {
                         match moved_from.remove(&ev.cookie) {
-                            Some((from, _)) => {
+                            Some((from, _, _)) => {
                                 out.push(event("rename", &full, Some(&from), is_dir));
                                 if is_dir {
                                     // Its watches follow it: name them by the new path.
@@ -249,18 +283,6 @@ pub async fn watch(
                         }
                     } else if ev.mask.contains(AddWatchFlags::IN_DELETE_SELF) && dir == p {
                         out.push(event("delete", &p, None, true));
-                    }
-                }
-                for (_, (from, is_dir)) in moved_from {
-                    out.push(event("delete", &from, None, is_dir));
-                    if is_dir {
-                        // Moved out of the watched tree: stop following it.
-                        let gone: Vec<WatchDescriptor> =
-                            wds.iter().filter(|(_, p)| p.starts_with(&from)).map(|(wd, _)| *wd).collect();
-                        for wd in gone {
-                            let _ = ino.rm_watch(wd);
-                            wds.remove(&wd);
-                        }
                     }
                 }
                 for r in uploads_as_files(out) {

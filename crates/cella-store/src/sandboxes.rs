@@ -435,8 +435,19 @@ impl Store {
     }
 
     /// Removes the warm pool's rows in `error` (found dead after their boot: the liveness check
-    /// already cleared them from the host); answers how many went.
+    /// already cleared them from the host); answers how many went. Read first: the refill calls
+    /// this after every claim, and a write would drop every kept row (the claimed sandbox's
+    /// first exec would read its row from the database again).
     pub async fn delete_failed_pool_rows(&self) -> Result<u64> {
+        let (failed,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state = 'error'",
+        )
+        .bind(POOL_WORKSPACE)
+        .fetch_one(&self.pool)
+        .await?;
+        if failed == 0 {
+            return Ok(0);
+        }
         let _changed = self.sandboxes_changing();
         let done = sqlx::query("DELETE FROM sandboxes WHERE workspace_id = ? AND state = 'error'")
             .bind(POOL_WORKSPACE)
