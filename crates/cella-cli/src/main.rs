@@ -7,12 +7,16 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod allocator;
 mod people;
 mod processes;
 mod snapshots;
 mod tasks;
 mod templates;
 mod transfer;
+
+#[global_allocator]
+static ALLOCATOR: allocator::Chosen = allocator::Chosen;
 
 #[derive(Parser)]
 #[command(name = "cella", version, about = "Sandboxes for AI agents")]
@@ -611,6 +615,7 @@ async fn serve(
         )
         .with_writer(std::io::stderr)
         .init();
+    tracing::debug!(mimalloc = allocator::is_mimalloc(), "allocator");
     // Check before anything is written: a data directory and a key made by a start that
     // cannot run sandboxes would only mislead.
     if !nix::unistd::geteuid().is_root() {

@@ -989,6 +989,24 @@ fn sandboxes_paused_to_disk_and_memory_snapshots_survive_an_upgrade_of_the_serve
     let second = agents.iter().find(|a| **a != first[0]).unwrap();
     assert_eq!(agent_of(&s, &fresh), second.display().to_string());
 
+    // An operator who removes a pinned agent by hand makes the checkpoints that name it
+    // unusable: a create from the snapshot is refused, saying why, and leaves nothing behind.
+    std::fs::remove_dir_all(first[0].parent().unwrap()).unwrap();
+    let r = s.post("/api/v1/sandboxes", json!({ "snapshot_id": snap }));
+    r.assert_error(503, "UNAVAILABLE");
+    let reason = r.body["error"]["details"]["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("whose agent") && reason.contains("is gone"),
+        "{}",
+        r.body
+    );
+    let failed = r.body["error"]["details"]["sandbox_id"].as_str().unwrap();
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{failed}")).data()["state"],
+        "error"
+    );
+    assert_nothing_left(&s, failed);
+
     // Once nothing names the first build's agent, the next start forgets it.
     for x in [&id, &child, &fresh] {
         assert_eq!(s.delete(&format!("/api/v1/sandboxes/{x}")).status, 200);

@@ -383,15 +383,27 @@ impl NamespaceDriver {
                 // Everything the sandbox wrote reaches its image: sync its root file system
                 // (the overlay passes it on to the disk's ext4, which writes through the loop
                 // device into the image file).
+                let frozen = t.elapsed();
+                let mut synced = frozen;
                 let res = std::fs::File::open(format!("/proc/{}/root", h.pid))
                     .and_then(|root| {
                         // SAFETY: syncfs on a descriptor we own.
                         if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
                             return Err(std::io::Error::last_os_error());
                         }
+                        synced = t.elapsed();
                         Ok(())
                     })
-                    .and_then(|_| crate::disk::copy_sparse(&src, &dst).map(|_| ()));
+                    .and_then(|_| crate::disk::copy_sparse(&src, &dst));
+                tracing::debug!(
+                    sandbox = id,
+                    freeze_ms = frozen.as_secs_f64() * 1e3,
+                    sync_ms = (synced - frozen).as_secs_f64() * 1e3,
+                    copy_ms = (t.elapsed() - synced).as_secs_f64() * 1e3,
+                    copied_mib = res.as_ref().map_or(0, |n| n >> 20),
+                    "snapshot of a live sandbox"
+                );
+                let res = res.map(|_| ());
                 // Frozen, the copy (partly) written, its row not yet stored.
                 cella_crash::crash_point!("runtime.snapshot.frozen");
                 if !was_frozen {
