@@ -251,9 +251,9 @@ pub fn mount_image(image: &Path, target: &Path) -> Result<(), MountError> {
 /// child, a create from a snapshot), and attaching one first writes out every dirty page of its
 /// image (the kernel's `vfs_fsync` in `LOOP_CONFIGURE`): about 47 ms for 100 MiB here, on the
 /// child's boot. Started at the copy's end, that writing runs beside the rest of the fork (the
-/// source's thaw, rows, the launcher and its cgroup) instead of after it. Why not direct I/O both ways: tried; every
-/// read then came from the disk, so a sandbox forked again paused 80-300 ms instead of 32-51.
-/// Why not `cp`: one process less per copy, and the same walk.
+/// source's thaw, rows, the launcher and its cgroup) instead of after it. Why not direct I/O
+/// both ways: tried; every read then came from the disk, so a sandbox forked again paused
+/// 80-300 ms instead of 32-51. Why not `cp`: one process less per copy, and the same walk.
 pub fn copy_sparse(src: &Path, dst: &Path) -> std::io::Result<u64> {
     let tmp = dst.with_extension("img.part");
     let copied = match reflink(src, &tmp) {
@@ -270,7 +270,7 @@ pub fn copy_sparse(src: &Path, dst: &Path) -> std::io::Result<u64> {
     Ok(copied)
 }
 
-/// The data extents of `fd` from `pos` on, as `(start, end)` byte offsets, walked lazily.
+/// The data extents of `fd` (`len` bytes long), as `(start, end)` byte offsets, walked lazily.
 fn data_extents(fd: i32, len: u64) -> impl Iterator<Item = std::io::Result<(i64, i64)>> {
     let mut pos: i64 = 0;
     let mut done = false;
@@ -375,8 +375,8 @@ mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
 
-    /// A 64 MiB sparse file with data in three places (one crossing a chunk of the direct copy,
-    /// one not on a page boundary of its own content) and holes between.
+    /// A 64 MiB sparse file with data in three places (one across a 4 MiB boundary, one whose
+    /// length is not a whole number of blocks) and holes between.
     fn sparse_source(dir: &Path) -> (std::path::PathBuf, Vec<(u64, Vec<u8>)>) {
         let src = dir.join("src.img");
         let f = File::create(&src).unwrap();
