@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 static SERVER: AtomicBool = AtomicBool::new(false);
 
-/// Whether a process run with these arguments is the server (`cella serve ...`).
-fn is_server(args: &[&[u8]]) -> bool {
-    args.get(1) == Some(&b"serve".as_slice())
+/// Whether a process whose first argument is `first` is the server (`cella serve ...`).
+fn is_server(first: &[u8]) -> bool {
+    first == b"serve"
 }
 
 extern "C" fn choose(argc: c_int, argv: *const *const c_char, _envp: *const *const c_char) {
@@ -29,12 +29,11 @@ extern "C" fn choose(argc: c_int, argv: *const *const c_char, _envp: *const *con
     }
     // SAFETY: glibc passes the process's own argv, `argc` valid C strings, to `.init_array`
     // functions of the executable.
-    let first = |i: usize| unsafe {
-        let p = *argv.add(i);
-        (!p.is_null()).then(|| CStr::from_ptr(p).to_bytes())
-    };
-    if let (Some(a0), Some(a1)) = (first(0), first(1)) {
-        SERVER.store(is_server(&[a0, a1]), Ordering::Relaxed);
+    let first = unsafe { *argv.add(1) };
+    if !first.is_null() {
+        // SAFETY: as above.
+        let first = unsafe { CStr::from_ptr(first) };
+        SERVER.store(is_server(first.to_bytes()), Ordering::Relaxed);
     }
 }
 
@@ -96,13 +95,13 @@ mod tests {
 
     #[test]
     fn only_serve_picks_the_servers_allocator() {
-        assert!(is_server(&[b"cella", b"serve"]));
+        assert!(is_server(b"serve"));
         for other in [
-            &[b"cella".as_slice(), b"__sandbox-init".as_slice()][..],
-            &[b"cella", b"__gvisor-agent"],
-            &[b"cella", b"sandboxes"],
-            &[b"cella"],
-            &[b"cella", b"--help"],
+            &b"__sandbox-init"[..],
+            b"__gvisor-agent",
+            b"sandboxes",
+            b"--help",
+            b"",
         ] {
             assert!(!is_server(other), "{other:?}");
         }
