@@ -572,6 +572,72 @@ fn rules_and_interfaces_go_with_the_sandbox_also_after_a_crash() {
 }
 
 #[test]
+fn a_clean_stop_leaves_no_rules_and_what_a_killed_server_left_is_reclaimed() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+
+    // Sandboxes destroyed just before a clean stop: their rules are removed after the
+    // answers, and the stop waits for that, so nothing of the server is left in the table.
+    let mut a = Server::start();
+    let ids: Vec<String> = (0..3).map(|_| a.create(json!({ "size": "xs" }))).collect();
+    for id in &ids {
+        assert_eq!(a.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+    }
+    let inst_a = instance(&a);
+    a.stop();
+    assert!(
+        firewall_chains(&inst_a).is_empty(),
+        "a clean stop left rules: {:?}",
+        firewall_chains(&inst_a)
+    );
+    assert!(
+        !floor_set_exists(&inst_a),
+        "a clean stop left its floor set"
+    );
+
+    // A server killed with `kill -9`, whose sandbox then dies too (its data directory would
+    // be thrown away, as tests and benchmarks do): its rules stay in the shared table...
+    let mut b = Server::start();
+    let inst_b = instance(&b);
+    let x = b.create(json!({ "size": "xs" }));
+    let x_iface = host_iface(&b, &x);
+    b.kill9();
+    for pid in sandbox_pids(&x) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    eventually("the sandbox's link to go", || !iface_exists(&x_iface));
+    assert_eq!(firewall_chains(&inst_b).len(), 1);
+    assert!(floor_set_exists(&inst_b));
+    // The next server to start on the host removes what the gone one left.
+    let d = Server::start();
+    assert!(
+        firewall_chains(&inst_b).is_empty(),
+        "a gone server's chain survived another's start"
+    );
+    assert!(
+        !floor_set_exists(&inst_b),
+        "a gone server's floor set survived"
+    );
+    assert!(d.log().contains("servers that are gone"), "{}", d.log());
+    // And only that: a running server's rules, and those of a killed server whose sandbox
+    // still runs, stay when another server starts.
+    let y = d.create(json!({ "size": "xs" }));
+    let mut e = Server::start();
+    let inst_e = instance(&e);
+    let z = e.create(json!({ "size": "xs" }));
+    e.kill9();
+    let _c = Server::start();
+    assert!(has_chain(&d, &y) && floor_set_exists(&instance(&d)));
+    assert!(firewall_chains(&inst_e).iter().any(|ch| ch.contains(&z)));
+    assert!(floor_set_exists(&inst_e));
+    // The live sandbox still works behind its rules.
+    assert_eq!(d.sh(&y, "echo up")["stdout"], "up\n");
+    d.delete(&format!("/api/v1/sandboxes/{y}"));
+}
+
+#[test]
 fn on_gvisor_the_same_policies_hold_and_the_link_outlives_a_pause_to_disk() {
     if !have_runsc() {
         return;

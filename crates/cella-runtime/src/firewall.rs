@@ -7,7 +7,13 @@
 //! index -> jump to the chain). Interface indexes are not reused by the kernel, so an entry
 //! left for a gone interface can never apply to a new one: removing a boot's rules can happen
 //! after its processes are gone, off the request's path (deleting nftables objects waits for an
-//! RCU grace period, about 10 ms a transaction here).
+//! RCU grace period, about 10 ms a transaction here): one worker thread removes what is queued,
+//! in one batch, and a clean stop waits for it.
+//!
+//! Servers come and go on a host (tests and benchmarks with throw-away data directories, a
+//! `kill -9`): each running server holds a lock on a file named after its instance in
+//! `/run/cella-instances`, and a server starting removes the objects of every instance that
+//! holds no lock and none of whose chains belongs to an interface that still exists.
 //!
 //! - forward: traffic *to* a sandbox is dropped unless it answers a connection the sandbox
 //!   opened (no inbound, no sandbox-to-sandbox); traffic *from* a sandbox goes to `egress`.
@@ -142,6 +148,8 @@ pub struct Firewall {
     /// The configured part of the floor (fixed ranges, `deny_always`, the sandbox subnet);
     /// the host's own addresses are added when the set is written.
     floor: Vec<Net>,
+    /// Boots whose rules are to go, shared by every clone (see [`Firewall::remove_boot_later`]).
+    removals: std::sync::Arc<Removals>,
 }
 
 impl Firewall {
@@ -162,6 +170,7 @@ impl Firewall {
         Firewall {
             instance: instance.to_string(),
             floor: FIXED_FLOOR.iter().filter_map(|n| Net::parse(n)).collect(),
+            removals: Default::default(),
         }
     }
 
@@ -217,7 +226,17 @@ impl Firewall {
 
     /// Writes the shared table's base chains (idempotent; kept sandbox chains stay) and turns
     /// on IPv4 forwarding.
+    ///
+    /// First it claims this server's instance name on the host ([`claim_instance`]) and
+    /// removes what servers that are gone left in the shared table ([`Firewall::reclaim_dead`]).
     pub fn install_base(&self) -> Result<(), DriverError> {
+        if claim_instance(&self.instance) {
+            match self.reclaim_dead() {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("firewall: removed {n} object(s) of servers that are gone"),
+                Err(e) => tracing::warn!("firewall: removing what gone servers left: {e}"),
+            }
+        }
         nft(&self.base_script())?;
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
             .map_err(|e| DriverError::Network(format!("turning on IPv4 forwarding: {e}")))?;
@@ -289,7 +308,7 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
         // are replaced as a whole.
         s += HOST_IN_SET;
         if rules.host_port.is_some() {
-            s += &self.host_in_removal(ifindex);
+            s += &self.host_in_removal(&[ifindex]);
         }
         if let (Some(port), Some((host, sandbox))) = (rules.host_port, link) {
             s += &format!(
@@ -336,54 +355,140 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
         s
     }
 
-    /// `delete element` lines for the `host_in` elements of interface `ifindex` (none when
-    /// the set cannot be read).
-    fn host_in_removal(&self, ifindex: u32) -> String {
+    /// `delete element` lines for the `host_in` elements of the interfaces in `ifindexes`
+    /// (none when the set cannot be read).
+    fn host_in_removal(&self, ifindexes: &[u32]) -> String {
         let Ok(v) = nft_json(&["list", "set", "inet", "cella", "host_in"]) else {
             return String::new();
         };
-        let mut s = String::new();
-        for set in items(&v, "set") {
-            for e in set["elem"].as_array().into_iter().flatten() {
-                let Some(parts) = e["concat"].as_array() else {
-                    continue;
-                };
-                let key = |i: usize| {
-                    parts
-                        .get(i)
-                        .map(|p| p.to_string().trim_matches('"').to_string())
-                };
-                let matches = parts.first().and_then(|p| p.as_u64()) == Some(ifindex as u64)
-                    || parts.first().and_then(|p| p.as_str()).is_some_and(|name| {
-                        crate::namespace::net::ifindex(name).ok() == Some(ifindex)
-                    });
-                if let (true, Some(a), Some(b), Some(c), Some(d)) =
-                    (matches, key(0), key(1), key(2), key(3))
-                {
-                    let a = if parts[0].is_string() {
-                        format!("\"{a}\"")
-                    } else {
-                        a
-                    };
-                    s +=
-                        &format!("delete element inet cella host_in {{ {a} . {b} . {c} . {d} }}\n");
-                }
-            }
-        }
-        s
+        host_in_deletes(&v, |i| ifindexes.contains(&i))
     }
 
     /// Removes the rules of one boot of sandbox `id` (one batch). Idempotent.
     pub fn remove_boot(&self, id: &str, ifindex: u32) -> Result<(), DriverError> {
-        let c = self.chain(id, ifindex);
-        let batch = format!(
-            "{}delete element inet cella by_iif {{ {ifindex} }}\nflush chain inet cella {c}\ndelete chain inet cella {c}\n",
-            self.host_in_removal(ifindex)
-        );
+        self.remove_boots(&[(id.to_string(), ifindex)])
+    }
+
+    /// Removes the rules of these boots (sandbox id, interface index) in one batch: one
+    /// transaction, so one RCU grace period for all of them. Idempotent.
+    fn remove_boots(&self, boots: &[(String, u32)]) -> Result<(), DriverError> {
+        let indexes: Vec<u32> = boots.iter().map(|(_, i)| *i).collect();
+        let mut batch = self.host_in_removal(&indexes);
+        for (id, ifindex) in boots {
+            let c = self.chain(id, *ifindex);
+            batch += &format!(
+                "delete element inet cella by_iif {{ {ifindex} }}\nflush chain inet cella {c}\ndelete chain inet cella {c}\n"
+            );
+        }
         if nft(&batch).is_ok() {
             return Ok(());
         }
-        self.remove_all(id) // part of it was gone already
+        // Part of it was gone already (the batch is all or nothing): each sandbox on its own.
+        let mut res = Ok(());
+        for (id, _) in boots {
+            if let Err(e) = self.remove_all(id) {
+                res = Err(e);
+            }
+        }
+        res
+    }
+
+    /// Queues the removal of one boot's rules and returns at once: a worker thread removes
+    /// what is queued, everything queued meanwhile in one batch (a mass destroy costs a few
+    /// transactions, not one each). [`Firewall::wait_removals`] waits for the queue to empty
+    /// (a clean stop does, so no boot's rules outlive the server's own record of them).
+    pub fn remove_boot_later(&self, id: &str, ifindex: u32) {
+        let r = &self.removals;
+        let mut st = r.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.queue.push((id.to_string(), ifindex));
+        if st.busy {
+            return;
+        }
+        st.busy = true;
+        drop(st);
+        let fw = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("cella-fw-removal".into())
+            .spawn(move || fw.removal_worker());
+        if spawned.is_err() {
+            // No thread to be had: remove them here.
+            self.removal_worker();
+        }
+    }
+
+    fn removal_worker(&self) {
+        let r = &self.removals;
+        loop {
+            let batch = {
+                let mut st = r.state.lock().unwrap_or_else(|p| p.into_inner());
+                if st.queue.is_empty() {
+                    st.busy = false;
+                    r.idle.notify_all();
+                    return;
+                }
+                std::mem::take(&mut st.queue)
+            };
+            if let Err(e) = self.remove_boots(&batch) {
+                let ids: Vec<&str> = batch.iter().map(|(id, _)| id.as_str()).collect();
+                tracing::warn!(sandboxes = ?ids, "removing firewall rules: {e}");
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the queued removals to be done; returns how many are left.
+    pub fn wait_removals(&self, timeout: std::time::Duration) -> usize {
+        let r = &self.removals;
+        let deadline = std::time::Instant::now() + timeout;
+        let mut st = r.state.lock().unwrap_or_else(|p| p.into_inner());
+        while st.busy || !st.queue.is_empty() {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return st.queue.len().max(1);
+            }
+            st = r
+                .idle
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        0
+    }
+
+    /// Removes from the shared table what servers that are gone left there: the chains, map
+    /// entries and floor set of every other instance that holds no claim on the host (see
+    /// [`claim_instance`]) and none of whose chains belongs to an interface that still exists
+    /// (a sandbox keeps running when its server is killed; its rules stay while it does), and
+    /// `host_in` elements of interfaces that are gone. Without this, what test servers and
+    /// benchmarks with throw-away data directories left (their sandboxes destroyed, but not
+    /// their rules, by a `kill -9`) stayed for good, and every `nft` run on the host reads it
+    /// all. Returns how many objects it removed.
+    pub fn reclaim_dead(&self) -> Result<usize, DriverError> {
+        let v = nft_json(&["list", "table", "inet", "cella"])?;
+        let live = host_ifindexes();
+        // A gone server's file stays locked here until its objects are removed, so a server
+        // starting under that name meanwhile waits for its claim (and another reclaiming
+        // server sees the name as taken and leaves it).
+        let mut held = Vec::new();
+        let plan = dead_objects(&v, &self.instance, &live, |inst| {
+            let path = instance_lock_path(inst);
+            let Ok(f) = std::fs::OpenOptions::new().write(true).open(&path) else {
+                return false; // never claimed, or already reclaimed
+            };
+            if flock(&f, libc::LOCK_EX | libc::LOCK_NB) {
+                held.push((path, f));
+                false
+            } else {
+                true
+            }
+        });
+        if plan.is_empty() {
+            return Ok(0);
+        }
+        nft(&plan.script())?;
+        for (path, _lock) in &held {
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(plan.count())
     }
 
     /// Removes every chain of sandbox `id` and the map entries that lead to them. Idempotent.
@@ -458,10 +563,8 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
         let mut out = Vec::new();
         for m in items(&v, "map") {
             for e in m["elem"].as_array().into_iter().flatten() {
-                let key = match &e[0] {
-                    serde_json::Value::String(name) => format!("\"{name}\""),
-                    serde_json::Value::Number(n) => n.to_string(),
-                    _ => continue,
+                let Some((_, key)) = iface_key(&e[0]) else {
+                    continue;
                 };
                 if let Some(t) = e[1]["jump"]["target"].as_str() {
                     out.push((key, t.to_string()));
@@ -505,6 +608,249 @@ fn items<'a>(
         .filter_map(move |o| o.get(kind))
 }
 
+/// Boots whose rules are queued for removal, and whether a worker is on them.
+#[derive(Debug, Default)]
+struct Removals {
+    state: std::sync::Mutex<RemovalState>,
+    idle: std::sync::Condvar,
+}
+
+#[derive(Debug, Default)]
+struct RemovalState {
+    queue: Vec<(String, u32)>,
+    busy: bool,
+}
+
+/// `delete element` lines for the elements of the `host_in` set in the listing `v` whose
+/// interface index `pick` picks (an element names its interface while that exists, else
+/// gives its index).
+fn host_in_deletes(v: &serde_json::Value, pick: impl Fn(u32) -> bool) -> String {
+    let mut s = String::new();
+    for set in items(v, "set").filter(|set| set["name"] == "host_in") {
+        for e in set["elem"].as_array().into_iter().flatten() {
+            let Some(parts) = e["concat"].as_array().filter(|p| p.len() == 4) else {
+                continue;
+            };
+            let Some((index, first)) = iface_key(&parts[0]) else {
+                continue;
+            };
+            if !index.is_some_and(&pick) {
+                continue;
+            }
+            let rest: Vec<String> = parts[1..]
+                .iter()
+                .map(|p| p.to_string().trim_matches('"').to_string())
+                .collect();
+            s += &format!(
+                "delete element inet cella host_in {{ {first} . {} . {} . {} }}\n",
+                rest[0], rest[1], rest[2]
+            );
+        }
+    }
+    s
+}
+
+/// An interface key as `nft -j` lists it (the interface's name while it exists, else its
+/// index, as a number or a string of digits): its index where known, and how to write it in
+/// a script.
+fn iface_key(v: &serde_json::Value) -> Option<(Option<u32>, String)> {
+    match v {
+        serde_json::Value::Number(n) => {
+            let i = u32::try_from(n.as_u64()?).ok()?;
+            Some((Some(i), i.to_string()))
+        }
+        serde_json::Value::String(s) => match s.parse::<u32>() {
+            Ok(i) => Some((Some(i), i.to_string())),
+            Err(_) => Some((crate::namespace::net::ifindex(s).ok(), format!("\"{s}\""))),
+        },
+        _ => None,
+    }
+}
+
+/// The interface indexes of the host's network namespace.
+fn host_ifindexes() -> std::collections::HashSet<u32> {
+    std::fs::read_dir("/sys/class/net")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    std::fs::read_to_string(e.path().join("ifindex"))
+                        .ok()?
+                        .trim()
+                        .parse()
+                        .ok()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What [`Firewall::reclaim_dead`] removes: the instances found gone, and one `nft` line per
+/// object.
+#[derive(Debug, Default)]
+struct DeadPlan {
+    instances: Vec<String>,
+    lines: Vec<String>,
+}
+
+impl DeadPlan {
+    fn is_empty(&self) -> bool {
+        self.lines.is_empty()
+    }
+
+    fn count(&self) -> usize {
+        self.lines.len()
+    }
+
+    fn script(&self) -> String {
+        self.lines.concat()
+    }
+}
+
+/// The instance a sandbox chain (`sb_<instance>_<id>[_<ifindex>]`) belongs to, and its
+/// interface index (none for chains named before chains were per boot).
+fn chain_owner(name: &str) -> Option<(&str, Option<u32>)> {
+    let rest = name.strip_prefix("sb_")?;
+    let (instance, tail) = rest.split_once('_')?;
+    let index = tail.rsplit_once('_').and_then(|(_, i)| i.parse().ok());
+    Some((instance, index))
+}
+
+/// Plans the removal of the objects of gone servers from the listing `v` of the whole table
+/// (see [`Firewall::reclaim_dead`]): `own` is this server's instance, `live` the host's
+/// interface indexes, and `alive` says whether an instance's server still runs.
+fn dead_objects(
+    v: &serde_json::Value,
+    own: &str,
+    live: &std::collections::HashSet<u32>,
+    mut alive: impl FnMut(&str) -> bool,
+) -> DeadPlan {
+    use std::collections::BTreeMap;
+    // Each other instance: its chains (name, interface index) and whether it has a floor set.
+    type Chains = Vec<(String, Option<u32>)>;
+    let mut seen: BTreeMap<String, (Chains, bool)> = BTreeMap::new();
+    for c in items(v, "chain").filter(|c| c["table"] == "cella") {
+        let Some(name) = c["name"].as_str() else {
+            continue;
+        };
+        if let Some((inst, index)) = chain_owner(name).filter(|(i, _)| *i != own) {
+            let entry = seen.entry(inst.to_string()).or_default();
+            entry.0.push((name.to_string(), index));
+        }
+    }
+    for set in items(v, "set") {
+        if let Some(inst) = set["name"].as_str().and_then(|n| n.strip_prefix("floor_")) {
+            if inst != own {
+                seen.entry(inst.to_string()).or_default().1 = true;
+            }
+        }
+    }
+    let mut plan = DeadPlan::default();
+    let mut dead_chains = std::collections::HashSet::new();
+    for (inst, (chains, _)) in &seen {
+        let in_use = chains
+            .iter()
+            .any(|(_, i)| i.is_some_and(|i| live.contains(&i)));
+        if in_use || alive(inst) {
+            continue;
+        }
+        plan.instances.push(inst.clone());
+        dead_chains.extend(chains.iter().map(|(n, _)| n.clone()));
+    }
+    for m in items(v, "map").filter(|m| m["name"] == "by_iif") {
+        for e in m["elem"].as_array().into_iter().flatten() {
+            let Some(target) = e[1]["jump"]["target"].as_str() else {
+                continue;
+            };
+            if !dead_chains.contains(target) {
+                continue;
+            }
+            let Some((_, key)) = iface_key(&e[0]) else {
+                continue;
+            };
+            plan.lines
+                .push(format!("delete element inet cella by_iif {{ {key} }}\n"));
+        }
+    }
+    let gone = host_in_deletes(v, |i| !live.contains(&i));
+    plan.lines.extend(gone.lines().map(|l| format!("{l}\n")));
+    let mut chains: Vec<&String> = dead_chains.iter().collect();
+    chains.sort();
+    for c in chains {
+        plan.lines.push(format!(
+            "flush chain inet cella {c}\ndelete chain inet cella {c}\n"
+        ));
+    }
+    for inst in &plan.instances {
+        if seen[inst].1 {
+            plan.lines
+                .push(format!("delete set inet cella floor_{inst}\n"));
+        }
+    }
+    plan
+}
+
+/// Where each running server holds a lock on a file named after its instance (see
+/// [`claim_instance`]), so that other servers on the host can tell it runs.
+const INSTANCES_DIR: &str = "/run/cella-instances";
+
+fn instance_lock_path(instance: &str) -> std::path::PathBuf {
+    std::path::Path::new(INSTANCES_DIR).join(format!("{instance}.lock"))
+}
+
+/// The claims this process holds (one per server it runs): kept open for the life of the
+/// process; the kernel releases them when it ends, even by `kill -9`.
+static CLAIMS: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+
+/// Claims `instance` on the host: an exclusive `flock` on its file in [`INSTANCES_DIR`], held
+/// until the process ends. Returns whether it holds the claim now (false where the directory
+/// cannot be written: then no server there can tell another's liveness, and none reclaims).
+fn claim_instance(instance: &str) -> bool {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    if std::fs::create_dir_all(INSTANCES_DIR).is_err() {
+        return false;
+    }
+    let path = instance_lock_path(instance);
+    for _ in 0..10 {
+        let Ok(f) = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+        else {
+            return false;
+        };
+        if !flock(&f, libc::LOCK_EX) {
+            return false;
+        }
+        // A server reclaiming this name (it found it unclaimed) unlinks the file while it
+        // holds the lock: a lock on an unlinked file claims nothing; open it again.
+        let same = match (f.metadata(), std::fs::metadata(&path)) {
+            (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+            _ => false,
+        };
+        if same {
+            CLAIMS.lock().unwrap_or_else(|p| p.into_inner()).push(f);
+            return true;
+        }
+    }
+    false
+}
+
+/// An `flock` of `op` on `f`, retried on `EINTR`.
+fn flock(f: &std::fs::File, op: libc::c_int) -> bool {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: flock on a descriptor we own; released when it is closed.
+        if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+            return true;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return false;
+        }
+    }
+}
+
 /// Where every Cella server of the host takes its turn to run `nft` (see [`one_at_a_time`]).
 const NFT_LOCK: &str = "/run/cella-nft.lock";
 
@@ -529,19 +875,7 @@ fn one_at_a_time() -> NftTurn {
         .write(true)
         .open(NFT_LOCK)
         .ok()
-        .filter(|f| {
-            use std::os::fd::AsRawFd;
-            loop {
-                // SAFETY: flock on a descriptor we own; released when it is closed.
-                let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-                if r == 0 {
-                    return true;
-                }
-                if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                    return false;
-                }
-            }
-        });
+        .filter(|f| flock(f, libc::LOCK_EX));
     NftTurn {
         _file: file,
         _local: local,
@@ -689,5 +1023,101 @@ mod tests {
         assert!(n("0.0.0.0/0").contains(n("169.254.169.254")));
         assert!(!n("10.0.0.0/8").contains(n("0.0.0.0/0")));
         assert_eq!(Net::parse("1.2.3.4/33"), None);
+    }
+
+    /// A listing of the table as `nft -j list table inet cella` gives it: this server `i1`
+    /// with one boot; `i2` gone (its interface too); `i3` gone but its sandbox still runs
+    /// (interface 7 exists); `i4` running with no sandbox; a `host_in` element of a gone
+    /// interface and one of a live one (`lo`, shown by name).
+    fn listing() -> serde_json::Value {
+        serde_json::json!({ "nftables": [
+            { "metainfo": { "version": "1.0.6" } },
+            { "map": { "family": "inet", "table": "cella", "name": "by_iif", "elem": [
+                ["cv0", { "jump": { "target": "sb_i1_sba_1" } }],
+                ["500", { "jump": { "target": "sb_i2_sbb_500" } }],
+                [501, { "jump": { "target": "sb_i2_sbc_501" } }],
+                ["cv7", { "jump": { "target": "sb_i3_sbd_7" } }]
+            ] } },
+            { "set": { "family": "inet", "table": "cella", "name": "host_in", "elem": [
+                { "concat": ["500", "10.200.0.2", "10.200.0.1", 7070] },
+                { "concat": ["lo", "10.200.0.6", "10.200.0.5", 7070] }
+            ] } },
+            { "set": { "family": "inet", "table": "cella", "name": "floor_i1" } },
+            { "set": { "family": "inet", "table": "cella", "name": "floor_i2" } },
+            { "set": { "family": "inet", "table": "cella", "name": "floor_i3" } },
+            { "set": { "family": "inet", "table": "cella", "name": "floor_i4" } },
+            { "chain": { "family": "inet", "table": "cella", "name": "egress" } },
+            { "chain": { "family": "inet", "table": "cella", "name": "sb_i1_sba_1" } },
+            { "chain": { "family": "inet", "table": "cella", "name": "sb_i2_sbb_500" } },
+            { "chain": { "family": "inet", "table": "cella", "name": "sb_i2_sbc_501" } },
+            { "chain": { "family": "inet", "table": "cella", "name": "sb_i2_sbold" } },
+            { "chain": { "family": "inet", "table": "cella", "name": "sb_i3_sbd_7" } }
+        ] })
+    }
+
+    #[test]
+    fn only_what_gone_servers_left_is_reclaimed() {
+        let lo = crate::namespace::net::ifindex("lo").expect("lo");
+        let live: std::collections::HashSet<u32> = [1, 7, lo].into_iter().collect();
+        let mut asked = Vec::new();
+        let plan = dead_objects(&listing(), "i1", &live, |inst| {
+            asked.push(inst.to_string());
+            inst == "i4"
+        });
+        // This server is never asked about; i3 has a live interface, so it is not asked either.
+        assert_eq!(asked, ["i2", "i4"]);
+        assert_eq!(plan.instances, ["i2"]);
+        let script = plan.script();
+        let want = [
+            "delete element inet cella by_iif { 500 }",
+            "delete element inet cella by_iif { 501 }",
+            "delete element inet cella host_in { 500 . 10.200.0.2 . 10.200.0.1 . 7070 }",
+            "delete chain inet cella sb_i2_sbb_500",
+            "delete chain inet cella sb_i2_sbc_501",
+            "delete chain inet cella sb_i2_sbold",
+            "delete set inet cella floor_i2",
+        ];
+        for w in want {
+            assert!(script.contains(w), "missing {w:?} in:\n{script}");
+        }
+        for kept in [
+            "sb_i1_", "floor_i1", "sb_i3_", "floor_i3", "floor_i4", "\"lo\"", "egress",
+        ] {
+            assert!(!script.contains(kept), "{kept} must stay:\n{script}");
+        }
+        // Map entries go before the chains they jump to (the kernel refuses the other order).
+        let entry = script.find("by_iif { 500 }").unwrap();
+        let chain = script
+            .find("delete chain inet cella sb_i2_sbb_500")
+            .unwrap();
+        assert!(entry < chain);
+        assert_eq!(plan.count(), 7);
+    }
+
+    #[test]
+    fn nothing_is_reclaimed_while_every_other_server_runs() {
+        let live: std::collections::HashSet<u32> = [1, 7].into_iter().collect();
+        let plan = dead_objects(&listing(), "i1", &live, |_| true);
+        // Only the host_in element of the gone interface goes.
+        assert_eq!(plan.instances, Vec::<String>::new());
+        assert_eq!(
+            plan.script(),
+            "delete element inet cella host_in { 500 . 10.200.0.2 . 10.200.0.1 . 7070 }\n"
+        );
+    }
+
+    #[test]
+    fn chain_names_give_their_server_and_interface() {
+        assert_eq!(chain_owner("sb_i1_sbabc_42"), Some(("i1", Some(42))));
+        assert_eq!(chain_owner("sb_i1_sbabc"), Some(("i1", None)));
+        assert_eq!(chain_owner("egress"), None);
+        assert_eq!(
+            iface_key(&serde_json::json!("6135")),
+            Some((Some(6135), "6135".to_string()))
+        );
+        assert_eq!(
+            iface_key(&serde_json::json!(12)),
+            Some((Some(12), "12".to_string()))
+        );
     }
 }

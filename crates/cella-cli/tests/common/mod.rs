@@ -556,6 +556,16 @@ pub fn sse(text: &str) -> Vec<(String, Value)> {
         .collect()
 }
 
+/// Whether server `instance`'s floor set is in the firewall.
+pub fn floor_set_exists(instance: &str) -> bool {
+    Command::new("nft")
+        .args(["list", "set", "inet", "cella", &format!("floor_{instance}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// Names of the firewall chains of server `instance` (`sb_<instance>_<sandbox id>`).
 pub fn firewall_chains(instance: &str) -> Vec<String> {
     let out = Command::new("nft")
@@ -605,8 +615,10 @@ fn remove_chains(instance: &str) {
         let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
         for m in v["nftables"].as_array().into_iter().flatten() {
             for e in m["map"]["elem"].as_array().into_iter().flatten() {
-                // The key is the interface's name while it exists, else its index.
+                // The key is the interface's name while it exists, else its index (a number,
+                // or a string of digits, which must be written bare).
                 let key = match &e[0] {
+                    Value::String(k) if k.parse::<u32>().is_ok() => k.clone(),
                     Value::String(k) => format!("\"{k}\""),
                     Value::Number(n) => n.to_string(),
                     _ => continue,

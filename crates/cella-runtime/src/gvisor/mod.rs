@@ -1407,6 +1407,9 @@ impl Driver for GvisorDriver {
 
     fn tidy(&self) {
         cgroup::remove_if_empty(&self.cgroup_parent);
+        if let Some(n) = &self.net {
+            n.wait_removals();
+        }
     }
 
     fn leftovers(&self) -> Vec<String> {

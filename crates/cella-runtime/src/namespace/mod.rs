@@ -183,29 +183,29 @@ impl Network {
         (Some(info), r)
     }
 
-    /// Removes a sandbox's firewall rules. With the boot's interface index they go in a
-    /// thread of their own (deleting nftables objects waits for an RCU grace period; as the
-    /// index is never reused, rules that outlive the call apply to nothing); without one,
-    /// every chain of the sandbox's id and its map entries go at once.
+    /// Removes a sandbox's firewall rules. With the boot's interface index they are queued
+    /// ([`crate::firewall::Firewall::remove_boot_later`]: deleting nftables objects waits for
+    /// an RCU grace period; as the index is never reused, rules that outlive the call apply to
+    /// nothing); without one, every chain of the sandbox's id and its map entries go at once.
     pub(crate) fn remove_rules(&self, id: &str, handle: Option<&SandboxHandle>) {
         let boot = handle
             .and_then(|h| h.net.as_ref())
             .filter(|i| i.ifindex != 0);
-        let (fw, id2) = (self.firewall.clone(), id.to_string());
         match boot {
-            Some(info) => {
-                let ifindex = info.ifindex;
-                std::thread::spawn(move || {
-                    if let Err(e) = fw.remove_boot(&id2, ifindex) {
-                        tracing::warn!(sandbox = id2, "removing firewall rules: {e}");
-                    }
-                });
-            }
+            Some(info) => self.firewall.remove_boot_later(id, info.ifindex),
             None => {
-                if let Err(e) = fw.remove_all(id) {
+                if let Err(e) = self.firewall.remove_all(id) {
                     tracing::warn!(sandbox = id, "removing firewall rules: {e}");
                 }
             }
+        }
+    }
+
+    /// Waits a while for the firewall rules of destroyed sandboxes to be gone (a clean stop).
+    pub(crate) fn wait_removals(&self) {
+        let left = self.firewall.wait_removals(Duration::from_secs(10));
+        if left > 0 {
+            tracing::warn!("stopping: firewall rules of {left} boot(s) left to the next start");
         }
     }
 
@@ -809,6 +809,9 @@ impl Driver for NamespaceDriver {
 
     fn tidy(&self) {
         cgroup::remove_if_empty(&self.cgroup_parent);
+        if let Some(n) = &self.net {
+            n.wait_removals();
+        }
     }
 
     fn snapshot_files(&self) -> Vec<String> {
