@@ -812,6 +812,17 @@ fn boot_image_series(s: &Server, n: usize) -> Vec<Series> {
     ]
 }
 
+/// Whether a cgroup hierarchy of this host shows the mount option `favordynmods`.
+fn favordynmods_on() -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|t| {
+        t.lines().any(|l| {
+            l.split_once(" - ").is_some_and(|(_, fs)| {
+                fs.starts_with("cgroup") && fs.split([' ', ',']).any(|o| o == "favordynmods")
+            })
+        })
+    })
+}
+
 fn main() {
     let args = Args::parse();
     let bin = args
@@ -1202,6 +1213,16 @@ fn main() {
         });
     }
 
+    // The server turns it on at start unless told not to; every figure below depends on it.
+    println!(
+        "\nhost: cgroup favordynmods {} (cgroup moves {} for an RCU grace period)",
+        if favordynmods_on() { "on" } else { "off" },
+        if favordynmods_on() {
+            "do not wait"
+        } else {
+            "may wait"
+        }
+    );
     println!(
         "\n{:<22} {:>9} {:>9} {:>9}   target",
         "figure", "p50", "p90", "p99"
@@ -1331,6 +1352,7 @@ fn main() {
             "task_queued_to_running_ms_p50": task_p50,
             "task_queued_to_running_cloned_ms_p50": task_cloned_p50,
             "task_heartbeat_loss_extra_sec": task_figures.heartbeat_loss_extra_sec,
+            "cgroup_favordynmods": favordynmods_on(),
             "quick": q,
         });
         std::fs::write(&path, serde_json::to_vec_pretty(&out).unwrap()).expect("writing the JSON");

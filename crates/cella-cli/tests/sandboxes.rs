@@ -642,3 +642,56 @@ fn the_disk_quota_gives_enospc_inside_and_frees_space_again() {
         !String::from_utf8_lossy(&loops.stdout).contains(&id)
     });
 }
+
+/// The cgroup mounts of the host: mount point, the mount's options, and the hierarchy's options
+/// less `favordynmods`.
+fn cgroup_mounts() -> (Vec<(String, String, String)>, bool) {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mut on = false;
+    let mut mounts = Vec::new();
+    for line in text.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let l: Vec<&str> = left.split(' ').collect();
+        let r: Vec<&str> = right.split(' ').collect();
+        if !r[0].starts_with("cgroup") {
+            continue;
+        }
+        let opts: Vec<&str> = r[2].split(',').collect();
+        on |= opts.contains(&"favordynmods");
+        let kept: Vec<&str> = opts.into_iter().filter(|o| *o != "favordynmods").collect();
+        mounts.push((l[4].to_string(), l[5].to_string(), kept.join(",")));
+    }
+    (mounts, on)
+}
+
+#[test]
+fn a_start_turns_on_favordynmods_and_changes_nothing_else_of_the_cgroup_mounts() {
+    let (before, _) = cgroup_mounts();
+    assert!(!before.is_empty(), "no cgroup mount on this host");
+    let s = Server::start();
+    let (after, on) = cgroup_mounts();
+    assert!(
+        on,
+        "no cgroup hierarchy shows favordynmods after a start: {after:?}\n{}",
+        s.log()
+    );
+    // The remount kept every hierarchy's own options (nsdelegate and the like) and the
+    // mounts' flags (nosuid, nodev, noexec, atime).
+    assert_eq!(before, after, "a start changed the cgroup mounts");
+    // Sandboxes boot and run with it, and the server said what it found.
+    let id = s.create(json!({ "size": "xs" }));
+    let out = s.sh(&id, "cat /proc/self/cgroup >/dev/null && echo ran");
+    assert_eq!(out["stdout"], "ran\n");
+    eventually("the server to name favordynmods in its log", || {
+        s.log().contains("favordynmods")
+    });
+    s.delete(&format!("/api/v1/sandboxes/{id}"));
+    // Told not to, a server leaves the host alone and says nothing of it.
+    let quiet = Server::start_with("[host]\ncgroup_favordynmods = false\n");
+    let id = quiet.create(json!({ "size": "xs" }));
+    quiet.delete(&format!("/api/v1/sandboxes/{id}"));
+    assert!(!quiet.log().contains("favordynmods"), "{}", quiet.log());
+    assert_eq!(cgroup_mounts().0, before);
+}

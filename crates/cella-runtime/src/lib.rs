@@ -10,6 +10,7 @@ pub mod cgroup;
 pub mod disk;
 pub mod diskpool;
 pub mod dispatch;
+pub mod dynmods;
 pub mod firewall;
 pub mod gvisor;
 pub mod hosted;

@@ -21,6 +21,8 @@ pub struct Config {
     pub files: FilesConfig,
     pub disk: DiskConfig,
     pub isolation: IsolationConfig,
+    /// `[host]`: what the server sets on the host for speed (`favordynmods`).
+    pub host: HostConfig,
     /// `[runtime]`: the isolation runtime of sandboxes that do not name one.
     pub runtime: RuntimeConfig,
     pub network: NetworkConfig,
@@ -422,6 +424,25 @@ impl Default for IsolationConfig {
     }
 }
 
+/// `[host]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostConfig {
+    /// Turn on the cgroup mount option `favordynmods` at start, so that moving a process into a
+    /// cgroup (each boot and each exec) does not wait for an RCU grace period; forks and exits
+    /// cost a little more host-wide, and the kernel keeps it on until a reboot
+    /// (`cella_runtime::dynmods`).
+    pub cgroup_favordynmods: bool,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            cgroup_favordynmods: true,
+        }
+    }
+}
+
 /// `[runtime]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -527,6 +548,7 @@ impl Default for Config {
             files: FilesConfig::default(),
             disk: DiskConfig::default(),
             isolation: IsolationConfig::default(),
+            host: HostConfig::default(),
             runtime: RuntimeConfig::default(),
             network: NetworkConfig::default(),
             pool: PoolConfig::default(),

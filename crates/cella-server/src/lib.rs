@@ -264,6 +264,31 @@ async fn bootstrap(store: &Store, config: &Config, data_dir: &Path) -> Result<()
     Ok(())
 }
 
+/// `[host] cgroup_favordynmods`: cgroup moves without an RCU wait (`cella_runtime::dynmods`).
+/// A host that cannot have it is told and the server goes on.
+fn favor_cgroup_moves() {
+    use cella_runtime::dynmods::Favor;
+    match cella_runtime::dynmods::favor() {
+        Favor::AlreadyOn => tracing::info!(
+            "cgroup favordynmods: on already (cgroup moves do not wait for an RCU grace period)"
+        ),
+        Favor::Remounted(at) => tracing::info!(
+            "cgroup favordynmods: turned on ({} remounted with it; cgroup moves no longer wait \
+             for an RCU grace period; on until a reboot)",
+            at.display()
+        ),
+        Favor::MountedPrivately => tracing::info!(
+            "cgroup favordynmods: turned on (no cgroup2 mount on this host: set through a \
+             private one; on until a reboot)"
+        ),
+        Favor::Unavailable(why) => tracing::warn!(
+            "cgroup favordynmods is not available ({why}): each sandbox boot and exec may wait \
+             several milliseconds for its cgroup move; [host] cgroup_favordynmods = false \
+             silences this"
+        ),
+    }
+}
+
 /// The id mapping sandboxes get, as `[isolation]` asks and this host allows: the data
 /// directory's file system and the host directories the base image binds must take id-mapped
 /// mounts.
@@ -639,6 +664,9 @@ fn namespace_backend(config: &Config, instance: &str) -> Result<Backend, ServeEr
         source,
     })?;
     let ids = user_namespaces(config, dir, &image)?;
+    if config.host.cgroup_favordynmods {
+        favor_cgroup_moves();
+    }
     let mut driver = NamespaceDriver::new(dir, agent_exe, instance)?
         .with_disk_quota(config.disk.quota)
         .with_disk_pool(if config.disk.quota {
