@@ -176,7 +176,10 @@ fn loop_devices(s: &Server) -> Vec<String> {
                 .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
                 .filter_map(|e| {
                     let f = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
-                    f.starts_with(&data).then(|| f.trim().to_string())
+                    // The disk pool's images, mounted ahead, are the running server's own (as
+                    // its files there are): they go with its process.
+                    (f.starts_with(&data) && !f.starts_with(&format!("{data}/disks/")))
+                        .then(|| f.trim().to_string())
                 })
                 .collect()
         })

@@ -10,10 +10,16 @@
 //! before). One background thread refills it after each take, at a lower CPU priority (nice 10)
 //! than the server, and while the size still has an image ready only once no boot took one for
 //! 150 ms (its `mkfs` would slow the boot that just took one). An image being formatted is
-//! `<name>.tmp` until whole.
+//! `<name>.tmp` until whole. Once formatted, an image's file system is mounted ahead as a
+//! detached mount that no mount namespace holds ([`crate::disk::Premounted`]), where the kernel
+//! has the new mount API: the namespace driver's boot then mounts its loop device again, which
+//! shares that file system (no journal load, no metadata read on the boot's path), and the pool
+//! lets go of it once the boot answered. Other takers get the plain image (the detached mount
+//! dissolved first).
 //!
 //! What a crash leaves: only files of this directory, which [`DiskPool::new`] (the server's
-//! start) removes before anything else uses it. Nothing of the pool is mounted or attached.
+//! start) removes before anything else uses it. The detached mounts live only as the server's
+//! descriptors: they dissolve with the process, and their loop devices clear themselves.
 //! `per_size = 0` keeps no image (and still empties the directory).
 
 use crate::DriverError;
@@ -42,11 +48,17 @@ struct Inner {
 #[derive(Default)]
 struct State {
     /// Ready images by size (MiB); a size with an entry is one the pool keeps.
-    ready: BTreeMap<u32, Vec<PathBuf>>,
+    ready: BTreeMap<u32, Vec<Ready>>,
     /// The next file number.
     next: u64,
     /// When a boot last took an image.
     last_take: Option<std::time::Instant>,
+}
+
+/// A formatted image of the pool, with its file system mounted ahead where that worked.
+struct Ready {
+    path: PathBuf,
+    mounted: Option<crate::disk::Premounted>,
 }
 
 /// A refill waits until no boot took an image for this long (while the size still has one
@@ -83,24 +95,38 @@ impl DiskPool {
     /// The sandbox's image in `dir`: the one there, else one of the pool (renamed in), else a new
     /// one formatted now. Asks the pool to refill.
     pub fn take(&self, dir: &Path, size_mb: u32) -> Result<PathBuf, DriverError> {
+        // A taker that mounts the image itself must not find it mounted ahead: the detached
+        // mount dissolves here, before the image changes hands.
+        Ok(self.take_mounted(dir, size_mb)?.0)
+    }
+
+    /// [`DiskPool::take`], with the image's file system as mounted ahead when it was: the
+    /// caller mounts its device ([`crate::disk::mount_attached`]) and keeps the
+    /// [`crate::disk::Premounted`] until that mount holds the file system.
+    pub fn take_mounted(
+        &self,
+        dir: &Path,
+        size_mb: u32,
+    ) -> Result<(PathBuf, Option<crate::disk::Premounted>), DriverError> {
         let img = dir.join(crate::disk::IMAGE);
         if img.exists() {
-            return Ok(img);
+            return Ok((img, None));
         }
         if let Some(from) = self.pop(size_mb) {
-            match std::fs::rename(&from, &img) {
-                Ok(()) => return Ok(img),
+            match std::fs::rename(&from.path, &img) {
+                Ok(()) => return Ok((img, from.mounted)),
                 Err(e) => {
-                    tracing::warn!("taking {} from the disk pool: {e}", from.display());
-                    let _ = std::fs::remove_file(&from);
+                    tracing::warn!("taking {} from the disk pool: {e}", from.path.display());
+                    drop(from.mounted);
+                    let _ = std::fs::remove_file(&from.path);
                 }
             }
         }
-        crate::disk::ensure_image(dir, size_mb)
+        Ok((crate::disk::ensure_image(dir, size_mb)?, None))
     }
 
     /// A ready image of `size_mb`, if any; the size is kept from now on (room permitting).
-    fn pop(&self, size_mb: u32) -> Option<PathBuf> {
+    fn pop(&self, size_mb: u32) -> Option<Ready> {
         if self.inner.per_size == 0 {
             return None;
         }
@@ -155,8 +181,19 @@ fn refill(weak: Weak<Inner>) {
         };
         match crate::disk::format_image(&path, size) {
             Ok(()) => {
+                let mounted = match crate::disk::premount(&path) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        // Kept as a plain image: a boot mounts it itself.
+                        tracing::debug!(size_mb = size, "mounting a disk image ahead: {e}");
+                        None
+                    }
+                };
                 let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
-                st.ready.entry(size).or_default().push(path);
+                st.ready
+                    .entry(size)
+                    .or_default()
+                    .push(Ready { path, mounted });
             }
             Err(e) => {
                 // Not kept until a boot asks for the size again (e.g. no mkfs.ext4: each boot

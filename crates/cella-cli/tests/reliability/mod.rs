@@ -74,7 +74,10 @@ impl Census {
                 continue;
             }
             if let Ok(b) = std::fs::read_to_string(e.path().join("loop/backing_file")) {
-                if b.trim().starts_with(&data_s) {
+                // The disk pool's images, mounted ahead, are the running server's own (as its
+                // files there are): they go with its process.
+                let pool = format!("{data_s}/disks/");
+                if b.trim().starts_with(&data_s) && !b.trim().starts_with(&pool) {
                     loops.insert(format!("{name} -> {}", b.trim()));
                 }
             }

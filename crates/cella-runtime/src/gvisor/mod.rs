@@ -442,6 +442,7 @@ impl GvisorDriver {
             cgroup: self.cgroup_path(&spec.id),
             disk,
             disk_mount,
+            disk_device: None,
             network: None,
             userns: None,
             nofile: self.nofile,

@@ -46,6 +46,10 @@ pub struct LaunchConfig {
     pub disk: Option<PathBuf>,
     #[serde(default)]
     pub disk_mount: PathBuf,
+    /// The loop device that already serves `disk`, its file system mounted ahead by the disk
+    /// pool (`crate::disk::Premounted`): mounted again instead of attaching `disk`.
+    #[serde(default)]
+    pub disk_device: Option<PathBuf>,
     /// Make a veth pair (see [`net`]); None: loopback only.
     #[serde(default)]
     pub network: Option<net::NetLaunch>,
@@ -427,7 +431,12 @@ impl NamespaceDriver {
         format!("{}/{id}", self.cgroup_parent)
     }
 
-    fn prepare(&self, spec: &SandboxSpec) -> Result<LaunchConfig, DriverError> {
+    /// The launcher's input, and the disk's file system as the pool mounted it ahead (to be kept
+    /// until the launcher answered: its own mount then holds the file system).
+    fn prepare(
+        &self,
+        spec: &SandboxSpec,
+    ) -> Result<(LaunchConfig, Option<crate::disk::Premounted>), DriverError> {
         let dir = self.sandbox_dir(&spec.id);
         std::fs::create_dir_all(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
@@ -443,12 +452,17 @@ impl NamespaceDriver {
             }
             crate::disk::copy_sparse(&src, &image)?;
         }
+        let mut premounted = None;
         let disk = if image.exists() {
             // Its files live there, whatever the setting is now.
             Some(image)
         } else if self.disk_quota && !legacy && !spec.plain_layer {
             Some(match &self.disks {
-                Some(pool) => pool.take(&dir, spec.disk_size_mb)?,
+                Some(pool) => {
+                    let (img, mounted) = pool.take_mounted(&dir, spec.disk_size_mb)?;
+                    premounted = mounted;
+                    img
+                }
                 None => crate::disk::ensure_image(&dir, spec.disk_size_mb)?,
             })
         } else {
@@ -474,6 +488,7 @@ impl NamespaceDriver {
             cgroup: self.cgroup_path(&spec.id),
             disk,
             disk_mount,
+            disk_device: premounted.as_ref().map(|m| m.device.clone()),
             network: match (&self.net, &spec.network) {
                 (Some(n), Some(_)) => Some(n.plan()),
                 _ => None,
@@ -483,7 +498,7 @@ impl NamespaceDriver {
         };
         let json = serde_json::to_vec_pretty(&cfg).map_err(std::io::Error::other)?;
         std::fs::write(dir.join("launch.json"), json)?;
-        Ok(cfg)
+        Ok((cfg, premounted))
     }
 
     fn launch(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError> {
@@ -527,7 +542,7 @@ impl NamespaceDriver {
         // The launcher joins its cgroup (slow on cgroup v1) while the disk image is made here.
         stdin.write_all(format!("{cgroup_path}\n").as_bytes())?;
         stdin.flush()?;
-        let cfg = match self.prepare(spec) {
+        let (cfg, premounted) = match self.prepare(spec) {
             Ok(c) => c,
             Err(e) => {
                 let _ = child.kill();
@@ -564,6 +579,9 @@ impl NamespaceDriver {
             answer = next_line();
         }
         let _ = child.wait();
+        // The sandbox's own mount holds the disk's file system now (or the boot failed): the
+        // pool's detached mount of it goes.
+        drop(premounted);
         tracing::debug!(
             sandbox = spec.id,
             cgroup_ms = t_cgroup.as_secs_f64() * 1e3,

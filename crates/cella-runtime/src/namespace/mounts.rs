@@ -16,6 +16,9 @@ pub enum MountOp {
     Disk {
         image: PathBuf,
         target: PathBuf,
+        /// The loop device whose file system the disk pool mounted ahead for this image: it is
+        /// mounted again, sharing that file system ([`crate::disk::mount_attached`]).
+        device: Option<PathBuf>,
     },
     /// Make the overlay's upper and work directories and write the sandbox's own `/etc/hostname`
     /// and `/etc/hosts` into the upper layer.
@@ -165,6 +168,7 @@ pub fn root_plan(cfg: &LaunchConfig) -> Vec<MountOp> {
         ops.push(MountOp::Disk {
             image: image.clone(),
             target: cfg.disk_mount.clone(),
+            device: cfg.disk_device.clone(),
         });
     }
     ops.push(MountOp::ShiftIds {
@@ -588,7 +592,16 @@ pub fn apply(op: &MountOp, userns: Option<BorrowedFd<'_>>) -> Result<(), MountOp
             std::os::unix::fs::symlink(to, link).map_err(|e| err("linking", link, e))?;
             give(link, *owner)
         }
-        MountOp::Disk { image, target } => Ok(crate::disk::mount_image(image, target)?),
+        MountOp::Disk {
+            image,
+            target,
+            device: None,
+        } => Ok(crate::disk::mount_image(image, target)?),
+        MountOp::Disk {
+            image,
+            target,
+            device: Some(dev),
+        } => Ok(crate::disk::mount_attached(dev, image, target)?),
         MountOp::PrepareUpper {
             upper,
             work,
@@ -728,6 +741,7 @@ mod tests {
             cgroup: "cella/x/sbtest".into(),
             disk: None,
             disk_mount: "/data/sandboxes/sbtest/disk".into(),
+            disk_device: None,
             network: None,
             userns: None,
             nofile: 0,
