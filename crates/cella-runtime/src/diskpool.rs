@@ -179,8 +179,10 @@ fn refill(weak: Weak<Inner>) {
                 }
             }
         };
+        let t = std::time::Instant::now();
         match crate::disk::format_image(&path, size) {
             Ok(()) => {
+                let formatted = t.elapsed();
                 let mounted = match crate::disk::premount(&path) {
                     Ok(m) => Some(m),
                     Err(e) => {
@@ -189,6 +191,12 @@ fn refill(weak: Weak<Inner>) {
                         None
                     }
                 };
+                tracing::debug!(
+                    size_mb = size,
+                    format_ms = formatted.as_secs_f64() * 1e3,
+                    premount_ms = (t.elapsed() - formatted).as_secs_f64() * 1e3,
+                    "disk image made ahead"
+                );
                 let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
                 st.ready
                     .entry(size)
