@@ -177,9 +177,11 @@ fn loop_devices(s: &Server) -> Vec<String> {
                 .filter_map(|e| {
                     let f = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
                     // The disk pool's images, mounted ahead, are the running server's own (as
-                    // its files there are): they go with its process.
-                    (f.starts_with(&data) && !f.starts_with(&format!("{data}/disks/")))
-                        .then(|| f.trim().to_string())
+                    // its files there are): they go with its process. One whose file is gone
+                    // (a start empties the pool) is a leak.
+                    let pool = f.starts_with(&format!("{data}/disks/"))
+                        && !f.trim().ends_with("(deleted)");
+                    (f.starts_with(&data) && !pool).then(|| f.trim().to_string())
                 })
                 .collect()
         })

@@ -668,7 +668,7 @@ fn cgroup_mounts() -> (Vec<(String, String, String)>, bool) {
 
 #[test]
 fn a_start_turns_on_favordynmods_and_changes_nothing_else_of_the_cgroup_mounts() {
-    let (before, _) = cgroup_mounts();
+    let (before, was_on) = cgroup_mounts();
     assert!(!before.is_empty(), "no cgroup mount on this host");
     let s = Server::start();
     let (after, on) = cgroup_mounts();
@@ -684,9 +684,20 @@ fn a_start_turns_on_favordynmods_and_changes_nothing_else_of_the_cgroup_mounts()
     let id = s.create(json!({ "size": "xs" }));
     let out = s.sh(&id, "cat /proc/self/cgroup >/dev/null && echo ran");
     assert_eq!(out["stdout"], "ran\n");
-    eventually("the server to name favordynmods in its log", || {
-        s.log().contains("favordynmods")
+    // ... and which case it met: on already, or turned on by this start.
+    let said = if was_on {
+        "cgroup favordynmods: on already"
+    } else {
+        "cgroup favordynmods: turned on"
+    };
+    eventually("the server to say what it did with favordynmods", || {
+        s.log().contains(said)
     });
+    assert!(
+        !s.log().contains("favordynmods is not available"),
+        "{}",
+        s.log()
+    );
     s.delete(&format!("/api/v1/sandboxes/{id}"));
     // Told not to, a server leaves the host alone and says nothing of it.
     let quiet = Server::start_with("[host]\ncgroup_favordynmods = false\n");

@@ -258,54 +258,16 @@ pub struct Premounted {
 
 /// Mounts `image`'s file system ahead (see [`Premounted`]).
 pub fn premount(image: &Path) -> std::io::Result<Premounted> {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    const FSOPEN_CLOEXEC: libc::c_uint = 1;
-    const FSCONFIG_SET_STRING: libc::c_uint = 1;
-    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
-    const FSMOUNT_CLOEXEC: libc::c_uint = 1;
-    const MOUNT_ATTR_NOSUID: libc::c_uint = 0x2;
-    const MOUNT_ATTR_NODEV: libc::c_uint = 0x4;
+    use crate::fsapi;
+    use std::os::fd::AsFd;
     let (dev, handle) = attach(image)?;
-    let source = std::ffi::CString::new(dev.as_os_str().as_encoded_bytes())
-        .map_err(std::io::Error::other)?;
-    let check = |r: libc::c_long| {
-        if r < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(r as i32)
-        }
-    };
-    // SAFETY: the new mount API's system calls with valid C strings; each descriptor returned
-    // is owned at once.
-    let mount = unsafe {
-        let fs = OwnedFd::from_raw_fd(check(libc::syscall(
-            libc::SYS_fsopen,
-            c"ext4".as_ptr(),
-            FSOPEN_CLOEXEC,
-        ))?);
-        check(libc::syscall(
-            libc::SYS_fsconfig,
-            fs.as_raw_fd(),
-            FSCONFIG_SET_STRING,
-            c"source".as_ptr(),
-            source.as_ptr(),
-            0,
-        ))?;
-        check(libc::syscall(
-            libc::SYS_fsconfig,
-            fs.as_raw_fd(),
-            FSCONFIG_CMD_CREATE,
-            std::ptr::null::<libc::c_char>(),
-            std::ptr::null::<libc::c_char>(),
-            0,
-        ))?;
-        OwnedFd::from_raw_fd(check(libc::syscall(
-            libc::SYS_fsmount,
-            fs.as_raw_fd(),
-            FSMOUNT_CLOEXEC,
-            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        ))?)
-    };
+    let fs = fsapi::open(c"ext4")?;
+    fsapi::set(fs.as_fd(), "source", Some(&dev.to_string_lossy()))?;
+    fsapi::create(fs.as_fd())?;
+    let mount = fsapi::mount(
+        fs.as_fd(),
+        fsapi::MOUNT_ATTR_NOSUID | fsapi::MOUNT_ATTR_NODEV,
+    )?;
     // The file system holds the device now (it clears itself once that is gone).
     drop(handle);
     warm(&mount);
@@ -341,6 +303,35 @@ fn warm(root: &std::os::fd::OwnedFd) {
         }
         libc::unlinkat(fd, DIR.as_ptr(), libc::AT_REMOVEDIR);
     }
+}
+
+/// Whether loop device `device` serves `image` now (a device number is reused once free).
+pub fn serves(device: &Path, image: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(f), Ok(m)) = (File::open(device), std::fs::metadata(image)) else {
+        return false;
+    };
+    let mut li = info();
+    // SAFETY: LOOP_GET_STATUS64 fills a loop_info64 we own.
+    let ok = unsafe { libc::ioctl(f.as_raw_fd(), LOOP_GET_STATUS64, &mut li) == 0 };
+    ok && li.inode == m.ino() && li.device == m.dev()
+}
+
+/// Lets go of a [`Premounted`] for a taker that attaches `image` itself, and waits (bounded)
+/// until its device no longer serves `image`: the device clears only once its file system is
+/// gone (a child forked in that moment holds a copy of the descriptor until it execs), so the
+/// image is never mounted through two loop devices at once. False: it did not clear in time.
+pub fn release(pre: Premounted, image: &Path, within: std::time::Duration) -> bool {
+    let device = pre.device.clone();
+    drop(pre);
+    let deadline = std::time::Instant::now() + within;
+    while serves(&device, image) {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    true
 }
 
 /// Mounts at `target` the file system already mounted from `device` ([`Premounted`]), once sure
@@ -537,18 +528,6 @@ mod tests {
         .unwrap()
     }
 
-    /// Whether `device` serves `image` (another test may take the device number once free).
-    fn loop_serves(device: &Path, image: &Path) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        let (Ok(f), Ok(m)) = (File::open(device), std::fs::metadata(image)) else {
-            return false;
-        };
-        let mut li = info();
-        // SAFETY: LOOP_GET_STATUS64 fills a loop_info64 we own.
-        let ok = unsafe { libc::ioctl(f.as_raw_fd(), LOOP_GET_STATUS64, &mut li) == 0 };
-        ok && li.inode == m.ino() && li.device == m.dev()
-    }
-
     /// A premounted image mounts again from its device (one file system: what the mount writes
     /// is in the image once both are gone), a device that serves another image is refused, and
     /// the device clears itself once nothing holds the file system. Needs root and mkfs.ext4
@@ -568,7 +547,7 @@ mod tests {
         format_image(&other, 64).unwrap();
         let pre = premount(&image).unwrap();
         let device = pre.device.clone();
-        assert!(loop_serves(&device, &image));
+        assert!(serves(&device, &image));
         let target = tmp.path().join("disk");
         let (img, dev, tgt) = (image.clone(), device.clone(), target.clone());
         let wrong = in_own_mount_ns(move || {
@@ -593,7 +572,7 @@ mod tests {
         // The thread's namespace (and its mount) is gone; the pool's detached mount goes now.
         drop(pre);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while loop_serves(&device, &image) {
+        while serves(&device, &image) {
             assert!(
                 std::time::Instant::now() < deadline,
                 "{} never cleared",

@@ -95,9 +95,15 @@ impl DiskPool {
     /// The sandbox's image in `dir`: the one there, else one of the pool (renamed in), else a new
     /// one formatted now. Asks the pool to refill.
     pub fn take(&self, dir: &Path, size_mb: u32) -> Result<PathBuf, DriverError> {
-        // A taker that mounts the image itself must not find it mounted ahead: the detached
-        // mount dissolves here, before the image changes hands.
-        Ok(self.take_mounted(dir, size_mb)?.0)
+        // A taker that attaches the image itself must not find it mounted ahead: the detached
+        // mount dissolves here, and its device is gone, before the image changes hands.
+        let (img, pre) = self.take_mounted(dir, size_mb)?;
+        if pre.is_none_or(|p| crate::disk::release(p, &img, Duration::from_secs(2))) {
+            return Ok(img);
+        }
+        tracing::warn!("a disk image mounted ahead was not let go of in time: formatting another");
+        std::fs::remove_file(&img)?;
+        crate::disk::ensure_image(dir, size_mb)
     }
 
     /// [`DiskPool::take`], with the image's file system as mounted ahead when it was: the
@@ -263,6 +269,15 @@ mod tests {
         std::fs::create_dir_all(&b).unwrap();
         let img = pool.take(&b, 64).unwrap();
         assert_eq!(img, b.join(crate::disk::IMAGE));
+        // Mounted ahead or not, it reaches this taker attached to no loop device.
+        let attached: Vec<String> = std::fs::read_dir("/sys/block")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+            .filter(|f| f.trim() == img.to_string_lossy())
+            .collect();
+        assert!(attached.is_empty(), "{attached:?}");
         assert_eq!(std::fs::metadata(&img).unwrap().len(), 64 << 20);
         let in_pool: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
         assert!(in_pool.len() <= 2, "{in_pool:?}");

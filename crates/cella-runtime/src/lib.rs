@@ -12,6 +12,7 @@ pub mod diskpool;
 pub mod dispatch;
 pub mod dynmods;
 pub mod firewall;
+pub mod fsapi;
 pub mod gvisor;
 pub mod hosted;
 pub mod namespace;

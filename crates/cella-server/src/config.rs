@@ -430,7 +430,7 @@ impl Default for IsolationConfig {
 pub struct HostConfig {
     /// Turn on the cgroup mount option `favordynmods` at start, so that moving a process into a
     /// cgroup (each boot and each exec) does not wait for an RCU grace period; forks and exits
-    /// cost a little more host-wide, and the kernel keeps it on until a reboot
+    /// cost a little more host-wide; this kernel keeps it until a reboot
     /// (`cella_runtime::dynmods`).
     pub cgroup_favordynmods: bool,
 }

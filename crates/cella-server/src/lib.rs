@@ -272,14 +272,10 @@ fn favor_cgroup_moves() {
         Favor::AlreadyOn => tracing::info!(
             "cgroup favordynmods: on already (cgroup moves do not wait for an RCU grace period)"
         ),
-        Favor::Remounted(at) => tracing::info!(
-            "cgroup favordynmods: turned on ({} remounted with it; cgroup moves no longer wait \
-             for an RCU grace period; on until a reboot)",
+        Favor::Reconfigured(at) => tracing::info!(
+            "cgroup favordynmods: turned on ({} reconfigured with it, its other options kept; \
+             cgroup moves no longer wait for an RCU grace period)",
             at.display()
-        ),
-        Favor::MountedPrivately => tracing::info!(
-            "cgroup favordynmods: turned on (no cgroup2 mount on this host: set through a \
-             private one; on until a reboot)"
         ),
         Favor::Unavailable(why) => tracing::warn!(
             "cgroup favordynmods is not available ({why}): each sandbox boot and exec may wait \

@@ -75,9 +75,11 @@ impl Census {
             }
             if let Ok(b) = std::fs::read_to_string(e.path().join("loop/backing_file")) {
                 // The disk pool's images, mounted ahead, are the running server's own (as its
-                // files there are): they go with its process.
-                let pool = format!("{data_s}/disks/");
-                if b.trim().starts_with(&data_s) && !b.trim().starts_with(&pool) {
+                // files there are): they go with its process. One whose file is gone (a start
+                // empties the pool) is a leak.
+                let pool = b.trim().starts_with(&format!("{data_s}/disks/"))
+                    && !b.trim().ends_with("(deleted)");
+                if b.trim().starts_with(&data_s) && !pool {
                     loops.insert(format!("{name} -> {}", b.trim()));
                 }
             }
