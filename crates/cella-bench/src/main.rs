@@ -1214,14 +1214,11 @@ fn main() {
     }
 
     // The server turns it on at start unless told not to; every figure below depends on it.
+    let favored = favordynmods_on();
     println!(
         "\nhost: cgroup favordynmods {} (cgroup moves {} for an RCU grace period)",
-        if favordynmods_on() { "on" } else { "off" },
-        if favordynmods_on() {
-            "do not wait"
-        } else {
-            "may wait"
-        }
+        if favored { "on" } else { "off" },
+        if favored { "do not wait" } else { "may wait" }
     );
     println!(
         "\n{:<22} {:>9} {:>9} {:>9}   target",
@@ -1352,7 +1349,7 @@ fn main() {
             "task_queued_to_running_ms_p50": task_p50,
             "task_queued_to_running_cloned_ms_p50": task_cloned_p50,
             "task_heartbeat_loss_extra_sec": task_figures.heartbeat_loss_extra_sec,
-            "cgroup_favordynmods": favordynmods_on(),
+            "cgroup_favordynmods": favored,
             "quick": q,
         });
         std::fs::write(&path, serde_json::to_vec_pretty(&out).unwrap()).expect("writing the JSON");

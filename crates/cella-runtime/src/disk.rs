@@ -16,9 +16,10 @@
 //! [`configure_flags`]), and its handle is closed
 //! once mounted, so it detaches by itself when the sandbox's mount namespace goes. Nothing of a
 //! sandbox is mounted in the host's mount namespace. The disk pool's images are mounted ahead as
-//! detached mounts, in no namespace ([`Premounted`]), and a boot mounts their device again. Without a disk (`[disk] quota = false`, a
-//! sandbox made before disk quotas, or a build step's sandbox), `upper/`, `work/` and `binds/` are
-//! plain directories in `sandboxes/<id>/`, and a stop removes `work/` too.
+//! detached mounts, in no namespace ([`Premounted`]), and a boot mounts their device again.
+//! Without a disk (`[disk] quota = false`, a sandbox made before disk quotas, or a build step's
+//! sandbox), `upper/`, `work/` and `binds/` are plain directories in `sandboxes/<id>/`, and a
+//! stop removes `work/` too.
 
 use crate::DriverError;
 use std::fs::{File, OpenOptions};
@@ -305,16 +306,23 @@ fn warm(root: &std::os::fd::OwnedFd) {
     }
 }
 
-/// Whether loop device `device` serves `image` now (a device number is reused once free).
-pub fn serves(device: &Path, image: &Path) -> bool {
+/// Whether the open loop device `dev` serves the file of `image` (its device and inode).
+fn serves_file(dev: &File, image: &std::fs::Metadata) -> std::io::Result<bool> {
     use std::os::unix::fs::MetadataExt;
-    let (Ok(f), Ok(m)) = (File::open(device), std::fs::metadata(image)) else {
-        return false;
-    };
     let mut li = info();
     // SAFETY: LOOP_GET_STATUS64 fills a loop_info64 we own.
-    let ok = unsafe { libc::ioctl(f.as_raw_fd(), LOOP_GET_STATUS64, &mut li) == 0 };
-    ok && li.inode == m.ino() && li.device == m.dev()
+    if unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_GET_STATUS64, &mut li) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(li.inode == image.ino() && li.device == image.dev())
+}
+
+/// Whether loop device `device` serves `image` now (a device number is reused once free).
+pub fn serves(device: &Path, image: &Path) -> bool {
+    match (File::open(device), std::fs::metadata(image)) {
+        (Ok(f), Ok(m)) => serves_file(&f, &m).unwrap_or(false),
+        _ => false,
+    }
 }
 
 /// Lets go of a [`Premounted`] for a taker that attaches `image` itself, and waits (bounded)
@@ -340,7 +348,6 @@ pub fn release(pre: Premounted, image: &Path, within: std::time::Duration) -> bo
 /// mounted, would corrupt it.
 pub fn mount_attached(device: &Path, image: &Path, target: &Path) -> Result<(), MountError> {
     use nix::mount::{mount, MsFlags};
-    use std::os::unix::fs::MetadataExt;
     std::fs::create_dir_all(target).map_err(|source| MountError::Create {
         target: target.to_path_buf(),
         source,
@@ -350,13 +357,9 @@ pub fn mount_attached(device: &Path, image: &Path, target: &Path) -> Result<(), 
         source,
     };
     let want = std::fs::metadata(image).map_err(attach_err)?;
+    // Held open through the mount: the device cannot clear between the check and the mount.
     let dev = File::open(device).map_err(attach_err)?;
-    let mut li = info();
-    // SAFETY: LOOP_GET_STATUS64 fills a loop_info64 we own.
-    if unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_GET_STATUS64, &mut li) } != 0 {
-        return Err(attach_err(std::io::Error::last_os_error()));
-    }
-    if li.inode != want.ino() || li.device != want.dev() {
+    if !serves_file(&dev, &want).map_err(attach_err)? {
         return Err(attach_err(std::io::Error::other(format!(
             "{} no longer serves this image",
             device.display()
