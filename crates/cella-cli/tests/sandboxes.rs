@@ -706,3 +706,88 @@ fn a_start_turns_on_favordynmods_and_changes_nothing_else_of_the_cgroup_mounts()
     assert!(!quiet.log().contains("favordynmods"), "{}", quiet.log());
     assert_eq!(cgroup_mounts().0, before);
 }
+
+/// Launchers waiting ahead: processes whose parent is `ppid`, whose command line is `cella
+/// __sandbox-init` and which are still in the server's own cgroups (a sandbox's PID 1 becomes
+/// the agent without an exec, keeps that command line and, once its launcher exited, has the
+/// server as its parent; it is in its sandbox's cgroups).
+fn launchers_of(ppid: u32) -> Vec<u32> {
+    let cgroup = |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
+    let server = cgroup(&ppid.to_string());
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split(' ').collect();
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if fields.get(1) == Some(&ppid.to_string().as_str())
+            && fields.first() != Some(&"Z")
+            && cmdline == b"cella\0__sandbox-init\0"
+            && server.is_some()
+            && cgroup(&pid.to_string()) == server
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_launcher_waits_ahead_for_the_next_boot_and_none_outlives_a_killed_server() {
+    let mut s = Server::start();
+    let server = s.server_pid();
+    let ready = || {
+        let mut found = Vec::new();
+        eventually("a launcher waiting ahead", || {
+            found = launchers_of(server);
+            found.len() == 1
+        });
+        found[0]
+    };
+    let first = ready();
+    // It waits with nothing of the server's: no environment, no sandbox cgroup.
+    let environ = std::fs::read(format!("/proc/{first}/environ")).unwrap();
+    assert!(environ.is_empty(), "{}", String::from_utf8_lossy(&environ));
+    let own = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert_eq!(
+        own(first),
+        own(server),
+        "a waiting launcher is in the server's cgroup"
+    );
+    // A boot takes it: the sandbox runs, its setup log was written by the launcher, and the
+    // next one is started behind it.
+    let id = s.create(json!({ "size": "xs" }));
+    assert_eq!(s.sh(&id, "echo up")["stdout"], "up\n");
+    let log =
+        std::fs::read_to_string(s.data_dir().join(format!("sandboxes/{id}/init.log"))).unwrap();
+    assert!(log.contains("cella-launch: join="), "{log}");
+    eventually("the launcher that booted the sandbox to be gone", || {
+        !launchers_of(server).contains(&first)
+    });
+    let second = ready();
+    assert_ne!(second, first);
+    let b = s.create(json!({ "size": "xs" }));
+    assert_eq!(s.sh(&b, "echo up")["stdout"], "up\n");
+    let third = ready();
+    // `kill -9` of the server: the waiting launcher sees its input close and exits.
+    s.kill9();
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|st| !st.contains(") Z "))
+            .unwrap_or(false)
+    };
+    eventually("the waiting launcher to exit with its server", || {
+        !alive(third)
+    });
+    // The sandboxes outlived it, and the next start finds them running.
+    s.restart();
+    assert_eq!(s.sh(&id, "echo still")["stdout"], "still\n");
+    for sb in [&id, &b] {
+        s.delete(&format!("/api/v1/sandboxes/{sb}"));
+    }
+}

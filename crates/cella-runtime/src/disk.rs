@@ -257,6 +257,14 @@ pub struct Premounted {
     _mount: std::os::fd::OwnedFd,
 }
 
+impl Premounted {
+    /// The mounted file system's root, as a path of this process (`/proc/self/fd/N`, valid
+    /// while this value lives).
+    pub fn root(&self) -> std::path::PathBuf {
+        format!("/proc/self/fd/{}", self._mount.as_raw_fd()).into()
+    }
+}
+
 /// Mounts `image`'s file system ahead (see [`Premounted`]).
 pub fn premount(image: &Path) -> std::io::Result<Premounted> {
     use crate::fsapi;

@@ -15,7 +15,9 @@
 //! has the new mount API: the namespace driver's boot then mounts its loop device again, which
 //! shares that file system (no journal load, no metadata read on the boot's path), and the pool
 //! lets go of it once the boot answered. Other takers get the plain image (the detached mount
-//! dissolved first).
+//! dissolved first). A mounted image also gets the writable layer's first entries (the ids
+//! marker, `upper`, `upper/etc`, `work`: `namespace::mounts::lay_out`), which a first boot would
+//! otherwise make on its path.
 //!
 //! What a crash leaves: only files of this directory, which [`DiskPool::new`] (the server's
 //! start) removes before anything else uses it. The detached mounts live only as the server's
@@ -41,6 +43,9 @@ pub struct DiskPool {
 struct Inner {
     dir: PathBuf,
     per_size: usize,
+    /// The host id of the sandboxes' root (0 without user namespaces): the owner of the
+    /// writable layer laid out in each image mounted ahead.
+    owner: std::sync::atomic::AtomicU32,
     state: Mutex<State>,
     wake: Condvar,
 }
@@ -79,6 +84,7 @@ impl DiskPool {
             inner: Arc::new(Inner {
                 dir: dir.to_path_buf(),
                 per_size,
+                owner: Default::default(),
                 state: Mutex::default(),
                 wake: Condvar::new(),
             }),
@@ -90,6 +96,15 @@ impl DiskPool {
                 .spawn(move || refill(weak))?;
         }
         Ok(pool)
+    }
+
+    /// Lays out the writable layer of the images mounted from now on for sandboxes whose root
+    /// is host id `owner` (see [`crate::namespace::mounts::lay_out`]). An image laid out for
+    /// another owner still boots: its few entries are shifted like an older layer's.
+    pub fn set_owner(&self, owner: u32) {
+        self.inner
+            .owner
+            .store(owner, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The sandbox's image in `dir`: the one there, else one of the pool (renamed in), else a new
@@ -189,8 +204,16 @@ fn refill(weak: Weak<Inner>) {
         match crate::disk::format_image(&path, size) {
             Ok(()) => {
                 let formatted = t.elapsed();
+                let owner = inner.owner.load(std::sync::atomic::Ordering::Relaxed);
                 let mounted = match crate::disk::premount(&path) {
-                    Ok(m) => Some(m),
+                    Ok(m) => {
+                        // Best effort: a boot makes what is missing, and shifts to its root what
+                        // a layout cut short left unmarked.
+                        if let Err(e) = crate::namespace::mounts::lay_out(&m.root(), owner) {
+                            tracing::debug!(size_mb = size, "laying out a disk image ahead: {e}");
+                        }
+                        Some(m)
+                    }
                     Err(e) => {
                         // Kept as a plain image: a boot mounts it itself.
                         tracing::debug!(size_mb = size, "mounting a disk image ahead: {e}");
@@ -285,6 +308,53 @@ mod tests {
         // An image already there stays.
         let again = pool.take(&b, 64).unwrap();
         assert_eq!(again, img);
+    }
+
+    #[test]
+    fn an_image_mounted_ahead_holds_the_writable_layer_laid_out_for_the_sandboxes_root() {
+        if !has_mkfs() || !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root and mkfs.ext4");
+            return;
+        }
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let pool = DiskPool::new(&tmp.path().join("disks"), 1).unwrap();
+        pool.set_owner(1_000_000_000);
+        let a = tmp.path().join("a");
+        std::fs::create_dir_all(&a).unwrap();
+        pool.take(&a, 64).unwrap();
+        for _ in 0..500 {
+            if pool.ready().get(&64) == Some(&1) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let b = tmp.path().join("b");
+        std::fs::create_dir_all(&b).unwrap();
+        let (_img, mounted) = pool.take_mounted(&b, 64).unwrap();
+        let Some(m) = mounted else {
+            eprintln!("skipped: this kernel cannot mount images ahead");
+            return;
+        };
+        let root = m.root();
+        assert_eq!(
+            std::fs::read_to_string(root.join(crate::userns::MARKER)).unwrap(),
+            "1000000000\n"
+        );
+        for (entry, uid) in [
+            ("upper", 1_000_000_000),
+            ("upper/etc", 1_000_000_000),
+            ("work", 0),
+        ] {
+            let md = std::fs::symlink_metadata(root.join(entry)).unwrap();
+            assert!(md.is_dir(), "{entry}");
+            assert_eq!((md.uid(), md.gid()), (uid, uid), "{entry}");
+        }
+        // Nothing else: no file of the sandbox's is made ahead.
+        assert!(std::fs::read_dir(root.join("upper/etc"))
+            .unwrap()
+            .next()
+            .is_none());
     }
 
     #[test]

@@ -671,6 +671,7 @@ fn namespace_backend(config: &Config, instance: &str) -> Result<Backend, ServeEr
             0
         })?
         .with_userns(ids)
+        .with_launchers_ahead()
         .with_file_limits(cella_runtime::namespace::FileLimits {
             per_process: config.limits.open_files,
             host_share_percent: config.limits.open_files_host_percent,

@@ -95,7 +95,14 @@ impl Census {
                 );
             }
         }
-        procs.extend(children_of(s.server_pid() as i32));
+        // A launcher waiting ahead for the next boot (at most one, in the server's own cgroup,
+        // replaced after each boot) is counted apart, like the disk pool's images.
+        let server = s.server_pid() as i32;
+        let (waiting, children): (Vec<i32>, Vec<i32>) = children_of(server)
+            .into_iter()
+            .partition(|p| is_waiting_launcher(*p, server));
+        assert!(waiting.len() <= 1, "launchers waiting ahead: {waiting:?}");
+        procs.extend(children);
         let chains = if instance.is_empty() {
             BTreeSet::new()
         } else {
@@ -210,6 +217,18 @@ pub fn children_of(pid: i32) -> Vec<i32> {
         }
     }
     out
+}
+
+/// Whether `pid` is `cella __sandbox-init` waiting for a boot: a live child of the server, still
+/// in the server's own cgroups (a launcher at work has joined its sandbox's).
+fn is_waiting_launcher(pid: i32, server: i32) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let cgroup = |p: i32| std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok();
+    cmdline == b"cella\0__sandbox-init\0"
+        && !stat.contains(") Z ")
+        && cgroup(pid).is_some()
+        && cgroup(pid) == cgroup(server)
 }
 
 fn count_files(dir: &Path) -> usize {

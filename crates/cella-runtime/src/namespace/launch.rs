@@ -8,14 +8,18 @@
 //! host pid as one JSON line and exits, so the sandbox is no child of the server and outlives it.
 //!
 //! In order: the driver creates the cgroup (on v1 only in the memory, cpu, cpuacct, pids and
-//! freezer hierarchies), starts the launcher with an empty environment and sends it the cgroup's
-//! path as the first line of its stdin; while the launcher joins that cgroup, the driver makes the
-//! sandbox's disk at its first boot (a copy of the snapshot's image when `SandboxSpec::snapshot`
-//! is set and a fork did not move it in already, else one formatted ahead taken from the
-//! `diskpool`, else `disk::ensure_image`) and writes `launch.json` (with the subnet and a first
-//! slot to try, when the sandbox gets a network); then the whole configuration follows on stdin.
+//! freezer hierarchies) and takes a launcher: one started ahead, with an empty environment, that
+//! waits for its first line (`super::launchers`), or one started now. It sends the first line,
+//! a [`Start`] (sandbox id, cgroup, setup log, ids, network plan). While the launcher joins the
+//! cgroup and makes the namespaces and the link, the driver makes the sandbox's disk at its first
+//! boot (a copy of the snapshot's image when `SandboxSpec::snapshot` is set and a fork did not
+//! move it in already, else one formatted ahead taken from the `diskpool`, else
+//! `disk::ensure_image`) and writes `launch.json` (with the subnet and a first slot to try, when
+//! the sandbox gets a network); then the whole configuration follows on stdin, and the launcher
+//! refuses one that names another sandbox, cgroup, id map or network than its start.
 //!
-//! The launcher closes inherited descriptors, joins the cgroup, makes the sandbox's user namespace
+//! The launcher closes inherited descriptors, opens the setup log as its standard error, joins
+//! the cgroup, makes the sandbox's user namespace
 //! (`userns::create`: a helper child running as the sandbox's accounting uid unshares it, the
 //! launcher writes its `uid_map`/`gid_map`, keeps a descriptor and lets the helper go; before the
 //! PID namespace, whose first child would otherwise be the helper), opens the host's network
@@ -23,7 +27,7 @@
 //! host's user namespace), sets the new network namespace's `ip_unprivileged_port_start` to 0 and
 //! `ping_group_range` to every group, makes the sandbox's link (`net::setup_inside`), prints it as
 //! a first line `{"net": {...}}` (the driver brings the host end up and installs this boot's
-//! firewall chain while the child below builds the root), and forks.
+//! firewall chain while the child below builds the root), reads the configuration, and forks.
 //! The child (PID 1) applies the mount plan (`mounts::plan`: `MakePrivate`; `Disk`, the image on a
 //! free loop device with auto-clear, mounted `nosuid`, `nodev`, in this mount namespace only;
 //! `ShiftIds`; `PrepareUpper`, which writes `/etc/hostname` and `/etc/hosts` into the upper layer,
@@ -43,6 +47,7 @@
 use super::{mounts, LaunchConfig};
 use nix::sched::{unshare, CloneFlags};
 use nix::unistd::{fork, ForkResult};
+use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
@@ -58,8 +63,10 @@ enum LaunchError {
     },
     #[error("parsing the launch configuration: {0}")]
     Config(#[from] serde_json::Error),
-    #[error("the launch configuration names another cgroup")]
-    OtherCgroup,
+    #[error("parsing the launcher's start: {0}")]
+    Start(serde_json::Error),
+    #[error("the launch configuration is not the one its start named")]
+    OtherSandbox,
     #[error(transparent)]
     Cgroup(#[from] crate::DriverError),
     #[error(transparent)]
@@ -71,6 +78,29 @@ enum LaunchError {
     Init(String),
     #[error("sandbox init exited during setup")]
     InitExited,
+}
+
+/// The launcher's first line: what it needs before the sandbox's files are ready (the rest of
+/// the [`LaunchConfig`] follows, and must name the same sandbox, cgroup, ids and network).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Start {
+    pub id: String,
+    pub cgroup: String,
+    /// The setup log (`init.log` in the sandbox's directory), opened by the launcher as its
+    /// standard error.
+    pub log: std::path::PathBuf,
+    pub userns: Option<crate::userns::IdMap>,
+    pub network: Option<super::net::NetLaunch>,
+}
+
+impl Start {
+    /// Whether `cfg` is the configuration this start was for.
+    fn is_for(&self, cfg: &LaunchConfig) -> bool {
+        self.id == cfg.id
+            && self.cgroup == cfg.cgroup
+            && self.userns == cfg.userns
+            && self.network == cfg.network
+    }
 }
 
 fn step<E: Into<std::io::Error>>(what: &'static str) -> impl FnOnce(E) -> LaunchError {
@@ -101,32 +131,35 @@ pub fn launcher_main() -> i32 {
 }
 
 fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
-    // First line: the cgroup to join. The server sends it at once and prepares the rest (the
-    // disk image) while this process joins (a slow step on cgroup v1); then the configuration.
-    let t0 = std::time::Instant::now();
+    // First line: what the namespaces need (`Start`). The server sends it as soon as it has
+    // made the cgroup, and prepares the sandbox's files (its disk, `launch.json`) while this
+    // process joins the cgroup and makes the namespaces and the link; then the whole
+    // configuration follows. A launcher started ahead waits here (see `super::launchers`).
+    // Nothing of the server's is held while waiting.
     close_inherited_fds();
     let mut stdin = std::io::BufReader::new(std::io::stdin());
-    let mut cgroup = String::new();
-    std::io::BufRead::read_line(&mut stdin, &mut cgroup).map_err(step("reading the cgroup"))?;
-    let cgroup = cgroup.trim().to_string();
-    crate::cgroup::join(&cgroup, std::process::id())?;
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdin, &mut line).map_err(step("reading the start"))?;
+    let t0 = std::time::Instant::now();
+    let start: Start = serde_json::from_str(&line).map_err(LaunchError::Start)?;
+    // The setup log: this process's standard error from here on (until now it had none).
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&start.log)
+        .map_err(step("opening the setup log"))?;
+    nix::unistd::dup2(log.as_raw_fd(), 2).map_err(step("the setup log"))?;
+    drop(log);
+    crate::cgroup::join(&start.cgroup, std::process::id())?;
     let t_join = t0.elapsed();
-    let mut text = String::new();
-    stdin
-        .read_to_string(&mut text)
-        .map_err(step("reading the launch configuration"))?;
-    let cfg: LaunchConfig = serde_json::from_str(&text)?;
-    if cfg.cgroup != cgroup {
-        return Err(LaunchError::OtherCgroup);
-    }
     let (ready_r, ready_w) = nix::unistd::pipe().map_err(step("pipe"))?;
     // The user namespace comes first: made by a helper child, which must not become PID 1 of the
     // new PID namespace. Init uses it for its id-mapped mounts and enters it at the end.
-    let userns = match &cfg.userns {
-        Some(map) => Some(crate::userns::create(map, map.owner(&cfg.id))?),
+    let userns = match &start.userns {
+        Some(map) => Some(crate::userns::create(map, map.owner(&start.id))?),
         None => None,
     };
-    let host_ns = match cfg.network {
+    let host_ns = match start.network {
         Some(_) => Some(super::net::HostNs::open()?),
         None => None,
     };
@@ -139,7 +172,7 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
     unshare(flags).map_err(step("unshare"))?;
     net_sysctls();
     let t_unshare = t0.elapsed();
-    let net = match (&cfg.network, &host_ns) {
+    let net = match (&start.network, &host_ns) {
         (Some(plan), Some(host)) => Some(super::net::setup_inside(host, plan)?),
         _ => None,
     };
@@ -151,12 +184,21 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
         let _ = writeln!(out, "{}", serde_json::json!({ "net": info }));
         let _ = out.flush();
     }
-    let t_net = t0.elapsed();
+    let mut text = String::new();
+    stdin
+        .read_to_string(&mut text)
+        .map_err(step("reading the launch configuration"))?;
+    let t_config = t0.elapsed();
+    let cfg: LaunchConfig = serde_json::from_str(&text)?;
+    if !start.is_for(&cfg) {
+        return Err(LaunchError::OtherSandbox);
+    }
+    let forked = std::time::Instant::now();
     // SAFETY: the launcher is single-threaded.
     match unsafe { fork() }.map_err(step("fork"))? {
         ForkResult::Child => {
             drop(ready_r);
-            let err = init_main(&cfg, ready_w, userns);
+            let err = init_main(&cfg, ready_w, userns, forked);
             // Only reached on failure: tell the launcher why.
             eprintln!("cella-init: {err}");
             std::process::exit(1);
@@ -168,11 +210,11 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
             let _ = f.read_to_string(&mut msg);
             if msg == "ok" {
                 eprintln!(
-                    "cella-launch: join={:.2}ms unshare={:.2}ms net={:.2}ms child-setup={:.2}ms",
+                    "cella-launch: join={:.2}ms unshare={:.2}ms net+config={:.2}ms child-setup={:.2}ms",
                     t_join.as_secs_f64() * 1e3,
                     (t_unshare - t_join).as_secs_f64() * 1e3,
-                    (t_net - t_unshare).as_secs_f64() * 1e3,
-                    (t0.elapsed() - t_net).as_secs_f64() * 1e3
+                    (t_config - t_unshare).as_secs_f64() * 1e3,
+                    (t0.elapsed() - t_config).as_secs_f64() * 1e3
                 );
                 Ok((child.as_raw(), net))
             } else {
@@ -189,7 +231,12 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
 }
 
 /// PID 1 of the sandbox. Returns only with an error (already reported through `ready`).
-fn init_main(cfg: &LaunchConfig, ready: OwnedFd, userns: Option<OwnedFd>) -> String {
+fn init_main(
+    cfg: &LaunchConfig,
+    ready: OwnedFd,
+    userns: Option<OwnedFd>,
+    forked: std::time::Instant,
+) -> String {
     let mut ready = std::fs::File::from(ready);
     let fail = |ready: &mut std::fs::File, e: String| {
         let _ = ready.write_all(e.as_bytes());
@@ -199,7 +246,7 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd, userns: Option<OwnedFd>) -> Str
     let ops = mounts::plan(cfg);
     let (pivot, before) = ops.split_last().expect("plan ends with a pivot");
     // How long each step takes goes to the setup log (init.log), for profiling boots.
-    let mut timings = Vec::new();
+    let mut timings = vec![("fork", forked.elapsed())];
     for op in before {
         let t = std::time::Instant::now();
         if let Err(e) = mounts::apply(op, userns.as_ref().map(|f| f.as_fd())) {
@@ -207,15 +254,20 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd, userns: Option<OwnedFd>) -> Str
         }
         timings.push((mounts::label(op), t.elapsed()));
     }
+    let t = std::time::Instant::now();
     if let Err(e) = nix::unistd::sethostname(&cfg.hostname) {
         return fail(&mut ready, format!("sethostname: {e}"));
     }
     if let Err(e) = loopback_up() {
         return fail(&mut ready, format!("bringing up lo: {e}"));
     }
+    timings.push(("host+lo", t.elapsed()));
+    let t = std::time::Instant::now();
     // The sandbox's cgroup for the agent's per-exec cgroups, opened on the host's side: once the
     // root is pivoted, only this descriptor reaches it.
     let exec_cgroups = exec_cgroups(cfg);
+    timings.push(("execcg", t.elapsed()));
+    let t = std::time::Instant::now();
     // The socket lives on the host side; once the root is pivoted nothing inside can name it.
     let _ = std::fs::remove_file(&cfg.socket);
     let listener = match std::os::unix::net::UnixListener::bind(&cfg.socket) {
@@ -224,9 +276,13 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd, userns: Option<OwnedFd>) -> Str
     };
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o600));
+    timings.push(("socket", t.elapsed()));
+    let t = std::time::Instant::now();
     if let Err(e) = mounts::apply(pivot, None) {
         return fail(&mut ready, e.to_string());
     }
+    timings.push(("pivot", t.elapsed()));
+    let t = std::time::Instant::now();
     // The agent must be the last thing the OOM killer picks inside its sandbox; lowering the
     // score needs the host's CAP_SYS_RESOURCE, so before the user namespace.
     if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
@@ -239,6 +295,7 @@ fn init_main(cfg: &LaunchConfig, ready: OwnedFd, userns: Option<OwnedFd>) -> Str
             return fail(&mut ready, e.to_string());
         }
     }
+    timings.push(("enter", t.elapsed()));
     let mut by_kind: Vec<(&str, f64)> = Vec::new();
     for (k, d) in timings {
         match by_kind.iter_mut().find(|(n, _)| *n == k) {
@@ -370,4 +427,45 @@ pub(crate) fn loopback_up() -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_configuration_is_taken_only_for_the_sandbox_its_start_named() {
+        let mut cfg = super::super::mounts::tests::cfg();
+        cfg.userns = Some(crate::userns::IdMap {
+            base: 1_000_000_000,
+            count: 65536,
+        });
+        cfg.network = Some(super::super::net::NetLaunch {
+            subnet: "10.77.0.0".parse().unwrap(),
+            prefix: 16,
+            first_slot: 3,
+        });
+        let start = Start {
+            id: cfg.id.clone(),
+            cgroup: cfg.cgroup.clone(),
+            log: "/data/sandboxes/sbtest/init.log".into(),
+            userns: cfg.userns,
+            network: cfg.network.clone(),
+        };
+        // One JSON line, as the driver sends it.
+        let line = serde_json::to_string(&start).unwrap();
+        assert!(!line.contains('\n'));
+        let back: Start = serde_json::from_str(&line).unwrap();
+        assert!(back.is_for(&cfg));
+        let other = |change: &dyn Fn(&mut LaunchConfig)| {
+            let mut c = cfg.clone();
+            change(&mut c);
+            start.is_for(&c)
+        };
+        assert!(!other(&|c| c.id = "sbother".into()));
+        assert!(!other(&|c| c.cgroup = "cella/x/sbother".into()));
+        assert!(!other(&|c| c.userns = None));
+        assert!(!other(&|c| c.network.as_mut().unwrap().first_slot = 4));
+        assert!(other(&|c| c.hostname = "renamed".into()));
+    }
 }

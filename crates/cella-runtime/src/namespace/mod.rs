@@ -6,6 +6,7 @@
 //! exist only in its own mount namespace and vanish with its last process.
 
 pub(crate) mod launch;
+mod launchers;
 pub mod mounts;
 pub mod net;
 
@@ -24,7 +25,6 @@ use serde::{Deserialize, Serialize};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -72,6 +72,7 @@ pub struct NamespaceDriver {
     net: Option<Network>,
     ids: Option<crate::userns::IdMap>,
     files: FileLimits,
+    launchers: launchers::Launchers,
 }
 
 /// Open files of a sandbox: per process, and what all of its processes may hold together.
@@ -255,6 +256,7 @@ impl NamespaceDriver {
         }
         Ok(NamespaceDriver {
             data_dir: data_dir.to_path_buf(),
+            launchers: launchers::Launchers::new(agent_exe.clone(), false),
             agent_exe,
             cgroup_parent: format!("cella/{instance}"),
             disk_quota: false,
@@ -289,6 +291,14 @@ impl NamespaceDriver {
         Ok(self)
     }
 
+    /// Keeps a launcher started ahead for the next boot (see [`launchers`]), starting the first
+    /// one now.
+    pub fn with_launchers_ahead(mut self) -> Self {
+        self.launchers = launchers::Launchers::new(self.agent_exe.clone(), true);
+        self.launchers.refill();
+        self
+    }
+
     /// Whether sandboxes get a network interface.
     pub fn has_network(&self) -> bool {
         self.net.is_some()
@@ -308,6 +318,9 @@ impl NamespaceDriver {
     /// [`crate::userns::probe`] first).
     pub fn with_userns(mut self, ids: Option<crate::userns::IdMap>) -> Self {
         self.ids = ids;
+        if let Some(pool) = &self.disks {
+            pool.set_owner(ids.map_or(0, |m| m.base));
+        }
         self
     }
 
@@ -326,10 +339,9 @@ impl NamespaceDriver {
     /// Keeps `per_size` formatted disk images of each size ready in `DATA/disks/` (see
     /// [`crate::diskpool`]; emptied here, at the server's start).
     pub fn with_disk_pool(mut self, per_size: usize) -> Result<Self, DriverError> {
-        self.disks = Some(crate::diskpool::DiskPool::new(
-            &self.data_dir.join("disks"),
-            per_size,
-        )?);
+        let pool = crate::diskpool::DiskPool::new(&self.data_dir.join("disks"), per_size)?;
+        pool.set_owner(self.ids.map_or(0, |m| m.base));
+        self.disks = Some(pool);
         Ok(self)
     }
 
@@ -436,6 +448,7 @@ impl NamespaceDriver {
     fn prepare(
         &self,
         spec: &SandboxSpec,
+        network: Option<net::NetLaunch>,
     ) -> Result<(LaunchConfig, Option<crate::disk::Premounted>), DriverError> {
         let dir = self.sandbox_dir(&spec.id);
         std::fs::create_dir_all(&dir)?;
@@ -489,16 +502,44 @@ impl NamespaceDriver {
             disk,
             disk_mount,
             disk_device: premounted.as_ref().map(|m| m.device.clone()),
-            network: match (&self.net, &spec.network) {
-                (Some(n), Some(_)) => Some(n.plan()),
-                _ => None,
-            },
+            network,
             userns: self.ids,
             nofile: self.files.per_process,
         };
         let json = serde_json::to_vec_pretty(&cfg).map_err(std::io::Error::other)?;
         std::fs::write(dir.join("launch.json"), json)?;
         Ok((cfg, premounted))
+    }
+
+    /// A launcher given its first `line` (see [`launchers`]), with its input still open for the
+    /// configuration. A launcher kept ahead that cannot take the line died while it waited:
+    /// with `retry`, one is started now in its place.
+    fn start_launcher(
+        &self,
+        line: &[u8],
+        retry: bool,
+    ) -> Result<(std::process::Child, std::process::ChildStdin), DriverError> {
+        use std::io::Write;
+        let mut child = self.launchers.take().map_err(|e| {
+            DriverError::Launch(format!("starting {}: {e}", self.agent_exe.display()))
+        })?;
+        let Some(mut stdin) = child.stdin.take() else {
+            launchers::reap(child);
+            return Err(DriverError::Launch("no launcher stdin".into()));
+        };
+        match stdin.write_all(line).and_then(|_| stdin.flush()) {
+            Ok(()) => Ok((child, stdin)),
+            Err(e) => {
+                drop(stdin);
+                launchers::reap(child);
+                if retry {
+                    tracing::warn!("a launcher kept ahead was gone ({e}): starting another");
+                    self.start_launcher(line, false)
+                } else {
+                    Err(DriverError::Launch(format!("starting the launcher: {e}")))
+                }
+            }
+        }
     }
 
     fn launch(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError> {
@@ -517,42 +558,39 @@ impl NamespaceDriver {
         let dir = self.sandbox_dir(&spec.id);
         std::fs::create_dir_all(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("init.log"))?;
         use std::io::Write;
-        use std::os::unix::process::CommandExt;
-        let mut child = Command::new(&self.agent_exe)
-            .arg0("cella")
-            // The sandbox's PID 1 must carry nothing of the server's environment (keys, paths).
-            .env_clear()
-            .arg("__sandbox-init")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| {
-                DriverError::Launch(format!("starting {}: {e}", self.agent_exe.display()))
-            })?;
-        let mut stdin = child
-            .stdin
-            .take()
-            .ok_or_else(|| DriverError::Launch("no launcher stdin".into()))?;
-        // The launcher joins its cgroup (slow on cgroup v1) while the disk image is made here.
-        stdin.write_all(format!("{cgroup_path}\n").as_bytes())?;
-        stdin.flush()?;
-        let (cfg, premounted) = match self.prepare(spec) {
+        let network = match (&self.net, &spec.network) {
+            (Some(n), Some(_)) => Some(n.plan()),
+            _ => None,
+        };
+        let start = launch::Start {
+            id: spec.id.clone(),
+            cgroup: cgroup_path.clone(),
+            log: dir.join("init.log"),
+            userns: self.ids,
+            network: network.clone(),
+        };
+        let mut line = serde_json::to_vec(&start).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        // The launcher joins its cgroup and makes the namespaces and the link while the
+        // sandbox's files are made here. One that died while it waited (its input is closed)
+        // never got a start: a fresh one is started in its place.
+        let (mut child, mut stdin) = self.start_launcher(&line, true)?;
+        let t_start = t0.elapsed();
+        let (cfg, premounted) = match self.prepare(spec, network) {
             Ok(c) => c,
             Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                // Its input closes: it gives up, lets its helpers go and exits.
+                drop(stdin);
+                launchers::reap(child);
+                self.launchers.refill();
                 return Err(e);
             }
         };
         let t_prepare = t0.elapsed();
         cella_crash::crash_point!("runtime.launch.after_disk");
-        stdin.write_all(&serde_json::to_vec(&cfg).map_err(std::io::Error::other)?)?;
+        // One that failed has closed its input already: its answer below says why.
+        let _ = stdin.write_all(&serde_json::to_vec(&cfg).map_err(std::io::Error::other)?);
         drop(stdin);
         let stdout = child
             .stdout
@@ -578,14 +616,17 @@ impl NamespaceDriver {
             }
             answer = next_line();
         }
-        let _ = child.wait();
+        // It answered: its exit is waited for elsewhere.
+        launchers::reap(child);
         // The sandbox's own mount holds the disk's file system now (or the boot failed): the
         // pool's detached mount of it goes.
         drop(premounted);
+        self.launchers.refill();
         tracing::debug!(
             sandbox = spec.id,
             cgroup_ms = t_cgroup.as_secs_f64() * 1e3,
-            prepare_ms = (t_prepare - t_cgroup).as_secs_f64() * 1e3,
+            start_ms = (t_start - t_cgroup).as_secs_f64() * 1e3,
+            prepare_ms = (t_prepare - t_start).as_secs_f64() * 1e3,
             launch_ms = (t0.elapsed() - t_prepare).as_secs_f64() * 1e3,
             "boot phases"
         );

@@ -1,0 +1,269 @@
+//! A launcher started ahead: `cella __sandbox-init`, spawned before a boot needs it and waiting
+//! for its first line ([`super::launch::Start`]).
+//!
+//! Starting the launcher is a spawn from the server (a `vfork` of a large, threaded process), an
+//! `exec` of the whole `cella` binary, its dynamic linking and some hundreds of page faults
+//! before `main`: 1.5-3 ms of a cold boot on a host whose page faults are slow (a nested VM).
+//! One is kept ready, so a boot starts by writing a line. The next one is started on a thread of
+//! its own once a boot took the last, off the boot's path; a boot that finds none ready starts
+//! one itself, as before.
+//!
+//! A waiting launcher has done nothing yet: it is in the server's cgroup, with the server's
+//! namespaces, an empty environment and its standard error on `/dev/null` (its first line names
+//! the setup log it opens). It holds no sandbox and no host resource. When its standard input
+//! closes (the server stopped, or was killed: the pipe goes with the process) it reads the end
+//! of it, answers an error nobody reads and exits, so nothing outlives a server.
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+
+/// The launcher kept ready (none while `on` is false: each boot starts its own).
+#[derive(Clone)]
+pub(crate) struct Launchers {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    exe: PathBuf,
+    on: bool,
+    ready: Mutex<Option<Child>>,
+    /// A thread is starting the next one.
+    starting: AtomicBool,
+}
+
+impl Launchers {
+    pub(crate) fn new(exe: PathBuf, on: bool) -> Launchers {
+        Launchers {
+            inner: Arc::new(Inner {
+                exe,
+                on,
+                ready: Mutex::new(None),
+                starting: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// A launcher waiting for its first line: the one kept ready (a new one is then started
+    /// behind it), or one started now.
+    pub(crate) fn take(&self) -> std::io::Result<Child> {
+        let ready = self
+            .inner
+            .ready
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match ready {
+            // Still waiting (it exits only when its input closes, or if killed from outside).
+            Some(mut c) => match c.try_wait() {
+                Ok(None) => Ok(c),
+                _ => {
+                    let _ = c.wait();
+                    spawn(&self.inner.exe)
+                }
+            },
+            None => spawn(&self.inner.exe),
+        }
+    }
+
+    /// Starts the next launcher on a thread of its own, unless one is ready or starting.
+    pub(crate) fn refill(&self) {
+        if !self.inner.on || self.inner.starting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let inner = self.inner.clone();
+        let started = std::thread::Builder::new()
+            .name("cella-launcher".into())
+            .spawn(move || {
+                let empty = inner
+                    .ready
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_none();
+                if empty {
+                    match spawn(&inner.exe) {
+                        Ok(c) => {
+                            let mut slot = inner.ready.lock().unwrap_or_else(|p| p.into_inner());
+                            // Taken and refilled meanwhile: the newer one stays.
+                            if let Some(extra) = slot.replace(c) {
+                                end(extra);
+                            }
+                        }
+                        Err(e) => tracing::warn!("starting a launcher ahead: {e}"),
+                    }
+                }
+                inner.starting.store(false, Ordering::Release);
+            });
+        if started.is_err() {
+            self.inner.starting.store(false, Ordering::Release);
+        }
+    }
+
+    /// The pid of the launcher kept ready (tests).
+    #[cfg(test)]
+    fn ready_pid(&self) -> Option<u32> {
+        self.inner
+            .ready
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|c| c.id())
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(c) = self
+            .ready
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            end(c);
+        }
+    }
+}
+
+/// Starts `cella __sandbox-init` (its name in the process table is `cella`, with no host path).
+pub(crate) fn spawn(exe: &std::path::Path) -> std::io::Result<Child> {
+    Command::new(exe)
+        .arg0("cella")
+        // The sandbox's PID 1 must carry nothing of the server's environment (keys, paths).
+        .env_clear()
+        .arg("__sandbox-init")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+}
+
+/// Waits for a launcher that answered, on the reaping thread: its exit (the unmapping of a large
+/// process) is off the boot's path. The sandbox it started is not its child. Waited for here
+/// when that thread cannot be had.
+pub(crate) fn reap(c: Child) {
+    static REAPER: OnceLock<Option<Mutex<mpsc::Sender<Child>>>> = OnceLock::new();
+    let reaper = REAPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Child>();
+        std::thread::Builder::new()
+            .name("cella-reap".into())
+            .spawn(move || {
+                for mut c in rx {
+                    let _ = c.wait();
+                }
+            })
+            .ok()
+            .map(|_| Mutex::new(tx))
+    });
+    let left = match reaper {
+        Some(tx) => tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(c)
+            .err()
+            .map(|e| e.0),
+        None => Some(c),
+    };
+    if let Some(mut c) = left {
+        let _ = c.wait();
+    }
+}
+
+/// Ends a launcher that was never given a start: its input closes, it exits; reaped.
+fn end(mut c: Child) {
+    drop(c.stdin.take());
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `sh` stands in for the launcher: it waits on its input like one.
+    fn fake() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("launcher");
+        std::fs::write(&exe, "#!/bin/sh\nread line\necho \"got $line\"\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (dir, exe)
+    }
+
+    fn wait_ready(l: &Launchers) -> u32 {
+        for _ in 0..500 {
+            if let Some(pid) = l.ready_pid() {
+                return pid;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("no launcher was started ahead");
+    }
+
+    fn alive(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.contains(") Z "))
+            .unwrap_or(false)
+    }
+
+    #[test]
+    fn a_take_gets_the_one_started_ahead_and_the_next_follows() {
+        use std::io::{Read, Write};
+        let (_dir, exe) = fake();
+        let l = Launchers::new(exe, true);
+        // Nothing ready yet: a take starts one at once.
+        let mut first = l.take().unwrap();
+        assert_eq!(l.ready_pid(), None);
+        l.refill();
+        let ahead = wait_ready(&l);
+        // The next take is the one started ahead; it waited for its line and answers it.
+        let mut c = l.take().unwrap();
+        assert_eq!(c.id(), ahead);
+        assert_eq!(l.ready_pid(), None);
+        writeln!(c.stdin.take().unwrap(), "start").unwrap();
+        let mut out = String::new();
+        c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        assert_eq!(out, "got start\n");
+        assert!(c.wait().unwrap().success());
+        drop(first.stdin.take());
+        first.wait().unwrap();
+        // A refill while one is ready changes nothing.
+        l.refill();
+        let again = wait_ready(&l);
+        l.refill();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_eq!(l.ready_pid(), Some(again));
+        // Dropping the last handle ends the one kept ready.
+        drop(l);
+        assert!(!alive(again), "a launcher kept ready outlived its pool");
+    }
+
+    #[test]
+    fn a_launcher_that_died_while_waiting_is_not_handed_out() {
+        let (_dir, exe) = fake();
+        let l = Launchers::new(exe, true);
+        l.refill();
+        let pid = wait_ready(&l);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let c = l.take().unwrap();
+        assert_ne!(c.id(), pid);
+        assert!(!alive(pid));
+        end(c);
+    }
+
+    #[test]
+    fn off_starts_none_ahead() {
+        let (_dir, exe) = fake();
+        let l = Launchers::new(exe, false);
+        l.refill();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_eq!(l.ready_pid(), None);
+        end(l.take().unwrap());
+    }
+}
