@@ -238,7 +238,7 @@ fn namespaces_held(s: &Server, known: &[String]) -> Vec<String> {
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
     {
         let ns = namespaces(pid);
-        if !ns.iter().any(|n| known.contains(n)) {
+        if !ns.iter().any(|n| known.contains(n)) || common::waiting_launcher(pid) {
             continue;
         }
         let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();

@@ -428,8 +428,19 @@ pub fn namespaces_in_use() -> std::collections::HashSet<String> {
         .unwrap()
         .flatten()
         .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+        .filter(|p| !waiting_launcher(*p))
         .flat_map(namespaces)
         .collect()
+}
+
+/// Whether `pid` is a launcher a server keeps waiting for its next boot (`cella __sandbox-init`
+/// outside every sandbox's cgroup). It made fresh namespaces of its own, so one whose number a
+/// gone sandbox had (the kernel hands a freed number to the next namespace made) is not that
+/// sandbox's.
+pub fn waiting_launcher(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == b"cella\0__sandbox-init\0")
+        && std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .is_ok_and(|c| !c.contains("/cella/"))
 }
 
 /// Kills what a test's server left running and removes its cgroups (sandboxes outlive their

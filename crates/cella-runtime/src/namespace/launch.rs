@@ -7,27 +7,27 @@
 //! root, binds the agent's socket, pivots, and becomes the agent. The launcher prints the child's
 //! host pid as one JSON line and exits, so the sandbox is no child of the server and outlives it.
 //!
-//! In order: the driver creates the cgroup (on v1 only in the memory, cpu, cpuacct, pids and
-//! freezer hierarchies) and takes a launcher: one started ahead, with an empty environment, that
-//! waits for its first line (`super::launchers`), or one started now. It sends the first line,
-//! a [`Start`] (sandbox id, cgroup, setup log, ids, network plan). While the launcher joins the
-//! cgroup and makes the namespaces and the link, the driver makes the sandbox's disk at its first
-//! boot (a copy of the snapshot's image when `SandboxSpec::snapshot` is set and a fork did not
-//! move it in already, else one formatted ahead taken from the `diskpool`, else
-//! `disk::ensure_image`) and writes `launch.json` (with the subnet and a first slot to try, when
-//! the sandbox gets a network); then the whole configuration follows on stdin, and the launcher
-//! refuses one that names another sandbox, cgroup, id map or network than its start.
-//!
-//! The launcher closes inherited descriptors, opens the setup log as its standard error, joins
-//! the cgroup, makes the sandbox's user namespace
-//! (`userns::create`: a helper child running as the sandbox's accounting uid unshares it, the
-//! launcher writes its `uid_map`/`gid_map`, keeps a descriptor and lets the helper go; before the
-//! PID namespace, whose first child would otherwise be the helper), opens the host's network
-//! namespace, unshares the mount, UTS, IPC, network, PID and cgroup namespaces (all owned by the
-//! host's user namespace), sets the new network namespace's `ip_unprivileged_port_start` to 0 and
-//! `ping_group_range` to every group, makes the sandbox's link (`net::setup_inside`), prints it as
-//! a first line `{"net": {...}}` (the driver brings the host end up and installs this boot's
-//! firewall chain while the child below builds the root), reads the configuration, and forks.
+//! In order: a launcher, as soon as it starts (one is started ahead, with an empty environment,
+//! and waits: `super::launchers`), closes inherited descriptors, opens the host's network
+//! namespace and unshares the mount, UTS, IPC and network namespaces (all owned by the host's
+//! user namespace), setting the new network namespace's `ip_unprivileged_port_start` to 0 and
+//! `ping_group_range` to every group ([`ahead`]: nothing of a sandbox is needed yet). The driver
+//! creates the cgroup (on v1 only in the memory, cpu, cpuacct, pids and freezer hierarchies),
+//! takes a launcher (or starts one now) and sends it the first line, a [`Start`] (sandbox id,
+//! cgroup, setup log, ids, network plan). While the launcher opens the setup log as its standard
+//! error, joins the cgroup, makes the sandbox's user namespace (`userns::create`: a helper child
+//! running as the sandbox's accounting uid unshares it, the launcher writes its
+//! `uid_map`/`gid_map`, keeps a descriptor and lets the helper go; before the PID namespace,
+//! whose first child would otherwise be the helper), unshares the PID and cgroup namespaces
+//! (after the join: the cgroup namespace's root is the sandbox's cgroup), makes the sandbox's
+//! link (`net::setup_inside`) and prints it as a first line `{"net": {...}}` (the driver brings
+//! the host end up and installs this boot's firewall chain while the child below builds the
+//! root), the driver makes the sandbox's disk at its first boot (a copy of the snapshot's image
+//! when `SandboxSpec::snapshot` is set and a fork did not move it in already, else one formatted
+//! ahead taken from the `diskpool`, else `disk::ensure_image`) and writes `launch.json` (with the
+//! subnet and a first slot to try, when the sandbox gets a network). Then the whole
+//! configuration follows on stdin; the launcher refuses one that names another sandbox, cgroup,
+//! id map or network than its start, and forks.
 //! The child (PID 1) applies the mount plan (`mounts::plan`: `MakePrivate`; `Disk`, the image on a
 //! free loop device with auto-clear, mounted `nosuid`, `nodev`, in this mount namespace only;
 //! `ShiftIds`; `PrepareUpper`, which writes `/etc/hostname` and `/etc/hosts` into the upper layer,
@@ -131,12 +131,15 @@ pub fn launcher_main() -> i32 {
 }
 
 fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
-    // First line: what the namespaces need (`Start`). The server sends it as soon as it has
-    // made the cgroup, and prepares the sandbox's files (its disk, `launch.json`) while this
-    // process joins the cgroup and makes the namespaces and the link; then the whole
-    // configuration follows. A launcher started ahead waits here (see `super::launchers`).
     // Nothing of the server's is held while waiting.
     close_inherited_fds();
+    // Ahead of any sandbox: the namespaces that need nothing of it (see `ahead`). A failure
+    // here is the answer to the start below, so the boot says why.
+    let ahead = ahead();
+    // First line: what the rest needs (`Start`). The server sends it as soon as it has made
+    // the cgroup, and prepares the sandbox's files (its disk, `launch.json`) while this process
+    // joins the cgroup, makes the user namespace and the link; then the whole configuration
+    // follows. A launcher started ahead waits here (see `super::launchers`).
     let mut stdin = std::io::BufReader::new(std::io::stdin());
     let mut line = String::new();
     std::io::BufRead::read_line(&mut stdin, &mut line).map_err(step("reading the start"))?;
@@ -150,6 +153,7 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
         .map_err(step("opening the setup log"))?;
     nix::unistd::dup2(log.as_raw_fd(), 2).map_err(step("the setup log"))?;
     drop(log);
+    let host_ns = ahead?;
     crate::cgroup::join(&start.cgroup, std::process::id())?;
     let t_join = t0.elapsed();
     let (ready_r, ready_w) = nix::unistd::pipe().map_err(step("pipe"))?;
@@ -159,22 +163,13 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
         Some(map) => Some(crate::userns::create(map, map.owner(&start.id))?),
         None => None,
     };
-    let host_ns = match start.network {
-        Some(_) => Some(super::net::HostNs::open()?),
-        None => None,
-    };
-    let flags = CloneFlags::CLONE_NEWNS
-        | CloneFlags::CLONE_NEWUTS
-        | CloneFlags::CLONE_NEWIPC
-        | CloneFlags::CLONE_NEWNET
-        | CloneFlags::CLONE_NEWPID
-        | CloneFlags::CLONE_NEWCGROUP;
-    unshare(flags).map_err(step("unshare"))?;
-    net_sysctls();
+    // The PID namespace after the helper; the cgroup namespace after the join (its root is the
+    // cgroup this process is in).
+    unshare(CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWCGROUP).map_err(step("unshare"))?;
     let t_unshare = t0.elapsed();
-    let net = match (&start.network, &host_ns) {
-        (Some(plan), Some(host)) => Some(super::net::setup_inside(host, plan)?),
-        _ => None,
+    let net = match &start.network {
+        Some(plan) => Some(super::net::setup_inside(&host_ns, plan)?),
+        None => None,
     };
     drop(host_ns);
     if let Some(info) = &net {
@@ -228,6 +223,23 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
             }
         }
     }
+}
+
+/// What a launcher does before it knows its sandbox: it opens the host's network namespace (the
+/// link's host end goes there), then unshares the mount, UTS, IPC and network namespaces (all
+/// owned by the host's user namespace) and sets the new network namespace's sysctls. Done while
+/// a launcher waits ahead, these are off the boot's path (a copy of the host's mount table and a
+/// new network stack: about 1 ms of a boot here). Their kernel memory is charged to the cgroup
+/// the launcher is in then, the server's: a few tens of KiB a sandbox, freed with it.
+fn ahead() -> Result<super::net::HostNs, LaunchError> {
+    let host = super::net::HostNs::open()?;
+    let flags = CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWNET;
+    unshare(flags).map_err(step("unshare"))?;
+    net_sysctls();
+    Ok(host)
 }
 
 /// PID 1 of the sandbox. Returns only with an error (already reported through `ready`).

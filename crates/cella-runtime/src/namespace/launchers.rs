@@ -8,11 +8,12 @@
 //! its own once a boot took the last, off the boot's path; a boot that finds none ready starts
 //! one itself, as before.
 //!
-//! A waiting launcher has done nothing yet: it is in the server's cgroup, with the server's
-//! namespaces, an empty environment and its standard error on `/dev/null` (its first line names
-//! the setup log it opens). It holds no sandbox and no host resource. When its standard input
-//! closes (the server stopped, or was killed: the pipe goes with the process) it reads the end
-//! of it, answers an error nobody reads and exits, so nothing outlives a server.
+//! A waiting launcher holds nothing of a sandbox: it is in the server's cgroup, with an empty
+//! environment and its standard error on `/dev/null` (its first line names the setup log it
+//! opens), and has made only what needs no sandbox (its mount, UTS, IPC and network namespaces,
+//! `super::launch::ahead`). When its standard input closes (the server stopped, or was killed:
+//! the pipe goes with the process) it reads the end of it, answers an error nobody reads and
+//! exits, its namespaces with it, so nothing outlives a server.
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -139,34 +140,41 @@ pub(crate) fn spawn(exe: &std::path::Path) -> std::io::Result<Child> {
         .spawn()
 }
 
-/// Waits for a launcher that answered, on the reaping thread: its exit (the unmapping of a large
-/// process) is off the boot's path. The sandbox it started is not its child. Waited for here
-/// when that thread cannot be had.
-pub(crate) fn reap(c: Child) {
-    static REAPER: OnceLock<Option<Mutex<mpsc::Sender<Child>>>> = OnceLock::new();
+/// Waits for a launcher that answered, on the reaping thread, then drops `after` (the disk
+/// pool's detached mount of the sandbox's file system, which the sandbox's own mount holds by
+/// then: dissolving a mount can wait for an RCU grace period). Both are off the boot's path; the
+/// sandbox the launcher started is not its child. Done here when that thread cannot be had.
+pub(crate) fn reap<T: Send + 'static>(c: Child, after: T) {
+    type Job = Box<dyn FnOnce() + Send>;
+    static REAPER: OnceLock<Option<Mutex<mpsc::Sender<Job>>>> = OnceLock::new();
     let reaper = REAPER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<Child>();
+        let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("cella-reap".into())
             .spawn(move || {
-                for mut c in rx {
-                    let _ = c.wait();
+                for job in rx {
+                    job();
                 }
             })
             .ok()
             .map(|_| Mutex::new(tx))
     });
+    let mut c = c;
+    let job: Job = Box::new(move || {
+        let _ = c.wait();
+        drop(after);
+    });
     let left = match reaper {
         Some(tx) => tx
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .send(c)
+            .send(job)
             .err()
             .map(|e| e.0),
-        None => Some(c),
+        None => Some(job),
     };
-    if let Some(mut c) = left {
-        let _ = c.wait();
+    if let Some(job) = left {
+        job();
     }
 }
 

@@ -524,14 +524,14 @@ impl NamespaceDriver {
             DriverError::Launch(format!("starting {}: {e}", self.agent_exe.display()))
         })?;
         let Some(mut stdin) = child.stdin.take() else {
-            launchers::reap(child);
+            launchers::reap(child, ());
             return Err(DriverError::Launch("no launcher stdin".into()));
         };
         match stdin.write_all(line).and_then(|_| stdin.flush()) {
             Ok(()) => Ok((child, stdin)),
             Err(e) => {
                 drop(stdin);
-                launchers::reap(child);
+                launchers::reap(child, ());
                 if retry {
                     tracing::warn!("a launcher kept ahead was gone ({e}): starting another");
                     self.start_launcher(line, false)
@@ -582,7 +582,7 @@ impl NamespaceDriver {
             Err(e) => {
                 // Its input closes: it gives up, lets its helpers go and exits.
                 drop(stdin);
-                launchers::reap(child);
+                launchers::reap(child, ());
                 self.launchers.refill();
                 return Err(e);
             }
@@ -616,11 +616,19 @@ impl NamespaceDriver {
             }
             answer = next_line();
         }
-        // It answered: its exit is waited for elsewhere.
-        launchers::reap(child);
-        // The sandbox's own mount holds the disk's file system now (or the boot failed): the
-        // pool's detached mount of it goes.
-        drop(premounted);
+        // Once it answered, the sandbox's own mount holds the disk's file system: the pool's
+        // detached mount of it goes after the launcher's exit, both waited for off the boot's
+        // path. A boot that failed lets go of both before it answers (its image may be mounted
+        // again by the next boot of the sandbox).
+        if answer
+            .as_ref()
+            .is_some_and(|a| a["ok"] == serde_json::Value::Bool(true))
+        {
+            launchers::reap(child, premounted);
+        } else {
+            let _ = child.wait();
+            drop(premounted);
+        }
         self.launchers.refill();
         tracing::debug!(
             sandbox = spec.id,
