@@ -707,34 +707,15 @@ fn a_start_turns_on_favordynmods_and_changes_nothing_else_of_the_cgroup_mounts()
     assert_eq!(cgroup_mounts().0, before);
 }
 
-/// Launchers waiting ahead: processes whose parent is `ppid`, whose command line is `cella
-/// __sandbox-init` and which are still in the server's own cgroups (a sandbox's PID 1 becomes
-/// the agent without an exec, keeps that command line and, once its launcher exited, has the
-/// server as its parent; it is in its sandbox's cgroups).
+/// Launchers waiting ahead (`common::waiting_launcher`) whose parent is `ppid`. (A sandbox's PID 1
+/// becomes the agent without an exec and keeps the launcher's command line; once its launcher
+/// exited its parent is the server, but it is in its sandbox's cgroups.)
 fn launchers_of(ppid: u32) -> Vec<u32> {
-    let cgroup = |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
-    let server = cgroup(&ppid.to_string());
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split(' ').collect();
-        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        if fields.get(1) == Some(&ppid.to_string().as_str())
-            && fields.first() != Some(&"Z")
-            && cmdline == b"cella\0__sandbox-init\0"
-            && server.is_some()
-            && cgroup(&pid.to_string()) == server
-        {
-            out.push(pid);
-        }
-    }
-    out
+    common::children_of(ppid as i32)
+        .into_iter()
+        .filter(|p| common::waiting_launcher(*p))
+        .map(|p| p as u32)
+        .collect()
 }
 
 #[test]
@@ -771,9 +752,13 @@ fn a_launcher_waits_ahead_for_the_next_boot_and_none_outlives_a_killed_server() 
     });
     let second = ready();
     assert_ne!(second, first);
+    // One killed from outside while it waited is not handed to a boot: the next create starts
+    // another and succeeds.
+    unsafe { libc::kill(second as i32, libc::SIGKILL) };
     let b = s.create(json!({ "size": "xs" }));
     assert_eq!(s.sh(&b, "echo up")["stdout"], "up\n");
     let third = ready();
+    assert_ne!(third, second);
     // `kill -9` of the server: the waiting launcher sees its input close and exits.
     s.kill9();
     let alive = |pid: u32| {
@@ -790,4 +775,57 @@ fn a_launcher_waits_ahead_for_the_next_boot_and_none_outlives_a_killed_server() 
     for sb in [&id, &b] {
         s.delete(&format!("/api/v1/sandboxes/{sb}"));
     }
+}
+
+/// Runs `cella __sandbox-init` by hand: writes `input`, closes its stdin, returns its answer.
+fn launcher_answer(input: &str) -> serde_json::Value {
+    use std::io::Write;
+    let mut c = std::process::Command::new(common::bin())
+        .arg("__sandbox-init")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = c.wait_with_output().unwrap();
+    assert!(!out.status.success(), "a refused start exits non-zero");
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[test]
+fn a_launcher_refuses_a_bad_start_or_a_configuration_for_another_sandbox_and_says_why() {
+    // A start that is no start.
+    let a = launcher_answer("not json\n");
+    assert_eq!(a["ok"], false);
+    let err = a["error"].as_str().unwrap();
+    assert!(err.starts_with("parsing the launcher's start"), "{err}");
+    // A setup log it cannot open: named, and nothing joined or made.
+    let dir = tempfile::tempdir().unwrap();
+    let start = |id: &str, log: &std::path::Path| {
+        json!({ "id": id, "cgroup": "", "log": log, "userns": null, "network": null }).to_string()
+    };
+    let a = launcher_answer(&format!(
+        "{}\n",
+        start("sbone", &dir.path().join("no/such/dir/init.log"))
+    ));
+    let err = a["error"].as_str().unwrap();
+    assert!(err.starts_with("opening the setup log"), "{err}");
+    // A configuration that names another sandbox than its start: refused before anything is
+    // built (no fork, no mount), and said in the answer.
+    let log = dir.path().join("init.log");
+    let cfg = json!({
+        "id": "sbother", "hostname": "sbother", "layers": [], "upper": dir.path().join("u"),
+        "work": dir.path().join("w"), "rootfs": dir.path().join("r"), "binds": [],
+        "socket": dir.path().join("s.sock"), "cgroup": ""
+    });
+    let a = launcher_answer(&format!("{}\n{cfg}", start("sbone", &log)));
+    assert_eq!(
+        a["error"], "the launch configuration is not the one its start named",
+        "{a}"
+    );
+    assert!(!dir.path().join("s.sock").exists());
+    assert!(!dir.path().join("r").exists());
 }

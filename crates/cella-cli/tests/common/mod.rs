@@ -433,6 +433,30 @@ pub fn namespaces_in_use() -> std::collections::HashSet<String> {
         .collect()
 }
 
+/// Pids whose parent is `pid`.
+pub fn children_of(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // The command name is in parentheses and may hold spaces; the fields after it are fixed.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // fields[0] is the state, fields[1] the parent; a zombie the server has not reaped yet
+        // counts too (it is a leak if it stays).
+        if fields.get(1).and_then(|f| f.parse::<i32>().ok()) == Some(pid) {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// Whether `pid` is a launcher a server keeps waiting for its next boot (`cella __sandbox-init`
 /// outside every sandbox's cgroup). It made fresh namespaces of its own, so one whose number a
 /// gone sandbox had (the kernel hands a freed number to the next namespace made) is not that

@@ -97,10 +97,10 @@ impl Census {
         }
         // A launcher waiting ahead for the next boot (at most one, in the server's own cgroup,
         // replaced after each boot) is counted apart, like the disk pool's images.
-        let server = s.server_pid() as i32;
-        let (waiting, children): (Vec<i32>, Vec<i32>) = children_of(server)
-            .into_iter()
-            .partition(|p| is_waiting_launcher(*p, server));
+        let (waiting, children): (Vec<i32>, Vec<i32>) =
+            crate::common::children_of(s.server_pid() as i32)
+                .into_iter()
+                .partition(|p| crate::common::waiting_launcher(*p));
         assert!(waiting.len() <= 1, "launchers waiting ahead: {waiting:?}");
         procs.extend(children);
         let chains = if instance.is_empty() {
@@ -193,42 +193,6 @@ pub fn describe_process(pid: i32) -> String {
         fields.first().unwrap_or(&"?"),
         fields.get(1).unwrap_or(&"?")
     )
-}
-
-/// Pids whose parent is `pid`.
-pub fn children_of(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-            continue;
-        };
-        // The command name is in parentheses and may hold spaces; the fields after it are fixed.
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // fields[0] is the state, fields[1] the parent; a zombie the server has not reaped yet
-        // counts too (it is a leak if it stays).
-        if fields.get(1).and_then(|f| f.parse::<i32>().ok()) == Some(pid) {
-            out.push(p);
-        }
-    }
-    out
-}
-
-/// Whether `pid` is `cella __sandbox-init` waiting for a boot: a live child of the server, still
-/// in the server's own cgroups (a launcher at work has joined its sandbox's).
-fn is_waiting_launcher(pid: i32, server: i32) -> bool {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let cgroup = |p: i32| std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok();
-    cmdline == b"cella\0__sandbox-init\0"
-        && !stat.contains(") Z ")
-        && cgroup(pid).is_some()
-        && cgroup(pid) == cgroup(server)
 }
 
 fn count_files(dir: &Path) -> usize {
