@@ -89,6 +89,31 @@ fn readiness_follows_the_pool_as_it_drains_and_refills() {
 }
 
 #[test]
+fn the_refill_waits_its_delay_after_a_claim_so_the_claimed_sandbox_has_the_cpu() {
+    // Without the delay a refill boot is under a second here; with two seconds of delay the
+    // drained pool is still drained a second after the claim, and refilled after.
+    let s = Server::start_with("[pool]\ndefault = 0\nsizes = { xs = 1 }\nrefill_delay_ms = 2000\n");
+    wait_for(&s, "xs", "fast_ready");
+    let claimed_at = Instant::now();
+    let id = s.create(json!({ "size": "xs" }));
+    assert_eq!(
+        readiness(&s, "xs"),
+        "cold_boot_only",
+        "the create took the pool's sandbox"
+    );
+    assert_eq!(s.sh(&id, "echo first")["stdout"], "first\n");
+    std::thread::sleep(Duration::from_millis(1000).saturating_sub(claimed_at.elapsed()));
+    assert_eq!(
+        readiness(&s, "xs"),
+        "cold_boot_only",
+        "no refill boot within the delay: {}",
+        s.log()
+    );
+    wait_for(&s, "xs", "fast_ready");
+    assert!(claimed_at.elapsed() >= Duration::from_secs(2));
+}
+
+#[test]
 fn pool_sandboxes_belong_to_no_workspace_and_respect_caps_and_policies() {
     let s = Server::start_with("[pool]\ndefault = 0\nsizes = { xs = 2 }\n");
     wait_for(&s, "xs", "fast_ready");

@@ -270,6 +270,9 @@ pub struct PoolConfig {
     pub sizes: std::collections::BTreeMap<String, u32>,
     /// Least time between two pool boots, to bound the background load of refilling.
     pub boot_interval_ms: u64,
+    /// Least time between a claim and the boot that refills it, so that the claimed sandbox's
+    /// first commands do not share the CPU with that boot.
+    pub refill_delay_ms: u64,
     /// `gvisor` sandboxes kept booted ahead per built-in template (that runs on gVisor), in its
     /// default size, beside the namespace ones (needs `runsc`; 0: none).
     pub gvisor: u32,
@@ -281,6 +284,7 @@ impl Default for PoolConfig {
             default: 1,
             sizes: [("small".to_string(), 2)].into_iter().collect(),
             boot_interval_ms: 0,
+            refill_delay_ms: 50,
             gvisor: 0,
         }
     }

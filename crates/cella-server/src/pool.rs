@@ -29,9 +29,10 @@
 //! Readiness (`GET /api/v1/templates`) reads [`Pool::ready_on`] of the template's default
 //! runtime: `fast_ready` only where such a ready pool sandbox waits now.
 //!
-//! - *Claim* ([`claim`]; `Store::claim_pooled`, one write). It reads the oldest `running`,
+//! - *Claim* ([`claim`]; `Store::claim_pooled_with`, one write). It reads the oldest `running`,
 //!   `ready` row of the pool's workspace of that template, size and runtime, then one
-//!   `INSERT OR REPLACE` stores the caller's row under that sandbox's id (a new `seq`: it lists
+//!   `INSERT OR REPLACE` stores the caller's row under that sandbox's id (the agent's `Ping`
+//!   runs beside that write) (a new `seq`: it lists
 //!   as the newest), only while the row is still the pool's and ready and the workspace's count
 //!   of capped states is under its cap. Two concurrent claims never get the same row (the
 //!   loser tries the next), and the cap is never passed. The row keeps what the running
@@ -46,7 +47,9 @@
 //!   default` (a custom template's own `warm`, in its default size only), 0 for a missing size, and
 //!   `[pool] gvisor` for the gVisor pool (`targets`). While booting and ready ones are fewer,
 //!   `boot_one` inserts a row in the pool's workspace and boots it like any sandbox, at least
-//!   `[pool] boot_interval_ms` after the last pool boot, and logs it ready; one that fails is
+//!   `[pool] boot_interval_ms` after the last pool boot and `[pool] refill_delay_ms` after the
+//!   last claim (so a claimed sandbox's first commands do not share the CPU with a boot; on
+//!   two cores that cost its first exec half a millisecond), and logs it ready; one that fails is
 //!   discarded and tried again at the next round. Ready rows beyond the target are discarded
 //!   (`trim`), those of a pool no target names too (a template gone, `runsc` gone, another default
 //!   runtime since the last start). For `reconcile`, the liveness check and the timers, pool rows
@@ -72,6 +75,8 @@ pub struct Pool {
     ready: Mutex<HashMap<(String, Size, Runtime), i64>>,
     wake: tokio::sync::Notify,
     last_boot: Mutex<Option<tokio::time::Instant>>,
+    /// When a sandbox last left the pool (see `[pool] refill_delay_ms`).
+    last_claim: Mutex<Option<tokio::time::Instant>>,
     /// The server is stopping: no more pool boots.
     stopping: std::sync::atomic::AtomicBool,
 }
@@ -105,6 +110,7 @@ impl Pool {
         let n = m.entry((template.to_string(), size, runtime)).or_insert(0);
         *n = (*n - 1).max(0);
         drop(m);
+        *self.last_claim.lock().expect("pool lock") = Some(tokio::time::Instant::now());
         self.wake.notify_one();
     }
 
@@ -264,6 +270,13 @@ async fn top_up(
         let last = *state.pool().last_boot.lock().expect("pool lock");
         if let Some(last) = last {
             tokio::time::sleep_until(last + interval).await;
+        }
+        // The caller of a claim comes first: its create's answer and first commands run before
+        // this boot takes the CPU (once per boot, so claims in a row never hold a refill off).
+        let claim = *state.pool().last_claim.lock().expect("pool lock");
+        if let Some(claim) = claim {
+            let delay = Duration::from_millis(state.config.pool.refill_delay_ms);
+            tokio::time::sleep_until(claim + delay).await;
         }
         *state.pool().last_boot.lock().expect("pool lock") = Some(tokio::time::Instant::now());
         if state
@@ -432,22 +445,32 @@ async fn agent_touched(
     row: &SandboxRow,
     req: cella_agent::proto::Request,
 ) -> Result<(), Untrusted> {
-    let handle = crate::rows::handle_or_none(row).ok_or(Untrusted::NoRuntime)?;
-    let agent = state.driver.agent(&handle);
-    let ask = agent.call(&req);
-    match tokio::time::timeout(Duration::from_secs(3), ask).await {
-        Ok(Ok(cella_agent::proto::Response::Pong {
-            touched: Some(0), ..
-        })) => Ok(()),
-        Ok(Ok(cella_agent::proto::Response::Pong {
-            touched: Some(n), ..
-        })) => Err(Untrusted::Touched(n)),
-        Ok(Ok(cella_agent::proto::Response::Pong { touched: None, .. })) => {
-            Err(Untrusted::NeverSealed)
+    touched(state, crate::rows::handle_or_none(row), req).await
+}
+
+/// [`agent_touched`] of a sandbox whose handle is `handle` (None: it has none, so untrusted).
+fn touched(
+    state: &AppState,
+    handle: Option<cella_runtime::SandboxHandle>,
+    req: cella_agent::proto::Request,
+) -> impl std::future::Future<Output = Result<(), Untrusted>> + 'static {
+    let agent = handle.map(|h| state.driver.agent(&h));
+    async move {
+        let agent = agent.ok_or(Untrusted::NoRuntime)?;
+        match tokio::time::timeout(Duration::from_secs(3), agent.call(&req)).await {
+            Ok(Ok(cella_agent::proto::Response::Pong {
+                touched: Some(0), ..
+            })) => Ok(()),
+            Ok(Ok(cella_agent::proto::Response::Pong {
+                touched: Some(n), ..
+            })) => Err(Untrusted::Touched(n)),
+            Ok(Ok(cella_agent::proto::Response::Pong { touched: None, .. })) => {
+                Err(Untrusted::NeverSealed)
+            }
+            Ok(Ok(other)) => Err(Untrusted::Unexpected(format!("{other:?}"))),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(Untrusted::Timeout),
         }
-        Ok(Ok(other)) => Err(Untrusted::Unexpected(format!("{other:?}"))),
-        Ok(Err(e)) => Err(e.into()),
-        Err(_) => Err(Untrusted::Timeout),
     }
 }
 
@@ -485,27 +508,33 @@ pub async fn claim(
     let mut tries = 0;
     let (mut row, _guard) = loop {
         tries += 1;
-        let row = match crate::timing::phase(
-            "store.claim",
-            state.store.claim_pooled(&want, cap, baseline),
+        // The agent is asked beside the write (a ping only reads), for the row the write tries.
+        let ping = |old: &SandboxRow| {
+            touched(
+                state,
+                crate::rows::handle_or_none(old),
+                cella_agent::proto::Request::Ping,
+            )
+        };
+        let (row, answer) = match crate::timing::phase(
+            "store.claim+agent.ping",
+            state.store.claim_pooled_with(&want, cap, baseline, ping),
         )
         .await?
         {
-            cella_store::Claim::Claimed(r) => *r,
-            cella_store::Claim::Empty => {
+            (cella_store::Claim::Claimed(r), Some(answer)) => (*r, answer),
+            (cella_store::Claim::Empty, _) => {
                 state.pool().wake();
                 return Ok(None);
             }
-            cella_store::Claim::AtCap => return Ok(Some(Err(()))),
+            (cella_store::Claim::AtCap, _) => return Ok(Some(Err(()))),
+            (cella_store::Claim::Claimed(r), None) => {
+                (*r, Err(Untrusted::Unexpected("no answer was asked".into())))
+            }
         };
         state.pool().claimed(&row.template_id, size, runtime);
         let guard = state.locks.lock(&row.id).await;
-        match crate::timing::phase(
-            "agent.ping",
-            agent_touched(state, &row, cella_agent::proto::Request::Ping),
-        )
-        .await
-        {
+        match answer {
             Ok(()) => break (row, guard),
             Err(e) => {
                 tracing::warn!(

@@ -13,7 +13,8 @@
 //! memory by 13 MiB of stale rows before this).
 //!
 //! Used by the store itself for sandbox rows ([`crate::Store::sandbox`], under the store's own
-//! sandboxes epoch), and by the server for the API's key authentication and the model
+//! sandboxes epoch) and workspace rows ([`crate::Store::workspace`], under the grants epoch),
+//! and by the server for the API's key authentication and the model
 //! gateway's lookups. A map of our own rather than a caching crate: the epoch check is the
 //! point, and it is a few lines.
 

@@ -183,6 +183,8 @@ pub struct Store {
     sandboxes: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Sandbox rows as last read, trusted while `sandboxes` stays (see [`Store::sandbox`]).
     sandbox_rows: std::sync::Arc<kept::Kept<SandboxRow>>,
+    /// Workspace rows as last read, trusted while `grants` stays (see [`Store::workspace`]).
+    workspace_rows: std::sync::Arc<kept::Kept<WorkspaceRow>>,
 }
 
 /// Moves the sandboxes epoch when dropped: held across a write of the `sandboxes` table, so the
@@ -244,12 +246,13 @@ impl Store {
             grants: Default::default(),
             sandboxes: Default::default(),
             sandbox_rows: Default::default(),
+            workspace_rows: Default::default(),
         })
     }
 
     /// A number that moves after every write that can take away what a credential opens: a
     /// key or a sandbox token revoked, a key made the operator's, a workspace's settings or
-    /// plan changed. A cache of credentials or settings that notes it before reading the
+    /// plan changed (and whenever raw SQL may have run: [`Store::pool`]). A cache of credentials or settings that notes it before reading the
     /// store, and trusts an entry only while it has not moved, never serves what such a write
     /// changed (the gateway's lookups). It counts the writes of this process only: one server
     /// per data directory writes it.
@@ -267,10 +270,11 @@ impl Store {
     /// The connection pool: for the crates that keep their own tables in this database
     /// (`cella-billing`: `ledger` and `reservations`, made by this crate's migrations), and for
     /// raw SQL in tests (corrupting a row on purpose). Whoever asks for it may write any table,
-    /// so the sandbox rows kept are distrusted.
+    /// so the rows kept (sandboxes, and what the grants epoch guards) are distrusted.
     pub fn pool(&self) -> &SqlitePool {
         self.sandboxes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.grants_changed();
         &self.pool
     }
 

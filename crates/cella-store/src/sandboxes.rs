@@ -302,19 +302,35 @@ impl Store {
 
     /// Takes a ready pool sandbox of `template` and `size` for `new.workspace_id`, unless that
     /// workspace is at `cap`. The row becomes `new` but for what the running sandbox fixes: its
-    /// id, runtime record and resource figures. The oldest ready row is read (from the rows
-    /// kept in memory when they are current), then one statement gives it to the caller: an
-    /// `INSERT OR REPLACE` of the caller's row under the same id (so a fresh `seq`: it lists
-    /// as the newest) that inserts only while the row is still the pool's and ready and the
-    /// workspace is under its cap. Two concurrent claims never get the same sandbox (the
-    /// second finds it gone and tries the next), and the cap is never overshot. Two round trips
-    /// to the database, one write; the claim used to be a transaction of five statements.
+    /// id, runtime record and resource figures. The oldest ready row is read whole, then one
+    /// statement gives it to the caller: an `INSERT OR REPLACE` of the caller's row under the
+    /// same id (so a fresh `seq`: it lists as the newest) that inserts only while the row is
+    /// still the pool's and ready and the workspace is under its cap. Two concurrent claims
+    /// never get the same sandbox (the second finds it gone and tries the next), and the cap is
+    /// never overshot. Two round trips to the database, one write.
     pub async fn claim_pooled(
         &self,
         new: &SandboxRow,
         cap: u32,
         cpu_baseline: impl Fn(&SandboxRow) -> i64,
     ) -> Result<Claim> {
+        Ok(self
+            .claim_pooled_with(new, cap, cpu_baseline, |_| std::future::ready(()))
+            .await?
+            .0)
+    }
+
+    /// [`Store::claim_pooled`], with `alongside(row)` run beside the write for each row tried
+    /// (the server asks the sandbox's agent whether anything touched it, so that question costs
+    /// no time of its own). Answers the claim and, for a claimed row, what `alongside` gave for
+    /// it; for a row another claim took first, its answer is dropped and the next row is tried.
+    pub async fn claim_pooled_with<T, F: std::future::Future<Output = T>>(
+        &self,
+        new: &SandboxRow,
+        cap: u32,
+        cpu_baseline: impl Fn(&SandboxRow) -> i64,
+        alongside: impl Fn(&SandboxRow) -> F,
+    ) -> Result<(Claim, Option<T>)> {
         let cols = &SANDBOX_COLS["seq, ".len()..];
         let marks = vec!["?"; cols.split(',').count()].join(", ");
         let insert = format!(
@@ -324,25 +340,25 @@ impl Store {
              AND (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ? \
              RETURNING {SANDBOX_COLS}"
         );
+        let oldest = format!(
+            "SELECT {SANDBOX_COLS} FROM sandboxes WHERE workspace_id = ? AND template_id = ? \
+             AND size = ? AND isolation = ? AND state = 'running' AND ready = 1 \
+             ORDER BY seq LIMIT 1"
+        );
         // A few tries: each lost race means another claim took that row.
         for _ in 0..8 {
-            let id: Option<String> = sqlx::query_scalar(
-                "SELECT id FROM sandboxes WHERE workspace_id = ? AND template_id = ? AND size = ? \
-                 AND isolation = ? AND state = 'running' AND ready = 1 ORDER BY seq LIMIT 1",
-            )
-            .bind(POOL_WORKSPACE)
-            .bind(&new.template_id)
-            .bind(new.size.as_str())
-            .bind(&new.isolation)
-            .fetch_optional(&self.pool)
-            .await?;
-            let Some(id) = id else {
-                return Ok(Claim::Empty);
-            };
             // A corrupt pool row fails the claim here, before anything is written.
-            let Some(old) = self.sandbox(&id).await? else {
-                continue;
+            let old: Option<Raw> = sqlx::query_as(&oldest)
+                .bind(POOL_WORKSPACE)
+                .bind(&new.template_id)
+                .bind(new.size.as_str())
+                .bind(&new.isolation)
+                .fetch_optional(&self.pool)
+                .await?;
+            let Some(old) = old.map(SandboxRow::try_from).transpose()? else {
+                return Ok((Claim::Empty, None));
             };
+            let id = old.id.clone();
             let row = SandboxRow {
                 seq: 0,
                 id: old.id.clone(),
@@ -359,7 +375,7 @@ impl Store {
                 ..new.clone()
             };
             let changed = self.sandboxes_changing();
-            let claimed: Option<Raw> = sqlx::query_as(&insert)
+            let write = sqlx::query_as::<_, Raw>(&insert)
                 .bind(&row.id)
                 .bind(&row.workspace_id)
                 .bind(&row.owner_id)
@@ -403,12 +419,15 @@ impl Store {
                 .bind(POOL_WORKSPACE)
                 .bind(&row.workspace_id)
                 .bind(cap as i64)
-                .fetch_optional(&self.pool)
-                .await?;
+                .fetch_optional(&self.pool);
+            let (claimed, beside) = futures_util::future::join(write, alongside(&old)).await;
             // The epoch moves before the row is read again, so what was kept of it is not served.
             drop(changed);
-            if let Some(r) = claimed {
-                return Ok(Claim::Claimed(Box::new(SandboxRow::try_from(r)?)));
+            if let Some(r) = claimed? {
+                return Ok((
+                    Claim::Claimed(Box::new(SandboxRow::try_from(r)?)),
+                    Some(beside),
+                ));
             }
             let still_pooled: Option<i64> = sqlx::query_scalar(
                 "SELECT 1 FROM sandboxes WHERE id = ? AND workspace_id = ? AND state = 'running' AND ready = 1",
@@ -418,10 +437,10 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
             if still_pooled.is_some() {
-                return Ok(Claim::AtCap);
+                return Ok((Claim::AtCap, None));
             }
         }
-        Ok(Claim::Empty)
+        Ok((Claim::Empty, None))
     }
 
     /// Removes a sandbox row for good (the pool's own sandboxes leave no record).

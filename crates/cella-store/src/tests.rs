@@ -817,11 +817,25 @@ async fn revokes_and_settings_changes_move_the_grants_epoch() {
     store.revoke_sandbox_tokens("sb1", 6).await.unwrap();
     let e1 = store.grants_epoch();
     assert!(e1 > e0);
+    // A revoke that finds nothing live (every destroy asks) leaves what is kept alone.
+    assert_eq!(store.revoke_sandbox_tokens("sb1", 7).await.unwrap(), 0);
+    assert_eq!(store.grants_epoch(), e1);
     let mut ws = store.workspace("ws1").await.unwrap().unwrap();
     ws.settings.model_allowlist = vec!["m".into()];
     store.update_workspace(&ws).await.unwrap();
     let e2 = store.grants_epoch();
     assert!(e2 > e1);
+    // The workspace kept from before the change is not served after it.
+    assert_eq!(
+        store
+            .workspace("ws1")
+            .await
+            .unwrap()
+            .unwrap()
+            .settings
+            .model_allowlist,
+        vec!["m".to_string()]
+    );
     assert!(store.revoke_key("key1", 7).await.unwrap());
     assert!(store.grants_epoch() > e2);
     // A clone of the store (the server hands them around) follows the same epoch.

@@ -65,14 +65,25 @@ impl Store {
         Ok(())
     }
 
+    /// A workspace. Kept for a moment ([`crate::kept`]) under the grants epoch, which every
+    /// write of this table moves ([`Store::update_workspace`]; rows are never deleted, and one
+    /// not found is not kept): a create reads its workspace's plan at every request.
     pub async fn workspace(&self, id: &str) -> Result<Option<WorkspaceRow>> {
+        let epoch = self.grants_epoch();
+        if let Some(w) = self.workspace_rows.get(id, epoch) {
+            return Ok(Some(w));
+        }
         let raw: Option<Raw> = sqlx::query_as(
             "SELECT id, name, plan, kind, created_at, settings FROM workspaces WHERE id = ?",
         )
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        raw.map(WorkspaceRow::try_from).transpose()
+        let row = raw.map(WorkspaceRow::try_from).transpose()?;
+        if let Some(w) = &row {
+            self.workspace_rows.put(id, epoch, w.clone());
+        }
+        Ok(row)
     }
 
     /// Workspaces, oldest first, after the given id's position.
