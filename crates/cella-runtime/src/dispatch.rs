@@ -143,6 +143,19 @@ impl Driver for Dispatch {
         d.snapshot(id, handle, snapshot_id).await
     }
 
+    async fn snapshot_for_boot(
+        &self,
+        id: &str,
+        handle: Option<&SandboxHandle>,
+        snapshot_id: &str,
+    ) -> Result<SnapshotInfo, DriverError> {
+        let d = match handle {
+            Some(h) => self.of(h),
+            None => self.by_id(id),
+        };
+        d.snapshot_for_boot(id, handle, snapshot_id).await
+    }
+
     async fn snapshot_with_memory(
         &self,
         id: &str,

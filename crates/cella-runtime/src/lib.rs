@@ -237,6 +237,18 @@ pub trait Driver: Send + Sync + 'static {
         snapshot_id: &str,
     ) -> Result<SnapshotInfo, DriverError>;
 
+    /// [`Driver::snapshot`] for sandboxes booted from it at once (a fork's children): a
+    /// backend may ready the copy for that boot (the namespace backend attaches it to a loop
+    /// device before writing it, so the boot need not wait for it to reach the disk).
+    async fn snapshot_for_boot(
+        &self,
+        id: &str,
+        handle: Option<&SandboxHandle>,
+        snapshot_id: &str,
+    ) -> Result<SnapshotInfo, DriverError> {
+        self.snapshot(id, handle, snapshot_id).await
+    }
+
     /// Moves the writable layer of a stopped sandbox (booted with `plain_layer`) to `dest`,
     /// where it serves as a read-only layer of a template (whiteouts and opaque directories
     /// included, as overlayfs wrote them).

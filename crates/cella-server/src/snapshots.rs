@@ -82,7 +82,8 @@ async fn copy(
         state => return Err(SnapshotError::NoFiles { state }),
     };
     // The workspace's storage quota: a snapshot that would pass it is not kept.
-    let storage = crate::quotas::storage(state, &row.workspace_id).await?;
+    let storage =
+        crate::timing::phase("quota", crate::quotas::storage(state, &row.workspace_id)).await?;
     if !internal {
         storage.check(0, "a snapshot")?;
     }
@@ -111,6 +112,15 @@ async fn copy(
             }
         }
         taken.result
+    } else if internal {
+        // A fork's: its children boot from it at once.
+        crate::timing::phase(
+            "driver.snapshot",
+            state
+                .driver
+                .snapshot_for_boot(&row.id, handle.as_ref(), &snap_id),
+        )
+        .await
     } else {
         state
             .driver
@@ -144,7 +154,7 @@ async fn copy(
         memory: gvisor && memory,
         isolation: row.isolation.clone(),
     };
-    if let Err(e) = state.store.insert_snapshot(&snap).await {
+    if let Err(e) = crate::timing::phase("store.insert", state.store.insert_snapshot(&snap)).await {
         return fail(e.into(), snap.id, on_disk).await;
     }
     Ok((snap, info, on_disk))
@@ -273,8 +283,8 @@ pub async fn fork(
     req: ForkRequest,
 ) -> Result<Fork, SnapshotError> {
     let count = check_fork(&req)?;
-    let guard = state.locks.lock(id).await;
-    let source = crate::service::owned(state, auth, id).await?;
+    let guard = crate::timing::phase("lock", state.locks.lock(id)).await;
+    let source = crate::timing::phase("store.read", crate::service::owned(state, auth, id)).await?;
     let st = state_of(&source);
     if !matches!(
         st,
@@ -282,7 +292,11 @@ pub async fn fork(
     ) {
         return Err(SnapshotError::NotForkable { state: st });
     }
-    let (_, cap) = crate::service::runnable::workspace_cap(state, auth).await?;
+    let (_, cap) = crate::timing::phase(
+        "workspace",
+        crate::service::runnable::workspace_cap(state, auth),
+    )
+    .await?;
     // On gVisor the children are restored from one checkpoint of a running or paused source.
     let memory = source.isolation == Runtime::Gvisor.as_str() && st != SandboxState::Stopped;
     let t = std::time::Instant::now();
@@ -291,7 +305,7 @@ pub async fn fork(
     // until then. Both in tasks of their own, so a client that hangs up does not leave it on
     // disk.
     let (st, src) = (state.clone(), source.clone());
-    let copied = tokio::spawn(async move {
+    let copied = tokio::spawn(crate::timing::carry(async move {
         let (snap, info, on_disk) = copy(&st, &src, true, memory, true).await?;
         cella_crash::crash_point!("fork.after_snapshot");
         let resumed = on_disk.map(|h| {
@@ -302,7 +316,7 @@ pub async fn fork(
             })
         });
         Ok::<_, SnapshotError>((snap, info, resumed))
-    });
+    }));
     let (snap, info, resumed) = copied.await.map_err(|e| SnapshotError::Task {
         sandbox: source.id.clone(),
         source: e,
@@ -312,14 +326,18 @@ pub async fn fork(
     let st = state.clone();
     let key = auth.key_id.clone();
     let sandbox = source.id.clone();
-    let work = tokio::spawn(async move {
+    let work = tokio::spawn(crate::timing::carry(async move {
         let res = make_children(&st, &source, &snap, &req, &key, count, cap).await;
-        if let Err(e) = st.driver.delete_snapshot(&snap.id).await {
-            tracing::error!(snapshot = snap.id, "removing a fork's snapshot: {e}");
-        }
-        let _ = st.store.delete_snapshot(&snap.id).await;
+        let gone = async {
+            if let Err(e) = st.driver.delete_snapshot(&snap.id).await {
+                tracing::error!(snapshot = snap.id, "removing a fork's snapshot: {e}");
+            }
+        };
+        crate::timing::phase("driver.snapshot_delete", gone).await;
+        let _ =
+            crate::timing::phase("store.snapshot_delete", st.store.delete_snapshot(&snap.id)).await;
         res
-    });
+    }));
     let children = work.await;
     let source_paused_us = match resumed {
         Some(r) => r.await.map_or(info.paused_us, |d| d.as_micros() as u64),
@@ -375,14 +393,20 @@ async fn make_children(
             )
         };
         // Each child reserves its 60-second minimum, as a create does.
-        if let Err(e) = crate::billing::admit(state, &child).await {
+        if let Err(e) = crate::timing::phase("billing", crate::billing::admit(state, &child)).await
+        {
             for made in &ids {
                 let _ = state.store.delete_sandbox(made).await;
                 crate::billing::abandon(state, made).await;
             }
             return Err(SnapshotError::Sandbox(e));
         }
-        if !state.store.insert_sandbox_capped(&child, cap).await? {
+        if !crate::timing::phase(
+            "store.insert",
+            state.store.insert_sandbox_capped(&child, cap),
+        )
+        .await?
+        {
             crate::billing::abandon(state, &child.id).await;
             for made in &ids {
                 let _ = state.store.delete_sandbox(made).await;
@@ -407,7 +431,9 @@ async fn make_children(
         .iter()
         .map(|cid| {
             let (st, cid) = (state.clone(), cid.clone());
-            tokio::spawn(async move { crate::service::boot::boot(&st, &cid).await })
+            tokio::spawn(crate::timing::carry(async move {
+                crate::timing::phase("boot", crate::service::boot::boot(&st, &cid)).await
+            }))
         })
         .collect();
     for b in boots {

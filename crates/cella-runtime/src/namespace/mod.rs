@@ -73,6 +73,49 @@ pub struct NamespaceDriver {
     ids: Option<crate::userns::IdMap>,
     files: FileLimits,
     launchers: launchers::Launchers,
+    /// Copies attached to a loop device before their data was written, by image path, kept for
+    /// the boot that mounts them next (see [`Held`]).
+    held: Held,
+}
+
+/// A fork's copy of its source's disk, attached (buffered) before it was written
+/// ([`crate::disk::copy_sparse_attached`]), held until its child's boot mounts it: attaching it
+/// after the copy would first write the whole copy out, on the child's boot. An entry follows
+/// its image when a child is given the snapshot's files, and goes with the image (the
+/// snapshot's deletion, the sandbox's removal), when a boot takes it, or after [`HELD_FOR`]
+/// (a loop device is not held for a boot that never comes). A crash lets every device go with
+/// the process (they clear themselves).
+#[derive(Clone, Default)]
+struct Held(
+    std::sync::Arc<
+        std::sync::Mutex<
+            std::collections::HashMap<PathBuf, (std::time::Instant, crate::disk::Attached)>,
+        >,
+    >,
+);
+
+/// How long a held copy waits for its boot.
+const HELD_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Held {
+    fn put(&self, image: PathBuf, attached: crate::disk::Attached) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.retain(|_, (at, _)| at.elapsed() < HELD_FOR);
+        m.insert(image, (std::time::Instant::now(), attached));
+    }
+
+    fn take(&self, image: &Path) -> Option<crate::disk::Attached> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.retain(|_, (at, _)| at.elapsed() < HELD_FOR);
+        m.remove(image).map(|(_, a)| a)
+    }
+
+    fn moved(&self, from: &Path, to: PathBuf) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = m.remove(from) {
+            m.insert(to, e);
+        }
+    }
 }
 
 /// Open files of a sandbox: per process, and what all of its processes may hold together.
@@ -264,6 +307,7 @@ impl NamespaceDriver {
             net: None,
             ids: None,
             files: FileLimits::default(),
+            held: Held::default(),
         })
     }
 
@@ -370,11 +414,15 @@ impl NamespaceDriver {
     /// if it froze it, timing the freeze (`paused_us`). A stopped sandbox's image, mounted
     /// nowhere, is copied as it lies. The copy is sparse ([`crate::disk::copy_sparse`]); its
     /// `size_bytes` is the copy's allocated blocks.
+    ///
+    /// With `hold`, for a boot that follows at once (a fork's child), the copy is attached to a
+    /// loop device before it is written and held for that boot (see [`Held`]).
     fn take_snapshot(
         &self,
         id: &str,
         handle: Option<&SandboxHandle>,
         snapshot_id: &str,
+        hold: bool,
     ) -> Result<SnapshotInfo, DriverError> {
         let src = self.sandbox_dir(id).join(crate::disk::IMAGE);
         if !src.exists() {
@@ -388,8 +436,18 @@ impl NamespaceDriver {
         let dst = dir.join(crate::disk::IMAGE);
         let live = handle.filter(|h| process_start_time(h.pid) == Some(h.start_time));
         let mut paused_us = 0;
+        let copy = |src: &Path, dst: &Path| -> std::io::Result<u64> {
+            if !hold {
+                return crate::disk::copy_sparse(src, dst);
+            }
+            let (n, attached) = crate::disk::copy_sparse_attached(src, dst)?;
+            if let Some(a) = attached {
+                self.held.put(dst.to_path_buf(), a);
+            }
+            Ok(n)
+        };
         let res = match live {
-            None => crate::disk::copy_sparse(&src, &dst).map(|_| ()),
+            None => copy(&src, &dst).map(|_| ()),
             Some(h) => {
                 let was_frozen = cgroup::is_frozen(&h.cgroup);
                 let t = std::time::Instant::now();
@@ -410,7 +468,7 @@ impl NamespaceDriver {
                         synced = t.elapsed();
                         Ok(())
                     })
-                    .and_then(|_| crate::disk::copy_sparse(&src, &dst));
+                    .and_then(|_| copy(&src, &dst));
                 tracing::debug!(
                     sandbox = id,
                     freeze_ms = frozen.as_secs_f64() * 1e3,
@@ -430,6 +488,7 @@ impl NamespaceDriver {
             }
         };
         if let Err(e) = res {
+            self.held.take(&dst);
             let _ = std::fs::remove_dir_all(&dir);
             return Err(e.into());
         }
@@ -463,11 +522,24 @@ impl NamespaceDriver {
                     "snapshot {snap} has no files on this host"
                 )));
             }
-            crate::disk::copy_sparse(&src, &image)?;
+            if let (_, Some(a)) = crate::disk::copy_sparse_attached(&src, &image)? {
+                self.held.put(image.clone(), a);
+            }
         }
         let mut premounted = None;
         let disk = if image.exists() {
-            // Its files live there, whatever the setting is now.
+            // Its files live there, whatever the setting is now. Mounted here, beside the
+            // launcher's work; a fresh copy from the device attached before it was written
+            // (see `premount_attached`). Where that cannot be done, the sandbox's init attaches
+            // it as before.
+            let ahead = match self.held.take(&image) {
+                Some(a) => crate::disk::premount_attached(a, &image),
+                None => crate::disk::premount_existing(&image),
+            };
+            match ahead {
+                Ok(m) => premounted = Some(m),
+                Err(e) => tracing::debug!(sandbox = spec.id, "mounting the disk ahead: {e}"),
+            }
             Some(image)
         } else if self.disk_quota && !legacy && !spec.plain_layer {
             Some(match &self.disks {
@@ -624,7 +696,7 @@ impl NamespaceDriver {
             .as_ref()
             .is_some_and(|a| a["ok"] == serde_json::Value::Bool(true))
         {
-            launchers::reap(child, premounted);
+            launchers::reap(child, premounted.map(crate::disk::Premounted::settled));
         } else {
             let _ = child.wait();
             drop(premounted);
@@ -715,6 +787,8 @@ impl NamespaceDriver {
         cella_crash::crash_point!("runtime.remove.after_kill");
         let _ = std::fs::remove_file(self.socket_path(id));
         let dir = self.sandbox_dir(id);
+        // A copy held for a boot that did not come.
+        self.held.take(&dir.join(crate::disk::IMAGE));
         if keep_files {
             // The overlay's scratch space and mount point are remade at the next boot.
             for d in ["work", "rootfs"] {
@@ -813,7 +887,20 @@ impl Driver for NamespaceDriver {
     ) -> Result<SnapshotInfo, DriverError> {
         let this = self.clone();
         let (id, handle, snap) = (id.to_string(), handle.cloned(), snapshot_id.to_string());
-        tokio::task::spawn_blocking(move || this.take_snapshot(&id, handle.as_ref(), &snap))
+        tokio::task::spawn_blocking(move || this.take_snapshot(&id, handle.as_ref(), &snap, false))
+            .await
+            .map_err(|e| DriverError::Launch(e.to_string()))?
+    }
+
+    async fn snapshot_for_boot(
+        &self,
+        id: &str,
+        handle: Option<&SandboxHandle>,
+        snapshot_id: &str,
+    ) -> Result<SnapshotInfo, DriverError> {
+        let this = self.clone();
+        let (id, handle, snap) = (id.to_string(), handle.cloned(), snapshot_id.to_string());
+        tokio::task::spawn_blocking(move || this.take_snapshot(&id, handle.as_ref(), &snap, true))
             .await
             .map_err(|e| DriverError::Launch(e.to_string()))?
     }
@@ -830,6 +917,7 @@ impl Driver for NamespaceDriver {
     }
 
     async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), DriverError> {
+        self.held.take(&self.snapshot_image(snapshot_id));
         let dir = self.data_dir.join("snapshots").join(snapshot_id);
         match tokio::fs::remove_dir_all(&dir).await {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
@@ -848,6 +936,7 @@ impl Driver for NamespaceDriver {
         // Same file system (both under the data directory): one rename. The boot then finds
         // its image and copies nothing.
         std::fs::rename(&src, dir.join(crate::disk::IMAGE))?;
+        self.held.moved(&src, dir.join(crate::disk::IMAGE));
         Ok(true)
     }
 
