@@ -374,6 +374,7 @@ impl Store {
                 cpu_ns: cpu_baseline(&old),
                 ..new.clone()
             };
+            let before = self.sandboxes.load(std::sync::atomic::Ordering::SeqCst);
             let changed = self.sandboxes_changing();
             let write = sqlx::query_as::<_, Raw>(&insert)
                 .bind(&row.id)
@@ -424,10 +425,15 @@ impl Store {
             // The epoch moves before the row is read again, so what was kept of it is not served.
             drop(changed);
             if let Some(r) = claimed? {
-                return Ok((
-                    Claim::Claimed(Box::new(SandboxRow::try_from(r)?)),
-                    Some(beside),
-                ));
+                let row = SandboxRow::try_from(r)?;
+                // The row as this write left it is kept (the caller's first exec reads it),
+                // only when no other write of the table moved the epoch meanwhile: one that
+                // ends later moves it again, and what is kept here is not served after that.
+                let after = self.sandboxes.load(std::sync::atomic::Ordering::SeqCst);
+                if after == before + 1 {
+                    self.sandbox_rows.put(&row.id, after, row.clone());
+                }
+                return Ok((Claim::Claimed(Box::new(row)), Some(beside)));
             }
             let still_pooled: Option<i64> = sqlx::query_scalar(
                 "SELECT 1 FROM sandboxes WHERE id = ? AND workspace_id = ? AND state = 'running' AND ready = 1",

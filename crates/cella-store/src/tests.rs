@@ -966,9 +966,20 @@ async fn a_claimed_pool_sandbox_is_read_as_the_claimers() {
         (claimed.id.as_str(), claimed.workspace_id.as_str()),
         ("sbpool", "ws1")
     );
+    // As the claim's write left it (kept for the caller's first request), the same as the
+    // database holds, and not served once another write changed it.
+    assert_eq!(store.sandbox("sbpool").await.unwrap().unwrap(), *claimed);
+    let (ws,): (String,) = sqlx::query_as("SELECT workspace_id FROM sandboxes WHERE id = 'sbpool'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(ws, "ws1");
+    let mut later = (*claimed).clone();
+    later.metadata.insert("after".into(), "claim".into());
+    store.update_sandbox(&later).await.unwrap();
     assert_eq!(
-        store.sandbox("sbpool").await.unwrap().unwrap().workspace_id,
-        "ws1"
+        store.sandbox("sbpool").await.unwrap().unwrap().metadata["after"],
+        "claim"
     );
 }
 
