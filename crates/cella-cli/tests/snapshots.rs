@@ -380,3 +380,42 @@ fn snapshots_and_forks_refuse_what_they_cannot_copy() {
     s.post(&format!("/api/v1/sandboxes/{id}/fork"), json!({}))
         .assert_error(409, "CONFLICT");
 }
+
+/// A fork's child is stopped and started again at once, while its copied disk is still being
+/// written out: the start waits until nothing mounts the image any more (a second loop device
+/// over a mounted file system would corrupt it), and the child keeps every file, the source's
+/// and its own.
+#[test]
+fn a_fork_child_stopped_and_started_at_once_keeps_its_files() {
+    let s = Server::start();
+    let a = s.create(json!({ "size": "xs" }));
+    write(&s, &a, "/home/user/state.txt", "orig");
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{a}/exec"),
+        json!({ "command": "head -c 67108864 /dev/urandom > /home/user/big && md5sum /home/user/big" }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let sum = r.data()["stdout"].as_str().unwrap().to_string();
+    for round in 0..2 {
+        let r = s.post(
+            &format!("/api/v1/sandboxes/{a}/fork"),
+            json!({ "count": 1 }),
+        );
+        assert_eq!(r.status, 201, "{}", r.body);
+        let kid = r.body["data"][0]["id"].as_str().unwrap().to_string();
+        write(&s, &kid, "/home/user/mine.txt", "child");
+        let stop = s.post(&format!("/api/v1/sandboxes/{kid}/stop"), json!({}));
+        assert_eq!(stop.status, 200, "round {round}: {}", stop.body);
+        let start = s.post(&format!("/api/v1/sandboxes/{kid}/resume"), json!({}));
+        assert_eq!(start.status, 200, "round {round}: {}", start.body);
+        assert_eq!(start.data()["state"], "running", "{}", start.body);
+        assert_eq!(read(&s, &kid, "/home/user/state.txt"), "orig");
+        assert_eq!(read(&s, &kid, "/home/user/mine.txt"), "child");
+        let again = s.post(
+            &format!("/api/v1/sandboxes/{kid}/exec"),
+            json!({ "command": "md5sum /home/user/big" }),
+        );
+        assert_eq!(again.data()["stdout"], sum.as_str(), "round {round}");
+        assert_eq!(s.delete(&format!("/api/v1/sandboxes/{kid}")).status, 200);
+    }
+}

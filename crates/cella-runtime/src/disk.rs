@@ -83,6 +83,7 @@ const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
 const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
 const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
 const LOOP_SET_DIRECT_IO: libc::c_ulong = 0x4C08;
+const BLKFLSBUF: libc::c_ulong = 0x1261;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
 const LO_FLAGS_DIRECT_IO: u32 = 16;
 
@@ -284,14 +285,132 @@ impl Premounted {
 
 impl Drop for Settled {
     fn drop(&mut self) {
-        if let Some(image) = self.0.fresh_copy.take() {
-            let device = self.0.device.clone();
-            let mount = self.0._mount.try_clone().ok();
-            let _ = std::thread::Builder::new()
-                .name("image-settle".into())
-                .spawn(move || settle(mount, &device, &image));
+        let Some(image) = self.0.fresh_copy.take() else {
+            return;
+        };
+        let device = self.0.device.clone();
+        let mount = match self.0._mount.try_clone() {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!(image = %image.display(), "keeping the disk's mount to settle it: {e}");
+                None
+            }
+        };
+        let s = settling();
+        s.images
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(image.clone());
+        let job: SettleJob = Box::new(move || {
+            settle(mount, &device, &image);
+            let s = settling();
+            s.images
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&image);
+            s.done.notify_all();
+        });
+        // One copy settled at a time: each writes its image out in slices, and several at once
+        // (a fork of many children) would fill the disk's queue again.
+        let left = match &s.worker {
+            Some(tx) => tx
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .send(job)
+                .err()
+                .map(|e| e.0),
+            None => Some(job),
+        };
+        if let Some(job) = left {
+            tracing::warn!("no thread to settle a copied disk on: settled here");
+            job();
         }
     }
+}
+
+type SettleJob = Box<dyn FnOnce() + Send>;
+
+/// The images whose copies are being settled ([`settle`]), and the one thread that settles them.
+struct Settling {
+    images: std::sync::Mutex<std::collections::HashSet<std::path::PathBuf>>,
+    done: std::sync::Condvar,
+    worker: Option<std::sync::Mutex<std::sync::mpsc::Sender<SettleJob>>>,
+}
+
+fn settling() -> &'static Settling {
+    static S: std::sync::OnceLock<Settling> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<SettleJob>();
+        let worker = std::thread::Builder::new()
+            .name("image-settle".into())
+            .spawn(move || {
+                for job in rx {
+                    job();
+                }
+            })
+            .ok()
+            .map(|_| std::sync::Mutex::new(tx));
+        Settling {
+            images: Default::default(),
+            done: std::sync::Condvar::new(),
+            worker,
+        }
+    })
+}
+
+/// Waits (at most `within`) until `image` is mounted through no loop device: neither a copy
+/// still being settled ([`Settled`], which holds its file system until it is done) nor a device
+/// of a sandbox that just went (its mount namespace goes a moment after its last process). A
+/// second device over an image whose file system is still mounted would corrupt it, so a boot
+/// of kept files or a copy of them at rest waits for this; Err says which device still holds it.
+pub fn wait_unmounted(image: &Path, within: std::time::Duration) -> std::io::Result<()> {
+    let deadline = std::time::Instant::now() + within;
+    let s = settling();
+    let mut images = s.images.lock().unwrap_or_else(|p| p.into_inner());
+    while images.contains(image) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::other(format!(
+                "{} is still being written out",
+                image.display()
+            )));
+        }
+        images = s
+            .done
+            .wait_timeout(images, left)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+    drop(images);
+    loop {
+        let Some(device) = serving(image) else {
+            return Ok(());
+        };
+        if std::time::Instant::now() >= deadline {
+            return Err(std::io::Error::other(format!(
+                "{} still serves {}",
+                device.display(),
+                image.display()
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// A loop device that serves `image` now, if any (the bound devices `sysfs` lists).
+fn serving(image: &Path) -> Option<std::path::PathBuf> {
+    let meta = std::fs::metadata(image).ok()?;
+    std::fs::read_dir("/sys/block")
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
+        .filter(|e| e.path().join("loop/backing_file").exists())
+        .map(|e| Path::new("/dev").join(e.file_name()))
+        .find(|dev| {
+            File::open(dev)
+                .ok()
+                .is_some_and(|f| serves_file(&f, &meta).unwrap_or(false))
+        })
 }
 
 impl Premounted {
@@ -328,6 +447,7 @@ pub fn premount(image: &Path) -> std::io::Result<Premounted> {
 /// sandbox's own): as [`premount`], but not warmed (its contents are the sandbox's). Done by the
 /// server beside the launcher's work rather than by the sandbox's init.
 pub fn premount_existing(image: &Path) -> std::io::Result<Premounted> {
+    wait_unmounted(image, std::time::Duration::from_secs(10))?;
     let (device, handle) = attach(image)?;
     mount_ahead(device, handle, false, None)
 }
@@ -348,6 +468,9 @@ pub struct Attached {
 /// buffered device; until its writeback is over, the copy is not on the disk anyway, barriers
 /// or not. Once the boot is over ([`Settled`]), the copy is synced, barriers turned back on and
 /// the device turned to direct I/O ([`settle`]): the sandbox runs so for its first moments only.
+/// A server killed in that moment (about 100 ms after a fork) leaves the child so until its
+/// next boot: its isolation and files are unchanged, only a crash of the host itself could then
+/// cost it more than its last writes.
 pub fn premount_attached(attached: Attached, image: &Path) -> std::io::Result<Premounted> {
     let Attached { device, handle } = attached;
     if !serves_file(&handle, &std::fs::metadata(image)?)? {
@@ -356,6 +479,13 @@ pub fn premount_attached(attached: Attached, image: &Path) -> std::io::Result<Pr
             device.display(),
             image.display()
         )));
+    }
+    // Blocks read through the device before the copy was written (a `udev` probe at the
+    // attach, say) would be zeros in the device's own cache: dropped first (nothing in it is
+    // dirty).
+    // SAFETY: BLKFLSBUF takes no argument.
+    if unsafe { libc::ioctl(handle.as_raw_fd(), BLKFLSBUF, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     mount_ahead(device, handle, true, Some(image))
 }
@@ -400,8 +530,15 @@ fn mount_ahead(
 /// left buffered works, it only caches the sandbox's blocks twice.
 fn settle(mount: Option<std::os::fd::OwnedFd>, device: &Path, image: &Path) {
     use std::os::fd::AsFd;
-    let Ok(img) = File::open(image) else {
-        return;
+    let img = match File::open(image) {
+        Ok(f) => f,
+        Err(e) => {
+            // Removed meanwhile (its sandbox destroyed): nothing to settle.
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(image = %image.display(), "settling a copied disk: {e}");
+            }
+            return;
+        }
     };
     write_out(&img);
     let _ = img.sync_data();
@@ -757,6 +894,10 @@ mod tests {
         let pre = premount(&image).unwrap();
         let device = pre.device.clone();
         assert!(serves(&device, &image));
+        // Nothing attaches it again while its file system is mounted.
+        let held = wait_unmounted(&image, std::time::Duration::from_millis(100)).unwrap_err();
+        assert!(held.to_string().contains("still serves"), "{held}");
+        assert!(wait_unmounted(&other, std::time::Duration::from_millis(100)).is_ok());
         let target = tmp.path().join("disk");
         let (img, dev, tgt) = (image.clone(), device.clone(), target.clone());
         let wrong = in_own_mount_ns(move || {
@@ -789,6 +930,7 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+        wait_unmounted(&image, std::time::Duration::from_secs(10)).unwrap();
         let tgt = target.clone();
         let read = in_own_mount_ns(move || {
             mount_image(&image, &tgt).unwrap();

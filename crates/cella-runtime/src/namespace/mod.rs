@@ -110,6 +110,10 @@ impl Held {
         m.remove(image).map(|(_, a)| a)
     }
 
+    fn clear(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
     fn moved(&self, from: &Path, to: PathBuf) {
         let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(e) = m.remove(from) {
@@ -447,7 +451,10 @@ impl NamespaceDriver {
             Ok(n)
         };
         let res = match live {
-            None => copy(&src, &dst).map(|_| ()),
+            // At rest, once nothing mounts it any more (a sandbox stopped a moment ago).
+            None => crate::disk::wait_unmounted(&src, std::time::Duration::from_secs(10))
+                .and_then(|_| copy(&src, &dst))
+                .map(|_| ()),
             Some(h) => {
                 let was_frozen = cgroup::is_frozen(&h.cgroup);
                 let t = std::time::Instant::now();
@@ -783,12 +790,12 @@ impl NamespaceDriver {
             // The init is our child when the server is its subreaper; reap it so no zombie stays.
             crate::reap::reap(h.pid, h.start_time);
         }
-        res?;
-        cella_crash::crash_point!("runtime.remove.after_kill");
-        let _ = std::fs::remove_file(self.socket_path(id));
         let dir = self.sandbox_dir(id);
         // A copy held for a boot that did not come.
         self.held.take(&dir.join(crate::disk::IMAGE));
+        res?;
+        cella_crash::crash_point!("runtime.remove.after_kill");
+        let _ = std::fs::remove_file(self.socket_path(id));
         if keep_files {
             // The overlay's scratch space and mount point are remade at the next boot.
             for d in ["work", "rootfs"] {
@@ -964,6 +971,7 @@ impl Driver for NamespaceDriver {
     }
 
     fn tidy(&self) {
+        self.held.clear();
         cgroup::remove_if_empty(&self.cgroup_parent);
         if let Some(n) = &self.net {
             n.wait_removals();
