@@ -301,7 +301,9 @@ impl Drop for Settled {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(image.clone());
-        let job: SettleJob = Box::new(move || {
+        // One copy settled at a time: each writes its image out in slices, and several at once
+        // (a fork of many children) would fill the disk's queue again.
+        let queued = SETTLER.run(move || {
             settle(mount, &device, &image);
             let s = settling();
             s.images
@@ -310,52 +312,26 @@ impl Drop for Settled {
                 .remove(&image);
             s.done.notify_all();
         });
-        // One copy settled at a time: each writes its image out in slices, and several at once
-        // (a fork of many children) would fill the disk's queue again.
-        let left = match &s.worker {
-            Some(tx) => tx
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .send(job)
-                .err()
-                .map(|e| e.0),
-            None => Some(job),
-        };
-        if let Some(job) = left {
-            tracing::warn!("no thread to settle a copied disk on: settled here");
-            job();
+        if !queued {
+            tracing::warn!("no thread to settle a copied disk on: settled on the boot's");
         }
     }
 }
 
-type SettleJob = Box<dyn FnOnce() + Send>;
+/// The thread that settles fresh copies, one at a time. Made by its first job, on the thread
+/// that drops the first [`Settled`] (the launchers' reaping thread), whose namespaces it keeps.
+static SETTLER: crate::serial::Serial = crate::serial::Serial::new("image-settle");
 
-/// The images whose copies are being settled ([`settle`]), and the one thread that settles them.
+/// The images whose copies are being settled ([`settle`]), and their end announced.
+#[derive(Default)]
 struct Settling {
     images: std::sync::Mutex<std::collections::HashSet<std::path::PathBuf>>,
     done: std::sync::Condvar,
-    worker: Option<std::sync::Mutex<std::sync::mpsc::Sender<SettleJob>>>,
 }
 
 fn settling() -> &'static Settling {
     static S: std::sync::OnceLock<Settling> = std::sync::OnceLock::new();
-    S.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<SettleJob>();
-        let worker = std::thread::Builder::new()
-            .name("image-settle".into())
-            .spawn(move || {
-                for job in rx {
-                    job();
-                }
-            })
-            .ok()
-            .map(|_| std::sync::Mutex::new(tx));
-        Settling {
-            images: Default::default(),
-            done: std::sync::Condvar::new(),
-            worker,
-        }
-    })
+    S.get_or_init(Settling::default)
 }
 
 /// Waits (at most `within`) until `image` is mounted through no loop device: neither a copy
@@ -880,10 +856,7 @@ mod tests {
     /// (skipped without); nothing is mounted in the host's mount namespace.
     #[test]
     fn a_premounted_image_is_mounted_again_from_its_device_and_clears_itself() {
-        if !nix::unistd::geteuid().is_root()
-            || Command::new("mkfs.ext4").arg("-V").output().is_err()
-        {
-            eprintln!("skipped: needs root and mkfs.ext4");
+        if !can_mount() {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
@@ -921,15 +894,7 @@ mod tests {
         );
         // The thread's namespace (and its mount) is gone; the pool's detached mount goes now.
         drop(pre);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while serves(&device, &image) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{} never cleared",
-                device.display()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        wait_cleared(&device, &image);
         wait_unmounted(&image, std::time::Duration::from_secs(10)).unwrap();
         let tgt = target.clone();
         let read = in_own_mount_ns(move || {
@@ -937,6 +902,30 @@ mod tests {
             std::fs::read(tgt.join("written")).unwrap()
         });
         assert_eq!(read, b"kept");
+    }
+
+    /// Whether these tests can attach and mount images here (root and mkfs.ext4); says so
+    /// when they cannot.
+    fn can_mount() -> bool {
+        let can = nix::unistd::geteuid().is_root()
+            && Command::new("mkfs.ext4").arg("-V").output().is_ok();
+        if !can {
+            eprintln!("skipped: needs root and mkfs.ext4");
+        }
+        can
+    }
+
+    /// Waits (10 s at most) until `device` no longer serves `image`.
+    fn wait_cleared(device: &Path, image: &Path) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while serves(device, image) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} never cleared",
+                device.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     /// Whether loop device `device` runs with direct I/O (its `sysfs` attribute).
@@ -965,10 +954,7 @@ mod tests {
     /// and mkfs.ext4 (skipped without); nothing is mounted in the host's mount namespace.
     #[test]
     fn a_fresh_copy_is_mounted_buffered_then_settles_to_direct_io_with_barriers() {
-        if !nix::unistd::geteuid().is_root()
-            || Command::new("mkfs.ext4").arg("-V").output().is_err()
-        {
-            eprintln!("skipped: needs root and mkfs.ext4");
+        if !can_mount() {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
@@ -982,6 +968,9 @@ mod tests {
             // Unmounted here, so the image holds it before it is copied.
             nix::mount::umount(&tt).unwrap();
         });
+        // The settling thread made here, in the host's mount namespace, as in the server (made
+        // in a test's own namespace, it would keep that namespace and its mounts alive).
+        SETTLER.run(|| ());
         for fresh in [true, false] {
             let image = tmp.path().join(format!("disk-{fresh}.img"));
             let pre = if fresh {
@@ -1037,10 +1026,7 @@ mod tests {
     /// An attached copy that another image's boot is handed is refused, and lets its device go.
     #[test]
     fn an_attached_copy_is_mounted_only_for_its_own_image() {
-        if !nix::unistd::geteuid().is_root()
-            || Command::new("mkfs.ext4").arg("-V").output().is_err()
-        {
-            eprintln!("skipped: needs root and mkfs.ext4");
+        if !can_mount() {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
@@ -1052,11 +1038,7 @@ mod tests {
         let device = attached.device.clone();
         let err = premount_attached(attached, &source).unwrap_err();
         assert!(err.to_string().contains("does not serve"), "{err}");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while serves(&device, &image) {
-            assert!(std::time::Instant::now() < deadline, "never cleared");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        wait_cleared(&device, &image);
     }
 
     /// A 64 MiB sparse file with data in three places (one across a 4 MiB boundary, one whose

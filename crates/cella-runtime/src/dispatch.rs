@@ -55,6 +55,14 @@ impl Dispatch {
         }
     }
 
+    /// The backend of sandbox `id`: its handle's, or the one with its files when it has none.
+    fn holding(&self, id: &str, handle: Option<&SandboxHandle>) -> &dyn Driver {
+        match handle {
+            Some(h) => self.of(h),
+            None => self.by_id(id),
+        }
+    }
+
     fn all(&self) -> impl Iterator<Item = &dyn Driver> {
         std::iter::once(self.namespace.as_ref()).chain(self.gvisor.as_deref())
     }
@@ -136,11 +144,9 @@ impl Driver for Dispatch {
         handle: Option<&SandboxHandle>,
         snapshot_id: &str,
     ) -> Result<SnapshotInfo, DriverError> {
-        let d = match handle {
-            Some(h) => self.of(h),
-            None => self.by_id(id),
-        };
-        d.snapshot(id, handle, snapshot_id).await
+        self.holding(id, handle)
+            .snapshot(id, handle, snapshot_id)
+            .await
     }
 
     async fn snapshot_for_boot(
@@ -149,11 +155,9 @@ impl Driver for Dispatch {
         handle: Option<&SandboxHandle>,
         snapshot_id: &str,
     ) -> Result<SnapshotInfo, DriverError> {
-        let d = match handle {
-            Some(h) => self.of(h),
-            None => self.by_id(id),
-        };
-        d.snapshot_for_boot(id, handle, snapshot_id).await
+        self.holding(id, handle)
+            .snapshot_for_boot(id, handle, snapshot_id)
+            .await
     }
 
     async fn snapshot_with_memory(
@@ -164,11 +168,8 @@ impl Driver for Dispatch {
         memory: bool,
         leave_on_disk: bool,
     ) -> crate::MemorySnapshot {
-        let d = match handle {
-            Some(h) => self.of(h),
-            None => self.by_id(id),
-        };
-        d.snapshot_with_memory(id, handle, snapshot_id, memory, leave_on_disk)
+        self.holding(id, handle)
+            .snapshot_with_memory(id, handle, snapshot_id, memory, leave_on_disk)
             .await
     }
 

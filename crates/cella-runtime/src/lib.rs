@@ -18,6 +18,7 @@ pub mod hosted;
 pub mod namespace;
 pub mod reap;
 pub mod rootfs;
+pub mod serial;
 pub mod userns;
 
 use async_trait::async_trait;

@@ -19,7 +19,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// The launcher kept ready (none while `on` is false: each boot starts its own).
 #[derive(Clone)]
@@ -145,37 +145,12 @@ pub(crate) fn spawn(exe: &std::path::Path) -> std::io::Result<Child> {
 /// then: dissolving a mount can wait for an RCU grace period). Both are off the boot's path; the
 /// sandbox the launcher started is not its child. Done here when that thread cannot be had.
 pub(crate) fn reap<T: Send + 'static>(c: Child, after: T) {
-    type Job = Box<dyn FnOnce() + Send>;
-    static REAPER: OnceLock<Option<Mutex<mpsc::Sender<Job>>>> = OnceLock::new();
-    let reaper = REAPER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("cella-reap".into())
-            .spawn(move || {
-                for job in rx {
-                    job();
-                }
-            })
-            .ok()
-            .map(|_| Mutex::new(tx))
-    });
+    static REAPER: crate::serial::Serial = crate::serial::Serial::new("cella-reap");
     let mut c = c;
-    let job: Job = Box::new(move || {
+    REAPER.run(move || {
         let _ = c.wait();
         drop(after);
     });
-    let left = match reaper {
-        Some(tx) => tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(job)
-            .err()
-            .map(|e| e.0),
-        None => Some(job),
-    };
-    if let Some(job) = left {
-        job();
-    }
 }
 
 /// Ends a launcher that was never given a start: its input closes, it exits; reaped.

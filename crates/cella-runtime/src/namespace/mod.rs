@@ -415,8 +415,8 @@ impl NamespaceDriver {
     /// time) it freezes the cgroup unless it is frozen already, calls `syncfs` on a descriptor
     /// of `/proc/<pid>/root` (the sandbox's overlay root: the sync passes through the overlay to
     /// the disk's ext4 and its loop device, into the image file), copies, and thaws the cgroup
-    /// if it froze it, timing the freeze (`paused_us`). A stopped sandbox's image, mounted
-    /// nowhere, is copied as it lies. The copy is sparse ([`crate::disk::copy_sparse`]); its
+    /// if it froze it, timing the freeze (`paused_us`). A stopped sandbox's image is copied as
+    /// it lies, once nothing mounts it ([`crate::disk::wait_unmounted`]). The copy is sparse ([`crate::disk::copy_sparse`]); its
     /// `size_bytes` is the copy's allocated blocks.
     ///
     /// With `hold`, for a boot that follows at once (a fork's child), the copy is attached to a
@@ -503,6 +503,21 @@ impl NamespaceDriver {
             size_bytes: crate::disk::allocated_bytes(&dst),
             paused_us,
         })
+    }
+
+    /// [`NamespaceDriver::take_snapshot`] on a blocking thread.
+    async fn snapshot_off_thread(
+        &self,
+        id: &str,
+        handle: Option<&SandboxHandle>,
+        snapshot_id: &str,
+        hold: bool,
+    ) -> Result<SnapshotInfo, DriverError> {
+        let this = self.clone();
+        let (id, handle, snap) = (id.to_string(), handle.cloned(), snapshot_id.to_string());
+        tokio::task::spawn_blocking(move || this.take_snapshot(&id, handle.as_ref(), &snap, hold))
+            .await
+            .map_err(|e| DriverError::Launch(e.to_string()))?
     }
 
     pub fn cgroup_path(&self, id: &str) -> String {
@@ -892,11 +907,8 @@ impl Driver for NamespaceDriver {
         handle: Option<&SandboxHandle>,
         snapshot_id: &str,
     ) -> Result<SnapshotInfo, DriverError> {
-        let this = self.clone();
-        let (id, handle, snap) = (id.to_string(), handle.cloned(), snapshot_id.to_string());
-        tokio::task::spawn_blocking(move || this.take_snapshot(&id, handle.as_ref(), &snap, false))
+        self.snapshot_off_thread(id, handle, snapshot_id, false)
             .await
-            .map_err(|e| DriverError::Launch(e.to_string()))?
     }
 
     async fn snapshot_for_boot(
@@ -905,11 +917,8 @@ impl Driver for NamespaceDriver {
         handle: Option<&SandboxHandle>,
         snapshot_id: &str,
     ) -> Result<SnapshotInfo, DriverError> {
-        let this = self.clone();
-        let (id, handle, snap) = (id.to_string(), handle.cloned(), snapshot_id.to_string());
-        tokio::task::spawn_blocking(move || this.take_snapshot(&id, handle.as_ref(), &snap, true))
+        self.snapshot_off_thread(id, handle, snapshot_id, true)
             .await
-            .map_err(|e| DriverError::Launch(e.to_string()))?
     }
 
     async fn export_layer(&self, id: &str, dest: &Path) -> Result<(), DriverError> {
