@@ -746,7 +746,7 @@ fn a_launcher_waits_ahead_for_the_next_boot_and_none_outlives_a_killed_server() 
     assert_eq!(s.sh(&id, "echo up")["stdout"], "up\n");
     let log =
         std::fs::read_to_string(s.data_dir().join(format!("sandboxes/{id}/init.log"))).unwrap();
-    assert!(log.contains("cella-launch: join="), "{log}");
+    assert!(log.contains("cella-launch: userns="), "{log}");
     eventually("the launcher that booted the sandbox to be gone", || {
         !launchers_of(server).contains(&first)
     });

@@ -38,9 +38,11 @@
 //!   (`ECONNREFUSED`, `EHOSTUNREACH`) instead of waiting for its own timeout.
 //! - `ip cella_nat`: sandbox traffic leaving by another interface is masqueraded.
 //!
-//! Rules are written with the `nft` command (one atomic batch per change) rather than over
-//! netlink: nf_tables' netlink API has no maintained Rust binding that covers sets and verdict
-//! maps, and a batch is one transaction, so a sandbox never runs with half its rules.
+//! Rules are written in `nft`'s language (one atomic batch per change) rather than as netlink
+//! messages of our own: nf_tables' netlink API has no maintained Rust binding that covers sets
+//! and verdict maps, and a batch is one transaction, so a sandbox never runs with half its
+//! rules. The batches run in the server through libnftables ([`crate::nftlib`]), or the `nft`
+//! command where the library cannot be loaded.
 
 use crate::DriverError;
 use std::io::Write;
@@ -156,13 +158,16 @@ impl Firewall {
     /// A firewall for the server `instance`, when `nft` works on this host (else None: the
     /// caller runs sandboxes with loopback only).
     pub fn detect(instance: &str) -> Option<Firewall> {
-        let ok = Command::new("nft")
-            .args(["list", "tables"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
+        let ok = match crate::nftlib::run("list tables", false) {
+            Some(res) => res.is_ok(),
+            None => Command::new("nft")
+                .args(["list", "tables"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false),
+        };
         ok.then(|| Firewall::new(instance))
     }
 
@@ -885,6 +890,16 @@ fn one_at_a_time() -> NftTurn {
 /// Runs one atomic `nft` batch.
 fn nft(script: &str) -> Result<(), DriverError> {
     let _turn = one_at_a_time();
+    if let Some(res) = crate::nftlib::run(script, false) {
+        return res
+            .map(|_| ())
+            .map_err(|e| DriverError::Network(format!("nft: {}", e.trim())));
+    }
+    nft_command(script)
+}
+
+/// [`nft`] by the `nft` command, where libnftables cannot be loaded ([`crate::nftlib`]).
+fn nft_command(script: &str) -> Result<(), DriverError> {
     let mut child = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())
@@ -905,22 +920,33 @@ fn nft(script: &str) -> Result<(), DriverError> {
     Ok(())
 }
 
+/// What `nft -j <args>` prints, as JSON; Null when what it names does not exist.
 fn nft_json(args: &[&str]) -> Result<serde_json::Value, DriverError> {
     let _turn = one_at_a_time();
-    let out = Command::new("nft")
-        .arg("-j")
-        .args(args)
-        .stderr(Stdio::piped())
-        .output()
-        .map_err(|e| DriverError::Network(format!("running nft: {e}")))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        if err.contains("No such file") {
-            return Ok(serde_json::Value::Null);
+    let out = match crate::nftlib::run(&args.join(" "), true) {
+        Some(Ok(out)) => out.into_bytes(),
+        Some(Err(err)) => return json_failure(&err),
+        None => {
+            let out = Command::new("nft")
+                .arg("-j")
+                .args(args)
+                .stderr(Stdio::piped())
+                .output()
+                .map_err(|e| DriverError::Network(format!("running nft: {e}")))?;
+            if !out.status.success() {
+                return json_failure(&String::from_utf8_lossy(&out.stderr));
+            }
+            out.stdout
         }
-        return Err(DriverError::Network(format!("nft: {}", err.trim())));
+    };
+    serde_json::from_slice(&out).map_err(|e| DriverError::Network(format!("nft json: {e}")))
+}
+
+fn json_failure(err: &str) -> Result<serde_json::Value, DriverError> {
+    if err.contains("No such file") {
+        return Ok(serde_json::Value::Null);
     }
-    serde_json::from_slice(&out.stdout).map_err(|e| DriverError::Network(format!("nft json: {e}")))
+    Err(DriverError::Network(format!("nft: {}", err.trim())))
 }
 
 #[cfg(test)]
@@ -1119,5 +1145,45 @@ mod tests {
             iface_key(&serde_json::json!(12)),
             Some((Some(12), "12".to_string()))
         );
+    }
+
+    #[test]
+    fn the_library_and_the_command_write_and_read_the_same_rules() {
+        // Needs root and nftables on the host (the integration suite has both).
+        if !nix::unistd::Uid::effective().is_root() || crate::nftlib::run("", false).is_none() {
+            return;
+        }
+        let table = format!("cella_fwtest_{}", std::process::id());
+        let chain = |n: &str| {
+            format!(
+                "add chain inet {table} {n}\nadd rule inet {table} {n} ip daddr 192.0.2.1 accept\n"
+            )
+        };
+        // One chain by each way, each read back by the other.
+        nft(&format!("add table inet {table}\n{}", chain("by_lib"))).expect("library");
+        nft_command(&chain("by_command")).expect("command");
+        let by_lib = nft_json(&["list", "table", "inet", &table]).expect("library");
+        let out = Command::new("nft")
+            .args(["-j", "list", "table", "inet", &table])
+            .output()
+            .expect("nft");
+        let by_command: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let names = |v: &serde_json::Value| {
+            let mut n: Vec<String> = items(v, "chain")
+                .filter_map(|c| c["name"].as_str().map(String::from))
+                .collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names(&by_lib), ["by_command", "by_lib"]);
+        assert_eq!(names(&by_lib), names(&by_command));
+        assert_eq!(items(&by_lib, "rule").count(), 2);
+        // A failure says why, and what it names as missing reads as nothing.
+        let err = nft(&format!("add rule inet {table} nosuch accept\n")).expect_err("no chain");
+        assert!(err.to_string().contains("No such file"), "{err}");
+        assert!(nft_json(&["list", "chain", "inet", &table, "nosuch"])
+            .expect("missing is not an error")
+            .is_null());
+        nft(&format!("delete table inet {table}\n")).expect("cleanup");
     }
 }

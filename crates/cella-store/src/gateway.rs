@@ -22,6 +22,9 @@ impl Store {
         workspace_id: &str,
         now: i64,
     ) -> Result<()> {
+        // Lookups kept under the sandboxes epoch (see `model_access_workspace`) are distrusted
+        // once this write is over.
+        let _changed = self.sandboxes_changing();
         sqlx::query(
             "INSERT OR IGNORE INTO sandbox_model_access (sandbox_id, workspace_id, created_at) \
              VALUES (?, ?, ?)",
@@ -36,24 +39,27 @@ impl Store {
 
     /// The workspace a sandbox's model access bills to (a task run's sandbox belongs to the
     /// server's internal workspace; its model access, and its tokens, to the run's).
+    ///
+    /// A boot asks twice (its firewall rules, then its gateway token): the answer is kept for a
+    /// moment under the sandboxes epoch, which [`Store::set_model_access`] moves like every
+    /// write of the `sandboxes` table, so the second question costs no read.
     pub async fn model_access_workspace(&self, sandbox_id: &str) -> Result<Option<String>> {
-        Ok(
-            sqlx::query_scalar(
-                "SELECT workspace_id FROM sandbox_model_access WHERE sandbox_id = ?",
-            )
-            .bind(sandbox_id)
-            .fetch_optional(&self.pool)
-            .await?,
+        let epoch = self.sandboxes.load(std::sync::atomic::Ordering::SeqCst);
+        if let Some(kept) = self.model_access.get(sandbox_id, epoch) {
+            return Ok(kept);
+        }
+        let ws: Option<String> = sqlx::query_scalar(
+            "SELECT workspace_id FROM sandbox_model_access WHERE sandbox_id = ?",
         )
+        .bind(sandbox_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        self.model_access.put(sandbox_id, epoch, ws.clone());
+        Ok(ws)
     }
 
     pub async fn has_model_access(&self, sandbox_id: &str) -> Result<bool> {
-        let n: i64 =
-            sqlx::query_scalar("SELECT COUNT(*) FROM sandbox_model_access WHERE sandbox_id = ?")
-                .bind(sandbox_id)
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(n > 0)
+        Ok(self.model_access_workspace(sandbox_id).await?.is_some())
     }
 
     pub async fn insert_sandbox_token(&self, t: &SandboxTokenRow) -> Result<()> {

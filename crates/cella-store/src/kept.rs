@@ -12,8 +12,9 @@
 //! keeps only those of the last moments (a 30-minute soak of 3,566 sandboxes grew the server's
 //! memory by 13 MiB of stale rows before this).
 //!
-//! Used by the store itself for sandbox rows ([`crate::Store::sandbox`], under the store's own
-//! sandboxes epoch) and workspace rows ([`crate::Store::workspace`], under the grants epoch),
+//! Used by the store itself for sandbox rows ([`crate::Store::sandbox`]) and model access
+//! ([`crate::Store::model_access_workspace`]), both under the store's own sandboxes epoch, and
+//! workspace rows ([`crate::Store::workspace`], under the grants epoch),
 //! and by the server for the API's key authentication and the model
 //! gateway's lookups. A map of our own rather than a caching crate: the epoch check is the
 //! point, and it is a few lines.

@@ -185,6 +185,9 @@ pub struct Store {
     sandbox_rows: std::sync::Arc<kept::Kept<SandboxRow>>,
     /// Workspace rows as last read, trusted while `grants` stays (see [`Store::workspace`]).
     workspace_rows: std::sync::Arc<kept::Kept<WorkspaceRow>>,
+    /// Model access looked up, trusted while `sandboxes` stays (see
+    /// [`Store::model_access_workspace`]).
+    model_access: std::sync::Arc<kept::Kept<Option<String>>>,
 }
 
 /// Moves the sandboxes epoch when dropped: held across a write of the `sandboxes` table, so the
@@ -247,6 +250,7 @@ impl Store {
             sandboxes: Default::default(),
             sandbox_rows: Default::default(),
             workspace_rows: Default::default(),
+            model_access: Default::default(),
         })
     }
 

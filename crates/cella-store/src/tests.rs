@@ -1072,3 +1072,33 @@ async fn claims_take_the_oldest_ready_pool_sandbox_once_and_respect_the_cap() {
         );
     }
 }
+
+/// A boot asks twice whether its sandbox has model access; the answer kept from the first
+/// question never hides a grant written after it.
+#[tokio::test]
+async fn model_access_kept_from_a_lookup_gives_way_to_a_grant() {
+    let (_d, store) = store_with_ws().await;
+    store
+        .insert_sandbox_capped(&sandbox("sbm", "ws1"), 10)
+        .await
+        .unwrap();
+    assert_eq!(store.model_access_workspace("sbm").await.unwrap(), None);
+    assert!(!store.has_model_access("sbm").await.unwrap());
+    store.set_model_access("sbm", "ws1", 5).await.unwrap();
+    assert_eq!(
+        store
+            .model_access_workspace("sbm")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("ws1")
+    );
+    assert!(store.has_model_access("sbm").await.unwrap());
+    // Gone with its row once raw SQL removed it (as a test or another crate may).
+    raw(
+        &store,
+        "DELETE FROM sandbox_model_access WHERE sandbox_id = 'sbm'",
+    )
+    .await;
+    assert!(!store.has_model_access("sbm").await.unwrap());
+}

@@ -12,22 +12,22 @@
 //! namespace and unshares the mount, UTS, IPC and network namespaces (all owned by the host's
 //! user namespace), setting the new network namespace's `ip_unprivileged_port_start` to 0 and
 //! `ping_group_range` to every group ([`ahead`]: nothing of a sandbox is needed yet). The driver
-//! creates the cgroup (on v1 only in the memory, cpu, cpuacct, pids and freezer hierarchies),
 //! takes a launcher (or starts one now) and sends it the first line, a [`Start`] (sandbox id,
 //! cgroup, setup log, ids, network plan). While the launcher opens the setup log as its standard
-//! error, joins the cgroup, makes the sandbox's user namespace (`userns::create`: a helper child
-//! running as the sandbox's accounting uid unshares it, the launcher writes its
-//! `uid_map`/`gid_map`, keeps a descriptor and lets the helper go; before the PID namespace,
-//! whose first child would otherwise be the helper), unshares the PID and cgroup namespaces
-//! (after the join: the cgroup namespace's root is the sandbox's cgroup), makes the sandbox's
-//! link (`net::setup_inside`) and prints it as a first line `{"net": {...}}` (the driver brings
-//! the host end up and installs this boot's firewall chain while the child below builds the
-//! root), the driver makes the sandbox's disk at its first boot (a copy of the snapshot's image
-//! when `SandboxSpec::snapshot` is set and a fork did not move it in already, else one formatted
-//! ahead taken from the `diskpool`, else `disk::ensure_image`) and writes `launch.json` (with the
-//! subnet and a first slot to try, when the sandbox gets a network). Then the whole
-//! configuration follows on stdin; the launcher refuses one that names another sandbox, cgroup,
-//! id map or network than its start, and forks.
+//! error, makes the sandbox's user namespace (`userns::create`: a helper child running as the
+//! sandbox's accounting uid unshares it, the launcher writes its `uid_map`/`gid_map`, keeps a
+//! descriptor and lets the helper go; before the PID namespace, whose first child would
+//! otherwise be the helper) and the sandbox's link (`net::setup_inside`), and prints the link
+//! as a first line `{"net": {...}}` (the driver brings the host end up and installs this boot's
+//! firewall chain while the child below builds the root), the driver creates the cgroup (on v1
+//! only in the memory, cpu, cpuacct, pids and freezer hierarchies), makes the sandbox's disk at
+//! its first boot (a copy of the snapshot's image when `SandboxSpec::snapshot` is set and a fork
+//! did not move it in already, else one formatted ahead taken from the `diskpool`, else
+//! `disk::ensure_image`) and writes `launch.json` (with the subnet and a first slot to try, when
+//! the sandbox gets a network). Then the whole configuration follows on stdin; the launcher
+//! refuses one that names another sandbox, cgroup, id map or network than its start, joins the
+//! cgroup, unshares the PID and cgroup namespaces (after the join: the cgroup namespace's root
+//! is the sandbox's cgroup), and forks.
 //! The child (PID 1) applies the mount plan (`mounts::plan`: `MakePrivate`; `Disk`, the image on a
 //! free loop device with auto-clear, mounted `nosuid`, `nodev`, in this mount namespace only;
 //! `ShiftIds`; `PrepareUpper`, which writes `/etc/hostname` and `/etc/hosts` into the upper layer,
@@ -136,10 +136,10 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
     // Ahead of any sandbox: the namespaces that need nothing of it (see `ahead`). A failure
     // here is the answer to the start below, so the boot says why.
     let ahead = ahead();
-    // First line: what the rest needs (`Start`). The server sends it as soon as it has made
-    // the cgroup, and prepares the sandbox's files (its disk, `launch.json`) while this process
-    // joins the cgroup, makes the user namespace and the link; then the whole configuration
-    // follows. A launcher started ahead waits here (see `super::launchers`).
+    // First line: what the rest needs (`Start`). The server sends it first, and makes the
+    // cgroup and the sandbox's files (its disk, `launch.json`) while this process makes the user
+    // namespace and the link; then the whole configuration follows, and this process joins the
+    // cgroup (made by then). A launcher started ahead waits here (see `super::launchers`).
     let mut stdin = std::io::BufReader::new(std::io::stdin());
     let mut line = String::new();
     std::io::BufRead::read_line(&mut stdin, &mut line).map_err(step("reading the start"))?;
@@ -154,8 +154,6 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
     nix::unistd::dup2(log.as_raw_fd(), 2).map_err(step("the setup log"))?;
     drop(log);
     let host_ns = ahead?;
-    crate::cgroup::join(&start.cgroup, std::process::id())?;
-    let t_join = t0.elapsed();
     let (ready_r, ready_w) = nix::unistd::pipe().map_err(step("pipe"))?;
     // The user namespace comes first: made by a helper child, which must not become PID 1 of the
     // new PID namespace. Init uses it for its id-mapped mounts and enters it at the end.
@@ -163,10 +161,7 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
         Some(map) => Some(crate::userns::create(map, map.owner(&start.id))?),
         None => None,
     };
-    // The PID namespace after the helper; the cgroup namespace after the join (its root is the
-    // cgroup this process is in).
-    unshare(CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWCGROUP).map_err(step("unshare"))?;
-    let t_unshare = t0.elapsed();
+    let t_userns = t0.elapsed();
     let net = match &start.network {
         Some(plan) => Some(super::net::setup_inside(&host_ns, plan)?),
         None => None,
@@ -188,6 +183,13 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
     if !start.is_for(&cfg) {
         return Err(LaunchError::OtherSandbox);
     }
+    // Into the cgroup before the child is forked (the sandbox's every process is in it), and
+    // before the PID and cgroup namespaces are unshared (the cgroup namespace's root is the
+    // cgroup this process is in; the PID namespace's first child is the sandbox's init).
+    crate::cgroup::join(&start.cgroup, std::process::id())?;
+    let t_join = t0.elapsed();
+    unshare(CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWCGROUP).map_err(step("unshare"))?;
+    let t_unshare = t0.elapsed();
     let forked = std::time::Instant::now();
     // SAFETY: the launcher is single-threaded.
     match unsafe { fork() }.map_err(step("fork"))? {
@@ -205,11 +207,12 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
             let _ = f.read_to_string(&mut msg);
             if msg == "ok" {
                 eprintln!(
-                    "cella-launch: join={:.2}ms unshare={:.2}ms net+config={:.2}ms child-setup={:.2}ms",
-                    t_join.as_secs_f64() * 1e3,
+                    "cella-launch: userns={:.2}ms net+config={:.2}ms join={:.2}ms unshare={:.2}ms child-setup={:.2}ms",
+                    t_userns.as_secs_f64() * 1e3,
+                    (t_config - t_userns).as_secs_f64() * 1e3,
+                    (t_join - t_config).as_secs_f64() * 1e3,
                     (t_unshare - t_join).as_secs_f64() * 1e3,
-                    (t_config - t_unshare).as_secs_f64() * 1e3,
-                    (t0.elapsed() - t_config).as_secs_f64() * 1e3
+                    (t0.elapsed() - t_unshare).as_secs_f64() * 1e3
                 );
                 Ok((child.as_raw(), net))
             } else {

@@ -5,8 +5,9 @@
 //! `exec` of the whole `cella` binary, its dynamic linking and some hundreds of page faults
 //! before `main`: 1.5-3 ms of a cold boot on a host whose page faults are slow (a nested VM).
 //! One is kept ready, so a boot starts by writing a line. The next one is started on a thread of
-//! its own once a boot took the last, off the boot's path; a boot that finds none ready starts
-//! one itself, as before.
+//! its own once a boot took the last, off the boot's path, [`REFILL_DELAY`] after the boot
+//! answered (so it does not take a core from the new sandbox's first command); a boot that
+//! finds none ready starts one itself, as before.
 //!
 //! A waiting launcher holds nothing of a sandbox: it is in the server's cgroup, with an empty
 //! environment and its standard error on `/dev/null` (its first line names the setup log it
@@ -20,6 +21,15 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// How long after a boot the next launcher is started. Its start is some milliseconds of CPU
+/// (see the module docs), which on a host of two cores came out of the end of the boot (the
+/// agent's ping, the answer) and the first command sent to the sandbox just made: cold creates
+/// 250 ms apart, each followed by an exec (three rounds of 30, each a fresh server), took
+/// 12.9-13.8 ms + 3.1-3.3 ms for the exec with the start at once, and 10.0-12.5 + 2.4-3.0 with
+/// it 30 ms later. A boot within the delay starts its own launcher, as one finding none ready
+/// always did.
+pub(crate) const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(30);
 
 /// The launcher kept ready (none while `on` is false: each boot starts its own).
 #[derive(Clone)]
@@ -78,6 +88,7 @@ impl Launchers {
         let started = std::thread::Builder::new()
             .name("cella-launcher".into())
             .spawn(move || {
+                std::thread::sleep(REFILL_DELAY);
                 let empty = inner
                     .ready
                     .lock()

@@ -639,16 +639,6 @@ impl NamespaceDriver {
     fn launch(&self, spec: &SandboxSpec) -> Result<SandboxHandle, DriverError> {
         let t0 = std::time::Instant::now();
         let cgroup_path = self.cgroup_path(&spec.id);
-        cgroup::create(
-            &cgroup_path,
-            Limits {
-                cpus: spec.cpu_count,
-                memory_mb: spec.memory_mb,
-                pids_max: self.files.pids_for(spec.pids_max, host_file_max()),
-            },
-        )?;
-        let t_cgroup = t0.elapsed();
-        cella_crash::crash_point!("runtime.launch.after_cgroup");
         let dir = self.sandbox_dir(&spec.id);
         std::fs::create_dir_all(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
@@ -666,18 +656,37 @@ impl NamespaceDriver {
         };
         let mut line = serde_json::to_vec(&start).map_err(std::io::Error::other)?;
         line.push(b'\n');
-        // The launcher joins its cgroup and makes the namespaces and the link while the
-        // sandbox's files are made here. One that died while it waited (its input is closed)
-        // never got a start: a fresh one is started in its place.
+        // The launcher makes the user namespace and the link while the cgroup and the
+        // sandbox's files are made here; it joins the cgroup once the whole configuration came
+        // (after both). One that died while it waited (its input is closed) never got a
+        // start: a fresh one is started in its place.
         let (mut child, mut stdin) = self.start_launcher(&line, true)?;
         let t_start = t0.elapsed();
+        // A failure before the configuration is sent closes the launcher's input: it gives up,
+        // lets its helpers go and exits.
+        let give_up = |child, stdin| {
+            drop(stdin);
+            launchers::reap(child, ());
+            self.launchers.refill();
+        };
+        let made = cgroup::create(
+            &cgroup_path,
+            Limits {
+                cpus: spec.cpu_count,
+                memory_mb: spec.memory_mb,
+                pids_max: self.files.pids_for(spec.pids_max, host_file_max()),
+            },
+        );
+        if let Err(e) = made {
+            give_up(child, stdin);
+            return Err(e);
+        }
+        let t_cgroup = t0.elapsed();
+        cella_crash::crash_point!("runtime.launch.after_cgroup");
         let (cfg, premounted) = match self.prepare(spec, network) {
             Ok(c) => c,
             Err(e) => {
-                // Its input closes: it gives up, lets its helpers go and exits.
-                drop(stdin);
-                launchers::reap(child, ());
-                self.launchers.refill();
+                give_up(child, stdin);
                 return Err(e);
             }
         };
@@ -726,9 +735,9 @@ impl NamespaceDriver {
         self.launchers.refill();
         tracing::debug!(
             sandbox = spec.id,
-            cgroup_ms = t_cgroup.as_secs_f64() * 1e3,
-            start_ms = (t_start - t_cgroup).as_secs_f64() * 1e3,
-            prepare_ms = (t_prepare - t_start).as_secs_f64() * 1e3,
+            start_ms = t_start.as_secs_f64() * 1e3,
+            cgroup_ms = (t_cgroup - t_start).as_secs_f64() * 1e3,
+            prepare_ms = (t_prepare - t_cgroup).as_secs_f64() * 1e3,
             launch_ms = (t0.elapsed() - t_prepare).as_secs_f64() * 1e3,
             "boot phases"
         );
