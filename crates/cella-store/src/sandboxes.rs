@@ -261,15 +261,17 @@ impl Store {
     /// Inserts a sandbox unless its workspace already holds `cap` sandboxes in a capped state.
     /// One statement, so concurrent creates can never overshoot the cap. Returns false at the cap.
     pub async fn insert_sandbox_capped(&self, s: &SandboxRow, cap: u32) -> Result<bool> {
-        let _changed = self.sandboxes_changing();
+        let before = self.sandboxes.load(std::sync::atomic::Ordering::SeqCst);
+        let changed = self.sandboxes_changing();
         let q = format!(
             "INSERT INTO sandboxes (id, workspace_id, owner_id, template_id, state, size, cpu_count, memory_mb, \
              disk_size_mb, ready, timeout_sec, always_on, persistent, idle_timeout_sec, metadata, env, created_at, \
              rate_micros, network, snapshot_id, preview_public, auto_resume, isolation) \
              SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
-             WHERE (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ?"
+             WHERE (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ? \
+             RETURNING {SANDBOX_COLS}"
         );
-        let r = sqlx::query(&q)
+        let r = sqlx::query_as::<_, Raw>(&q)
             .bind(&s.id)
             .bind(&s.workspace_id)
             .bind(&s.owner_id)
@@ -295,9 +297,19 @@ impl Store {
             .bind(&s.isolation)
             .bind(&s.workspace_id)
             .bind(cap as i64)
-            .execute(&self.pool)
-            .await?;
-        Ok(r.rows_affected() == 1)
+            .fetch_optional(&self.pool)
+            .await;
+        drop(changed);
+        let Some(raw) = r? else {
+            return Ok(false);
+        };
+        // The row as the insert left it is kept for the boot that reads it next, as a claim's
+        // is: only when no other write of the table moved the epoch meanwhile.
+        let after = self.sandboxes.load(std::sync::atomic::Ordering::SeqCst);
+        if let (true, Ok(row)) = (after == before + 1, SandboxRow::try_from(raw)) {
+            self.sandbox_rows.put(&s.id, after, row);
+        }
+        Ok(true)
     }
 
     /// Takes a ready pool sandbox of `template` and `size` for `new.workspace_id`, unless that

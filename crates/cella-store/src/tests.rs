@@ -1102,3 +1102,22 @@ async fn model_access_kept_from_a_lookup_gives_way_to_a_grant() {
     .await;
     assert!(!store.has_model_access("sbm").await.unwrap());
 }
+
+/// The row an insert left is what the next read answers, field for field, whether it comes
+/// from what the insert kept or from the database.
+#[tokio::test]
+async fn the_row_an_insert_keeps_is_the_row_the_database_holds() {
+    let (_d, store) = store_with_ws().await;
+    let mut row = sandbox("sbk", "ws1");
+    row.created_at = 42;
+    assert!(store.insert_sandbox_capped(&row, 10).await.unwrap());
+    let kept = store.sandbox("sbk").await.unwrap().unwrap();
+    // Raw SQL distrusts what was kept (see `Store::pool`): this read is the database's.
+    raw(&store, "UPDATE sandboxes SET created_at = created_at WHERE id = 'sbk'").await;
+    let read = store.sandbox("sbk").await.unwrap().unwrap();
+    assert_eq!(kept, read);
+    assert_eq!(read.created_at, 42);
+    // At the cap nothing is inserted and nothing is kept.
+    assert!(!store.insert_sandbox_capped(&sandbox("sbl", "ws1"), 1).await.unwrap());
+    assert!(store.sandbox("sbl").await.unwrap().is_none());
+}
