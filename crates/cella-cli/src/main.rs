@@ -165,6 +165,9 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         nofile: u64,
     },
+    /// The server's nftables helper (`cella_runtime::nftlib`).
+    #[command(name = "__nft", hide = true)]
+    Nft,
     /// The in-sandbox side of a task run (heartbeats, the agent); see `cella_coder`.
     #[command(name = "__task-agent", hide = true)]
     TaskAgent {
@@ -500,6 +503,9 @@ fn main() -> ExitCode {
         // Must stay single-threaded: it forks.
         return ExitCode::from(cella_runtime::gvisor::launcher_main() as u8);
     }
+    if let Command::Nft = &cli.command {
+        return ExitCode::from(cella_runtime::nftlib::helper_main() as u8);
+    }
     if let Command::GvisorAgent { nofile } = &cli.command {
         return ExitCode::from(cella_runtime::gvisor::agent_main(*nofile) as u8);
     }
@@ -595,6 +601,7 @@ async fn run(cmd: Command) -> ExitCode {
         Command::Task(c) => tasks::run(c).await,
         Command::SandboxInit
         | Command::GvisorInit
+        | Command::Nft
         | Command::GvisorAgent { .. }
         | Command::TaskAgent { .. } => {
             unreachable!("handled before the runtime starts")

@@ -767,3 +767,58 @@ fn on_gvisor_the_same_policies_hold_and_the_link_outlives_a_pause_to_disk() {
         assert!(!dir.exists(), "{} is left", dir.display());
     }
 }
+
+/// The server's nftables helper (`cella __nft`, see `cella_runtime::nftlib`) among its children.
+fn nft_helpers(s: &Server) -> Vec<i32> {
+    common::children_of(s.server_pid() as i32)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| c.split(|b| *b == 0).any(|a| a == b"__nft"))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// The firewall's batches run in a helper process; one killed (as libnftables would end it on a
+/// netlink failure) costs no boot its rules: that batch runs with the `nft` command, and the next
+/// starts a new helper. None outlives its server.
+#[test]
+fn a_killed_firewall_helper_is_replaced_and_no_sandbox_goes_without_its_rules() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let _outside = Outside::start();
+    let mut s = Server::start();
+    let first = nft_helpers(&s);
+    assert_eq!(first.len(), 1, "one helper from the start: {first:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // This boot's chain goes through the command; the sandbox is as firewalled as any.
+    let a = s.create(json!({ "size": "xs" }));
+    assert!(has_chain(&s, &a));
+    assert_eq!(
+        reach(&s, &a, &[PUBLIC, PRIVATE, METADATA]),
+        [true, false, false]
+    );
+    // The next batch has a helper again.
+    let b = s.create(json!({ "size": "xs", "network": { "egress": "deny" } }));
+    assert!(has_chain(&s, &b));
+    assert_eq!(reach(&s, &b, &[PUBLIC]), [false]);
+    let second = nft_helpers(&s);
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(second, first);
+    for id in [&a, &b] {
+        s.delete(&format!("/api/v1/sandboxes/{id}"));
+        assert!(chain_goes(&s, id), "the rules of {id} stayed");
+    }
+    // Its input closes with the server, even at a `kill -9`.
+    let helper = second[0];
+    s.kill9();
+    eventually("the helper to exit with its server", || {
+        std::fs::read_to_string(format!("/proc/{helper}/stat"))
+            .map(|st| st.contains(") Z "))
+            .unwrap_or(true)
+    });
+}

@@ -41,8 +41,8 @@
 //! Rules are written in `nft`'s language (one atomic batch per change) rather than as netlink
 //! messages of our own: nf_tables' netlink API has no maintained Rust binding that covers sets
 //! and verdict maps, and a batch is one transaction, so a sandbox never runs with half its
-//! rules. The batches run in the server through libnftables ([`crate::nftlib`]), or the `nft`
-//! command where the library cannot be loaded.
+//! rules. The batches run through libnftables in a helper process the server keeps
+//! ([`crate::nftlib`]), or the `nft` command where the library cannot be loaded.
 
 use crate::DriverError;
 use std::io::Write;
@@ -865,8 +865,9 @@ struct NftTurn {
     _local: std::sync::MutexGuard<'static, ()>,
 }
 
-/// Runs of `nft` one at a time on the host: each run reads the whole ruleset and commits
-/// against its generation, and runs at once make each other retry, so that many at once (a
+/// Runs of `nft` one at a time on the host: each run reads the ruleset (the helper's context
+/// again only when its generation moved) and commits against its generation, and runs at once
+/// make each other retry, so that many at once (a
 /// mass destroy, or the runs a killed server left behind) took minutes of both cores instead
 /// of milliseconds each. A process-wide mutex orders this server's own runs; an `flock` on
 /// [`NFT_LOCK`] orders them with the other servers' (released by the kernel when a holder
@@ -1149,10 +1150,13 @@ mod tests {
 
     #[test]
     fn the_library_and_the_command_write_and_read_the_same_rules() {
-        // Needs root and nftables on the host (the integration suite has both).
-        if !nix::unistd::Uid::effective().is_root() || crate::nftlib::run("", false).is_none() {
+        // Needs root and nftables on the host (the integration suite has both). The library runs
+        // in this test's process here; the server runs it in its helper (`crate::nftlib`).
+        if !nix::unistd::Uid::effective().is_root() || crate::nftlib::run_here("", false).is_none()
+        {
             return;
         }
+        let lib = |cmd: &str| crate::nftlib::run_here(cmd, false).expect("loaded");
         let table = format!("cella_fwtest_{}", std::process::id());
         let chain = |n: &str| {
             format!(
@@ -1160,9 +1164,12 @@ mod tests {
             )
         };
         // One chain by each way, each read back by the other.
-        nft(&format!("add table inet {table}\n{}", chain("by_lib"))).expect("library");
+        lib(&format!("add table inet {table}\n{}", chain("by_lib"))).expect("library");
         nft_command(&chain("by_command")).expect("command");
-        let by_lib = nft_json(&["list", "table", "inet", &table]).expect("library");
+        let listing = crate::nftlib::run_here(&format!("list table inet {table}"), true)
+            .expect("loaded")
+            .expect("library");
+        let by_lib: serde_json::Value = serde_json::from_str(&listing).expect("json");
         let out = Command::new("nft")
             .args(["-j", "list", "table", "inet", &table])
             .output()
@@ -1179,9 +1186,9 @@ mod tests {
         assert_eq!(names(&by_lib), names(&by_command));
         assert_eq!(items(&by_lib, "rule").count(), 2);
         // A failure says why, and what it names as missing reads as nothing.
-        let err = nft(&format!("add rule inet {table} nosuch accept\n")).expect_err("no chain");
-        assert!(err.to_string().contains("No such file"), "{err}");
-        assert!(nft_json(&["list", "chain", "inet", &table, "nosuch"])
+        let err = lib(&format!("add rule inet {table} nosuch accept\n")).expect_err("no chain");
+        assert!(err.contains("No such file"), "{err}");
+        assert!(json_failure(&err)
             .expect("missing is not an error")
             .is_null());
         nft(&format!("delete table inet {table}\n")).expect("cleanup");

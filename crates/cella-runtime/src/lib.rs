@@ -16,7 +16,7 @@ pub mod fsapi;
 pub mod gvisor;
 pub mod hosted;
 pub mod namespace;
-mod nftlib;
+pub mod nftlib;
 pub mod reap;
 pub mod rootfs;
 pub mod serial;

@@ -1,22 +1,40 @@
-//! nftables batches run inside the server through libnftables, the library the `nft` command
-//! is a thin front for.
+//! nftables batches run through libnftables (the library the `nft` command is a thin front
+//! for) in a helper process the server keeps, `cella __nft` ([`helper_main`]).
 //!
 //! Starting `nft` took 5.4 ms a batch on the development host (4.3 ms of CPU: the process, its
-//! libraries, its own read of the ruleset), and a boot with a network runs one batch beside
-//! the sandbox's own setup, on the same two cores; a context of the library kept for the
-//! server's life runs the same batch in 0.35-0.45 ms. The library is loaded when first needed
-//! (`libloading`) from the package that ships `nft` itself, so building Cella needs no
-//! nftables headers and no link-time library; a host where it cannot be loaded (or whose
-//! library lacks a function) runs the command as before ([`run`] answers None).
+//! libraries, its own read of the ruleset), and a boot with a network runs one batch beside the
+//! sandbox's own setup, on the same two cores; a library context kept alive runs the same batch
+//! in 0.35-0.45 ms, and the round trip to the helper adds little to that.
 //!
-//! A context is not thread-safe: there is one, behind a mutex (callers also hold the host-wide
-//! turn of `firewall::one_at_a_time`). Its output and errors are buffered, never written to the
-//! server's own streams, and both buffers are read (which empties them) after every run.
-//! The context keeps its copy of the ruleset between runs and reads it again when the kernel's
-//! generation moved (another server's batch, say), as `nft` does at each start.
+//! Why a process and not the library in the server: libnftables ends its process with `exit()`
+//! when it cannot open a netlink socket (at its start, and for the interface lookups of a batch
+//! that names an interface index: out of descriptors, say), and writes some errors to its own
+//! standard error; its netlink socket is not close-on-exec. In a helper that ends the helper:
+//! the server notices (its pipe closes), runs that batch with the `nft` command, and starts a
+//! new helper for the next one. A host where the library cannot be loaded (not installed, or a
+//! function missing) gets the command every time: the helper says so and exits, and is not
+//! started again.
+//!
+//! The library is loaded at run time (`libloading`) from the package that ships `nft` itself, so
+//! building Cella needs no nftables headers and no link-time library. The helper is the server's
+//! own binary (`/proc/self/exe`), started with an empty environment and its standard error on
+//! `/dev/null`; it exits when its input closes, so a server killed with `kill -9` leaves none.
+//! One batch at a time (callers hold `firewall::one_at_a_time`, and a mutex here).
+//!
+//! The pipe's frames: a request is a byte (1: JSON output, as `nft -j`), a length (u32, big
+//! endian) and the command; an answer is a byte (1: done, 0: failed), a length and the output
+//! or the error text. The helper's first byte says whether it loaded the library (`R`) or not
+//! (`U`, then a length and the reason).
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
-use std::sync::{Mutex, OnceLock};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The hidden subcommand of `cella` that runs [`helper_main`].
+pub const HELPER_ARG: &str = "__nft";
 
 /// The library's soname in Debian's `libnftables1` (a dependency of the `nftables` package).
 const SONAME: &str = "libnftables.so.1";
@@ -24,13 +42,21 @@ const SONAME: &str = "libnftables.so.1";
 /// `NFT_CTX_OUTPUT_JSON` of `enum nft_ctx_output_flags` (`nftables/libnftables.h`).
 const OUTPUT_JSON: c_uint = 1 << 4;
 
+/// The longest command or answer a frame carries.
+const MAX_FRAME: usize = 64 << 20;
+
+/// How long the helper may take to say it is ready, and to answer one batch (a batch waits for
+/// the host-wide ruleset lock of the kernel, and a removal of many objects takes a while).
+const START_WAIT: Duration = Duration::from_secs(5);
+const ANSWER_WAIT: Duration = Duration::from_secs(120);
+
 type CtxNew = unsafe extern "C" fn(c_uint) -> *mut c_void;
 type CtxFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 type Run = unsafe extern "C" fn(*mut c_void, *const c_char) -> c_int;
 type Buffer = unsafe extern "C" fn(*mut c_void) -> *const c_char;
 type SetFlags = unsafe extern "C" fn(*mut c_void, c_uint);
 
-/// A loaded library and one context of it.
+/// A loaded library and one context of it (used by one thread: the helper's, or a test's).
 struct Nft {
     /// Kept loaded: the function pointers below point into it.
     _lib: libloading::Library,
@@ -41,14 +67,12 @@ struct Nft {
     set_output_flags: SetFlags,
 }
 
-// SAFETY: the context is only used behind the mutex of `NFT`, by one thread at a time; the
-// library keeps no thread-local state for it.
-unsafe impl Send for Nft {}
-
 impl Nft {
     fn load() -> Result<Nft, String> {
-        // SAFETY: loading libnftables runs no initialisers with preconditions; the symbols'
-        // types are those of `libnftables.h` (stable since nftables 0.9).
+        // SAFETY: loading libnftables runs no initialisers with preconditions. The types are
+        // those of `libnftables.h` for the symbols of its `LIBNFTABLES_1` version (nftables
+        // 0.9.1 and later: the two-argument `nft_run_cmd_from_buffer`); an older library lacks
+        // `nft_ctx_buffer_error` and is not used.
         unsafe {
             let lib = libloading::Library::new(SONAME).map_err(|e| e.to_string())?;
             let new: CtxNew = *lib
@@ -72,6 +96,7 @@ impl Nft {
             let set_output_flags: SetFlags = *lib
                 .get::<SetFlags>(b"nft_ctx_output_set_flags\0")
                 .map_err(|e| e.to_string())?;
+            // Opens the context's netlink socket (or ends the process: see the module docs).
             let ctx = new(0);
             if ctx.is_null() {
                 return Err("nft_ctx_new failed".into());
@@ -102,8 +127,11 @@ impl Nft {
         }
     }
 
-    fn run(&self, cmd: &CStr, json: bool) -> Result<String, String> {
-        // SAFETY: the context is ours (behind the mutex) and `cmd` a valid C string.
+    fn run(&self, cmd: &[u8], json: bool) -> Result<String, String> {
+        let Ok(cmd) = CString::new(cmd) else {
+            return Err("a NUL byte in an nftables command".into());
+        };
+        // SAFETY: the context is used by this thread alone, and `cmd` is a valid C string.
         let rc = unsafe {
             (self.set_output_flags)(self.ctx, if json { OUTPUT_JSON } else { 0 });
             (self.run)(self.ctx, cmd.as_ptr())
@@ -113,50 +141,263 @@ impl Nft {
         if rc == 0 {
             Ok(out)
         } else if err.trim().is_empty() {
-            Err(format!("nftables failed ({rc})"))
+            Err(format!("nftables failed ({rc}; not root?)"))
         } else {
             Err(err)
         }
     }
 }
 
-static NFT: OnceLock<Option<Mutex<Nft>>> = OnceLock::new();
+fn write_frame(w: &mut impl Write, head: u8, body: &[u8]) -> std::io::Result<()> {
+    let mut frame = Vec::with_capacity(5 + body.len());
+    frame.push(head);
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(body);
+    w.write_all(&frame)?;
+    w.flush()
+}
 
-/// Runs `cmd` (one command or a batch, in the syntax of `nft -f`) through the library; `json`
-/// asks for the output `nft -j` gives. Answers the output, or the library's error text (as
-/// `nft` prints it); None when the library cannot be loaded here.
-pub(crate) fn run(cmd: &str, json: bool) -> Option<Result<String, String>> {
-    let nft = NFT
-        .get_or_init(|| match Nft::load() {
-            Ok(n) => Some(Mutex::new(n)),
-            Err(e) => {
-                tracing::debug!("libnftables not loaded ({e}): running the nft command");
-                None
-            }
-        })
-        .as_ref()?;
-    let Ok(cmd) = CString::new(cmd) else {
-        return Some(Err("a NUL byte in an nftables command".into()));
+/// One frame, or None at a clean end of input.
+fn read_frame(r: &mut impl Read) -> std::io::Result<Option<(u8, Vec<u8>)>> {
+    let mut head = [0u8; 5];
+    match r.read_exact(&mut head) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len > MAX_FRAME {
+        return Err(std::io::Error::other(format!("a frame of {len} bytes")));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    Ok(Some((head[0], body)))
+}
+
+/// Answers requests until the input ends.
+fn serve(nft: &Nft, r: &mut impl Read, w: &mut impl Write) -> std::io::Result<()> {
+    while let Some((json, cmd)) = read_frame(r)? {
+        match nft.run(&cmd, json == 1) {
+            Ok(out) => write_frame(w, 1, out.as_bytes())?,
+            Err(err) => write_frame(w, 0, err.as_bytes())?,
+        }
+    }
+    Ok(())
+}
+
+/// `cella __nft`: loads the library and answers batches on standard input and output until its
+/// input closes (see the module docs).
+pub fn helper_main() -> i32 {
+    let (mut input, mut output) = (std::io::stdin().lock(), std::io::stdout().lock());
+    let nft = match Nft::load() {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = write_frame(&mut output, b'U', e.as_bytes());
+            return 1;
+        }
     };
-    let nft = nft.lock().unwrap_or_else(|p| p.into_inner());
-    Some(nft.run(&cmd, json))
+    if output.write_all(b"R").and_then(|_| output.flush()).is_err() {
+        return 1;
+    }
+    match serve(&nft, &mut input, &mut output) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+/// The helper, seen from the server.
+struct Helper {
+    child: Child,
+    input: ChildStdin,
+    output: ChildStdout,
+}
+
+/// Whether `fd` has something to read within `wait`.
+fn readable(fd: &impl AsRawFd, wait: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = wait.as_millis().min(i32::MAX as u128) as i32;
+    loop {
+        // SAFETY: one valid pollfd.
+        match unsafe { libc::poll(&mut p, 1, ms) } {
+            -1 if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            n => return n > 0,
+        }
+    }
+}
+
+/// Why the helper cannot be used.
+enum Failure {
+    /// The library cannot be loaded on this host: the command from now on.
+    Unavailable(String),
+    /// This helper failed (died, hung, garbled): another may do better.
+    Broken(String),
+}
+
+impl Helper {
+    fn start() -> Result<Helper, Failure> {
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new("/proc/self/exe")
+            .arg0("cella")
+            .arg(HELPER_ARG)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| Failure::Unavailable(format!("starting the helper: {e}")))?;
+        let (Some(input), Some(mut output)) = (child.stdin.take(), child.stdout.take()) else {
+            end(&mut child);
+            return Err(Failure::Broken("no pipes".into()));
+        };
+        let mut first = [0u8; 1];
+        let ready = readable(&output, START_WAIT) && output.read_exact(&mut first).is_ok();
+        match first[0] {
+            b'R' if ready => Ok(Helper {
+                child,
+                input,
+                output,
+            }),
+            b'U' if ready => {
+                let mut len = [0u8; 4];
+                let mut why = String::from("unknown");
+                if output.read_exact(&mut len).is_ok() {
+                    let mut body = vec![0u8; (u32::from_be_bytes(len) as usize).min(4096)];
+                    if output.read_exact(&mut body).is_ok() {
+                        why = String::from_utf8_lossy(&body).into_owned();
+                    }
+                }
+                end(&mut child);
+                Err(Failure::Unavailable(why))
+            }
+            // Not our helper (a binary without the subcommand), or it died loading.
+            _ => {
+                end(&mut child);
+                Err(Failure::Unavailable("the helper did not start".into()))
+            }
+        }
+    }
+
+    fn ask(&mut self, cmd: &str, json: bool) -> Result<Result<String, String>, String> {
+        write_frame(&mut self.input, json as u8, cmd.as_bytes()).map_err(|e| e.to_string())?;
+        if !readable(&self.output, ANSWER_WAIT) {
+            return Err("no answer".into());
+        }
+        match read_frame(&mut self.output) {
+            Ok(Some((1, out))) => Ok(Ok(String::from_utf8_lossy(&out).into_owned())),
+            Ok(Some((0, err))) => Ok(Err(String::from_utf8_lossy(&err).into_owned())),
+            Ok(Some((k, _))) => Err(format!("an answer of kind {k}")),
+            Ok(None) => Err("it exited".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+fn end(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        end(&mut self.child);
+    }
+}
+
+enum State {
+    /// Not started yet, or the last one failed.
+    Idle,
+    Running(Helper),
+    /// The library cannot be loaded here: every batch is the command's.
+    Unavailable,
+}
+
+static HELPER: Mutex<State> = Mutex::new(State::Idle);
+
+/// Runs `cmd` (one command or a batch, in the syntax of `nft -f`) through the helper; `json`
+/// asks for the output `nft -j` gives. Answers the output, or the library's error text (as
+/// `nft` prints it); None when the helper cannot run it (the caller runs the command).
+pub(crate) fn run(cmd: &str, json: bool) -> Option<Result<String, String>> {
+    let mut state = HELPER.lock().unwrap_or_else(|p| p.into_inner());
+    if matches!(*state, State::Idle) {
+        *state = match Helper::start() {
+            Ok(h) => State::Running(h),
+            Err(Failure::Unavailable(why)) => {
+                tracing::info!("nftables through the nft command: {why}");
+                State::Unavailable
+            }
+            Err(Failure::Broken(why)) => {
+                tracing::warn!("the nftables helper: {why}");
+                return None;
+            }
+        };
+    }
+    let State::Running(helper) = &mut *state else {
+        return None;
+    };
+    match helper.ask(cmd, json) {
+        Ok(answer) => Some(answer),
+        Err(why) => {
+            // This batch goes to the command; the next one gets a new helper.
+            tracing::warn!("the nftables helper failed ({why}): running the nft command");
+            *state = State::Idle;
+            None
+        }
+    }
+}
+
+/// [`run`] in this process, for tests that compare the library with the command.
+#[cfg(test)]
+pub(crate) fn run_here(cmd: &str, json: bool) -> Option<Result<String, String>> {
+    let nft = Nft::load().ok()?;
+    Some(nft.run(cmd.as_bytes(), json))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// Requests as the server frames them, answered by `serve` over in-memory streams.
     #[test]
-    fn a_bad_command_answers_the_error_text_and_the_next_one_starts_clean() {
+    fn the_helper_answers_each_request_in_turn_and_errors_start_clean() {
         // Parsing needs no privilege; a host without the library has nothing to test.
-        let Some(bad) = super::run("frobnicate the ruleset", false) else {
+        let Ok(nft) = Nft::load() else {
             return;
         };
-        let err = bad.expect_err("not a command");
-        assert!(err.contains("Error"), "{err}");
-        let bad = super::run("nonsense\0", false).expect("loaded");
-        assert!(bad.expect_err("NUL").contains("NUL"));
-        // The error buffer was emptied: a second failure says only its own.
-        let again = super::run("still not a command", false).expect("loaded");
-        let err2 = again.expect_err("not a command");
-        assert!(!err2.contains("frobnicate"), "{err2}");
+        let mut input = Vec::new();
+        for (json, cmd) in [
+            (0u8, "frobnicate the ruleset"),
+            (0, "still not a command"),
+            (0, "nonsense\0"),
+        ] {
+            write_frame(&mut input, json, cmd.as_bytes()).unwrap();
+        }
+        let mut output = Vec::new();
+        serve(&nft, &mut input.as_slice(), &mut output).unwrap();
+        let mut r = output.as_slice();
+        let (k1, e1) = read_frame(&mut r).unwrap().unwrap();
+        let (k2, e2) = read_frame(&mut r).unwrap().unwrap();
+        let (k3, e3) = read_frame(&mut r).unwrap().unwrap();
+        assert!(read_frame(&mut r).unwrap().is_none());
+        assert_eq!((k1, k2, k3), (0, 0, 0));
+        let (e1, e2, e3) = (
+            String::from_utf8(e1).unwrap(),
+            String::from_utf8(e2).unwrap(),
+            String::from_utf8(e3).unwrap(),
+        );
+        assert!(e1.contains("Error") && e1.contains("frobnicate"), "{e1}");
+        // The error buffer was emptied: the second failure says only its own.
+        assert!(!e2.contains("frobnicate") && e2.contains("still"), "{e2}");
+        assert!(e3.contains("NUL"), "{e3}");
+    }
+
+    #[test]
+    fn a_binary_without_the_helper_means_the_command() {
+        // This test binary has no `__nft` subcommand (its harness takes the word as a filter
+        // and prints its own output): the helper is found unusable, and the caller falls back.
+        assert!(matches!(Helper::start(), Err(Failure::Unavailable(_))));
     }
 }

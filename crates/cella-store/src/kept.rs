@@ -5,8 +5,9 @@
 //! changes what a lookup answers (a key revoked or made the operator's, a sandbox token revoked,
 //! a workspace's settings or plan changed) moves the epoch, so it takes effect for the next
 //! request. The epoch is read *before* the store is, so a write that commits in between leaves
-//! nothing kept. Only successes are kept by the callers (a refused credential is read every
-//! time, so a caller cannot fill the map with guesses), and the map holds at most
+//! nothing kept. Credentials are kept only when they were found (a refused one is read every
+//! time, so a caller cannot fill the map with guesses; a sandbox's model access is kept either
+//! way, for ids of rows that exist), and the map holds at most
 //! [`LOOKUP_MAX`] entries (past it the stale ones go, then all). Every [`PRUNE_EVERY`] puts the
 //! entries past their TTL go too, so a server that has seen many sandboxes, keys or tokens
 //! keeps only those of the last moments (a 30-minute soak of 3,566 sandboxes grew the server's

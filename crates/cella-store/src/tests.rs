@@ -1113,11 +1113,18 @@ async fn the_row_an_insert_keeps_is_the_row_the_database_holds() {
     assert!(store.insert_sandbox_capped(&row, 10).await.unwrap());
     let kept = store.sandbox("sbk").await.unwrap().unwrap();
     // Raw SQL distrusts what was kept (see `Store::pool`): this read is the database's.
-    raw(&store, "UPDATE sandboxes SET created_at = created_at WHERE id = 'sbk'").await;
+    raw(
+        &store,
+        "UPDATE sandboxes SET created_at = created_at WHERE id = 'sbk'",
+    )
+    .await;
     let read = store.sandbox("sbk").await.unwrap().unwrap();
     assert_eq!(kept, read);
     assert_eq!(read.created_at, 42);
     // At the cap nothing is inserted and nothing is kept.
-    assert!(!store.insert_sandbox_capped(&sandbox("sbl", "ws1"), 1).await.unwrap());
+    assert!(!store
+        .insert_sandbox_capped(&sandbox("sbl", "ws1"), 1)
+        .await
+        .unwrap());
     assert!(store.sandbox("sbl").await.unwrap().is_none());
 }
