@@ -400,8 +400,12 @@ impl Billing {
             .bind(&e.once_key)
             .bind(-MAX_BALANCE.micros())
             .bind(MAX_BALANCE.micros())
-            .fetch_optional(exec)
-            .await?;
+            // All of it, not the first row: outside a transaction the statement commits when it
+            // runs to its end, and a commit that fails (a full disk) is an error only there.
+            .fetch_all(exec)
+            .await?
+            .into_iter()
+            .next();
         Ok(seq)
     }
 

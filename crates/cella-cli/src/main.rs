@@ -513,6 +513,11 @@ fn main() -> ExitCode {
         // Blocking and threaded on its own; no runtime here.
         std::process::exit(cella_coder::main(argv));
     }
+    // This binary runs the firewall's helper (`cella __nft`, above) for the server it serves,
+    // unless told to run the `nft` command for every batch.
+    if std::env::var("CELLA_NFT").as_deref() != Ok("command") {
+        cella_runtime::nftlib::offer_helper();
+    }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -1,6 +1,7 @@
 //! Faults from outside the server: its data directory's file system full (a small loop-mounted
 //! ext4 the test makes and removes) during uploads, template builds, snapshots and creates;
-//! `nft` missing or failing (a stub first on the server's `PATH`); a sandbox's agent killed from
+//! `nft` missing or failing (a stub first on the server's `PATH`, the servers told to use the
+//! command rather than the library's helper); a sandbox's agent killed from
 //! the host; and a sandbox that fork-bombs, fills its disk or allocates past its memory while a
 //! neighbour keeps answering exec (its exec round trips before and during are printed, not
 //! asserted). Each ends with a census of the server's host resources against the start.
@@ -277,6 +278,9 @@ fn nft_stub() {
         std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
         let path = std::env::var("PATH").unwrap_or_default();
         std::env::set_var("PATH", format!("{}:{path}", dir.display()));
+        // The servers run every batch with the command (the stub), not through the library's
+        // helper: what they do with a failed batch is the same either way.
+        std::env::set_var("CELLA_NFT", "command");
     });
 }
 

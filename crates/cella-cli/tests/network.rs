@@ -772,11 +772,7 @@ fn on_gvisor_the_same_policies_hold_and_the_link_outlives_a_pause_to_disk() {
 fn nft_helpers(s: &Server) -> Vec<i32> {
     common::children_of(s.server_pid() as i32)
         .into_iter()
-        .filter(|p| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .map(|c| c.split(|b| *b == 0).any(|a| a == b"__nft"))
-                .unwrap_or(false)
-        })
+        .filter(|p| common::nft_helper(*p))
         .collect()
 }
 

@@ -17,8 +17,10 @@
 //!
 //! The library is loaded at run time (`libloading`) from the package that ships `nft` itself, so
 //! building Cella needs no nftables headers and no link-time library. The helper is the server's
-//! own binary (`/proc/self/exe`), started with an empty environment and its standard error on
-//! `/dev/null`; it exits when its input closes, so a server killed with `kill -9` leaves none.
+//! own binary (`/proc/self/exe`), once that binary said it answers `__nft` ([`offer_helper`]:
+//! the `cella` binary does at its start unless `CELLA_NFT=command` is set; any other program
+//! embedding the runtime gets the command), started with an empty environment and its standard error on `/dev/null`; it exits
+//! when its input closes, so a server killed with `kill -9` leaves none.
 //! One batch at a time (callers hold `firewall::one_at_a_time`, and a mutex here).
 //!
 //! The pipe's frames: a request is a byte (1: JSON output, as `nft -j`), a length (u32, big
@@ -30,6 +32,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -317,10 +320,22 @@ enum State {
 
 static HELPER: Mutex<State> = Mutex::new(State::Idle);
 
+/// Whether this process's binary runs [`helper_main`] for [`HELPER_ARG`].
+static OFFERED: AtomicBool = AtomicBool::new(false);
+
+/// Says that this process's own binary runs [`helper_main`] when given [`HELPER_ARG`]; until
+/// then (and in any other program) every batch is the `nft` command's.
+pub fn offer_helper() {
+    OFFERED.store(true, Ordering::SeqCst);
+}
+
 /// Runs `cmd` (one command or a batch, in the syntax of `nft -f`) through the helper; `json`
 /// asks for the output `nft -j` gives. Answers the output, or the library's error text (as
 /// `nft` prints it); None when the helper cannot run it (the caller runs the command).
 pub(crate) fn run(cmd: &str, json: bool) -> Option<Result<String, String>> {
+    if !OFFERED.load(Ordering::SeqCst) {
+        return None;
+    }
     let mut state = HELPER.lock().unwrap_or_else(|p| p.into_inner());
     if matches!(*state, State::Idle) {
         *state = match Helper::start() {
@@ -396,8 +411,10 @@ mod tests {
 
     #[test]
     fn a_binary_without_the_helper_means_the_command() {
-        // This test binary has no `__nft` subcommand (its harness takes the word as a filter
-        // and prints its own output): the helper is found unusable, and the caller falls back.
+        // Not offered (this test binary never says it runs the helper): the command.
+        assert!(run("list tables", false).is_none());
+        // Started anyway, this binary (whose harness takes `__nft` as a filter and prints its
+        // own output) is found unusable, and the caller would fall back the same way.
         assert!(matches!(Helper::start(), Err(Failure::Unavailable(_))));
     }
 }

@@ -297,10 +297,12 @@ impl Store {
             .bind(&s.isolation)
             .bind(&s.workspace_id)
             .bind(cap as i64)
-            .fetch_optional(&self.pool)
+            // All of it, not the first row: the statement commits when it runs to its end, and
+            // a commit that fails (a full disk) is an error only there.
+            .fetch_all(&self.pool)
             .await;
         drop(changed);
-        let Some(raw) = r? else {
+        let Some(raw) = r?.into_iter().next() else {
             return Ok(false);
         };
         // The row as the insert left it is kept for the boot that reads it next, as a claim's
@@ -432,11 +434,12 @@ impl Store {
                 .bind(POOL_WORKSPACE)
                 .bind(&row.workspace_id)
                 .bind(cap as i64)
-                .fetch_optional(&self.pool);
+                // All of it (see `insert_sandbox_capped`): a failed commit is an error only there.
+                .fetch_all(&self.pool);
             let (claimed, beside) = futures_util::future::join(write, alongside(&old)).await;
             // The epoch moves before the row is read again, so what was kept of it is not served.
             drop(changed);
-            if let Some(r) = claimed? {
+            if let Some(r) = claimed?.into_iter().next() {
                 let row = SandboxRow::try_from(r)?;
                 // The row as this write left it is kept (the caller's first exec reads it),
                 // only when no other write of the table moved the epoch meanwhile: one that
@@ -570,8 +573,11 @@ impl Store {
              RETURNING preview_token_gen",
         )
         .bind(id)
-        .fetch_optional(&self.pool)
-        .await?)
+        // All of it (see `insert_sandbox_capped`): a failed commit is an error only there.
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .next())
     }
 
     /// Sandboxes of a workspace, newest first.

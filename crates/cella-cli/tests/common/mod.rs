@@ -467,6 +467,12 @@ pub fn waiting_launcher(pid: i32) -> bool {
             .is_ok_and(|c| !c.contains("/cella/"))
 }
 
+/// The server's nftables helper (`cella __nft`, `cella_runtime::nftlib`): one per server, for
+/// the server's life.
+pub fn nft_helper(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == b"cella\0__nft\0")
+}
+
 /// Kills what a test's server left running and removes its cgroups (sandboxes outlive their
 /// server by design, so a test must clear them itself).
 fn janitor(data: &Path) {

@@ -96,12 +96,17 @@ impl Census {
             }
         }
         // A launcher waiting ahead for the next boot (at most one, in the server's own cgroup,
-        // replaced after each boot) is counted apart, like the disk pool's images.
+        // replaced after each boot) is counted apart, like the disk pool's images; so is the
+        // firewall's helper (at most one, for the server's life).
         let (waiting, children): (Vec<i32>, Vec<i32>) =
             crate::common::children_of(s.server_pid() as i32)
                 .into_iter()
                 .partition(|p| crate::common::waiting_launcher(*p));
         assert!(waiting.len() <= 1, "launchers waiting ahead: {waiting:?}");
+        let (helpers, children): (Vec<i32>, Vec<i32>) = children
+            .into_iter()
+            .partition(|p| crate::common::nft_helper(*p));
+        assert!(helpers.len() <= 1, "firewall helpers: {helpers:?}");
         procs.extend(children);
         let chains = if instance.is_empty() {
             BTreeSet::new()

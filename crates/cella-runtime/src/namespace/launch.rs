@@ -51,6 +51,16 @@ use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
+/// A line for the setup log (the launcher's and init's standard error, `init.log`), dropped when
+/// it cannot be written: `eprintln!` panics then, and on a full disk that ended a boot with
+/// nothing said ("sandbox init exited during setup") instead of its real error or its success.
+macro_rules! log_line {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 /// Why the launcher could not start a sandbox. Its message is the `error` of the launcher's
 /// answer, which the driver reports as the boot's error.
 #[derive(Debug, thiserror::Error)]
@@ -197,7 +207,7 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
             drop(ready_r);
             let err = init_main(&cfg, ready_w, userns, forked);
             // Only reached on failure: tell the launcher why.
-            eprintln!("cella-init: {err}");
+            log_line!("cella-init: {err}");
             std::process::exit(1);
         }
         ForkResult::Parent { child } => {
@@ -206,7 +216,7 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
             let mut f = std::fs::File::from(ready_r);
             let _ = f.read_to_string(&mut msg);
             if msg == "ok" {
-                eprintln!(
+                log_line!(
                     "cella-launch: userns={:.2}ms net+config={:.2}ms join={:.2}ms unshare={:.2}ms child-setup={:.2}ms",
                     t_userns.as_secs_f64() * 1e3,
                     (t_config - t_userns).as_secs_f64() * 1e3,
@@ -301,7 +311,7 @@ fn init_main(
     // The agent must be the last thing the OOM killer picks inside its sandbox; lowering the
     // score needs the host's CAP_SYS_RESOURCE, so before the user namespace.
     if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
-        eprintln!("cella-init: oom_score_adj: {e}");
+        log_line!("cella-init: oom_score_adj: {e}");
     }
     // From here on the agent is the root of the sandbox's user namespace: a host uid of the
     // range, with capabilities only there.
@@ -322,7 +332,7 @@ fn init_main(
         .iter()
         .map(|(k, ms)| format!("{k}={ms:.2}ms"))
         .collect();
-    eprintln!("cella-init: setup {}", summary.join(" "));
+    log_line!("cella-init: setup {}", summary.join(" "));
     // Standard output went to the launcher's pipe to the server; nothing inside may hold it.
     if let Ok(null) = std::fs::OpenOptions::new()
         .read(true)
@@ -360,7 +370,7 @@ fn exec_cgroups(cfg: &LaunchConfig) -> Option<std::sync::Arc<cella_agent::execcg
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
         .open(&dir)
-        .map_err(|e| eprintln!("cella-init: exec cgroups at {}: {e}", dir.display()))
+        .map_err(|e| log_line!("cella-init: exec cgroups at {}: {e}", dir.display()))
         .ok()?
         .into();
     if let Some(map) = &cfg.userns {
@@ -374,7 +384,7 @@ fn exec_cgroups(cfg: &LaunchConfig) -> Option<std::sync::Arc<cella_agent::execcg
                 group,
                 nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
             ) {
-                eprintln!("cella-init: delegating {}/{name}: {e}", dir.display());
+                log_line!("cella-init: delegating {}/{name}: {e}", dir.display());
                 return None;
             }
         }
@@ -411,7 +421,7 @@ fn net_sysctls() {
         ("net/ipv4/ping_group_range", "0 2147483647"),
     ] {
         if let Err(e) = std::fs::write(format!("/proc/sys/{key}"), value) {
-            eprintln!("cella-init: setting {key}: {e}");
+            log_line!("cella-init: setting {key}: {e}");
         }
     }
 }

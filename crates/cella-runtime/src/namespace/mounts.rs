@@ -435,7 +435,9 @@ fn shift_layer(layer: &Path, upper: &Path, to: u32) -> Result<(), MountOpError> 
         // Not fatal (a full disk has no room for the record): the shift is idempotent, so the
         // next boot shifts nothing more and records again.
         if let Err(e) = crate::userns::record_base(layer, to) {
-            eprintln!("{}", err("recording ids in", layer, e));
+            // Dropped when the setup log cannot be written (a full disk): see `launch::log_line`.
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "{}", err("recording ids in", layer, e));
         }
     }
     Ok(())
