@@ -10,18 +10,21 @@
 //! when it cannot open a netlink socket (at its start, and for the interface lookups of a batch
 //! that names an interface index: out of descriptors, say), and writes some errors to its own
 //! standard error; its netlink socket is not close-on-exec. In a helper that ends the helper:
-//! the server notices (its pipe closes), runs that batch with the `nft` command, and starts a
-//! new helper for the next one. A host where the library cannot be loaded (not installed, or a
-//! function missing) gets the command every time: the helper says so and exits, and is not
-//! started again.
+//! the server notices (its pipe closes, or no whole answer came within [`ANSWER_WAIT`]), runs
+//! that batch with the `nft` command, and starts a new helper for the next one; after
+//! [`STARTS`] starts that failed in a row, the command for good. A host where the library
+//! cannot be loaded (not installed, or a function missing) gets the command every time: the
+//! helper says so and exits, and is not started again. The helper answers on a copy of its
+//! standard output and points standard output itself at `/dev/null`, so nothing a library
+//! prints can fall between two answers.
 //!
 //! The library is loaded at run time (`libloading`) from the package that ships `nft` itself, so
 //! building Cella needs no nftables headers and no link-time library. The helper is the server's
 //! own binary (`/proc/self/exe`), once that binary said it answers `__nft` ([`offer_helper`]:
 //! the `cella` binary does at its start unless `CELLA_NFT=command` is set; any other program
-//! embedding the runtime gets the command), started with an empty environment and its standard error on `/dev/null`; it exits
-//! when its input closes, so a server killed with `kill -9` leaves none.
-//! One batch at a time (callers hold `firewall::one_at_a_time`, and a mutex here).
+//! embedding the runtime gets the command), started with an empty environment and its standard
+//! error on `/dev/null`; it exits when its input closes, so a server killed with `kill -9` leaves
+//! none. One batch at a time (callers hold `firewall::one_at_a_time`, and a mutex here).
 //!
 //! The pipe's frames: a request is a byte (1: JSON output, as `nft -j`), a length (u32, big
 //! endian) and the command; an answer is a byte (1: done, 0: failed), a length and the output
@@ -30,11 +33,11 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The hidden subcommand of `cella` that runs [`helper_main`].
 pub const HELPER_ARG: &str = "__nft";
@@ -191,7 +194,21 @@ fn serve(nft: &Nft, r: &mut impl Read, w: &mut impl Write) -> std::io::Result<()
 /// `cella __nft`: loads the library and answers batches on standard input and output until its
 /// input closes (see the module docs).
 pub fn helper_main() -> i32 {
-    let (mut input, mut output) = (std::io::stdin().lock(), std::io::stdout().lock());
+    // The answers go out on a copy of standard output; standard output itself becomes
+    // `/dev/null`, so nothing the library (or a library under it) prints can fall between
+    // two frames.
+    // SAFETY: plain descriptor calls on this process's own descriptors.
+    let answers = unsafe {
+        let copy = libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3);
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if copy < 0 || null < 0 || libc::dup2(null, 1) < 0 {
+            return 1;
+        }
+        libc::close(null);
+        std::fs::File::from_raw_fd(copy)
+    };
+    let mut output = std::io::BufWriter::new(answers);
+    let mut input = std::io::stdin().lock();
     let nft = match Nft::load() {
         Ok(n) => n,
         Err(e) => {
@@ -215,21 +232,52 @@ struct Helper {
     output: ChildStdout,
 }
 
-/// Whether `fd` has something to read within `wait`.
-fn readable(fd: &impl AsRawFd, wait: Duration) -> bool {
+/// Whether `fd` has something to read (or is at its end) before `deadline`.
+fn readable(fd: &impl AsRawFd, deadline: Instant) -> bool {
     let mut p = libc::pollfd {
         fd: fd.as_raw_fd(),
         events: libc::POLLIN,
         revents: 0,
     };
-    let ms = wait.as_millis().min(i32::MAX as u128) as i32;
     loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = left.as_millis().min(i32::MAX as u128) as i32;
         // SAFETY: one valid pollfd.
         match unsafe { libc::poll(&mut p, 1, ms) } {
             -1 if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
             n => return n > 0,
         }
     }
+}
+
+/// Reads `buf` whole from `r` (a pipe) before `deadline`.
+fn read_by(r: &mut (impl Read + AsRawFd), buf: &mut [u8], deadline: Instant) -> Result<(), String> {
+    let mut at = 0;
+    while at < buf.len() {
+        if !readable(r, deadline) {
+            return Err("no answer in time".into());
+        }
+        match r.read(&mut buf[at..]) {
+            Ok(0) => return Err("it exited".into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(())
+}
+
+/// One answer frame from `r`, whole, before `deadline`.
+fn read_answer(r: &mut (impl Read + AsRawFd), deadline: Instant) -> Result<(u8, Vec<u8>), String> {
+    let mut head = [0u8; 5];
+    read_by(r, &mut head, deadline)?;
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len > MAX_FRAME {
+        return Err(format!("a frame of {len} bytes"));
+    }
+    let mut body = vec![0u8; len];
+    read_by(r, &mut body, deadline)?;
+    Ok((head[0], body))
 }
 
 /// Why the helper cannot be used.
@@ -251,50 +299,53 @@ impl Helper {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| Failure::Unavailable(format!("starting the helper: {e}")))?;
+            .map_err(|e| Failure::Broken(format!("starting the helper: {e}")))?;
         let (Some(input), Some(mut output)) = (child.stdin.take(), child.stdout.take()) else {
             end(&mut child);
             return Err(Failure::Broken("no pipes".into()));
         };
+        let deadline = Instant::now() + START_WAIT;
         let mut first = [0u8; 1];
-        let ready = readable(&output, START_WAIT) && output.read_exact(&mut first).is_ok();
-        match first[0] {
-            b'R' if ready => Ok(Helper {
+        let ready = read_by(&mut output, &mut first, deadline);
+        match (ready, first[0]) {
+            (Ok(()), b'R') => Ok(Helper {
                 child,
                 input,
                 output,
             }),
-            b'U' if ready => {
+            (Ok(()), b'U') => {
                 let mut len = [0u8; 4];
                 let mut why = String::from("unknown");
-                if output.read_exact(&mut len).is_ok() {
+                if read_by(&mut output, &mut len, deadline).is_ok() {
                     let mut body = vec![0u8; (u32::from_be_bytes(len) as usize).min(4096)];
-                    if output.read_exact(&mut body).is_ok() {
+                    if read_by(&mut output, &mut body, deadline).is_ok() {
                         why = String::from_utf8_lossy(&body).into_owned();
                     }
                 }
                 end(&mut child);
                 Err(Failure::Unavailable(why))
             }
-            // Not our helper (a binary without the subcommand), or it died loading.
-            _ => {
+            // Something else than our helper (a binary without the subcommand).
+            (Ok(()), other) => {
                 end(&mut child);
-                Err(Failure::Unavailable("the helper did not start".into()))
+                Err(Failure::Unavailable(format!(
+                    "the helper began its answer with {other:#04x}"
+                )))
+            }
+            // It died loading (a netlink failure, say) or was slow: another may do better.
+            (Err(why), _) => {
+                end(&mut child);
+                Err(Failure::Broken(format!("the helper did not start: {why}")))
             }
         }
     }
 
     fn ask(&mut self, cmd: &str, json: bool) -> Result<Result<String, String>, String> {
         write_frame(&mut self.input, json as u8, cmd.as_bytes()).map_err(|e| e.to_string())?;
-        if !readable(&self.output, ANSWER_WAIT) {
-            return Err("no answer".into());
-        }
-        match read_frame(&mut self.output) {
-            Ok(Some((1, out))) => Ok(Ok(String::from_utf8_lossy(&out).into_owned())),
-            Ok(Some((0, err))) => Ok(Err(String::from_utf8_lossy(&err).into_owned())),
-            Ok(Some((k, _))) => Err(format!("an answer of kind {k}")),
-            Ok(None) => Err("it exited".into()),
-            Err(e) => Err(e.to_string()),
+        match read_answer(&mut self.output, Instant::now() + ANSWER_WAIT)? {
+            (1, out) => Ok(Ok(String::from_utf8_lossy(&out).into_owned())),
+            (0, err) => Ok(Err(String::from_utf8_lossy(&err).into_owned())),
+            (k, _) => Err(format!("an answer of kind {k}")),
         }
     }
 }
@@ -311,14 +362,17 @@ impl Drop for Helper {
 }
 
 enum State {
-    /// Not started yet, or the last one failed.
-    Idle,
+    /// Not started yet, or the last one failed; how many starts failed in a row.
+    Idle(u32),
     Running(Helper),
     /// The library cannot be loaded here: every batch is the command's.
     Unavailable,
 }
 
-static HELPER: Mutex<State> = Mutex::new(State::Idle);
+static HELPER: Mutex<State> = Mutex::new(State::Idle(0));
+
+/// Starts that may fail in a row before the command is used for good.
+const STARTS: u32 = 3;
 
 /// Whether this process's binary runs [`helper_main`] for [`HELPER_ARG`].
 static OFFERED: AtomicBool = AtomicBool::new(false);
@@ -337,15 +391,20 @@ pub(crate) fn run(cmd: &str, json: bool) -> Option<Result<String, String>> {
         return None;
     }
     let mut state = HELPER.lock().unwrap_or_else(|p| p.into_inner());
-    if matches!(*state, State::Idle) {
+    if let State::Idle(failed) = *state {
         *state = match Helper::start() {
             Ok(h) => State::Running(h),
             Err(Failure::Unavailable(why)) => {
                 tracing::info!("nftables through the nft command: {why}");
                 State::Unavailable
             }
+            Err(Failure::Broken(why)) if failed + 1 >= STARTS => {
+                tracing::warn!("nftables through the nft command from now on: {why}");
+                State::Unavailable
+            }
             Err(Failure::Broken(why)) => {
                 tracing::warn!("the nftables helper: {why}");
+                *state = State::Idle(failed + 1);
                 return None;
             }
         };
@@ -358,7 +417,7 @@ pub(crate) fn run(cmd: &str, json: bool) -> Option<Result<String, String>> {
         Err(why) => {
             // This batch goes to the command; the next one gets a new helper.
             tracing::warn!("the nftables helper failed ({why}): running the nft command");
-            *state = State::Idle;
+            *state = State::Idle(0);
             None
         }
     }
@@ -407,6 +466,40 @@ mod tests {
         // The error buffer was emptied: the second failure says only its own.
         assert!(!e2.contains("frobnicate") && e2.contains("still"), "{e2}");
         assert!(e3.contains("NUL"), "{e3}");
+    }
+
+    /// The server reads an answer whole or gives it up: a helper that stopped halfway (or
+    /// printed something that is no frame) holds no lock for longer than the deadline.
+    #[test]
+    fn an_answer_is_read_whole_or_given_up() {
+        use std::os::unix::net::UnixStream;
+        let (mut helper, mut server) = UnixStream::pair().unwrap();
+        write_frame(&mut helper, 1, b"hello").unwrap();
+        write_frame(&mut helper, 0, b"Error: no").unwrap();
+        let soon = || Instant::now() + Duration::from_secs(10);
+        assert_eq!(
+            read_answer(&mut server, soon()).unwrap(),
+            (1, b"hello".to_vec())
+        );
+        assert_eq!(
+            read_answer(&mut server, soon()).unwrap(),
+            (0, b"Error: no".to_vec())
+        );
+        // A head and one byte of a five-byte body, then nothing: given up at the deadline.
+        helper.write_all(&[1, 0, 0, 0, 5, b'h']).unwrap();
+        let cut = read_answer(&mut server, Instant::now() + Duration::from_millis(50));
+        assert_eq!(cut.unwrap_err(), "no answer in time");
+        // A length past the bound is refused before anything is allocated for it.
+        let (mut helper, mut server) = UnixStream::pair().unwrap();
+        helper.write_all(&[1, 0xff, 0xff, 0xff, 0xff]).unwrap();
+        assert!(read_answer(&mut server, soon())
+            .unwrap_err()
+            .contains("bytes"));
+        // A helper gone mid-answer.
+        let (mut helper, mut server) = UnixStream::pair().unwrap();
+        helper.write_all(&[1, 0, 0]).unwrap();
+        drop(helper);
+        assert_eq!(read_answer(&mut server, soon()).unwrap_err(), "it exited");
     }
 
     #[test]
