@@ -62,6 +62,14 @@ type Run = unsafe extern "C" fn(*mut c_void, *const c_char) -> c_int;
 type Buffer = unsafe extern "C" fn(*mut c_void) -> *const c_char;
 type SetFlags = unsafe extern "C" fn(*mut c_void, c_uint);
 
+/// A function of `lib` named `name` (NUL-terminated), as a pointer of type `T`.
+///
+/// # Safety
+/// `T` must be the function's true type; the pointer is valid while `lib` stays loaded.
+unsafe fn symbol<T: Copy>(lib: &libloading::Library, name: &[u8]) -> Result<T, String> {
+    lib.get::<T>(name).map(|s| *s).map_err(|e| e.to_string())
+}
+
 /// A loaded library and one context of it (used by one thread: the helper's, or a test's).
 struct Nft {
     /// Kept loaded: the function pointers below point into it.
@@ -81,27 +89,13 @@ impl Nft {
         // `nft_ctx_buffer_error` and is not used.
         unsafe {
             let lib = libloading::Library::new(SONAME).map_err(|e| e.to_string())?;
-            let new: CtxNew = *lib
-                .get::<CtxNew>(b"nft_ctx_new\0")
-                .map_err(|e| e.to_string())?;
-            let buffer_output: CtxFn = *lib
-                .get::<CtxFn>(b"nft_ctx_buffer_output\0")
-                .map_err(|e| e.to_string())?;
-            let buffer_error: CtxFn = *lib
-                .get::<CtxFn>(b"nft_ctx_buffer_error\0")
-                .map_err(|e| e.to_string())?;
-            let run: Run = *lib
-                .get::<Run>(b"nft_run_cmd_from_buffer\0")
-                .map_err(|e| e.to_string())?;
-            let output: Buffer = *lib
-                .get::<Buffer>(b"nft_ctx_get_output_buffer\0")
-                .map_err(|e| e.to_string())?;
-            let error: Buffer = *lib
-                .get::<Buffer>(b"nft_ctx_get_error_buffer\0")
-                .map_err(|e| e.to_string())?;
-            let set_output_flags: SetFlags = *lib
-                .get::<SetFlags>(b"nft_ctx_output_set_flags\0")
-                .map_err(|e| e.to_string())?;
+            let new: CtxNew = symbol(&lib, b"nft_ctx_new\0")?;
+            let buffer_output: CtxFn = symbol(&lib, b"nft_ctx_buffer_output\0")?;
+            let buffer_error: CtxFn = symbol(&lib, b"nft_ctx_buffer_error\0")?;
+            let run: Run = symbol(&lib, b"nft_run_cmd_from_buffer\0")?;
+            let output: Buffer = symbol(&lib, b"nft_ctx_get_output_buffer\0")?;
+            let error: Buffer = symbol(&lib, b"nft_ctx_get_error_buffer\0")?;
+            let set_output_flags: SetFlags = symbol(&lib, b"nft_ctx_output_set_flags\0")?;
             // Opens the context's netlink socket (or ends the process: see the module docs).
             let ctx = new(0);
             if ctx.is_null() {
