@@ -88,6 +88,23 @@ fn root_in_a_sandbox_is_an_unprivileged_range_on_the_host() {
     assert_eq!(p.status, 201, "{}", p.body);
     let pids = sandbox_pids(&id);
     assert!(pids.len() >= 2, "{pids:?}");
+    // The namespace belongs to one of the accounting uids just above the range (made by the
+    // launcher while it waited for this sandbox, or at its start): never to root.
+    let ns = std::fs::File::open(format!("/proc/{}/ns/user", pids[0])).unwrap();
+    let mut ns_owner: libc::uid_t = 0;
+    // SAFETY: NS_GET_OWNER_UID writes one uid_t to the pointer.
+    let r = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&ns),
+            0xb704, // NS_GET_OWNER_UID
+            &mut ns_owner as *mut libc::uid_t,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    assert!(
+        (BASE + 65536..BASE + 2 * 65536).contains(&ns_owner),
+        "the user namespace's owner {ns_owner}"
+    );
     let mut seen_user = false;
     for pid in &pids {
         let uids = host_uids(*pid);

@@ -118,7 +118,8 @@ impl IdMap {
 
     /// The host uid that makes sandbox `sandbox`'s user namespace: its own budget of per-user
     /// kernel resources at the host's level. One of `count` uids just above the range, picked by
-    /// a hash of the id (two sandboxes that share one share that budget, nothing else: the
+    /// a hash of the id (of the launcher's pid, `launcher-<pid>`, when a launcher makes it while
+    /// it waits for its sandbox; two sandboxes that share one share that budget, nothing else: the
     /// owner's powers over a namespace belong to processes of that uid on the host, and none
     /// runs as it).
     pub fn owner(&self, sandbox: &str) -> u32 {

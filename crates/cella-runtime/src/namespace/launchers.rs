@@ -12,7 +12,8 @@
 //! A waiting launcher holds nothing of a sandbox: it is in the server's cgroup, with an empty
 //! environment and its standard error on `/dev/null` (its first line names the setup log it
 //! opens), and has made only what needs no sandbox (its mount, UTS, IPC and network namespaces,
-//! `super::launch::ahead`). When its standard input closes (the server stopped, or was killed:
+//! `super::launch::ahead`, and the user namespace for the server's id map, given on a line
+//! written as it starts: `super::launch::Ahead`). When its standard input closes (the server stopped, or was killed:
 //! the pipe goes with the process) it reads the end of it, answers an error nobody reads and
 //! exits, its namespaces with it, so nothing outlives a server.
 
@@ -40,17 +41,21 @@ pub(crate) struct Launchers {
 struct Inner {
     exe: PathBuf,
     on: bool,
+    /// Written to every launcher as soon as it is started (a [`super::launch::AheadLine`], or
+    /// nothing).
+    prelude: Vec<u8>,
     ready: Mutex<Option<Child>>,
     /// A thread is starting the next one.
     starting: AtomicBool,
 }
 
 impl Launchers {
-    pub(crate) fn new(exe: PathBuf, on: bool) -> Launchers {
+    pub(crate) fn new(exe: PathBuf, on: bool, prelude: Vec<u8>) -> Launchers {
         Launchers {
             inner: Arc::new(Inner {
                 exe,
                 on,
+                prelude,
                 ready: Mutex::new(None),
                 starting: AtomicBool::new(false),
             }),
@@ -72,10 +77,10 @@ impl Launchers {
                 Ok(None) => Ok(c),
                 _ => {
                     let _ = c.wait();
-                    spawn(&self.inner.exe)
+                    spawn(&self.inner.exe, &self.inner.prelude)
                 }
             },
-            None => spawn(&self.inner.exe),
+            None => spawn(&self.inner.exe, &self.inner.prelude),
         }
     }
 
@@ -95,7 +100,7 @@ impl Launchers {
                     .unwrap_or_else(|p| p.into_inner())
                     .is_none();
                 if empty {
-                    match spawn(&inner.exe) {
+                    match spawn(&inner.exe, &inner.prelude) {
                         Ok(c) => {
                             let mut slot = inner.ready.lock().unwrap_or_else(|p| p.into_inner());
                             // Taken and refilled meanwhile: the newer one stays.
@@ -138,9 +143,10 @@ impl Drop for Inner {
     }
 }
 
-/// Starts `cella __sandbox-init` (its name in the process table is `cella`, with no host path).
-pub(crate) fn spawn(exe: &std::path::Path) -> std::io::Result<Child> {
-    Command::new(exe)
+/// Starts `cella __sandbox-init` (its name in the process table is `cella`, with no host path)
+/// and writes `prelude` to it (a line well under a pipe's buffer: the write never waits).
+pub(crate) fn spawn(exe: &std::path::Path, prelude: &[u8]) -> std::io::Result<Child> {
+    let mut c = Command::new(exe)
         .arg0("cella")
         // The sandbox's PID 1 must carry nothing of the server's environment (keys, paths).
         .env_clear()
@@ -148,7 +154,19 @@ pub(crate) fn spawn(exe: &std::path::Path) -> std::io::Result<Child> {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .spawn()
+        .spawn()?;
+    if !prelude.is_empty() {
+        use std::io::Write;
+        let sent = match c.stdin.as_mut() {
+            Some(input) => input.write_all(prelude),
+            None => Err(std::io::Error::other("no launcher stdin")),
+        };
+        if let Err(e) = sent {
+            end(c);
+            return Err(e);
+        }
+    }
+    Ok(c)
 }
 
 /// Waits for a launcher that answered, on the reaping thread, then drops `after` (the disk
@@ -205,7 +223,7 @@ mod tests {
     fn a_take_gets_the_one_started_ahead_and_the_next_follows() {
         use std::io::{Read, Write};
         let (_dir, exe) = fake();
-        let l = Launchers::new(exe, true);
+        let l = Launchers::new(exe, true, Vec::new());
         // Nothing ready yet: a take starts one at once.
         let mut first = l.take().unwrap();
         assert_eq!(l.ready_pid(), None);
@@ -236,7 +254,7 @@ mod tests {
     #[test]
     fn a_launcher_that_died_while_waiting_is_not_handed_out() {
         let (_dir, exe) = fake();
-        let l = Launchers::new(exe, true);
+        let l = Launchers::new(exe, true, Vec::new());
         l.refill();
         let pid = wait_ready(&l);
         nix::sys::signal::kill(
@@ -254,7 +272,7 @@ mod tests {
     #[test]
     fn off_starts_none_ahead() {
         let (_dir, exe) = fake();
-        let l = Launchers::new(exe, false);
+        let l = Launchers::new(exe, false, Vec::new());
         l.refill();
         std::thread::sleep(std::time::Duration::from_millis(100));
         assert_eq!(l.ready_pid(), None);

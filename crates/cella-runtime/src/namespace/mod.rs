@@ -303,7 +303,7 @@ impl NamespaceDriver {
         }
         Ok(NamespaceDriver {
             data_dir: data_dir.to_path_buf(),
-            launchers: launchers::Launchers::new(agent_exe.clone(), false),
+            launchers: launchers::Launchers::new(agent_exe.clone(), false, Vec::new()),
             agent_exe,
             cgroup_parent: format!("cella/{instance}"),
             disk_quota: false,
@@ -340,11 +340,25 @@ impl NamespaceDriver {
     }
 
     /// Keeps a launcher started ahead for the next boot (see [`launchers`]), starting the first
-    /// one now.
+    /// one now. Each launcher is told the id map (set [`Self::with_userns`] first) and makes the
+    /// user namespace while it waits (see `launch::Ahead`).
     pub fn with_launchers_ahead(mut self) -> Self {
-        self.launchers = launchers::Launchers::new(self.agent_exe.clone(), true);
+        self.launchers = launchers::Launchers::new(self.agent_exe.clone(), true, self.prelude());
         self.launchers.refill();
         self
+    }
+
+    /// The line every launcher gets at its start (nothing without a user namespace).
+    fn prelude(&self) -> Vec<u8> {
+        if self.ids.is_none() {
+            return Vec::new();
+        }
+        let ahead = launch::AheadLine {
+            ahead: launch::Ahead { userns: self.ids },
+        };
+        let mut line = serde_json::to_vec(&ahead).unwrap_or_default();
+        line.push(b'\n');
+        line
     }
 
     /// Whether sandboxes get a network interface.
