@@ -116,16 +116,16 @@ impl IdMap {
         })
     }
 
-    /// The host uid that makes sandbox `sandbox`'s user namespace: its own budget of per-user
+    /// The host uid that makes a sandbox's user namespace (`key`: its id): its own budget of per-user
     /// kernel resources at the host's level. One of `count` uids just above the range, picked by
     /// a hash of the id (of the launcher's pid, `launcher-<pid>`, when a launcher makes it while
     /// it waits for its sandbox; two sandboxes that share one share that budget, nothing else: the
     /// owner's powers over a namespace belong to processes of that uid on the host, and none
     /// runs as it).
-    pub fn owner(&self, sandbox: &str) -> u32 {
+    pub fn owner(&self, key: &str) -> u32 {
         // FNV-1a.
         let mut h: u32 = 0x811c_9dc5;
-        for b in sandbox.bytes() {
+        for b in key.bytes() {
             h = (h ^ b as u32).wrapping_mul(0x0100_0193);
         }
         self.base + self.count + h % self.count
@@ -138,13 +138,24 @@ pub const MARKER: &str = "ids";
 /// Makes a user namespace with `map`, owned by host uid `owner`, and returns a descriptor of
 /// it. Where the host refuses user namespaces to other uids than root, root owns it.
 pub fn create(map: &IdMap, owner: u32) -> Result<OwnedFd, UsernsError> {
-    create_as(map, owner).or_else(|e| match owner {
-        0 => Err(e),
-        _ => {
-            eprintln!("cella: {e}; the host's root makes it instead");
-            create_as(map, 0)
+    let (ns, note) = create_noting(map, owner)?;
+    if let Some(note) = note {
+        eprintln!("cella: {note}");
+    }
+    Ok(ns)
+}
+
+/// [`create`], with what it would say (that the host's root made the namespace instead of
+/// `owner`) returned instead of printed: for a caller whose standard error goes nowhere yet.
+pub fn create_noting(map: &IdMap, owner: u32) -> Result<(OwnedFd, Option<String>), UsernsError> {
+    match create_as(map, owner) {
+        Ok(ns) => Ok((ns, None)),
+        Err(e) if owner != 0 => {
+            let ns = create_as(map, 0)?;
+            Ok((ns, Some(format!("{e}; the host's root makes it instead"))))
         }
-    })
+        Err(e) => Err(e),
+    }
 }
 
 /// [`create`] with exactly this owner. A helper process creates the namespace and is gone when

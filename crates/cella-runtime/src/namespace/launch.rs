@@ -92,8 +92,9 @@ enum LaunchError {
     InitExited,
 }
 
-/// The launcher's first line: what it needs before the sandbox's files are ready (the rest of
-/// the [`LaunchConfig`] follows, and must name the same sandbox, cgroup, ids and network).
+/// The launcher's start (its first line, or its second after an [`Ahead`]): what it needs
+/// before the sandbox's files are ready (the rest of the [`LaunchConfig`] follows, and must
+/// name the same sandbox, cgroup, ids and network).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Start {
     pub id: String,
@@ -126,7 +127,8 @@ pub(crate) struct Ahead {
     pub userns: Option<crate::userns::IdMap>,
 }
 
-/// The line that carries an [`Ahead`]; a first line without the `ahead` field is the start.
+/// The line that carries an [`Ahead`], before the start; a line without the `ahead` field is
+/// the start.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct AheadLine {
     pub ahead: Ahead,
@@ -165,23 +167,28 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
     // Ahead of any sandbox: the namespaces that need nothing of it (see `ahead`). A failure
     // here is the answer to the start below, so the boot says why.
     let ahead = ahead();
-    // First line: what the rest needs (`Start`). The server sends it first, and makes the
-    // cgroup and the sandbox's files (its disk, `launch.json`) while this process makes the user
-    // namespace and the link; then the whole configuration follows, and this process joins the
-    // cgroup (made by then). A launcher started ahead waits here (see `super::launchers`).
+    // First, what can be made before the sandbox is known (an `Ahead`, written as this process
+    // starts): the user namespace for the server's id map. Made here, it is kept only when it
+    // succeeded; a failure is tried again at the start (it may have been passing).
     let mut stdin = std::io::BufReader::new(std::io::stdin());
     let mut line = String::new();
     std::io::BufRead::read_line(&mut stdin, &mut line).map_err(step("reading the start"))?;
-    // What can be made before the start (see `Ahead`); its failure is the start's answer.
     let mut made_ahead = None;
     if let Ok(AheadLine { ahead: early }) = serde_json::from_str::<AheadLine>(&line) {
         if let (Ok(_), Some(map)) = (&ahead, early.userns) {
             let owner = map.owner(&format!("launcher-{}", std::process::id()));
-            made_ahead = Some((map, crate::userns::create(&map, owner)));
+            if let Ok(made) = crate::userns::create_noting(&map, owner) {
+                made_ahead = Some((map, made));
+            }
         }
         line.clear();
         std::io::BufRead::read_line(&mut stdin, &mut line).map_err(step("reading the start"))?;
     }
+    // Then the start: what the rest needs (`Start`). The server makes the cgroup and the
+    // sandbox's files (its disk, `launch.json`) while this process makes the user namespace
+    // (unless made above) and the link; then the whole configuration follows, and this process
+    // joins the cgroup (made by then). A launcher started ahead waits here (see
+    // `super::launchers`).
     let t0 = std::time::Instant::now();
     let start: Start = serde_json::from_str(&line).map_err(LaunchError::Start)?;
     // The setup log: this process's standard error from here on (until now it had none).
@@ -196,8 +203,15 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
     let (ready_r, ready_w) = nix::unistd::pipe().map_err(step("pipe"))?;
     // The user namespace comes first: made by a helper child, which must not become PID 1 of the
     // new PID namespace. Init uses it for its id-mapped mounts and enters it at the end.
+    let mut userns_ahead = false;
     let userns = match (&start.userns, made_ahead) {
-        (Some(map), Some((early, made))) if early == *map => Some(made?),
+        (Some(map), Some((early, (ns, note)))) if early == *map => {
+            userns_ahead = true;
+            if let Some(note) = note {
+                log_line!("cella: {note}");
+            }
+            Some(ns)
+        }
         (Some(map), _) => Some(crate::userns::create(map, map.owner(&start.id))?),
         (None, _) => None,
     };
@@ -248,8 +262,9 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
             let _ = f.read_to_string(&mut msg);
             if msg == "ok" {
                 log_line!(
-                    "cella-launch: userns={:.2}ms net={:.2}ms config={:.2}ms join={:.2}ms unshare={:.2}ms child-setup={:.2}ms",
+                    "cella-launch: userns={:.2}ms{} net={:.2}ms config={:.2}ms join={:.2}ms unshare={:.2}ms child-setup={:.2}ms",
                     t_userns.as_secs_f64() * 1e3,
+                    if userns_ahead { " (namespace made ahead)" } else { "" },
                     (t_net - t_userns).as_secs_f64() * 1e3,
                     (t_config - t_net).as_secs_f64() * 1e3,
                     (t_join - t_config).as_secs_f64() * 1e3,

@@ -1,5 +1,5 @@
 //! A launcher started ahead: `cella __sandbox-init`, spawned before a boot needs it and waiting
-//! for its first line ([`super::launch::Start`]).
+//! for its start ([`super::launch::Start`]).
 //!
 //! Starting the launcher is a spawn from the server (a `vfork` of a large, threaded process), an
 //! `exec` of the whole `cella` binary, its dynamic linking and some hundreds of page faults
@@ -10,7 +10,7 @@
 //! finds none ready starts one itself, as before.
 //!
 //! A waiting launcher holds nothing of a sandbox: it is in the server's cgroup, with an empty
-//! environment and its standard error on `/dev/null` (its first line names the setup log it
+//! environment and its standard error on `/dev/null` (its start names the setup log it
 //! opens), and has made only what needs no sandbox (its mount, UTS, IPC and network namespaces,
 //! `super::launch::ahead`, and the user namespace for the server's id map, given on a line
 //! written as it starts: `super::launch::Ahead`). When its standard input closes (the server stopped, or was killed:
@@ -62,7 +62,7 @@ impl Launchers {
         }
     }
 
-    /// A launcher waiting for its first line: the one kept ready (a new one is then started
+    /// A launcher waiting for its start: the one kept ready (a new one is then started
     /// behind it), or one started now.
     pub(crate) fn take(&self) -> std::io::Result<Child> {
         let ready = self
@@ -182,12 +182,25 @@ pub(crate) fn reap<T: Send + 'static>(c: Child, after: T) {
     });
 }
 
-/// Ends a launcher that was never given a start: its input closes, it exits; reaped.
+/// Ends a launcher that was never given a start: its input closes and it exits (after letting
+/// its user namespace's helper go and reaping it, if it was making that namespace: killed
+/// then, the helper would be left to the server, a subreaper, as a zombie); killed if it has
+/// not within [`END_GRACE`]. Reaped.
 fn end(mut c: Child) {
     drop(c.stdin.take());
+    let deadline = std::time::Instant::now() + END_GRACE;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = c.try_wait() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
     let _ = c.kill();
     let _ = c.wait();
 }
+
+/// How long a launcher whose input closed has to exit on its own (see [`end`]).
+const END_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 #[cfg(test)]
 mod tests {

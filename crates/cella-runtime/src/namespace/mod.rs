@@ -619,7 +619,7 @@ impl NamespaceDriver {
         Ok((cfg, premounted))
     }
 
-    /// A launcher given its first `line` (see [`launchers`]), with its input still open for the
+    /// A launcher given its start `line` (see [`launchers`]), with its input still open for the
     /// configuration. A launcher kept ahead that cannot take the line died while it waited:
     /// with `retry`, one is started now in its place.
     fn start_launcher(
@@ -670,8 +670,8 @@ impl NamespaceDriver {
         };
         let mut line = serde_json::to_vec(&start).map_err(std::io::Error::other)?;
         line.push(b'\n');
-        // The launcher makes the user namespace and the link while the cgroup and the
-        // sandbox's files are made here; it joins the cgroup once the whole configuration came
+        // The launcher makes the link (and the user namespace, unless it made it while it
+        // waited) while the cgroup and the sandbox's files are made here; it joins the cgroup once the whole configuration came
         // (after both). One that died while it waited (its input is closed) never got a
         // start: a fresh one is started in its place.
         let (mut child, mut stdin) = self.start_launcher(&line, true)?;
