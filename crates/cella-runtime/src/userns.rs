@@ -116,8 +116,8 @@ impl IdMap {
         })
     }
 
-    /// The host uid that makes a sandbox's user namespace (`key`: its id): its own budget of per-user
-    /// kernel resources at the host's level. One of `count` uids just above the range, picked by
+    /// The host uid that makes a sandbox's user namespace (`key`: its id): its own budget of
+    /// per-user kernel resources at the host's level. One of `count` uids just above the range, picked by
     /// a hash of the id (of the launcher's pid, `launcher-<pid>`, when a launcher makes it while
     /// it waits for its sandbox; two sandboxes that share one share that budget, nothing else: the
     /// owner's powers over a namespace belong to processes of that uid on the host, and none

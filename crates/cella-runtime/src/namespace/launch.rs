@@ -19,8 +19,7 @@
 //! driver takes a launcher (or starts one now) and sends it the next line, a [`Start`] (sandbox
 //! id, cgroup, setup log, ids, network plan). While the launcher opens the setup log as its
 //! standard error, makes the user namespace if it has none for these ids yet, and the sandbox's
-//! link (`net::setup_inside`), and prints the link
-//! as a first line `{"net": {...}}` (the driver brings the host end up and installs this boot's
+//! link (`net::setup_inside`), and prints the link as a first line `{"net": {...}}` (the driver brings the host end up and installs this boot's
 //! firewall chain while the child below builds the root), the driver creates the cgroup (on v1
 //! only in the memory, cpu, cpuacct, pids and freezer hierarchies), makes the sandbox's disk at
 //! its first boot (a copy of the snapshot's image when `SandboxSpec::snapshot` is set and a fork

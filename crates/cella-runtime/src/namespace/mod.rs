@@ -356,9 +356,14 @@ impl NamespaceDriver {
         let ahead = launch::AheadLine {
             ahead: launch::Ahead { userns: self.ids },
         };
-        let mut line = serde_json::to_vec(&ahead).unwrap_or_default();
-        line.push(b'\n');
-        line
+        // Nothing rather than a bare newline, which a launcher would read as its start.
+        match serde_json::to_vec(&ahead) {
+            Ok(mut line) => {
+                line.push(b'\n');
+                line
+            }
+            Err(_) => Vec::new(),
+        }
     }
 
     /// Whether sandboxes get a network interface.
@@ -671,8 +676,8 @@ impl NamespaceDriver {
         let mut line = serde_json::to_vec(&start).map_err(std::io::Error::other)?;
         line.push(b'\n');
         // The launcher makes the link (and the user namespace, unless it made it while it
-        // waited) while the cgroup and the sandbox's files are made here; it joins the cgroup once the whole configuration came
-        // (after both). One that died while it waited (its input is closed) never got a
+        // waited) while the cgroup and the sandbox's files are made here; it joins the cgroup
+        // once the whole configuration came (after both). One that died while it waited (its input is closed) never got a
         // start: a fresh one is started in its place.
         let (mut child, mut stdin) = self.start_launcher(&line, true)?;
         let t_start = t0.elapsed();
