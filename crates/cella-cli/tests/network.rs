@@ -584,6 +584,11 @@ fn rules_and_interfaces_go_with_the_sandbox_also_after_a_crash() {
     assert!(firewall_chains(&instance(&s)).is_empty());
 }
 
+/// Where a running server holds its claim on the host (see the firewall's module docs).
+fn claim_file(instance: &str) -> std::path::PathBuf {
+    std::path::Path::new("/run/cella-instances").join(format!("{instance}.lock"))
+}
+
 #[test]
 fn a_clean_stop_leaves_no_rules_and_what_a_killed_server_left_is_reclaimed() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
@@ -606,6 +611,14 @@ fn a_clean_stop_leaves_no_rules_and_what_a_killed_server_left_is_reclaimed() {
         !floor_set_exists(&inst_a),
         "a clean stop left its floor set"
     );
+    assert!(
+        !claim_file(&inst_a).exists(),
+        "a clean stop left its claim file"
+    );
+    // A claim file no server holds and nothing in the table refers to (what servers stopped
+    // before this release left) goes when the next server starts.
+    let stale = claim_file("istalefromanoldrelease");
+    std::fs::write(&stale, "").unwrap();
 
     // A server killed with `kill -9`, whose sandbox then dies too (its data directory would
     // be thrown away, as tests and benchmarks do): its rules stay in the shared table...
@@ -634,6 +647,8 @@ fn a_clean_stop_leaves_no_rules_and_what_a_killed_server_left_is_reclaimed() {
         "a gone server's floor set survived"
     );
     assert!(d.log().contains("servers that are gone"), "{}", d.log());
+    assert!(!claim_file(&inst_b).exists() && !stale.exists());
+    assert!(claim_file(&instance(&d)).exists());
     // And only that: a running server's rules, and those of a killed server whose sandbox
     // still runs, stay when another server starts.
     let y = d.create(json!({ "size": "xs" }));

@@ -13,7 +13,9 @@
 //! Servers come and go on a host (tests and benchmarks with throw-away data directories, a
 //! `kill -9`): each running server holds a lock on a file named after its instance in
 //! `/run/cella-instances`, and a server starting removes the objects of every instance that
-//! holds no lock and none of whose chains belongs to an interface that still exists.
+//! holds no lock and none of whose chains belongs to an interface that still exists, and the
+//! files no server holds whose instance has nothing left in the table (a clean stop that
+//! leaves nothing removes its own).
 //!
 //! - forward: traffic *to* a sandbox is dropped unless it answers a connection the sandbox
 //!   opened (no inbound, no sandbox-to-sandbox); traffic *from* a sandbox goes to `egress`.
@@ -212,7 +214,13 @@ impl Firewall {
     /// stop; a kept sandbox's chain still needs it, and the kernel refuses then). Returns
     /// whether it was removed.
     pub fn remove_floor(&self) -> bool {
-        nft(&format!("delete set inet cella {}\n", self.floor_set())).is_ok()
+        let gone = nft(&format!("delete set inet cella {}\n", self.floor_set())).is_ok();
+        if gone {
+            // Nothing of this server is left in the table: its claim file has no more use (the
+            // claim itself is held until the process ends, on a file no longer named).
+            release_claim(&self.instance);
+        }
+        gone
     }
 
     /// Writes the floor again when the host's addresses changed since `last` (one batch);
@@ -486,12 +494,20 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
                 true
             }
         });
-        if plan.is_empty() {
-            return Ok(0);
+        if !plan.is_empty() {
+            nft(&plan.script())?;
+            for (path, _lock) in &held {
+                let _ = std::fs::remove_file(path);
+            }
         }
-        nft(&plan.script())?;
-        for (path, _lock) in &held {
-            let _ = std::fs::remove_file(path);
+        drop(held);
+        let swept = sweep_claims(
+            std::path::Path::new(INSTANCES_DIR),
+            &self.instance,
+            &plan.present,
+        );
+        if swept > 0 {
+            tracing::debug!("firewall: removed {swept} claim file(s) of servers that are gone");
         }
         Ok(plan.count())
     }
@@ -695,6 +711,8 @@ fn host_ifindexes() -> std::collections::HashSet<u32> {
 struct DeadPlan {
     instances: Vec<String>,
     lines: Vec<String>,
+    /// Every other instance with objects in the table (gone or not).
+    present: std::collections::BTreeSet<String>,
 }
 
 impl DeadPlan {
@@ -749,7 +767,10 @@ fn dead_objects(
             }
         }
     }
-    let mut plan = DeadPlan::default();
+    let mut plan = DeadPlan {
+        present: seen.keys().cloned().collect(),
+        ..DeadPlan::default()
+    };
     let mut dead_chains = std::collections::HashSet::new();
     for (inst, (chains, _)) in &seen {
         let in_use = chains
@@ -840,6 +861,56 @@ fn claim_instance(instance: &str) -> bool {
         }
     }
     false
+}
+
+/// Unlinks this process's claim file of `instance` (only the file it holds a claim on).
+fn release_claim(instance: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let path = instance_lock_path(instance);
+    let Ok(named) = std::fs::metadata(&path) else {
+        return;
+    };
+    let claims = CLAIMS.lock().unwrap_or_else(|p| p.into_inner());
+    let ours = claims.iter().any(|f| {
+        f.metadata()
+            .is_ok_and(|m| m.ino() == named.ino() && m.dev() == named.dev())
+    });
+    if ours {
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// Removes from `dir` the claim files of instances other than `own` that no server holds and
+/// that have nothing in the shared table (not in `present`): a server stopped cleanly, or one
+/// whose objects were removed, needs its file no more, and without this every throw-away
+/// server of tests and benchmarks left one. Each file is unlinked while its lock is held, so a
+/// server claiming that name at the same moment sees it unlinked and opens it again (see
+/// [`claim_instance`]). Answers how many it removed.
+fn sweep_claims(
+    dir: &std::path::Path,
+    own: &str,
+    present: &std::collections::BTreeSet<String>,
+) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(inst) = name.to_str().and_then(|n| n.strip_suffix(".lock")) else {
+            continue;
+        };
+        if inst == own || present.contains(inst) {
+            continue;
+        }
+        let Ok(f) = std::fs::OpenOptions::new().write(true).open(e.path()) else {
+            continue;
+        };
+        if flock(&f, libc::LOCK_EX | libc::LOCK_NB) && std::fs::remove_file(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// An `flock` of `op` on `f`, retried on `EINTR`.
@@ -1131,6 +1202,35 @@ mod tests {
             plan.script(),
             "delete element inet cella host_in { 500 . 10.200.0.2 . 10.200.0.1 . 7070 }\n"
         );
+    }
+
+    #[test]
+    fn claim_files_go_only_where_no_server_holds_them_and_the_table_has_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |n: &str| {
+            let p = dir.path().join(n);
+            std::fs::write(&p, "").unwrap();
+            p
+        };
+        let stale = file("igone.lock");
+        let held = file("irunning.lock");
+        let in_table = file("ikilled.lock");
+        let own = file("i1.lock");
+        let other = file("notes.txt");
+        // Another server's claim: an flock on its own open file (another open file
+        // description conflicts, even in this process).
+        let holder = std::fs::OpenOptions::new().write(true).open(&held).unwrap();
+        assert!(flock(&holder, libc::LOCK_EX));
+        let present = ["ikilled".to_string()].into_iter().collect();
+        assert_eq!(sweep_claims(dir.path(), "i1", &present), 1);
+        assert!(!stale.exists());
+        for kept in [&held, &in_table, &own, &other] {
+            assert!(kept.exists(), "{} went", kept.display());
+        }
+        // Once its server is gone (its lock released), a claim with nothing in the table goes.
+        drop(holder);
+        assert_eq!(sweep_claims(dir.path(), "i1", &present), 1);
+        assert!(!held.exists() && in_table.exists());
     }
 
     #[test]
