@@ -11,6 +11,14 @@ mod common;
 use common::{have_runsc, host_processes_naming, mounts_naming, Server, KEY};
 use serde_json::{json, Value};
 
+/// Whether gVisor sandbox `id` (size `xs`: one vCPU) is held to its CPU quota, with no lifted
+/// quota noted: the driver lifts it only while runsc boots, checkpoints or restores it.
+fn holds_its_cpu_quota(s: &Server, id: &str) -> bool {
+    let quota = common::cgroup_value(id, ("cpu", "cpu.cfs_quota_us"), "cpu.max");
+    let note = s.data_dir().join("gvisor").join(id).join("cpu-quota");
+    quota.is_some_and(|q| q == "100000" || q.starts_with("100000 ")) && !note.exists()
+}
+
 fn create_gvisor(s: &Server) -> String {
     let r = s.post(
         "/api/v1/sandboxes",
@@ -759,6 +767,7 @@ fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
     }
     let mut s = Server::start();
     let id = create_gvisor(&s);
+    assert!(holds_its_cpu_quota(&s, &id));
     let dir = s.data_dir().join("gvisor").join(&id);
     let image = dir.join("memory").join("checkpoint.img");
     let code = |s: &Server, code: &str| {
@@ -786,6 +795,7 @@ fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
     assert_eq!(r.data()["state"], "paused");
     assert_eq!(r.data()["memory"], "on_disk");
     assert!(image.exists(), "no checkpoint image in {}", dir.display());
+    assert!(holds_its_cpu_quota(&s, &id));
     assert_eq!(host_processes_naming(&id), Vec::<String>::new());
     assert_eq!(common::sandbox_pids(&id), Vec::<i32>::new());
     let usage = s.get(&format!("/api/v1/sandboxes/{id}/usage"));
@@ -802,6 +812,7 @@ fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
     assert_eq!(r.data()["state"], "running");
     assert!(r.data().get("memory").is_none());
     assert!(!image.exists(), "the image stays after the resume");
+    assert!(holds_its_cpu_quota(&s, &id));
     assert_eq!(code(&s, "kept + 1")["result"], "42");
     let n = counts(&s, &id).len();
     assert_counted_on(&s, &id, n);
@@ -1068,6 +1079,51 @@ fn a_server_killed_between_the_checkpoint_and_the_row_finds_the_sandbox_running_
     common::eventually("the gVisor sandbox's host state is gone", || {
         !dir.exists() && host_processes_naming(&id).is_empty()
     });
+}
+
+#[test]
+fn a_server_killed_while_runsc_checkpoints_unthrottled_leaves_the_sandbox_its_cpu_quota() {
+    if !have_runsc() {
+        return;
+    }
+    // The server dies in a pause to disk once the sandbox's CPU quota is lifted for runsc's
+    // checkpoint and before the checkpoint: the sandbox runs on, unthrottled, its row running.
+    let mut s = Server::start_env("", &[("CELLA_CRASH_AT", "runtime.gvisor.pause.lifted")]);
+    let id = create_gvisor(&s);
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/code/run"),
+        json!({ "code": "kept = 'through the crash'" }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let _ = s.try_raw(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/pause"),
+        Some(KEY),
+        Some(b"{}".to_vec()),
+        &[],
+    );
+    assert!(
+        s.wait_exit(120).is_some(),
+        "the server did not die at its crash point"
+    );
+    assert!(!holds_its_cpu_quota(&s, &id), "the quota was not lifted");
+    // The restart finds it running and holds it to its quota again.
+    s.restart_with_env(&[]);
+    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(got.data()["state"], "running", "{}\n{}", got.body, s.log());
+    assert!(holds_its_cpu_quota(&s, &id), "{}", s.log());
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/code/run"),
+        json!({ "code": "kept" }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.data()["result"], "'through the crash'");
+    // A pause and a resume after it leave it held too.
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    resume(&s, &id);
+    assert!(holds_its_cpu_quota(&s, &id));
+    assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
 }
 
 #[test]

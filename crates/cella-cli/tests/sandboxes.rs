@@ -468,39 +468,16 @@ fn init_reaps_orphans() {
     assert_eq!(z["stdout"], "0\n", "zombies left");
 }
 
-fn cgroup_value(id: &str, v1: (&str, &str), v2: &str) -> Option<String> {
-    for d in cgroup_dirs(id) {
-        let parent = d
-            .parent()
-            .and_then(|p| p.parent())
-            .and_then(|p| p.parent())
-            .map(|p| p.to_path_buf());
-        let file = if parent.as_deref() == Some(std::path::Path::new("/sys/fs/cgroup"))
-            && d.join(v2).exists()
-        {
-            d.join(v2)
-        } else if parent.as_deref() == Some(&std::path::Path::new("/sys/fs/cgroup").join(v1.0)) {
-            d.join(v1.1)
-        } else {
-            continue;
-        };
-        if let Ok(t) = std::fs::read_to_string(file) {
-            return Some(t.trim().to_string());
-        }
-    }
-    None
-}
-
 #[test]
 fn cgroup_limits_follow_the_size() {
     let s = Server::start();
     let id = s.create(json!({ "size": "small" }));
-    let mem =
-        cgroup_value(&id, ("memory", "memory.limit_in_bytes"), "memory.max").expect("memory limit");
+    let mem = common::cgroup_value(&id, ("memory", "memory.limit_in_bytes"), "memory.max")
+        .expect("memory limit");
     assert_eq!(mem, (4096u64 * 1024 * 1024).to_string());
-    let cpu = cgroup_value(&id, ("cpu", "cpu.cfs_quota_us"), "cpu.max").expect("cpu quota");
+    let cpu = common::cgroup_value(&id, ("cpu", "cpu.cfs_quota_us"), "cpu.max").expect("cpu quota");
     assert!(cpu == "200000" || cpu.starts_with("200000 "), "{cpu}");
-    let pids = cgroup_value(&id, ("pids", "pids.max"), "pids.max").expect("pids limit");
+    let pids = common::cgroup_value(&id, ("pids", "pids.max"), "pids.max").expect("pids limit");
     // 1024 per vCPU, lowered so that pids x [limits] open_files (1024) stays within
     // open_files_host_percent (10) of the host's fs.file-max, but never below 128.
     let file_max: u64 = std::fs::read_to_string("/proc/sys/fs/file-max")
@@ -512,7 +489,7 @@ fn cgroup_limits_follow_the_size() {
     assert_eq!(pids, want.to_string());
     // No swap beyond memory: memory+swap equals memory on v1, swap is 0 on v2 (where the kernel
     // accounts swap at all).
-    if let Some(swap) = cgroup_value(
+    if let Some(swap) = common::cgroup_value(
         &id,
         ("memory", "memory.memsw.limit_in_bytes"),
         "memory.swap.max",

@@ -185,6 +185,49 @@ pub fn usage(path: &str) -> (u64, u64) {
     )
 }
 
+/// The file of cgroup `path` that holds its CPU quota, and whether it is v2's `cpu.max`.
+fn cpu_quota_file(path: &str) -> Option<(PathBuf, bool)> {
+    if hierarchies::is_cgroup2_unified_mode() {
+        return Some((
+            PathBuf::from(hierarchies::UNIFIED_MOUNTPOINT)
+                .join(path)
+                .join("cpu.max"),
+            true,
+        ));
+    }
+    v1_mount(cgroups_rs::fs::Controllers::Cpu)
+        .map(|m| (m.join(path).join("cpu.cfs_quota_us"), false))
+}
+
+/// The CPU quota of cgroup `path`, in microseconds per [`CPU_PERIOD_US`]; None where it has
+/// none. Read from its file directly (as [`usage`], without `cgroups-rs`'s loading).
+pub fn cpu_quota(path: &str) -> Option<u64> {
+    let (file, _) = cpu_quota_file(path)?;
+    let text = std::fs::read_to_string(file).ok()?;
+    // v1: `-1` for none; v2: `max 100000` for none.
+    text.split_whitespace()
+        .next()?
+        .parse::<i64>()
+        .ok()
+        .filter(|q| *q > 0)
+        .map(|q| q as u64)
+}
+
+/// Sets the CPU quota of cgroup `path` to `quota` microseconds per [`CPU_PERIOD_US`], or
+/// none.
+pub fn set_cpu_quota(path: &str, quota: Option<u64>) -> Result<(), DriverError> {
+    let (file, v2) =
+        cpu_quota_file(path).ok_or_else(|| DriverError::Cgroup("no cpu controller".into()))?;
+    let value = match (quota, v2) {
+        (Some(q), true) => format!("{q} {CPU_PERIOD_US}"),
+        (None, true) => format!("max {CPU_PERIOD_US}"),
+        (Some(q), false) => q.to_string(),
+        (None, false) => "-1".to_string(),
+    };
+    std::fs::write(&file, &value)
+        .map_err(|e| DriverError::Cgroup(format!("writing {value} to {}: {e}", file.display())))
+}
+
 /// Where the v1 hierarchy of controller `c` is mounted (read once per controller).
 fn v1_mount(c: cgroups_rs::fs::Controllers) -> Option<PathBuf> {
     type Mounts = std::sync::Mutex<Vec<(String, Option<PathBuf>)>>;

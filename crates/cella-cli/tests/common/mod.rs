@@ -380,6 +380,30 @@ pub fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
     out
 }
 
+/// The value of a file of sandbox `id`'s cgroup: `v1` (hierarchy, file) on cgroup v1, `v2`
+/// on v2; None where there is none.
+pub fn cgroup_value(id: &str, v1: (&str, &str), v2: &str) -> Option<String> {
+    for d in cgroup_dirs(id) {
+        let parent = d
+            .parent()
+            .and_then(|p| p.parent())
+            .and_then(|p| p.parent())
+            .map(|p| p.to_path_buf());
+        let file = if parent.as_deref() == Some(Path::new("/sys/fs/cgroup")) && d.join(v2).exists()
+        {
+            d.join(v2)
+        } else if parent.as_deref() == Some(&Path::new("/sys/fs/cgroup").join(v1.0)) {
+            d.join(v1.1)
+        } else {
+            continue;
+        };
+        if let Ok(t) = std::fs::read_to_string(file) {
+            return Some(t.trim().to_string());
+        }
+    }
+    None
+}
+
 /// Waits until `done()` holds, for at most 30 s, then fails naming `what`. A destroy answers
 /// once its row is `destroyed`; the teardown on the host (processes, cgroups, files) ends just
 /// after, so what a test checks of the host after a destroy is waited for with this.

@@ -194,6 +194,12 @@ const AGENT_NAME: &str = "cella";
 /// In a snapshot's or boot image's directory with memory: the path of the agent its
 /// checkpoint was made with.
 const AGENT_FILE: &str = "agent";
+/// In a sandbox's directory while its CPU quota is lifted (see [`GvisorDriver::lift`]): the
+/// quota to set again, in microseconds per period.
+const QUOTA_FILE: &str = "cpu-quota";
+/// In a sandbox's directory from just before its agent is quiesced for a checkpoint until it
+/// is woken or the checkpoint ended the sandbox.
+const QUIESCED_FILE: &str = "quiesced";
 /// Longest wait for the agent to close its connections before a checkpoint.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -525,6 +531,7 @@ impl GvisorDriver {
         // Kept for a restore from disk, which needs the same mounts.
         let json = serde_json::to_vec(&cfg).map_err(std::io::Error::other)?;
         std::fs::write(dir.join(LAUNCH_FILE), json)?;
+        self.lift(&spec.id, &cgroup_path);
         let (pid, start_time, made) = match &image {
             Some(mem) => self.start(&as_restore(cfg.clone(), mem)?)?,
             None => self.start(&cfg)?,
@@ -678,6 +685,67 @@ impl GvisorDriver {
             .exists()
     }
 
+    /// Whether sandbox `id`'s agent was quiesced for a checkpoint and not woken since.
+    fn quiesced(&self, id: &str) -> bool {
+        self.sandbox_dir(id).join(QUIESCED_FILE).exists()
+    }
+
+    /// Wakes an agent a server killed between its quiesce and the checkpoint left quiesced (one
+    /// that answers was not quiesced yet: only the note goes).
+    async fn wake_if_left_quiesced(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
+        if !self.quiesced(&handle.id) {
+            return Ok(());
+        }
+        let client = AgentClient::new(&handle.socket);
+        if client.ping(Duration::from_secs(1)).await.is_ok() {
+            let _ = std::fs::remove_file(self.sandbox_dir(&handle.id).join(QUIESCED_FILE));
+            return Ok(());
+        }
+        self.wake(handle).await
+    }
+
+    /// Lifts the CPU quota of sandbox `id`'s cgroup for the platform's own work in it: a boot,
+    /// a checkpoint or a restore by runsc (several Go processes and threads at once; held to a
+    /// one-vCPU quota, a restore spent a third of its time throttled here). The quota is noted
+    /// in the sandbox's directory first, so that [`Self::unlift`] sets it again, or, after a
+    /// crash in between, the next start's `pause` or `unpause` of the sandbox found again.
+    /// Nothing of the tenant's runs while it is lifted: a boot's only process is the agent
+    /// until the create answers, a checkpoint stops the sandbox's kernel first, and a restored
+    /// sandbox gets its quota back as soon as runsc says it runs, before its agent is woken.
+    fn lift(&self, id: &str, cgroup: &str) {
+        // None: no quota, or lifted already (its note stays the one to set again).
+        let Some(quota) = cgroup::cpu_quota(cgroup) else {
+            return;
+        };
+        let note = self.sandbox_dir(id).join(QUOTA_FILE);
+        if std::fs::write(&note, quota.to_string()).is_ok() {
+            if let Err(e) = cgroup::set_cpu_quota(cgroup, None) {
+                tracing::debug!(sandbox = id, "lifting its cpu quota: {e}");
+                let _ = std::fs::remove_file(&note);
+            }
+        }
+    }
+
+    /// Sets again the CPU quota [`Self::lift`] noted for sandbox `id` (nothing when none is
+    /// noted). One that cannot be set keeps its note, for the next try.
+    fn unlift(&self, id: &str, cgroup: &str) {
+        let note = self.sandbox_dir(id).join(QUOTA_FILE);
+        let Ok(text) = std::fs::read_to_string(&note) else {
+            return;
+        };
+        let Ok(quota) = text.trim().parse::<u64>() else {
+            tracing::error!(sandbox = id, "its noted cpu quota does not read: {text:?}");
+            let _ = std::fs::remove_file(&note);
+            return;
+        };
+        match cgroup::set_cpu_quota(cgroup, Some(quota)) {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&note);
+            }
+            Err(e) => tracing::warn!(sandbox = id, "setting its cpu quota again: {e}"),
+        }
+    }
+
     /// `runsc` with this driver's flags, for a call about sandbox `id`. A sandbox with a link
     /// is called from inside its kept network namespace: runsc 20221219 reaches a sandbox's
     /// control server through an abstract socket, which belongs to the network namespace the
@@ -759,6 +827,7 @@ impl GvisorDriver {
         self.runsc_delete(&handle.id);
         let _ = std::fs::remove_file(dir.join("sock").join(spec::SOCKET_NAME));
         std::fs::rename(&tmp, dir.join(MEMORY_DIR))?;
+        let _ = std::fs::remove_file(dir.join(QUIESCED_FILE));
         Ok(())
     }
 
@@ -779,6 +848,7 @@ impl GvisorDriver {
         cgroup::kill(&handle.cgroup);
         self.runsc_delete(&handle.id);
         let _ = std::fs::remove_file(dir.join("sock").join(spec::SOCKET_NAME));
+        self.lift(&handle.id, &handle.cgroup);
         let (pid, start_time, _) = self.start(&cfg)?;
         Ok(SandboxHandle {
             pid,
@@ -805,6 +875,8 @@ impl GvisorDriver {
         {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+        // Restored: from here on its processes run, on the sandbox's own quota.
+        self.unlift(&handle.id, &handle.cgroup);
         let netns = Some(self.sandbox_dir(&handle.id).join(NETNS_FILE)).filter(|f| f.exists());
         let mut tries = 0u32;
         loop {
@@ -842,6 +914,9 @@ impl GvisorDriver {
         }
         let signalled = started.elapsed();
         let r = self.wait_agent(handle, deadline).await;
+        if r.is_ok() {
+            let _ = std::fs::remove_file(self.sandbox_dir(&handle.id).join(QUIESCED_FILE));
+        }
         tracing::debug!(
             sandbox = handle.id,
             tries,
@@ -957,6 +1032,9 @@ impl GvisorDriver {
         // The link goes with its namespace (a next boot makes another).
         release_netns(&dir.join(NETNS_FILE));
         if keep_files {
+            // Its cgroup went: the next boot makes it with the sandbox's limits.
+            let _ = std::fs::remove_file(dir.join(QUOTA_FILE));
+            let _ = std::fs::remove_file(dir.join(QUIESCED_FILE));
             let _ = std::fs::remove_dir_all(dir.join("work"));
             let _ = std::fs::remove_dir_all(dir.join(MEMORY_DIR));
             let _ = std::fs::remove_dir_all(dir.join(MEMORY_TMP));
@@ -1106,6 +1184,7 @@ impl Driver for GvisorDriver {
         } else {
             self.wait_agent(&handle, deadline).await
         };
+        self.unlift(&handle.id, &handle.cgroup);
         if let Err(e) = ready {
             let _ = self.stop(&handle.id, Some(&handle)).await;
             return Err(e);
@@ -1133,12 +1212,21 @@ impl Driver for GvisorDriver {
         if self.on_disk(&handle.id) {
             return Probe::Alive;
         }
-        crate::hosted::probe(handle, "runsc process").await
+        match crate::hosted::probe(handle, "runsc process").await {
+            // Its runsc runs and its agent was quiesced for a checkpoint that did not come (a
+            // server killed in between): `unpause` or `pause` wakes it.
+            Probe::Gone(_) if crate::hosted::alive(handle) && self.quiesced(&handle.id) => {
+                Probe::Alive
+            }
+            other => other,
+        }
     }
 
     /// To disk: the agent quiesces (no host socket left open), `runsc checkpoint` writes the
     /// sandbox to `memory/` and ends it. A failure wakes the agent: the sandbox runs on.
     async fn pause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
+        // A quota a server killed mid-way left lifted is set again.
+        self.unlift(&handle.id, &handle.cgroup);
         if self.on_disk(&handle.id) {
             // On disk it has no process: one left is a restore the server did not record (it
             // was killed during a resume), ended so that the image is the one copy.
@@ -1148,6 +1236,9 @@ impl Driver for GvisorDriver {
         }
         // A sandbox frozen by an older server (memory in RAM) is thawed first.
         crate::hosted::unpause(handle)?;
+        self.wake_if_left_quiesced(handle).await?;
+        // Noted first: a server killed once the agent quiesced finds it so at its next start.
+        std::fs::write(self.sandbox_dir(&handle.id).join(QUIESCED_FILE), "")?;
         if let Err(e) = AgentClient::new(&handle.socket)
             .quiesce(QUIESCE_TIMEOUT)
             .await
@@ -1156,11 +1247,17 @@ impl Driver for GvisorDriver {
             let _ = self.wake(handle).await;
             return Err(DriverError::Agent(format!("quiescing the agent: {e}")));
         }
+        // Nothing of the tenant's runs during the checkpoint (runsc stops the sandbox's kernel
+        // first): the saving, runsc's work, is not held to the sandbox's quota.
+        self.lift(&handle.id, &handle.cgroup);
+        cella_crash::crash_point!("runtime.gvisor.pause.lifted");
         let this = self.clone();
         let h = handle.clone();
         let saved = tokio::task::spawn_blocking(move || this.checkpoint(&h))
             .await
-            .map_err(|e| DriverError::Launch(e.to_string()))?;
+            .map_err(|e| DriverError::Launch(e.to_string()));
+        self.unlift(&handle.id, &handle.cgroup);
+        let saved = saved?;
         if let Err(e) = saved {
             if let Err(w) = self.wake(handle).await {
                 tracing::warn!(sandbox = handle.id, "after a failed checkpoint: {w}");
@@ -1174,15 +1271,28 @@ impl Driver for GvisorDriver {
     /// woken, the image removed. A failure ends what started and keeps the image.
     async fn unpause(&self, handle: &SandboxHandle) -> Result<Option<SandboxHandle>, DriverError> {
         if !self.on_disk(&handle.id) {
+            // A quota a server killed mid-way left lifted is set again, and an agent it left
+            // quiesced (between the quiesce and the checkpoint) is woken.
+            self.unlift(&handle.id, &handle.cgroup);
             crate::hosted::unpause(handle)?;
+            self.wake_if_left_quiesced(handle).await?;
             return Ok(None);
         }
         let this = self.clone();
         let h = handle.clone();
         let new = tokio::task::spawn_blocking(move || this.restore(&h))
             .await
-            .map_err(|e| DriverError::Launch(e.to_string()))??;
+            .map_err(|e| DriverError::Launch(e.to_string()))
+            .and_then(|r| r);
+        let new = match new {
+            Ok(new) => new,
+            Err(e) => {
+                self.unlift(&handle.id, &handle.cgroup);
+                return Err(e);
+            }
+        };
         if let Err(e) = self.wake(&new).await {
+            self.unlift(&handle.id, &handle.cgroup);
             let this = self.clone();
             let n = new.clone();
             let _ = tokio::task::spawn_blocking(move || {
