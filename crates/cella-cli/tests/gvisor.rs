@@ -1123,6 +1123,32 @@ fn a_server_killed_while_runsc_checkpoints_unthrottled_leaves_the_sandbox_its_cp
     assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
     resume(&s, &id);
     assert!(holds_its_cpu_quota(&s, &id));
+    // A client that hangs up in the middle of a pause, then of a resume, leaves neither half
+    // done: each runs to its end, the row says so, and the quota holds.
+    let hang_up = |action: &str| {
+        let c = reqwest::blocking::Client::builder()
+            .timeout(std::time::Duration::from_millis(100))
+            .build()
+            .unwrap();
+        let sent = c
+            .post(format!("{}/api/v1/sandboxes/{id}/{action}", s.url))
+            .bearer_auth(KEY)
+            .json(&json!({}))
+            .send();
+        assert!(sent.is_err(), "the {action} answered within 100 ms");
+    };
+    let state_is = |want: &str| s.get(&format!("/api/v1/sandboxes/{id}")).data()["state"] == want;
+    hang_up("pause");
+    common::eventually("the abandoned pause to end", || state_is("paused"));
+    hang_up("resume");
+    common::eventually("the abandoned resume to end", || state_is("running"));
+    assert!(holds_its_cpu_quota(&s, &id));
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/code/run"),
+        json!({ "code": "kept" }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.data()["result"], "'through the crash'");
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
 }
 

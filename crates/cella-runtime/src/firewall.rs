@@ -487,7 +487,7 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
             let Ok(f) = std::fs::OpenOptions::new().write(true).open(&path) else {
                 return false; // never claimed, or already reclaimed
             };
-            if flock(&f, libc::LOCK_EX | libc::LOCK_NB) {
+            if flock(&f, libc::LOCK_EX | libc::LOCK_NB) && still_named(&f, &path) {
                 held.push((path, f));
                 false
             } else {
@@ -831,7 +831,7 @@ static CLAIMS: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec:
 /// until the process ends. Returns whether it holds the claim now (false where the directory
 /// cannot be written: then no server there can tell another's liveness, and none reclaims).
 fn claim_instance(instance: &str) -> bool {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     if std::fs::create_dir_all(INSTANCES_DIR).is_err() {
         return false;
     }
@@ -851,11 +851,7 @@ fn claim_instance(instance: &str) -> bool {
         }
         // A server reclaiming this name (it found it unclaimed) unlinks the file while it
         // holds the lock: a lock on an unlinked file claims nothing; open it again.
-        let same = match (f.metadata(), std::fs::metadata(&path)) {
-            (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
-            _ => false,
-        };
-        if same {
+        if still_named(&f, &path) {
             CLAIMS.lock().unwrap_or_else(|p| p.into_inner()).push(f);
             return true;
         }
@@ -865,17 +861,9 @@ fn claim_instance(instance: &str) -> bool {
 
 /// Unlinks this process's claim file of `instance` (only the file it holds a claim on).
 fn release_claim(instance: &str) {
-    use std::os::unix::fs::MetadataExt;
     let path = instance_lock_path(instance);
-    let Ok(named) = std::fs::metadata(&path) else {
-        return;
-    };
     let claims = CLAIMS.lock().unwrap_or_else(|p| p.into_inner());
-    let ours = claims.iter().any(|f| {
-        f.metadata()
-            .is_ok_and(|m| m.ino() == named.ino() && m.dev() == named.dev())
-    });
-    if ours {
+    if claims.iter().any(|f| still_named(f, &path)) {
         let _ = std::fs::remove_file(&path);
     }
 }
@@ -906,11 +894,25 @@ fn sweep_claims(
         let Ok(f) = std::fs::OpenOptions::new().write(true).open(e.path()) else {
             continue;
         };
-        if flock(&f, libc::LOCK_EX | libc::LOCK_NB) && std::fs::remove_file(e.path()).is_ok() {
+        if flock(&f, libc::LOCK_EX | libc::LOCK_NB)
+            && still_named(&f, &e.path())
+            && std::fs::remove_file(e.path()).is_ok()
+        {
             removed += 1;
         }
     }
     removed
+}
+
+/// Whether `path` still names the open file `f`: a claim file locked after it was unlinked
+/// (its server stopped cleanly, or another server reclaimed it) may have been made again by a
+/// server starting under that name, whose live claim must not be unlinked.
+fn still_named(f: &std::fs::File, path: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (f.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+        _ => false,
+    }
 }
 
 /// An `flock` of `op` on `f`, retried on `EINTR`.

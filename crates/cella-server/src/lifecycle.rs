@@ -195,6 +195,37 @@ fn handle(row: &SandboxRow) -> Result<cella_runtime::SandboxHandle, SandboxError
     handle_of(row)?.ok_or_else(|| SandboxError::NoRuntime(row.id.clone()))
 }
 
+/// [`pause`], [`resume`] or [`stop`] in a task of its own, for a caller that may go away (a
+/// client hanging up, which drops the request's future): the driver's work and the row's write
+/// are never cut apart. Cut, a restore from disk ran on with its agent never woken and its row
+/// still paused (its processes running, not billed), and on gVisor with the CPU quota runsc's
+/// work had lifted.
+pub async fn detached(
+    state: &std::sync::Arc<AppState>,
+    id: &str,
+    op: Op,
+) -> Result<Sandbox, SandboxError> {
+    let (st, id) = (state.clone(), id.to_string());
+    tokio::spawn(crate::timing::carry(async move {
+        match op {
+            Op::Pause => pause(&st, &id, None).await,
+            Op::Resume => resume(&st, &id).await,
+            Op::Stop => stop(&st, &id).await,
+        }
+    }))
+    .await
+    .map_err(|e| crate::error::Internal::task("a lifecycle change")(e).into())
+    .and_then(|r| r)
+}
+
+/// A change [`detached`] makes.
+#[derive(Debug, Clone, Copy)]
+pub enum Op {
+    Pause,
+    Resume,
+    Stop,
+}
+
 /// Freezes a running sandbox. `reason` says why when the server decided (a timer).
 pub async fn pause(
     state: &AppState,

@@ -416,7 +416,7 @@ async fn resume_for_preview(state: &Arc<AppState>, row: &SandboxRow) -> Result<(
             .insert(header::RETRY_AFTER, HeaderValue::from(wait));
         return Err(res);
     }
-    if let Err(e) = lifecycle::resume(state, &row.id).await {
+    if let Err(e) = lifecycle::detached(state, &row.id, lifecycle::Op::Resume).await {
         tracing::warn!(sandbox = row.id, "preview resume: {e}");
         return Err(page(
             StatusCode::CONFLICT,

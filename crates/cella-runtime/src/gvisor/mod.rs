@@ -194,9 +194,10 @@ const AGENT_NAME: &str = "cella";
 /// In a snapshot's or boot image's directory with memory: the path of the agent its
 /// checkpoint was made with.
 const AGENT_FILE: &str = "agent";
-/// In a sandbox's directory while its CPU quota is lifted (see [`GvisorDriver::lift`]): the
-/// quota to set again, in microseconds per period.
+/// In a sandbox's directory while its CPU quota is lifted (see [`GvisorDriver::lift`]).
 const QUOTA_FILE: &str = "cpu-quota";
+/// The vCPUs runsc's own work in a sandbox's cgroup may use (see [`GvisorDriver::lift`]).
+const LIFTED_CPUS: u64 = 2;
 /// In a sandbox's directory from just before its agent is quiesced for a checkpoint until it
 /// is woken or the checkpoint ended the sandbox.
 const QUIESCED_FILE: &str = "quiesced";
@@ -704,46 +705,52 @@ impl GvisorDriver {
         self.wake(handle).await
     }
 
-    /// Lifts the CPU quota of sandbox `id`'s cgroup for the platform's own work in it: a boot,
-    /// a checkpoint or a restore by runsc (several Go processes and threads at once; held to a
-    /// one-vCPU quota, a restore spent a third of its time throttled here). The quota is noted
-    /// in the sandbox's directory first, so that [`Self::unlift`] sets it again, or, after a
-    /// crash in between, the next start's `pause` or `unpause` of the sandbox found again.
-    /// Nothing of the tenant's runs while it is lifted: a boot's only process is the agent
-    /// until the create answers, a checkpoint stops the sandbox's kernel first, and a restored
-    /// sandbox gets its quota back as soon as runsc says it runs, before its agent is woken.
+    /// Raises the CPU quota of sandbox `id`'s cgroup to [`LIFTED_CPUS`] vCPUs for the
+    /// platform's own work in it: a boot, a checkpoint or a restore by runsc (several Go
+    /// processes and threads at once; held to a one-vCPU quota, a restore spent a third of its
+    /// time throttled here). Noted in the sandbox's directory first, so that [`Self::unlift`]
+    /// sets the sandbox's quota again (from its bundle), or, after a crash in between, the next
+    /// start's `pause` or `unpause` of the sandbox found again. What of the tenant's can run
+    /// meanwhile: nothing in a boot (the agent is the only process until the create answers);
+    /// in a checkpoint, its processes until runsc stops the sandbox's kernel (tens of
+    /// milliseconds: runsc starts first), and again if the checkpoint fails, until it is set
+    /// back; in a restore, its processes from the moment runsc starts them to the moment runsc
+    /// says it runs (a few milliseconds), before the agent is woken.
     fn lift(&self, id: &str, cgroup: &str) {
-        // None: no quota, or lifted already (its note stays the one to set again).
-        let Some(quota) = cgroup::cpu_quota(cgroup) else {
-            return;
-        };
+        let lifted = LIFTED_CPUS * cgroup::CPU_PERIOD_US;
+        // None: no quota (nothing to lift); at or above: lifted already, or a sandbox with as
+        // many vCPUs (its note, if any, stays the one to act on).
+        match cgroup::cpu_quota(cgroup) {
+            Some(q) if q < lifted => {}
+            _ => return,
+        }
         let note = self.sandbox_dir(id).join(QUOTA_FILE);
-        if std::fs::write(&note, quota.to_string()).is_ok() {
-            if let Err(e) = cgroup::set_cpu_quota(cgroup, None) {
+        if std::fs::write(&note, "").is_ok() {
+            if let Err(e) = cgroup::set_cpu_quota(cgroup, Some(lifted)) {
                 tracing::debug!(sandbox = id, "lifting its cpu quota: {e}");
                 let _ = std::fs::remove_file(&note);
             }
         }
     }
 
-    /// Sets again the CPU quota [`Self::lift`] noted for sandbox `id` (nothing when none is
-    /// noted). One that cannot be set keeps its note, for the next try.
-    fn unlift(&self, id: &str, cgroup: &str) {
-        let note = self.sandbox_dir(id).join(QUOTA_FILE);
-        let Ok(text) = std::fs::read_to_string(&note) else {
-            return;
-        };
-        let Ok(quota) = text.trim().parse::<u64>() else {
-            tracing::error!(sandbox = id, "its noted cpu quota does not read: {text:?}");
-            let _ = std::fs::remove_file(&note);
-            return;
-        };
-        match cgroup::set_cpu_quota(cgroup, Some(quota)) {
-            Ok(()) => {
-                let _ = std::fs::remove_file(&note);
-            }
-            Err(e) => tracing::warn!(sandbox = id, "setting its cpu quota again: {e}"),
+    /// Sets sandbox `id`'s CPU quota again after [`Self::lift`] (nothing when none is noted):
+    /// the one its bundle gives runsc, which is the one its cgroup was made with. One that
+    /// cannot be set keeps its note, for the next try, and is an error.
+    fn unlift(&self, id: &str, cgroup: &str) -> Result<(), DriverError> {
+        let dir = self.sandbox_dir(id);
+        let note = dir.join(QUOTA_FILE);
+        if !note.exists() {
+            return Ok(());
         }
+        let quota = bundle_cpu_quota(&dir.join("bundle").join("config.json")).ok_or_else(|| {
+            DriverError::Cgroup(format!("no cpu quota in the bundle of sandbox {id}"))
+        })?;
+        cgroup::set_cpu_quota(cgroup, Some(quota)).map_err(|e| {
+            tracing::warn!(sandbox = id, "setting its cpu quota again: {e}");
+            e
+        })?;
+        let _ = std::fs::remove_file(&note);
+        Ok(())
     }
 
     /// `runsc` with this driver's flags, for a call about sandbox `id`. A sandbox with a link
@@ -876,7 +883,7 @@ impl GvisorDriver {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         // Restored: from here on its processes run, on the sandbox's own quota.
-        self.unlift(&handle.id, &handle.cgroup);
+        self.unlift(&handle.id, &handle.cgroup)?;
         let netns = Some(self.sandbox_dir(&handle.id).join(NETNS_FILE)).filter(|f| f.exists());
         let mut tries = 0u32;
         loop {
@@ -914,9 +921,9 @@ impl GvisorDriver {
         }
         let signalled = started.elapsed();
         let r = self.wait_agent(handle, deadline).await;
-        if r.is_ok() {
-            let _ = std::fs::remove_file(self.sandbox_dir(&handle.id).join(QUIESCED_FILE));
-        }
+        // Woken, or tried: a sandbox whose agent does not come back is not taken for a
+        // quiesced one again (its probe answers for it).
+        let _ = std::fs::remove_file(self.sandbox_dir(&handle.id).join(QUIESCED_FILE));
         tracing::debug!(
             sandbox = handle.id,
             tries,
@@ -1122,6 +1129,16 @@ fn as_restore(mut cfg: GvisorLaunch, image: &Path) -> Result<GvisorLaunch, Drive
     Ok(cfg)
 }
 
+/// The CPU quota (microseconds per period) an OCI bundle's `config.json` gives.
+fn bundle_cpu_quota(config: &Path) -> Option<u64> {
+    let text = std::fs::read(config).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    v["linux"]["resources"]["cpu"]["quota"]
+        .as_i64()
+        .filter(|q| *q > 0)
+        .map(|q| q as u64)
+}
+
 /// Waits (up to 10 s) until no loop device is backed by `image`.
 fn wait_released(image: &Path) {
     let want = image.to_string_lossy().into_owned();
@@ -1184,7 +1201,7 @@ impl Driver for GvisorDriver {
         } else {
             self.wait_agent(&handle, deadline).await
         };
-        self.unlift(&handle.id, &handle.cgroup);
+        let ready = ready.and_then(|()| self.unlift(&handle.id, &handle.cgroup));
         if let Err(e) = ready {
             let _ = self.stop(&handle.id, Some(&handle)).await;
             return Err(e);
@@ -1226,7 +1243,7 @@ impl Driver for GvisorDriver {
     /// sandbox to `memory/` and ends it. A failure wakes the agent: the sandbox runs on.
     async fn pause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
         // A quota a server killed mid-way left lifted is set again.
-        self.unlift(&handle.id, &handle.cgroup);
+        self.unlift(&handle.id, &handle.cgroup)?;
         if self.on_disk(&handle.id) {
             // On disk it has no process: one left is a restore the server did not record (it
             // was killed during a resume), ended so that the image is the one copy.
@@ -1256,7 +1273,11 @@ impl Driver for GvisorDriver {
         let saved = tokio::task::spawn_blocking(move || this.checkpoint(&h))
             .await
             .map_err(|e| DriverError::Launch(e.to_string()));
-        self.unlift(&handle.id, &handle.cgroup);
+        if let (Err(e), Ok(Err(_)) | Err(_)) = (self.unlift(&handle.id, &handle.cgroup), &saved) {
+            // The sandbox runs on (the checkpoint failed): its note stays, and the next pause,
+            // resume or start sets the quota again.
+            tracing::error!(sandbox = handle.id, "after a failed checkpoint: {e}");
+        }
         let saved = saved?;
         if let Err(e) = saved {
             if let Err(w) = self.wake(handle).await {
@@ -1273,7 +1294,7 @@ impl Driver for GvisorDriver {
         if !self.on_disk(&handle.id) {
             // A quota a server killed mid-way left lifted is set again, and an agent it left
             // quiesced (between the quiesce and the checkpoint) is woken.
-            self.unlift(&handle.id, &handle.cgroup);
+            self.unlift(&handle.id, &handle.cgroup)?;
             crate::hosted::unpause(handle)?;
             self.wake_if_left_quiesced(handle).await?;
             return Ok(None);
@@ -1287,12 +1308,12 @@ impl Driver for GvisorDriver {
         let new = match new {
             Ok(new) => new,
             Err(e) => {
-                self.unlift(&handle.id, &handle.cgroup);
+                let _ = self.unlift(&handle.id, &handle.cgroup);
                 return Err(e);
             }
         };
         if let Err(e) = self.wake(&new).await {
-            self.unlift(&handle.id, &handle.cgroup);
+            let _ = self.unlift(&handle.id, &handle.cgroup);
             let this = self.clone();
             let n = new.clone();
             let _ = tokio::task::spawn_blocking(move || {

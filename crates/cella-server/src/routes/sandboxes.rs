@@ -152,7 +152,7 @@ pub async fn pause(
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
     find(&state, &auth, &id).await?;
     Ok(Json(Data {
-        data: lifecycle::pause(&state, &id, None).await?,
+        data: lifecycle::detached(&state, &id, lifecycle::Op::Pause).await?,
     }))
 }
 
@@ -169,7 +169,7 @@ pub async fn resume(
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
     find(&state, &auth, &id).await?;
     Ok(Json(Data {
-        data: lifecycle::resume(&state, &id).await?,
+        data: lifecycle::detached(&state, &id, lifecycle::Op::Resume).await?,
     }))
 }
 
@@ -185,7 +185,7 @@ pub async fn stop(
 ) -> Result<Json<Data<Sandbox>>, ApiError> {
     find(&state, &auth, &id).await?;
     Ok(Json(Data {
-        data: lifecycle::stop(&state, &id).await?,
+        data: lifecycle::detached(&state, &id, lifecycle::Op::Stop).await?,
     }))
 }
 
