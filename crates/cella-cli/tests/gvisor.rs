@@ -1082,6 +1082,56 @@ fn a_server_killed_between_the_checkpoint_and_the_row_finds_the_sandbox_running_
 }
 
 #[test]
+fn a_server_killed_while_runsc_writes_the_checkpoint_finds_the_sandbox_again() {
+    if !have_runsc() {
+        return;
+    }
+    // The server dies once `runsc checkpoint` runs: runsc saves on without it, and its save
+    // ends the sandbox. The next start (at once, while the save may still run) waits for it,
+    // finds the image named whole, and restores the sandbox: its row said running.
+    let mut s = Server::start_env(
+        "",
+        &[("CELLA_CRASH_AT", "runtime.gvisor.checkpoint.running")],
+    );
+    let id = create_gvisor(&s);
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/code/run"),
+        json!({ "code": "kept = 'saved without its server'" }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let _ = s.try_raw(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/pause"),
+        Some(KEY),
+        Some(b"{}".to_vec()),
+        &[],
+    );
+    assert!(
+        s.wait_exit(120).is_some(),
+        "the server did not die at its crash point"
+    );
+    s.restart_with_env(&[]);
+    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(got.data()["state"], "running", "{}\n{}", got.body, s.log());
+    let dir = s.data_dir().join("gvisor").join(&id);
+    assert!(
+        !dir.join("memory").exists(),
+        "the image stays after the restore"
+    );
+    assert!(holds_its_cpu_quota(&s, &id), "{}", s.log());
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/code/run"),
+        json!({ "code": "kept" }),
+    );
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    assert_eq!(r.data()["result"], "'saved without its server'");
+    assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+    common::eventually("the gVisor sandbox's host state is gone", || {
+        !dir.exists() && host_processes_naming(&id).is_empty()
+    });
+}
+
+#[test]
 fn a_server_killed_while_runsc_checkpoints_unthrottled_leaves_the_sandbox_its_cpu_quota() {
     if !have_runsc() {
         return;

@@ -68,6 +68,12 @@
 //! `SIGUSR2`); then `runsc checkpoint` writes the whole sandbox (memory, processes, open files;
 //! file contents stay on its disk, `--overlay2=none`) to `memory.partial/`, renamed `memory/`
 //! once whole, and the sandbox's processes end (its RAM is freed; the cgroup stays, empty).
+//! The rename is done by the shell that runs runsc, once runsc succeeded: a server killed during
+//! the checkpoint (runsc saves on, and the save ends the sandbox) finds the sandbox on disk at
+//! its next start, waiting first for a checkpoint still running (a process naming its image
+//! directory). The quiesce is noted (`quiesced`), so that one killed between the quiesce and the
+//! checkpoint wakes the agent at its next start. runsc's own work runs with the cgroup's CPU
+//! quota raised (see [`GvisorDriver::lift`]).
 //! Resume runs the launcher again with the boot's input (`launch.json`: the same mounts, which
 //! a restore needs) and `runsc restore --image-path memory/` instead of `runsc run`, sends
 //! `SIGUSR2` once runsc's state file says the restored container runs (read every 2 ms: a
@@ -691,6 +697,18 @@ impl GvisorDriver {
         self.sandbox_dir(id).join(QUIESCED_FILE).exists()
     }
 
+    /// Waits (up to a minute) for a checkpoint of sandbox `id` that a server killed during it
+    /// left running (its shell names the image directory it writes): it ends the sandbox and
+    /// names its image whole, or fails and leaves it running. (What a failed one wrote stays
+    /// until the next checkpoint, which starts by removing it, or the destroy.)
+    async fn settle_left_checkpoint(&self, id: &str) {
+        let tmp = self.sandbox_dir(id).join(MEMORY_TMP);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while tmp.exists() && checkpoint_running(&tmp) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Wakes an agent a server killed between its quiesce and the checkpoint left quiesced (one
     /// that answers was not quiesced yet: only the note goes).
     async fn wake_if_left_quiesced(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
@@ -758,20 +776,34 @@ impl GvisorDriver {
     /// control server through an abstract socket, which belongs to the network namespace the
     /// sandbox runs in (from the host's, a checkpoint finds the sandbox "stopped").
     fn runsc_command(&self, id: &str) -> Command {
+        self.runsc_command_by(id, &[])
+    }
+
+    /// [`Self::runsc_command`] run by `prefix` (a program and its arguments before runsc's).
+    fn runsc_command_by(&self, id: &str, prefix: &[&std::ffi::OsStr]) -> Command {
         use std::os::fd::AsRawFd;
         use std::os::unix::process::CommandExt;
         let mut base = self.runsc_base();
-        let exe = base.remove(0);
         let ns = std::fs::File::open(self.sandbox_dir(id).join(NETNS_FILE)).ok();
         if ns.is_some() {
             for a in base.iter_mut().filter(|a| *a == "--network=none") {
                 *a = "--network=sandbox".into();
             }
         }
-        let mut cmd = Command::new(exe);
-        cmd.args(base)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+        let mut cmd = match prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).args(base);
+                c
+            }
+            None => {
+                let exe = base.remove(0);
+                let mut c = Command::new(exe);
+                c.args(base);
+                c
+            }
+        };
+        cmd.env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
         if let Some(ns) = ns {
             // SAFETY: between fork and exec only setns(2), which is async-signal-safe; the
             // file (close-on-exec) lives in the closure until then. Not a namespace (a crash
@@ -789,13 +821,22 @@ impl GvisorDriver {
     /// `runsc` with this driver's flags and `args` (about sandbox `id`), to its end; its
     /// complaints on failure.
     fn runsc_call(&self, id: &str, args: &[String]) -> Result<(), String> {
-        let out = self
-            .runsc_command(id)
-            .args(args)
-            .stdin(Stdio::null())
+        Self::spawn(self.runsc_command(id).args(args)).and_then(Self::finish)
+    }
+
+    /// Starts `cmd`, its output to nothing and its complaints kept.
+    fn spawn(cmd: &mut Command) -> Result<std::process::Child, String> {
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .output()
+            .spawn()
+            .map_err(|e| format!("running runsc: {e}"))
+    }
+
+    /// Waits for `child` to end; its complaints on failure.
+    fn finish(child: std::process::Child) -> Result<(), String> {
+        let out = child
+            .wait_with_output()
             .map_err(|e| format!("running runsc: {e}"))?;
         if out.status.success() {
             Ok(())
@@ -813,14 +854,27 @@ impl GvisorDriver {
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp)?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700))?;
-        if let Err(e) = self.runsc_call(
-            &handle.id,
-            &[
-                "checkpoint".into(),
-                format!("--image-path={}", tmp.display()),
-                handle.id.clone(),
-            ],
-        ) {
+        // The image is named whole by the shell that runs runsc, once runsc succeeded: a server
+        // killed meanwhile (runsc saves on, and its save ends the sandbox) finds it on disk at
+        // its next start, not lost.
+        let dest = dir.join(MEMORY_DIR);
+        let by: [&std::ffi::OsStr; 6] = [
+            "/bin/sh".as_ref(),
+            "-c".as_ref(),
+            r#"from=$1; to=$2; shift 2; "$@" && mv -T -- "$from" "$to""#.as_ref(),
+            "cella-checkpoint".as_ref(),
+            tmp.as_os_str(),
+            dest.as_os_str(),
+        ];
+        let mut cmd = self.runsc_command_by(&handle.id, &by);
+        cmd.args([
+            "checkpoint".to_string(),
+            format!("--image-path={}", tmp.display()),
+            handle.id.clone(),
+        ]);
+        let running = Self::spawn(&mut cmd);
+        cella_crash::crash_point!("runtime.gvisor.checkpoint.running");
+        if let Err(e) = running.and_then(Self::finish) {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(DriverError::Launch(format!("runsc checkpoint: {e}")));
         }
@@ -833,7 +887,9 @@ impl GvisorDriver {
         crate::reap::reap(handle.pid, handle.start_time);
         self.runsc_delete(&handle.id);
         let _ = std::fs::remove_file(dir.join("sock").join(spec::SOCKET_NAME));
-        std::fs::rename(&tmp, dir.join(MEMORY_DIR))?;
+        if tmp.exists() {
+            std::fs::rename(&tmp, &dest)?;
+        }
         let _ = std::fs::remove_file(dir.join(QUIESCED_FILE));
         Ok(())
     }
@@ -1129,6 +1185,20 @@ fn as_restore(mut cfg: GvisorLaunch, image: &Path) -> Result<GvisorLaunch, Drive
     Ok(cfg)
 }
 
+/// Whether a checkpoint writing to the image directory `tmp` runs: a process whose command
+/// line names it (the shell [`GvisorDriver::checkpoint`] runs runsc by, and runsc).
+fn checkpoint_running(tmp: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let needle = tmp.as_os_str().as_bytes();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    rd.flatten()
+        .filter(|e| e.file_name().as_bytes().iter().all(u8::is_ascii_digit))
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .any(|c| c.windows(needle.len()).any(|w| w == needle))
+}
+
 /// The CPU quota (microseconds per period) an OCI bundle's `config.json` gives.
 fn bundle_cpu_quota(config: &Path) -> Option<u64> {
     let text = std::fs::read(config).ok()?;
@@ -1226,6 +1296,7 @@ impl Driver for GvisorDriver {
     }
 
     async fn probe(&self, handle: &SandboxHandle) -> Probe {
+        self.settle_left_checkpoint(&handle.id).await;
         if self.on_disk(&handle.id) {
             return Probe::Alive;
         }
@@ -1242,8 +1313,10 @@ impl Driver for GvisorDriver {
     /// To disk: the agent quiesces (no host socket left open), `runsc checkpoint` writes the
     /// sandbox to `memory/` and ends it. A failure wakes the agent: the sandbox runs on.
     async fn pause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
-        // A quota a server killed mid-way left lifted is set again.
+        // A quota a server killed mid-way left lifted is set again, and its checkpoint, if it
+        // left one running, is waited for.
         self.unlift(&handle.id, &handle.cgroup)?;
+        self.settle_left_checkpoint(&handle.id).await;
         if self.on_disk(&handle.id) {
             // On disk it has no process: one left is a restore the server did not record (it
             // was killed during a resume), ended so that the image is the one copy.
@@ -1291,6 +1364,9 @@ impl Driver for GvisorDriver {
     /// From disk: `runsc restore` of `memory/` in a new launcher (the same mounts), the agent
     /// woken, the image removed. A failure ends what started and keeps the image.
     async fn unpause(&self, handle: &SandboxHandle) -> Result<Option<SandboxHandle>, DriverError> {
+        // A checkpoint a server killed during it left running is waited for: saved, the
+        // sandbox is on disk and restored below.
+        self.settle_left_checkpoint(&handle.id).await;
         if !self.on_disk(&handle.id) {
             // A quota a server killed mid-way left lifted is set again, and an agent it left
             // quiesced (between the quiesce and the checkpoint) is woken.
