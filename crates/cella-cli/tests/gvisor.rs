@@ -1035,22 +1035,18 @@ fn counts_after_resume(s: &Server, id: &str) -> usize {
     counts(s, id).len()
 }
 
-#[test]
-fn a_server_killed_between_the_checkpoint_and_the_row_finds_the_sandbox_running_again() {
-    if !have_runsc() {
-        return;
-    }
-    // The server dies right after the driver's pause (checkpoint written, processes ended),
-    // before the row says paused: at the restart the row says running, so the sandbox is
-    // restored from its image and its new processes recorded.
-    let mut s = Server::start_env("", &[("CELLA_CRASH_AT", "sandbox.pause.after_freeze")]);
+/// A gVisor sandbox on a server armed to die at crash point `point`, whose interpreter holds
+/// `kept = '<value>'`, paused until the server dies there (`at_death` then looks at the host);
+/// then the server is started again. Answers the server and the sandbox's id, once the
+/// restarted server shows the sandbox running with its variable.
+fn crash_in_a_pause(
+    point: &str,
+    value: &str,
+    at_death: impl FnOnce(&Server, &str),
+) -> (Server, String) {
+    let mut s = Server::start_env("", &[("CELLA_CRASH_AT", point)]);
     let id = create_gvisor(&s);
-    let image = s.data_dir().join("gvisor").join(&id).join("memory");
-    let r = s.post(
-        &format!("/api/v1/sandboxes/{id}/code/run"),
-        json!({ "code": "kept = 'before the crash'" }),
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
+    cell(&s, &id, &format!("kept = '{value}'"));
     let _ = s.try_raw(
         "POST",
         &format!("/api/v1/sandboxes/{id}/pause"),
@@ -1060,19 +1056,30 @@ fn a_server_killed_between_the_checkpoint_and_the_row_finds_the_sandbox_running_
     );
     assert!(
         s.wait_exit(120).is_some(),
-        "the server did not die at its crash point"
+        "{point}: the server did not die at its crash point"
     );
-    assert!(image.exists(), "no image was written before the crash");
+    at_death(&s, &id);
     s.restart_with_env(&[]);
     let got = s.get(&format!("/api/v1/sandboxes/{id}"));
     assert_eq!(got.data()["state"], "running", "{}\n{}", got.body, s.log());
+    assert_eq!(cell(&s, &id, "kept")["result"], format!("'{value}'"));
+    (s, id)
+}
+
+#[test]
+fn a_server_killed_between_the_checkpoint_and_the_row_finds_the_sandbox_running_again() {
+    if !have_runsc() {
+        return;
+    }
+    // The server dies right after the driver's pause (checkpoint written, processes ended),
+    // before the row says paused: at the restart the row says running, so the sandbox is
+    // restored from its image and its new processes recorded.
+    let (s, id) = crash_in_a_pause("sandbox.pause.after_freeze", "before the crash", |s, id| {
+        let image = s.data_dir().join("gvisor").join(id).join("memory");
+        assert!(image.exists(), "no image was written before the crash");
+    });
+    let image = s.data_dir().join("gvisor").join(&id).join("memory");
     assert!(!image.exists());
-    let r = s.post(
-        &format!("/api/v1/sandboxes/{id}/code/run"),
-        json!({ "code": "kept" }),
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(r.data()["result"], "'before the crash'");
     let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
     assert_eq!(d.status, 200, "{}", d.body);
     let dir = s.data_dir().join("gvisor").join(&id);
@@ -1089,42 +1096,17 @@ fn a_server_killed_while_runsc_writes_the_checkpoint_finds_the_sandbox_again() {
     // The server dies once `runsc checkpoint` runs: runsc saves on without it, and its save
     // ends the sandbox. The next start (at once, while the save may still run) waits for it,
     // finds the image named whole, and restores the sandbox: its row said running.
-    let mut s = Server::start_env(
-        "",
-        &[("CELLA_CRASH_AT", "runtime.gvisor.checkpoint.running")],
+    let (s, id) = crash_in_a_pause(
+        "runtime.gvisor.checkpoint.running",
+        "saved without its server",
+        |_, _| {},
     );
-    let id = create_gvisor(&s);
-    let r = s.post(
-        &format!("/api/v1/sandboxes/{id}/code/run"),
-        json!({ "code": "kept = 'saved without its server'" }),
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
-    let _ = s.try_raw(
-        "POST",
-        &format!("/api/v1/sandboxes/{id}/pause"),
-        Some(KEY),
-        Some(b"{}".to_vec()),
-        &[],
-    );
-    assert!(
-        s.wait_exit(120).is_some(),
-        "the server did not die at its crash point"
-    );
-    s.restart_with_env(&[]);
-    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
-    assert_eq!(got.data()["state"], "running", "{}\n{}", got.body, s.log());
     let dir = s.data_dir().join("gvisor").join(&id);
     assert!(
         !dir.join("memory").exists(),
         "the image stays after the restore"
     );
     assert!(holds_its_cpu_quota(&s, &id), "{}", s.log());
-    let r = s.post(
-        &format!("/api/v1/sandboxes/{id}/code/run"),
-        json!({ "code": "kept" }),
-    );
-    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
-    assert_eq!(r.data()["result"], "'saved without its server'");
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
     common::eventually("the gVisor sandbox's host state is gone", || {
         !dir.exists() && host_processes_naming(&id).is_empty()
@@ -1138,36 +1120,15 @@ fn a_server_killed_while_runsc_checkpoints_unthrottled_leaves_the_sandbox_its_cp
     }
     // The server dies in a pause to disk once the sandbox's CPU quota is lifted for runsc's
     // checkpoint and before the checkpoint: the sandbox runs on, unthrottled, its row running.
-    let mut s = Server::start_env("", &[("CELLA_CRASH_AT", "runtime.gvisor.pause.lifted")]);
-    let id = create_gvisor(&s);
-    let r = s.post(
-        &format!("/api/v1/sandboxes/{id}/code/run"),
-        json!({ "code": "kept = 'through the crash'" }),
+    let (s, id) = crash_in_a_pause(
+        "runtime.gvisor.pause.lifted",
+        "through the crash",
+        |s, id| {
+            assert!(!holds_its_cpu_quota(s, id), "the quota was not lifted");
+        },
     );
-    assert_eq!(r.status, 200, "{}", r.body);
-    let _ = s.try_raw(
-        "POST",
-        &format!("/api/v1/sandboxes/{id}/pause"),
-        Some(KEY),
-        Some(b"{}".to_vec()),
-        &[],
-    );
-    assert!(
-        s.wait_exit(120).is_some(),
-        "the server did not die at its crash point"
-    );
-    assert!(!holds_its_cpu_quota(&s, &id), "the quota was not lifted");
-    // The restart finds it running and holds it to its quota again.
-    s.restart_with_env(&[]);
-    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
-    assert_eq!(got.data()["state"], "running", "{}\n{}", got.body, s.log());
+    // The restart found it running and holds it to its quota again.
     assert!(holds_its_cpu_quota(&s, &id), "{}", s.log());
-    let r = s.post(
-        &format!("/api/v1/sandboxes/{id}/code/run"),
-        json!({ "code": "kept" }),
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(r.data()["result"], "'through the crash'");
     // A pause and a resume after it leave it held too.
     let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
     assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
@@ -1193,12 +1154,7 @@ fn a_server_killed_while_runsc_checkpoints_unthrottled_leaves_the_sandbox_its_cp
     hang_up("resume");
     common::eventually("the abandoned resume to end", || state_is("running"));
     assert!(holds_its_cpu_quota(&s, &id));
-    let r = s.post(
-        &format!("/api/v1/sandboxes/{id}/code/run"),
-        json!({ "code": "kept" }),
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(r.data()["result"], "'through the crash'");
+    assert_eq!(cell(&s, &id, "kept")["result"], "'through the crash'");
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
 }
 
