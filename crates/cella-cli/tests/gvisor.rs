@@ -1038,7 +1038,7 @@ fn counts_after_resume(s: &Server, id: &str) -> usize {
 /// A gVisor sandbox on a server armed to die at crash point `point`, whose interpreter holds
 /// `kept = '<value>'`, paused until the server dies there (`at_death` then looks at the host);
 /// then the server is started again. Answers the server and the sandbox's id, once the
-/// restarted server shows the sandbox running with its variable.
+/// restarted server shows the sandbox running (restored: no image left) with its variable.
 fn crash_in_a_pause(
     point: &str,
     value: &str,
@@ -1062,6 +1062,11 @@ fn crash_in_a_pause(
     s.restart_with_env(&[]);
     let got = s.get(&format!("/api/v1/sandboxes/{id}"));
     assert_eq!(got.data()["state"], "running", "{}\n{}", got.body, s.log());
+    let image = s.data_dir().join("gvisor").join(&id).join("memory");
+    assert!(
+        !image.exists(),
+        "{point}: the image stays after the restore"
+    );
     assert_eq!(cell(&s, &id, "kept")["result"], format!("'{value}'"));
     (s, id)
 }
@@ -1078,14 +1083,9 @@ fn a_server_killed_between_the_checkpoint_and_the_row_finds_the_sandbox_running_
         let image = s.data_dir().join("gvisor").join(id).join("memory");
         assert!(image.exists(), "no image was written before the crash");
     });
-    let image = s.data_dir().join("gvisor").join(&id).join("memory");
-    assert!(!image.exists());
     let d = s.delete(&format!("/api/v1/sandboxes/{id}"));
     assert_eq!(d.status, 200, "{}", d.body);
-    let dir = s.data_dir().join("gvisor").join(&id);
-    common::eventually("the gVisor sandbox's host state is gone", || {
-        !dir.exists() && host_processes_naming(&id).is_empty()
-    });
+    assert_nothing_left(&s, &id);
 }
 
 #[test]
@@ -1101,16 +1101,9 @@ fn a_server_killed_while_runsc_writes_the_checkpoint_finds_the_sandbox_again() {
         "saved without its server",
         |_, _| {},
     );
-    let dir = s.data_dir().join("gvisor").join(&id);
-    assert!(
-        !dir.join("memory").exists(),
-        "the image stays after the restore"
-    );
     assert!(holds_its_cpu_quota(&s, &id), "{}", s.log());
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
-    common::eventually("the gVisor sandbox's host state is gone", || {
-        !dir.exists() && host_processes_naming(&id).is_empty()
-    });
+    assert_nothing_left(&s, &id);
 }
 
 #[test]
@@ -1156,6 +1149,7 @@ fn a_server_killed_while_runsc_checkpoints_unthrottled_leaves_the_sandbox_its_cp
     assert!(holds_its_cpu_quota(&s, &id));
     assert_eq!(cell(&s, &id, "kept")["result"], "'through the crash'");
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+    assert_nothing_left(&s, &id);
 }
 
 #[test]
