@@ -173,12 +173,15 @@ impl DriverError {
     pub fn is_no_space(&self) -> bool {
         match self {
             DriverError::Io(e) => matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)),
-            other => {
-                let m = other.to_string();
-                m.contains("No space left on device") || m.contains("Disk quota exceeded")
-            }
+            other => says_no_space(&other.to_string()),
         }
     }
+}
+
+/// Whether an error's text (a driver error's, or the reason a boot failed, kept on the row)
+/// says the host's file system had no room.
+pub fn says_no_space(message: &str) -> bool {
+    message.contains("No space left on device") || message.contains("Disk quota exceeded")
 }
 
 /// An isolation backend.

@@ -277,6 +277,14 @@ impl From<SandboxError> for ApiError {
                 ApiError::new(ErrorCode::SizeUnavailable, message).with_details(details)
             }
             E::Internal(e) => e.into(),
+            // A boot that failed for lack of room on the server's disk: 507, as a store write
+            // or a snapshot on a full disk answers (the sandbox is in `error`, its files gone).
+            E::RestartFailed { id, reason } | E::StartFailed { id, reason }
+                if reason.as_deref().is_some_and(cella_runtime::says_no_space) =>
+            {
+                ApiError::new(ErrorCode::InsufficientStorage, message)
+                    .with_details(json!({ "sandbox_id": id, "reason": reason }))
+            }
             E::RestartFailed { id, reason } | E::StartFailed { id, reason } => {
                 ApiError::unavailable(message)
                     .with_details(json!({ "sandbox_id": id, "reason": reason }))
@@ -616,5 +624,29 @@ impl From<TaskError> for ApiError {
             TaskError::Store(e) => e.into(),
             TaskError::Internal(e) => e.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_boot_that_found_the_servers_disk_full_is_507_and_another_failed_boot_503() {
+        let failed = |reason: &str| {
+            ApiError::from(SandboxError::StartFailed {
+                id: "sb1".into(),
+                reason: Some(reason.into()),
+            })
+        };
+        let full = failed("failed to start: i/o: No space left on device (os error 28)");
+        assert_eq!(full.code.status(), 507);
+        assert_eq!(full.details.as_ref().unwrap()["sandbox_id"], "sb1");
+        assert_eq!(failed("the agent did not answer").code.status(), 503);
+        let again = ApiError::from(SandboxError::RestartFailed {
+            id: "sb1".into(),
+            reason: Some("mkfs: Disk quota exceeded".into()),
+        });
+        assert_eq!(again.code.status(), 507);
     }
 }
