@@ -144,6 +144,26 @@ impl ExecCgroups {
         }
     }
 
+    /// Forks the next exec's process again when the one waiting is older than `older_than`
+    /// (or gone), in the same exec cgroup: the old one exits without having run anything, so
+    /// no command ever ran in that group. Called when a warm pool sandbox is claimed, after
+    /// the answer: its first exec then starts in a process made a moment before.
+    pub(crate) fn refresh_standby(&self, older_than: Duration) {
+        let Some((reaper, jail)) = self.standby.get() else {
+            return;
+        };
+        let mut ready = self.ready.lock().expect("exec cgroup lock");
+        let Some(r) = ready.as_mut() else {
+            return;
+        };
+        if r.standby.as_ref().is_some_and(|s| s.age() < older_than) {
+            return;
+        }
+        // Dropped first: its `go` pipe closes and it exits (the reaper collects it).
+        r.standby = None;
+        r.standby = Standby::start(jail, r.procs.as_raw_fd(), reaper);
+    }
+
     /// A new, empty exec cgroup and its `cgroup.procs`, open for writing.
     fn make(&self) -> Option<Ready> {
         let name = format!("exec-{}", self.next.fetch_add(1, Ordering::Relaxed));

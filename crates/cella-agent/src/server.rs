@@ -194,6 +194,10 @@ async fn run(
     }
 }
 
+/// How long a waiting exec process counts as fresh when a warm pool sandbox is claimed (see
+/// [`ExecCgroups::refresh_standby`]).
+const STANDBY_FRESH: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Requests that ran or changed anything since the agent started (see [`Request::touches`]);
 /// a request that does not parse counts too.
 static TOUCHED: AtomicU64 = AtomicU64::new(0);
@@ -267,7 +271,22 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
         _ => None,
     };
     let result = match req {
-        Ok(Request::Ping) => proto::write_json(&mut stream, &pong()).await,
+        Ok(Request::Ping) => {
+            let answer = pong();
+            let r = proto::write_json(&mut stream, &answer).await;
+            // Sealed and untouched: a warm pool sandbox, asked by its claim. Its first exec
+            // comes next; the process it will start in is forked again now if it waited long.
+            if let (
+                Response::Pong {
+                    touched: Some(0), ..
+                },
+                Some(cg),
+            ) = (&answer, &cgroups)
+            {
+                cg.refresh_standby(STANDBY_FRESH);
+            }
+            r
+        }
         Ok(Request::Seal) => {
             SEALED_AT.store(TOUCHED.load(Ordering::SeqCst), Ordering::SeqCst);
             proto::write_json(&mut stream, &pong()).await

@@ -22,6 +22,13 @@
 //! member); the same confinement, in the same order relative to `execve`. A standby that died,
 //! never got ready, or cannot carry the command (too big for its mapping, a NUL in a string)
 //! is dropped and the exec forks as before ([`crate::spawn::command`]).
+//!
+//! A standby that waited long runs its command from cold caches (half a millisecond more on
+//! the development host than one forked a moment before). A warm pool sandbox waits for its
+//! claim for seconds or hours, so a `Ping` to a sealed, untouched agent (the claim's; a probe
+//! at the server's start asks too) makes the agent fork it again once it has answered, in the
+//! same exec cgroup, when it is older than 10 ms
+//! ([`crate::execcg::ExecCgroups::refresh_standby`]).
 
 use crate::harden::Jail;
 use crate::proto::ExecSpec;
@@ -76,6 +83,8 @@ pub(crate) struct Standby {
     stdout: OwnedFd,
     stderr: OwnedFd,
     region: *mut u8,
+    /// When it was forked (see [`Standby::age`]).
+    made: std::time::Instant,
 }
 
 // SAFETY: the mapping is owned by the standby alone (the child's copy is its own process's).
@@ -166,7 +175,16 @@ impl Standby {
             stdout: out_r,
             stderr: err_r,
             region,
+            made: std::time::Instant::now(),
         })
+    }
+
+    /// How long ago it was forked. A standby that waited long (in a warm pool sandbox) runs
+    /// its command from cold caches: its first exec took half a millisecond more here than
+    /// one forked a moment before, so the agent forks it again when the sandbox is claimed
+    /// (see [`crate::execcg::ExecCgroups::refresh_standby`]).
+    pub(crate) fn age(&self) -> std::time::Duration {
+        self.made.elapsed()
     }
 
     /// Writes the command into the mapping; false when it does not fit or has a NUL.

@@ -113,6 +113,80 @@ fn the_refill_waits_its_delay_after_a_claim_so_the_claimed_sandbox_has_the_cpu()
     assert!(claimed_at.elapsed() >= Duration::from_secs(2));
 }
 
+/// Sandboxes of this server that have a cgroup (every one has, pool sandboxes included).
+fn sandboxes_on_host(s: &Server) -> Vec<String> {
+    let instance = std::fs::read_to_string(s.data_dir().join("instance-id")).unwrap();
+    let mut ids: Vec<String> = ["/sys/fs/cgroup/freezer/cella", "/sys/fs/cgroup/cella"]
+        .iter()
+        .filter_map(|root| std::fs::read_dir(format!("{root}/{}", instance.trim())).ok())
+        .flat_map(|rd| rd.flatten())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("sb"))
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// The processes in a sandbox's exec cgroups (with no exec running: the one made ahead for
+/// its next exec), host pids.
+fn exec_group_processes(id: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for d in cgroup_dirs(id) {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with("exec-") {
+                if let Ok(t) = std::fs::read_to_string(e.path().join("cgroup.procs")) {
+                    out.extend(t.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+#[test]
+fn a_claim_has_the_process_the_first_exec_starts_in_made_again_and_that_exec_runs_in_it() {
+    let s = Server::start_with("[pool]\ndefault = 0\nsizes = { xs = 1 }\n");
+    wait_for(&s, "xs", "fast_ready");
+    let pooled = sandboxes_on_host(&s);
+    assert_eq!(pooled.len(), 1, "one pool sandbox: {pooled:?}");
+    let waiting = exec_group_processes(&pooled[0]);
+    assert_eq!(
+        waiting.len(),
+        1,
+        "one process waits for the first exec: {waiting:?}"
+    );
+    // Older than the agent's 10 ms of freshness.
+    std::thread::sleep(Duration::from_millis(100));
+    let id = s.create(json!({ "size": "xs" }));
+    assert_eq!(id, pooled[0], "the create took the pool's sandbox");
+    // The claim's question to the agent had it fork that process again; the old one exited
+    // without running anything.
+    let mut fresh = Vec::new();
+    eventually("a new process waiting for the first exec", || {
+        fresh = exec_group_processes(&id);
+        fresh.len() == 1 && fresh != waiting
+    });
+    assert!(!std::path::Path::new(&format!("/proc/{}", waiting[0])).exists());
+    // The first exec runs in the new one: its pid inside the sandbox is the shell's.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", fresh[0])).unwrap();
+    let inner = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|l| l.split_whitespace().last())
+        .unwrap()
+        .to_string();
+    assert_eq!(s.sh(&id, "echo $$")["stdout"], format!("{inner}\n"));
+    // A sandbox's later commands are not affected: the next exec starts in a process made
+    // when the first one ended, as always.
+    assert_eq!(s.sh(&id, "echo ok")["stdout"], "ok\n");
+}
+
 #[test]
 fn pool_sandboxes_belong_to_no_workspace_and_respect_caps_and_policies() {
     let s = Server::start_with("[pool]\ndefault = 0\nsizes = { xs = 2 }\n");

@@ -34,7 +34,10 @@
 //!   `INSERT OR REPLACE` stores the caller's row under that sandbox's id (the agent's `Ping`
 //!   runs beside that write) (a new `seq`: it lists
 //!   as the newest), only while the row is still the pool's and ready and the workspace's count
-//!   of capped states is under its cap. Two concurrent claims never get the same row (the
+//!   of capped states is under its cap. The agent, asked by that `Ping` while sealed and
+//!   untouched, forks the process its first exec starts in again once it has answered, when
+//!   the one waiting is older than 10 ms (one that waited long ran its command from cold
+//!   caches: half a millisecond more, here). Two concurrent claims never get the same row (the
 //!   loser tries the next), and the cap is never passed. The row keeps what the running
 //!   sandbox fixes (its id, which is its hostname, size, resources, state, handle). The claim
 //!   sets the clocks to now, counts the pool sandbox gone at once (`Pool::claimed`, which
@@ -43,7 +46,9 @@
 //!   egress policy destroys the sandbox and marks its row failed through the transition table
 //!   (`Lost`).
 //! - *Refill* ([`spawn`], started after `reconcile` and [`recount`]) loops on `refill`, woken by a
-//!   claim or after 5 s. Per template and size the target is `[pool] sizes[size]`, else `[pool]
+//!   claim (and starting `[pool] refill_delay_ms` after it, so its reads too stay off the
+//!   claimed sandbox's first commands) or after 5 s. Per template and size the target is
+//!   `[pool] sizes[size]`, else `[pool]
 //!   default` (a custom template's own `warm`, in its default size only), 0 for a missing size, and
 //!   `[pool] gvisor` for the gVisor pool (`targets`). While booting and ready ones are fewer,
 //!   `boot_one` inserts a row in the pool's workspace and boots it like any sandbox, at least
@@ -153,6 +158,13 @@ pub fn spawn(state: Arc<AppState>) {
     }
     tokio::spawn(async move {
         loop {
+            // A claim's create answers and its first commands run before the refill's own reads
+            // and boots take the CPU (see `[pool] refill_delay_ms`).
+            let claim = *state.pool().last_claim.lock().expect("pool lock");
+            if let Some(claim) = claim {
+                let delay = Duration::from_millis(state.config.pool.refill_delay_ms);
+                tokio::time::sleep_until(claim + delay).await;
+            }
             if let Err(e) = refill(&state).await {
                 tracing::warn!("warm pool: {e}");
             }
