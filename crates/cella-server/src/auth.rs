@@ -296,7 +296,7 @@ pub async fn authenticate_request(
             .and_then(|o| o.split_once("://"))
             .map(|(_, rest)| rest.trim_end_matches('/'));
         let base = state.public_base();
-        let listed = origin.to_str().ok().map(|o| o.trim_end_matches('/')) == Some(base.as_str());
+        let listed = origin.to_str().ok().map(|o| o.trim_end_matches('/')) == Some(base);
         if !listed && (own.is_none() || theirs != own) {
             return Err(ApiError::new(
                 ErrorCode::Forbidden,

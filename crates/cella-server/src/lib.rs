@@ -128,6 +128,9 @@ pub struct AppState {
     pub tasks: tasks::TasksState,
     /// Teardowns of destroyed sandboxes still running on the host (`teardown`).
     pub teardowns: teardown::Teardowns,
+    /// [`AppState::public_base`], worked out once from the config (every sandbox object
+    /// carries its preview URL).
+    base: String,
 }
 
 impl AppState {
@@ -141,19 +144,24 @@ impl AppState {
     }
 
     /// How users reach this server, e.g. `http://localhost:7070`.
-    pub fn public_base(&self) -> String {
-        let b = self.config.preview.base_url.trim_end_matches('/');
-        if !b.is_empty() {
-            return b.to_string();
-        }
-        let l = self.config.listen;
-        let host = if l.ip().is_unspecified() {
-            "localhost".to_string()
-        } else {
-            l.ip().to_string()
-        };
-        format!("http://{host}:{}", l.port())
+    pub fn public_base(&self) -> &str {
+        &self.base
     }
+}
+
+/// [`AppState::public_base`] of `config`: `[preview] base_url`, else the listening address.
+fn public_base_of(config: &Config) -> String {
+    let b = config.preview.base_url.trim_end_matches('/');
+    if !b.is_empty() {
+        return b.to_string();
+    }
+    let l = config.listen;
+    let host = if l.ip().is_unspecified() {
+        "localhost".to_string()
+    } else {
+        l.ip().to_string()
+    };
+    format!("http://{host}:{}", l.port())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -518,7 +526,7 @@ async fn request_context(mut req: Request, next: Next) -> Response {
         .and_then(valid_request_id)
         .unwrap_or_else(|| util::new_id("req"));
     req.extensions_mut().insert(RequestId(id.clone()));
-    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let (method, uri) = (req.method().clone(), req.uri().clone());
     let started = std::time::Instant::now();
     // A request body the handler does not read to its end leaves the connection unusable for
     // the next request: then the answer says `Connection: close` (else a keep-alive client
@@ -530,18 +538,18 @@ async fn request_context(mut req: Request, next: Next) -> Response {
         .and_then(|v| v.parse::<u64>().ok());
     let has_body =
         declared.is_some_and(|n| n > 0) || req.headers().contains_key(header::TRANSFER_ENCODING);
-    let read_to_end = Arc::new(std::sync::atomic::AtomicBool::new(!has_body));
-    if has_body {
+    let read_to_end = has_body.then(|| Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    if let Some(done) = &read_to_end {
         let (parts, body) = req.into_parts();
         let tracked = BodyEnd {
             inner: Some(body.into_data_stream()),
-            done: read_to_end.clone(),
+            done: done.clone(),
             declared,
         };
         req = Request::from_parts(parts, axum::body::Body::from_stream(tracked));
     }
     let mut res = next.run(req).await;
-    if !read_to_end.load(std::sync::atomic::Ordering::Relaxed) {
+    if read_to_end.is_some_and(|d| !d.load(std::sync::atomic::Ordering::Relaxed)) {
         res.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
@@ -561,9 +569,9 @@ async fn request_context(mut req: Request, next: Next) -> Response {
     }
     let ms = started.elapsed().as_millis();
     if status == StatusCode::INTERNAL_SERVER_ERROR {
-        tracing::error!(request_id = id, %method, path, status = status.as_u16(), ms, "request failed");
+        tracing::error!(request_id = id, %method, path = uri.path(), status = status.as_u16(), ms, "request failed");
     } else {
-        tracing::debug!(request_id = id, %method, path, status = status.as_u16(), ms, "request");
+        tracing::debug!(request_id = id, %method, path = uri.path(), status = status.as_u16(), ms, "request");
     }
     res
 }
@@ -831,6 +839,7 @@ async fn assemble(
         keys: cella_store::kept::Kept::new(),
         sign_in,
         exec_budget,
+        base: public_base_of(&config),
         config,
         model_meter: cella_billing::ModelMeter::spawn(billing.clone()),
         billing,

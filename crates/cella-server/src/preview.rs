@@ -79,27 +79,24 @@ fn valid_id(s: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
 }
 
-/// The preview a request is for, if any.
+/// The preview a request is for, if any. Every request of the API passes here first, so one
+/// that is not a preview's allocates nothing.
 fn target(domain: &str, host: Option<&str>, uri: &Uri) -> Option<Target> {
-    let path_and_query = uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/")
-        .to_string();
-    if let Some(host) = host {
-        let name = host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host);
-        let name = name.to_ascii_lowercase();
-        if let Some(label) = name.strip_suffix(&format!(".{domain}")) {
-            if let Some((port, id)) = label.split_once('-') {
-                if let Ok(port) = port.parse::<u16>() {
-                    if valid_id(id) && port > 0 {
-                        return Some(Target {
-                            id: id.to_string(),
-                            port,
-                            path: path_and_query,
-                            prefix: None,
-                        });
-                    }
+    if let Some(label) = host.and_then(|h| preview_label(domain, h)) {
+        let label = label.to_ascii_lowercase();
+        if let Some((port, id)) = label.split_once('-') {
+            if let Ok(port) = port.parse::<u16>() {
+                if valid_id(id) && port > 0 {
+                    return Some(Target {
+                        id: id.to_string(),
+                        port,
+                        path: uri
+                            .path_and_query()
+                            .map(|p| p.as_str())
+                            .unwrap_or("/")
+                            .to_string(),
+                        prefix: None,
+                    });
                 }
             }
         }
@@ -122,6 +119,15 @@ fn target(domain: &str, host: Option<&str>, uri: &Uri) -> Option<Target> {
         path,
         prefix: Some(format!("/preview/{id}/{port}")),
     })
+}
+
+/// What comes before `.<domain>` in `host` (its port left out, the domain's case ignored).
+fn preview_label<'a>(domain: &str, host: &'a str) -> Option<&'a str> {
+    let name = host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host);
+    let (n, d) = (name.as_bytes(), domain.as_bytes());
+    let cut = n.len().checked_sub(d.len() + 1)?;
+    // The byte at `cut` is an ASCII dot, so both slices end on a character boundary.
+    (n[cut] == b'.' && n[cut + 1..].eq_ignore_ascii_case(d)).then(|| &name[..cut])
 }
 
 fn mac(secret: &str, id: &str, workspace: &str, gen: i64, expires: i64) -> String {
@@ -301,9 +307,8 @@ pub async fn dispatch(State(state): State<Arc<AppState>>, req: Request, next: Ne
         .headers()
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
-        .map(String::from)
-        .or_else(|| req.uri().authority().map(|a| a.to_string()));
-    match target(&state.config.preview.domain, host.as_deref(), req.uri()) {
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    match target(&state.config.preview.domain, host, req.uri()) {
         Some(t) if t.prefix.is_some() => {
             let mut res = path_form(&state, t, req).await;
             seal_path_form(res.headers_mut());
@@ -798,7 +803,7 @@ pub fn local_domain(domain: &str) -> bool {
 /// with the port of the server's base URL.
 pub fn host_origin(state: &AppState, id: &str, port: u16) -> String {
     let base = state.public_base();
-    let (scheme, rest) = base.split_once("://").unwrap_or(("http", base.as_str()));
+    let (scheme, rest) = base.split_once("://").unwrap_or(("http", base));
     let authority = rest.split('/').next().unwrap_or(rest);
     let port_suffix = match authority.rsplit_once(':') {
         Some((_, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => format!(":{p}"),
@@ -865,6 +870,14 @@ mod tests {
         assert!(target("localhost", Some("99999-sbabc.localhost"), &api).is_none());
         assert!(target("localhost", Some("80-SB_X.localhost"), &api).is_none());
         assert!(target("localhost", Some("80-sbabc.example.com"), &api).is_none());
+        assert!(target("localhost", Some("80-sbabclocalhost"), &api).is_none());
+        assert!(target("localhost", Some(".localhost"), &api).is_none());
+        assert!(target("localhost", Some("x.localhos"), &api).is_none());
+        assert!(target("localhost", Some("é.localhost"), &api).is_none());
+        // Host names are case-insensitive: the sandbox's id is the lowercase one.
+        let t = target("localhost", Some("8080-SBabc123.LocalHost:7070"), &api).unwrap();
+        assert_eq!((t.id.as_str(), t.port), ("sbabc123", 8080));
+        assert_eq!(t.path, "/api/v1/sandboxes");
     }
 
     #[test]
