@@ -38,6 +38,11 @@ pub struct AgentConfig {
     pub exec_cgroups: Option<Arc<ExecCgroups>>,
     /// How to bind the socket again after a `Quiesce`; None: `Quiesce` is refused.
     pub rebind: Option<Rebind>,
+    /// A claim's `Ping` may fork the next exec's process again
+    /// ([`ExecCgroups::refresh_standby`]). Only where moving a process into a cgroup is fast
+    /// (`favordynmods`): elsewhere the new process's move waits for an RCU grace period
+    /// (5-11 ms measured), and the first exec, a millisecond behind, would wait for it.
+    pub refresh_standby: bool,
 }
 
 /// Where the agent's socket is bound again after a `Quiesce`: `name` in the directory open as
@@ -168,6 +173,7 @@ async fn run(
                             file_ops: file_ops.clone(),
                             cgroups: config.exec_cgroups.clone(),
                             quiesce: quiesce_tx.clone(),
+                            refresh_standby: config.refresh_standby,
                         },
                     ));
                 }
@@ -224,6 +230,8 @@ struct Shared {
     cgroups: Option<Arc<ExecCgroups>>,
     /// Where a `Quiesce` hands its connection to the accept loop (None: refused).
     quiesce: Option<tokio::sync::mpsc::Sender<UnixStream>>,
+    /// [`AgentConfig::refresh_standby`].
+    refresh_standby: bool,
 }
 
 async fn handle(mut stream: UnixStream, shared: Shared) {
@@ -235,6 +243,7 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
         file_ops,
         cgroups,
         quiesce,
+        refresh_standby,
     } = shared;
     let req = match proto::read_frame(&mut stream).await {
         Ok(Some((FrameKind::Json, body))) => serde_json::from_slice::<Request>(&body),
@@ -281,7 +290,8 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
                     touched: Some(0), ..
                 },
                 Some(cg),
-            ) = (&answer, &cgroups)
+                true,
+            ) = (&answer, &cgroups, refresh_standby)
             {
                 cg.refresh_standby(STANDBY_FRESH);
             }

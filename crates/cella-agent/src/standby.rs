@@ -19,7 +19,8 @@
 //! `errno` read there into the shell's 126/127 and message, like any spawn failure.
 //!
 //! Everything that held for an exec holds the same: one exec, one cgroup (the child is its first
-//! member); the same confinement, in the same order relative to `execve`. A standby that died,
+//! member, or the second after one forked again at a claim that exited having run nothing); the
+//! same confinement, in the same order relative to `execve`. A standby that died,
 //! never got ready, or cannot carry the command (too big for its mapping, a NUL in a string)
 //! is dropped and the exec forks as before ([`crate::spawn::command`]).
 //!
@@ -28,7 +29,9 @@
 //! claim for seconds or hours, so a `Ping` to a sealed, untouched agent (the claim's; a probe
 //! at the server's start asks too) makes the agent fork it again once it has answered, in the
 //! same exec cgroup, when it is older than 10 ms
-//! ([`crate::execcg::ExecCgroups::refresh_standby`]).
+//! ([`crate::execcg::ExecCgroups::refresh_standby`]). Only where moving a process into a cgroup
+//! is fast (`favordynmods`, [`crate::AgentConfig::refresh_standby`]): elsewhere the new one's
+//! move waits for an RCU grace period and the first exec would wait for it.
 
 use crate::harden::Jail;
 use crate::proto::ExecSpec;

@@ -106,6 +106,8 @@ pub enum SettingError {
     Grace,
     #[error("tasks.branch_prefix must be 1-100 of letters, digits and /._- (not starting with /, . or -)")]
     BranchPrefix,
+    #[error("pool.boot_interval_ms and pool.refill_delay_ms must be from 0 to 3600000 (an hour)")]
+    PoolDelays,
     /// `[[forges]]` or `[[agents]]` entry `index` is wrong (`what` is `forges` or `agents`).
     #[error("{what}[{index}]: {message}")]
     Entry {
@@ -270,12 +272,23 @@ pub struct PoolConfig {
     pub sizes: std::collections::BTreeMap<String, u32>,
     /// Least time between two pool boots, to bound the background load of refilling.
     pub boot_interval_ms: u64,
-    /// Least time between a claim and the boot that refills it, so that the claimed sandbox's
-    /// first commands do not share the CPU with that boot.
+    /// Least time between a claim and the refill round it wakes, and each boot that refills
+    /// the pool, so that the claimed sandbox's first commands do not share the CPU with them.
     pub refill_delay_ms: u64,
     /// `gvisor` sandboxes kept booted ahead per built-in template (that runs on gVisor), in its
     /// default size, beside the namespace ones (needs `runsc`; 0: none).
     pub gvisor: u32,
+}
+
+impl PoolConfig {
+    /// What the server refuses to start with (a delay past an hour is a mistake, and one
+    /// beyond the clock's range would end the refill task).
+    pub fn check(&self) -> Result<(), SettingError> {
+        if self.boot_interval_ms > 3_600_000 || self.refill_delay_ms > 3_600_000 {
+            return Err(SettingError::PoolDelays);
+        }
+        Ok(())
+    }
 }
 
 impl Default for PoolConfig {
@@ -713,6 +726,24 @@ mod tests {
         assert_eq!(c.sizes.disabled, vec![Size::Xl]);
         assert_eq!(c.exec.output_cap_bytes, 16 * 1024 * 1024);
         assert!(toml::from_str::<Config>("lisen = \"x\"").is_err());
+    }
+
+    #[test]
+    fn pool_delays_are_at_most_an_hour() {
+        let c: Config = toml::from_str("").unwrap();
+        assert!(c.pool.check().is_ok());
+        let c: Config = toml::from_str("[pool]\nrefill_delay_ms = 3600000\n").unwrap();
+        assert!(c.pool.check().is_ok());
+        for bad in [
+            "[pool]\nrefill_delay_ms = 3600001\n",
+            "[pool]\nboot_interval_ms = 9223372036854775807\n",
+        ] {
+            let c: Config = toml::from_str(bad).unwrap();
+            assert_eq!(
+                c.pool.check().expect_err(bad).to_string(),
+                "pool.boot_interval_ms and pool.refill_delay_ms must be from 0 to 3600000 (an hour)"
+            );
+        }
     }
 
     #[test]

@@ -618,6 +618,7 @@ struct DataDir {
 async fn open_data_dir(config: &Config) -> Result<DataDir, ServeError> {
     config.preview.check()?;
     config.auth.check()?;
+    config.pool.check()?;
     config.check_tasks()?;
     let dir = config.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(|source| ServeError::DataDir {

@@ -37,7 +37,8 @@
 //!   of capped states is under its cap. The agent, asked by that `Ping` while sealed and
 //!   untouched, forks the process its first exec starts in again once it has answered, when
 //!   the one waiting is older than 10 ms (one that waited long ran its command from cold
-//!   caches: half a millisecond more, here). Two concurrent claims never get the same row (the
+//!   caches: half a millisecond more, here), on hosts whose cgroup moves are fast
+//!   (`favordynmods`). Two concurrent claims never get the same row (the
 //!   loser tries the next), and the cap is never passed. The row keeps what the running
 //!   sandbox fixes (its id, which is its hostname, size, resources, state, handle). The claim
 //!   sets the clocks to now, counts the pool sandbox gone at once (`Pool::claimed`, which
@@ -46,8 +47,8 @@
 //!   egress policy destroys the sandbox and marks its row failed through the transition table
 //!   (`Lost`).
 //! - *Refill* ([`spawn`], started after `reconcile` and [`recount`]) loops on `refill`, woken by a
-//!   claim (and starting `[pool] refill_delay_ms` after it, so its reads too stay off the
-//!   claimed sandbox's first commands) or after 5 s. Per template and size the target is
+//!   claim or after 5 s; a round begins at least `[pool] refill_delay_ms` after the last claim
+//!   (so its reads too stay off the claimed sandbox's first commands). Per template and size the target is
 //!   `[pool] sizes[size]`, else `[pool]
 //!   default` (a custom template's own `warm`, in its default size only), 0 for a missing size, and
 //!   `[pool] gvisor` for the gVisor pool (`targets`). While booting and ready ones are fewer,

@@ -459,6 +459,7 @@ impl GvisorDriver {
             network: None,
             userns: None,
             nofile: self.nofile,
+            fast_cgroup_moves: false,
         };
         let oci = spec::oci_spec(&spec::SpecInput {
             hostname: spec.hostname.clone(),
@@ -1819,6 +1820,8 @@ pub fn agent_main(nofile: u64) -> i32 {
                 dir_fd,
                 name: spec::SOCKET_NAME.into(),
             }),
+            // No exec cgroups, so no process waits for the next exec.
+            refresh_standby: false,
         },
     )
 }

@@ -401,6 +401,7 @@ fn init_main(
             nofile: cfg.nofile,
             exec_cgroups,
             rebind: None,
+            refresh_standby: cfg.fast_cgroup_moves,
         },
     )
 }

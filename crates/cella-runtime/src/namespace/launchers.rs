@@ -259,8 +259,13 @@ mod tests {
         l.refill();
         std::thread::sleep(std::time::Duration::from_millis(100));
         assert_eq!(l.ready_pid(), Some(again));
-        // Dropping the last handle ends the one kept ready.
+        // Dropping the last handle ends the one kept ready (a refill's thread holds a handle
+        // until it has looked: under load that can outlast the sleep above).
         drop(l);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while alive(again) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         assert!(!alive(again), "a launcher kept ready outlived its pool");
     }
 

@@ -60,6 +60,18 @@ pub struct LaunchConfig {
     /// `RLIMIT_NOFILE` of every process in the sandbox (0: the agent's own).
     #[serde(default)]
     pub nofile: u64,
+    /// Moving a process into a cgroup does not wait for an RCU grace period on this host
+    /// (`favordynmods`, see [`crate::dynmods`]): the agent may fork the next exec's process
+    /// again at a warm pool sandbox's claim (`cella_agent::AgentConfig::refresh_standby`).
+    #[serde(default)]
+    pub fast_cgroup_moves: bool,
+}
+
+/// Whether this host's cgroup moves are fast ([`LaunchConfig::fast_cgroup_moves`]): read once,
+/// at the first boot (after the server's start turned `favordynmods` on where it can).
+fn fast_cgroup_moves() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(crate::dynmods::is_on)
 }
 
 #[derive(Clone)]
@@ -618,6 +630,7 @@ impl NamespaceDriver {
             network,
             userns: self.ids,
             nofile: self.files.per_process,
+            fast_cgroup_moves: fast_cgroup_moves(),
         };
         let json = serde_json::to_vec_pretty(&cfg).map_err(std::io::Error::other)?;
         std::fs::write(dir.join("launch.json"), json)?;

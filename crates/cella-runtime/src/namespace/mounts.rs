@@ -766,6 +766,7 @@ pub(crate) mod tests {
             network: None,
             userns: None,
             nofile: 0,
+            fast_cgroup_moves: false,
         }
     }
 
