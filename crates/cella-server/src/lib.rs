@@ -156,12 +156,12 @@ fn public_base_of(config: &Config) -> String {
         return b.to_string();
     }
     let l = config.listen;
-    let host = if l.ip().is_unspecified() {
-        "localhost".to_string()
-    } else {
-        l.ip().to_string()
-    };
-    format!("http://{host}:{}", l.port())
+    match l.ip() {
+        ip if ip.is_unspecified() => format!("http://localhost:{}", l.port()),
+        // An IPv6 address goes in brackets in a URL (`http://[::1]:7070`).
+        std::net::IpAddr::V6(ip) => format!("http://[{ip}]:{}", l.port()),
+        std::net::IpAddr::V4(ip) => format!("http://{ip}:{}", l.port()),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -164,3 +164,18 @@ async fn a_kept_key_stops_at_once_when_revoked() {
         assert_eq!(st, 401);
     }
 }
+
+/// The base URL sandboxes' preview URLs start with: `[preview] base_url` when set, else the
+/// listening address, `localhost` for an unspecified one, an IPv6 address in brackets.
+#[test]
+fn the_public_base_url_is_a_url_for_every_listening_address() {
+    let base = |toml: &str| crate::public_base_of(&toml::from_str::<crate::Config>(toml).unwrap());
+    assert_eq!(base("listen = \"0.0.0.0:7070\""), "http://localhost:7070");
+    assert_eq!(base("listen = \"[::]:7070\""), "http://localhost:7070");
+    assert_eq!(base("listen = \"127.0.0.1:8080\""), "http://127.0.0.1:8080");
+    assert_eq!(base("listen = \"[::1]:7070\""), "http://[::1]:7070");
+    assert_eq!(
+        base("listen = \"[::1]:7070\"\n[preview]\nbase_url = \"https://cella.example.com/\"\n"),
+        "https://cella.example.com"
+    );
+}
