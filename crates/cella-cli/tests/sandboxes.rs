@@ -729,20 +729,22 @@ fn a_launcher_waits_ahead_for_the_next_boot_and_none_outlives_a_killed_server() 
     });
     let second = ready();
     assert_ne!(second, first);
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|st| !st.contains(") Z "))
+            .unwrap_or(false)
+    };
     // One killed from outside while it waited is not handed to a boot: the next create starts
-    // another and succeeds.
+    // another and succeeds. (Once it has died: `kill` returns before the process has ended,
+    // and a boot that takes one still dying fails with no answer from it.)
     unsafe { libc::kill(second as i32, libc::SIGKILL) };
+    eventually("the killed launcher to have ended", || !alive(second));
     let b = s.create(json!({ "size": "xs" }));
     assert_eq!(s.sh(&b, "echo up")["stdout"], "up\n");
     let third = ready();
     assert_ne!(third, second);
     // `kill -9` of the server: the waiting launcher sees its input close and exits.
     s.kill9();
-    let alive = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|st| !st.contains(") Z "))
-            .unwrap_or(false)
-    };
     eventually("the waiting launcher to exit with its server", || {
         !alive(third)
     });
