@@ -285,14 +285,14 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
             let r = proto::write_json(&mut stream, &answer).await;
             // Sealed and untouched: a warm pool sandbox, asked by its claim. Its first exec
             // comes next; the process it will start in is forked again now if it waited long.
-            if let (
+            let claimed = matches!(
+                answer,
                 Response::Pong {
-                    touched: Some(0), ..
-                },
-                Some(cg),
-                true,
-            ) = (&answer, &cgroups, refresh_standby)
-            {
+                    touched: Some(0),
+                    ..
+                }
+            );
+            if let (true, true, Some(cg)) = (claimed, refresh_standby, &cgroups) {
                 cg.refresh_standby(STANDBY_FRESH);
             }
             r

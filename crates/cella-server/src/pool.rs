@@ -149,6 +149,16 @@ pub fn claimable(row: &SandboxRow) -> bool {
     }
 }
 
+/// Waits until `[pool] refill_delay_ms` after the last claim, so that the claimed sandbox's
+/// create answers and its first commands run before the refill's work takes the CPU.
+async fn after_claim_delay(state: &AppState) {
+    let claim = *state.pool().last_claim.lock().expect("pool lock");
+    if let Some(claim) = claim {
+        let delay = Duration::from_millis(state.config.pool.refill_delay_ms);
+        tokio::time::sleep_until(claim + delay).await;
+    }
+}
+
 /// Starts the refill task.
 pub fn spawn(state: Arc<AppState>) {
     if state.config.pool.gvisor > 0 && !state.catalog.runs(Runtime::Gvisor) {
@@ -160,12 +170,8 @@ pub fn spawn(state: Arc<AppState>) {
     tokio::spawn(async move {
         loop {
             // A claim's create answers and its first commands run before the refill's own reads
-            // and boots take the CPU (see `[pool] refill_delay_ms`).
-            let claim = *state.pool().last_claim.lock().expect("pool lock");
-            if let Some(claim) = claim {
-                let delay = Duration::from_millis(state.config.pool.refill_delay_ms);
-                tokio::time::sleep_until(claim + delay).await;
-            }
+            // take the CPU.
+            after_claim_delay(&state).await;
             if let Err(e) = refill(&state).await {
                 tracing::warn!("warm pool: {e}");
             }
@@ -286,11 +292,7 @@ async fn top_up(
         }
         // The caller of a claim comes first: its create's answer and first commands run before
         // this boot takes the CPU (once per boot, so claims in a row never hold a refill off).
-        let claim = *state.pool().last_claim.lock().expect("pool lock");
-        if let Some(claim) = claim {
-            let delay = Duration::from_millis(state.config.pool.refill_delay_ms);
-            tokio::time::sleep_until(claim + delay).await;
-        }
+        after_claim_delay(state).await;
         *state.pool().last_boot.lock().expect("pool lock") = Some(tokio::time::Instant::now());
         if state
             .pool()
