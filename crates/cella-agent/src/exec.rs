@@ -3,7 +3,8 @@
 //! The answer on the connection is `Started { pid }`, then stdout and stderr frames (each stream
 //! cut at the spec's output cap, the cut reported in the exit), then `Exit`. `Started` waits up
 //! to [`ANNOUNCE`] to go out in one write with what follows it. The command starts in the process
-//! made ahead for it when there is one ([`crate::standby`]), else by a fork. A timeout or the node
+//! made ahead for it when there is one ([`crate::standby`]), else in a child that shares the agent's
+//! memory until its `execve` ([`crate::vspawn`]) or by a fork. A timeout or the node
 //! hanging up kills everything the command started: its exec cgroup as one when the sandbox
 //! delegated one (see [`crate::execcg`]), else its process tree ([`kill_tree`]). After the command
 //! exits, output still buffered is drained for at most [`DRAIN_AFTER_EXIT`].
@@ -59,13 +60,21 @@ async fn forward(
     wr.write_all(&std::mem::take(pending)).await.is_ok()
 }
 
-/// Starts `spec` by forking the agent (when no process was made ahead, see [`crate::standby`]).
+/// Starts `spec` when no process was made ahead for it (see [`crate::standby`]): in a child
+/// sharing the agent's memory until its `execve` ([`crate::vspawn`]) unless it joins a cgroup,
+/// else by a fork.
 fn spawn(
     spec: &ExecSpec,
     jail: &Arc<Jail>,
     reaper: &Reaper,
     group: Option<&ExecGroup<'_>>,
 ) -> std::io::Result<Started> {
+    if group.is_none() {
+        let piped = spec.stdin.is_some();
+        if let Some(r) = crate::vspawn::spawn(spec, program(spec), jail, piped, true, reaper) {
+            return r;
+        }
+    }
     let mut cmd = command(
         spec,
         jail,

@@ -324,12 +324,17 @@ impl Jail {
                 let _ = caps::drop(None, CapSet::Bounding, *cap);
             }
         }
+        // The system calls themselves, not libc's wrappers: in a process that ever had a second
+        // thread those signal every thread libc knows of to change it too, and a child that shares
+        // the agent's memory ([`crate::vspawn`]) would reach the agent's threads' records.
         // SAFETY: as above.
         unsafe {
-            if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(gid) != 0 {
+            if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+                || libc::syscall(libc::SYS_setgid, gid) != 0
+            {
                 return Err(err());
             }
-            if uid != 0 && libc::setuid(uid) != 0 {
+            if uid != 0 && libc::syscall(libc::SYS_setuid, uid) != 0 {
                 return Err(err());
             }
         }

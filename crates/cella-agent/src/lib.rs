@@ -22,6 +22,7 @@ mod pty;
 mod server;
 mod spawn;
 mod standby;
+mod vspawn;
 mod watch;
 
 pub use server::{serve, AgentConfig, Rebind};

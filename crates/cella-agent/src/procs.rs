@@ -10,7 +10,8 @@ use crate::harden::Jail;
 use crate::proto::{
     self, ErrorKind, ExecSpec, ExitInfo, FrameKind, ProcessInfo, ProtoError, Response,
 };
-use crate::spawn::{command, cwd_problem, spawn_failure, Reaper};
+use crate::spawn::{command, cwd_problem, program, spawn_failure, Reaper};
+use crate::standby::Started;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,6 +47,29 @@ pub struct Procs {
     exited: Mutex<VecDeque<i32>>,
     /// Unix ms of the last output of any spawned process (0: none yet).
     last_output: AtomicI64,
+}
+
+/// Starts a background process: in a child sharing the agent's memory until its `execve`
+/// ([`crate::vspawn`]), else by a fork.
+fn start(spec: &ExecSpec, jail: &Arc<Jail>, reaper: &Reaper) -> std::io::Result<Started> {
+    if let Some(r) = crate::vspawn::spawn(spec, program(spec), jail, true, false, reaper) {
+        return r;
+    }
+    let mut child = command(spec, jail, true, false, None).spawn()?;
+    let pid = child.id() as i32;
+    // Registered before anything can reap it: the reaper runs on this same thread.
+    let exit = reaper.register(pid);
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(std::io::Error::other("no output pipes"));
+    };
+    Ok(Started {
+        pid,
+        exit,
+        stdin: child.stdin.take().map(std::os::fd::OwnedFd::from),
+        stdout: stdout.into(),
+        stderr: stderr.into(),
+        launch: None,
+    })
 }
 
 fn now_ms() -> i64 {
@@ -209,7 +233,7 @@ impl Procs {
                 message: problem,
             };
         }
-        let mut child = match command(&spec, jail, true, false, None).spawn() {
+        let child = match start(&spec, jail, reaper) {
             Ok(c) => c,
             Err(e) => {
                 let (_, msg) = spawn_failure(&spec.argv[0], &e);
@@ -220,21 +244,13 @@ impl Procs {
             }
         };
         let started = Instant::now();
-        let pid = child.id() as i32;
-        let exit_rx = reaper.register(pid);
+        let pid = child.pid;
+        let exit_rx = child.exit;
         let stdin = child
             .stdin
-            .take()
-            .and_then(|s| pipe::Sender::from_owned_fd(s.into()).ok());
-        let out = child
-            .stdout
-            .take()
-            .and_then(|s| pipe::Receiver::from_owned_fd(s.into()).ok());
-        let err = child
-            .stderr
-            .take()
-            .and_then(|s| pipe::Receiver::from_owned_fd(s.into()).ok());
-        drop(child);
+            .and_then(|s| pipe::Sender::from_owned_fd(s).ok());
+        let out = pipe::Receiver::from_owned_fd(child.stdout).ok();
+        let err = pipe::Receiver::from_owned_fd(child.stderr).ok();
         let (events, _) = broadcast::channel(1024);
         let info = ProcessInfo {
             pid,

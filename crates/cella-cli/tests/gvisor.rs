@@ -44,6 +44,25 @@ fn a_gvisor_sandbox_runs_commands_on_gvisors_kernel() {
     assert_eq!(r["stdout"], "out\nuser\n", "{r}");
     assert_eq!(r["stderr"], "err\n");
     assert_eq!(r["exit_code"], 3);
+    // A command starts as on namespaces (here in a child sharing the agent's memory until its
+    // execve): argv, stdin, environment, working directory, user; 127 and 126 as a shell's.
+    let r = s.exec(&id, json!({ "argv": ["printf", "%s-%s", "a b", "c"] }));
+    assert_eq!(r["stdout"], "a b-c", "{r}");
+    let r = s.exec(
+        &id,
+        json!({ "command": "read l; echo $l $MINE $HOME; pwd; id -u", "stdin": "in\n",
+                "env": { "MINE": "m" }, "cwd": "/tmp" }),
+    );
+    assert_eq!(r["stdout"], "in m /home/user\n/tmp\n1000\n", "{r}");
+    let missing = s.exec(&id, json!({ "argv": ["no-such-program"] }));
+    assert_eq!(missing["exit_code"], 127, "{missing}");
+    assert!(missing["stderr"]
+        .as_str()
+        .unwrap()
+        .contains("command not found"));
+    s.sh(&id, "printf 'echo no\\n' > /tmp/notx; chmod 644 /tmp/notx");
+    let denied = s.exec(&id, json!({ "argv": ["/tmp/notx"] }));
+    assert_eq!(denied["exit_code"], 126, "{denied}");
     // A file written through the API and read back, through the API and by a command.
     let path = "/home/user/note.txt";
     let up = s.raw(

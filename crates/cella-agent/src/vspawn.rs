@@ -1,0 +1,498 @@
+//! Starting a command without copying the agent: `clone(CLONE_VM | CLONE_VFORK)`.
+//!
+//! A command that no process was made ahead for ([`crate::standby`]: every exec on gVisor, a
+//! background process, an exec that finds none waiting) used to start with a `fork` of the
+//! agent. On gVisor's `ptrace` platform a fork is a new address space in a new host stub
+//! process, and every page the child then touched was a trap into gVisor's kernel: an exec of
+//! `true` took 26-34 ms at the agent there, against 17-19 ms for `posix_spawn` of the same
+//! `true` (which shares the parent's memory until `execve`). On the host kernel the fork is the
+//! copy of the agent's page tables and the copy-on-write faults after it.
+//!
+//! So the child shares the agent's memory and the agent waits (`CLONE_VFORK`) until the child
+//! ran `execve` or exited; nothing of the agent runs meanwhile, so nothing else writes what the
+//! child reads. The child runs on a stack of its own (kept for the next spawn), builds nothing and
+//! allocates nothing: the program's candidate paths (the command's own `PATH`, searched as
+//! `execvp` searches it), argv, the environment and the working directory were made ready in the
+//! parent. It resets the signal handlers the agent installed (they would run on the agent's
+//! memory), puts its pipes on descriptors 0-2, `chdir`s, makes its own session, becomes a
+//! child subreaper when asked, gives up the agent's immunity to the OOM killer (a `vfork` child's
+//! `oom_score_adj` is its own, the kernel does not share it with its parent), enters the
+//! [`Jail`], then `execve`s. A failure before the command runs is its `errno` on a status pipe
+//! that closes on a successful `execve`, read once the agent goes on: the caller gets it as the
+//! `io::Error` a spawn gives (127 and 126 as a shell's).
+//!
+//! Only commands that join no cgroup start this way: moving itself into a cgroup can wait for an
+//! RCU grace period, which would hold the agent up with it (those keep [`std::process::Command`]).
+//! A child stopped by a signal before its `execve` holds the agent until it is continued;
+//! only something inside the sandbox, as its root, can stop it, and it then stops the sandbox's
+//! own agent only.
+
+use crate::harden::Jail;
+use crate::proto::ExecSpec;
+use crate::spawn::Reaper;
+use crate::standby::Started;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+
+/// The child's stack (its lowest page a guard). Used by one spawn at a time.
+const STACK: usize = 256 << 10;
+
+/// Handlers the agent's process has (tokio's for `SIGCHLD` and `SIGUSR2`, the Rust runtime's for
+/// `SIGSEGV` and `SIGBUS`, `SIGPIPE` ignored): set back to the default in the child before any
+/// signal reaches it, as `posix_spawn` does.
+const RESET: [c_int; 5] = [
+    libc::SIGCHLD,
+    libc::SIGUSR2,
+    libc::SIGPIPE,
+    libc::SIGSEGV,
+    libc::SIGBUS,
+];
+
+/// The shell a file that is not an executable is run with, as `execvp` runs it.
+const SHELL: &CStr = c"/bin/sh";
+
+struct Stack {
+    base: *mut u8,
+}
+
+// SAFETY: a private mapping owned by whoever holds the `Stack`.
+unsafe impl Send for Stack {}
+
+impl Stack {
+    fn new() -> Option<Stack> {
+        // SAFETY: a fresh anonymous mapping; its lowest page made inaccessible (a guard).
+        unsafe {
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                STACK,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE,
+                -1,
+                0,
+            );
+            if base == libc::MAP_FAILED {
+                return None;
+            }
+            let page = usize::try_from(libc::sysconf(libc::_SC_PAGESIZE)).unwrap_or(4096);
+            if libc::mprotect(base, page, libc::PROT_NONE) != 0 {
+                libc::munmap(base, STACK);
+                return None;
+            }
+            Some(Stack { base: base.cast() })
+        }
+    }
+
+    fn top(&self) -> *mut c_void {
+        // SAFETY: one past the end of the mapping, where a stack that grows down starts.
+        unsafe { self.base.add(STACK).cast() }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, used by nothing else.
+        unsafe { libc::munmap(self.base.cast(), STACK) };
+    }
+}
+
+/// The stack kept between spawns.
+static KEPT: Mutex<Option<Stack>> = Mutex::new(None);
+
+/// What the child reads, made ready by the parent.
+struct Args<'a> {
+    jail: &'a Jail,
+    uid: u32,
+    gid: u32,
+    candidates: &'a [CString],
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+    /// `[SHELL, <the candidate>, argv[1..], NULL]`: slot 1 is written by the child.
+    sh_argv: *mut *const c_char,
+    cwd: &'a CStr,
+    stdin: RawFd,
+    stdout: RawFd,
+    stderr: RawFd,
+    status: RawFd,
+    hold_tree: bool,
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: a plain system call filling `fds`.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both were just made and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The paths `execvp` would try for `program` with the command's `PATH` (glibc's default
+/// `/bin:/usr/bin` without one; an empty entry is the working directory).
+fn candidates(program: &str, path: Option<&str>) -> Option<Vec<CString>> {
+    if program.is_empty() {
+        return Some(Vec::new());
+    }
+    if program.contains('/') {
+        return Some(vec![CString::new(program).ok()?]);
+    }
+    path.unwrap_or("/bin:/usr/bin")
+        .split(':')
+        .map(|dir| match dir {
+            "" => CString::new(program).ok(),
+            d => CString::new(format!("{d}/{program}")).ok(),
+        })
+        .collect()
+}
+
+fn pointers(list: &[CString]) -> Vec<*const c_char> {
+    list.iter()
+        .map(|c| c.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
+
+/// Starts `spec` (its program being `program`) in a child that shares the agent's memory until
+/// its `execve` (see the module docs).
+///
+/// None: this way could not be tried (a NUL in a string, no stack or descriptors, `clone`
+/// refused); the caller starts it with [`std::process::Command`], which gives the same command
+/// the same outcome. `Some(Err)`: the command could not start (its `errno`).
+pub(crate) fn spawn(
+    spec: &ExecSpec,
+    program: &str,
+    jail: &Jail,
+    pipe_stdin: bool,
+    hold_tree: bool,
+    reaper: &Reaper,
+) -> Option<std::io::Result<Started>> {
+    let candidates = candidates(program, spec.env.get("PATH").map(String::as_str))?;
+    // argv[0] is the program run, as `Command` gives it (`/bin/sh` standing in for bash).
+    let args: Vec<CString> = std::iter::once(program)
+        .chain(spec.argv[1..].iter().map(String::as_str))
+        .map(|a| CString::new(a).ok())
+        .collect::<Option<_>>()?;
+    let envs: Vec<CString> = spec
+        .env
+        .iter()
+        .map(|(k, v)| CString::new(format!("{k}={v}")).ok())
+        .collect::<Option<_>>()?;
+    let cwd = CString::new(spec.cwd.as_str()).ok()?;
+    let argv = pointers(&args);
+    let envp = pointers(&envs);
+    let mut sh_argv: Vec<*const c_char> = [SHELL.as_ptr(), std::ptr::null()]
+        .into_iter()
+        .chain(argv[1..].iter().copied())
+        .collect();
+
+    let (out_r, out_w) = pipe().ok()?;
+    let (err_r, err_w) = pipe().ok()?;
+    let (st_r, st_w) = pipe().ok()?;
+    let (in_r, in_w) = if pipe_stdin {
+        let (r, w) = pipe().ok()?;
+        (r, Some(w))
+    } else {
+        let null = std::fs::File::open("/dev/null").ok()?;
+        (OwnedFd::from(null), None)
+    };
+    let stack = KEPT
+        .lock()
+        .ok()
+        .and_then(|mut k| k.take())
+        .or_else(Stack::new)?;
+
+    let a = Args {
+        jail,
+        uid: spec.uid,
+        gid: spec.gid,
+        candidates: &candidates,
+        argv: argv.as_ptr(),
+        envp: envp.as_ptr(),
+        sh_argv: sh_argv.as_mut_ptr(),
+        cwd: &cwd,
+        stdin: in_r.as_raw_fd(),
+        stdout: out_w.as_raw_fd(),
+        stderr: err_w.as_raw_fd(),
+        status: st_w.as_raw_fd(),
+        hold_tree,
+    };
+    // SAFETY: every signal is blocked around the clone, so none runs an agent's handler in the
+    // child before the child reset it; the parent waits (CLONE_VFORK) while the child uses
+    // `a`, the stack and the strings, all of which outlive the call.
+    let (pid, clone_err) = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let pid = libc::clone(
+            entry,
+            stack.top(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&a as *const Args).cast_mut().cast(),
+        );
+        let clone_err = std::io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        (pid, clone_err)
+    };
+    if let Ok(mut k) = KEPT.lock() {
+        *k = Some(stack);
+    }
+    // The child's ends: it has its own copies, or has exited.
+    drop((in_r, out_w, err_w, st_w));
+    if pid < 0 {
+        tracing::debug!("clone(CLONE_VM | CLONE_VFORK): {clone_err}; forking instead");
+        return None;
+    }
+    // The child ran `execve` (the pipe closes with it) or exited after writing its `errno`.
+    let mut errno = [0u8; 4];
+    let mut got = 0;
+    while got < errno.len() {
+        // SAFETY: a read into our buffer from our pipe.
+        let n = unsafe {
+            libc::read(
+                st_r.as_raw_fd(),
+                errno[got..].as_mut_ptr().cast(),
+                errno.len() - got,
+            )
+        };
+        match n {
+            0 => break,
+            n if n > 0 => got += n as usize,
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            _ => break,
+        }
+    }
+    if got == errno.len() {
+        // It exited: the reaper collects it (nothing waits for it).
+        return Some(Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(
+            errno,
+        ))));
+    }
+    // Registered before anything can reap it: the reaper runs on this same thread.
+    let exit = reaper.register(pid);
+    Some(Ok(Started {
+        pid,
+        exit,
+        stdin: in_w,
+        stdout: out_r,
+        stderr: err_r,
+        launch: None,
+    }))
+}
+
+extern "C" fn entry(arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the parent's `Args`, alive while the parent waits for this child.
+    unsafe { child(&*arg.cast::<Args>()) }
+}
+
+fn errno() -> c_int {
+    // SAFETY: the calling thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Reports `errno` on the status pipe and exits.
+unsafe fn fail(status: RawFd) -> ! {
+    let e = errno();
+    libc::write(status, e.to_ne_bytes().as_ptr().cast(), 4);
+    libc::_exit(127)
+}
+
+/// `fd` onto `to`; one already there only loses its close-on-exec flag.
+unsafe fn put(fd: RawFd, to: RawFd) -> bool {
+    if fd == to {
+        libc::fcntl(fd, libc::F_SETFD, 0) != -1
+    } else {
+        libc::dup2(fd, to) >= 0
+    }
+}
+
+/// The child (see the module docs): only system calls until `execve` or `_exit`.
+unsafe fn child(a: &Args) -> ! {
+    for s in RESET {
+        libc::signal(s, libc::SIG_DFL);
+    }
+    let mut none: libc::sigset_t = std::mem::zeroed();
+    libc::sigemptyset(&mut none);
+    libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    if !put(a.stdin, 0) || !put(a.stdout, 1) || !put(a.stderr, 2) {
+        fail(a.status);
+    }
+    if libc::chdir(a.cwd.as_ptr()) != 0 {
+        fail(a.status);
+    }
+    // Own session and process group: the whole tree can be killed at a timeout.
+    libc::setsid();
+    if a.hold_tree {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    }
+    // Children must not inherit the agent's immunity to the OOM killer.
+    let fd = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY);
+    if fd >= 0 {
+        libc::write(fd, b"0".as_ptr().cast(), 1);
+        libc::close(fd);
+    }
+    if let Err(e) = a.jail.enter(a.uid, a.gid) {
+        *libc::__errno_location() = e.raw_os_error().unwrap_or(libc::EPERM);
+        fail(a.status);
+    }
+    // As `execvp` searches: on to the next directory past a file that is not there or cannot
+    // be run (the latter remembered), stopping at any other error; a file the kernel cannot
+    // run is run by the shell.
+    let mut denied = false;
+    let mut last = libc::ENOENT;
+    for c in a.candidates {
+        libc::execve(c.as_ptr(), a.argv, a.envp);
+        if errno() == libc::ENOEXEC {
+            *a.sh_argv.add(1) = c.as_ptr();
+            libc::execve(SHELL.as_ptr(), a.sh_argv, a.envp);
+        }
+        last = errno();
+        match last {
+            libc::EACCES => denied = true,
+            libc::ENOENT
+            | libc::ESTALE
+            | libc::ENOTDIR
+            | libc::ENODEV
+            | libc::EHOSTUNREACH
+            | libc::ETIMEDOUT => {}
+            _ => fail(a.status),
+        }
+    }
+    *libc::__errno_location() = if denied { libc::EACCES } else { last };
+    fail(a.status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strs(v: Option<Vec<CString>>) -> Vec<String> {
+        v.unwrap()
+            .into_iter()
+            .map(|c| c.into_string().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn candidates_are_the_paths_execvp_tries() {
+        assert_eq!(
+            strs(candidates("ls", Some("/opt/bin::/usr/bin/"))),
+            ["/opt/bin/ls", "ls", "/usr/bin//ls"]
+        );
+        assert_eq!(strs(candidates("ls", None)), ["/bin/ls", "/usr/bin/ls"]);
+        assert_eq!(strs(candidates("./run.sh", Some("/x"))), ["./run.sh"]);
+        assert_eq!(strs(candidates("", Some("/x"))), Vec::<String>::new());
+        assert!(candidates("a\0b", None).is_none());
+    }
+
+    /// Runs `argv` as `id` through [`spawn`]: stdout, stderr and exit code, or the spawn's error.
+    fn run(
+        argv: &[&str],
+        env: &[(&str, &str)],
+        cwd: &std::path::Path,
+        stdin: Option<&[u8]>,
+        id: u32,
+    ) -> std::io::Result<(String, String, i32)> {
+        use std::io::{Read, Write};
+        let spec = ExecSpec {
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            cwd: cwd.display().to_string(),
+            uid: id,
+            gid: id,
+            stdin: stdin.map(<[u8]>::to_vec),
+            ..Default::default()
+        };
+        let jail = Jail::new().unwrap();
+        let reaper = Reaper::default();
+        let started = spawn(&spec, argv[0], &jail, stdin.is_some(), false, &reaper)
+            .expect("this way could be tried")?;
+        if let (Some(data), Some(fd)) = (stdin, started.stdin) {
+            std::fs::File::from(fd).write_all(data).unwrap();
+        }
+        let (mut out, mut err) = (String::new(), String::new());
+        std::fs::File::from(started.stdout)
+            .read_to_string(&mut out)
+            .unwrap();
+        std::fs::File::from(started.stderr)
+            .read_to_string(&mut err)
+            .unwrap();
+        let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(started.pid), None);
+        let code = match status.unwrap() {
+            nix::sys::wait::WaitStatus::Exited(_, c) => c,
+            other => panic!("{other:?}"),
+        };
+        Ok((out, err, code))
+    }
+
+    fn script(path: &std::path::Path, text: &str, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn a_command_runs_as_a_spawned_one_does_and_fails_as_one_does() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // the jail switches users
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let path = format!("/no/such/dir:{}:/usr/bin:/bin", bin.display());
+        let env = [("PATH", path.as_str()), ("A", "a")];
+        // Its argv, only its environment, its working directory, its stdin, its exit code.
+        let (out, err, code) = run(
+            &[
+                "sh",
+                "-c",
+                "echo \"$A:$0:$1:${HOME-unset}\"; pwd; read l; echo \"in:$l\"; echo e >&2; exit 3",
+                "zero",
+                "one",
+            ],
+            &env,
+            dir.path(),
+            Some(b"hello\n"),
+            0,
+        )
+        .unwrap();
+        let cwd = dir.path().canonicalize().unwrap();
+        assert_eq!(
+            out,
+            format!("a:zero:one:unset\n{}\nin:hello\n", cwd.display())
+        );
+        assert_eq!((err.as_str(), code), ("e\n", 3));
+        // Found in the command's own PATH; a file without `#!` run by the shell.
+        script(&bin.join("hello"), "#!/bin/sh\necho hi \"$@\"\n", 0o755);
+        script(&bin.join("plain"), "echo plain \"$@\"\n", 0o755);
+        assert_eq!(
+            run(&["hello", "x"], &env, dir.path(), None, 0).unwrap().0,
+            "hi x\n"
+        );
+        assert_eq!(
+            run(&["plain", "y"], &env, dir.path(), None, 0).unwrap().0,
+            "plain y\n"
+        );
+        // Not there: NotFound (127); there but not executable: PermissionDenied (126), also
+        // when a later directory has none.
+        let e = run(&["no-such-command"], &env, dir.path(), None, 0).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+        script(&bin.join("notx"), "echo no\n", 0o644);
+        let e = run(&["notx"], &env, dir.path(), None, 0).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        let notx = bin.join("notx").display().to_string();
+        let e = run(&[notx.as_str()], &env, dir.path(), None, 0).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        // Confined: its user, and no namespaces even as root.
+        let (out, _, _) = run(&["id", "-u"], &env, dir.path(), None, 65534).unwrap();
+        assert_eq!(out, "65534\n");
+        let (_, _, code) = run(&["unshare", "-U", "true"], &env, dir.path(), None, 0).unwrap();
+        assert_ne!(code, 0, "unshare worked inside the jail");
+        // A stdin of /dev/null when none is given.
+        let (out, _, _) = run(&["sh", "-c", "cat; echo end"], &env, dir.path(), None, 0).unwrap();
+        assert_eq!(out, "end\n");
+    }
+}
