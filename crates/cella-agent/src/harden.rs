@@ -23,8 +23,9 @@
 //!
 //! The agent itself (PID 1) keeps its privileges: it must set up each command (its bounding set
 //! only limits what an `execve` could give, and the agent runs nothing but jailed commands).
-//! Nothing inside the sandbox can reach it (its socket is outside the root; ptrace needs a
-//! superset of its caps).
+//! Nothing inside the sandbox can reach it: its socket is outside the root, and it is not
+//! dumpable, so its memory and descriptors take `CAP_SYS_PTRACE`, which [`ROOT_CAPS`] lacks
+//! (also those of a command's child that still shares or copies its memory).
 
 use caps::{CapSet, Capability, CapsHashSet};
 use seccompiler::{
@@ -337,6 +338,9 @@ impl Jail {
             if uid != 0 && libc::syscall(libc::SYS_setuid, uid) != 0 {
                 return Err(err());
             }
+            // A change of ids made the memory as dumpable as the host's `fs.suid_dumpable` says;
+            // it stays the agent's (not dumpable) until `execve` gives the command its own.
+            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         }
         if uid == 0 {
             let io = |e: caps::errors::CapsError| std::io::Error::other(e.to_string());

@@ -78,6 +78,13 @@ impl Rebind {
 pub fn serve(listener: std::os::unix::net::UnixListener, config: AgentConfig) -> ! {
     // The agent must be the last thing the OOM killer picks inside its sandbox.
     let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
+    // Not dumpable: reading or writing its memory (`ptrace`, `/proc/1/mem`, `/proc/1/fd`) takes
+    // `CAP_SYS_PTRACE`, which no root inside has. The flag belongs to the memory, so it also
+    // covers a command's child while it still shares that memory ([`crate::vspawn`]) or holds a
+    // copy of it (a fork), after it took a command's ids and before its `execve`, which gives
+    // the command a dumpable memory of its own as usual.
+    // SAFETY: prctl with integer arguments on this process.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     // The agent itself may use all the descriptors it is allowed (its commands get fewer).
     // SAFETY: plain system calls on this process.
     unsafe {

@@ -8,24 +8,31 @@
 //! `true` (which shares the parent's memory until `execve`). On the host kernel the fork is the
 //! copy of the agent's page tables and the copy-on-write faults after it.
 //!
-//! So the child shares the agent's memory and the agent waits (`CLONE_VFORK`) until the child
-//! ran `execve` or exited; nothing of the agent runs meanwhile, so nothing else writes what the
-//! child reads. The child runs on a stack of its own (kept for the next spawn), builds nothing and
-//! allocates nothing: the program's candidate paths (the command's own `PATH`, searched as
-//! `execvp` searches it), argv, the environment and the working directory were made ready in the
-//! parent. It resets the signal handlers the agent installed (they would run on the agent's
-//! memory), puts its pipes on descriptors 0-2, `chdir`s, makes its own session, becomes a
-//! child subreaper when asked, gives up the agent's immunity to the OOM killer (a `vfork` child's
-//! `oom_score_adj` is its own, the kernel does not share it with its parent), enters the
-//! [`Jail`], then `execve`s. A failure before the command runs is its `errno` on a status pipe
-//! that closes on a successful `execve`, read once the agent goes on: the caller gets it as the
-//! `io::Error` a spawn gives (127 and 126 as a shell's).
+//! So the child shares the agent's memory and the calling thread waits (`CLONE_VFORK`) until
+//! the child ran `execve` or exited; the agent's async work runs on that one thread, and the
+//! blocking pool's threads (file work) write nothing the child reads. The child runs on a stack
+//! of its own (kept for the next spawn) and builds nothing: the program's candidate paths (the
+//! command's own `PATH`, searched as `execvp` searches it), argv, the environment and the
+//! working directory were made ready in the parent. It sets every signal handler of the agent
+//! back to the default (they would run on the agent's memory), puts its pipes on descriptors 0-2,
+//! marks every other descriptor close-on-exec, `chdir`s, makes its own session, becomes a child subreaper when asked, gives up the agent's
+//! immunity to the OOM killer (a `vfork` child's `oom_score_adj` is its own, the kernel does not
+//! share it with its parent), enters the [`Jail`], then `execve`s. A failure before the command
+//! runs is its `errno` on a status pipe that closes on a successful `execve`, read once the
+//! agent goes on: the caller gets it as the `io::Error` a spawn gives (127 and 126 as a
+//! shell's). Only a failure of the jail allocates (its error's text), on the waiting thread's
+//! heap, which nothing else uses meanwhile.
+//!
+//! The memory is the agent's, so it must not be reachable while the child runs with a command's
+//! ids: the agent is not dumpable (see `serve`), a flag of the memory, so reading or writing it
+//! through the child (`ptrace`, `/proc/<pid>/mem`, its descriptors) takes `CAP_SYS_PTRACE`, which
+//! no root inside has; [`Jail::enter`] sets it again after its change of ids.
 //!
 //! Only commands that join no cgroup start this way: moving itself into a cgroup can wait for an
 //! RCU grace period, which would hold the agent up with it (those keep [`std::process::Command`]).
-//! A child stopped by a signal before its `execve` holds the agent until it is continued;
-//! only something inside the sandbox, as its root, can stop it, and it then stops the sandbox's
-//! own agent only.
+//! A process of the same user can stop the child (`SIGSTOP`) before its `execve`, which would hold
+//! the agent: a watchdog kills a child that has not run its `execve` within [`EXEC_WITHIN`]
+//! (the command then ends as killed, 137).
 
 use crate::harden::Jail;
 use crate::proto::ExecSpec;
@@ -33,21 +40,15 @@ use crate::spawn::Reaper;
 use crate::standby::Started;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// The child's stack (its lowest page a guard). Used by one spawn at a time.
 const STACK: usize = 256 << 10;
 
-/// Handlers the agent's process has (tokio's for `SIGCHLD` and `SIGUSR2`, the Rust runtime's for
-/// `SIGSEGV` and `SIGBUS`, `SIGPIPE` ignored): set back to the default in the child before any
-/// signal reaches it, as `posix_spawn` does.
-const RESET: [c_int; 5] = [
-    libc::SIGCHLD,
-    libc::SIGUSR2,
-    libc::SIGPIPE,
-    libc::SIGSEGV,
-    libc::SIGBUS,
-];
+/// How long a child may take to reach its `execve` before the watchdog kills it.
+const EXEC_WITHIN: Duration = Duration::from_secs(if cfg!(test) { 1 } else { 10 });
 
 /// The shell a file that is not an executable is run with, as `execvp` runs it.
 const SHELL: &CStr = c"/bin/sh";
@@ -99,6 +100,80 @@ impl Drop for Stack {
 /// The stack kept between spawns.
 static KEPT: Mutex<Option<Stack>> = Mutex::new(None);
 
+/// Spawns whose child may not have run `execve` yet: where the kernel writes its pid
+/// (`CLONE_PARENT_SETTID`), and since when.
+struct Watchdog {
+    running: Mutex<Vec<(Arc<AtomicI32>, Instant)>>,
+    changed: Condvar,
+}
+
+static WATCHDOG: Watchdog = Watchdog {
+    running: Mutex::new(Vec::new()),
+    changed: Condvar::new(),
+};
+
+impl Watchdog {
+    /// Starts the watchdog's thread once; false when it cannot be had (the caller forks).
+    fn started() -> bool {
+        static STARTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *STARTED.get_or_init(|| {
+            std::thread::Builder::new()
+                .name("vspawn-watchdog".into())
+                .spawn(|| WATCHDOG.watch())
+                .is_ok()
+        })
+    }
+
+    /// Kills the child of every spawn older than [`EXEC_WITHIN`] (once: it leaves the list).
+    fn watch(&self) {
+        let Ok(mut running) = self.running.lock() else {
+            return;
+        };
+        loop {
+            let now = Instant::now();
+            running.retain(|(pid, since)| {
+                if now.duration_since(*since) < EXEC_WITHIN {
+                    return true;
+                }
+                let pid = pid.load(Ordering::SeqCst);
+                if pid > 0 {
+                    // SAFETY: a signal to our own child, which cannot have been reaped (its
+                    // parent still waits in `clone`, and the reaper runs on that thread).
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                false
+            });
+            let wait = running
+                .iter()
+                .map(|(_, since)| EXEC_WITHIN.saturating_sub(now.duration_since(*since)))
+                .min();
+            running = match wait {
+                None => match self.changed.wait(running) {
+                    Ok(g) => g,
+                    Err(_) => return,
+                },
+                Some(w) => match self.changed.wait_timeout(running, w) {
+                    Ok((g, _)) => g,
+                    Err(_) => return,
+                },
+            };
+        }
+    }
+
+    fn add(&self, pid: &Arc<AtomicI32>) {
+        if let Ok(mut r) = self.running.lock() {
+            r.push((pid.clone(), Instant::now()));
+            self.changed.notify_one();
+        }
+    }
+
+    fn remove(&self, pid: &Arc<AtomicI32>) {
+        if let Ok(mut r) = self.running.lock() {
+            r.retain(|(p, _)| !Arc::ptr_eq(p, pid));
+        }
+    }
+}
+
 /// What the child reads, made ready by the parent.
 struct Args<'a> {
     jail: &'a Jail,
@@ -115,6 +190,8 @@ struct Args<'a> {
     stderr: RawFd,
     status: RawFd,
     hold_tree: bool,
+    /// Tests: the child stops itself first, as a process of its user could stop it.
+    stop_self: bool,
 }
 
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
@@ -166,6 +243,18 @@ pub(crate) fn spawn(
     hold_tree: bool,
     reaper: &Reaper,
 ) -> Option<std::io::Result<Started>> {
+    spawn_with(spec, program, jail, pipe_stdin, hold_tree, reaper, false)
+}
+
+fn spawn_with(
+    spec: &ExecSpec,
+    program: &str,
+    jail: &Jail,
+    pipe_stdin: bool,
+    hold_tree: bool,
+    reaper: &Reaper,
+    stop_self: bool,
+) -> Option<std::io::Result<Started>> {
     let candidates = candidates(program, spec.env.get("PATH").map(String::as_str))?;
     // argv[0] is the program run, as `Command` gives it (`/bin/sh` standing in for bash).
     let args: Vec<CString> = std::iter::once(program)
@@ -195,11 +284,15 @@ pub(crate) fn spawn(
         let null = std::fs::File::open("/dev/null").ok()?;
         (OwnedFd::from(null), None)
     };
+    if !Watchdog::started() {
+        return None;
+    }
     let stack = KEPT
         .lock()
         .ok()
         .and_then(|mut k| k.take())
         .or_else(Stack::new)?;
+    let child_pid = Arc::new(AtomicI32::new(0));
 
     let a = Args {
         jail,
@@ -215,10 +308,13 @@ pub(crate) fn spawn(
         stderr: err_w.as_raw_fd(),
         status: st_w.as_raw_fd(),
         hold_tree,
+        stop_self,
     };
+    WATCHDOG.add(&child_pid);
     // SAFETY: every signal is blocked around the clone, so none runs an agent's handler in the
     // child before the child reset it; the parent waits (CLONE_VFORK) while the child uses
-    // `a`, the stack and the strings, all of which outlive the call.
+    // `a`, the stack and the strings, all of which outlive the call. The kernel writes the
+    // child's pid into `child_pid` (an `AtomicI32` is an `i32` in memory) before it runs.
     let (pid, clone_err) = unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
@@ -227,13 +323,15 @@ pub(crate) fn spawn(
         let pid = libc::clone(
             entry,
             stack.top(),
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT_SETTID | libc::SIGCHLD,
             (&a as *const Args).cast_mut().cast(),
+            child_pid.as_ptr(),
         );
         let clone_err = std::io::Error::last_os_error();
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         (pid, clone_err)
     };
+    WATCHDOG.remove(&child_pid);
     if let Ok(mut k) = KEPT.lock() {
         *k = Some(stack);
     }
@@ -243,12 +341,24 @@ pub(crate) fn spawn(
         tracing::debug!("clone(CLONE_VM | CLONE_VFORK): {clone_err}; forking instead");
         return None;
     }
-    // The child ran `execve` (the pipe closes with it) or exited after writing its `errno`.
+    // The child ran `execve` (the pipe closes with it, a moment after the agent was let go) or
+    // exited after writing its `errno`. Nothing else holds the pipe's other end; the wait is
+    // bounded all the same.
     let mut errno = [0u8; 4];
     let mut got = 0;
+    let deadline = Instant::now() + Duration::from_secs(1);
     while got < errno.len() {
-        // SAFETY: a read into our buffer from our pipe.
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut pfd = libc::pollfd {
+            fd: st_r.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: a poll of our pipe, then a read into our buffer from it.
         let n = unsafe {
+            if libc::poll(&mut pfd, 1, left.as_millis() as c_int) == 0 {
+                break;
+            }
             libc::read(
                 st_r.as_raw_fd(),
                 errno[got..].as_mut_ptr().cast(),
@@ -308,15 +418,41 @@ unsafe fn put(fd: RawFd, to: RawFd) -> bool {
 
 /// The child (see the module docs): only system calls until `execve` or `_exit`.
 unsafe fn child(a: &Args) -> ! {
-    for s in RESET {
-        libc::signal(s, libc::SIG_DFL);
+    // Every handler back to the default while all signals are blocked (ignored ones stay
+    // ignored, as across `execve`, but for `SIGPIPE`, which a spawned command gets back).
+    for s in 1..libc::SIGRTMIN() {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(s, std::ptr::null(), &mut old) == 0
+            && (old.sa_sigaction != libc::SIG_DFL
+                && (old.sa_sigaction != libc::SIG_IGN || s == libc::SIGPIPE))
+        {
+            libc::signal(s, libc::SIG_DFL);
+        }
     }
     let mut none: libc::sigset_t = std::mem::zeroed();
     libc::sigemptyset(&mut none);
     libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    if a.stop_self {
+        // (The system calls: libc's `raise` would name the parent's thread, whose record this
+        // child shares.)
+        libc::syscall(
+            libc::SYS_kill,
+            libc::syscall(libc::SYS_getpid),
+            libc::SIGSTOP,
+        );
+    }
     if !put(a.stdin, 0) || !put(a.stdout, 1) || !put(a.stderr, 2) {
         fail(a.status);
     }
+    // Nothing of the agent's beyond 0-2 reaches the command, also a descriptor someone left
+    // without close-on-exec (the status pipe has it already). A kernel without
+    // `CLOSE_RANGE_CLOEXEC` leaves them as a fork would.
+    libc::syscall(
+        libc::SYS_close_range,
+        3u32,
+        u32::MAX,
+        libc::CLOSE_RANGE_CLOEXEC as u32,
+    );
     if libc::chdir(a.cwd.as_ptr()) != 0 {
         fail(a.status);
     }
@@ -423,6 +559,7 @@ mod tests {
         let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(started.pid), None);
         let code = match status.unwrap() {
             nix::sys::wait::WaitStatus::Exited(_, c) => c,
+            nix::sys::wait::WaitStatus::Signaled(_, sig, _) => 128 + sig as i32,
             other => panic!("{other:?}"),
         };
         Ok((out, err, code))
@@ -494,5 +631,67 @@ mod tests {
         // A stdin of /dev/null when none is given.
         let (out, _, _) = run(&["sh", "-c", "cat; echo end"], &env, dir.path(), None, 0).unwrap();
         assert_eq!(out, "end\n");
+        // The signal mask and dispositions a `Command` gives (nothing blocked, nothing of the
+        // parent's caught, SIGPIPE not ignored), only its own descriptors (0-2, and the one
+        // `ls` reads the directory with), a session of its own.
+        let signals = ["grep", "-E", "^Sig(Blk|Ign|Cgt)", "/proc/self/status"];
+        let (out, _, _) = run(&signals, &env, dir.path(), None, 0).unwrap();
+        // (A fork, as before: `posix_spawn`, which `Command` uses without a `pre_exec`, leaves
+        // libc's internal signals ignored.)
+        let by_command = unsafe {
+            std::os::unix::process::CommandExt::pre_exec(
+                &mut std::process::Command::new(signals[0]),
+                || Ok(()),
+            )
+            .args(&signals[1..])
+            .output()
+            .unwrap()
+        };
+        assert_eq!(out, String::from_utf8_lossy(&by_command.stdout));
+        assert!(out.starts_with("SigBlk:\t0000000000000000\n"), "{out}");
+        let (out, _, _) = run(&["ls", "/proc/self/fd"], &env, dir.path(), None, 0).unwrap();
+        assert_eq!(out, "0\n1\n2\n3\n");
+        let (out, _, _) = run(
+            &["sh", "-c", "echo $$; cut -d' ' -f6 /proc/$$/stat"],
+            &env,
+            dir.path(),
+            None,
+            0,
+        )
+        .unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert_eq!(lines[0], lines[1], "not a session of its own: {out}");
+    }
+
+    #[test]
+    fn a_child_stopped_before_its_execve_is_killed_and_lets_its_caller_go() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // the jail switches users
+        }
+        // The child stops itself where a process of its user inside could stop it.
+        let spec = ExecSpec {
+            argv: vec!["true".into()],
+            cwd: "/".into(),
+            ..Default::default()
+        };
+        let jail = Jail::new().unwrap();
+        let reaper = Reaper::default();
+        let t = Instant::now();
+        let started = spawn_with(&spec, "true", &jail, false, false, &reaper, true)
+            .expect("this way could be tried")
+            .expect("a killed child is a command that ended");
+        let took = t.elapsed();
+        assert!(took >= EXEC_WITHIN, "let go after {took:?}");
+        assert!(took < EXEC_WITHIN * 5, "held {took:?}");
+        let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(started.pid), None);
+        assert_eq!(
+            status.unwrap(),
+            nix::sys::wait::WaitStatus::Signaled(
+                nix::unistd::Pid::from_raw(started.pid),
+                nix::sys::signal::Signal::SIGKILL,
+                false
+            )
+        );
     }
 }

@@ -403,3 +403,100 @@ fn artifacts_never_follow_symlinks_or_read_what_the_user_cannot() {
         .collect();
     assert_eq!(got, ["/home/user/o/f.txt"]);
 }
+
+/// Watches, as root inside, every new child of the agent and tries to open its memory for
+/// writing; prints what it reached that runs the agent's own program. Stops at `/tmp/stop`.
+const MEMORY_WATCHER: &str = r#"
+import os
+seen, tried, reached = set(), 0, []
+# gVisor's Yama lets its root turn the check off (the host's is the host's).
+try:
+    with open('/proc/sys/kernel/yama/ptrace_scope', 'w') as f:
+        f.write('0')
+except OSError:
+    pass
+open('/tmp/ready', 'w').close()
+while not os.path.exists('/tmp/stop'):
+    for p in os.listdir('/proc'):
+        if not p.isdigit() or p in seen or p == '1':
+            continue
+        try:
+            with open('/proc/%s/stat' % p) as f:
+                ppid = f.read().rsplit(')', 1)[1].split()[1]
+        except OSError:
+            continue
+        if ppid != '1':
+            continue
+        seen.add(p)
+        tried += 1
+        try:
+            f = open('/proc/%s/mem' % p, 'r+b')
+        except OSError:
+            continue
+        try:
+            exe = os.readlink('/proc/%s/exe' % p)
+        except OSError:
+            exe = '?'
+        f.close()
+        if 'cella' in exe:
+            reached.append(exe)
+with open('/tmp/report.part', 'w') as f:
+    f.write('tried %d reached %r\n' % (tried, reached))
+os.rename('/tmp/report.part', '/tmp/report')
+"#;
+
+/// A command's start shares (or copies) the agent's memory until its `execve`, while it already
+/// has the command's ids: a root inside racing it must not get the agent's memory.
+fn no_command_start_gives_the_agents_memory(runtime: &str) {
+    let s = Server::start_with("[rate_limits]\nexec = { per_second = 100000.0, burst = 100000 }\n");
+    let id = s.create(json!({ "size": "xs", "runtime": runtime }));
+    let w = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        json!({ "argv": ["python3", "-c", MEMORY_WATCHER], "user": "root" }),
+    );
+    assert_eq!(w.status, 201, "{}", w.body);
+    common::eventually("the watcher is ready", || {
+        root_sh(&s, &id, "test -e /tmp/ready")["exit_code"] == 0
+    });
+    // A long PATH holds each start in its search for a while, with the command's ids (root)
+    // taken already: background processes, and execs (which start this way on gVisor). Without
+    // the agent's memory made not dumpable, the watcher reached it on gVisor 6 times in these
+    // 40 starts (with a PATH of 1,000 and 20 starts, none: the window is what it needs).
+    let mut path: Vec<String> = (0..3000).map(|i| format!("/no/such/{i}")).collect();
+    path.push("/usr/bin:/bin".into());
+    let env = json!({ "PATH": path.join(":") });
+    for _ in 0..20 {
+        let p = s.post(
+            &format!("/api/v1/sandboxes/{id}/processes"),
+            json!({ "argv": ["true"], "user": "root", "env": env }),
+        );
+        assert_eq!(p.status, 201, "{}", p.body);
+        let r = s.exec(&id, json!({ "argv": ["true"], "user": "root", "env": env }));
+        assert_eq!(r["exit_code"], 0, "{r}");
+    }
+    root_sh(&s, &id, "touch /tmp/stop");
+    common::eventually("the watcher's report", || {
+        root_sh(&s, &id, "test -e /tmp/report")["exit_code"] == 0
+    });
+    let out = root_sh(&s, &id, "cat /tmp/report")["stdout"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(out.contains("reached []"), "{runtime}: {out}");
+    assert!(
+        !out.starts_with("tried 0 "),
+        "{runtime}: it saw no start: {out}"
+    );
+}
+
+#[test]
+fn no_command_start_gives_the_agents_memory_on_namespaces() {
+    no_command_start_gives_the_agents_memory("namespace");
+}
+
+#[test]
+fn no_command_start_gives_the_agents_memory_on_gvisor() {
+    if common::have_runsc() {
+        no_command_start_gives_the_agents_memory("gvisor");
+    }
+}
