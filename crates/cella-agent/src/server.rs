@@ -152,6 +152,8 @@ async fn run(
         Some(_) => Some(signal(SignalKind::user_defined2())?),
         None => None,
     };
+    // Every handler of the agent is installed by now (a command's start resets them).
+    crate::vspawn::handlers_installed();
     let (quiesce_tx, mut quiesce_rx) = tokio::sync::mpsc::channel::<UnixStream>(1);
     let quiesce_tx = config.rebind.is_some().then_some(quiesce_tx);
     let mut listener = Some(listener);

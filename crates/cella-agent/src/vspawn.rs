@@ -174,6 +174,38 @@ impl Watchdog {
     }
 }
 
+/// The signals the agent's process handles (bit `n - 1` for signal `n`), and `SIGPIPE`, which
+/// the Rust runtime ignores and a spawned command gets back at its default.
+///
+/// Asked of the kernel once ([`handlers_installed`], when the agent has installed its handlers,
+/// before it serves; else at the first spawn) instead of in each child: on gVisor every system
+/// call of the child is a trap, and the 33 queries and resets cost an exec about 5 ms there.
+static HANDLED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// Notes the handlers the agent installed (call once they all are; see [`HANDLED`]).
+pub(crate) fn handlers_installed() {
+    handled();
+}
+
+fn handled() -> u64 {
+    *HANDLED.get_or_init(|| {
+        let mut mask = 1u64 << (libc::SIGPIPE - 1);
+        for s in 1..libc::SIGRTMIN() {
+            // SAFETY: a query of a disposition into our own struct.
+            let caught = unsafe {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(s, std::ptr::null(), &mut old) == 0
+                    && old.sa_sigaction != libc::SIG_DFL
+                    && old.sa_sigaction != libc::SIG_IGN
+            };
+            if caught {
+                mask |= 1 << (s - 1);
+            }
+        }
+        mask
+    })
+}
+
 /// What the child reads, made ready by the parent.
 struct Args<'a> {
     jail: &'a Jail,
@@ -190,6 +222,8 @@ struct Args<'a> {
     stderr: RawFd,
     status: RawFd,
     hold_tree: bool,
+    /// The signals to set back to their default ([`HANDLED`]).
+    handled: u64,
     /// Tests: the child stops itself first, as a process of its user could stop it.
     stop_self: bool,
 }
@@ -308,6 +342,7 @@ fn spawn_with(
         stderr: err_w.as_raw_fd(),
         status: st_w.as_raw_fd(),
         hold_tree,
+        handled: handled(),
         stop_self,
     };
     WATCHDOG.add(&child_pid);
@@ -420,12 +455,8 @@ unsafe fn put(fd: RawFd, to: RawFd) -> bool {
 unsafe fn child(a: &Args) -> ! {
     // Every handler back to the default while all signals are blocked (ignored ones stay
     // ignored, as across `execve`, but for `SIGPIPE`, which a spawned command gets back).
-    for s in 1..libc::SIGRTMIN() {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(s, std::ptr::null(), &mut old) == 0
-            && (old.sa_sigaction != libc::SIG_DFL
-                && (old.sa_sigaction != libc::SIG_IGN || s == libc::SIGPIPE))
-        {
+    for s in 1..=64 {
+        if a.handled & (1 << (s - 1)) != 0 {
             libc::signal(s, libc::SIG_DFL);
         }
     }
