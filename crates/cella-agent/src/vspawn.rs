@@ -482,7 +482,7 @@ unsafe fn child(a: &Args) -> ! {
         libc::SYS_close_range,
         3u32,
         u32::MAX,
-        libc::CLOSE_RANGE_CLOEXEC as u32,
+        libc::CLOSE_RANGE_CLOEXEC,
     );
     if libc::chdir(a.cwd.as_ptr()) != 0 {
         fail(a.status);
