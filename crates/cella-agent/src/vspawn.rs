@@ -14,10 +14,11 @@
 //! of its own (kept for the next spawn) and builds nothing: the program's candidate paths (the
 //! command's own `PATH`, searched as `execvp` searches it), argv, the environment and the
 //! working directory were made ready in the parent. It sets every signal handler of the agent
-//! back to the default (they would run on the agent's memory), puts its pipes on descriptors 0-2,
-//! marks every other descriptor close-on-exec, `chdir`s, makes its own session, becomes a child subreaper when asked, gives up the agent's
-//! immunity to the OOM killer (a `vfork` child's `oom_score_adj` is its own, the kernel does not
-//! share it with its parent), enters the [`Jail`], then `execve`s. A failure before the command
+//! back to the default (they would run on the agent's memory; which ones the agent has is asked
+//! once, see [`HANDLED`]), puts its pipes on descriptors 0-2, marks every other descriptor
+//! close-on-exec, `chdir`s, makes its own session, becomes a child subreaper when asked, gives up
+//! the agent's immunity to the OOM killer (a `vfork` child's `oom_score_adj` is its own, the
+//! kernel does not share it with its parent), enters the [`Jail`], then `execve`s. A failure before the command
 //! runs is its `errno` on a status pipe that closes on a successful `execve`, read once the
 //! agent goes on: the caller gets it as the `io::Error` a spawn gives (127 and 126 as a
 //! shell's). Only a failure of the jail allocates (its error's text), on the waiting thread's
