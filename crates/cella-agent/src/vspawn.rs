@@ -42,7 +42,7 @@ use crate::standby::Started;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The child's stack (its lowest page a guard). Used by one spawn at a time.
@@ -114,24 +114,34 @@ static WATCHDOG: Watchdog = Watchdog {
 };
 
 impl Watchdog {
-    /// Starts the watchdog's thread once; false when it cannot be had (the caller forks).
+    /// Starts the watchdog's thread (once it could); false when it cannot be had (the caller
+    /// forks).
     fn started() -> bool {
-        static STARTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *STARTED.get_or_init(|| {
-            std::thread::Builder::new()
+        static STARTED: Mutex<bool> = Mutex::new(false);
+        let mut started = STARTED.lock().unwrap_or_else(PoisonError::into_inner);
+        if !*started {
+            *started = std::thread::Builder::new()
                 .name("vspawn-watchdog".into())
                 .spawn(|| WATCHDOG.watch())
-                .is_ok()
-        })
+                .is_ok();
+        }
+        *started
     }
 
     /// Kills the child of every spawn older than [`EXEC_WITHIN`] (once: it leaves the list).
+    ///
+    /// A sandbox frozen (a pause, a snapshot's copy) freezes this thread too: a wake that comes
+    /// well after its time starts every clock again, so a thaw kills nothing that was on time.
     fn watch(&self) {
-        let Ok(mut running) = self.running.lock() else {
-            return;
-        };
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut due: Option<Instant> = None;
         loop {
             let now = Instant::now();
+            if due.is_some_and(|d| now > d + Duration::from_secs(1)) {
+                for (_, since) in running.iter_mut() {
+                    *since = now;
+                }
+            }
             running.retain(|(pid, since)| {
                 if now.duration_since(*since) < EXEC_WITHIN {
                     return true;
@@ -148,31 +158,45 @@ impl Watchdog {
                 .iter()
                 .map(|(_, since)| EXEC_WITHIN.saturating_sub(now.duration_since(*since)))
                 .min();
+            due = wait.map(|w| now + w);
             running = match wait {
-                None => match self.changed.wait(running) {
-                    Ok(g) => g,
-                    Err(_) => return,
-                },
-                Some(w) => match self.changed.wait_timeout(running, w) {
-                    Ok((g, _)) => g,
-                    Err(_) => return,
-                },
+                None => self
+                    .changed
+                    .wait(running)
+                    .unwrap_or_else(PoisonError::into_inner),
+                Some(w) => {
+                    self.changed
+                        .wait_timeout(running, w)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
             };
         }
     }
 
     fn add(&self, pid: &Arc<AtomicI32>) {
-        if let Ok(mut r) = self.running.lock() {
-            r.push((pid.clone(), Instant::now()));
-            self.changed.notify_one();
-        }
+        let mut r = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        r.push((pid.clone(), Instant::now()));
+        self.changed.notify_one();
     }
 
     fn remove(&self, pid: &Arc<AtomicI32>) {
-        if let Ok(mut r) = self.running.lock() {
-            r.retain(|(p, _)| !Arc::ptr_eq(p, pid));
-        }
+        let mut r = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        r.retain(|(p, _)| !Arc::ptr_eq(p, pid));
     }
+}
+
+/// Whether a change of ids leaves a process's memory dumpable: the host's `fs.suid_dumpable`
+/// not 0 (gVisor has no such file, and makes such a memory not dumpable). Then a command that
+/// changes ids forks instead: between its change of ids and the [`Jail`]'s flag it would
+/// otherwise show the agent's own memory to processes of its user.
+fn ids_change_leaves_dumpable() -> bool {
+    static LEAVES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LEAVES.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/fs/suid_dumpable")
+            .map(|v| v.trim() != "0")
+            .unwrap_or(false)
+    })
 }
 
 /// The signals the agent's process handles (bit `n - 1` for signal `n`), and `SIGPIPE`, which
@@ -319,7 +343,7 @@ fn spawn_with(
         let null = std::fs::File::open("/dev/null").ok()?;
         (OwnedFd::from(null), None)
     };
-    if !Watchdog::started() {
+    if !Watchdog::started() || ((spec.uid != 0 || spec.gid != 0) && ids_change_leaves_dumpable()) {
         return None;
     }
     let stack = KEPT
@@ -392,8 +416,15 @@ fn spawn_with(
         };
         // SAFETY: a poll of our pipe, then a read into our buffer from it.
         let n = unsafe {
-            if libc::poll(&mut pfd, 1, left.as_millis() as c_int) == 0 {
-                break;
+            match libc::poll(&mut pfd, 1, left.as_millis() as c_int) {
+                0 => break,
+                n if n < 0 => {
+                    if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    break;
+                }
+                _ => {}
             }
             libc::read(
                 st_r.as_raw_fd(),
@@ -500,7 +531,7 @@ unsafe fn child(a: &Args) -> ! {
         libc::close(fd);
     }
     if let Err(e) = a.jail.enter(a.uid, a.gid) {
-        *libc::__errno_location() = e.raw_os_error().unwrap_or(libc::EPERM);
+        *libc::__errno_location() = e.raw_os_error().unwrap_or(libc::EINVAL);
         fail(a.status);
     }
     // As `execvp` searches: on to the next directory past a file that is not there or cannot
