@@ -12,9 +12,8 @@
 use crate::execcg::{ExecCgroups, ExecGroup};
 use crate::harden::Jail;
 use crate::proto::{self, ErrorKind, ExecSpec, ExitInfo, FrameKind, Response};
-use crate::spawn::{command, cwd_problem, kill_tree, program, spawn_failure, Reaper};
+use crate::spawn::{cwd_problem, kill_tree, program, spawn_failure, start, Reaper};
 use crate::standby::Started;
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -60,43 +59,15 @@ async fn forward(
     wr.write_all(&std::mem::take(pending)).await.is_ok()
 }
 
-/// Starts `spec` when no process was made ahead for it (see [`crate::standby`]): in a child
-/// sharing the agent's memory until its `execve` ([`crate::vspawn`]) unless it joins a cgroup,
-/// else by a fork.
+/// Starts `spec` when no process was made ahead for it ([`start`], joining its group).
 fn spawn(
     spec: &ExecSpec,
     jail: &Arc<Jail>,
     reaper: &Reaper,
     group: Option<&ExecGroup<'_>>,
 ) -> std::io::Result<Started> {
-    if group.is_none() {
-        let piped = spec.stdin.is_some();
-        if let Some(r) = crate::vspawn::spawn(spec, program(spec), jail, piped, true, reaper) {
-            return r;
-        }
-    }
-    let mut cmd = command(
-        spec,
-        jail,
-        spec.stdin.is_some(),
-        true,
-        group.map(|g| g.procs_fd()),
-    );
-    let mut child = cmd.spawn()?;
-    let pid = child.id() as i32;
-    // Registered before anything can reap it: the reaper runs on this same thread.
-    let exit = reaper.register(pid);
-    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        return Err(std::io::Error::other("no output pipes"));
-    };
-    Ok(Started {
-        pid,
-        exit,
-        stdin: child.stdin.take().map(OwnedFd::from),
-        stdout: stdout.into(),
-        stderr: stderr.into(),
-        launch: None,
-    })
+    let piped = spec.stdin.is_some();
+    start(spec, jail, piped, true, group.map(|g| g.procs_fd()), reaper)
 }
 
 /// Runs `spec` and answers on `stream` until the command ended (or was killed).

@@ -10,8 +10,7 @@ use crate::harden::Jail;
 use crate::proto::{
     self, ErrorKind, ExecSpec, ExitInfo, FrameKind, ProcessInfo, ProtoError, Response,
 };
-use crate::spawn::{command, cwd_problem, program, spawn_failure, Reaper};
-use crate::standby::Started;
+use crate::spawn::{cwd_problem, spawn_failure, start, Reaper};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,29 +46,6 @@ pub struct Procs {
     exited: Mutex<VecDeque<i32>>,
     /// Unix ms of the last output of any spawned process (0: none yet).
     last_output: AtomicI64,
-}
-
-/// Starts a background process: in a child sharing the agent's memory until its `execve`
-/// ([`crate::vspawn`]), else by a fork.
-fn start(spec: &ExecSpec, jail: &Arc<Jail>, reaper: &Reaper) -> std::io::Result<Started> {
-    if let Some(r) = crate::vspawn::spawn(spec, program(spec), jail, true, false, reaper) {
-        return r;
-    }
-    let mut child = command(spec, jail, true, false, None).spawn()?;
-    let pid = child.id() as i32;
-    // Registered before anything can reap it: the reaper runs on this same thread.
-    let exit = reaper.register(pid);
-    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        return Err(std::io::Error::other("no output pipes"));
-    };
-    Ok(Started {
-        pid,
-        exit,
-        stdin: child.stdin.take().map(std::os::fd::OwnedFd::from),
-        stdout: stdout.into(),
-        stderr: stderr.into(),
-        launch: None,
-    })
 }
 
 fn now_ms() -> i64 {
@@ -233,7 +209,7 @@ impl Procs {
                 message: problem,
             };
         }
-        let child = match start(&spec, jail, reaper) {
+        let child = match start(&spec, jail, true, false, None, reaper) {
             Ok(c) => c,
             Err(e) => {
                 let (_, msg) = spawn_failure(&spec.argv[0], &e);

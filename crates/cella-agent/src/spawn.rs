@@ -140,6 +140,40 @@ pub(crate) fn command(
     cmd
 }
 
+/// Starts `spec` where no process was made ahead for it (see [`crate::standby`]): in a child
+/// sharing the agent's memory until its `execve` ([`crate::vspawn`]) unless it joins a cgroup
+/// (`join_cgroup`, see [`command`]), else by a fork. Its exit is registered with `reaper`.
+pub(crate) fn start(
+    spec: &ExecSpec,
+    jail: &Arc<Jail>,
+    pipe_stdin: bool,
+    hold_tree: bool,
+    join_cgroup: Option<std::os::fd::RawFd>,
+    reaper: &Reaper,
+) -> std::io::Result<crate::standby::Started> {
+    if join_cgroup.is_none() {
+        let prog = program(spec);
+        if let Some(r) = crate::vspawn::spawn(spec, prog, jail, pipe_stdin, hold_tree, reaper) {
+            return r;
+        }
+    }
+    let mut child = command(spec, jail, pipe_stdin, hold_tree, join_cgroup).spawn()?;
+    let pid = child.id() as i32;
+    // Registered before anything can reap it: the reaper runs on this same thread.
+    let exit = reaper.register(pid);
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(std::io::Error::other("no output pipes"));
+    };
+    Ok(crate::standby::Started {
+        pid,
+        exit,
+        stdin: child.stdin.take().map(std::os::fd::OwnedFd::from),
+        stdout: stdout.into(),
+        stderr: stderr.into(),
+        launch: None,
+    })
+}
+
 /// Why `uid`/`gid` cannot work in `cwd`, if they cannot: it must be a directory that every
 /// component of the path lets them search.
 pub(crate) fn cwd_problem(cwd: &str, uid: u32, gid: u32) -> Option<String> {
