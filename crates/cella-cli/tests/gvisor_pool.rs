@@ -93,6 +93,15 @@ fn a_gvisor_create_claims_a_gvisor_pool_sandbox_and_the_pool_refills() {
     // gVisor's own kernel answers, not the host's.
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     assert_ne!(lines[2], host.trim(), "{out}");
+    // The command that readied its first one (before the seal) left nothing running: no
+    // process of the API's and, in the sandbox, only the agent and this shell's command.
+    let procs = s.get(&format!("/api/v1/sandboxes/{a}/processes"));
+    assert_eq!(procs.status, 200, "{}", procs.body);
+    assert_eq!(procs.data(), &json!([]), "{}", procs.body);
+    let ps = s.sh(&a, "ps -e -o comm=");
+    assert_eq!(ps["exit_code"], 0, "{ps}");
+    let comms: Vec<&str> = ps["stdout"].as_str().unwrap().lines().collect();
+    assert!(!comms.contains(&"true"), "{comms:?}");
     let listed = s.get("/api/v1/sandboxes");
     assert_eq!(listed.data()[0]["id"], a.as_str());
     // The claim's usage starts at it.

@@ -99,6 +99,10 @@ impl Driver for Dispatch {
         self.of(handle).probe(handle).await
     }
 
+    async fn ready_first_command(&self, handle: &SandboxHandle) {
+        self.of(handle).ready_first_command(handle).await
+    }
+
     async fn pause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
         self.of(handle).pause(handle).await
     }
@@ -289,6 +293,9 @@ mod tests {
             self.note(&format!("probe {}", h.id));
             Probe::Alive
         }
+        async fn ready_first_command(&self, h: &SandboxHandle) {
+            self.note(&format!("ready {}", h.id));
+        }
         async fn pause(&self, h: &SandboxHandle) -> Result<(), DriverError> {
             self.note(&format!("pause {}", h.id));
             Ok(())
@@ -394,6 +401,8 @@ mod tests {
         assert_eq!(hg.runtime, Runtime::Gvisor);
         assert_eq!(hn.runtime, Runtime::Namespace);
         d.probe(&hg).await;
+        d.ready_first_command(&hg).await;
+        d.ready_first_command(&hn).await;
         d.pause(&hn).await.unwrap();
         d.stop("sb_gv", Some(&hg)).await.unwrap();
         assert_eq!(
@@ -402,6 +411,8 @@ mod tests {
                 "gvisor:create sb_gv",
                 "namespace:create sb_ns",
                 "gvisor:probe sb_gv",
+                "gvisor:ready sb_gv",
+                "namespace:ready sb_ns",
                 "namespace:pause sb_ns",
                 "gvisor:stop sb_gv true",
             ]

@@ -214,6 +214,11 @@ pub trait Driver: Send + Sync + 'static {
     /// Looks whether a sandbox started earlier still runs (frozen counts as running).
     async fn probe(&self, handle: &SandboxHandle) -> Probe;
 
+    /// Readies a sandbox that will wait for its first command (a warm pool's) so that command
+    /// is as fast as the ones after it; nothing by default. Best effort: a sandbox that could
+    /// not be readied runs its first command as it would have.
+    async fn ready_first_command(&self, _handle: &SandboxHandle) {}
+
     /// Pauses the sandbox: the namespace driver freezes every process (memory kept in RAM);
     /// the gVisor driver writes the whole sandbox to its directory and ends its processes
     /// (memory on disk). Idempotent; a pause that fails leaves the sandbox running.

@@ -52,7 +52,9 @@
 //!   `[pool] sizes[size]`, else `[pool]
 //!   default` (a custom template's own `warm`, in its default size only), 0 for a missing size, and
 //!   `[pool] gvisor` for the gVisor pool (`targets`). While booting and ready ones are fewer,
-//!   `boot_one` inserts a row in the pool's workspace and boots it like any sandbox, at least
+//!   `boot_one` inserts a row in the pool's workspace and boots it like any sandbox (then, before
+//!   the seal, `Driver::ready_first_command`: on gVisor one `true` as `nobody`, because the
+//!   first command after a gVisor boot is 15-20 ms slower than the next ones), at least
 //!   `[pool] boot_interval_ms` after the last pool boot and `[pool] refill_delay_ms` after the
 //!   last claim (so a claimed sandbox's first commands do not share the CPU with a boot; on
 //!   two cores that cost its first exec half a millisecond), and logs it ready; one that fails is
@@ -348,6 +350,10 @@ async fn boot_one(
     let _guard = state.locks.lock(&row.id).await;
     boot_locked(state, &mut row).await;
     let mut ok = state_of(&row) == SandboxState::Running;
+    // Before the seal, which counts what runs from then on.
+    if let (true, Some(h)) = (ok, crate::rows::handle_or_none(&row)) {
+        state.driver.ready_first_command(&h).await;
+    }
     // Seal it: from now on its agent counts whatever runs or changes anything in it, and a
     // claim hands it out only while that count is zero.
     if ok {
