@@ -472,6 +472,89 @@ fn spawn_peer(n: usize) -> Vec<f64> {
     })
 }
 
+/// The smallest program there is: an x86-64 ELF executable of one segment whose three
+/// instructions call `exit(0)`, with no C library, so no dynamic linking and no library start.
+/// Spawning it shows what a process start costs on this host, and what spawning `true` adds
+/// (the dynamic loader and glibc's start, which asks the CPU about itself with `cpuid`).
+const BARE_EXIT: [u8; 129] = {
+    let mut b = [0u8; 129];
+    // ELF header: 64-bit, little-endian, version 1, an executable for x86-64.
+    let head: [u8; 20] = [
+        0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0x3e, 0,
+    ];
+    let mut i = 0;
+    while i < head.len() {
+        b[i] = head[i];
+        i += 1;
+    }
+    b[20] = 1; // e_version
+    b[24] = 0x78; // e_entry = 0x400078: the code, right after the headers
+    b[26] = 0x40;
+    b[32] = 64; // e_phoff: the program header follows the ELF header
+    b[52] = 64; // e_ehsize
+    b[54] = 56; // e_phentsize
+    b[56] = 1; // e_phnum
+
+    // The one program header: load the whole file at 0x400000, readable and executable.
+    b[64] = 1; // p_type = PT_LOAD
+    b[68] = 5; // p_flags = R | X
+    b[82] = 0x40; // p_vaddr = 0x400000
+    b[90] = 0x40; // p_paddr
+    b[96] = 129; // p_filesz
+    b[104] = 129; // p_memsz
+    b[113] = 0x10; // p_align = 0x1000
+
+    // mov eax, 60 (exit); xor edi, edi; syscall
+    let code: [u8; 9] = [0xb8, 60, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05];
+    let mut j = 0;
+    while j < code.len() {
+        b[120 + j] = code[j];
+        j += 1;
+    }
+    b
+};
+
+/// Spawning [`BARE_EXIT`] and waiting for it (x86-64 only; None elsewhere).
+fn spawn_bare_peer(n: usize) -> Option<Vec<f64>> {
+    use std::os::unix::fs::PermissionsExt;
+    if !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("cella-bench-bare-")
+        .tempdir()
+        .ok()?;
+    let exe = dir.path().join("exit0");
+    std::fs::write(&exe, BARE_EXIT).ok()?;
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).ok()?;
+    if !Command::new(&exe).status().is_ok_and(|s| s.success()) {
+        return None;
+    }
+    Some(timed(n, || {
+        Command::new(&exe)
+            .status()
+            .expect("spawning the bare program");
+    }))
+}
+
+/// Microseconds one `cpuid` instruction takes here (x86-64 only): a few dozen nanoseconds on
+/// bare metal; in a virtual machine each one exits to the hypervisor.
+fn cpuid_us() -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        const N: u32 = 2000;
+        let t = Instant::now();
+        for i in 0..N {
+            // Leaf 4 (the caches) only reads.
+            let r = std::arch::x86_64::__cpuid_count(4, i & 3);
+            std::hint::black_box(r);
+        }
+        Some(t.elapsed().as_secs_f64() * 1e6 / f64::from(N))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
 /// `runsc` alone, with the flags the gVisor runtime uses (`ptrace`, no network): `runsc run`
 /// of `true` to its end, and `runsc restore` of a checkpointed `sleep` until it runs again
 /// (what every resume, create from a snapshot with memory and fork pays at least).
@@ -1213,6 +1296,13 @@ fn main() {
         samples: spawn_peer(if q { 50 } else { 300 }),
         target: "",
     });
+    if let Some(b) = spawn_bare_peer(if q { 50 } else { 300 }) {
+        series.push(Series {
+            name: "peer_spawn_bare_ms",
+            samples: b,
+            target: "(a program with no C library)",
+        });
+    }
     if let Some(r) = &runc {
         series.push(Series {
             name: "peer_runc_ms",
@@ -1289,6 +1379,17 @@ fn main() {
             e - f
         );
     }
+    if let (Some(t), Some(b)) = (find("peer_spawn_true_ms"), find("peer_spawn_bare_ms")) {
+        let cpuid = cpuid_us().map_or(String::new(), |c| {
+            format!("; one `cpuid` instruction takes {c:.2} us here")
+        });
+        println!(
+            "process start on this host: `true` {:.2} ms, a program with no C library {:.2} ms \
+             (the rest is the dynamic loader and glibc's start{cpuid})",
+            t.p(0.5),
+            b.p(0.5)
+        );
+    }
     print_gateway();
     print_tasks();
     println!(
@@ -1325,7 +1426,7 @@ fn main() {
             c.sort_by(|a, b| a.total_cmp(b));
             (pct(&c, 0.5) * 100.0).round() / 100.0
         };
-        let out = json!({
+        let mut out = json!({
             "create_exec_warm_ms_p50": p("create_exec_warm_ms", 0.5),
             "create_exec_warm_ms_p99": p("create_exec_warm_ms", 0.99),
             "create_exec_cold_ms_p50": p("create_exec_cold_ms", 0.5),
@@ -1368,6 +1469,9 @@ fn main() {
             "cgroup_favordynmods": favored,
             "quick": q,
         });
+        // Beside the rest (one `json!` of them all is past the macro's recursion limit).
+        out["peer_spawn_bare_ms_p50"] = json!(p("peer_spawn_bare_ms", 0.5));
+        out["host_cpuid_us"] = json!(cpuid_us().map(|c| (c * 100.0).round() / 100.0));
         std::fs::write(&path, serde_json::to_vec_pretty(&out).unwrap()).expect("writing the JSON");
         println!("figures written to {}", path.display());
     }
