@@ -36,6 +36,28 @@ impl Request {
 /// Largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 * 1024 * 1024;
 
+impl ExecSpec {
+    /// The platform's own `true`, run to ready a gVisor sandbox's first command (see
+    /// `AgentConfig::warm_first_command`): as `nobody` (65534, which owns nothing), in `/`, with
+    /// the default `PATH` and nothing else of the environment, its output dropped.
+    pub fn warm_up() -> ExecSpec {
+        ExecSpec {
+            argv: vec!["true".into()],
+            env: [(
+                "PATH".to_string(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+            )]
+            .into(),
+            cwd: "/".into(),
+            uid: 65534,
+            gid: 65534,
+            stdin: None,
+            timeout_ms: 5_000,
+            output_cap: Some(0),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum FrameKind {

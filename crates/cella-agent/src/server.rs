@@ -43,6 +43,14 @@ pub struct AgentConfig {
     /// (`favordynmods`): elsewhere the new process's move waits for an RCU grace period
     /// (5-11 ms measured), and the first exec, a millisecond behind, would wait for it.
     pub refresh_standby: bool,
+    /// Runs one `true` as `nobody` ([`proto::ExecSpec::warm_up`]) 50 ms after the agent starts
+    /// serving and after each wake from a `Quiesce` (a restore), unless a request
+    /// ran or changed something first. On gVisor the first command after the sandbox's kernel
+    /// started or restored is 15-20 ms slower than the next ones, whatever it runs; one that ran
+    /// before it makes it as fast. Not at once: a `true` started with the agent did not make a
+    /// command sent right after the create any faster (the two wait on the same cold work) and
+    /// slowed the create's `Ping`.
+    pub warm_first_command: bool,
 }
 
 /// Where the agent's socket is bound again after a `Quiesce`: `name` in the directory open as
@@ -154,6 +162,9 @@ async fn run(
     };
     // Every handler of the agent is installed by now (a command's start resets them).
     crate::vspawn::handlers_installed();
+    if config.warm_first_command {
+        warm_first_command(&jail, &reaper);
+    }
     let (quiesce_tx, mut quiesce_rx) = tokio::sync::mpsc::channel::<UnixStream>(1);
     let quiesce_tx = config.rebind.is_some().then_some(quiesce_tx);
     let mut listener = Some(listener);
@@ -206,8 +217,45 @@ async fn run(
         if let Some(w) = wake.as_mut() {
             w.recv().await;
         }
+        // Woken: restored, or the checkpoint did not happen (then this costs one `true`).
+        if config.warm_first_command {
+            warm_first_command(&jail, &reaper);
+        }
     }
 }
+
+/// After [`WARM_AFTER`], unless a request ran or changed something meanwhile (its command
+/// warmed what this would), starts [`proto::ExecSpec::warm_up`] confined like any command, on
+/// a thread of the blocking pool (its start holds the thread that makes it until its
+/// `execve`); its output pipes close unread, and one still running after its `timeout_ms` is
+/// killed with what it started. A template without `true` gets a failed start, which warms
+/// less. See [`AgentConfig::warm_first_command`].
+fn warm_first_command(jail: &Arc<Jail>, reaper: &Arc<Reaper>) {
+    let spec = proto::ExecSpec::warm_up();
+    let (jail, reaper) = (jail.clone(), reaper.clone());
+    let touched = TOUCHED.load(Ordering::SeqCst);
+    tokio::spawn(async move {
+        tokio::time::sleep(WARM_AFTER).await;
+        if TOUCHED.load(Ordering::SeqCst) != touched {
+            return;
+        }
+        let limit = std::time::Duration::from_millis(spec.timeout_ms);
+        let started = tokio::task::spawn_blocking(move || {
+            crate::spawn::start(&spec, &jail, false, true, None, &reaper)
+        })
+        .await;
+        if let Ok(Ok(started)) = started {
+            let crate::standby::Started { pid, exit, .. } = started;
+            if tokio::time::timeout(limit, exit).await.is_err() {
+                crate::spawn::kill_tree(pid);
+            }
+        }
+    });
+}
+
+/// How long after the agent starts serving, or is woken, [`warm_first_command`] waits: past
+/// a create's or a resume's `Ping` and answer, and a command the client sends right after.
+const WARM_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// How long a waiting exec process counts as fresh when a warm pool sandbox is claimed (see
 /// [`ExecCgroups::refresh_standby`]).

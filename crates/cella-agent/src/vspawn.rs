@@ -9,8 +9,12 @@
 //! copy of the agent's page tables and the copy-on-write faults after it.
 //!
 //! So the child shares the agent's memory and the calling thread waits (`CLONE_VFORK`) until
-//! the child ran `execve` or exited; the agent's async work runs on that one thread, and the
-//! blocking pool's threads (file work) write nothing the child reads. The child runs on a stack
+//! the child ran `execve` or exited. That is usually the thread of the agent's async work; the
+//! agent's other threads (the blocking pool's file work, and the async work itself when the
+//! spawn runs on a thread of the pool: the warm-up `true` of
+//! [`crate::AgentConfig::warm_first_command`]) write nothing the child reads: what it reads is
+//! the calling thread's, or set once before any spawn. Each spawn takes the kept stack or makes
+//! one, so two at once never share one. The child runs on a stack
 //! of its own (kept for the next spawn) and builds nothing: the program's candidate paths (the
 //! command's own `PATH`, searched as `execvp` searches it), argv, the environment and the
 //! working directory were made ready in the parent. It sets every signal handler of the agent

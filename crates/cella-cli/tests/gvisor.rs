@@ -194,6 +194,59 @@ print('reached', reached)
     assert_eq!(state, Vec::<String>::new());
 }
 
+/// `ps` run directly (no shell) as root: each process as `pid user comm`.
+fn processes(s: &Server, id: &str) -> Vec<(u32, String, String)> {
+    let r = s.exec(
+        id,
+        json!({ "argv": ["ps", "-e", "-o", "pid=,user=,comm="], "user": "root" }),
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+    r["stdout"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[0].parse().unwrap(), f[1].to_string(), f[2].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn a_gvisor_sandbox_readies_its_first_command_after_a_boot_and_a_resume_and_leaves_nothing() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let id = create_gvisor(&s);
+    // A moment after the boot, the platform's one `true` (as nobody) has run and ended: the
+    // first command sees only the agent and itself, and nothing of nobody's.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let only_agent_and_ps = |ps: &[(u32, String, String)]| {
+        assert_eq!(ps.len(), 2, "{ps:?}");
+        assert_eq!(ps[0], (1, "root".into(), "cella".into()), "{ps:?}");
+        assert_eq!(
+            (ps[1].1.as_str(), ps[1].2.as_str()),
+            ("root", "ps"),
+            "{ps:?}"
+        );
+    };
+    only_agent_and_ps(&processes(&s, &id));
+    // The same after a restore, which runs it again.
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    resume(&s, &id);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    only_agent_and_ps(&processes(&s, &id));
+    // A command sent at once after the create is not held up by it and runs as usual.
+    let other = create_gvisor(&s);
+    let r = s.sh(&other, "echo first");
+    assert_eq!(r["stdout"], "first\n", "{r}");
+    for x in [&id, &other] {
+        assert_eq!(s.delete(&format!("/api/v1/sandboxes/{x}")).status, 200);
+    }
+}
+
 #[test]
 fn a_gvisor_boot_takes_a_disk_formatted_ahead_by_the_pool() {
     if !have_runsc() {

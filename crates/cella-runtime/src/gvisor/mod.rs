@@ -240,9 +240,6 @@ pub fn find_runsc() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The user `nobody` (the id the kernel gives unmapped users), for the platform's own commands.
-const NOBODY: u32 = 65534;
-
 /// The platform sandboxes run on: `ptrace` works everywhere; `kvm` hung on this project's
 /// nested-virtualisation hosts, so it is not tried.
 pub const PLATFORM: &str = "ptrace";
@@ -1314,26 +1311,16 @@ impl Driver for GvisorDriver {
         }
     }
 
-    /// Runs `true` once, as `nobody`, and waits for it. A gVisor sandbox's first command after
-    /// its boot takes 15-20 ms more than the next ones (measured with `true`: about 32 ms
-    /// against 15), whatever the program, as long as none ran before it; one command that ran
-    /// leaves the next one fast, after seconds of idle too. What is cold is in gVisor's kernel
-    /// and file proxy (a child that only forks and exits did not help), not in the agent.
+    /// Runs the platform's `true` ([`cella_agent::proto::ExecSpec::warm_up`]: as `nobody`) once
+    /// and waits for it. A gVisor sandbox's first command after its boot takes 15-20 ms more
+    /// than the next ones (measured with `true`: about 32 ms against 15), whatever the program,
+    /// as long as none ran before it; one command that ran leaves the next one fast, after
+    /// seconds of idle too. What is cold is in gVisor's kernel and file proxy (a child that
+    /// only forks and exits did not help), not in the agent. The agent runs the same itself a
+    /// moment after a boot or a restore (`AgentConfig::warm_first_command`); this one is for a
+    /// pool sandbox, which may be claimed at once.
     async fn ready_first_command(&self, handle: &SandboxHandle) {
-        let spec = ExecSpec {
-            argv: vec!["true".into()],
-            env: [(
-                "PATH".to_string(),
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
-            )]
-            .into(),
-            cwd: "/".into(),
-            uid: NOBODY,
-            gid: NOBODY,
-            stdin: None,
-            timeout_ms: 5_000,
-            output_cap: Some(0),
-        };
+        let spec = ExecSpec::warm_up();
         let (tx, mut rx) = mpsc::channel(8);
         let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
         let res = crate::hosted::exec(handle, spec, tx).await;
@@ -1854,6 +1841,7 @@ pub fn agent_main(nofile: u64) -> i32 {
             }),
             // No exec cgroups, so no process waits for the next exec.
             refresh_standby: false,
+            warm_first_command: true,
         },
     )
 }

@@ -402,6 +402,8 @@ fn init_main(
             exec_cgroups,
             rebind: None,
             refresh_standby: cfg.fast_cgroup_moves,
+            // A namespace sandbox's first command is as fast as the next ones.
+            warm_first_command: false,
         },
     )
 }
