@@ -43,7 +43,7 @@ pub struct AgentConfig {
     /// (`favordynmods`): elsewhere the new process's move waits for an RCU grace period
     /// (5-11 ms measured), and the first exec, a millisecond behind, would wait for it.
     pub refresh_standby: bool,
-    /// Runs one `true` as `nobody` ([`proto::ExecSpec::warm_up`]) 50 ms after the agent starts
+    /// Runs one `true` as `nobody` ([`proto::ExecSpec::warm_up`]) 250 ms after the agent starts
     /// serving and after each wake from a `Quiesce` (a restore), unless a request
     /// ran or changed something first. On gVisor the first command after the sandbox's kernel
     /// started or restored is 15-20 ms slower than the next ones, whatever it runs; one that ran
@@ -197,7 +197,11 @@ async fn run(
                         },
                     ));
                 }
-                Some(stream) = quiesce_rx.recv() => break stream,
+                Some(stream) = quiesce_rx.recv() => {
+                    // A warm-up not yet started is for a kernel about to be saved: dropped.
+                    QUIESCES.fetch_add(1, Ordering::SeqCst);
+                    break stream;
+                }
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }
         };
@@ -225,7 +229,7 @@ async fn run(
 }
 
 /// After [`WARM_AFTER`], unless a request ran or changed something meanwhile (its command
-/// warmed what this would), starts [`proto::ExecSpec::warm_up`] confined like any command, on
+/// warmed what this would) or a `Quiesce` came (the kernel is being saved), starts [`proto::ExecSpec::warm_up`] confined like any command, on
 /// a thread of the blocking pool (its start holds the thread that makes it until its
 /// `execve`); its output pipes close unread, and one still running after its `timeout_ms` is
 /// killed with what it started. A template without `true` gets a failed start, which warms
@@ -234,9 +238,11 @@ fn warm_first_command(jail: &Arc<Jail>, reaper: &Arc<Reaper>) {
     let spec = proto::ExecSpec::warm_up();
     let (jail, reaper) = (jail.clone(), reaper.clone());
     let touched = TOUCHED.load(Ordering::SeqCst);
+    let quiesces = QUIESCES.load(Ordering::SeqCst);
     tokio::spawn(async move {
         tokio::time::sleep(WARM_AFTER).await;
-        if TOUCHED.load(Ordering::SeqCst) != touched {
+        if TOUCHED.load(Ordering::SeqCst) != touched || QUIESCES.load(Ordering::SeqCst) != quiesces
+        {
             return;
         }
         let limit = std::time::Duration::from_millis(spec.timeout_ms);
@@ -254,8 +260,14 @@ fn warm_first_command(jail: &Arc<Jail>, reaper: &Arc<Reaper>) {
 }
 
 /// How long after the agent starts serving, or is woken, [`warm_first_command`] waits: past
-/// a create's or a resume's `Ping` and answer, and a command the client sends right after.
-const WARM_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
+/// a create's or a resume's answer and a command the client sends right after it, and past
+/// the other half of a fork (the source and its child restore at once: a `true` run 50 ms
+/// after either woke made the fork about 25 ms slower, on two cores) or the next snapshot
+/// (its `Quiesce` drops the warm-up: [`QUIESCES`]).
+const WARM_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// `Quiesce`s so far: a warm-up scheduled before one is dropped.
+static QUIESCES: AtomicU64 = AtomicU64::new(0);
 
 /// How long a waiting exec process counts as fresh when a warm pool sandbox is claimed (see
 /// [`ExecCgroups::refresh_standby`]).
