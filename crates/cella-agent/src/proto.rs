@@ -37,9 +37,10 @@ impl Request {
 pub const MAX_FRAME: usize = 64 * 1024 * 1024;
 
 impl ExecSpec {
-    /// The platform's own `true`, run to ready a gVisor sandbox's first command (see
-    /// `AgentConfig::warm_first_command`): as `nobody` (65534, which owns nothing), in `/`, with
-    /// the default `PATH` and nothing else of the environment, its output dropped.
+    /// The `true` the platform runs to ready a gVisor sandbox's first command (see
+    /// `AgentConfig::warm_first_command`): the template's own, found through the default
+    /// `PATH`, as `nobody` (65534, which owns nothing), in `/`, with nothing else of the
+    /// environment, its output dropped, killed after 5 s.
     pub fn warm_up() -> ExecSpec {
         ExecSpec {
             argv: vec!["true".into()],

@@ -198,7 +198,10 @@ async fn run(
                     ));
                 }
                 Some(stream) = quiesce_rx.recv() => {
-                    // A warm-up not yet started is for a kernel about to be saved: dropped.
+                    // A warm-up starting now holds copies of the agent's descriptors (its
+                    // host sockets among them) until its `execve`: waited for. One not yet
+                    // started is for a kernel about to be saved: dropped.
+                    let _gate = WARM_GATE.lock().await;
                     QUIESCES.fetch_add(1, Ordering::SeqCst);
                     break stream;
                 }
@@ -229,11 +232,13 @@ async fn run(
 }
 
 /// After [`WARM_AFTER`], unless a request ran or changed something meanwhile (its command
-/// warmed what this would) or a `Quiesce` came (the kernel is being saved), starts [`proto::ExecSpec::warm_up`] confined like any command, on
-/// a thread of the blocking pool (its start holds the thread that makes it until its
-/// `execve`); its output pipes close unread, and one still running after its `timeout_ms` is
-/// killed with what it started. A template without `true` gets a failed start, which warms
-/// less. See [`AgentConfig::warm_first_command`].
+/// warmed what this would) or a `Quiesce` came (the kernel is being saved), starts
+/// [`proto::ExecSpec::warm_up`] confined like any command, on a thread of the blocking pool
+/// (its start holds the thread that makes it until its `execve`; the reaper keeps what it
+/// reaps meanwhile, see [`Reaper`]); its pipes close unread, and one still running after its
+/// `timeout_ms` is killed with what it started. What runs is the template's `true`, found
+/// through `PATH`; a template without one gets a failed start, which warms less. See
+/// [`AgentConfig::warm_first_command`].
 fn warm_first_command(jail: &Arc<Jail>, reaper: &Arc<Reaper>) {
     let spec = proto::ExecSpec::warm_up();
     let (jail, reaper) = (jail.clone(), reaper.clone());
@@ -241,17 +246,30 @@ fn warm_first_command(jail: &Arc<Jail>, reaper: &Arc<Reaper>) {
     let quiesces = QUIESCES.load(Ordering::SeqCst);
     tokio::spawn(async move {
         tokio::time::sleep(WARM_AFTER).await;
+        let gate = WARM_GATE.lock().await;
         if TOUCHED.load(Ordering::SeqCst) != touched || QUIESCES.load(Ordering::SeqCst) != quiesces
         {
             return;
         }
         let limit = std::time::Duration::from_millis(spec.timeout_ms);
+        let in_flight = reaper.off_thread();
         let started = tokio::task::spawn_blocking(move || {
             crate::spawn::start(&spec, &jail, false, true, None, &reaper)
         })
         .await;
+        drop(in_flight);
+        drop(gate);
         if let Ok(Ok(started)) = started {
-            let crate::standby::Started { pid, exit, .. } = started;
+            let crate::standby::Started {
+                pid,
+                exit,
+                stdin,
+                stdout,
+                stderr,
+                launch,
+            } = started;
+            // Closed unread: a `true` that writes gets `EPIPE`.
+            drop((stdin, stdout, stderr, launch));
             if tokio::time::timeout(limit, exit).await.is_err() {
                 crate::spawn::kill_tree(pid);
             }
@@ -268,6 +286,10 @@ const WARM_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// `Quiesce`s so far: a warm-up scheduled before one is dropped.
 static QUIESCES: AtomicU64 = AtomicU64::new(0);
+
+/// Held by a warm-up from its last check until its child ran `execve` (or failed), and by a
+/// `Quiesce` before it lets the host save the sandbox.
+static WARM_GATE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// How long a waiting exec process counts as fresh when a warm pool sandbox is claimed (see
 /// [`ExecCgroups::refresh_standby`]).

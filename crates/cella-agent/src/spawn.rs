@@ -24,16 +24,79 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
 /// Collects exit statuses of every child, ours and orphans alike, as an init must.
+///
+/// A start registers its child's pid once it has it. On the thread the reaper runs on (the
+/// agent's async work) nothing can reap the child before that; a start on another thread (the
+/// warm-up `true`, [`crate::AgentConfig::warm_first_command`]) holds an [`OffThread`] from
+/// before its child exists until it registered it, and meanwhile the statuses of children
+/// nobody waits for are kept, for a `register` that comes after the reap.
 #[derive(Default)]
 pub(crate) struct Reaper {
-    waiters: Mutex<HashMap<i32, oneshot::Sender<i32>>>,
+    state: Mutex<ReaperState>,
+}
+
+#[derive(Default)]
+struct ReaperState {
+    waiters: HashMap<i32, oneshot::Sender<i32>>,
+    /// Statuses reaped while an off-thread start ran, that nobody had registered.
+    held: HashMap<i32, i32>,
+    /// Off-thread starts in flight.
+    off_thread: usize,
+}
+
+/// An off-thread start in flight (see [`Reaper`]); dropped once its child is registered.
+pub(crate) struct OffThread(std::sync::Arc<Reaper>);
+
+impl Drop for OffThread {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.off_thread = st.off_thread.saturating_sub(1);
+        if st.off_thread == 0 {
+            st.held.clear();
+        }
+    }
 }
 
 impl Reaper {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReaperState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     pub(crate) fn register(&self, pid: i32) -> oneshot::Receiver<i32> {
         let (tx, rx) = oneshot::channel();
-        self.waiters.lock().expect("reaper lock").insert(pid, tx);
+        let mut st = self.lock();
+        match st.held.remove(&pid) {
+            Some(code) => {
+                let _ = tx.send(code);
+            }
+            None => {
+                st.waiters.insert(pid, tx);
+            }
+        }
         rx
+    }
+
+    /// Marks a start on a thread other than the reaper's as in flight (see [`Reaper`]).
+    pub(crate) fn off_thread(self: &std::sync::Arc<Self>) -> OffThread {
+        self.lock().off_thread += 1;
+        OffThread(self.clone())
+    }
+
+    /// Hands the exit `code` of reaped child `pid` to whoever registered it, or keeps it while
+    /// an off-thread start is in flight.
+    fn collected(&self, pid: i32, code: i32) {
+        let mut st = self.lock();
+        match st.waiters.remove(&pid) {
+            Some(tx) => {
+                let _ = tx.send(code);
+            }
+            None if st.off_thread > 0 => {
+                st.held.insert(pid, code);
+            }
+            None => {}
+        }
     }
 
     /// Collects every child that has exited; called at start and on each `SIGCHLD`.
@@ -48,14 +111,7 @@ impl Reaper {
                 Ok(WaitStatus::StillAlive) | Err(_) => return,
                 Ok(_) => continue,
             };
-            if let Some(tx) = self
-                .waiters
-                .lock()
-                .expect("reaper lock")
-                .remove(&pid.as_raw())
-            {
-                let _ = tx.send(code);
-            }
+            self.collected(pid.as_raw(), code);
         }
     }
 }
@@ -159,7 +215,7 @@ pub(crate) fn start(
     }
     let mut child = command(spec, jail, pipe_stdin, hold_tree, join_cgroup).spawn()?;
     let pid = child.id() as i32;
-    // Registered before anything can reap it: the reaper runs on this same thread.
+    // Registered before the reaper's thread can reap it, or held for it (see [`Reaper`]).
     let exit = reaper.register(pid);
     let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
         return Err(std::io::Error::other("no output pipes"));
@@ -279,4 +335,33 @@ fn process_table() -> Vec<ProcInfo> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_child_reaped_before_its_off_thread_start_registers_it_keeps_its_exit() {
+        let reaper = Arc::new(Reaper::default());
+        // On the reaper's own thread nothing is kept for a pid nobody waits for.
+        reaper.collected(100, 1);
+        let mut late = reaper.register(100);
+        assert!(late.try_recv().is_err(), "an orphan's status is not kept");
+        // While an off-thread start is in flight, its child's exit waits for the register.
+        let in_flight = reaper.off_thread();
+        reaper.collected(101, 7);
+        let mut exit = reaper.register(101);
+        assert_eq!(exit.try_recv().ok(), Some(7));
+        // A registered pid gets its status as before.
+        let mut waiting = reaper.register(102);
+        reaper.collected(102, 3);
+        assert_eq!(waiting.try_recv().ok(), Some(3));
+        // Once no start is in flight, what was kept and never asked for goes.
+        reaper.collected(103, 9);
+        drop(in_flight);
+        let mut gone = reaper.register(103);
+        assert!(gone.try_recv().is_err());
+    }
 }

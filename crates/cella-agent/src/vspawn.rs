@@ -25,8 +25,10 @@
 //! kernel does not share it with its parent), enters the [`Jail`], then `execve`s. A failure before the command
 //! runs is its `errno` on a status pipe that closes on a successful `execve`, read once the
 //! agent goes on: the caller gets it as the `io::Error` a spawn gives (127 and 126 as a
-//! shell's). Only a failure of the jail allocates (its error's text), on the waiting thread's
-//! heap, which nothing else uses meanwhile.
+//! shell's). Only a failure of the jail allocates (its error's text, through glibc's `malloc`,
+//! whose arena locks work across the two since the memory is shared; a child the watchdog kills
+//! while it holds one would leave it held, which only a jail failure followed by a `SIGSTOP`
+//! could do).
 //!
 //! The memory is the agent's, so it must not be reachable while the child runs with a command's
 //! ids: the agent is not dumpable (see `serve`), a flag of the memory, so reading or writing it
@@ -152,8 +154,10 @@ impl Watchdog {
                 }
                 let pid = pid.load(Ordering::SeqCst);
                 if pid > 0 {
-                    // SAFETY: a signal to our own child, which cannot have been reaped (its
-                    // parent still waits in `clone`, and the reaper runs on that thread).
+                    // SAFETY: a signal to our own child, whose parent still waits in `clone`.
+                    // Reaped it can only be in the instant between its exit and that return,
+                    // by a reaper on another thread (an off-thread start, see `Reaper`); pids
+                    // are handed out in order, so its pid is not another's that soon.
                     unsafe { libc::kill(pid, libc::SIGKILL) };
                 }
                 false
@@ -449,7 +453,7 @@ fn spawn_with(
             errno,
         ))));
     }
-    // Registered before anything can reap it: the reaper runs on this same thread.
+    // Registered before the reaper's thread can reap it, or held for it (see [`Reaper`]).
     let exit = reaper.register(pid);
     Some(Ok(Started {
         pid,

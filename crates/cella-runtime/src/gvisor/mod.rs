@@ -1311,8 +1311,8 @@ impl Driver for GvisorDriver {
         }
     }
 
-    /// Runs the platform's `true` ([`cella_agent::proto::ExecSpec::warm_up`]: as `nobody`) once
-    /// and waits for it. A gVisor sandbox's first command after its boot takes 15-20 ms more
+    /// Runs the template's `true` ([`cella_agent::proto::ExecSpec::warm_up`]: as `nobody`)
+    /// once and waits for it. A gVisor sandbox's first command after its boot takes 15-20 ms more
     /// than the next ones (measured with `true`: about 32 ms against 15), whatever the program,
     /// as long as none ran before it; one command that ran leaves the next one fast, after
     /// seconds of idle too. What is cold is in gVisor's kernel and file proxy (a child that
