@@ -255,10 +255,32 @@ impl ExecGroup<'_> {
             }
             sigkill(&self.members());
             self.write("freezer.state", "THAWED");
+            // A group that kept forking may not have reached FROZEN by the deadline (seen on a
+            // loaded host: three processes of a fork loop outlived a timeout); what it forked
+            // after the members were read is killed now, until only the dead are left.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                let alive: Vec<i32> = self.members().into_iter().filter(|p| !dead(*p)).collect();
+                if alive.is_empty() || Instant::now() >= deadline {
+                    break;
+                }
+                sigkill(&alive);
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
         // Frozen (v1) or killed at once (v2): nothing forked away while the members were read.
         // The dead leave the group when the agent reaps them; the cgroup goes with the group.
     }
+}
+
+/// Whether process `pid` has ended (a zombie waiting for the reaper) or is gone.
+fn dead(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        // The state follows the command name, which is in parentheses and may hold anything.
+        stat.rfind(')')
+            .and_then(|i| stat.get(i + 2..i + 3))
+            .is_some_and(|state| state == "Z" || state == "X")
+    })
 }
 
 impl Drop for ExecGroup<'_> {
