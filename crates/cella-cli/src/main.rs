@@ -159,6 +159,14 @@ enum Command {
     /// Starts a gVisor sandbox (`cella_runtime::gvisor`).
     #[command(name = "__gvisor-init", hide = true)]
     GvisorInit,
+    /// A gVisor sandbox's checkpoint (`cella_runtime::gvisor::checkpoint_main`).
+    #[command(name = "__gvisor-checkpoint", hide = true)]
+    GvisorCheckpoint {
+        id: String,
+        tmp: std::path::PathBuf,
+        dest: std::path::PathBuf,
+        netns: Option<std::path::PathBuf>,
+    },
     /// The agent as a gVisor sandbox's init.
     #[command(name = "__gvisor-agent", hide = true)]
     GvisorAgent {
@@ -506,6 +514,20 @@ fn main() -> ExitCode {
     if let Command::Nft = &cli.command {
         return ExitCode::from(cella_runtime::nftlib::helper_main() as u8);
     }
+    if let Command::GvisorCheckpoint {
+        id,
+        tmp,
+        dest,
+        netns,
+    } = &cli.command
+    {
+        return ExitCode::from(cella_runtime::gvisor::checkpoint_main(
+            id,
+            tmp,
+            dest,
+            netns.as_deref(),
+        ) as u8);
+    }
     if let Command::GvisorAgent { nofile } = &cli.command {
         return ExitCode::from(cella_runtime::gvisor::agent_main(*nofile) as u8);
     }
@@ -608,6 +630,7 @@ async fn run(cmd: Command) -> ExitCode {
         | Command::GvisorInit
         | Command::Nft
         | Command::GvisorAgent { .. }
+        | Command::GvisorCheckpoint { .. }
         | Command::TaskAgent { .. } => {
             unreachable!("handled before the runtime starts")
         }

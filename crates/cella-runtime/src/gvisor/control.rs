@@ -1,17 +1,19 @@
-//! A signal to a sandbox's init through runsc's own control server, without a `runsc` process.
+//! Calls to a sandbox's runsc control server, without a `runsc` process: a signal to its init
+//! (the wake after a restore) and a checkpoint.
 //!
-//! `runsc kill` costs a Go program's start (30-40 ms on a small host, more while a restore
-//! wants the same cores) before it sends one call to the sandbox. That call is all a wake
-//! needs, so the driver makes it itself: runsc 20221219's sandbox listens on the abstract Unix
-//! stream socket `runsc-sandbox.<id>` (with a trailing NUL byte in the name), in the network
-//! namespace the sandbox runs in, and speaks `urpc`: one JSON object
-//! `{"method": ..., "arg": ...}` written, one JSON object `{"success", "err", "result"}` read
-//! back. No crate speaks it; the call is twenty lines, so it is written here. A runsc that does
-//! not answer this way (another version) makes [`signal_init`] fail, and the driver falls
-//! back to `runsc kill`.
+//! Each `runsc` command costs a Go program's start (25-40 ms on a small host, more while a
+//! restore wants the same cores) before it makes one call to the sandbox. For these two the
+//! call is all that is needed, so the driver makes it itself: runsc 20221219's sandbox listens
+//! on the abstract Unix stream socket `runsc-sandbox.<id>` (with a trailing NUL byte in the
+//! name), in the network namespace the sandbox runs in, and speaks `urpc`: one JSON object
+//! `{"method": ..., "arg": ...}` written (a file the call carries rides along with its first
+//! bytes as `SCM_RIGHTS`), one JSON object `{"success", "err", "result"}` read back. No crate
+//! speaks it; a call is a few dozen lines, so it is written here. A runsc that does not answer
+//! this way (another version) makes a call fail as [`ControlError::Unreachable`] before anything
+//! was asked of the sandbox, and the driver runs the `runsc` command instead.
 
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
 use std::path::Path;
@@ -20,8 +22,9 @@ use std::time::Duration;
 /// The longest a call may take (connect excepted, which is local and immediate).
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Why a call failed: `Unreachable` when nothing answered the runsc way (fall back to
-/// `runsc kill`), `Refused` when the sandbox answered with an error (not yet restored, gone).
+/// Why a call failed: `Unreachable` when nothing answered the runsc way (fall back to the
+/// `runsc` command), `Refused` when the sandbox answered with an error (not yet restored, gone)
+/// or a checkpoint failed once asked for.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
     #[error("runsc's control server: {0}")]
@@ -34,20 +37,75 @@ pub enum ControlError {
 /// kill <id> <signo>` does. `netns`: the file the sandbox's network namespace is bound to, when
 /// it runs in one of its own (the control socket is abstract, so it lives there).
 pub fn signal_init(id: &str, signo: i32, netns: Option<&Path>) -> Result<(), ControlError> {
-    let mut stream = connect(id, netns)?;
+    let stream = connect(id, netns)?;
     let call = serde_json::json!({
         "method": "containerManager.Signal",
         // PID 0: the container's init; mode 0: deliver to that process only.
         "arg": { "CID": id, "Signo": signo, "PID": 0, "Mode": 0 },
     });
+    self::call(&stream, &call, None, CALL_TIMEOUT)
+}
+
+/// The longest a checkpoint may take: a sandbox's whole memory is compressed and written
+/// (seconds per GiB on a small host).
+pub const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Writes the whole of sandbox `id` (memory, processes, open files) to `image`, a new file made
+/// here as `runsc checkpoint --image-path` makes it (`checkpoint.img`, mode 0644, refused when
+/// it exists), and answers once it is saved; the sandbox then ends, as after `runsc checkpoint`.
+/// The file is made only once the control server is reached: an `Unreachable` error made
+/// nothing, and `runsc checkpoint` can be run in its place.
+pub fn checkpoint(id: &str, image: &Path, netns: Option<&Path>) -> Result<(), ControlError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let stream = connect(id, netns)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(image)
+        .map_err(|e| ControlError::Refused(format!("making {}: {e}", image.display())))?;
+    // runsc's own command sends these two fields, both empty (no integrity key, no metadata
+    // of its own: the sandbox adds its own to the image).
+    let call = serde_json::json!({
+        "method": "containerManager.Checkpoint",
+        "arg": { "key": null, "metadata": null },
+    });
+    self::call(&stream, &call, Some(file.as_raw_fd()), CHECKPOINT_TIMEOUT).map_err(|e| match e {
+        // Asked already: whatever happened, `runsc checkpoint` must not be tried after it.
+        ControlError::Unreachable(m) => ControlError::Refused(m),
+        refused => refused,
+    })
+}
+
+/// One urpc call on `stream`: `call` written (with `fd` as `SCM_RIGHTS` on its first bytes),
+/// one JSON value read back (the server keeps the connection open after its answer).
+fn call(
+    mut stream: &UnixStream,
+    call: &serde_json::Value,
+    fd: Option<RawFd>,
+    timeout: Duration,
+) -> Result<(), ControlError> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let io = |e: std::io::Error| ControlError::Unreachable(e.to_string());
-    stream.set_read_timeout(Some(CALL_TIMEOUT)).map_err(io)?;
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
     stream.set_write_timeout(Some(CALL_TIMEOUT)).map_err(io)?;
-    stream
-        .write_all(&serde_json::to_vec(&call).map_err(|e| io(e.into()))?)
-        .map_err(io)?;
-    // The server keeps the connection open after its answer: one JSON value is read, no more.
-    let answer = serde_json::Deserializer::from_reader(&stream)
+    let bytes = serde_json::to_vec(call).map_err(|e| io(e.into()))?;
+    let mut sent = 0;
+    if let Some(fd) = fd {
+        let fds = [fd];
+        let cmsg = [ControlMessage::ScmRights(&fds)];
+        sent = sendmsg::<()>(
+            stream.as_raw_fd(),
+            &[std::io::IoSlice::new(&bytes)],
+            &cmsg,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .map_err(|e| io(e.into()))?;
+    }
+    stream.write_all(&bytes[sent..]).map_err(io)?;
+    let answer = serde_json::Deserializer::from_reader(stream)
         .into_iter::<serde_json::Value>()
         .next()
         .ok_or_else(|| ControlError::Unreachable("no answer".into()))?
@@ -155,5 +213,88 @@ mod tests {
             signal_init(&gone, 12, None),
             Err(ControlError::Unreachable(_))
         ));
+    }
+
+    #[test]
+    fn a_checkpoint_sends_its_new_image_file_with_the_call_and_waits_for_the_save() {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+        use std::os::fd::FromRawFd;
+        let id = format!("unit-{}-save", std::process::id());
+        let mut name = format!("runsc-sandbox.{id}").into_bytes();
+        name.push(0);
+        let l = UnixListener::bind_addr(&SocketAddr::from_abstract_name(&name).unwrap()).unwrap();
+        // A stand-in for runsc's sandbox, which reads the first byte with its file as urpc's
+        // server does, then the rest, "saves" into the file it got and answers.
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            let mut first = [0u8; 1];
+            let mut space = nix::cmsg_space!([RawFd; 4]);
+            let mut iov = [std::io::IoSliceMut::new(&mut first)];
+            let msg = recvmsg::<()>(c.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::empty())
+                .unwrap();
+            let mut fds = Vec::new();
+            for m in msg.cmsgs().unwrap() {
+                if let ControlMessageOwned::ScmRights(f) = m {
+                    fds.extend(f);
+                }
+            }
+            let mut rest = Vec::new();
+            let mut buf = [0u8; 4096];
+            let call = loop {
+                let n = c.read(&mut buf).unwrap();
+                rest.extend_from_slice(&buf[..n]);
+                let mut all = first.to_vec();
+                all.extend_from_slice(&rest);
+                if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&all) {
+                    break v;
+                }
+            };
+            assert_eq!(fds.len(), 1, "one file with the call");
+            // SAFETY: the descriptor was just received and is owned by nobody else.
+            let mut image = unsafe { std::fs::File::from_raw_fd(fds[0]) };
+            std::thread::sleep(Duration::from_millis(100));
+            image.write_all(b"saved state").unwrap();
+            drop(image);
+            c.write_all(br#"{"success":true,"err":"","result":null}"#)
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            call
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("checkpoint.img");
+        let t = std::time::Instant::now();
+        checkpoint(&id, &image, None).unwrap();
+        let took = t.elapsed();
+        assert!(
+            took >= Duration::from_millis(100),
+            "answered before the save"
+        );
+        assert!(took < Duration::from_millis(350), "waited for the end");
+        assert_eq!(std::fs::read(&image).unwrap(), b"saved state");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&image).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o644);
+        let call = server.join().unwrap();
+        assert_eq!(call["method"], "containerManager.Checkpoint");
+        assert!(call["arg"]["key"].is_null() && call["arg"]["metadata"].is_null());
+
+        // An image that exists already is not overwritten, and a sandbox that is not there
+        // makes no file.
+        let gone = format!("unit-{}-nosave", std::process::id());
+        let fresh = dir.path().join("other.img");
+        assert!(matches!(
+            checkpoint(&gone, &fresh, None),
+            Err(ControlError::Unreachable(_))
+        ));
+        assert!(!fresh.exists());
+        let again = format!("unit-{}-resave", std::process::id());
+        let mut name = format!("runsc-sandbox.{again}").into_bytes();
+        name.push(0);
+        let _l = UnixListener::bind_addr(&SocketAddr::from_abstract_name(&name).unwrap()).unwrap();
+        match checkpoint(&again, &image, None) {
+            Err(ControlError::Refused(m)) => assert!(m.contains("making"), "{m}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert_eq!(std::fs::read(&image).unwrap(), b"saved state");
     }
 }

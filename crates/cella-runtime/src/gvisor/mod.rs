@@ -859,6 +859,87 @@ impl GvisorDriver {
         // killed meanwhile (runsc saves on, and its save ends the sandbox) finds it on disk at
         // its next start, not lost.
         let dest = dir.join(MEMORY_DIR);
+        let t = std::time::Instant::now();
+        let saved = match self.checkpoint_by_control(handle, &tmp, &dest) {
+            Some(saved) => saved,
+            None => self.checkpoint_by_runsc(handle, &tmp, &dest),
+        };
+        if let Err(e) = saved {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(DriverError::Launch(format!("runsc checkpoint: {e}")));
+        }
+        let t_saved = t.elapsed();
+        // runsc ends the sandbox once saved: its processes leave the cgroup.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !cgroup::procs(&handle.cgroup).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let t_ended = t.elapsed();
+        cgroup::kill(&handle.cgroup);
+        crate::reap::reap(handle.pid, handle.start_time);
+        // Its processes are gone: runsc's record is two files, removed without a `runsc delete`.
+        self.forget_record(&handle.id);
+        tracing::debug!(
+            sandbox = handle.id,
+            saved_ms = t_saved.as_secs_f64() * 1e3,
+            ended_ms = (t_ended - t_saved).as_secs_f64() * 1e3,
+            "checkpoint phases"
+        );
+        let _ = std::fs::remove_file(dir.join("sock").join(spec::SOCKET_NAME));
+        if tmp.exists() {
+            std::fs::rename(&tmp, &dest)?;
+        }
+        let _ = std::fs::remove_file(dir.join(QUIESCED_FILE));
+        Ok(())
+    }
+
+    /// The checkpoint through runsc's control server, in a `cella __gvisor-checkpoint` process
+    /// ([`checkpoint_main`]) that names `tmp` whole as `dest` once saved. None when that
+    /// server did not answer (nothing was made; `runsc checkpoint` is tried), else the result.
+    fn checkpoint_by_control(
+        &self,
+        handle: &SandboxHandle,
+        tmp: &Path,
+        dest: &Path,
+    ) -> Option<Result<(), String>> {
+        use std::os::unix::process::CommandExt;
+        let netns = self.sandbox_dir(&handle.id).join(NETNS_FILE);
+        let mut cmd = Command::new(&self.agent_exe);
+        cmd.arg0("cella")
+            .env_clear()
+            .arg("__gvisor-checkpoint")
+            .arg(&handle.id)
+            .arg(tmp)
+            .arg(dest);
+        if netns.exists() {
+            cmd.arg(&netns);
+        }
+        let running = Self::spawn(&mut cmd);
+        cella_crash::crash_point!("runtime.gvisor.checkpoint.running");
+        let out = match running.and_then(|c| c.wait_with_output().map_err(|e| e.to_string())) {
+            Ok(out) => out,
+            Err(e) => return Some(Err(e)),
+        };
+        let said = String::from_utf8_lossy(&out.stderr);
+        let said = said.trim().lines().last().unwrap_or("failed").to_string();
+        match out.status.code() {
+            Some(0) => Some(Ok(())),
+            Some(CHECKPOINT_UNREACHABLE) => {
+                tracing::debug!(sandbox = handle.id, "checkpoint through runsc: {said}");
+                None
+            }
+            _ => Some(Err(said)),
+        }
+    }
+
+    /// The checkpoint by `runsc checkpoint`, run by a shell that names `tmp` whole as `dest`
+    /// once runsc succeeded.
+    fn checkpoint_by_runsc(
+        &self,
+        handle: &SandboxHandle,
+        tmp: &Path,
+        dest: &Path,
+    ) -> Result<(), String> {
         let by: [&std::ffi::OsStr; 6] = [
             "/bin/sh".as_ref(),
             "-c".as_ref(),
@@ -875,24 +956,7 @@ impl GvisorDriver {
         ]);
         let running = Self::spawn(&mut cmd);
         cella_crash::crash_point!("runtime.gvisor.checkpoint.running");
-        if let Err(e) = running.and_then(Self::finish) {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(DriverError::Launch(format!("runsc checkpoint: {e}")));
-        }
-        // runsc ends the sandbox once saved: its processes leave the cgroup.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !cgroup::procs(&handle.cgroup).is_empty() && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        cgroup::kill(&handle.cgroup);
-        crate::reap::reap(handle.pid, handle.start_time);
-        self.runsc_delete(&handle.id);
-        let _ = std::fs::remove_file(dir.join("sock").join(spec::SOCKET_NAME));
-        if tmp.exists() {
-            std::fs::rename(&tmp, &dest)?;
-        }
-        let _ = std::fs::remove_file(dir.join(QUIESCED_FILE));
-        Ok(())
+        running.and_then(Self::finish)
     }
 
     /// Starts the sandbox again from its image; answers its new handle once its `runsc
@@ -1055,7 +1119,14 @@ impl GvisorDriver {
             .stderr(Stdio::null())
             .status();
         // What runsc could not remove (a record of a container whose processes died with a
-        // `kill -9` of everything): its files are named after the container.
+        // `kill -9` of everything).
+        self.forget_record(id);
+    }
+
+    /// Removes runsc's record of container `id` whose processes are gone: the files named after
+    /// it in runsc's root (its state and lock), which is all `runsc delete` removes for a
+    /// container of this driver (no cgroup of runsc's, no mount on the host).
+    fn forget_record(&self, id: &str) {
         if let Ok(rd) = std::fs::read_dir(self.runsc_root()) {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
@@ -1665,6 +1736,37 @@ pub fn launcher_main() -> i32 {
         }
         Err(e) => {
             println!("{}", serde_json::json!({ "ok": false, "error": e }));
+            1
+        }
+    }
+}
+
+/// The exit status of `cella __gvisor-checkpoint` when runsc's control server did not answer:
+/// nothing was made, and `runsc checkpoint` may be run instead.
+const CHECKPOINT_UNREACHABLE: i32 = 2;
+
+/// `cella __gvisor-checkpoint ID TMP DEST [NETNS]`: writes sandbox `ID` to `TMP/checkpoint.img`
+/// through runsc's control server ([`control::checkpoint`]; the sandbox then ends) and renames
+/// `TMP` to `DEST` once saved. A process of its own rather than a call from the server, so that
+/// a server killed during the save still finds the image named whole at its next start: the
+/// save goes on, this process names `TMP` in its command line, and that start waits for it
+/// ([`checkpoint_running`]). Exits 0 once saved and named, [`CHECKPOINT_UNREACHABLE`] when the
+/// control server did not answer, else 1, with the reason on its standard error.
+pub fn checkpoint_main(id: &str, tmp: &Path, dest: &Path, netns: Option<&Path>) -> i32 {
+    match control::checkpoint(id, &tmp.join(IMAGE_FILE), netns) {
+        Ok(()) => match std::fs::rename(tmp, dest) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("naming the image whole: {e}");
+                1
+            }
+        },
+        Err(control::ControlError::Unreachable(e)) => {
+            eprintln!("{e}");
+            CHECKPOINT_UNREACHABLE
+        }
+        Err(e) => {
+            eprintln!("{e}");
             1
         }
     }
