@@ -3,7 +3,8 @@
 //! disk and resume (also across a `kill -9` of the server, an upgrade of its executable, and
 //! racing a command), snapshots
 //! with memory and creates from them, forks with memory (also a `kill -9` in either), snapshots
-//! of paused and stopped sandboxes, destroy leaving nothing, a `kill -9` of the server, and the
+//! of paused and stopped sandboxes, calls sent while a fork or snapshot checkpoints a sandbox
+//! (they wait for it), destroy leaving nothing, a `kill -9` of the server, and the
 //! 400s for what gVisor sandboxes do not have yet. Skipped (with a line saying so) where the
 //! host has no `runsc`. Ignored unless asked for: a stress of pause/resume cycles, with figures.
 
@@ -707,6 +708,71 @@ fn a_fork_of_a_gvisor_sandbox_carries_its_memory_to_each_child() {
     for id in children.iter().chain([&src]) {
         assert_nothing_left(&s, id);
     }
+}
+
+/// A running gVisor sandbox is written to disk and restored for a fork or a snapshot with
+/// memory; its agent is away meanwhile. Calls sent then wait for it and run on it once it is
+/// back, instead of failing on its old handle (an exec used to answer 500 here).
+#[test]
+fn calls_sent_while_a_gvisor_fork_or_snapshot_checkpoints_the_source_wait_and_run_on_it() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let src = create_gvisor(&s);
+    let w = s.sh(&src, "echo kept > /tmp/mark");
+    assert_eq!(w["exit_code"], 0, "{w}");
+    for (verb, path, body) in [
+        (
+            "fork",
+            format!("/api/v1/sandboxes/{src}/fork"),
+            json!({ "count": 1 }),
+        ),
+        (
+            "snapshot",
+            format!("/api/v1/sandboxes/{src}/snapshots"),
+            json!({ "memory": true }),
+        ),
+    ] {
+        let (made, calls) = std::thread::scope(|sc| {
+            let made = sc.spawn(|| s.post(&path, body.clone()));
+            // Once the fork or snapshot is under way (it checkpoints for 150 ms or more).
+            std::thread::sleep(std::time::Duration::from_millis(60));
+            let mut calls = Vec::new();
+            for _ in 0..8 {
+                let e = s.post(
+                    &format!("/api/v1/sandboxes/{src}/exec"),
+                    json!({ "argv": ["cat", "/tmp/mark"] }),
+                );
+                let f = s.get(&format!("/api/v1/sandboxes/{src}/files?path=/tmp/mark"));
+                calls.push((e, f));
+                std::thread::sleep(std::time::Duration::from_millis(30));
+            }
+            (made.join().unwrap(), calls)
+        });
+        assert_eq!(made.status, 201, "{verb}: {}\n{}", made.body, s.log());
+        for (e, f) in &calls {
+            assert_eq!(e.status, 200, "{verb}: an exec sent meanwhile: {}", e.body);
+            assert_eq!(e.data()["exit_code"], 0, "{verb}: {}", e.body);
+            assert_eq!(e.data()["stdout"], "kept\n", "{verb}: {}", e.body);
+            assert_eq!(
+                f.status, 200,
+                "{verb}: a file read sent meanwhile: {}",
+                f.body
+            );
+            assert_eq!(f.body, Value::String("kept\n".into()), "{verb}");
+        }
+        if verb == "fork" {
+            let child = made.body["data"][0]["id"].as_str().unwrap().to_string();
+            assert_eq!(s.sh(&child, "cat /tmp/mark")["stdout"], "kept\n");
+            assert_eq!(s.delete(&format!("/api/v1/sandboxes/{child}")).status, 200);
+        } else {
+            let snap = made.data()["id"].as_str().unwrap().to_string();
+            assert_eq!(s.delete(&format!("/api/v1/snapshots/{snap}")).status, 200);
+        }
+    }
+    assert_eq!(s.delete(&format!("/api/v1/sandboxes/{src}")).status, 200);
+    assert_nothing_left(&s, &src);
 }
 
 #[test]

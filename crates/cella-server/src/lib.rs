@@ -103,6 +103,9 @@ pub struct AppState {
     pub driver: Arc<dyn Driver>,
     pub catalog: Catalog,
     pub locks: sandboxes::Locks,
+    /// Running sandboxes whose agent is away for a moment (a gVisor snapshot's or fork's
+    /// checkpoint and restore): calls that need the agent wait for it.
+    pub away: crate::rows::Away,
     pub activity: lifecycle::Activity,
     pub limiter: ratelimit::Limiter,
     /// Resolvers sandboxes use, when sandboxes have a network (None: loopback only).
@@ -848,6 +851,7 @@ async fn assemble(
         driver: backend.driver,
         catalog,
         locks: Default::default(),
+        away: Default::default(),
         activity: Default::default(),
         limiter,
         network: backend.network,

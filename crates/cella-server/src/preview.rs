@@ -377,6 +377,10 @@ fn seal_path_form(h: &mut HeaderMap) {
 
 /// The sandbox as it is now, if a request may go to it: running, with a runtime record.
 async fn live(state: &AppState, id: &str) -> Result<(SandboxRow, SandboxHandle), Response> {
+    state
+        .away
+        .settled(id, crate::service::runnable::AWAY_WAIT)
+        .await;
     let row = match state.store.sandbox(id).await {
         Ok(Some(r)) if r.workspace_id != cella_store::POOL_WORKSPACE => r,
         _ => return Err(gone()),

@@ -1,5 +1,6 @@
-//! Reading a sandbox's row: its state, its runtime handle, its running clock, and the lock
-//! that keeps boot, destroy and state changes of one sandbox from interleaving. A leaf module:
+//! Reading a sandbox's row: its state, its runtime handle, its running clock, the lock that
+//! keeps boot, destroy and state changes of one sandbox from interleaving, and the sandboxes
+//! whose agent is away for a moment while their row says running ([`Away`]). A leaf module:
 //! everything else in the server may use it, it uses nothing of the server.
 
 use cella_runtime::SandboxHandle;
@@ -39,6 +40,83 @@ impl Locks {
 /// Past this many locks in the map, the unused ones are dropped.
 const LOCKS_PRUNE_AT: usize = 1024;
 
+/// Running sandboxes whose agent is away for a moment: a running gVisor sandbox written to
+/// disk and restored for a snapshot or a fork. Its row says running throughout, but its
+/// agent's socket is gone meanwhile and its handle changes, so a call that needs the agent
+/// waits until it is back ([`Away::settled`]) and then reads the row again, instead of failing
+/// on the old handle. Calls in flight when it went are cut all the same (documented).
+#[derive(Default, Clone)]
+pub struct Away {
+    inner: Arc<AwayInner>,
+}
+
+#[derive(Default)]
+struct AwayInner {
+    /// How many sandboxes are away: none (the usual case) costs a call one atomic read.
+    count: std::sync::atomic::AtomicUsize,
+    /// Per sandbox: how many holders, and the sender its waiters watch (dropped when the last
+    /// holder lets go, which wakes them).
+    map: Mutex<HashMap<String, (usize, tokio::sync::watch::Sender<()>)>>,
+}
+
+/// Sandbox `id` away until this is dropped.
+pub struct AwayGuard {
+    inner: Arc<AwayInner>,
+    id: String,
+}
+
+impl Away {
+    /// Marks sandbox `id` away until the guard is dropped.
+    pub fn begin(&self, id: &str) -> AwayGuard {
+        use std::sync::atomic::Ordering;
+        let mut map = self.inner.map.lock().expect("away");
+        let entry = map
+            .entry(id.to_string())
+            .or_insert_with(|| (0, tokio::sync::watch::channel(()).0));
+        if entry.0 == 0 {
+            self.inner.count.fetch_add(1, Ordering::SeqCst);
+        }
+        entry.0 += 1;
+        AwayGuard {
+            inner: self.inner.clone(),
+            id: id.to_string(),
+        }
+    }
+
+    /// Waits (at most `max`) until sandbox `id` is not away; at once when it is not.
+    pub async fn settled(&self, id: &str, max: std::time::Duration) {
+        use std::sync::atomic::Ordering;
+        if self.inner.count.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut rx = match self.inner.map.lock().expect("away").get(id) {
+            Some((_, tx)) => tx.subscribe(),
+            None => return,
+        };
+        // Ends with an error once the sender is dropped: the last holder let go.
+        let _ = tokio::time::timeout(max, async { while rx.changed().await.is_ok() {} }).await;
+    }
+
+    #[cfg(test)]
+    fn is_away(&self, id: &str) -> bool {
+        self.inner.map.lock().expect("away").contains_key(id)
+    }
+}
+
+impl Drop for AwayGuard {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        let mut map = self.inner.map.lock().expect("away");
+        if let Some(entry) = map.get_mut(&self.id) {
+            entry.0 -= 1;
+            if entry.0 == 0 {
+                map.remove(&self.id);
+                self.inner.count.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
 pub fn state_of(row: &SandboxRow) -> SandboxState {
     row.state
 }
@@ -75,6 +153,48 @@ pub fn stop_clock(row: &mut SandboxRow, now: i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_call_waits_while_its_sandbox_is_away_and_only_then() {
+        use std::time::{Duration, Instant};
+        let away = Away::default();
+        // Nothing away: no wait.
+        let t = Instant::now();
+        away.settled("sb1", Duration::from_secs(5)).await;
+        assert!(t.elapsed() < Duration::from_millis(50));
+        let first = away.begin("sb1");
+        let second = away.begin("sb1");
+        // Another sandbox does not wait for this one.
+        let t = Instant::now();
+        away.settled("sb2", Duration::from_secs(5)).await;
+        assert!(t.elapsed() < Duration::from_millis(50));
+        let waiter = {
+            let away = away.clone();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                away.settled("sb1", Duration::from_secs(5)).await;
+                t.elapsed()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(first);
+        // One holder is left: still away.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiter.is_finished());
+        assert!(away.is_away("sb1"));
+        drop(second);
+        let waited = waiter.await.unwrap();
+        assert!(
+            waited >= Duration::from_millis(200) && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
+        assert!(!away.is_away("sb1"));
+        // Bounded: a holder that never lets go is waited for at most the time given.
+        let _stuck = away.begin("sb3");
+        let t = Instant::now();
+        away.settled("sb3", Duration::from_millis(150)).await;
+        assert!(t.elapsed() >= Duration::from_millis(150));
+    }
 
     #[tokio::test]
     async fn unused_locks_are_dropped_and_held_ones_kept() {

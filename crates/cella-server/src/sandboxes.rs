@@ -48,7 +48,9 @@ pub use crate::rows::{handle_of, handle_or_none, state_of, stop_clock, Locks};
 pub(crate) use crate::service::boot::{boot, settle};
 pub(crate) use crate::service::owned;
 pub(crate) use crate::service::runnable::workspace_cap;
-pub(crate) use crate::service::runnable::{check_map, DEFAULT_TIMEOUT_SEC, MAX_TIMEOUT_SEC};
+pub(crate) use crate::service::runnable::{
+    check_map, AWAY_WAIT, DEFAULT_TIMEOUT_SEC, MAX_TIMEOUT_SEC,
+};
 const DEFAULT_TEMPLATE: &str = "base";
 
 /// The wire form of a row; its preview URL is under the server's base (`app`).

@@ -28,7 +28,9 @@
 //! running or paused gVisor sandbox always takes one, so its children continue where the
 //! source was. A fork's running source is restored while its children restore (the driver
 //! leaves it written to disk once copied, `leave_on_disk`; [`resume_source`] restores it in a
-//! task holding its lock). A snapshot records its runtime (`isolation`): sandboxes made from it run on it.
+//! task holding its lock). While a running gVisor sandbox is away for the checkpoint and
+//! restore, calls that need its agent wait for it (`AppState::away`) rather than fail on its old
+//! handle. A snapshot records its runtime (`isolation`): sandboxes made from it run on it.
 //! `memory: true` on a namespace sandbox is a 400 naming the field and the runtime, checked
 //! before anything is done.
 //!
@@ -206,6 +208,10 @@ pub async fn take(
             "sandbox {id} is stopped: it has no memory to snapshot (resume it, or leave memory out)"
         )));
     }
+    // A running gVisor sandbox is checkpointed and restored: calls wait for its agent meanwhile.
+    let _away = (row.isolation == Runtime::Gvisor.as_str()
+        && state_of(&row) == SandboxState::Running)
+        .then(|| state.away.begin(id));
     Ok(copy(state, &row, false, memory, false).await?.0)
 }
 
@@ -304,6 +310,8 @@ pub async fn fork(
     // restores at once take about 40% less than one after the other here), its lock held
     // until then. Both in tasks of their own, so a client that hangs up does not leave it on
     // disk.
+    // Calls that need its agent wait until it is back (its lock alone does not hold them).
+    let away = (memory && st == SandboxState::Running).then(|| state.away.begin(id));
     let (st, src) = (state.clone(), source.clone());
     let copied = tokio::spawn(crate::timing::carry(async move {
         let (snap, info, on_disk) = copy(&st, &src, true, memory, true).await?;
@@ -311,6 +319,7 @@ pub async fn fork(
         let resumed = on_disk.map(|h| {
             tokio::spawn(async move {
                 let _guard = guard;
+                let _away = away;
                 resume_source(&st, &src.id, &h).await;
                 t.elapsed()
             })

@@ -133,6 +133,7 @@ pub async fn exec(
     body: ApiBody,
 ) -> Result<axum::response::Response, ApiError> {
     let req: ExecRequest = body.json()?;
+    state.away.settled(&id, svc::AWAY_WAIT).await;
     let sb = Runnable::of(
         &state,
         crate::timing::phase("store.read", find(&state, &auth, &id)).await?,
@@ -238,6 +239,7 @@ pub async fn exec_stream(
 ) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError>
 {
     let req: ExecRequest = body.json()?;
+    state.away.settled(&id, svc::AWAY_WAIT).await;
     let sb = Runnable::of(&state, find(&state, &auth, &id).await?)?;
     let spec = sb.spec(req, None)?;
     let handle = sb.handle;

@@ -106,9 +106,15 @@ pub async fn owned(state: &AppState, auth: &Auth, id: &str) -> Result<SandboxRow
         .ok_or(SandboxError::NotFound("sandbox"))
 }
 
+/// The longest a call that needs a sandbox's agent waits for it to come back from a snapshot's
+/// or fork's checkpoint and restore ([`crate::rows::Away`]).
+pub const AWAY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The sandbox `id` of the caller's workspace (not found otherwise), counted as activity,
-/// which must be running (not running otherwise, and it is not woken).
+/// which must be running (not running otherwise, and it is not woken). One whose agent is away
+/// for a moment (a gVisor snapshot or fork) is waited for, and read once it is back.
 pub async fn runnable(state: &AppState, auth: &Auth, id: &str) -> Result<Runnable, SandboxError> {
+    state.away.settled(id, AWAY_WAIT).await;
     let row = owned(state, auth, id).await?;
     state.activity.touch(id);
     Runnable::of(state, row)
