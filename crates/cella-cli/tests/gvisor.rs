@@ -734,23 +734,41 @@ fn calls_sent_while_a_gvisor_fork_or_snapshot_checkpoints_the_source_wait_and_ru
             json!({ "memory": true }),
         ),
     ] {
-        let (made, calls) = std::thread::scope(|sc| {
+        let quiesced = s.data_dir().join("gvisor").join(&src).join("quiesced");
+        let (made, calls, first_ms) = std::thread::scope(|sc| {
             let made = sc.spawn(|| s.post(&path, body.clone()));
-            // Once the fork or snapshot is under way (it checkpoints for 150 ms or more).
-            std::thread::sleep(std::time::Duration::from_millis(60));
+            // Once its agent is quiesced for the checkpoint (noted in a file while it is), the
+            // sandbox is away: the calls below are sent then.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while !quiesced.exists() {
+                assert!(
+                    !made.is_finished() && std::time::Instant::now() < deadline,
+                    "{verb}: its agent was never seen quiesced"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             let mut calls = Vec::new();
-            for _ in 0..8 {
+            let t = std::time::Instant::now();
+            let mut first_ms = 0;
+            for i in 0..6 {
                 let e = s.post(
                     &format!("/api/v1/sandboxes/{src}/exec"),
                     json!({ "argv": ["cat", "/tmp/mark"] }),
                 );
+                if i == 0 {
+                    first_ms = t.elapsed().as_millis();
+                }
                 let f = s.get(&format!("/api/v1/sandboxes/{src}/files?path=/tmp/mark"));
                 calls.push((e, f));
-                std::thread::sleep(std::time::Duration::from_millis(30));
             }
-            (made.join().unwrap(), calls)
+            (made.join().unwrap(), calls, first_ms)
         });
         assert_eq!(made.status, 201, "{verb}: {}\n{}", made.body, s.log());
+        // The first waited for the checkpoint and the restore (well over 50 ms here).
+        assert!(
+            first_ms >= 50,
+            "{verb}: the first call did not wait ({first_ms} ms)"
+        );
         for (e, f) in &calls {
             assert_eq!(e.status, 200, "{verb}: an exec sent meanwhile: {}", e.body);
             assert_eq!(e.data()["exit_code"], 0, "{verb}: {}", e.body);
@@ -1231,8 +1249,8 @@ fn a_server_killed_while_runsc_writes_the_checkpoint_finds_the_sandbox_again() {
     if !have_runsc() {
         return;
     }
-    // The server dies once `runsc checkpoint` runs: runsc saves on without it, and its save
-    // ends the sandbox. The next start (at once, while the save may still run) waits for it,
+    // The server dies once the checkpoint was asked for (`cella __gvisor-checkpoint` runs):
+    // runsc saves on without it, and its save ends the sandbox. The next start (at once, while the save may still run) waits for it,
     // finds the image named whole, and restores the sandbox: its row said running.
     let (s, id) = crash_in_a_pause(
         "runtime.gvisor.checkpoint.running",

@@ -523,8 +523,14 @@ pub(crate) async fn check_liveness(state: &AppState) {
 }
 
 /// Whether a process started through the API wrote output within the idle timeout (asked of
-/// the agent only when the sandbox is about to be paused for idleness). Counts as activity.
+/// the agent only when the sandbox is about to be paused for idleness). Counts as activity. A
+/// sandbox whose agent is away (a gVisor snapshot or fork) counts as active: its agent cannot
+/// say, and calls are waiting for it.
 async fn recent_process_output(state: &AppState, row: &SandboxRow) -> bool {
+    if state.away.is_away(&row.id) {
+        state.activity.touch(&row.id);
+        return true;
+    }
     let Some(h) = handle_or_none(row) else {
         return false;
     };

@@ -83,23 +83,27 @@ impl Away {
         }
     }
 
-    /// Waits (at most `max`) until sandbox `id` is not away; at once when it is not.
-    pub async fn settled(&self, id: &str, max: std::time::Duration) {
+    /// Waits (at most `max`) until sandbox `id` is not away; at once when it is not. Answers
+    /// whether it waited (the caller reads the row again then).
+    pub async fn settled(&self, id: &str, max: std::time::Duration) -> bool {
         use std::sync::atomic::Ordering;
         if self.inner.count.load(Ordering::SeqCst) == 0 {
-            return;
+            return false;
         }
         let mut rx = match self.inner.map.lock().expect("away").get(id) {
             Some((_, tx)) => tx.subscribe(),
-            None => return,
+            None => return false,
         };
         // Ends with an error once the sender is dropped: the last holder let go.
         let _ = tokio::time::timeout(max, async { while rx.changed().await.is_ok() {} }).await;
+        true
     }
 
-    #[cfg(test)]
-    fn is_away(&self, id: &str) -> bool {
-        self.inner.map.lock().expect("away").contains_key(id)
+    /// Whether sandbox `id` is away now.
+    pub fn is_away(&self, id: &str) -> bool {
+        use std::sync::atomic::Ordering;
+        self.inner.count.load(Ordering::SeqCst) > 0
+            && self.inner.map.lock().expect("away").contains_key(id)
     }
 }
 
@@ -160,19 +164,19 @@ mod tests {
         let away = Away::default();
         // Nothing away: no wait.
         let t = Instant::now();
-        away.settled("sb1", Duration::from_secs(5)).await;
+        assert!(!away.settled("sb1", Duration::from_secs(5)).await);
         assert!(t.elapsed() < Duration::from_millis(50));
         let first = away.begin("sb1");
         let second = away.begin("sb1");
         // Another sandbox does not wait for this one.
         let t = Instant::now();
-        away.settled("sb2", Duration::from_secs(5)).await;
+        assert!(!away.settled("sb2", Duration::from_secs(5)).await);
         assert!(t.elapsed() < Duration::from_millis(50));
         let waiter = {
             let away = away.clone();
             tokio::spawn(async move {
                 let t = Instant::now();
-                away.settled("sb1", Duration::from_secs(5)).await;
+                assert!(away.settled("sb1", Duration::from_secs(5)).await);
                 t.elapsed()
             })
         };

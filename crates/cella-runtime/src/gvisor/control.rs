@@ -8,9 +8,11 @@
 //! name), in the network namespace the sandbox runs in, and speaks `urpc`: one JSON object
 //! `{"method": ..., "arg": ...}` written (a file the call carries rides along with its first
 //! bytes as `SCM_RIGHTS`), one JSON object `{"success", "err", "result"}` read back. No crate
-//! speaks it; a call is a few dozen lines, so it is written here. A runsc that does not answer
-//! this way (another version) makes a call fail as [`ControlError::Unreachable`] before anything
-//! was asked of the sandbox, and the driver runs the `runsc` command instead.
+//! speaks it; a call is a few dozen lines, so it is written here. Where nothing listens (another
+//! version of runsc, which names its socket otherwise) a call fails as
+//! [`ControlError::Unreachable`] before anything was asked of the sandbox, and the driver runs
+//! the `runsc` command instead. A signal whose answer is not urpc's falls back the same way; a
+//! checkpoint, once asked, does not (the sandbox may have saved and ended): it fails.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, RawFd};
@@ -43,12 +45,11 @@ pub fn signal_init(id: &str, signo: i32, netns: Option<&Path>) -> Result<(), Con
         // PID 0: the container's init; mode 0: deliver to that process only.
         "arg": { "CID": id, "Signo": signo, "PID": 0, "Mode": 0 },
     });
-    self::call(&stream, &call, None, CALL_TIMEOUT)
+    self::call(&stream, &call, None, Some(CALL_TIMEOUT))
 }
 
-/// The longest a checkpoint may take: a sandbox's whole memory is compressed and written
-/// (seconds per GiB on a small host).
-pub const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(600);
+/// The longest answer read: a urpc answer of these calls is a few dozen bytes.
+const ANSWER_MAX: u64 = 64 << 10;
 
 /// Writes the whole of sandbox `id` (memory, processes, open files) to `image`, a new file made
 /// here as `runsc checkpoint --image-path` makes it (`checkpoint.img`, mode 0644, refused when
@@ -71,7 +72,10 @@ pub fn checkpoint(id: &str, image: &Path, netns: Option<&Path>) -> Result<(), Co
         "method": "containerManager.Checkpoint",
         "arg": { "key": null, "metadata": null },
     });
-    self::call(&stream, &call, Some(file.as_raw_fd()), CHECKPOINT_TIMEOUT).map_err(|e| match e {
+    // No time limit, as `runsc checkpoint` has none: a large sandbox takes minutes, and a save
+    // given up on would go on into a file the driver removed. The connection ends when the
+    // sandbox does.
+    self::call(&stream, &call, Some(file.as_raw_fd()), None).map_err(|e| match e {
         // Asked already: whatever happened, `runsc checkpoint` must not be tried after it.
         ControlError::Unreachable(m) => ControlError::Refused(m),
         refused => refused,
@@ -79,16 +83,17 @@ pub fn checkpoint(id: &str, image: &Path, netns: Option<&Path>) -> Result<(), Co
 }
 
 /// One urpc call on `stream`: `call` written (with `fd` as `SCM_RIGHTS` on its first bytes),
-/// one JSON value read back (the server keeps the connection open after its answer).
+/// one JSON value of at most [`ANSWER_MAX`] bytes read back (the server keeps the connection
+/// open after its answer), within `timeout` when given.
 fn call(
     mut stream: &UnixStream,
     call: &serde_json::Value,
     fd: Option<RawFd>,
-    timeout: Duration,
+    timeout: Option<Duration>,
 ) -> Result<(), ControlError> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let io = |e: std::io::Error| ControlError::Unreachable(e.to_string());
-    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    stream.set_read_timeout(timeout).map_err(io)?;
     stream.set_write_timeout(Some(CALL_TIMEOUT)).map_err(io)?;
     let bytes = serde_json::to_vec(call).map_err(|e| io(e.into()))?;
     let mut sent = 0;
@@ -105,7 +110,7 @@ fn call(
         .map_err(|e| io(e.into()))?;
     }
     stream.write_all(&bytes[sent..]).map_err(io)?;
-    let answer = serde_json::Deserializer::from_reader(stream)
+    let answer = serde_json::Deserializer::from_reader(std::io::Read::take(stream, ANSWER_MAX))
         .into_iter::<serde_json::Value>()
         .next()
         .ok_or_else(|| ControlError::Unreachable("no answer".into()))?
@@ -272,8 +277,10 @@ mod tests {
         assert!(took < Duration::from_millis(350), "waited for the end");
         assert_eq!(std::fs::read(&image).unwrap(), b"saved state");
         use std::os::unix::fs::PermissionsExt;
+        // 0644 as runsc makes it, less the umask: the owner's bits at least.
         let mode = std::fs::metadata(&image).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o644);
+        assert_eq!(mode & 0o600, 0o600, "{mode:o}");
+        assert_eq!(mode & 0o133, 0, "{mode:o}");
         let call = server.join().unwrap();
         assert_eq!(call["method"], "containerManager.Checkpoint");
         assert!(call["arg"]["key"].is_null() && call["arg"]["metadata"].is_null());

@@ -65,13 +65,16 @@
 //! Pause is to disk. runsc 20221219 refuses to save a sandbox that holds a host-backed socket
 //! ("Cannot save endpoint with bound host socket"), so the agent is asked to quiesce first
 //! (`Request::Quiesce`: it closes its listener and every connection, answers, and waits for
-//! `SIGUSR2`); then `runsc checkpoint` writes the whole sandbox (memory, processes, open files;
-//! file contents stay on its disk, `--overlay2=none`) to `memory.partial/`, renamed `memory/`
-//! once whole, and the sandbox's processes end (its RAM is freed; the cgroup stays, empty).
-//! The rename is done by the shell that runs runsc, once runsc succeeded: a server killed during
-//! the checkpoint (runsc saves on, and the save ends the sandbox) finds the sandbox on disk at
-//! its next start, waiting first for a checkpoint still running (a process naming its image
-//! directory). The quiesce is noted (`quiesced`), so that one killed between the quiesce and the
+//! `SIGUSR2`); then runsc writes the whole sandbox (memory, processes, open files; file
+//! contents stay on its disk, `--overlay2=none`) to `memory.partial/`, renamed `memory/` once
+//! whole, and the sandbox's processes end (its RAM is freed; the cgroup stays, empty). The save
+//! is asked of runsc's control server by a `cella __gvisor-checkpoint` process
+//! ([`checkpoint_main`], [`control::checkpoint`]: one call, where `runsc checkpoint` and the
+//! `runsc delete` after it each cost a Go program's start), or by `runsc checkpoint` run by a
+//! shell where that server does not answer; either renames the image once saved. So a server
+//! killed during the checkpoint (the save goes on, and ends the sandbox) finds the sandbox on
+//! disk at its next start, waiting first for a checkpoint still running (a process naming its
+//! image directory). runsc's record of the ended sandbox is then removed as files. The quiesce is noted (`quiesced`), so that one killed between the quiesce and the
 //! checkpoint wakes the agent at its next start. runsc's own work runs with the cgroup's CPU
 //! quota raised (see [`GvisorDriver::lift`]).
 //! Resume runs the launcher again with the boot's input (`launch.json`: the same mounts, which
@@ -707,7 +710,7 @@ impl GvisorDriver {
     }
 
     /// Waits (up to a minute) for a checkpoint of sandbox `id` that a server killed during it
-    /// left running (its shell names the image directory it writes): it ends the sandbox and
+    /// left running (its helper, or runsc's shell, names the image directory): it ends the sandbox and
     /// names its image whole, or fails and leaves it running. (What a failed one wrote stays
     /// until the next checkpoint, which starts by removing it, or the destroy.)
     async fn settle_left_checkpoint(&self, id: &str) {
@@ -863,7 +866,7 @@ impl GvisorDriver {
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp)?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700))?;
-        // The image is named whole by the shell that runs runsc, once runsc succeeded: a server
+        // The image is named whole by the process that asked for it, once saved: a server
         // killed meanwhile (runsc saves on, and its save ends the sandbox) finds it on disk at
         // its next start, not lost.
         let dest = dir.join(MEMORY_DIR);
@@ -923,11 +926,18 @@ impl GvisorDriver {
         if netns.exists() {
             cmd.arg(&netns);
         }
-        let running = Self::spawn(&mut cmd);
+        // Not started (nothing was asked of the sandbox): `runsc checkpoint` is tried.
+        let child = match Self::spawn(&mut cmd) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(sandbox = handle.id, "the checkpoint helper: {e}");
+                return None;
+            }
+        };
         cella_crash::crash_point!("runtime.gvisor.checkpoint.running");
-        let out = match running.and_then(|c| c.wait_with_output().map_err(|e| e.to_string())) {
+        let out = match child.wait_with_output() {
             Ok(out) => out,
-            Err(e) => return Some(Err(e)),
+            Err(e) => return Some(Err(e.to_string())),
         };
         let said = String::from_utf8_lossy(&out.stderr);
         let said = said.trim().lines().last().unwrap_or("failed").to_string();
@@ -1267,7 +1277,8 @@ fn as_restore(mut cfg: GvisorLaunch, image: &Path) -> Result<GvisorLaunch, Drive
 }
 
 /// Whether a checkpoint writing to the image directory `tmp` runs: a process whose command
-/// line names it (the shell [`GvisorDriver::checkpoint`] runs runsc by, and runsc).
+/// line names it (`cella __gvisor-checkpoint`, or the shell that runs `runsc checkpoint`, and
+/// runsc).
 fn checkpoint_running(tmp: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let needle = tmp.as_os_str().as_bytes();
@@ -1410,8 +1421,8 @@ impl Driver for GvisorDriver {
         }
     }
 
-    /// To disk: the agent quiesces (no host socket left open), `runsc checkpoint` writes the
-    /// sandbox to `memory/` and ends it. A failure wakes the agent: the sandbox runs on.
+    /// To disk: the agent quiesces (no host socket left open), runsc writes the sandbox to
+    /// `memory/` and ends it ([`Self::checkpoint`]). A failure wakes the agent: the sandbox runs on.
     async fn pause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
         // A quota a server killed mid-way left lifted is set again, and its checkpoint, if it
         // left one running, is waited for.
@@ -1751,7 +1762,9 @@ pub fn launcher_main() -> i32 {
 }
 
 /// The exit status of `cella __gvisor-checkpoint` when runsc's control server did not answer:
-/// nothing was made, and `runsc checkpoint` may be run instead.
+/// nothing was made, and `runsc checkpoint` may be run instead. (It is also the status the
+/// argument parser exits with when an executable lacks the subcommand or refuses its
+/// arguments, and nothing was done then either.)
 const CHECKPOINT_UNREACHABLE: i32 = 2;
 
 /// `cella __gvisor-checkpoint ID TMP DEST [NETNS]`: writes sandbox `ID` to `TMP/checkpoint.img`

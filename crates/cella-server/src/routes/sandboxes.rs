@@ -133,11 +133,11 @@ pub async fn exec(
     body: ApiBody,
 ) -> Result<axum::response::Response, ApiError> {
     let req: ExecRequest = body.json()?;
-    state.away.settled(&id, svc::AWAY_WAIT).await;
-    let sb = Runnable::of(
-        &state,
-        crate::timing::phase("store.read", find(&state, &auth, &id)).await?,
-    )?;
+    let mut row = crate::timing::phase("store.read", find(&state, &auth, &id)).await?;
+    if state.away.settled(&id, svc::AWAY_WAIT).await {
+        row = find(&state, &auth, &id).await?;
+    }
+    let sb = Runnable::of(&state, row)?;
     Ok(svc::exec_answer(svc::exec_kept(&state, &sb, req).await?))
 }
 
@@ -239,8 +239,11 @@ pub async fn exec_stream(
 ) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError>
 {
     let req: ExecRequest = body.json()?;
-    state.away.settled(&id, svc::AWAY_WAIT).await;
-    let sb = Runnable::of(&state, find(&state, &auth, &id).await?)?;
+    let mut row = find(&state, &auth, &id).await?;
+    if state.away.settled(&id, svc::AWAY_WAIT).await {
+        row = find(&state, &auth, &id).await?;
+    }
+    let sb = Runnable::of(&state, row)?;
     let spec = sb.spec(req, None)?;
     let handle = sb.handle;
     let (ev_tx, ev_rx) = tokio::sync::mpsc::channel(64);

@@ -112,10 +112,13 @@ pub const AWAY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The sandbox `id` of the caller's workspace (not found otherwise), counted as activity,
 /// which must be running (not running otherwise, and it is not woken). One whose agent is away
-/// for a moment (a gVisor snapshot or fork) is waited for, and read once it is back.
+/// for a moment (a gVisor snapshot or fork) is waited for, and read again once it is back (the
+/// caller's ownership checked first: another workspace's key learns nothing by waiting).
 pub async fn runnable(state: &AppState, auth: &Auth, id: &str) -> Result<Runnable, SandboxError> {
-    state.away.settled(id, AWAY_WAIT).await;
-    let row = owned(state, auth, id).await?;
+    let mut row = owned(state, auth, id).await?;
+    if state.away.settled(id, AWAY_WAIT).await {
+        row = owned(state, auth, id).await?;
+    }
     state.activity.touch(id);
     Runnable::of(state, row)
 }
