@@ -4,7 +4,7 @@
 //! racing a command), snapshots
 //! with memory and creates from them, forks with memory (also a `kill -9` in either), snapshots
 //! of paused and stopped sandboxes, calls sent while a fork or snapshot checkpoints a sandbox
-//! (they wait for it), destroy leaving nothing, a `kill -9` of the server, and the
+//! (they wait for it), a client hanging up during a snapshot, destroy leaving nothing, a `kill -9` of the server, and the
 //! 400s for what gVisor sandboxes do not have yet. Skipped (with a line saying so) where the
 //! host has no `runsc`. Ignored unless asked for: a stress of pause/resume cycles, with figures.
 
@@ -789,6 +789,60 @@ fn calls_sent_while_a_gvisor_fork_or_snapshot_checkpoints_the_source_wait_and_ru
             assert_eq!(s.delete(&format!("/api/v1/snapshots/{snap}")).status, 200);
         }
     }
+    assert_eq!(s.delete(&format!("/api/v1/sandboxes/{src}")).status, 200);
+    assert_nothing_left(&s, &src);
+}
+
+/// A client that hangs up while its snapshot with memory of a running gVisor sandbox is being
+/// taken: the snapshot is made all the same, and the sandbox is restored and runs on (it used to
+/// be left written to disk with its row running, every call to it failing).
+#[test]
+fn a_client_that_hangs_up_during_a_gvisor_snapshot_leaves_the_sandbox_running() {
+    use std::io::Write;
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let src = create_gvisor(&s);
+    let w = s.sh(&src, "echo kept > /tmp/mark");
+    assert_eq!(w["exit_code"], 0, "{w}");
+    let body = r#"{"memory": true}"#;
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    write!(
+        conn,
+        "POST /api/v1/sandboxes/{src}/snapshots HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // Hung up once the checkpoint is under way (its agent is quiesced then).
+    let quiesced = s.data_dir().join("gvisor").join(&src).join("quiesced");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !quiesced.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never quiesced\n{}",
+            s.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    drop(conn);
+    // A call waits for it and runs on the restored sandbox.
+    let r = s.sh(&src, "cat /tmp/mark");
+    assert_eq!(r["stdout"], "kept\n", "{r}");
+    assert_eq!(
+        s.get(&format!("/api/v1/sandboxes/{src}")).data()["state"],
+        "running"
+    );
+    let again = s.sh(&src, "echo again");
+    assert_eq!(again["stdout"], "again\n", "{again}");
+    // The snapshot was made and kept.
+    let snaps = s.get("/api/v1/snapshots");
+    let list = snaps.data().as_array().unwrap().clone();
+    assert_eq!(list.len(), 1, "{}", snaps.body);
+    assert_eq!(list[0]["sandbox_id"], src.as_str());
+    assert_eq!(list[0]["memory"], true);
+    let snap = list[0]["id"].as_str().unwrap();
+    assert_eq!(s.delete(&format!("/api/v1/snapshots/{snap}")).status, 200);
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{src}")).status, 200);
     assert_nothing_left(&s, &src);
 }

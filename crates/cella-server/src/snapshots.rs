@@ -185,13 +185,13 @@ pub(crate) async fn resume_source(state: &AppState, id: &str, handle: &SandboxHa
 /// Takes a snapshot of the caller's sandbox `id` (with `memory`: its checkpoint too, gVisor
 /// only).
 pub async fn take(
-    state: &AppState,
+    state: &Arc<AppState>,
     auth: &Auth,
     id: &str,
     req: &CreateSnapshot,
 ) -> Result<SnapshotRow, SnapshotError> {
     let memory = req.memory.unwrap_or(false);
-    let _guard = state.locks.lock(id).await;
+    let guard = state.locks.lock(id).await;
     let row = crate::service::owned(state, auth, id).await?;
     if memory && row.isolation != Runtime::Gvisor.as_str() {
         return Err(SandboxError::invalid(
@@ -208,11 +208,24 @@ pub async fn take(
             "sandbox {id} is stopped: it has no memory to snapshot (resume it, or leave memory out)"
         )));
     }
-    // A running gVisor sandbox is checkpointed and restored: calls wait for its agent meanwhile.
-    let _away = (row.isolation == Runtime::Gvisor.as_str()
-        && state_of(&row) == SandboxState::Running)
-        .then(|| state.away.begin(id));
-    Ok(copy(state, &row, false, memory, false).await?.0)
+    if row.isolation != Runtime::Gvisor.as_str() || state_of(&row) != SandboxState::Running {
+        return Ok(copy(state, &row, false, memory, false).await?.0);
+    }
+    // A running gVisor sandbox is checkpointed and restored: calls wait for its agent
+    // meanwhile, and the work runs in a task of its own (with the lock), so that a client that
+    // hangs up does not leave it written to disk with its row running.
+    let away = state.away.begin(id);
+    let st = state.clone();
+    let work = tokio::spawn(crate::timing::carry(async move {
+        let _guard = guard;
+        let _away = away;
+        copy(&st, &row, false, memory, false).await
+    }));
+    let (snap, _, _) = work.await.map_err(|source| SnapshotError::Task {
+        sandbox: id.to_string(),
+        source,
+    })??;
+    Ok(snap)
 }
 
 /// The workspace's snapshots, newest first: up to `limit` older than `before_seq`, and whether
