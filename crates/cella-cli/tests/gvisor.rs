@@ -710,6 +710,29 @@ fn a_fork_of_a_gvisor_sandbox_carries_its_memory_to_each_child() {
     }
 }
 
+/// A gVisor sandbox with `kept` in `/tmp/mark`.
+fn marked_gvisor(s: &Server) -> String {
+    let id = create_gvisor(s);
+    let w = s.sh(&id, "echo kept > /tmp/mark");
+    assert_eq!(w["exit_code"], 0, "{w}");
+    id
+}
+
+/// Waits until sandbox `id`'s agent is quiesced for a checkpoint (noted in a file while it is);
+/// `gave_up` says the request that checkpoints it ended first.
+fn until_quiesced(s: &Server, id: &str, gave_up: impl Fn() -> bool) {
+    let quiesced = s.data_dir().join("gvisor").join(id).join("quiesced");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !quiesced.exists() {
+        assert!(
+            !gave_up() && std::time::Instant::now() < deadline,
+            "its agent was never seen quiesced\n{}",
+            s.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// A running gVisor sandbox is written to disk and restored for a fork or a snapshot with
 /// memory; its agent is away meanwhile. Calls sent then wait for it and run on it once it is
 /// back, instead of failing on its old handle (an exec used to answer 500 here).
@@ -719,9 +742,7 @@ fn calls_sent_while_a_gvisor_fork_or_snapshot_checkpoints_the_source_wait_and_ru
         return;
     }
     let s = Server::start();
-    let src = create_gvisor(&s);
-    let w = s.sh(&src, "echo kept > /tmp/mark");
-    assert_eq!(w["exit_code"], 0, "{w}");
+    let src = marked_gvisor(&s);
     for (verb, path, body) in [
         (
             "fork",
@@ -734,19 +755,11 @@ fn calls_sent_while_a_gvisor_fork_or_snapshot_checkpoints_the_source_wait_and_ru
             json!({ "memory": true }),
         ),
     ] {
-        let quiesced = s.data_dir().join("gvisor").join(&src).join("quiesced");
         let (made, calls, first_ms) = std::thread::scope(|sc| {
             let made = sc.spawn(|| s.post(&path, body.clone()));
-            // Once its agent is quiesced for the checkpoint (noted in a file while it is), the
-            // sandbox is away: the calls below are sent then.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            while !quiesced.exists() {
-                assert!(
-                    !made.is_finished() && std::time::Instant::now() < deadline,
-                    "{verb}: its agent was never seen quiesced"
-                );
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+            // Once its agent is quiesced for the checkpoint, the sandbox is away: the calls
+            // below are sent then.
+            until_quiesced(&s, &src, || made.is_finished());
             let mut calls = Vec::new();
             let t = std::time::Instant::now();
             let mut first_ms = 0;
@@ -803,9 +816,7 @@ fn a_client_that_hangs_up_during_a_gvisor_snapshot_leaves_the_sandbox_running() 
         return;
     }
     let s = Server::start();
-    let src = create_gvisor(&s);
-    let w = s.sh(&src, "echo kept > /tmp/mark");
-    assert_eq!(w["exit_code"], 0, "{w}");
+    let src = marked_gvisor(&s);
     let body = r#"{"memory": true}"#;
     let mut conn = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
     write!(
@@ -815,16 +826,7 @@ fn a_client_that_hangs_up_during_a_gvisor_snapshot_leaves_the_sandbox_running() 
     )
     .unwrap();
     // Hung up once the checkpoint is under way (its agent is quiesced then).
-    let quiesced = s.data_dir().join("gvisor").join(&src).join("quiesced");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !quiesced.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never quiesced\n{}",
-            s.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    until_quiesced(&s, &src, || false);
     drop(conn);
     // A call waits for it and runs on the restored sandbox.
     let r = s.sh(&src, "cat /tmp/mark");
