@@ -159,10 +159,66 @@ fn connect(id: &str, netns: Option<&Path>) -> Result<UnixStream, ControlError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::Read;
     use std::os::unix::net::UnixListener;
+
+    /// A stand-in for runsc's sandbox, for a call that carries a file (runsc is not needed for
+    /// a unit test): it reads the first byte with the file as urpc's server does, then the rest
+    /// of the call; after a pause (a save takes time) it writes `state` into the file when
+    /// `answer` is a success, then answers, and keeps the connection open (as runsc does) until
+    /// `hold` says the client is done, or 10 s. Answers the call.
+    pub(crate) fn stand_in(
+        id: &str,
+        state: &'static [u8],
+        answer: &'static str,
+        hold: Option<std::sync::mpsc::Receiver<()>>,
+    ) -> std::thread::JoinHandle<serde_json::Value> {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+        use std::os::fd::FromRawFd;
+        let mut name = format!("runsc-sandbox.{id}").into_bytes();
+        name.push(0);
+        let l = UnixListener::bind_addr(&SocketAddr::from_abstract_name(&name).unwrap()).unwrap();
+        std::thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            let mut first = [0u8; 1];
+            let mut space = nix::cmsg_space!([RawFd; 4]);
+            let mut iov = [std::io::IoSliceMut::new(&mut first)];
+            let msg = recvmsg::<()>(c.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::empty())
+                .unwrap();
+            let mut files = Vec::new();
+            for m in msg.cmsgs().unwrap() {
+                if let ControlMessageOwned::ScmRights(f) = m {
+                    // SAFETY: descriptors just received, owned by nobody else.
+                    files.extend(
+                        f.into_iter()
+                            .map(|fd| unsafe { std::fs::File::from_raw_fd(fd) }),
+                    );
+                }
+            }
+            let mut all = first.to_vec();
+            let mut buf = [0u8; 4096];
+            let call = loop {
+                if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&all) {
+                    break v;
+                }
+                let n = c.read(&mut buf).unwrap();
+                all.extend_from_slice(&buf[..n]);
+            };
+            assert_eq!(files.len(), 1, "one file with the call");
+            std::thread::sleep(Duration::from_millis(100));
+            if answer.contains(r#""success":true"#) {
+                files[0].write_all(state).unwrap();
+            }
+            drop(files);
+            c.write_all(answer.as_bytes()).unwrap();
+            if let Some(h) = hold {
+                let _ = h.recv_timeout(Duration::from_secs(10));
+            }
+            call
+        })
+    }
 
     /// A stand-in for runsc's control server (runsc is not needed for the unit test): it checks
     /// the call as runsc 20221219 decodes it and answers as it does.
@@ -222,59 +278,22 @@ mod tests {
 
     #[test]
     fn a_checkpoint_sends_its_new_image_file_with_the_call_and_waits_for_the_save() {
-        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-        use std::os::fd::FromRawFd;
         let id = format!("unit-{}-save", std::process::id());
-        let mut name = format!("runsc-sandbox.{id}").into_bytes();
-        name.push(0);
-        let l = UnixListener::bind_addr(&SocketAddr::from_abstract_name(&name).unwrap()).unwrap();
-        // A stand-in for runsc's sandbox, which reads the first byte with its file as urpc's
-        // server does, then the rest, "saves" into the file it got and answers.
-        let server = std::thread::spawn(move || {
-            let (mut c, _) = l.accept().unwrap();
-            let mut first = [0u8; 1];
-            let mut space = nix::cmsg_space!([RawFd; 4]);
-            let mut iov = [std::io::IoSliceMut::new(&mut first)];
-            let msg = recvmsg::<()>(c.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::empty())
-                .unwrap();
-            let mut fds = Vec::new();
-            for m in msg.cmsgs().unwrap() {
-                if let ControlMessageOwned::ScmRights(f) = m {
-                    fds.extend(f);
-                }
-            }
-            let mut rest = Vec::new();
-            let mut buf = [0u8; 4096];
-            let call = loop {
-                let n = c.read(&mut buf).unwrap();
-                rest.extend_from_slice(&buf[..n]);
-                let mut all = first.to_vec();
-                all.extend_from_slice(&rest);
-                if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&all) {
-                    break v;
-                }
-            };
-            assert_eq!(fds.len(), 1, "one file with the call");
-            // SAFETY: the descriptor was just received and is owned by nobody else.
-            let mut image = unsafe { std::fs::File::from_raw_fd(fds[0]) };
-            std::thread::sleep(Duration::from_millis(100));
-            image.write_all(b"saved state").unwrap();
-            drop(image);
-            c.write_all(br#"{"success":true,"err":"","result":null}"#)
-                .unwrap();
-            std::thread::sleep(Duration::from_millis(300));
-            call
-        });
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let server = stand_in(
+            &id,
+            b"saved state",
+            r#"{"success":true,"err":"","result":null}"#,
+            Some(done_rx),
+        );
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("checkpoint.img");
         let t = std::time::Instant::now();
         checkpoint(&id, &image, None).unwrap();
-        let took = t.elapsed();
-        assert!(
-            took >= Duration::from_millis(100),
-            "answered before the save"
-        );
-        assert!(took < Duration::from_millis(350), "waited for the end");
+        // Returned on the answer, not at the connection's end.
+        assert!(t.elapsed() < Duration::from_secs(5), "waited for the end");
+        done_tx.send(()).unwrap();
+        // The stand-in writes only after a pause, then answers: the call waited for the save.
         assert_eq!(std::fs::read(&image).unwrap(), b"saved state");
         use std::os::unix::fs::PermissionsExt;
         // 0644 as runsc makes it, less the umask: the owner's bits at least.

@@ -74,9 +74,10 @@
 //! shell where that server does not answer; either renames the image once saved. So a server
 //! killed during the checkpoint (the save goes on, and ends the sandbox) finds the sandbox on
 //! disk at its next start, waiting first for a checkpoint still running (a process naming its
-//! image directory). runsc's record of the ended sandbox is then removed as files. The quiesce is noted (`quiesced`), so that one killed between the quiesce and the
-//! checkpoint wakes the agent at its next start. runsc's own work runs with the cgroup's CPU
-//! quota raised (see [`GvisorDriver::lift`]).
+//! image directory). runsc's record of the ended sandbox is then removed as files. The quiesce
+//! is noted (`quiesced`), so that one killed between the quiesce and the checkpoint wakes the
+//! agent at its next start. runsc's own work runs with the cgroup's CPU quota raised (see
+//! [`GvisorDriver::lift`]).
 //! Resume runs the launcher again with the boot's input (`launch.json`: the same mounts, which
 //! a restore needs) and `runsc restore --image-path memory/` instead of `runsc run`, sends
 //! `SIGUSR2` once runsc's state file says the restored container runs (read every 2 ms: a
@@ -710,8 +711,8 @@ impl GvisorDriver {
     }
 
     /// Waits (up to a minute) for a checkpoint of sandbox `id` that a server killed during it
-    /// left running (its helper, or runsc's shell, names the image directory): it ends the sandbox and
-    /// names its image whole, or fails and leaves it running. (What a failed one wrote stays
+    /// left running (its helper, or runsc's shell, names the image directory): it ends the
+    /// sandbox and names its image whole, or fails and leaves it running. (What a failed one wrote stays
     /// until the next checkpoint, which starts by removing it, or the destroy.)
     async fn settle_left_checkpoint(&self, id: &str) {
         let tmp = self.sandbox_dir(id).join(MEMORY_TMP);
@@ -1422,7 +1423,8 @@ impl Driver for GvisorDriver {
     }
 
     /// To disk: the agent quiesces (no host socket left open), runsc writes the sandbox to
-    /// `memory/` and ends it ([`Self::checkpoint`]). A failure wakes the agent: the sandbox runs on.
+    /// `memory/` and ends it ([`Self::checkpoint`]). A failure wakes the agent: the sandbox
+    /// runs on.
     async fn pause(&self, handle: &SandboxHandle) -> Result<(), DriverError> {
         // A quota a server killed mid-way left lifted is set again, and its checkpoint, if it
         // left one running, is waited for.
@@ -2077,5 +2079,50 @@ mod tests {
         // Half written.
         assert!(!says_running(&running[..running.len() - 20]));
         assert!(!says_running(b""));
+    }
+
+    #[test]
+    fn the_checkpoint_helper_names_a_saved_image_whole_and_says_when_nothing_was_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = |name: &str| {
+            let tmp = dir.path().join(format!("{name}.partial"));
+            std::fs::create_dir_all(&tmp).unwrap();
+            (tmp, dir.path().join(name))
+        };
+        let pid = std::process::id();
+        // Saved: the image directory is named whole, with what the sandbox wrote.
+        let id = format!("unit-{pid}-helper-ok");
+        let server = control::tests::stand_in(
+            &id,
+            b"state",
+            r#"{"success":true,"err":"","result":null}"#,
+            None,
+        );
+        let (tmp, dest) = fresh("ok");
+        assert_eq!(checkpoint_main(&id, &tmp, &dest, None), 0);
+        server.join().unwrap();
+        assert!(!tmp.exists());
+        assert_eq!(std::fs::read(dest.join(IMAGE_FILE)).unwrap(), b"state");
+        // Refused once asked: 1, and nothing named whole (the driver wakes the sandbox).
+        let id = format!("unit-{pid}-helper-refused");
+        let server = control::tests::stand_in(
+            &id,
+            b"",
+            r#"{"success":false,"err":"boom","result":null}"#,
+            None,
+        );
+        let (tmp, dest) = fresh("refused");
+        assert_eq!(checkpoint_main(&id, &tmp, &dest, None), 1);
+        server.join().unwrap();
+        assert!(!dest.exists());
+        // Nothing listens: the status that lets the driver run `runsc checkpoint`, and no file
+        // made (runsc refuses an image that exists).
+        let (tmp, dest) = fresh("nobody");
+        let id = format!("unit-{pid}-helper-nobody");
+        assert_eq!(
+            checkpoint_main(&id, &tmp, &dest, None),
+            CHECKPOINT_UNREACHABLE
+        );
+        assert!(!tmp.join(IMAGE_FILE).exists() && !dest.exists());
     }
 }
