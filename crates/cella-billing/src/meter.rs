@@ -13,14 +13,27 @@
 //! after its answer has been sent, as before; [`ModelMeter::flush`] waits until everything
 //! queued so far is durable (the server calls it at a clean stop, tests before they read the
 //! ledger).
+//!
+//! The backlog is bounded where requests come in: the gateway admits none while
+//! [`ModelMeter::behind`] (503 with `Retry-After`), so answered requests never pile up in
+//! memory faster than the ledger takes them, and the wallet never lags far behind what was
+//! spent.
 
 use crate::{Billing, ModelCharge};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 /// Entries written in one transaction at the most.
 pub const BATCH: usize = 256;
 /// Entries waiting to be written at the most; past it a submit waits (back-pressure).
 const QUEUE: usize = 8192;
+/// Entries submitted and not yet written past which the gateway admits no new request
+/// ([`ModelMeter::behind`]): a fraction of a second of writing, so a burst faster than the
+/// ledger is refused with 503 and `Retry-After` rather than queued without end (answered
+/// requests waiting in memory, the wallet lagging behind what was spent, and the backlog's
+/// writes holding SQLite's write lock for seconds after the burst).
+pub const MAX_BACKLOG: usize = 2048;
 
 enum Item {
     Charge(Box<ModelCharge>),
@@ -32,21 +45,37 @@ enum Item {
 #[derive(Clone)]
 pub struct ModelMeter {
     tx: mpsc::Sender<Item>,
+    /// Charges submitted (waiting for room in the queue included) and not yet written.
+    backlog: Arc<AtomicUsize>,
 }
 
 impl ModelMeter {
     /// Starts the writer on the current Tokio runtime.
     pub fn spawn(billing: Billing) -> ModelMeter {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(run(billing, rx));
-        ModelMeter { tx }
+        let backlog = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(run(billing, rx, backlog.clone()));
+        ModelMeter { tx, backlog }
+    }
+
+    /// Charges submitted and not yet written.
+    pub fn backlog(&self) -> usize {
+        self.backlog.load(Ordering::Relaxed)
+    }
+
+    /// True while [`MAX_BACKLOG`] charges or more wait to be written: new requests are
+    /// refused until the writer catches up.
+    pub fn behind(&self) -> bool {
+        self.backlog() >= MAX_BACKLOG
     }
 
     /// Queues one charge. Waits only when [`QUEUE`] entries are already waiting.
     pub async fn submit(&self, charge: ModelCharge) {
+        self.backlog.fetch_add(1, Ordering::Relaxed);
         if let Err(mpsc::error::SendError(Item::Charge(c))) =
             self.tx.send(Item::Charge(Box::new(charge))).await
         {
+            self.backlog.fetch_sub(1, Ordering::Relaxed);
             tracing::error!(
                 workspace = c.workspace_id,
                 request_id = c.request_id,
@@ -64,7 +93,7 @@ impl ModelMeter {
     }
 }
 
-async fn run(billing: Billing, mut rx: mpsc::Receiver<Item>) {
+async fn run(billing: Billing, mut rx: mpsc::Receiver<Item>, backlog: Arc<AtomicUsize>) {
     let mut charges: Vec<ModelCharge> = Vec::with_capacity(BATCH);
     let mut flushes: Vec<oneshot::Sender<()>> = Vec::new();
     while let Some(first) = rx.recv().await {
@@ -80,7 +109,9 @@ async fn run(billing: Billing, mut rx: mpsc::Receiver<Item>) {
             next = rx.try_recv().ok();
         }
         if !charges.is_empty() {
+            let n = charges.len();
             write(&billing, std::mem::take(&mut charges)).await;
+            backlog.fetch_sub(n, Ordering::Relaxed);
         }
         for f in flushes.drain(..) {
             let _ = f.send(());
@@ -92,8 +123,13 @@ async fn run(billing: Billing, mut rx: mpsc::Receiver<Item>) {
 /// entry that cannot be written does not take the others with it.
 async fn write(billing: &Billing, group: Vec<ModelCharge>) {
     let n = group.len();
+    let t = std::time::Instant::now();
     match billing.charge_models(&group).await {
-        Ok(()) => {}
+        Ok(()) => tracing::debug!(
+            n,
+            ms = t.elapsed().as_secs_f64() * 1e3,
+            "model charges written"
+        ),
         Err(e) => {
             tracing::warn!("writing {n} model charges at once failed ({e}); writing each alone");
             for c in group {

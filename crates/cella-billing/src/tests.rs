@@ -348,3 +348,40 @@ async fn a_task_runs_reservation_settles_once_and_its_model_costs_are_its_own() 
     let (sum, balance) = sum_and_balance(&b, "ws1").await;
     assert_eq!((sum, balance), (m("7.65"), m("7.65")));
 }
+
+/// The meter counts what it has not written yet, and says it is behind from `MAX_BACKLOG` on
+/// (the gateway then admits nothing new); once the writer catches up every charge is written,
+/// once, and it is no longer behind.
+#[tokio::test]
+async fn the_meter_says_it_is_behind_while_its_backlog_is_full_and_loses_nothing() {
+    let (_d, b) = billing().await;
+    let meter = ModelMeter::spawn(b.clone());
+    // Another writer holds SQLite's write lock: the meter's writes wait for it.
+    let mut holder = b.pool().acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    for i in 0..crate::meter::MAX_BACKLOG {
+        assert!(!meter.behind(), "behind after {i} charges");
+        meter
+            .submit(model("ws", &format!("r{i}"), "0.000001"))
+            .await;
+    }
+    assert!(meter.behind());
+    assert_eq!(meter.backlog(), crate::meter::MAX_BACKLOG);
+    sqlx::query("COMMIT").execute(&mut *holder).await.unwrap();
+    drop(holder);
+    meter.flush().await;
+    assert_eq!(meter.backlog(), 0);
+    assert!(!meter.behind());
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM ledger WHERE workspace_id = 'ws'")
+        .fetch_one(b.pool())
+        .await
+        .unwrap();
+    assert_eq!(n as usize, crate::meter::MAX_BACKLOG);
+    assert_eq!(
+        b.wallet("ws").await.unwrap().balance,
+        Money::from_micros(-(crate::meter::MAX_BACKLOG as i64))
+    );
+}

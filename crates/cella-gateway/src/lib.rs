@@ -63,7 +63,7 @@ pub enum Refusal {
     Forbidden(String),
     /// 402 `INSUFFICIENT_FUNDS`.
     InsufficientFunds(String),
-    /// 503 `UNAVAILABLE` (the meter cannot answer now).
+    /// 503 `UNAVAILABLE` with `Retry-After: 1` (the meter cannot answer now, or is behind).
     Unavailable(String),
 }
 
@@ -326,9 +326,16 @@ impl Gateway {
                         envelope(StatusCode::PAYMENT_REQUIRED, "INSUFFICIENT_FUNDS", &m, None)
                     }
                     Refusal::Unavailable(m) => {
-                        envelope(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", &m, None)
+                        let mut r =
+                            envelope(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", &m, None);
+                        // The SDKs' retries honour it.
+                        r.headers_mut().insert(
+                            axum::http::header::RETRY_AFTER,
+                            axum::http::HeaderValue::from_static("1"),
+                        );
+                        r
                     }
-                }
+                };
             }
         };
         let stream = doc.get("stream") == Some(&Value::Bool(true));

@@ -526,6 +526,12 @@ impl Meter for ServerMeter {
         worst: Option<cella_types::Money>,
     ) -> BoxFuture<'a, Result<Hold, Refusal>> {
         Box::pin(async move {
+            if self.state.model_meter.behind() {
+                return Err(Refusal::Unavailable(
+                    "the gateway is recording more requests than it can write now; retry in a second"
+                        .into(),
+                ));
+            }
             let settings = match settings_of(&self.state, &caller.workspace_id).await {
                 Ok(Some(s)) => s,
                 Ok(None) => return Err(Refusal::Forbidden("the workspace is gone".into())),

@@ -1128,3 +1128,67 @@ async fn the_row_an_insert_keeps_is_the_row_the_database_holds() {
         .unwrap());
     assert!(store.sandbox("sbl").await.unwrap().is_none());
 }
+
+/// A waiter's pauses add up to `BUSY_WAIT`, none longer than 2 ms (SQLite's own handler
+/// sleeps 100 ms at a time, and missed the short gaps between another writer's groups).
+#[test]
+fn a_writer_waits_for_the_lock_in_short_steps_up_to_busy_wait() {
+    let mut total = Duration::ZERO;
+    let mut tries = 0;
+    while let Some(d) = busy_pause(tries) {
+        assert!(d <= Duration::from_millis(2), "try {tries} sleeps {d:?}");
+        total += d;
+        tries += 1;
+    }
+    assert_eq!(total, BUSY_WAIT);
+    assert_eq!(busy_pause(0), Some(Duration::from_micros(500)));
+}
+
+/// A write that finds another connection writing group after group, with short gaps between
+/// them (the model meter's backlog), gets in within the first groups instead of sleeping
+/// through the gaps until the other writer is done.
+#[tokio::test]
+async fn a_write_gets_in_between_another_writers_groups() {
+    let (_d, store) = store_with_ws().await;
+    let pool = store.pool().clone();
+    const GROUPS: usize = 25;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (started, first) = tokio::sync::oneshot::channel();
+    let writer = {
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            let mut started = Some(started);
+            for i in 0..GROUPS {
+                sqlx::query("BEGIN IMMEDIATE")
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap();
+                sqlx::query("INSERT OR REPLACE INTO meta (key, value) VALUES ('group', ?)")
+                    .bind(i.to_string())
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap();
+                if let Some(s) = started.take() {
+                    let _ = s.send(());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                sqlx::query("COMMIT").execute(&mut *conn).await.unwrap();
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    first.await.unwrap();
+    store.meta_set("waiter", "in").await.unwrap();
+    let after = done.load(std::sync::atomic::Ordering::SeqCst);
+    writer.await.unwrap();
+    assert!(
+        after < GROUPS - 15,
+        "the write got in only after {after} of {GROUPS} groups"
+    );
+    assert_eq!(
+        store.meta_get("waiter").await.unwrap().as_deref(),
+        Some("in")
+    );
+}

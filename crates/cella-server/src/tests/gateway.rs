@@ -228,6 +228,80 @@ async fn each_request_is_one_model_entry_of_its_exact_cost_and_a_spent_wallet_is
     assert_eq!(model_entries(&s, 5).await.len(), 5);
 }
 
+/// A backlog of charges the ledger has not taken yet (`MAX_BACKLOG`) shuts the door: a new
+/// request is refused with 503 and `Retry-After: 1` before it reaches the upstream, and
+/// charges nothing; once the backlog is written, requests go through again.
+#[tokio::test]
+async fn a_gateway_whose_ledger_writes_are_behind_answers_503_with_retry_after() {
+    let (s, key) = gateway_server().await;
+    let ws = s
+        .state
+        .store
+        .meta_get("default_workspace")
+        .await
+        .unwrap()
+        .unwrap();
+    // Another writer holds SQLite's write lock while the backlog builds up.
+    let chat = "/gateway/openai/v1/chat/completions";
+    let free = serde_json::json!({"model": "gpt-free", "messages": []});
+    // A first request (its key's first use is a write of its own, once a minute).
+    assert_eq!(gw(&s, &key, chat, free.clone()).await.0, 200);
+    s.state.model_meter.flush().await;
+    let mut holder = s.state.store.pool().acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    for i in 0..cella_billing::meter::MAX_BACKLOG {
+        s.state
+            .model_meter
+            .submit(cella_billing::ModelCharge {
+                workspace_id: ws.clone(),
+                sandbox_id: None,
+                task_id: None,
+                model: "gpt-free".into(),
+                input_tokens: 1,
+                output_tokens: 1,
+                amount: Money::ZERO,
+                request_id: format!("backlog-{i}"),
+            })
+            .await;
+    }
+    let req = Request::builder()
+        .method("POST")
+        .uri(chat)
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(Body::from(free.to_string()))
+        .unwrap();
+    let res = s.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status().as_u16(), 503);
+    assert_eq!(
+        res.headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["error"]["code"], "UNAVAILABLE", "{v}");
+
+    sqlx::query("COMMIT").execute(&mut *holder).await.unwrap();
+    drop(holder);
+    s.state.model_meter.flush().await;
+    let (st, b) = gw(&s, &key, chat, free).await;
+    assert_eq!(st, 200, "{b}");
+    s.state.model_meter.flush().await;
+    // The first request, the backlog and the request after it; not the refused one.
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM ledger WHERE kind = 'model'")
+        .fetch_one(s.state.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(n as usize, cella_billing::meter::MAX_BACKLOG + 2);
+}
+
 /// What a request looked up is kept, yet a revoked key and a changed allow-list take effect
 /// for the very next request.
 #[tokio::test]
