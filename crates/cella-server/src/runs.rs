@@ -17,7 +17,8 @@
 //! run. `run_task` runs in a task of its own: `sandboxes::create` with `wait` (the warm pool's
 //! fast path included), not persistent, no idle timer, the command's timeout plus 600 s; then, in
 //! a `select!` against the hang-up, each file as an upload owned by the run's user, the command
-//! through `sandboxes::exec`, and [`collect`] when globs were given. Whatever the outcome the
+//! through `sandboxes::exec`, and [`collect`] when globs were given. Each step reads the
+//! sandbox again (`service::runnable`), waiting while it is away for a gVisor fork or snapshot. Whatever the outcome the
 //! sandbox is destroyed, with its `state_reason`. On a hang-up the work's future is dropped: its
 //! connection to the agent closes, so the agent kills the command's tree.
 //!
@@ -170,12 +171,10 @@ async fn run_task(
     let sb = sandboxes::create(state, auth, create).await?;
     let id = sb.id.clone();
     let work = async {
-        let row = state
-            .store
-            .sandbox(&id)
-            .await?
-            .ok_or(SandboxError::NotFound("sandbox"))?;
-        let sb = Runnable::of(state, row)?;
+        // The sandbox as it is now, before each step: its workspace may fork or snapshot it
+        // meanwhile, which on gVisor sends its agent away for a moment and gives it a new
+        // handle (waited for, then read again).
+        let now = || crate::service::runnable(state, auth, &id);
         let user = req.user.unwrap_or_default();
         let (uid, home) = match user {
             ExecUser::User => (USER_UID, "/home/user"),
@@ -188,7 +187,7 @@ async fn run_task(
             } else {
                 format!("{}/{path}", cwd.trim_end_matches('/'))
             };
-            write_file(state, &sb, &full, uid, bytes).await?;
+            write_file(state, &now().await?, &full, uid, bytes).await?;
         }
         let exec = ExecRequest {
             command: req.command.clone(),
@@ -199,11 +198,11 @@ async fn run_task(
             stdin: req.stdin.clone(),
             timeout_sec: Some(timeout),
         };
-        let result = sandboxes::exec(state, &sb, exec).await?;
+        let result = sandboxes::exec(state, &now().await?, exec).await?;
         let artifacts = if req.artifacts.is_empty() {
             Vec::new()
         } else {
-            collect(state, &sb, &req.artifacts, &cwd, user).await?
+            collect(state, &now().await?, &req.artifacts, &cwd, user).await?
         };
         Ok::<_, RunError>(RunResult {
             exit_code: result.exit_code,
