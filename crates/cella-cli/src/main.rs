@@ -165,6 +165,7 @@ enum Command {
         id: String,
         tmp: std::path::PathBuf,
         dest: std::path::PathBuf,
+        cgroup: String,
         netns: Option<std::path::PathBuf>,
     },
     /// The agent as a gVisor sandbox's init.
@@ -518,6 +519,7 @@ fn main() -> ExitCode {
         id,
         tmp,
         dest,
+        cgroup,
         netns,
     } = &cli.command
     {
@@ -525,6 +527,7 @@ fn main() -> ExitCode {
             id,
             tmp,
             dest,
+            cella_runtime::gvisor::control::Listener::InCgroup(cgroup),
             netns.as_deref(),
         ) as u8);
     }

@@ -13,6 +13,13 @@
 //! [`ControlError::Unreachable`] before anything was asked of the sandbox, and the driver runs
 //! the `runsc` command instead. A signal whose answer is not urpc's falls back the same way; a
 //! checkpoint, once asked, does not (the sandbox may have saved and ended): it fails.
+//!
+//! The socket's name is abstract: for a sandbox without a link it lives in the host's network
+//! namespace, where any host process could bind it while the sandbox is not listening (before
+//! a restore binds it). Before a call is sent, the listener's pid (`SO_PEERCRED`) must be a
+//! process of the sandbox's cgroup ([`Listener`]), which no other process can join: an
+//! impostor gets neither the call nor a checkpoint's image file, and the call fails as
+//! [`ControlError::Refused`] (so `runsc`, which makes no such check, is not run in its place).
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, RawFd};
@@ -35,11 +42,37 @@ pub enum ControlError {
     Refused(String),
 }
 
+/// Who may answer on a sandbox's control socket, told by the listening process's pid.
+#[derive(Debug, Clone, Copy)]
+pub enum Listener<'a> {
+    /// A process of this cgroup (the sandbox's, where runsc's sandbox process runs).
+    InCgroup(&'a str),
+    /// This very process (a unit test's stand-in listens on a thread of its own).
+    #[cfg(test)]
+    This,
+}
+
+impl Listener<'_> {
+    fn admits(&self, pid: i32) -> bool {
+        match self {
+            Listener::InCgroup(cgroup) => u64::try_from(pid)
+                .is_ok_and(|pid| pid > 0 && crate::cgroup::procs(cgroup).contains(&pid)),
+            #[cfg(test)]
+            Listener::This => u32::try_from(pid).is_ok_and(|p| p == std::process::id()),
+        }
+    }
+}
+
 /// Sends signal `signo` to the init process of the root container of sandbox `id`, as `runsc
 /// kill <id> <signo>` does. `netns`: the file the sandbox's network namespace is bound to, when
 /// it runs in one of its own (the control socket is abstract, so it lives there).
-pub fn signal_init(id: &str, signo: i32, netns: Option<&Path>) -> Result<(), ControlError> {
-    let stream = connect(id, netns)?;
+pub fn signal_init(
+    id: &str,
+    signo: i32,
+    netns: Option<&Path>,
+    listener: Listener,
+) -> Result<(), ControlError> {
+    let stream = connect(id, netns, listener)?;
     let call = serde_json::json!({
         "method": "containerManager.Signal",
         // PID 0: the container's init; mode 0: deliver to that process only.
@@ -56,9 +89,14 @@ const ANSWER_MAX: u64 = 64 << 10;
 /// it exists), and answers once it is saved; the sandbox then ends, as after `runsc checkpoint`.
 /// The file is made only once the control server is reached: an `Unreachable` error made
 /// nothing, and `runsc checkpoint` can be run in its place.
-pub fn checkpoint(id: &str, image: &Path, netns: Option<&Path>) -> Result<(), ControlError> {
+pub fn checkpoint(
+    id: &str,
+    image: &Path,
+    netns: Option<&Path>,
+    listener: Listener,
+) -> Result<(), ControlError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let stream = connect(id, netns)?;
+    let stream = connect(id, netns, listener)?;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -126,9 +164,25 @@ fn call(
     }
 }
 
+/// Connects to the sandbox's control socket (from inside `netns` when given) and checks that
+/// `listener` admits the process listening on it.
+fn connect(id: &str, netns: Option<&Path>, listener: Listener) -> Result<UnixStream, ControlError> {
+    let stream = connect_in(id, netns)?;
+    let cred = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(|e| ControlError::Unreachable(format!("the listener's credentials: {e}")))?;
+    if !listener.admits(cred.pid()) {
+        return Err(ControlError::Refused(format!(
+            "the process listening on sandbox {id}'s control socket (pid {}) is not the \
+             sandbox's; nothing was sent to it",
+            cred.pid()
+        )));
+    }
+    Ok(stream)
+}
+
 /// Connects to the sandbox's control socket; from inside `netns` when given (on a thread of
 /// its own, which ends there: no pooled thread is left in another namespace).
-fn connect(id: &str, netns: Option<&Path>) -> Result<UnixStream, ControlError> {
+fn connect_in(id: &str, netns: Option<&Path>) -> Result<UnixStream, ControlError> {
     let mut name = format!("runsc-sandbox.{id}").into_bytes();
     name.push(0);
     let addr = SocketAddr::from_abstract_name(&name)
@@ -244,7 +298,7 @@ pub(crate) mod tests {
         let id = format!("unit-{}-ok", std::process::id());
         let server = serve(&id, r#"{"success":true,"err":"","result":{}}"#);
         let t = std::time::Instant::now();
-        signal_init(&id, 12, None).unwrap();
+        signal_init(&id, 12, None, Listener::This).unwrap();
         assert!(
             t.elapsed() < Duration::from_millis(250),
             "waited for the end"
@@ -264,14 +318,14 @@ pub(crate) mod tests {
             &id,
             r#"{"success":false,"err":"no such container","result":null}"#,
         );
-        match signal_init(&id, 12, None) {
+        match signal_init(&id, 12, None, Listener::This) {
             Err(ControlError::Refused(m)) => assert_eq!(m, "no such container"),
             other => panic!("expected a refusal, got {other:?}"),
         }
         server.join().unwrap();
         let gone = format!("unit-{}-nobody", std::process::id());
         assert!(matches!(
-            signal_init(&gone, 12, None),
+            signal_init(&gone, 12, None, Listener::This),
             Err(ControlError::Unreachable(_))
         ));
     }
@@ -289,7 +343,7 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("checkpoint.img");
         let t = std::time::Instant::now();
-        checkpoint(&id, &image, None).unwrap();
+        checkpoint(&id, &image, None, Listener::This).unwrap();
         // Returned on the answer, not at the connection's end.
         assert!(t.elapsed() < Duration::from_secs(5), "waited for the end");
         done_tx.send(()).unwrap();
@@ -309,7 +363,7 @@ pub(crate) mod tests {
         let gone = format!("unit-{}-nosave", std::process::id());
         let fresh = dir.path().join("other.img");
         assert!(matches!(
-            checkpoint(&gone, &fresh, None),
+            checkpoint(&gone, &fresh, None, Listener::This),
             Err(ControlError::Unreachable(_))
         ));
         assert!(!fresh.exists());
@@ -317,10 +371,47 @@ pub(crate) mod tests {
         let mut name = format!("runsc-sandbox.{again}").into_bytes();
         name.push(0);
         let _l = UnixListener::bind_addr(&SocketAddr::from_abstract_name(&name).unwrap()).unwrap();
-        match checkpoint(&again, &image, None) {
+        match checkpoint(&again, &image, None, Listener::This) {
             Err(ControlError::Refused(m)) => assert!(m.contains("making"), "{m}"),
             other => panic!("expected a refusal, got {other:?}"),
         }
         assert_eq!(std::fs::read(&image).unwrap(), b"saved state");
+    }
+
+    /// A process that is not the sandbox's, listening on its control socket's name (it is
+    /// abstract: any host process may bind it while the sandbox does not), is sent nothing:
+    /// no signal, no checkpoint's image file (which it could write a sandbox of its own into).
+    /// The call is refused, not passed on to `runsc`, which does not check.
+    #[test]
+    fn an_impostor_on_the_control_socket_is_sent_nothing() {
+        let id = format!("unit-{}-impostor", std::process::id());
+        let mut name = format!("runsc-sandbox.{id}").into_bytes();
+        name.push(0);
+        let l = UnixListener::bind_addr(&SocketAddr::from_abstract_name(&name).unwrap()).unwrap();
+        l.set_nonblocking(true).unwrap();
+        let not_the_sandbox = Listener::InCgroup("cella-unit-no-such-cgroup");
+        match signal_init(&id, 12, None, not_the_sandbox) {
+            Err(ControlError::Refused(m)) => assert!(m.contains("not the sandbox's"), "{m}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("checkpoint.img");
+        assert!(matches!(
+            checkpoint(&id, &image, None, not_the_sandbox),
+            Err(ControlError::Refused(_))
+        ));
+        assert!(!image.exists(), "an image file was made");
+        // Each connection it accepts carries nothing.
+        let mut seen = 0;
+        while let Ok((mut c, _)) = l.accept() {
+            seen += 1;
+            c.set_nonblocking(true).unwrap();
+            let mut buf = [0u8; 64];
+            assert!(
+                !matches!(c.read(&mut buf), Ok(n) if n > 0),
+                "the impostor was sent bytes"
+            );
+        }
+        assert_eq!(seen, 2);
     }
 }

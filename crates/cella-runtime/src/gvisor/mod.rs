@@ -923,7 +923,8 @@ impl GvisorDriver {
             .arg("__gvisor-checkpoint")
             .arg(&handle.id)
             .arg(tmp)
-            .arg(dest);
+            .arg(dest)
+            .arg(&handle.cgroup);
         if netns.exists() {
             cmd.arg(&netns);
         }
@@ -1033,9 +1034,11 @@ impl GvisorDriver {
             let a = args.clone();
             let id = handle.id.clone();
             let ns = netns.clone();
+            let cg = handle.cgroup.clone();
             // Straight to runsc's control server; `runsc kill` only where that does not answer.
             let sent = tokio::task::spawn_blocking(move || {
-                match control::signal_init(&id, libc::SIGUSR2, ns.as_deref()) {
+                let sandbox = control::Listener::InCgroup(&cg);
+                match control::signal_init(&id, libc::SIGUSR2, ns.as_deref(), sandbox) {
                     Ok(()) => Ok(()),
                     Err(control::ControlError::Refused(e)) => Err(e),
                     Err(control::ControlError::Unreachable(e)) => {
@@ -1769,15 +1772,22 @@ pub fn launcher_main() -> i32 {
 /// arguments, and nothing was done then either.)
 const CHECKPOINT_UNREACHABLE: i32 = 2;
 
-/// `cella __gvisor-checkpoint ID TMP DEST [NETNS]`: writes sandbox `ID` to `TMP/checkpoint.img`
-/// through runsc's control server ([`control::checkpoint`]; the sandbox then ends) and renames
+/// `cella __gvisor-checkpoint ID TMP DEST CGROUP [NETNS]`: writes sandbox `ID` to
+/// `TMP/checkpoint.img` through runsc's control server ([`control::checkpoint`], whose listener
+/// must be a process of `CGROUP`, the sandbox's; the sandbox then ends) and renames
 /// `TMP` to `DEST` once saved. A process of its own rather than a call from the server, so that
 /// a server killed during the save still finds the image named whole at its next start: the
 /// save goes on, this process names `TMP` in its command line, and that start waits for it
 /// ([`checkpoint_running`]). Exits 0 once saved and named, [`CHECKPOINT_UNREACHABLE`] when the
 /// control server did not answer, else 1, with the reason on its standard error.
-pub fn checkpoint_main(id: &str, tmp: &Path, dest: &Path, netns: Option<&Path>) -> i32 {
-    match control::checkpoint(id, &tmp.join(IMAGE_FILE), netns) {
+pub fn checkpoint_main(
+    id: &str,
+    tmp: &Path,
+    dest: &Path,
+    listener: control::Listener,
+    netns: Option<&Path>,
+) -> i32 {
+    match control::checkpoint(id, &tmp.join(IMAGE_FILE), netns, listener) {
         Ok(()) => match std::fs::rename(tmp, dest) {
             Ok(()) => 0,
             Err(e) => {
@@ -2099,7 +2109,10 @@ mod tests {
             None,
         );
         let (tmp, dest) = fresh("ok");
-        assert_eq!(checkpoint_main(&id, &tmp, &dest, None), 0);
+        assert_eq!(
+            checkpoint_main(&id, &tmp, &dest, control::Listener::This, None),
+            0
+        );
         server.join().unwrap();
         assert!(!tmp.exists());
         assert_eq!(std::fs::read(dest.join(IMAGE_FILE)).unwrap(), b"state");
@@ -2112,7 +2125,10 @@ mod tests {
             None,
         );
         let (tmp, dest) = fresh("refused");
-        assert_eq!(checkpoint_main(&id, &tmp, &dest, None), 1);
+        assert_eq!(
+            checkpoint_main(&id, &tmp, &dest, control::Listener::This, None),
+            1
+        );
         server.join().unwrap();
         assert!(!dest.exists());
         // Nothing listens: the status that lets the driver run `runsc checkpoint`, and no file
@@ -2120,7 +2136,7 @@ mod tests {
         let (tmp, dest) = fresh("nobody");
         let id = format!("unit-{pid}-helper-nobody");
         assert_eq!(
-            checkpoint_main(&id, &tmp, &dest, None),
+            checkpoint_main(&id, &tmp, &dest, control::Listener::This, None),
             CHECKPOINT_UNREACHABLE
         );
         assert!(!tmp.join(IMAGE_FILE).exists() && !dest.exists());
