@@ -24,8 +24,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
-/// Entries written in one transaction at the most.
-pub const BATCH: usize = 256;
+/// Entries written in one transaction at the most: what another writer (a sandbox's create)
+/// may wait behind while the meter writes a backlog. Measured on a 2-core host, creates sent
+/// while 32 connections kept the gateway full: with 64, creates took 47-50 ms (p50) and the
+/// gateway answered 3,200-3,300 requests a second; with 256, 83-95 ms and 4,100-4,400.
+pub const BATCH: usize = 64;
 /// Entries waiting to be written at the most; past it a submit waits (back-pressure).
 const QUEUE: usize = 8192;
 /// Entries submitted and not yet written past which the gateway admits no new request
