@@ -69,6 +69,8 @@ impl StandIn {
 }
 
 pub struct Figures {
+    /// What `beside` measured while the gateway was kept full (see [`measure`]).
+    pub beside_ms: Vec<f64>,
     pub direct_ms: Vec<f64>,
     pub gateway_ms: Vec<f64>,
     pub direct_ttfb_ms: Vec<f64>,
@@ -157,8 +159,17 @@ fn rps(url: &str, key: &str, conns: usize, secs: f64) -> f64 {
     })
 }
 
-/// Measures, direct and through the gateway of the server at `server` (key `key`).
-pub fn measure(standin: &StandIn, server: &str, key: &str, n: usize, secs: f64) -> Figures {
+/// Measures, direct and through the gateway of the server at `server` (key `key`); while the
+/// gateway is kept full, `beside` runs on a thread of its own until the instant it is given
+/// (the server's other work under that load: its model charges are written meanwhile).
+pub fn measure(
+    standin: &StandIn,
+    server: &str,
+    key: &str,
+    n: usize,
+    secs: f64,
+    beside: &(dyn Fn(Instant) -> Vec<f64> + Sync),
+) -> Figures {
     let c = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
@@ -171,6 +182,7 @@ pub fn measure(standin: &StandIn, server: &str, key: &str, n: usize, secs: f64) 
         one(&c, &via, key);
     }
     let mut f = Figures {
+        beside_ms: Vec::new(),
         direct_ms: Vec::new(),
         gateway_ms: Vec::new(),
         direct_ttfb_ms: Vec::new(),
@@ -188,6 +200,11 @@ pub fn measure(standin: &StandIn, server: &str, key: &str, n: usize, secs: f64) 
         f.gateway_ttfb_ms.push(ttfb(&c, &via, key));
     }
     f.direct_rps = rps(&direct, "sk-bench", 32, secs);
-    f.gateway_rps = rps(&via, key, 32, secs);
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    std::thread::scope(|sc| {
+        let b = sc.spawn(|| beside(end));
+        f.gateway_rps = rps(&via, key, 32, secs);
+        f.beside_ms = b.join().unwrap_or_default();
+    });
     f
 }
