@@ -92,13 +92,7 @@ output = "15"
     );
     let gw: cella_gateway::GatewayConfig = toml::from_str(&cfg).unwrap();
     let s = Server::start_with(|c| c.gateway = gw).await;
-    let ws = s
-        .state
-        .store
-        .meta_get("default_workspace")
-        .await
-        .unwrap()
-        .unwrap();
+    let ws = default_workspace(&s).await;
     let (status, v) = s
         .call(
             "POST",
@@ -128,16 +122,20 @@ async fn gw(s: &Server, key: &str, path: &str, body: Value) -> (u16, String) {
     (status, String::from_utf8_lossy(&bytes).into_owned())
 }
 
-/// The workspace's model entries once `n` are written (the entry is written just after the
-/// answer ends).
-async fn model_entries(s: &Server, n: usize) -> Vec<cella_billing::LedgerEntry> {
-    let ws = s
-        .state
+/// The id of the server's default workspace (the test key's).
+async fn default_workspace(s: &Server) -> String {
+    s.state
         .store
         .meta_get("default_workspace")
         .await
         .unwrap()
-        .unwrap();
+        .unwrap()
+}
+
+/// The workspace's model entries once `n` are written (the entry is written just after the
+/// answer ends).
+async fn model_entries(s: &Server, n: usize) -> Vec<cella_billing::LedgerEntry> {
+    let ws = default_workspace(s).await;
     for _ in 0..200 {
         let e: Vec<_> = s
             .state
@@ -159,13 +157,7 @@ async fn model_entries(s: &Server, n: usize) -> Vec<cella_billing::LedgerEntry> 
 #[tokio::test]
 async fn each_request_is_one_model_entry_of_its_exact_cost_and_a_spent_wallet_is_402() {
     let (s, key) = gateway_server().await;
-    let ws = s
-        .state
-        .store
-        .meta_get("default_workspace")
-        .await
-        .unwrap()
-        .unwrap();
+    let ws = default_workspace(&s).await;
     let chat = "/gateway/openai/v1/chat/completions";
     let body =
         serde_json::json!({"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]});
@@ -234,19 +226,13 @@ async fn each_request_is_one_model_entry_of_its_exact_cost_and_a_spent_wallet_is
 #[tokio::test]
 async fn a_gateway_whose_ledger_writes_are_behind_answers_503_with_retry_after() {
     let (s, key) = gateway_server().await;
-    let ws = s
-        .state
-        .store
-        .meta_get("default_workspace")
-        .await
-        .unwrap()
-        .unwrap();
-    // Another writer holds SQLite's write lock while the backlog builds up.
+    let ws = default_workspace(&s).await;
     let chat = "/gateway/openai/v1/chat/completions";
     let free = serde_json::json!({"model": "gpt-free", "messages": []});
     // A first request (its key's first use is a write of its own, once a minute).
     assert_eq!(gw(&s, &key, chat, free.clone()).await.0, 200);
     s.state.model_meter.flush().await;
+    // Another writer holds SQLite's write lock while the backlog builds up.
     let mut holder = s.state.store.pool().acquire().await.unwrap();
     sqlx::query("BEGIN IMMEDIATE")
         .execute(&mut *holder)
@@ -307,13 +293,7 @@ async fn a_gateway_whose_ledger_writes_are_behind_answers_503_with_retry_after()
 #[tokio::test]
 async fn kept_lookups_never_outlive_a_revoke_or_a_settings_change() {
     let (s, _) = gateway_server().await;
-    let ws = s
-        .state
-        .store
-        .meta_get("default_workspace")
-        .await
-        .unwrap()
-        .unwrap();
+    let ws = default_workspace(&s).await;
     let (key, key_id) = s.new_key("m2", &["models:use"]).await;
     let chat = "/gateway/openai/v1/chat/completions";
     let free = serde_json::json!({"model": "gpt-free", "messages": []});
