@@ -75,10 +75,14 @@ impl ModelMeter {
     /// Queues one charge. Waits only when [`QUEUE`] entries are already waiting.
     pub async fn submit(&self, charge: ModelCharge) {
         self.backlog.fetch_add(1, Ordering::Relaxed);
-        if let Err(mpsc::error::SendError(Item::Charge(c))) =
-            self.tx.send(Item::Charge(Box::new(charge))).await
-        {
-            self.backlog.fetch_sub(1, Ordering::Relaxed);
+        // Counted off again unless queued (a send that fails, or a submit dropped meanwhile).
+        let unsent = Counted(&self.backlog, 1);
+        let sent = self.tx.send(Item::Charge(Box::new(charge))).await;
+        if sent.is_ok() {
+            // The writer counts it off once written.
+            std::mem::forget(unsent);
+        }
+        if let Err(mpsc::error::SendError(Item::Charge(c))) = sent {
             tracing::error!(
                 workspace = c.workspace_id,
                 request_id = c.request_id,
@@ -93,6 +97,15 @@ impl ModelMeter {
         if self.tx.send(Item::Flush(done)).await.is_ok() {
             let _ = wait.await;
         }
+    }
+}
+
+/// Takes its count off the backlog when dropped.
+struct Counted<'a>(&'a AtomicUsize, usize);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::Relaxed);
     }
 }
 
@@ -112,9 +125,9 @@ async fn run(billing: Billing, mut rx: mpsc::Receiver<Item>, backlog: Arc<Atomic
             next = rx.try_recv().ok();
         }
         if !charges.is_empty() {
-            let n = charges.len();
+            // Counted off once written, or should the write panic.
+            let _written = Counted(&backlog, charges.len());
             write(&billing, std::mem::take(&mut charges)).await;
-            backlog.fetch_sub(n, Ordering::Relaxed);
         }
         for f in flushes.drain(..) {
             let _ = f.send(());

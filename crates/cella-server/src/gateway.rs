@@ -526,12 +526,6 @@ impl Meter for ServerMeter {
         worst: Option<cella_types::Money>,
     ) -> BoxFuture<'a, Result<Hold, Refusal>> {
         Box::pin(async move {
-            if self.state.model_meter.behind() {
-                return Err(Refusal::Unavailable(
-                    "the gateway is recording more requests than it can write now; retry in a second"
-                        .into(),
-                ));
-            }
             let settings = match settings_of(&self.state, &caller.workspace_id).await {
                 Ok(Some(s)) => s,
                 Ok(None) => return Err(Refusal::Forbidden("the workspace is gone".into())),
@@ -546,6 +540,12 @@ impl Meter for ServerMeter {
                 return Err(Refusal::Forbidden(format!(
                     "model {model:?} is not in this workspace's model_allowlist"
                 )));
+            }
+            if self.state.model_meter.behind() {
+                return Err(Refusal::Unavailable(
+                    "the gateway is recording more requests than it can write now; retry in a second"
+                        .into(),
+                ));
             }
             // The run's share first (as its budget was checked before the wallet); a refusal
             // of the wallet drops it again.

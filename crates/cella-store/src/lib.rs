@@ -179,15 +179,30 @@ pub fn sqlite_memory() -> (i64, i64) {
 pub const BUSY_WAIT: Duration = Duration::from_secs(10);
 
 /// A connection's wait for the write lock: it asks again every 0.5 ms for the first second,
-/// then every 2 ms, until [`BUSY_WAIT`] ([`busy_pause`]).
+/// then every 2 ms, until it has waited [`BUSY_WAIT`] ([`busy_pause`]).
 ///
 /// Written here rather than left to `busy_timeout`: SQLite's own handler sleeps ever longer
 /// between tries (1, 2, 5 ... then 100 ms at a time). Beside a writer that holds the lock
 /// most of the time, the model meter writing a backlog in groups, a sandbox's insert slept
 /// through the gaps between the groups and waited up to 430 ms (a cold create took 1 s). A
 /// waiter that asks every half millisecond takes the lock in the first gap, after one group.
+/// A try costs a look at the WAL's shared memory, nothing more.
 unsafe extern "C" fn busy(_: *mut std::ffi::c_void, tries: std::ffi::c_int) -> std::ffi::c_int {
-    match busy_pause(tries) {
+    thread_local! {
+        /// When this thread's (its connection's: sqlx runs each on a thread of its own)
+        /// current wait began.
+        static SINCE: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
+    }
+    let now = std::time::Instant::now();
+    let since = SINCE.with(|s| {
+        let since = match s.get() {
+            Some(t) if tries > 0 => t,
+            _ => now,
+        };
+        s.set(Some(since));
+        since
+    });
+    match busy_pause(now - since) {
         Some(d) => {
             std::thread::sleep(d);
             1
@@ -196,15 +211,15 @@ unsafe extern "C" fn busy(_: *mut std::ffi::c_void, tries: std::ffi::c_int) -> s
     }
 }
 
-/// How long a waiter sleeps before its try number `tries` + 1 (counted from 0), or None once
-/// it has waited [`BUSY_WAIT`] in all.
-fn busy_pause(tries: std::ffi::c_int) -> Option<Duration> {
-    const FAST: std::ffi::c_int = 2000; // 0.5 ms each: the first second
-    let slow = (BUSY_WAIT.as_millis() as std::ffi::c_int - 1000) / 2;
-    match tries {
-        t if t < 0 || t >= FAST + slow => None,
-        t if t < FAST => Some(Duration::from_micros(500)),
-        _ => Some(Duration::from_millis(2)),
+/// How long a waiter that has waited `waited` so far sleeps before it tries again, or None
+/// once it has waited [`BUSY_WAIT`].
+fn busy_pause(waited: Duration) -> Option<Duration> {
+    if waited >= BUSY_WAIT {
+        None
+    } else if waited < Duration::from_secs(1) {
+        Some(Duration::from_micros(500))
+    } else {
+        Some(Duration::from_millis(2))
     }
 }
 
@@ -285,6 +300,8 @@ impl Store {
                 Synchronous::Normal => SqliteSynchronous::Normal,
                 Synchronous::Full => SqliteSynchronous::Full,
             })
+            // While the connection is made (its pragmas); [`busy`] replaces it after.
+            .busy_timeout(BUSY_WAIT)
             .foreign_keys(true)
             // Deleted and overwritten content (a task's message once its run ended) is zeroed
             // in the file, not left in free pages.

@@ -16,10 +16,13 @@
 //!
 //! The socket's name is abstract: for a sandbox without a link it lives in the host's network
 //! namespace, where any host process could bind it while the sandbox is not listening (before
-//! a restore binds it). Before a call is sent, the listener's pid (`SO_PEERCRED`) must be a
-//! process of the sandbox's cgroup ([`Listener`]), which no other process can join: an
-//! impostor gets neither the call nor a checkpoint's image file, and the call fails as
-//! [`ControlError::Refused`] (so `runsc`, which makes no such check, is not run in its place).
+//! a restore binds it). Before a call is sent, the listener (`SO_PEERCRED`: runsc's sandbox
+//! process, which listens as `nobody`) must be a process of the sandbox's cgroup
+//! ([`Listener`]), which only root can move a process into, and run as `nobody` or as this
+//! process's user: an impostor gets neither the call nor a checkpoint's image file, and the
+//! call fails as [`ControlError::Impostor`] (so `runsc`, which makes no such check, is not run
+//! in its place). The user's check stops a listener of any other user whose pid, once it
+//! ended, a process of the sandbox's cgroup was given.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, RawFd};
@@ -33,23 +36,30 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Why a call failed: `Unreachable` when nothing answered the runsc way (fall back to the
 /// `runsc` command), `Refused` when the sandbox answered with an error (not yet restored, gone)
-/// or a checkpoint failed once asked for.
+/// or a checkpoint failed once asked for, `Impostor` when another process listens there.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
     #[error("runsc's control server: {0}")]
     Unreachable(String),
     #[error("runsc refused: {0}")]
     Refused(String),
+    /// The process listening on the socket's name is not the sandbox's runsc (see
+    /// [`Listener`]): nothing was sent, and nothing should be sent to that name for now.
+    #[error("{0}")]
+    Impostor(String),
 }
 
 /// Who may answer on a sandbox's control socket, told by the listening process's pid.
 #[derive(Debug, Clone, Copy)]
 pub enum Listener<'a> {
-    /// A process of this cgroup (the sandbox's, where runsc's sandbox process runs).
+    /// A process of this cgroup (the sandbox's, where runsc's processes run).
     InCgroup(&'a str),
     /// This very process (a unit test's stand-in listens on a thread of its own).
     #[cfg(test)]
     This,
+    /// Any process (a unit test of the user's check).
+    #[cfg(test)]
+    Any,
 }
 
 impl Listener<'_> {
@@ -59,6 +69,8 @@ impl Listener<'_> {
                 .is_ok_and(|pid| pid > 0 && crate::cgroup::procs(cgroup).contains(&pid)),
             #[cfg(test)]
             Listener::This => u32::try_from(pid).is_ok_and(|p| p == std::process::id()),
+            #[cfg(test)]
+            Listener::Any => true,
         }
     }
 }
@@ -164,17 +176,22 @@ fn call(
     }
 }
 
+/// The user runsc's sandbox process runs as (`nobody`) when it listens on its control socket.
+const RUNSC_SANDBOX_UID: u32 = 65534;
+
 /// Connects to the sandbox's control socket (from inside `netns` when given) and checks that
 /// `listener` admits the process listening on it.
 fn connect(id: &str, netns: Option<&Path>, listener: Listener) -> Result<UnixStream, ControlError> {
     let stream = connect_in(id, netns)?;
     let cred = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
         .map_err(|e| ControlError::Unreachable(format!("the listener's credentials: {e}")))?;
-    if !listener.admits(cred.pid()) {
-        return Err(ControlError::Refused(format!(
-            "the process listening on sandbox {id}'s control socket (pid {}) is not the \
-             sandbox's; nothing was sent to it",
-            cred.pid()
+    let uid_ok = cred.uid() == RUNSC_SANDBOX_UID || cred.uid() == nix::unistd::geteuid().as_raw();
+    if !uid_ok || !listener.admits(cred.pid()) {
+        return Err(ControlError::Impostor(format!(
+            "the process listening on sandbox {id}'s control socket (pid {}, uid {}) is not the \
+             sandbox's runsc; nothing was sent to it",
+            cred.pid(),
+            cred.uid()
         )));
     }
     Ok(stream)
@@ -391,14 +408,14 @@ pub(crate) mod tests {
         l.set_nonblocking(true).unwrap();
         let not_the_sandbox = Listener::InCgroup("cella-unit-no-such-cgroup");
         match signal_init(&id, 12, None, not_the_sandbox) {
-            Err(ControlError::Refused(m)) => assert!(m.contains("not the sandbox's"), "{m}"),
+            Err(ControlError::Impostor(m)) => assert!(m.contains("not the sandbox's"), "{m}"),
             other => panic!("expected a refusal, got {other:?}"),
         }
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("checkpoint.img");
         assert!(matches!(
             checkpoint(&id, &image, None, not_the_sandbox),
-            Err(ControlError::Refused(_))
+            Err(ControlError::Impostor(_))
         ));
         assert!(!image.exists(), "an image file was made");
         // Each connection it accepts carries nothing.
@@ -413,5 +430,44 @@ pub(crate) mod tests {
             );
         }
         assert_eq!(seen, 2);
+    }
+
+    /// A listener of another user than runsc's (`nobody`) and this process's is refused
+    /// whatever its pid (a pid is reused once its process ends).
+    #[test]
+    fn a_listener_of_another_user_is_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // needs a listener of another user
+        }
+        let id = format!("unit-{}-otheruser", std::process::id());
+        let script = format!(
+            "import os, socket, sys, time\n\
+             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n\
+             s.bind(b'\\0runsc-sandbox.{id}\\0')\n\
+             os.setuid(12345)\n\
+             s.listen(4)\n\
+             print('ready', flush=True)\n\
+             time.sleep(10)\n"
+        );
+        let mut child = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut ready = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut ready,
+        )
+        .unwrap();
+        assert_eq!(ready.trim(), "ready");
+        let r = signal_init(&id, 12, None, Listener::Any);
+        let _ = child.kill();
+        let _ = child.wait();
+        match r {
+            Err(ControlError::Impostor(m)) => assert!(m.contains("uid 12345"), "{m}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
     }
 }

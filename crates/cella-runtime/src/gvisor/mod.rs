@@ -1036,14 +1036,17 @@ impl GvisorDriver {
             let ns = netns.clone();
             let cg = handle.cgroup.clone();
             // Straight to runsc's control server; `runsc kill` only where that does not answer.
+            // (Whether to try again, what failed.)
             let sent = tokio::task::spawn_blocking(move || {
                 let sandbox = control::Listener::InCgroup(&cg);
                 match control::signal_init(&id, libc::SIGUSR2, ns.as_deref(), sandbox) {
                     Ok(()) => Ok(()),
-                    Err(control::ControlError::Refused(e)) => Err(e),
+                    Err(control::ControlError::Refused(e)) => Err((true, e)),
+                    // Not the sandbox listening: nothing to wait for.
+                    Err(e @ control::ControlError::Impostor(_)) => Err((false, e.to_string())),
                     Err(control::ControlError::Unreachable(e)) => {
                         tracing::debug!(sandbox = id, "waking through runsc kill: {e}");
-                        this.runsc_call(&id, &a)
+                        this.runsc_call(&id, &a).map_err(|e| (true, e))
                     }
                 }
             })
@@ -1051,8 +1054,9 @@ impl GvisorDriver {
             .map_err(|e| DriverError::Launch(e.to_string()))?;
             match sent {
                 Ok(()) => break,
-                Err(e)
-                    if std::time::Instant::now() >= deadline
+                Err((again, e))
+                    if !again
+                        || std::time::Instant::now() >= deadline
                         || process_start_time(handle.pid) != Some(handle.start_time) =>
                 {
                     return Err(DriverError::Launch(format!(

@@ -80,7 +80,7 @@ async fn a_run_waits_for_its_sandbox_to_come_back_before_its_command() {
     // The boot takes long enough to mark the sandbox away before it is running.
     s.fake.delay(
         crate::testing::Op::Create,
-        std::time::Duration::from_millis(300),
+        std::time::Duration::from_secs(1),
     );
     let state = s.state.clone();
     let (app, key) = (s.app.clone(), s.key.clone());
