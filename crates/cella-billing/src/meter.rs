@@ -77,17 +77,15 @@ impl ModelMeter {
         self.backlog.fetch_add(1, Ordering::Relaxed);
         // Counted off again unless queued (a send that fails, or a submit dropped meanwhile).
         let unsent = Counted(&self.backlog, 1);
-        let sent = self.tx.send(Item::Charge(Box::new(charge))).await;
-        if sent.is_ok() {
+        match self.tx.send(Item::Charge(Box::new(charge))).await {
             // The writer counts it off once written.
-            std::mem::forget(unsent);
-        }
-        if let Err(mpsc::error::SendError(Item::Charge(c))) = sent {
-            tracing::error!(
+            Ok(()) => std::mem::forget(unsent),
+            Err(mpsc::error::SendError(Item::Charge(c))) => tracing::error!(
                 workspace = c.workspace_id,
                 request_id = c.request_id,
                 "the model charge writer is gone; this request's entry is not written"
-            );
+            ),
+            Err(mpsc::error::SendError(Item::Flush(_))) => {}
         }
     }
 

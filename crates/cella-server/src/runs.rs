@@ -18,8 +18,8 @@
 //! fast path included), not persistent, no idle timer, the command's timeout plus 600 s; then, in
 //! a `select!` against the hang-up, each file as an upload owned by the run's user, the command
 //! through `sandboxes::exec`, and [`collect`] when globs were given. Each step reads the
-//! sandbox again (`service::runnable`), waiting while it is away for a gVisor fork or snapshot. Whatever the outcome the
-//! sandbox is destroyed, with its `state_reason`. On a hang-up the work's future is dropped: its
+//! sandbox again (`service::runnable`), waiting while it is away for a gVisor fork or snapshot.
+//! Whatever the outcome the sandbox is destroyed, with its `state_reason`. On a hang-up the work's future is dropped: its
 //! connection to the agent closes, so the agent kills the command's tree.
 //!
 //! [`collect`] (also behind `POST .../artifacts`) matches the globs here against the agent's

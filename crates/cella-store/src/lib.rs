@@ -227,7 +227,8 @@ fn busy_pause(waited: Duration) -> Option<Duration> {
 async fn wait_for_writers(conn: &mut sqlx::SqliteConnection) -> sqlx::Result<()> {
     let mut handle = conn.lock_handle().await?;
     // SAFETY: the handle is this connection's open database, held locked (no statement runs
-    // on it meanwhile); `busy` is a plain function that touches no state.
+    // on it meanwhile); `busy` takes no user data and touches only a thread-local of the
+    // thread that runs the blocked statement.
     let rc = unsafe {
         libsqlite3_sys::sqlite3_busy_handler(
             handle.as_raw_handle().as_ptr(),

@@ -712,8 +712,8 @@ impl GvisorDriver {
 
     /// Waits (up to a minute) for a checkpoint of sandbox `id` that a server killed during it
     /// left running (its helper, or runsc's shell, names the image directory): it ends the
-    /// sandbox and names its image whole, or fails and leaves it running. (What a failed one wrote stays
-    /// until the next checkpoint, which starts by removing it, or the destroy.)
+    /// sandbox and names its image whole, or fails and leaves it running. (What a failed one
+    /// wrote stays until the next checkpoint, which starts by removing it, or the destroy.)
     async fn settle_left_checkpoint(&self, id: &str) {
         let tmp = self.sandbox_dir(id).join(MEMORY_TMP);
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
