@@ -17,11 +17,14 @@
 //! The backlog is bounded where requests come in: the gateway admits none while
 //! [`ModelMeter::behind`] (503 with `Retry-After`), so answered requests never pile up in
 //! memory faster than the ledger takes them, and the wallet never lags far behind what was
-//! spent.
+//! spent. The bound is shared, so one workspace has a share of it ([`WORKSPACE_BACKLOG`]):
+//! a burst of one workspace is refused once its own charges fill that share, and the other
+//! workspaces' requests go on being admitted ([`ModelMeter::behind_for`]).
 
 use crate::{Billing, ModelCharge};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
 /// Entries written in one transaction at the most: what another writer (a sandbox's create)
@@ -37,9 +40,26 @@ const QUEUE: usize = 8192;
 /// requests waiting in memory, the wallet lagging behind what was spent, and the backlog's
 /// writes holding SQLite's write lock for seconds after the burst).
 pub const MAX_BACKLOG: usize = 2048;
+/// Charges of one workspace submitted and not yet written past which the gateway admits no
+/// new request of that workspace: three quarters of [`MAX_BACKLOG`], so that a burst of one
+/// workspace is refused while a quarter is left for the others' requests (two workspaces
+/// bursting at once fill the shared bound). The writer's pace is the same either way, but a
+/// smaller share cost a workspace bursting alone throughput (more of its requests refused for a
+/// while): the bench's 32 connections of one workspace got 3,578-3,605 requests a second with a
+/// quarter as its share, 3,938-4,009 with three quarters, 4,001-4,601 with no share.
+pub const WORKSPACE_BACKLOG: usize = MAX_BACKLOG / 4 * 3;
+
+/// Which bound a request met ([`ModelMeter::behind_for`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behind {
+    /// [`MAX_BACKLOG`]: every workspace's requests wait.
+    Gateway,
+    /// [`WORKSPACE_BACKLOG`]: this workspace's requests wait.
+    Workspace,
+}
 
 enum Item {
-    Charge(Box<ModelCharge>),
+    Charge(Box<ModelCharge>, Counted),
     Flush(oneshot::Sender<()>),
 }
 
@@ -49,21 +69,94 @@ enum Item {
 pub struct ModelMeter {
     tx: mpsc::Sender<Item>,
     /// Charges submitted (waiting for room in the queue included) and not yet written.
-    backlog: Arc<AtomicUsize>,
+    backlog: Arc<Backlog>,
+}
+
+/// Charges submitted and not yet written: in all, and by workspace (only workspaces with
+/// some, so the map holds no more than the backlog's workspaces).
+#[derive(Default)]
+struct Backlog {
+    total: AtomicUsize,
+    by_workspace: Mutex<HashMap<String, usize>>,
+}
+
+impl Backlog {
+    fn of(&self, workspace_id: &str) -> usize {
+        let map = self.by_workspace.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(workspace_id).copied().unwrap_or(0)
+    }
+
+    fn workspaces(&self) -> usize {
+        self.by_workspace
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+}
+
+/// One charge counted in the [`Backlog`] until dropped: it travels with its charge, so it is
+/// counted off whichever way the charge goes (written; dropped with a send that failed or a
+/// submit given up; dropped with the queue or during a write, should the writer end or
+/// panic). The backlog cannot drift or stick.
+struct Counted {
+    backlog: Arc<Backlog>,
+    workspace_id: String,
+}
+
+impl Counted {
+    fn new(backlog: &Arc<Backlog>, workspace_id: &str) -> Counted {
+        backlog.total.fetch_add(1, Ordering::Relaxed);
+        let mut map = backlog
+            .by_workspace
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *map.entry(workspace_id.to_string()).or_default() += 1;
+        Counted {
+            backlog: backlog.clone(),
+            workspace_id: workspace_id.to_string(),
+        }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut map = self
+            .backlog
+            .by_workspace
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        self.backlog.total.fetch_sub(1, Ordering::Relaxed);
+        if let Some(left) = map.get_mut(&self.workspace_id) {
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                map.remove(&self.workspace_id);
+            }
+        }
+    }
 }
 
 impl ModelMeter {
     /// Starts the writer on the current Tokio runtime.
     pub fn spawn(billing: Billing) -> ModelMeter {
         let (tx, rx) = mpsc::channel(QUEUE);
-        let backlog = Arc::new(AtomicUsize::new(0));
-        tokio::spawn(run(billing, rx, backlog.clone()));
+        let backlog = Arc::new(Backlog::default());
+        tokio::spawn(run(billing, rx));
         ModelMeter { tx, backlog }
     }
 
     /// Charges submitted and not yet written.
     pub fn backlog(&self) -> usize {
-        self.backlog.load(Ordering::Relaxed)
+        self.backlog.total.load(Ordering::Relaxed)
+    }
+
+    /// Charges of `workspace_id` submitted and not yet written.
+    pub fn backlog_of(&self, workspace_id: &str) -> usize {
+        self.backlog.of(workspace_id)
+    }
+
+    /// Workspaces with charges submitted and not yet written.
+    pub fn backlog_workspaces(&self) -> usize {
+        self.backlog.workspaces()
     }
 
     /// True while [`MAX_BACKLOG`] charges or more wait to be written: new requests are
@@ -72,15 +165,24 @@ impl ModelMeter {
         self.backlog() >= MAX_BACKLOG
     }
 
+    /// Whether a new request of `workspace_id` must wait: [`ModelMeter::behind`], or that
+    /// workspace's own charges fill its share ([`WORKSPACE_BACKLOG`]).
+    pub fn behind_for(&self, workspace_id: &str) -> Option<Behind> {
+        if self.behind() {
+            Some(Behind::Gateway)
+        } else if self.backlog.of(workspace_id) >= WORKSPACE_BACKLOG {
+            Some(Behind::Workspace)
+        } else {
+            None
+        }
+    }
+
     /// Queues one charge. Waits only when [`QUEUE`] entries are already waiting.
     pub async fn submit(&self, charge: ModelCharge) {
-        self.backlog.fetch_add(1, Ordering::Relaxed);
-        // Counted off again unless queued (a send that fails, or a submit dropped meanwhile).
-        let unsent = Counted(&self.backlog, 1);
-        match self.tx.send(Item::Charge(Box::new(charge))).await {
-            // The writer counts it off once written.
-            Ok(()) => std::mem::forget(unsent),
-            Err(mpsc::error::SendError(Item::Charge(c))) => tracing::error!(
+        let counted = Counted::new(&self.backlog, &charge.workspace_id);
+        match self.tx.send(Item::Charge(Box::new(charge), counted)).await {
+            Ok(()) => {}
+            Err(mpsc::error::SendError(Item::Charge(c, _))) => tracing::error!(
                 workspace = c.workspace_id,
                 request_id = c.request_id,
                 "the model charge writer is gone; this request's entry is not written"
@@ -98,23 +200,18 @@ impl ModelMeter {
     }
 }
 
-/// Takes its count off the backlog when dropped.
-struct Counted<'a>(&'a AtomicUsize, usize);
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(self.1, Ordering::Relaxed);
-    }
-}
-
-async fn run(billing: Billing, mut rx: mpsc::Receiver<Item>, backlog: Arc<AtomicUsize>) {
+async fn run(billing: Billing, mut rx: mpsc::Receiver<Item>) {
     let mut charges: Vec<ModelCharge> = Vec::with_capacity(BATCH);
+    let mut counted: Vec<Counted> = Vec::with_capacity(BATCH);
     let mut flushes: Vec<oneshot::Sender<()>> = Vec::new();
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
         while let Some(item) = next.take() {
             match item {
-                Item::Charge(c) => charges.push(*c),
+                Item::Charge(c, n) => {
+                    charges.push(*c);
+                    counted.push(n);
+                }
                 Item::Flush(f) => flushes.push(f),
             }
             if charges.len() >= BATCH {
@@ -123,9 +220,9 @@ async fn run(billing: Billing, mut rx: mpsc::Receiver<Item>, backlog: Arc<Atomic
             next = rx.try_recv().ok();
         }
         if !charges.is_empty() {
-            // Counted off once written, or should the write panic.
-            let _written = Counted(&backlog, charges.len());
             write(&billing, std::mem::take(&mut charges)).await;
+            // Counted off once written (or as the write panics: dropped with this task).
+            counted.clear();
         }
         for f in flushes.drain(..) {
             let _ = f.send(());

@@ -6,6 +6,21 @@ async fn billing() -> (tempfile::TempDir, Billing) {
     (dir, Billing::new(&store))
 }
 
+/// Another writer holding SQLite's write lock: the meter's writes wait for it until
+/// [`release`].
+async fn hold_writes(b: &Billing) -> sqlx::pool::PoolConnection<sqlx::Sqlite> {
+    let mut holder = b.pool().acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    holder
+}
+
+async fn release(mut holder: sqlx::pool::PoolConnection<sqlx::Sqlite>) {
+    sqlx::query("COMMIT").execute(&mut *holder).await.unwrap();
+}
+
 fn m(s: &str) -> Money {
     s.parse().unwrap()
 }
@@ -357,11 +372,7 @@ async fn the_meter_says_it_is_behind_while_its_backlog_is_full_and_loses_nothing
     let (_d, b) = billing().await;
     let meter = ModelMeter::spawn(b.clone());
     // Another writer holds SQLite's write lock: the meter's writes wait for it.
-    let mut holder = b.pool().acquire().await.unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let holder = hold_writes(&b).await;
     for i in 0..crate::meter::MAX_BACKLOG {
         assert!(!meter.behind(), "behind after {i} charges");
         meter
@@ -370,8 +381,7 @@ async fn the_meter_says_it_is_behind_while_its_backlog_is_full_and_loses_nothing
     }
     assert!(meter.behind());
     assert_eq!(meter.backlog(), crate::meter::MAX_BACKLOG);
-    sqlx::query("COMMIT").execute(&mut *holder).await.unwrap();
-    drop(holder);
+    release(holder).await;
     meter.flush().await;
     assert_eq!(meter.backlog(), 0);
     assert!(!meter.behind());
@@ -384,4 +394,95 @@ async fn the_meter_says_it_is_behind_while_its_backlog_is_full_and_loses_nothing
         b.wallet("ws").await.unwrap().balance,
         Money::from_micros(-(crate::meter::MAX_BACKLOG as i64))
     );
+}
+
+/// A submit given up while it waits for room in the queue (its request's task dropped) counts
+/// its charge off again, for its workspace too: nothing stays counted against it.
+#[tokio::test]
+async fn a_submit_given_up_leaves_nothing_counted() {
+    let (_d, b) = billing().await;
+    let meter = ModelMeter::spawn(b.clone());
+    let holder = hold_writes(&b).await;
+    // The queue full behind a held write: the next submit waits for room.
+    let mut i = 0;
+    loop {
+        let submit = meter.submit(model("full", &format!("f{i}"), "0.000001"));
+        i += 1;
+        if tokio::time::timeout(std::time::Duration::from_millis(50), submit)
+            .await
+            .is_err()
+        {
+            // Given up while waiting: counted off again.
+            break;
+        }
+        assert!(i < 20_000, "the queue never filled");
+    }
+    let queued = i - 1;
+    assert_eq!(meter.backlog(), queued);
+    assert_eq!(meter.backlog_of("full"), queued);
+    release(holder).await;
+    meter.flush().await;
+    assert_eq!(meter.backlog(), 0);
+    assert_eq!(meter.backlog_workspaces(), 0);
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM ledger WHERE workspace_id = 'full'")
+        .fetch_one(b.pool())
+        .await
+        .unwrap();
+    assert_eq!(n as usize, queued, "the given-up charge is not written");
+}
+
+/// One workspace's burst fills only its share of the backlog: its next requests wait, the
+/// other workspaces' are still admitted until the shared bound, and once written every
+/// charge is there once and nothing stays counted.
+#[tokio::test]
+async fn one_workspaces_burst_leaves_the_others_room_in_the_backlog() {
+    use crate::meter::{Behind, MAX_BACKLOG, WORKSPACE_BACKLOG};
+    let (_d, b) = billing().await;
+    let meter = ModelMeter::spawn(b.clone());
+    let holder = hold_writes(&b).await;
+    for i in 0..WORKSPACE_BACKLOG {
+        assert_eq!(meter.behind_for("busy"), None, "behind after {i} charges");
+        meter
+            .submit(model("busy", &format!("b{i}"), "0.000001"))
+            .await;
+    }
+    assert_eq!(meter.behind_for("busy"), Some(Behind::Workspace));
+    assert_eq!(meter.behind_for("quiet"), None);
+    assert!(!meter.behind());
+    assert_eq!(meter.backlog_of("busy"), WORKSPACE_BACKLOG);
+    assert_eq!(meter.backlog_of("quiet"), 0);
+    // Another workspace fills the rest of the shared bound, under its own share: then every
+    // workspace waits, one with nothing pending too.
+    for i in 0..(MAX_BACKLOG - WORKSPACE_BACKLOG) {
+        meter
+            .submit(model("w1", &format!("w1-{i}"), "0.000001"))
+            .await;
+    }
+    assert_eq!(meter.backlog(), MAX_BACKLOG);
+    assert_eq!(meter.behind_for("w1"), Some(Behind::Gateway));
+    assert_eq!(meter.behind_for("quiet"), Some(Behind::Gateway));
+    release(holder).await;
+    meter.flush().await;
+    assert_eq!(meter.backlog(), 0);
+    for w in ["busy", "w1", "quiet"] {
+        assert_eq!(meter.backlog_of(w), 0, "{w}");
+        assert_eq!(meter.behind_for(w), None, "{w}");
+    }
+    assert_eq!(meter.backlog_workspaces(), 0, "no workspace stays counted");
+    for (w, n) in [
+        ("busy", WORKSPACE_BACKLOG),
+        ("w1", MAX_BACKLOG - WORKSPACE_BACKLOG),
+    ] {
+        let (written,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM ledger WHERE workspace_id = ?")
+                .bind(w)
+                .fetch_one(b.pool())
+                .await
+                .unwrap();
+        assert_eq!(written as usize, n, "{w}");
+        assert_eq!(
+            b.wallet(w).await.unwrap().balance,
+            Money::from_micros(-(n as i64))
+        );
+    }
 }

@@ -419,3 +419,86 @@ fn a_fork_child_stopped_and_started_at_once_keeps_its_files() {
         assert_eq!(s.delete(&format!("/api/v1/sandboxes/{kid}")).status, 200);
     }
 }
+
+/// The loop device that serves `image` and whether it runs with direct I/O, from the host's
+/// `/sys/block`.
+fn device_dio(image: &std::path::Path) -> Option<(String, bool)> {
+    let image = std::fs::canonicalize(image).ok()?;
+    for e in std::fs::read_dir("/sys/block").ok()?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Ok(backing) = std::fs::read_to_string(e.path().join("loop/backing_file")) else {
+            continue;
+        };
+        if std::path::Path::new(backing.trim()) == image {
+            let dio = std::fs::read_to_string(e.path().join("loop/dio")).ok()?;
+            return Some((name, dio.trim() == "1"));
+        }
+    }
+    None
+}
+
+/// Forks right after a large write, one after the other: each child has every byte the source
+/// wrote until its fork (the source's disk runs buffered for the syncs and the copies), the
+/// source writes on in between, and its disk goes back to direct I/O a few seconds after the
+/// last fork.
+#[test]
+fn forks_right_after_large_writes_copy_all_of_them() {
+    let s = Server::start();
+    let a = s.create(json!({ "size": "xs" }));
+    let image = s.data_dir().join("sandboxes").join(&a).join("disk.img");
+    let direct_before = device_dio(&image).map(|(_, dio)| dio);
+    let sum = |id: &str| {
+        s.sh(id, "sha256sum /home/user/big | cut -c1-64")["stdout"]
+            .as_str()
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let mut kids = Vec::new();
+    for round in 0..3 {
+        let wrote = s.sh(
+            &a,
+            "head -c 20971520 /dev/urandom >> /home/user/big && sha256sum /home/user/big | cut -c1-64",
+        );
+        let want = wrote["stdout"].as_str().unwrap().trim().to_string();
+        let r = s.post(
+            &format!("/api/v1/sandboxes/{a}/fork"),
+            json!({ "count": 1 }),
+        );
+        assert_eq!(r.status, 201, "{}", r.body);
+        let kid = r.body["data"][0]["id"].as_str().unwrap().to_string();
+        if round == 0 && direct_before == Some(true) {
+            let (device, dio) = device_dio(&image).expect("the source's disk is attached");
+            assert!(!dio, "{device} is buffered for the copies that may follow");
+        }
+        assert_eq!(
+            sum(&kid),
+            want,
+            "fork {round} has all that was written before it"
+        );
+        kids.push((kid, want));
+    }
+    // Each child kept its own copy; the source has all three writes.
+    for (kid, want) in &kids {
+        assert_eq!(&sum(kid), want);
+    }
+    assert_eq!(
+        s.sh(&a, "stat -c %s /home/user/big")["stdout"],
+        format!("{}\n", 3 * 20971520)
+    );
+    // Where the disk took direct I/O before, it does again once the forks are a while past.
+    if direct_before == Some(true) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let (device, dio) = device_dio(&image).expect("the source's disk is attached");
+            if dio {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{device} stayed buffered after the forks"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+}

@@ -13,7 +13,8 @@
 //!
 //! The loop device is set up with raw ioctls (`LOOP_CONFIGURE`, or `LOOP_SET_FD` then
 //! `LOOP_SET_STATUS64` on kernels before 5.8) with `LO_FLAGS_AUTOCLEAR` and direct I/O (see
-//! [`configure_flags`]), and its handle is closed
+//! [`configure_flags`]; buffered for a while around a copy of a live sandbox's image,
+//! [`buffer_for_copy`]), and its handle is closed
 //! once mounted, so it detaches by itself when the sandbox's mount namespace goes. Nothing of a
 //! sandbox is mounted in the host's mount namespace. The disk pool's images are mounted ahead as
 //! detached mounts, in no namespace ([`Premounted`]), and a boot mounts their device again.
@@ -125,6 +126,8 @@ fn info() -> LoopInfo64 {
 /// the host's cache and its writeback run in kernel threads that no sandbox cgroup pays for, so
 /// a sandbox filling its disk took CPU and memory from its neighbours. A kernel or file system
 /// that cannot do direct I/O for the image clears the flag itself and the device runs buffered.
+/// A live sandbox's device runs buffered around a copy of its image ([`buffer_for_copy`]: for
+/// seconds, at most half the time).
 fn configure_flags() -> u32 {
     LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO
 }
@@ -497,6 +500,209 @@ fn mount_ahead(
     })
 }
 
+/// How long after its last copy a disk buffered for copies ([`buffer_for_copy`]) goes back to
+/// direct I/O: forks and snapshots of one sandbox in a row find it buffered still, and each
+/// switch holds the device's queue for 15-25 ms here.
+pub const BUFFERED_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The longest a disk stays buffered for copies that keep coming, and then the time it is not
+/// buffered again: a sandbox snapshotted or forked without pause has its disk on direct I/O at
+/// least half the time (see [`configure_flags`] for why direct I/O).
+pub const BUFFERED_AT_MOST: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Turns the loop device that serves `image` (a live sandbox's disk) to buffered I/O for a copy
+/// of the image that follows at once (a snapshot or a fork of a running sandbox), and keeps it
+/// so while the returned value lives and for [`BUFFERED_FOR`] after the last such copy (at most
+/// [`BUFFERED_AT_MOST`]); a thread of its own then writes the image's dirty pages out in slices
+/// and turns the device back to direct I/O if it still serves the image. Why: the device takes
+/// direct I/O ([`configure_flags`]), so the copy read back from the disk what the sync before it
+/// had just written there. A fork of a new sandbox right after it wrote 100 MiB took 180-380 ms
+/// here that way and paused its source 160-360 ms; buffered, and with a first sync before the
+/// freeze (`NamespaceDriver::take_snapshot`), 190-210 ms with a pause of 42-46 ms: the sync
+/// leaves those blocks in the host's page cache too (it still writes them out: ext4's flush
+/// makes the loop device sync the image), and the copy reads them from there. What the kernel
+/// had written out before the fork (through the device, on direct I/O) is read from the disk
+/// all the same. Only a device this call found on direct I/O is switched and turned back
+/// (one buffered already, a fresh copy's before it settles or a file system without direct
+/// I/O, is left as it is). None: nothing switched; the copy then goes as before.
+///
+/// A server stopped or killed meanwhile leaves the device buffered until the sandbox's next
+/// boot (each boot attaches its own): its files and isolation are the same, its blocks cached
+/// twice meanwhile, and the kernel threads that write them out work for it unaccounted, as for
+/// any buffered device.
+pub fn buffer_for_copy(image: &Path) -> Option<CopyWindow> {
+    let lock = || buffered().lock().unwrap_or_else(|p| p.into_inner());
+    let now = std::time::Instant::now();
+    // Kept buffered already (or resting): the device is checked without the lock held (its
+    // ioctl waits for the device, which a switch elsewhere may hold), then counted in.
+    let known = lock()
+        .get(image)
+        .map(|b| (b.device.clone(), b.resting_until));
+    let device = match known {
+        Some((_, Some(until))) if now < until => return None,
+        Some((device, None)) if serves(&device, image) => device,
+        // Not kept buffered yet, or its sandbox booted again since on another device.
+        _ => serving(image)?,
+    };
+    let dev = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&device)
+        .ok()?;
+    if !serves_file(&dev, &std::fs::metadata(image).ok()?).ok()? {
+        return None;
+    }
+    let dio_path = Path::new("/sys/block")
+        .join(device.file_name()?)
+        .join("loop/dio");
+    let dio = || std::fs::read_to_string(&dio_path).is_ok_and(|d| d.trim() == "1");
+    // Counted in before the device is switched: the thread turning it back checks the count,
+    // under the lock, before it switches.
+    let mut map = lock();
+    match map.get_mut(image) {
+        Some(b) if b.resting_until.is_none() => {
+            b.copies += 1;
+            b.device = device;
+        }
+        Some(b) if b.resting_until.is_some_and(|until| now < until) => return None,
+        _ => {
+            // Only a device on direct I/O is taken over (and turned back later).
+            if !dio() {
+                return None;
+            }
+            let before = map.insert(
+                image.to_path_buf(),
+                Buffered {
+                    device,
+                    copies: 1,
+                    since: now,
+                    last: now,
+                    resting_until: None,
+                },
+            );
+            // A rest that is over: its thread ends without touching this entry.
+            if before.is_none_or(|b| b.resting_until.is_some()) {
+                let img = image.to_path_buf();
+                let spawned = std::thread::Builder::new()
+                    .name("disk-buffered".into())
+                    .spawn(move || back_to_direct_io(img));
+                if spawned.is_err() {
+                    // Nothing would turn it back: not taken over.
+                    map.remove(image);
+                    return None;
+                }
+            }
+        }
+    }
+    drop(map);
+    if dio() {
+        // SAFETY: LOOP_SET_DIRECT_IO takes a plain integer argument.
+        unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_SET_DIRECT_IO, 0 as libc::c_ulong) };
+    }
+    Some(CopyWindow(image.to_path_buf()))
+}
+
+/// A copy of an image under way on its buffered device ([`buffer_for_copy`]).
+#[derive(Debug)]
+pub struct CopyWindow(std::path::PathBuf);
+
+impl Drop for CopyWindow {
+    fn drop(&mut self) {
+        let mut map = buffered().lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = map.get_mut(&self.0) {
+            b.copies = b.copies.saturating_sub(1);
+            b.last = std::time::Instant::now();
+        }
+    }
+}
+
+/// A disk kept buffered for copies, or resting from it.
+struct Buffered {
+    device: std::path::PathBuf,
+    /// Copies under way.
+    copies: usize,
+    /// When it was switched to buffered I/O.
+    since: std::time::Instant,
+    /// When the last copy ended (or the first began).
+    last: std::time::Instant,
+    /// Turned back after [`BUFFERED_AT_MOST`]: not buffered again until then.
+    resting_until: Option<std::time::Instant>,
+}
+
+/// The disks kept buffered for copies (and resting), by image.
+fn buffered() -> &'static std::sync::Mutex<std::collections::HashMap<std::path::PathBuf, Buffered>>
+{
+    static B: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<std::path::PathBuf, Buffered>>,
+    > = std::sync::OnceLock::new();
+    B.get_or_init(Default::default)
+}
+
+/// Waits until no copy of `image` ran for [`BUFFERED_FOR`] (or it has been buffered for
+/// [`BUFFERED_AT_MOST`] and no copy runs), writes the image's dirty pages out, and turns its
+/// device back to direct I/O if it still serves the image: under the lock, once sure that no
+/// copy began meanwhile (one that did is waited for again). After a long stretch the image
+/// then rests (is not buffered again) for [`BUFFERED_AT_MOST`].
+fn back_to_direct_io(image: std::path::PathBuf) {
+    let due = |b: &Buffered| {
+        b.copies == 0 && (b.last.elapsed() >= BUFFERED_FOR || b.since.elapsed() >= BUFFERED_AT_MOST)
+    };
+    loop {
+        std::thread::sleep(BUFFERED_FOR / 5);
+        let device = {
+            let map = buffered().lock().unwrap_or_else(|p| p.into_inner());
+            match map.get(&image) {
+                None => return,
+                Some(b) if due(b) => b.device.clone(),
+                Some(_) => continue,
+            }
+        };
+        // The bulk of the writing without the lock, so the switch has little left to write.
+        let img = File::open(&image).ok();
+        if let Some(img) = &img {
+            write_out(img);
+        }
+        let mut map = buffered().lock().unwrap_or_else(|p| p.into_inner());
+        let Some(b) = map.get(&image) else {
+            return;
+        };
+        if !due(b) {
+            continue;
+        }
+        let long = b.since.elapsed() >= BUFFERED_AT_MOST;
+        if let (Some(img), Ok(dev)) = (
+            &img,
+            OpenOptions::new().read(true).write(true).open(&device),
+        ) {
+            if img
+                .metadata()
+                .is_ok_and(|m| serves_file(&dev, &m).unwrap_or(false))
+            {
+                // SAFETY: LOOP_SET_DIRECT_IO takes a plain integer argument.
+                unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_SET_DIRECT_IO, 1 as libc::c_ulong) };
+            }
+        }
+        if !long || img.is_none() {
+            map.remove(&image);
+            return;
+        }
+        let until = std::time::Instant::now() + BUFFERED_AT_MOST;
+        if let Some(b) = map.get_mut(&image) {
+            b.resting_until = Some(until);
+        }
+        drop(map);
+        std::thread::sleep(BUFFERED_AT_MOST);
+        let mut map = buffered().lock().unwrap_or_else(|p| p.into_inner());
+        if map
+            .get(&image)
+            .is_some_and(|b| b.resting_until == Some(until))
+        {
+            map.remove(&image);
+        }
+        return;
+    }
+}
+
 /// Makes a fresh copy's file system safe once its boot is over (see [`premount_attached`]):
 /// writes the image's dirty pages to the disk (in slices, [`write_out`]), turns the file system's write barriers
 /// back on through `mount` (a descriptor of the same superblock the sandbox mounted), lets that
@@ -848,6 +1054,70 @@ mod tests {
         })
         .join()
         .unwrap()
+    }
+
+    /// A live disk's loop device runs buffered for copies and goes back to direct I/O once none
+    /// ran for `BUFFERED_FOR`; a second copy in that time finds it buffered; what was written
+    /// through it meanwhile is in the image; an image no device serves is left alone. Needs
+    /// root and mkfs.ext4 (skipped without, and where the image's file system cannot do direct
+    /// I/O).
+    #[test]
+    fn a_disk_is_buffered_for_copies_and_turned_back_to_direct_io_after() {
+        if !can_mount() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let image = tmp.path().join("disk.img");
+        format_image(&image, 64).unwrap();
+        assert!(buffer_for_copy(&image).is_none(), "no device serves it yet");
+        let (device, handle) = attach(&image).unwrap();
+        let dio_file = Path::new("/sys/block")
+            .join(device.file_name().unwrap())
+            .join("loop/dio");
+        let dio = || std::fs::read_to_string(&dio_file).unwrap().trim() == "1";
+        if !dio() {
+            drop(handle);
+            wait_cleared(&device, &image);
+            return;
+        }
+        let first = buffer_for_copy(&image).expect("buffered");
+        assert!(!dio(), "buffered for the copy");
+        // A write through the device meanwhile is the image's (the copy reads the file).
+        let block = vec![0x5au8; 4096];
+        OpenOptions::new()
+            .write(true)
+            .open(&device)
+            .unwrap()
+            .write_all_at(&block, 8 << 20)
+            .unwrap();
+        File::open(&device).unwrap().sync_all().unwrap();
+        let mut back = vec![0u8; 4096];
+        File::open(&image)
+            .unwrap()
+            .read_exact_at(&mut back, 8 << 20)
+            .unwrap();
+        assert_eq!(back, block);
+        drop(first);
+        // The next copy within the window: still buffered, nothing switched.
+        let t = std::time::Instant::now();
+        let second = buffer_for_copy(&image).expect("buffered");
+        assert!(!dio());
+        drop(second);
+        let deadline = t + BUFFERED_FOR + std::time::Duration::from_secs(10);
+        while !dio() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the device stayed buffered"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(
+            t.elapsed() >= BUFFERED_FOR,
+            "turned back {:?} after the last copy",
+            t.elapsed()
+        );
+        drop(handle);
+        wait_cleared(&device, &image);
     }
 
     /// A premounted image mounts again from its device (one file system: what the mount writes

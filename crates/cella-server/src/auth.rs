@@ -202,8 +202,32 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Auth,
         return Err(unauthorized("invalid API key"));
     }
     if row.last_used_at.is_none_or(|t| now - t > 60_000) {
-        let _ = state.store.touch_key(&row.id, now).await;
+        // Off the request's path: a write waits for SQLite's lock behind any other writer
+        // (the model meter's groups under load), and when a key was last used is worth no
+        // request's time. Kept first, so the requests meanwhile do not write it again; one
+        // write at a time per key (a key read again while its write waits finds it under
+        // way), and a later time never replaced by an earlier one.
         state.keys.update(&hash, |r| r.last_used_at = Some(now));
+        let first = state
+            .key_touches
+            .lock()
+            .map(|mut t| t.insert(row.id.clone()))
+            .unwrap_or(false);
+        if first {
+            let (store, touches, id) = (
+                state.store.clone(),
+                state.key_touches.clone(),
+                row.id.clone(),
+            );
+            tokio::spawn(async move {
+                if let Err(e) = store.touch_key(&id, now).await {
+                    tracing::debug!(key = id, "noting a key's last use: {e}");
+                }
+                if let Ok(mut t) = touches.lock() {
+                    t.remove(&id);
+                }
+            });
+        }
     }
     if let Some(ws) = headers.get(WORKSPACE_HEADER) {
         if ws.as_bytes() != row.workspace_id.as_bytes() {

@@ -541,11 +541,20 @@ impl Meter for ServerMeter {
                     "model {model:?} is not in this workspace's model_allowlist"
                 )));
             }
-            if self.state.model_meter.behind() {
-                return Err(Refusal::Unavailable(
-                    "the gateway is recording more requests than it can write now; retry in a second"
-                        .into(),
-                ));
+            match self.state.model_meter.behind_for(&caller.workspace_id) {
+                Some(cella_billing::meter::Behind::Gateway) => {
+                    return Err(Refusal::Unavailable(
+                        "the gateway is recording more requests than it can write now; retry in a second"
+                            .into(),
+                    ))
+                }
+                Some(cella_billing::meter::Behind::Workspace) => {
+                    return Err(Refusal::Unavailable(
+                        "this workspace's model requests come faster than the gateway can record them; retry in a second"
+                            .into(),
+                    ))
+                }
+                None => {}
             }
             // The run's share first (as its budget was checked before the wallet); a refusal
             // of the wallet drops it again.

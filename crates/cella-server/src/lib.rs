@@ -125,6 +125,8 @@ pub struct AppState {
     pub gateway: gateway::GatewayState,
     /// API keys looked up by their hash, kept for a moment (`auth`; see `cella_store::kept`).
     pub keys: cella_store::kept::Kept<cella_store::KeyRow>,
+    /// Keys whose `last_used_at` is being written (`auth`): one write at a time per key.
+    pub key_touches: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     /// Failed sign-ins per email and client address.
     pub sign_in: service::people::SignInLimiter,
     /// Task runs: runner slots, live runs, their events (`tasks`).
@@ -841,6 +843,7 @@ async fn assemble(
         tasks: tasks::TasksState::new(config.tasks.runners.max(1)),
         gateway: gateway::GatewayState::new(gw),
         keys: cella_store::kept::Kept::new(),
+        key_touches: Default::default(),
         sign_in,
         exec_budget,
         base: public_base_of(&config),

@@ -162,11 +162,14 @@ impl Store {
     }
 
     pub async fn touch_key(&self, id: &str, now: i64) -> Result<()> {
-        sqlx::query("UPDATE api_keys SET last_used_at = ? WHERE id = ?")
-            .bind(now)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
+        // Never back: two touches may commit in either order.
+        sqlx::query(
+            "UPDATE api_keys SET last_used_at = MAX(COALESCE(last_used_at, 0), ?) WHERE id = ?",
+        )
+        .bind(now)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 }

@@ -122,6 +122,35 @@ async fn gw(s: &Server, key: &str, path: &str, body: Value) -> (u16, String) {
     (status, String::from_utf8_lossy(&bytes).into_owned())
 }
 
+/// Another writer holding SQLite's write lock: the model meter's writes wait for it until
+/// [`release`].
+async fn hold_writes(s: &Server) -> sqlx::pool::PoolConnection<sqlx::Sqlite> {
+    let mut holder = s.state.store.pool().acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    holder
+}
+
+async fn release(mut holder: sqlx::pool::PoolConnection<sqlx::Sqlite>) {
+    sqlx::query("COMMIT").execute(&mut *holder).await.unwrap();
+}
+
+/// A free model's charge of workspace `ws`, as the gateway submits one.
+fn free_charge(ws: &str, request_id: String) -> cella_billing::ModelCharge {
+    cella_billing::ModelCharge {
+        workspace_id: ws.to_string(),
+        sandbox_id: None,
+        task_id: None,
+        model: "gpt-free".into(),
+        input_tokens: 1,
+        output_tokens: 1,
+        amount: Money::ZERO,
+        request_id,
+    }
+}
+
 /// The id of the server's default workspace (the test key's).
 async fn default_workspace(s: &Server) -> String {
     s.state
@@ -229,28 +258,15 @@ async fn a_gateway_whose_ledger_writes_are_behind_answers_503_with_retry_after()
     let ws = default_workspace(&s).await;
     let chat = "/gateway/openai/v1/chat/completions";
     let free = serde_json::json!({"model": "gpt-free", "messages": []});
-    // A first request (its key's first use is a write of its own, once a minute).
+    // A first request (its key's first use writes when it was used, once a minute).
     assert_eq!(gw(&s, &key, chat, free.clone()).await.0, 200);
     s.state.model_meter.flush().await;
     // Another writer holds SQLite's write lock while the backlog builds up.
-    let mut holder = s.state.store.pool().acquire().await.unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let holder = hold_writes(&s).await;
     for i in 0..cella_billing::meter::MAX_BACKLOG {
         s.state
             .model_meter
-            .submit(cella_billing::ModelCharge {
-                workspace_id: ws.clone(),
-                sandbox_id: None,
-                task_id: None,
-                model: "gpt-free".into(),
-                input_tokens: 1,
-                output_tokens: 1,
-                amount: Money::ZERO,
-                request_id: format!("backlog-{i}"),
-            })
+            .submit(free_charge(&ws, format!("backlog-{i}")))
             .await;
     }
     let req = Request::builder()
@@ -274,8 +290,7 @@ async fn a_gateway_whose_ledger_writes_are_behind_answers_503_with_retry_after()
     let v: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(v["error"]["code"], "UNAVAILABLE", "{v}");
 
-    sqlx::query("COMMIT").execute(&mut *holder).await.unwrap();
-    drop(holder);
+    release(holder).await;
     s.state.model_meter.flush().await;
     let (st, b) = gw(&s, &key, chat, free).await;
     assert_eq!(st, 200, "{b}");
@@ -286,6 +301,83 @@ async fn a_gateway_whose_ledger_writes_are_behind_answers_503_with_retry_after()
         .await
         .unwrap();
     assert_eq!(n as usize, cella_billing::meter::MAX_BACKLOG + 2);
+}
+
+/// A burst of one workspace fills only its share of the ledger's backlog: it gets 503 for
+/// itself alone, another workspace's requests are still answered meanwhile.
+#[tokio::test]
+async fn one_workspaces_burst_does_not_shut_the_gateway_for_another() {
+    use cella_billing::meter::WORKSPACE_BACKLOG;
+    let (s, key) = gateway_server().await;
+    let ws = default_workspace(&s).await;
+    let (status, v) = s
+        .call(
+            "POST",
+            "/api/v1/workspaces",
+            Some(
+                serde_json::json!({ "name": "other", "plan": "developer", "kind": "organization" }),
+            ),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let other_ws = v["data"]["id"].as_str().unwrap().to_string();
+    let (status, v) = s
+        .call(
+            "POST",
+            "/api/v1/api-keys",
+            Some(serde_json::json!({ "workspace_id": other_ws, "name": "m", "scopes": ["models:use"] })),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let other_key = v["data"]["key"].as_str().unwrap().to_string();
+    let chat = "/gateway/openai/v1/chat/completions";
+    let free = serde_json::json!({"model": "gpt-free", "messages": []});
+    for k in [&key, &other_key] {
+        let (st, b) = gw(&s, k, chat, free.clone()).await;
+        assert_eq!(st, 200, "{b}");
+    }
+    s.state.model_meter.flush().await;
+    let holder = hold_writes(&s).await;
+    // This workspace's burst, waiting to be written, fills its share.
+    for i in 0..WORKSPACE_BACKLOG {
+        s.state
+            .model_meter
+            .submit(free_charge(&ws, format!("burst-{i}")))
+            .await;
+    }
+    let (st, b) = gw(&s, &key, chat, free.clone()).await;
+    assert_eq!(st, 503, "{b}");
+    let v: Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(v["error"]["code"], "UNAVAILABLE", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("this workspace")),
+        "{v}"
+    );
+    let (st, b) = gw(&s, &other_key, chat, free.clone()).await;
+    assert_eq!(st, 200, "another workspace's burst refused this one: {b}");
+    release(holder).await;
+    s.state.model_meter.flush().await;
+    assert_eq!(gw(&s, &key, chat, free).await.0, 200);
+    s.state.model_meter.flush().await;
+    let count = |w: String| {
+        let pool = s.state.store.pool().clone();
+        async move {
+            let (n,): (i64,) = sqlx::query_as(
+                "SELECT COUNT(*) FROM ledger WHERE kind = 'model' AND workspace_id = ?",
+            )
+            .bind(w)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            n as usize
+        }
+    };
+    // The first request, the burst and the last one; not the refused one.
+    assert_eq!(count(ws).await, WORKSPACE_BACKLOG + 2);
+    // The first request and the one answered during the burst.
+    assert_eq!(count(other_ws).await, 2);
 }
 
 /// What a request looked up is kept, yet a revoked key and a changed allow-list take effect
