@@ -661,6 +661,7 @@ fn back_to_direct_io(image: std::path::PathBuf) {
         let img = File::open(&image).ok();
         if let Some(img) = &img {
             write_out(img);
+            let _ = img.sync_data();
         }
         let mut map = buffered().lock().unwrap_or_else(|p| p.into_inner());
         let Some(b) = map.get(&image) else {
@@ -670,17 +671,8 @@ fn back_to_direct_io(image: std::path::PathBuf) {
             continue;
         }
         let long = b.since.elapsed() >= BUFFERED_AT_MOST;
-        if let (Some(img), Ok(dev)) = (
-            &img,
-            OpenOptions::new().read(true).write(true).open(&device),
-        ) {
-            if img
-                .metadata()
-                .is_ok_and(|m| serves_file(&dev, &m).unwrap_or(false))
-            {
-                // SAFETY: LOOP_SET_DIRECT_IO takes a plain integer argument.
-                unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_SET_DIRECT_IO, 1 as libc::c_ulong) };
-            }
+        if let Some(img) = &img {
+            direct_io_if_serving(&device, img);
         }
         if !long || img.is_none() {
             map.remove(&image);
@@ -734,6 +726,11 @@ fn settle(mount: Option<std::os::fd::OwnedFd>, device: &Path, image: &Path) {
             tracing::warn!(image = %image.display(), "turning write barriers back on: {e}");
         }
     }
+    direct_io_if_serving(device, &img);
+}
+
+/// Turns `device` to direct I/O if it still serves `img` (a free device is soon another's).
+fn direct_io_if_serving(device: &Path, img: &File) {
     let (Ok(meta), Ok(dev)) = (
         img.metadata(),
         OpenOptions::new().read(true).write(true).open(device),

@@ -345,9 +345,25 @@ async fn one_workspaces_burst_does_not_shut_the_gateway_for_another() {
             .submit(free_charge(&ws, format!("burst-{i}")))
             .await;
     }
-    let (st, b) = gw(&s, &key, chat, free.clone()).await;
-    assert_eq!(st, 503, "{b}");
-    let v: Value = serde_json::from_str(&b).unwrap();
+    let req = Request::builder()
+        .method("POST")
+        .uri(chat)
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(Body::from(free.to_string()))
+        .unwrap();
+    let res = s.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status().as_u16(), 503);
+    assert_eq!(
+        res.headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let b = axum::body::to_bytes(res.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&b).unwrap();
     assert_eq!(v["error"]["code"], "UNAVAILABLE", "{v}");
     assert!(
         v["error"]["message"]
