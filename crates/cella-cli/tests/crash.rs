@@ -719,6 +719,19 @@ fn crash_at_each_step_of_snapshot_and_fork() {
                 let id = id.borrow();
                 let r = s.req("GET", &format!("/api/v1/sandboxes/{id}"), Some(key), None);
                 assert_eq!(r.data()["state"], "running", "{point}: {}", r.body);
+                // Its disk's flushes, deferred for the copy, are honoured again: the
+                // device reports its write cache (the start turns back what a killed server
+                // left).
+                let device = std::fs::read_dir("/sys/block")
+                    .unwrap()
+                    .flatten()
+                    .find(|e| {
+                        std::fs::read_to_string(e.path().join("loop/backing_file"))
+                            .is_ok_and(|b| b.contains(id.as_str()))
+                    })
+                    .expect("the source's loop device");
+                let cache = std::fs::read_to_string(device.path().join("queue/write_cache"));
+                assert_eq!(cache.unwrap().trim(), "write back", "{point}");
                 // A snapshot taken now works and serves a new sandbox.
                 let snap = post(s, key, &format!("/api/v1/sandboxes/{id}/snapshots"));
                 assert_eq!(snap.status, 201, "{point}: {}", snap.body);

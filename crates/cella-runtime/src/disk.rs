@@ -176,6 +176,12 @@ fn attach_with(image: &Path, flags: u32) -> std::io::Result<(std::path::PathBuf,
         // SAFETY: LOOP_CONFIGURE with a loop_config we own.
         let r = unsafe { libc::ioctl(loopf.as_raw_fd(), LOOP_CONFIGURE, &cfg) };
         if r == 0 {
+            // A device keeps its queue's write cache setting from one image to the next: one
+            // a copy turned off ([`buffer_for_copy`]) and a killed server never turned back
+            // would drop this image's flushes.
+            if let Some(name) = dev.file_name().filter(|n| write_cache(n) == Some(false)) {
+                set_write_cache(name, true);
+            }
             return Ok((dev, loopf));
         }
         let err = std::io::Error::last_os_error();
@@ -505,6 +511,12 @@ fn mount_ahead(
 /// switch holds the device's queue for 15-25 ms here.
 pub const BUFFERED_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long after its last copy a disk whose flushes were deferred for copies
+/// ([`buffer_for_copy`]) honours them again: forks of one sandbox in a row find them deferred
+/// still (turning them off holds the device's queue for 16 ms here), and what the sandbox
+/// flushes meanwhile reaches the disk at most this much (and a sync) later.
+pub const HONOUR_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The longest a disk stays buffered for copies that keep coming, and then the time it is not
 /// buffered again: a sandbox snapshotted or forked without pause has its disk on direct I/O at
 /// least half the time (see [`configure_flags`] for why direct I/O).
@@ -525,6 +537,18 @@ pub const BUFFERED_AT_MOST: std::time::Duration = std::time::Duration::from_secs
 /// all the same. Only a device this call found on direct I/O is switched and turned back
 /// (one buffered already, a fresh copy's before it settles or a file system without direct
 /// I/O, is left as it is). None: nothing switched; the copy then goes as before.
+///
+/// While copies run, and for [`HONOUR_AFTER`] after the last, the device also reports no write
+/// cache of its own: the sandbox's file system's flushes then end at the host's page cache; the
+/// same thread then reports it again and syncs the image once ([`honour_flushes`]). Why: a
+/// flush of the buffered device `fsync`s the image, so the sync before the freeze wrote the
+/// 100 MiB just written to the host's disk (100 ms of a 180 ms fork here); deferred, a fork of a
+/// new sandbox right after it wrote 100 MiB takes 105-120 ms. What the sandbox flushes in that
+/// moment reaches the disk a second or so later: only a crash of the host itself meanwhile
+/// could cost it more than its last writes, as for a fresh copy before it settles
+/// ([`premount_attached`]). A server stopping honours them at once; one killed leaves the
+/// device so until the next server's start ([`honour_flushes_under`]); an attach never hands
+/// the setting on to another image.
 ///
 /// A server stopped or killed meanwhile leaves the device buffered until the sandbox's next
 /// boot (each boot attaches its own): its files and isolation are the same, its blocks cached
@@ -552,9 +576,8 @@ pub fn buffer_for_copy(image: &Path) -> Option<CopyWindow> {
     if !serves_file(&dev, &std::fs::metadata(image).ok()?).ok()? {
         return None;
     }
-    let dio_path = Path::new("/sys/block")
-        .join(device.file_name()?)
-        .join("loop/dio");
+    let name = device.file_name()?.to_owned();
+    let dio_path = Path::new("/sys/block").join(&name).join("loop/dio");
     let dio = || std::fs::read_to_string(&dio_path).is_ok_and(|d| d.trim() == "1");
     // Counted in before the device is switched: the thread turning it back checks the count,
     // under the lock, before it switches.
@@ -562,7 +585,7 @@ pub fn buffer_for_copy(image: &Path) -> Option<CopyWindow> {
     match map.get_mut(image) {
         Some(b) if b.resting_until.is_none() => {
             b.copies += 1;
-            b.device = device;
+            b.device = device.clone();
         }
         Some(b) if b.resting_until.is_some_and(|until| now < until) => return None,
         _ => {
@@ -573,8 +596,9 @@ pub fn buffer_for_copy(image: &Path) -> Option<CopyWindow> {
             let before = map.insert(
                 image.to_path_buf(),
                 Buffered {
-                    device,
+                    device: device.clone(),
                     copies: 1,
+                    deferring: false,
                     since: now,
                     last: now,
                     resting_until: None,
@@ -594,12 +618,111 @@ pub fn buffer_for_copy(image: &Path) -> Option<CopyWindow> {
             }
         }
     }
+    // Flushes deferred unless they are already, or the device reports no write cache
+    // (someone else's setting, or flushes being honoured again right now: this copy then
+    // flushes as before).
+    let defer = match map.get_mut(image) {
+        Some(b) if !b.deferring && write_cache(&name) == Some(true) => {
+            b.deferring = true;
+            true
+        }
+        _ => false,
+    };
     drop(map);
-    if dio() {
+    let to_buffered = || {
         // SAFETY: LOOP_SET_DIRECT_IO takes a plain integer argument.
         unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_SET_DIRECT_IO, 0 as libc::c_ulong) };
+    };
+    match (defer, dio()) {
+        (true, true) => switch_together(&name, false, to_buffered),
+        (true, false) => set_write_cache(&name, false),
+        (false, true) => to_buffered(),
+        (false, false) => {}
     }
     Some(CopyWindow(image.to_path_buf()))
+}
+
+/// Sets the loop device `name`'s write cache ([`set_write_cache`]) and runs `switch` (its turn
+/// to or from direct I/O) at the same time: each holds the device's queue until an RCU grace
+/// period is over (16 ms here, idle or not), and two at once wait for the same one.
+fn switch_together(name: &std::ffi::OsStr, write_cache: bool, switch: impl FnOnce()) {
+    std::thread::scope(|s| {
+        let cache = std::thread::Builder::new()
+            .name("disk-cache".into())
+            .spawn_scoped(s, || set_write_cache(name, write_cache));
+        switch();
+        if cache.is_err() {
+            set_write_cache(name, write_cache);
+        }
+    });
+}
+
+/// Whether the loop device `name`'s queue reports a write cache (`write back`): its flushes
+/// then reach the driver, which `fsync`s the image. None: unreadable.
+fn write_cache(name: &std::ffi::OsStr) -> Option<bool> {
+    let path = Path::new("/sys/block").join(name).join("queue/write_cache");
+    let mode = std::fs::read_to_string(path).ok()?;
+    Some(mode.trim() == "write back")
+}
+
+/// Makes the loop device `name`'s queue report a write cache (`on`) or none: without one, the
+/// block layer ends its flushes before they reach the driver. Best effort.
+fn set_write_cache(name: &std::ffi::OsStr, on: bool) {
+    let path = Path::new("/sys/block").join(name).join("queue/write_cache");
+    let mode = if on { "write back" } else { "write through" };
+    if let Err(e) = std::fs::write(&path, mode) {
+        tracing::warn!(device = ?name, "setting the write cache to {mode}: {e}");
+    }
+}
+
+/// The flushes of a live sandbox's disk, held back while copies of its image ran
+/// ([`buffer_for_copy`]), honoured again ([`HONOUR_AFTER`] after the last): the device's write
+/// cache reported again, then the image written out (in slices, [`write_out`]) and synced, for
+/// what was flushed meanwhile (what the sandbox wrote before its copy: about 100 ms for 100 MiB
+/// here). A device that serves another image now (its sandbox gone, its number reused) is set
+/// back only if no copy of that image defers its flushes.
+fn honour_flushes(device: &Path, image: &Path) {
+    let others_deferring = || {
+        let map = buffered().lock().unwrap_or_else(|p| p.into_inner());
+        map.iter()
+            .any(|(i, b)| i.as_path() != image && b.device == device && b.deferring)
+    };
+    let ours = serves(device, image) || !others_deferring();
+    if let Some(name) = device.file_name().filter(|_| ours) {
+        set_write_cache(name, true);
+    }
+    if let Ok(img) = File::open(image) {
+        write_out(&img);
+        let _ = img.sync_data();
+    }
+}
+
+/// At a server's start and stop: a loop device serving an image under `dir` whose write cache
+/// a copy turned off ([`buffer_for_copy`]), and that nothing turned back yet (the server
+/// stopping or killed in that moment), reports it again, and its image is synced. Best effort.
+pub fn honour_flushes_under(dir: &Path) {
+    let Ok(dir) = dir.canonicalize() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().starts_with("loop") || write_cache(&name) != Some(false) {
+            continue;
+        }
+        let Ok(backing) = std::fs::read_to_string(e.path().join("loop/backing_file")) else {
+            continue;
+        };
+        let backing = Path::new(backing.trim_end_matches('\n'));
+        if backing.starts_with(&dir) {
+            set_write_cache(&name, true);
+            if let Ok(img) = File::open(backing) {
+                let _ = img.sync_data();
+            }
+        }
+    }
 }
 
 /// A copy of an image under way on its buffered device ([`buffer_for_copy`]).
@@ -621,6 +744,9 @@ struct Buffered {
     device: std::path::PathBuf,
     /// Copies under way.
     copies: usize,
+    /// Its flushes held back while copies run ([`honour_flushes`], [`HONOUR_AFTER`] after the
+    /// last).
+    deferring: bool,
     /// When it was switched to buffered I/O.
     since: std::time::Instant,
     /// When the last copy ended (or the first began).
@@ -645,18 +771,33 @@ fn buffered() -> &'static std::sync::Mutex<std::collections::HashMap<std::path::
 /// then rests (is not buffered again) for [`BUFFERED_AT_MOST`].
 fn back_to_direct_io(image: std::path::PathBuf) {
     let due = |b: &Buffered| {
-        b.copies == 0 && (b.last.elapsed() >= BUFFERED_FOR || b.since.elapsed() >= BUFFERED_AT_MOST)
+        b.copies == 0
+            && !b.deferring
+            && (b.last.elapsed() >= BUFFERED_FOR || b.since.elapsed() >= BUFFERED_AT_MOST)
     };
     loop {
-        std::thread::sleep(BUFFERED_FOR / 5);
-        let device = {
-            let map = buffered().lock().unwrap_or_else(|p| p.into_inner());
-            match map.get(&image) {
+        std::thread::sleep(HONOUR_AFTER / 4);
+        let (device, honour) = {
+            let mut map = buffered().lock().unwrap_or_else(|p| p.into_inner());
+            match map.get_mut(&image) {
                 None => return,
-                Some(b) if due(b) => b.device.clone(),
+                Some(b)
+                    if b.deferring
+                        && b.copies == 0
+                        && (b.last.elapsed() >= HONOUR_AFTER
+                            || b.since.elapsed() >= BUFFERED_AT_MOST) =>
+                {
+                    b.deferring = false;
+                    (b.device.clone(), true)
+                }
+                Some(b) if due(b) => (b.device.clone(), false),
                 Some(_) => continue,
             }
         };
+        if honour {
+            honour_flushes(&device, &image);
+            continue;
+        }
         // The bulk of the writing without the lock, so the switch has little left to write.
         let img = File::open(&image).ok();
         if let Some(img) = &img {
@@ -1077,8 +1218,15 @@ mod tests {
             wait_cleared(&device, &image);
             return;
         }
+        let name = device.file_name().unwrap().to_owned();
+        assert_eq!(write_cache(&name), Some(true));
         let first = buffer_for_copy(&image).expect("buffered");
         assert!(!dio(), "buffered for the copy");
+        assert_eq!(
+            write_cache(&name),
+            Some(false),
+            "flushes deferred for the copy"
+        );
         // A write through the device meanwhile is the image's (the copy reads the file).
         let block = vec![0x5au8; 4096];
         OpenOptions::new()
@@ -1095,11 +1243,28 @@ mod tests {
             .unwrap();
         assert_eq!(back, block);
         drop(first);
-        // The next copy within the window: still buffered, nothing switched.
+        // The next copy within the window: still buffered, flushes still deferred.
         let t = std::time::Instant::now();
         let second = buffer_for_copy(&image).expect("buffered");
         assert!(!dio());
+        assert_eq!(write_cache(&name), Some(false));
         drop(second);
+        // A while after the last copy, the write cache is reported again; later still, the
+        // device is back on direct I/O.
+        let deadline = t + HONOUR_AFTER + std::time::Duration::from_secs(10);
+        while write_cache(&name) != Some(true) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "flushes stayed deferred"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            t.elapsed() >= HONOUR_AFTER,
+            "honoured {:?} after",
+            t.elapsed()
+        );
+        assert!(!dio(), "honoured before its switch back");
         let deadline = t + BUFFERED_FOR + std::time::Duration::from_secs(10);
         while !dio() {
             assert!(
@@ -1115,6 +1280,125 @@ mod tests {
         );
         drop(handle);
         wait_cleared(&device, &image);
+    }
+
+    /// A device whose flushes a copy deferred and a killed server never honoured again
+    /// (`buffer_for_copy`) gets its write cache back at the next server's start, for images
+    /// under its data directory only, and an attach never hands one on to the next image.
+    /// Needs root and mkfs.ext4 (skipped without).
+    #[test]
+    fn flushes_left_deferred_are_honoured_at_the_start_and_never_handed_on() {
+        if !can_mount() {
+            return;
+        }
+        let ours = tempfile::tempdir().unwrap();
+        let theirs = tempfile::tempdir().unwrap();
+        let (a, b) = (ours.path().join("disk.img"), theirs.path().join("disk.img"));
+        format_image(&a, 64).unwrap();
+        format_image(&b, 64).unwrap();
+        let (dev_a, handle_a) = attach(&a).unwrap();
+        let (dev_b, handle_b) = attach(&b).unwrap();
+        let (na, nb) = (
+            dev_a.file_name().unwrap().to_owned(),
+            dev_b.file_name().unwrap().to_owned(),
+        );
+        set_write_cache(&na, false);
+        set_write_cache(&nb, false);
+        honour_flushes_under(ours.path());
+        assert_eq!(write_cache(&na), Some(true), "under the data directory");
+        assert_eq!(
+            write_cache(&nb),
+            Some(false),
+            "another's image is left alone"
+        );
+        set_write_cache(&nb, true);
+        drop(handle_a);
+        wait_cleared(&dev_a, &a);
+        // The free device the next attach most likely gets, with its write cache turned off.
+        let ctl = File::open("/dev/loop-control").unwrap();
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument.
+        let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE) };
+        assert!(n >= 0);
+        let free = std::ffi::OsString::from(format!("loop{n}"));
+        set_write_cache(&free, false);
+        let (dev, handle) = attach(&a).unwrap();
+        assert_eq!(
+            write_cache(dev.file_name().unwrap()),
+            Some(true),
+            "{} took {}",
+            a.display(),
+            dev.display()
+        );
+        set_write_cache(&free, true);
+        drop(handle);
+        wait_cleared(&dev, &a);
+        drop(handle_b);
+        wait_cleared(&dev_b, &b);
+    }
+
+    /// A sandbox gone while its flushes were deferred, its device's number reused by another
+    /// whose copy defers its own: the first one's turn to honour them leaves the second's
+    /// alone. Needs root and mkfs.ext4 (skipped without, and where direct I/O is refused); says
+    /// so when the second image got another device (nothing then to check).
+    #[test]
+    fn honouring_a_gone_sandboxs_flushes_leaves_the_next_one_on_its_device_alone() {
+        if !can_mount() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a.img"), tmp.path().join("b.img"));
+        format_image(&a, 64).unwrap();
+        format_image(&b, 64).unwrap();
+        let (dev_a, handle_a) = attach(&a).unwrap();
+        let name = dev_a.file_name().unwrap().to_owned();
+        let Some(first) = buffer_for_copy(&a) else {
+            eprintln!("skipped: {} is not on direct I/O", dev_a.display());
+            drop(handle_a);
+            wait_cleared(&dev_a, &a);
+            return;
+        };
+        assert_eq!(write_cache(&name), Some(false));
+        drop(first);
+        drop(handle_a);
+        wait_cleared(&dev_a, &a);
+        let (dev_b, handle_b) = attach(&b).unwrap();
+        if dev_b != dev_a {
+            eprintln!(
+                "{} got {}, not {}: nothing to check",
+                b.display(),
+                dev_b.display(),
+                dev_a.display()
+            );
+            drop(handle_b);
+            wait_cleared(&dev_b, &b);
+            return;
+        }
+        assert_eq!(
+            write_cache(&name),
+            Some(true),
+            "the attach reports it again"
+        );
+        let second = buffer_for_copy(&b).expect("buffered");
+        assert_eq!(write_cache(&name), Some(false));
+        // Past the first image's turn to honour its flushes: the second's stay deferred.
+        std::thread::sleep(HONOUR_AFTER * 2);
+        assert_eq!(
+            write_cache(&name),
+            Some(false),
+            "the second copy's flushes were honoured"
+        );
+        drop(second);
+        let deadline =
+            std::time::Instant::now() + HONOUR_AFTER + std::time::Duration::from_secs(10);
+        while write_cache(&name) != Some(true) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "flushes stayed deferred"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        drop(handle_b);
+        wait_cleared(&dev_b, &b);
     }
 
     /// A premounted image mounts again from its device (one file system: what the mount writes

@@ -313,6 +313,7 @@ impl NamespaceDriver {
             std::fs::create_dir_all(&p)?;
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700))?;
         }
+        crate::disk::honour_flushes_under(data_dir);
         Ok(NamespaceDriver {
             data_dir: data_dir.to_path_buf(),
             launchers: launchers::Launchers::new(agent_exe.clone(), false, Vec::new()),
@@ -1044,6 +1045,9 @@ impl Driver for NamespaceDriver {
 
     fn tidy(&self) {
         self.held.clear();
+        // Sandboxes run on without the server: flushes still deferred after a copy are
+        // honoured now rather than at the next start.
+        crate::disk::honour_flushes_under(&self.data_dir);
         cgroup::remove_if_empty(&self.cgroup_parent);
         if let Some(n) = &self.net {
             n.wait_removals();
