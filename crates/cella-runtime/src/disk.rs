@@ -176,12 +176,7 @@ fn attach_with(image: &Path, flags: u32) -> std::io::Result<(std::path::PathBuf,
         // SAFETY: LOOP_CONFIGURE with a loop_config we own.
         let r = unsafe { libc::ioctl(loopf.as_raw_fd(), LOOP_CONFIGURE, &cfg) };
         if r == 0 {
-            // A device keeps its queue's write cache setting from one image to the next: one
-            // a copy turned off ([`buffer_for_copy`]) and a killed server never turned back
-            // would drop this image's flushes.
-            if let Some(name) = dev.file_name().filter(|n| write_cache(n) == Some(false)) {
-                set_write_cache(name, true);
-            }
+            write_cache_back(&dev);
             return Ok((dev, loopf));
         }
         let err = std::io::Error::last_os_error();
@@ -209,12 +204,23 @@ fn attach_with(image: &Path, flags: u32) -> std::io::Result<(std::path::PathBuf,
                         libc::ioctl(loopf.as_raw_fd(), LOOP_SET_DIRECT_IO, 1 as libc::c_ulong);
                     }
                 }
+                write_cache_back(&dev);
                 return Ok((dev, loopf));
             }
             _ => return Err(err),
         }
     }
     Err(std::io::Error::other("no free loop device"))
+}
+
+/// A device keeps its queue's write cache setting from one image to the next: one a copy turned
+/// off ([`buffer_for_copy`]) and nothing turned back (a server killed meanwhile) would drop the
+/// flushes of the image attached next. Reported again here (a read of one `sysfs` file when
+/// there is nothing to do).
+fn write_cache_back(device: &Path) {
+    if let Some(name) = device.file_name().filter(|n| write_cache(n) == Some(false)) {
+        set_write_cache(name, true);
+    }
 }
 
 /// Why a sandbox's disk could not be mounted.
@@ -513,9 +519,12 @@ pub const BUFFERED_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long after its last copy a disk whose flushes were deferred for copies
 /// ([`buffer_for_copy`]) honours them again: forks of one sandbox in a row find them deferred
-/// still (turning them off holds the device's queue for 16 ms here), and what the sandbox
-/// flushes meanwhile reaches the disk at most this much (and a sync) later.
+/// still (turning them off holds the device's queue for 16 ms here).
 pub const HONOUR_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The longest a disk's flushes stay deferred while copies keep coming: they are honoured at
+/// the first moment no copy runs after this.
+pub const DEFERRED_AT_MOST: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The longest a disk stays buffered for copies that keep coming, and then the time it is not
 /// buffered again: a sandbox snapshotted or forked without pause has its disk on direct I/O at
@@ -538,23 +547,28 @@ pub const BUFFERED_AT_MOST: std::time::Duration = std::time::Duration::from_secs
 /// (one buffered already, a fresh copy's before it settles or a file system without direct
 /// I/O, is left as it is). None: nothing switched; the copy then goes as before.
 ///
-/// While copies run, and for [`HONOUR_AFTER`] after the last, the device also reports no write
-/// cache of its own: the sandbox's file system's flushes then end at the host's page cache; the
-/// same thread then reports it again and syncs the image once ([`honour_flushes`]). Why: a
+/// While copies run, and for [`HONOUR_AFTER`] after the last (at most [`DEFERRED_AT_MOST`] and a
+/// copy's time), the device also reports no write cache of its own: the block layer ends the
+/// sandbox's file system's flushes at once, and its writes stay in the host's page cache; the
+/// same thread then reports the cache again and syncs the image ([`honour_flushes`]). Why: a
 /// flush of the buffered device `fsync`s the image, so the sync before the freeze wrote the
 /// 100 MiB just written to the host's disk (100 ms of a 180 ms fork here); deferred, a fork of a
-/// new sandbox right after it wrote 100 MiB takes 105-120 ms. What the sandbox flushes in that
-/// moment reaches the disk a second or so later: only a crash of the host itself meanwhile
-/// could cost it more than its last writes, as for a fresh copy before it settles
-/// ([`premount_attached`]). A server stopping honours them at once; one killed leaves the
-/// device so until the next server's start ([`honour_flushes_under`]); an attach never hands
-/// the setting on to another image.
+/// new sandbox right after it wrote 100 MiB takes 110-130 ms. The price, for that moment only:
+/// an `fsync` inside the sandbox returns before its data is on the host's disk, and the host
+/// writes the image in any order. A crash of the host itself (not of the server) in that
+/// moment can lose what the sandbox wrote since it began and leave its file system to be
+/// repaired, as for a fresh copy before it settles ([`premount_attached`]). Nothing else is
+/// weakened: a server or sandbox crash loses nothing (the page cache stays). Not deferred
+/// once the disk has been buffered [`BUFFERED_AT_MOST`] (it goes back to direct I/O), nor when
+/// the caller says not to (`defer` false: the server stops). A server stopping honours them at once; one killed leaves the device so
+/// until the next server's start ([`honour_flushes_under`]); an attach never hands the setting
+/// on to another image.
 ///
 /// A server stopped or killed meanwhile leaves the device buffered until the sandbox's next
 /// boot (each boot attaches its own): its files and isolation are the same, its blocks cached
 /// twice meanwhile, and the kernel threads that write them out work for it unaccounted, as for
 /// any buffered device.
-pub fn buffer_for_copy(image: &Path) -> Option<CopyWindow> {
+pub fn buffer_for_copy(image: &Path, defer: bool) -> Option<CopyWindow> {
     let lock = || buffered().lock().unwrap_or_else(|p| p.into_inner());
     let now = std::time::Instant::now();
     // Kept buffered already (or resting): the device is checked without the lock held (its
@@ -598,7 +612,7 @@ pub fn buffer_for_copy(image: &Path) -> Option<CopyWindow> {
                 Buffered {
                     device: device.clone(),
                     copies: 1,
-                    deferring: false,
+                    deferring_since: None,
                     since: now,
                     last: now,
                     resting_until: None,
@@ -622,8 +636,13 @@ pub fn buffer_for_copy(image: &Path) -> Option<CopyWindow> {
     // (someone else's setting, or flushes being honoured again right now: this copy then
     // flushes as before).
     let defer = match map.get_mut(image) {
-        Some(b) if !b.deferring && write_cache(&name) == Some(true) => {
-            b.deferring = true;
+        Some(b)
+            if b.deferring_since.is_none()
+                && b.since.elapsed() < BUFFERED_AT_MOST
+                && defer
+                && write_cache(&name) == Some(true) =>
+        {
+            b.deferring_since = Some(now);
             true
         }
         _ => false,
@@ -685,21 +704,30 @@ fn honour_flushes(device: &Path, image: &Path) {
     let others_deferring = || {
         let map = buffered().lock().unwrap_or_else(|p| p.into_inner());
         map.iter()
-            .any(|(i, b)| i.as_path() != image && b.device == device && b.deferring)
+            .any(|(i, b)| i.as_path() != image && b.device == device && b.deferring_since.is_some())
     };
+    // Synced before the cache is reported again, and once more after: a server killed
+    // between the two leaves nothing deferred unsynced (a device still without its cache is
+    // found at the next start) but what came in the moment of the switch.
+    let img = File::open(image).ok();
+    if let Some(img) = &img {
+        write_out(img);
+        let _ = img.sync_data();
+    }
     let ours = serves(device, image) || !others_deferring();
     if let Some(name) = device.file_name().filter(|_| ours) {
         set_write_cache(name, true);
     }
-    if let Ok(img) = File::open(image) {
-        write_out(&img);
+    if let Some(img) = &img {
         let _ = img.sync_data();
     }
 }
 
 /// At a server's start and stop: a loop device serving an image under `dir` whose write cache
 /// a copy turned off ([`buffer_for_copy`]), and that nothing turned back yet (the server
-/// stopping or killed in that moment), reports it again, and its image is synced. Best effort.
+/// stopping or killed in that moment), reports it again, and its image is synced; a free one
+/// (its sandbox gone meanwhile) reports it again too, for whoever attaches it next. Best
+/// effort.
 pub fn honour_flushes_under(dir: &Path) {
     let Ok(dir) = dir.canonicalize() else {
         return;
@@ -713,6 +741,8 @@ pub fn honour_flushes_under(dir: &Path) {
             continue;
         }
         let Ok(backing) = std::fs::read_to_string(e.path().join("loop/backing_file")) else {
+            // Free: nothing of anyone's is deferred on it.
+            set_write_cache(&name, true);
             continue;
         };
         let backing = Path::new(backing.trim_end_matches('\n'));
@@ -744,9 +774,9 @@ struct Buffered {
     device: std::path::PathBuf,
     /// Copies under way.
     copies: usize,
-    /// Its flushes held back while copies run ([`honour_flushes`], [`HONOUR_AFTER`] after the
-    /// last).
-    deferring: bool,
+    /// Since when its flushes are held back for copies ([`honour_flushes`], [`HONOUR_AFTER`]
+    /// after the last).
+    deferring_since: Option<std::time::Instant>,
     /// When it was switched to buffered I/O.
     since: std::time::Instant,
     /// When the last copy ended (or the first began).
@@ -764,15 +794,17 @@ fn buffered() -> &'static std::sync::Mutex<std::collections::HashMap<std::path::
     B.get_or_init(Default::default)
 }
 
-/// Waits until no copy of `image` ran for [`BUFFERED_FOR`] (or it has been buffered for
-/// [`BUFFERED_AT_MOST`] and no copy runs), writes the image's dirty pages out, and turns its
-/// device back to direct I/O if it still serves the image: under the lock, once sure that no
-/// copy began meanwhile (one that did is waited for again). After a long stretch the image
-/// then rests (is not buffered again) for [`BUFFERED_AT_MOST`].
+/// Looks at `image` four times a second. Flushes deferred for copies are honoured once no copy
+/// ran for [`HONOUR_AFTER`] (or they have been deferred [`DEFERRED_AT_MOST`] and no copy runs,
+/// [`honour_flushes`]). Once no copy ran for [`BUFFERED_FOR`] (or it has been buffered for
+/// [`BUFFERED_AT_MOST`] and no copy runs) and nothing is deferred, writes the image's dirty
+/// pages out and turns its device back to direct I/O if it still serves the image: under the
+/// lock, once sure that no copy began meanwhile (one that did is waited for again). After a
+/// long stretch the image then rests (is not buffered again) for [`BUFFERED_AT_MOST`].
 fn back_to_direct_io(image: std::path::PathBuf) {
     let due = |b: &Buffered| {
         b.copies == 0
-            && !b.deferring
+            && b.deferring_since.is_none()
             && (b.last.elapsed() >= BUFFERED_FOR || b.since.elapsed() >= BUFFERED_AT_MOST)
     };
     loop {
@@ -782,12 +814,12 @@ fn back_to_direct_io(image: std::path::PathBuf) {
             match map.get_mut(&image) {
                 None => return,
                 Some(b)
-                    if b.deferring
-                        && b.copies == 0
-                        && (b.last.elapsed() >= HONOUR_AFTER
-                            || b.since.elapsed() >= BUFFERED_AT_MOST) =>
+                    if b.copies == 0
+                        && b.deferring_since.is_some_and(|d| {
+                            b.last.elapsed() >= HONOUR_AFTER || d.elapsed() >= DEFERRED_AT_MOST
+                        }) =>
                 {
-                    b.deferring = false;
+                    b.deferring_since = None;
                     (b.device.clone(), true)
                 }
                 Some(b) if due(b) => (b.device.clone(), false),
@@ -1207,7 +1239,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let image = tmp.path().join("disk.img");
         format_image(&image, 64).unwrap();
-        assert!(buffer_for_copy(&image).is_none(), "no device serves it yet");
+        assert!(
+            buffer_for_copy(&image, true).is_none(),
+            "no device serves it yet"
+        );
         let (device, handle) = attach(&image).unwrap();
         let dio_file = Path::new("/sys/block")
             .join(device.file_name().unwrap())
@@ -1220,8 +1255,12 @@ mod tests {
         }
         let name = device.file_name().unwrap().to_owned();
         assert_eq!(write_cache(&name), Some(true));
-        let first = buffer_for_copy(&image).expect("buffered");
+        // A copy told not to defer flushes (the server stops) only buffers.
+        let told_not = buffer_for_copy(&image, false).expect("buffered");
         assert!(!dio(), "buffered for the copy");
+        assert_eq!(write_cache(&name), Some(true), "flushes deferred");
+        drop(told_not);
+        let first = buffer_for_copy(&image, true).expect("buffered");
         assert_eq!(
             write_cache(&name),
             Some(false),
@@ -1245,7 +1284,7 @@ mod tests {
         drop(first);
         // The next copy within the window: still buffered, flushes still deferred.
         let t = std::time::Instant::now();
-        let second = buffer_for_copy(&image).expect("buffered");
+        let second = buffer_for_copy(&image, true).expect("buffered");
         assert!(!dio());
         assert_eq!(write_cache(&name), Some(false));
         drop(second);
@@ -1334,6 +1373,14 @@ mod tests {
         wait_cleared(&dev, &a);
         drop(handle_b);
         wait_cleared(&dev_b, &b);
+        // A free device left without its write cache (its sandbox gone while a copy deferred
+        // its flushes, then the server killed) gets it back at the start too.
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument.
+        let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE) };
+        let free = std::ffi::OsString::from(format!("loop{n}"));
+        set_write_cache(&free, false);
+        honour_flushes_under(ours.path());
+        assert_eq!(write_cache(&free), Some(true), "a free device");
     }
 
     /// A sandbox gone while its flushes were deferred, its device's number reused by another
@@ -1351,7 +1398,7 @@ mod tests {
         format_image(&b, 64).unwrap();
         let (dev_a, handle_a) = attach(&a).unwrap();
         let name = dev_a.file_name().unwrap().to_owned();
-        let Some(first) = buffer_for_copy(&a) else {
+        let Some(first) = buffer_for_copy(&a, true) else {
             eprintln!("skipped: {} is not on direct I/O", dev_a.display());
             drop(handle_a);
             wait_cleared(&dev_a, &a);
@@ -1378,7 +1425,7 @@ mod tests {
             Some(true),
             "the attach reports it again"
         );
-        let second = buffer_for_copy(&b).expect("buffered");
+        let second = buffer_for_copy(&b, true).expect("buffered");
         assert_eq!(write_cache(&name), Some(false));
         // Past the first image's turn to honour its flushes: the second's stay deferred.
         std::thread::sleep(HONOUR_AFTER * 2);

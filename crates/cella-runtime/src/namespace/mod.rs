@@ -88,6 +88,10 @@ pub struct NamespaceDriver {
     /// Copies attached to a loop device before their data was written, by image path, kept for
     /// the boot that mounts them next (see [`Held`]).
     held: Held,
+    /// Set as the server stops ([`Driver::tidy`]): copies no longer defer their source's
+    /// flushes (see [`crate::disk::buffer_for_copy`]), since no thread may be left to honour
+    /// them.
+    stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A fork's copy of its source's disk, attached (buffered) before it was written
@@ -325,6 +329,7 @@ impl NamespaceDriver {
             ids: None,
             files: FileLimits::default(),
             held: Held::default(),
+            stopping: Default::default(),
         })
     }
 
@@ -493,7 +498,8 @@ impl NamespaceDriver {
                 // The disk's device buffered for the sync and the copy, and turned back to
                 // direct I/O a while after them (see `disk::buffer_for_copy`).
                 let t = std::time::Instant::now();
-                let window = crate::disk::buffer_for_copy(&src);
+                let defer = !self.stopping.load(std::sync::atomic::Ordering::SeqCst);
+                let window = crate::disk::buffer_for_copy(&src, defer);
                 let buffer_ms = t.elapsed().as_secs_f64() * 1e3;
                 let was_frozen = cgroup::is_frozen(&h.cgroup);
                 let root = std::fs::File::open(format!("/proc/{}/root", h.pid));
@@ -1045,8 +1051,10 @@ impl Driver for NamespaceDriver {
 
     fn tidy(&self) {
         self.held.clear();
-        // Sandboxes run on without the server: flushes still deferred after a copy are
-        // honoured now rather than at the next start.
+        // Sandboxes run on without the server: no copy defers flushes any more, and those
+        // still deferred after one are honoured now rather than at the next start.
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         crate::disk::honour_flushes_under(&self.data_dir);
         cgroup::remove_if_empty(&self.cgroup_parent);
         if let Some(n) = &self.net {
