@@ -22,8 +22,10 @@ fn set_size(fd: &OwnedFd, cols: u16, rows: u16) {
         ws_ypixel: 0,
     };
     // SAFETY: TIOCSWINSZ with a valid winsize on a terminal we own.
-    unsafe {
-        libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws);
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) } != 0 {
+        // In the sandbox's log: a resize that did not take is otherwise silent.
+        let e = std::io::Error::last_os_error();
+        eprintln!("cella-agent: resizing a terminal to {cols}x{rows}: {e}");
     }
 }
 

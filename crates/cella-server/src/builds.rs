@@ -988,11 +988,15 @@ async fn run_step(
         boot_image: None,
         plain_layer: true,
     };
-    let handle = state
-        .driver
-        .create(&spec)
-        .await
-        .map_err(BuildError::Start)?;
+    let handle = match state.driver.create(&spec).await {
+        Ok(h) => h,
+        Err(e) => {
+            // What a boot that failed halfway made (its directory, say, on a full disk) goes
+            // now, not at the next start's clean-up.
+            let _ = state.driver.destroy(&id, None).await;
+            return Err(BuildError::Start(e));
+        }
+    };
     cella_crash::crash_point!("build.step.after_boot");
     let (uid, home, name) = match defaults.user.unwrap_or(ExecUser::Root) {
         ExecUser::User => (USER_UID, "/home/user", "user"),
