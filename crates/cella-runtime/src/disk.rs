@@ -1338,28 +1338,16 @@ mod tests {
         drop(second);
         // A while after the last copy, the write cache is reported again; later still, the
         // device is back on direct I/O.
-        let deadline = t + HONOUR_AFTER + std::time::Duration::from_secs(10);
-        while write_cache(&name) != Some(true) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "flushes stayed deferred"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        wait_for(t + HONOUR_AFTER, "flushes stayed deferred", || {
+            write_cache(&name) == Some(true)
+        });
         assert!(
             t.elapsed() >= HONOUR_AFTER,
             "honoured {:?} after",
             t.elapsed()
         );
         assert!(!dio(), "honoured before its switch back");
-        let deadline = t + BUFFERED_FOR + std::time::Duration::from_secs(10);
-        while !dio() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the device stayed buffered"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        wait_for(t + BUFFERED_FOR, "the device stayed buffered", dio);
         assert!(
             t.elapsed() >= BUFFERED_FOR,
             "turned back {:?} after the last copy",
@@ -1483,15 +1471,11 @@ mod tests {
             "the second copy's flushes were honoured"
         );
         drop(second);
-        let deadline =
-            std::time::Instant::now() + HONOUR_AFTER + std::time::Duration::from_secs(10);
-        while write_cache(&name) != Some(true) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "flushes stayed deferred"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        wait_for(
+            std::time::Instant::now() + HONOUR_AFTER,
+            "flushes stayed deferred",
+            || write_cache(&name) == Some(true),
+        );
         drop(handle_b);
         wait_cleared(&dev_b, &b);
     }
@@ -1612,6 +1596,16 @@ mod tests {
     }
 
     /// Waits (10 s at most) until `device` no longer serves `image`.
+    /// Waits until `done`, at most 10 s past `due` (what the code waited for is due then);
+    /// fails saying `what` otherwise.
+    fn wait_for(due: std::time::Instant, what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = due + std::time::Duration::from_secs(10);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     fn wait_cleared(device: &Path, image: &Path) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while serves(device, image) {
