@@ -122,6 +122,32 @@ async fn gw(s: &Server, key: &str, path: &str, body: Value) -> (u16, String) {
     (status, String::from_utf8_lossy(&bytes).into_owned())
 }
 
+/// Sends `body` to `path` with `key` and checks the answer a client gets while the model
+/// meter's backlog is full: 503, `Retry-After: 1`, `UNAVAILABLE`. Returns the body.
+async fn refused_for_backlog(s: &Server, key: &str, path: &str, body: &Value) -> Value {
+    let req = Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let res = s.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status().as_u16(), 503);
+    assert_eq!(
+        res.headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["error"]["code"], "UNAVAILABLE", "{v}");
+    v
+}
+
 /// Another writer holding SQLite's write lock: the model meter's writes wait for it until
 /// [`release`].
 async fn hold_writes(s: &Server) -> sqlx::pool::PoolConnection<sqlx::Sqlite> {
@@ -269,26 +295,7 @@ async fn a_gateway_whose_ledger_writes_are_behind_answers_503_with_retry_after()
             .submit(free_charge(&ws, format!("backlog-{i}")))
             .await;
     }
-    let req = Request::builder()
-        .method("POST")
-        .uri(chat)
-        .header("authorization", format!("Bearer {key}"))
-        .header("content-type", "application/json")
-        .body(Body::from(free.to_string()))
-        .unwrap();
-    let res = s.app.clone().oneshot(req).await.unwrap();
-    assert_eq!(res.status().as_u16(), 503);
-    assert_eq!(
-        res.headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok()),
-        Some("1")
-    );
-    let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    let v: Value = serde_json::from_slice(&bytes).unwrap();
-    assert_eq!(v["error"]["code"], "UNAVAILABLE", "{v}");
+    refused_for_backlog(&s, &key, chat, &free).await;
 
     release(holder).await;
     s.state.model_meter.flush().await;
@@ -345,26 +352,7 @@ async fn one_workspaces_burst_does_not_shut_the_gateway_for_another() {
             .submit(free_charge(&ws, format!("burst-{i}")))
             .await;
     }
-    let req = Request::builder()
-        .method("POST")
-        .uri(chat)
-        .header("authorization", format!("Bearer {key}"))
-        .header("content-type", "application/json")
-        .body(Body::from(free.to_string()))
-        .unwrap();
-    let res = s.app.clone().oneshot(req).await.unwrap();
-    assert_eq!(res.status().as_u16(), 503);
-    assert_eq!(
-        res.headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok()),
-        Some("1")
-    );
-    let b = axum::body::to_bytes(res.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    let v: Value = serde_json::from_slice(&b).unwrap();
-    assert_eq!(v["error"]["code"], "UNAVAILABLE", "{v}");
+    let v = refused_for_backlog(&s, &key, chat, &free).await;
     assert!(
         v["error"]["message"]
             .as_str()
