@@ -5,10 +5,9 @@
 
 use crate::DriverError;
 use cgroups_rs::fs::cgroup_builder::CgroupBuilder;
-use cgroups_rs::fs::freezer::FreezerController;
 use cgroups_rs::fs::memory::MemController;
 use cgroups_rs::fs::{hierarchies, Cgroup, MaxValue};
-use cgroups_rs::{CgroupPid, FreezerState};
+use cgroups_rs::CgroupPid;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -118,43 +117,110 @@ pub fn procs(path: &str) -> Vec<u64> {
     cg.procs().into_iter().map(|p| p.pid).collect()
 }
 
-fn freezer(cg: &Cgroup) -> Result<&FreezerController, DriverError> {
-    cg.controller_of::<FreezerController>()
-        .ok_or_else(|| DriverError::Cgroup("no freezer controller".into()))
-}
-
 /// Freezes every process of the cgroup and waits until the kernel reports it frozen.
 pub fn freeze(path: &str) -> Result<(), DriverError> {
-    let cg = load(path);
-    let f = freezer(&cg)?;
-    f.freeze()
-        .map_err(|e| DriverError::Cgroup(format!("freezing {path}: {e}")))?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match f.state() {
-            Ok(FreezerState::Frozen) => return Ok(()),
-            _ if Instant::now() > deadline => {
-                let _ = f.thaw();
-                return Err(DriverError::Cgroup(format!("{path} did not freeze")));
-            }
-            _ => std::thread::sleep(Duration::from_millis(1)),
-        }
-    }
+    let (dir, v2) = freezer_files(path)?;
+    Freezer { dir: &dir, v2 }
+        .freeze(Duration::from_secs(10))
+        .map_err(|e| DriverError::Cgroup(format!("freezing {path}: {e}")))
 }
 
 pub fn thaw(path: &str) -> Result<(), DriverError> {
-    let cg = load(path);
-    freezer(&cg)?
+    let (dir, v2) = freezer_files(path)?;
+    Freezer { dir: &dir, v2 }
         .thaw()
         .map_err(|e| DriverError::Cgroup(format!("thawing {path}: {e}")))
 }
 
+/// Whether the cgroup is frozen or being frozen (asked to be, on v2).
 pub fn is_frozen(path: &str) -> bool {
-    let cg = load(path);
-    freezer(&cg)
-        .ok()
-        .and_then(|f| f.state().ok())
-        .is_some_and(|s| matches!(s, FreezerState::Frozen | FreezerState::Freezing))
+    freezer_files(path).is_ok_and(|(dir, v2)| Freezer { dir: &dir, v2 }.asked())
+}
+
+/// The directory holding cgroup `path`'s freezer files, and whether it is cgroup v2.
+fn freezer_files(path: &str) -> Result<(PathBuf, bool), DriverError> {
+    exec_parent(path).ok_or_else(|| DriverError::Cgroup("no freezer controller".into()))
+}
+
+/// A cgroup's freezer, by its files: `freezer.state` on v1; `cgroup.freeze` and the `frozen`
+/// line of `cgroup.events` on v2.
+///
+/// Written here rather than through `cgroups-rs`: its v2 state reads `cgroup.freeze`, which
+/// says what was asked, not what the kernel did, so a wait for it returned while the processes
+/// still ran (a snapshot's copy must not start then); and loading a cgroup through it reads
+/// every file of the sandbox's controllers, about a millisecond here, twice on the path of each
+/// snapshot, fork and pause.
+struct Freezer<'a> {
+    dir: &'a std::path::Path,
+    v2: bool,
+}
+
+impl Freezer<'_> {
+    fn read(&self, file: &str) -> std::io::Result<String> {
+        std::fs::read_to_string(self.dir.join(file))
+    }
+
+    fn write(&self, file: &str, what: &str) -> std::io::Result<()> {
+        std::fs::write(self.dir.join(file), what)
+    }
+
+    /// Asks for the freeze and waits until the kernel says every process is frozen: at once
+    /// and then every 50 us for the first 2 ms (a small group freezes in tens of
+    /// microseconds), every millisecond after that, for at most `within` (then it thaws it
+    /// again and fails).
+    fn freeze(&self, within: Duration) -> std::io::Result<()> {
+        match self.v2 {
+            true => self.write("cgroup.freeze", "1")?,
+            false => self.write("freezer.state", "FROZEN")?,
+        }
+        let start = Instant::now();
+        loop {
+            if self.frozen()? {
+                return Ok(());
+            }
+            let waited = start.elapsed();
+            if waited > within {
+                let _ = self.thaw();
+                return Err(std::io::Error::other(format!(
+                    "not frozen after {} ms",
+                    waited.as_millis()
+                )));
+            }
+            std::thread::sleep(if waited < Duration::from_millis(2) {
+                Duration::from_micros(50)
+            } else {
+                Duration::from_millis(1)
+            });
+        }
+    }
+
+    fn thaw(&self) -> std::io::Result<()> {
+        match self.v2 {
+            true => self.write("cgroup.freeze", "0"),
+            false => self.write("freezer.state", "THAWED"),
+        }
+    }
+
+    /// What the kernel did: every process frozen (v1's state reads `FREEZING` until then).
+    fn frozen(&self) -> std::io::Result<bool> {
+        Ok(match self.v2 {
+            true => self
+                .read("cgroup.events")?
+                .lines()
+                .any(|l| l.trim() == "frozen 1"),
+            false => self.read("freezer.state")?.trim() == "FROZEN",
+        })
+    }
+
+    /// What was asked: frozen or freezing.
+    fn asked(&self) -> bool {
+        match self.v2 {
+            true => self.read("cgroup.freeze").is_ok_and(|s| s.trim() == "1"),
+            false => self
+                .read("freezer.state")
+                .is_ok_and(|s| matches!(s.trim(), "FROZEN" | "FREEZING")),
+        }
+    }
 }
 
 /// CPU time (ns) and memory in use (bytes) of cgroup `path`: two files read directly
@@ -298,8 +364,8 @@ pub fn kill_and_remove(path: &str) -> Result<(), DriverError> {
         }
         // Frozen processes take their SIGKILL only once thawed (an exec cgroup of the agent's
         // may be frozen on its own, if the agent died while killing it).
-        if let Ok(f) = freezer(&cg) {
-            let _ = f.thaw();
+        if let Ok((dir, v2)) = freezer_files(path) {
+            let _ = Freezer { dir: &dir, v2 }.thaw();
         }
         if let Some(dir) = v1_freezer_dir(path) {
             for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -370,4 +436,81 @@ pub fn children(parent: &str) -> Vec<String> {
     out.sort();
     out.dedup();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(v2: bool) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        match v2 {
+            true => {
+                std::fs::write(d.path().join("cgroup.freeze"), "0\n").unwrap();
+                std::fs::write(d.path().join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+            }
+            false => std::fs::write(d.path().join("freezer.state"), "THAWED\n").unwrap(),
+        }
+        d
+    }
+
+    #[test]
+    fn a_v2_freeze_waits_for_the_kernel_to_say_frozen_not_for_the_request() {
+        let d = files(true);
+        let f = Freezer {
+            dir: d.path(),
+            v2: true,
+        };
+        // The kernel reports the group frozen 80 ms after it was asked.
+        let events = d.path().join("cgroup.events");
+        let kernel = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(80));
+            std::fs::write(events, "populated 1\nfrozen 1\n").unwrap();
+        });
+        let t = Instant::now();
+        f.freeze(Duration::from_secs(5)).unwrap();
+        assert!(
+            t.elapsed() >= Duration::from_millis(80),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(f.read("cgroup.freeze").unwrap(), "1");
+        assert!(f.asked());
+        kernel.join().unwrap();
+        f.thaw().unwrap();
+        assert_eq!(f.read("cgroup.freeze").unwrap(), "0");
+        assert!(!f.asked());
+    }
+
+    #[test]
+    fn a_freeze_never_reported_is_thawed_again_and_fails() {
+        let d = files(true);
+        let f = Freezer {
+            dir: d.path(),
+            v2: true,
+        };
+        let e = f.freeze(Duration::from_millis(30)).unwrap_err();
+        assert!(e.to_string().contains("not frozen"), "{e}");
+        assert_eq!(f.read("cgroup.freeze").unwrap(), "0");
+    }
+
+    #[test]
+    fn v1_reads_freezing_as_asked_but_not_yet_frozen() {
+        let d = files(false);
+        let f = Freezer {
+            dir: d.path(),
+            v2: false,
+        };
+        assert!(!f.asked());
+        // What v1 reads while some task has not stopped yet.
+        std::fs::write(d.path().join("freezer.state"), "FREEZING\n").unwrap();
+        assert!(f.asked());
+        assert!(!f.frozen().unwrap());
+        // The stand-in's file keeps what is written, as if the kernel froze the group at once.
+        f.freeze(Duration::from_secs(5)).unwrap();
+        assert!(f.frozen().unwrap());
+        f.thaw().unwrap();
+        assert_eq!(f.read("freezer.state").unwrap(), "THAWED");
+        assert!(!f.asked());
+    }
 }
