@@ -683,11 +683,12 @@ fn crash_at_each_step_of_destroy_and_of_settling() {
 
 #[test]
 fn crash_at_each_step_of_snapshot_and_fork() {
-    let cases: [(&str, &str); 4] = [
+    let cases: [(&str, &str); 5] = [
         ("runtime.snapshot.frozen", "snapshots"),
         ("snapshot.take.after_copy", "snapshots"),
         ("fork.after_snapshot", "fork"),
         ("fork.after_children_insert", "fork"),
+        ("fork.answered", "fork"),
     ];
     for (point, verb) in cases {
         let id = std::cell::RefCell::new(String::new());

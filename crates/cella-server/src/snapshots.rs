@@ -13,7 +13,9 @@
 //! not charged), makes `count` (1-10) new sandboxes on it within the workspace's concurrency cap
 //! (none made past it: 429), boots them, and removes the snapshot; that part runs in a task of
 //! its own, so a client that hangs up leaves no half-made fork and no internal snapshot behind
-//! (a server that stops meanwhile removes it at its next start, in `reconcile`).
+//! (a server that stops meanwhile removes it at its next start, in `reconcile`). The fork is
+//! answered once its children booted; the snapshot's removal follows (crash point
+//! `fork.answered`), so the answer does not wait for its files to go.
 //!
 //! A create with `snapshot_id` records it in the new row; the boot passes it to the driver
 //! (`SandboxSpec::snapshot`), which copies the snapshot's image into the sandbox's own disk at
@@ -83,12 +85,17 @@ async fn copy(
         SandboxState::Stopped => None,
         state => return Err(SnapshotError::NoFiles { state }),
     };
-    // The workspace's storage quota: a snapshot that would pass it is not kept.
-    let storage =
-        crate::timing::phase("quota", crate::quotas::storage(state, &row.workspace_id)).await?;
-    if !internal {
-        storage.check(0, "a snapshot")?;
-    }
+    // The workspace's storage quota: a snapshot that would pass it is not kept. A fork's own
+    // snapshot is not counted (its children's disks are, once they exist): not read for it.
+    let storage = match internal {
+        true => None,
+        false => {
+            let s = crate::timing::phase("quota", crate::quotas::storage(state, &row.workspace_id))
+                .await?;
+            s.check(0, "a snapshot")?;
+            Some(s)
+        }
+    };
     let snap_id = new_id("snap");
     let gvisor = row.isolation == Runtime::Gvisor.as_str();
     let leave_on_disk = leave_on_disk && gvisor && state_of(row) == SandboxState::Running;
@@ -137,10 +144,8 @@ async fn copy(
         }
         Err(e)
     };
-    if !internal {
-        if let Err(e) = storage.check(info.size_bytes, "this snapshot") {
-            return fail(e.into(), snap_id, on_disk).await;
-        }
+    if let Some(Err(e)) = storage.map(|s| s.check(info.size_bytes, "this snapshot")) {
+        return fail(e.into(), snap_id, on_disk).await;
     }
     cella_crash::crash_point!("snapshot.take.after_copy");
     let snap = SnapshotRow {
@@ -344,21 +349,17 @@ pub async fn fork(
         source: e,
     })??;
     // From here on a task of its own: a client that hangs up leaves no half-made fork and no
-    // internal snapshot behind.
+    // internal snapshot behind. The children are answered as soon as they booted; the
+    // snapshot goes after (a server stopped before that removes it at its next start).
     let st = state.clone();
     let key = auth.key_id.clone();
     let sandbox = source.id.clone();
     let work = tokio::spawn(crate::timing::carry(async move {
-        let res = make_children(&st, &source, &snap, &req, &key, count, cap).await;
-        let gone = async {
-            if let Err(e) = st.driver.delete_snapshot(&snap.id).await {
-                tracing::error!(snapshot = snap.id, "removing a fork's snapshot: {e}");
-            }
+        let _gone = RemovedAfter {
+            state: st.clone(),
+            snapshot: snap.id.clone(),
         };
-        crate::timing::phase("driver.snapshot_delete", gone).await;
-        let _ =
-            crate::timing::phase("store.snapshot_delete", st.store.delete_snapshot(&snap.id)).await;
-        res
+        make_children(&st, &source, &snap, &req, &key, count, cap).await
     }));
     let children = work.await;
     let source_paused_us = match resumed {
@@ -371,6 +372,32 @@ pub async fn fork(
         memory,
         source_paused_us,
     })
+}
+
+/// A fork's internal snapshot, removed (files, then row) in a task of its own once its
+/// children booted: the fork is answered without waiting for it. A server stopped before that
+/// removes it at its next start.
+struct RemovedAfter {
+    state: Arc<AppState>,
+    snapshot: String,
+}
+
+impl Drop for RemovedAfter {
+    fn drop(&mut self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (st, id) = (self.state.clone(), std::mem::take(&mut self.snapshot));
+        rt.spawn(async move {
+            // Answered (or about to be), the snapshot still there.
+            cella_crash::crash_point!("fork.answered");
+            if let Err(e) = st.driver.delete_snapshot(&id).await {
+                tracing::error!(snapshot = id, "removing a fork's snapshot: {e}");
+            } else if let Err(e) = st.store.delete_snapshot(&id).await {
+                tracing::error!(snapshot = id, "removing a fork's snapshot's row: {e}");
+            }
+        });
+    }
 }
 
 async fn make_children(
