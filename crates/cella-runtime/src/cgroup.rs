@@ -69,11 +69,41 @@ pub fn create(path: &str, limits: Limits) -> Result<(), DriverError> {
     Ok(())
 }
 
-/// Moves a process (all its threads) into the cgroup.
+/// Moves a process (all its threads) into the cgroup: its pid written to the `cgroup.procs` of
+/// each of the cgroup's directories ([`dirs`]). Written directly: loading the cgroup through
+/// `cgroups-rs` first read every file of its controllers, on the path of every cold boot.
 pub fn join(path: &str, pid: u32) -> Result<(), DriverError> {
-    load(path)
-        .add_task_by_tgid(CgroupPid::from(pid as u64))
-        .map_err(|e| DriverError::Cgroup(format!("joining {path}: {e}")))
+    for d in dirs(path) {
+        std::fs::write(d.join("cgroup.procs"), pid.to_string())
+            .map_err(|e| DriverError::Cgroup(format!("joining {}: {e}", d.display())))?;
+    }
+    Ok(())
+}
+
+/// The directories of cgroup `path`: the unified hierarchy's on v2; on v1 that of each
+/// hierarchy a sandbox's cgroup is in ([`V1_CONTROLLERS`]; `cpu` and `cpuacct` mounted together
+/// are one).
+fn dirs(path: &str) -> Vec<PathBuf> {
+    if hierarchies::is_cgroup2_unified_mode() {
+        return vec![PathBuf::from(hierarchies::UNIFIED_MOUNTPOINT).join(path)];
+    }
+    use cgroups_rs::fs::Controllers as C;
+    let mut out: Vec<PathBuf> = Vec::new();
+    for m in [C::Mem, C::Cpu, C::CpuAcct, C::Pids, C::Freezer]
+        .into_iter()
+        .filter_map(v1_mount)
+    {
+        if !out.contains(&m) {
+            out.push(m);
+        }
+    }
+    out.into_iter().map(|m| m.join(path)).collect()
+}
+
+/// Finds where the v1 hierarchies are mounted ahead (a launcher does while it waits for its
+/// sandbox), so a join then only writes.
+pub fn find_mounts() {
+    let _ = dirs("");
 }
 
 /// The directory of cgroup `path` under which its exec cgroups are made (see
@@ -117,19 +147,7 @@ fn subtree_procs(dir: &std::path::Path) -> Vec<u64> {
 /// cgroup through `cgroups-rs` costs about a millisecond, and a gVisor checkpoint polls this
 /// until its sandbox's processes are gone.
 pub fn procs(path: &str) -> Vec<u64> {
-    let dirs: Vec<PathBuf> = match hierarchies::is_cgroup2_unified_mode() {
-        true => vec![PathBuf::from(hierarchies::UNIFIED_MOUNTPOINT).join(path)],
-        false => {
-            use cgroups_rs::fs::Controllers as C;
-            // V1_CONTROLLERS, as the crate names them.
-            [C::Mem, C::Cpu, C::CpuAcct, C::Pids, C::Freezer]
-        }
-        .into_iter()
-        .filter_map(v1_mount)
-        .map(|m| m.join(path))
-        .collect(),
-    };
-    let mut out: Vec<u64> = dirs
+    let mut out: Vec<u64> = dirs(path)
         .iter()
         .flat_map(|d| {
             std::fs::read_to_string(d.join("cgroup.procs"))

@@ -166,6 +166,8 @@ fn run() -> Result<(i32, Option<super::net::NetInfo>), LaunchError> {
     // Ahead of any sandbox: the namespaces that need nothing of it (see `ahead`). A failure
     // here is the answer to the start below, so the boot says why.
     let ahead = ahead();
+    // The cgroup hierarchies' mount points, for the join after the start.
+    crate::cgroup::find_mounts();
     // First, what can be made before the sandbox is known (an `Ahead`, written as this process
     // starts): the user namespace for the server's id map. Made here, it is kept only when it
     // succeeded; a failure is tried again at the start (it may have been passing).
