@@ -688,7 +688,7 @@ fn crash_at_each_step_of_snapshot_and_fork() {
         ("snapshot.take.after_copy", "snapshots"),
         ("fork.after_snapshot", "fork"),
         ("fork.after_children_insert", "fork"),
-        ("fork.answered", "fork"),
+        ("fork.before_snapshot_removal", "fork"),
     ];
     for (point, verb) in cases {
         let id = std::cell::RefCell::new(String::new());

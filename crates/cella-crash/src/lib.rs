@@ -30,7 +30,7 @@
 //! `runtime.gvisor.snapshot.saved`,
 //! `runtime.gvisor.boot_image.written`,
 //! `snapshot.take.after_copy`, `fork.after_snapshot`, `fork.after_children_insert`,
-//! `fork.answered`,
+//! `fork.before_snapshot_removal`,
 //! `build.step.after_boot`, `build.step.after_export`,
 //! `build.before_image_write`, `task.provision.after_sandbox_id`, `task.push.after_push`,
 //! `task.settle.after_end`, `billing.reserve.after`, `billing.settle.before`,

@@ -1,7 +1,10 @@
-//! Sandbox cgroups, on cgroup v1 and v2 alike, through `cgroups-rs`.
+//! Sandbox cgroups, on cgroup v1 and v2 alike.
 //!
-//! Each sandbox gets the cgroup `<parent>/<sandbox id>` in every hierarchy the crate manages; the
-//! parent is per server instance, so two servers on one host never touch each other's.
+//! Each sandbox gets the cgroup `<parent>/<sandbox id>` in every hierarchy it uses; the parent
+//! is per server instance, so two servers on one host never touch each other's. `cgroups-rs`
+//! makes, limits and removes them; what runs on the paths of a boot, a pause, a snapshot or a
+//! fork (a join, the freezer, the list of processes) reads and writes the cgroup's files
+//! directly ([`Freezer`] says why).
 
 use crate::DriverError;
 use cgroups_rs::fs::cgroup_builder::CgroupBuilder;
@@ -73,7 +76,13 @@ pub fn create(path: &str, limits: Limits) -> Result<(), DriverError> {
 /// each of the cgroup's directories ([`dirs`]). Written directly: loading the cgroup through
 /// `cgroups-rs` first read every file of its controllers, on the path of every cold boot.
 pub fn join(path: &str, pid: u32) -> Result<(), DriverError> {
-    for d in dirs(path) {
+    let dirs = dirs(path);
+    if dirs.is_empty() {
+        return Err(DriverError::Cgroup(format!(
+            "joining {path}: no cgroup hierarchy to join"
+        )));
+    }
+    for d in dirs {
         std::fs::write(d.join("cgroup.procs"), pid.to_string())
             .map_err(|e| DriverError::Cgroup(format!("joining {}: {e}", d.display())))?;
     }
@@ -162,12 +171,68 @@ pub fn procs(path: &str) -> Vec<u64> {
     out
 }
 
-/// Freezes every process of the cgroup and waits until the kernel reports it frozen.
+/// How long a pause waits for the kernel to report every process frozen before it answers
+/// with the freeze still asked (see [`freeze`]).
+const PAUSE_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a copy waits for every process to be frozen before it gives up (see
+/// [`freeze_for_copy`]).
+const COPY_WAIT: Duration = Duration::from_secs(10);
+
+/// Freezes every process of the cgroup (a pause): asks for it, and waits until the kernel
+/// reports every one frozen, for at most [`PAUSE_WAIT`]. Past that the freeze stays asked and
+/// this answers all the same: a task the kernel cannot stop yet (inside a long system call, in
+/// an uninterruptible sleep) stops when it comes back from the kernel, and nothing of the
+/// sandbox runs in user space meanwhile. A sandbox's task held in the kernel so cannot make its
+/// pause fail, nor hold up the timers' pauses of other sandboxes for long.
 pub fn freeze(path: &str) -> Result<(), DriverError> {
     let (dir, v2) = freezer_files(path)?;
-    Freezer { dir: &dir, v2 }
-        .freeze(Duration::from_secs(10))
+    pause_freeze(&Freezer { dir: &dir, v2 }, PAUSE_WAIT)
         .map_err(|e| DriverError::Cgroup(format!("freezing {path}: {e}")))
+}
+
+fn pause_freeze(f: &Freezer, within: Duration) -> std::io::Result<()> {
+    match f.freeze(within) {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            tracing::warn!(
+                cgroup = %f.dir.display(),
+                "not every process frozen after {} ms: the freeze stays asked",
+                within.as_millis()
+            );
+            Ok(())
+        }
+        Err(e) => {
+            let _ = f.thaw();
+            Err(e)
+        }
+    }
+}
+
+/// Freezes every process of the cgroup for a copy of its files (a snapshot, a fork): waits
+/// until the kernel reports every one frozen, for at most [`COPY_WAIT`], and fails past that
+/// (a copy must not start while a process may still write). `asked`: the cgroup was frozen, or
+/// asked to be, before (a paused sandbox): the freeze is asked again and waited for, and never
+/// taken back here; otherwise a failure thaws it again.
+pub fn freeze_for_copy(path: &str, asked: bool) -> Result<(), DriverError> {
+    let (dir, v2) = freezer_files(path)?;
+    copy_freeze(&Freezer { dir: &dir, v2 }, asked, COPY_WAIT)
+        .map_err(|e| DriverError::Cgroup(format!("freezing {path}: {e}")))
+}
+
+fn copy_freeze(f: &Freezer, asked: bool, within: Duration) -> std::io::Result<()> {
+    let res = match f.freeze(within) {
+        Ok(true) => return Ok(()),
+        Ok(false) => Err(std::io::Error::other(format!(
+            "not every process frozen after {} ms",
+            within.as_millis()
+        ))),
+        Err(e) => Err(e),
+    };
+    if !asked {
+        let _ = f.thaw();
+    }
+    res
 }
 
 pub fn thaw(path: &str) -> Result<(), DriverError> {
@@ -177,7 +242,7 @@ pub fn thaw(path: &str) -> Result<(), DriverError> {
         .map_err(|e| DriverError::Cgroup(format!("thawing {path}: {e}")))
 }
 
-/// Whether the cgroup is frozen or being frozen (asked to be, on v2).
+/// Whether the cgroup is frozen or asked to be (`FREEZING` on v1; on v2, `cgroup.freeze`).
 pub fn is_frozen(path: &str) -> bool {
     freezer_files(path).is_ok_and(|(dir, v2)| Freezer { dir: &dir, v2 }.asked())
 }
@@ -211,9 +276,9 @@ impl Freezer<'_> {
 
     /// Asks for the freeze and waits until the kernel says every process is frozen: at once
     /// and then every 50 us for the first 2 ms (a small group freezes in tens of
-    /// microseconds), every millisecond after that, for at most `within` (then it thaws it
-    /// again and fails).
-    fn freeze(&self, within: Duration) -> std::io::Result<()> {
+    /// microseconds), every millisecond after that, for at most `within`. Answers whether it
+    /// is frozen; never takes the freeze back (the callers decide).
+    fn freeze(&self, within: Duration) -> std::io::Result<bool> {
         match self.v2 {
             true => self.write("cgroup.freeze", "1")?,
             false => self.write("freezer.state", "FROZEN")?,
@@ -221,15 +286,11 @@ impl Freezer<'_> {
         let start = Instant::now();
         loop {
             if self.frozen()? {
-                return Ok(());
+                return Ok(true);
             }
             let waited = start.elapsed();
             if waited > within {
-                let _ = self.thaw();
-                return Err(std::io::Error::other(format!(
-                    "not frozen after {} ms",
-                    waited.as_millis()
-                )));
+                return Ok(false);
             }
             std::thread::sleep(if waited < Duration::from_millis(2) {
                 Duration::from_micros(50)
@@ -508,34 +569,67 @@ mod tests {
         };
         // The kernel reports the group frozen 80 ms after it was asked.
         let events = d.path().join("cgroup.events");
+        let t = Instant::now();
         let kernel = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(80));
             std::fs::write(events, "populated 1\nfrozen 1\n").unwrap();
+            Instant::now()
         });
-        let t = Instant::now();
-        f.freeze(Duration::from_secs(5)).unwrap();
+        copy_freeze(&f, false, Duration::from_secs(5)).unwrap();
+        let returned = Instant::now();
+        let reported = kernel.join().unwrap();
         assert!(
-            t.elapsed() >= Duration::from_millis(80),
-            "{:?}",
-            t.elapsed()
+            returned >= reported,
+            "answered before the kernel said frozen"
         );
+        assert!(t.elapsed() >= Duration::from_millis(80));
         assert_eq!(f.read("cgroup.freeze").unwrap(), "1");
         assert!(f.asked());
-        kernel.join().unwrap();
         f.thaw().unwrap();
         assert_eq!(f.read("cgroup.freeze").unwrap(), "0");
         assert!(!f.asked());
     }
 
     #[test]
-    fn a_freeze_never_reported_is_thawed_again_and_fails() {
+    fn a_copy_whose_freeze_is_never_reported_fails_and_thaws_unless_asked_before() {
         let d = files(true);
         let f = Freezer {
             dir: d.path(),
             v2: true,
         };
-        let e = f.freeze(Duration::from_millis(30)).unwrap_err();
-        assert!(e.to_string().contains("not frozen"), "{e}");
+        let e = copy_freeze(&f, false, Duration::from_millis(30)).unwrap_err();
+        assert!(e.to_string().contains("not every process frozen"), "{e}");
+        assert_eq!(f.read("cgroup.freeze").unwrap(), "0");
+        // A paused sandbox's freeze stays asked whatever the copy's wait came to.
+        copy_freeze(&f, true, Duration::from_millis(30)).unwrap_err();
+        assert_eq!(f.read("cgroup.freeze").unwrap(), "1");
+    }
+
+    #[test]
+    fn a_pause_not_reported_frozen_in_time_answers_with_the_freeze_still_asked() {
+        let d = files(true);
+        let f = Freezer {
+            dir: d.path(),
+            v2: true,
+        };
+        let t = Instant::now();
+        pause_freeze(&f, Duration::from_millis(30)).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(2));
+        assert_eq!(f.read("cgroup.freeze").unwrap(), "1");
+        assert!(f.asked());
+    }
+
+    #[test]
+    fn a_freeze_that_cannot_read_the_state_is_taken_back() {
+        let d = files(true);
+        std::fs::remove_file(d.path().join("cgroup.events")).unwrap();
+        let f = Freezer {
+            dir: d.path(),
+            v2: true,
+        };
+        assert!(pause_freeze(&f, Duration::from_millis(30)).is_err());
+        assert_eq!(f.read("cgroup.freeze").unwrap(), "0");
+        assert!(copy_freeze(&f, false, Duration::from_millis(30)).is_err());
         assert_eq!(f.read("cgroup.freeze").unwrap(), "0");
     }
 
@@ -552,7 +646,7 @@ mod tests {
         assert!(f.asked());
         assert!(!f.frozen().unwrap());
         // The stand-in's file keeps what is written, as if the kernel froze the group at once.
-        f.freeze(Duration::from_secs(5)).unwrap();
+        assert!(f.freeze(Duration::from_secs(5)).unwrap());
         assert!(f.frozen().unwrap());
         f.thaw().unwrap();
         assert_eq!(f.read("freezer.state").unwrap(), "THAWED");
@@ -561,24 +655,42 @@ mod tests {
 
     #[test]
     fn a_real_cgroup_lists_its_processes_and_freezes_them() {
+        /// Whatever the test came to: the process killed, the cgroups removed.
+        struct Cleanup(String, Option<std::process::Child>);
+        impl Drop for Cleanup {
+            fn drop(&mut self) {
+                if let Some(c) = self.1.as_mut() {
+                    let _ = c.kill();
+                }
+                let _ = kill_and_remove(&self.0);
+                if let Some(c) = self.1.as_mut() {
+                    let _ = c.wait();
+                }
+                if let Some((parent, _)) = self.0.rsplit_once('/') {
+                    let _ = kill_and_remove(parent);
+                }
+            }
+        }
         let path = format!("cella-unit-{}/procs", std::process::id());
         let limits = Limits {
             cpus: 1,
             memory_mb: 64,
             pids_max: 16,
         };
-        if create(&path, limits).is_err() {
-            // No cgroups to make here (not root): nothing to check.
+        if let Err(e) = create(&path, limits) {
+            eprintln!("skipped: no cgroup can be made here ({e})");
             return;
         }
+        let mut cleanup = Cleanup(path.clone(), None);
         // A process that never sleeps: its CPU time shows whether it runs.
-        let mut child = std::process::Command::new("yes")
+        let child = std::process::Command::new("yes")
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        join(&path, child.id()).unwrap();
-        assert_eq!(procs(&path), vec![child.id() as u64]);
-        let pid = child.id() as i32;
+        let pid = child.id();
+        cleanup.1 = Some(child);
+        join(&path, pid).unwrap();
+        assert_eq!(procs(&path), vec![pid as u64]);
         let cpu = || -> u64 {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
             let rest = &stat[stat.rfind(')').unwrap() + 2..];
@@ -594,13 +706,17 @@ mod tests {
         freeze(&path).unwrap();
         assert!(is_frozen(&path));
         assert!(!ran(200), "a frozen process ran");
+        // A copy of a paused sandbox finds it frozen, and leaves it so.
+        freeze_for_copy(&path, true).unwrap();
+        assert!(!ran(100), "a frozen process ran");
         thaw(&path).unwrap();
         assert!(!is_frozen(&path));
         assert!(ran(200), "a thawed process did not run");
-        kill_and_remove(&path).unwrap();
-        let _ = child.wait();
+        freeze_for_copy(&path, false).unwrap();
+        assert!(!ran(100), "a process frozen for a copy ran");
+        thaw(&path).unwrap();
+        drop(cleanup);
         assert!(procs(&path).is_empty());
-        let parent = path.rsplit_once('/').unwrap().0.to_string();
-        let _ = kill_and_remove(&parent);
+        assert!(!exists(&path));
     }
 }

@@ -15,7 +15,8 @@
 //! its own, so a client that hangs up leaves no half-made fork and no internal snapshot behind
 //! (a server that stops meanwhile removes it at its next start, in `reconcile`). The fork is
 //! answered once its children booted; the snapshot's removal follows (crash point
-//! `fork.answered`), so the answer does not wait for its files to go.
+//! `fork.before_snapshot_removal`), so the answer does not wait for its files to go (nor is it
+//! counted in the workspace's storage meanwhile: internal snapshots never are).
 //!
 //! A create with `snapshot_id` records it in the new row; the boot passes it to the driver
 //! (`SandboxSpec::snapshot`), which copies the snapshot's image into the sandbox's own disk at
@@ -86,7 +87,7 @@ async fn copy(
         state => return Err(SnapshotError::NoFiles { state }),
     };
     // The workspace's storage quota: a snapshot that would pass it is not kept. A fork's own
-    // snapshot is not counted (its children's disks are, once they exist): not read for it.
+    // snapshot is neither held to it nor counted in it: not read for it.
     let storage = match internal {
         true => None,
         false => {
@@ -389,8 +390,8 @@ impl Drop for RemovedAfter {
         };
         let (st, id) = (self.state.clone(), std::mem::take(&mut self.snapshot));
         rt.spawn(async move {
-            // Answered (or about to be), the snapshot still there.
-            cella_crash::crash_point!("fork.answered");
+            // The children booted (the fork answered, or about to be), the snapshot still there.
+            cella_crash::crash_point!("fork.before_snapshot_removal");
             if let Err(e) = st.driver.delete_snapshot(&id).await {
                 tracing::error!(snapshot = id, "removing a fork's snapshot: {e}");
             } else if let Err(e) = st.store.delete_snapshot(&id).await {

@@ -30,10 +30,12 @@ impl Store {
         Ok(self.storage_of(workspace_id).await?.total())
     }
 
-    /// A workspace's storage by kind.
+    /// A workspace's storage by kind. A fork's own snapshot (`internal`, removed once its
+    /// children booted) is not charged.
     pub async fn storage_of(&self, workspace_id: &str) -> Result<StorageUse> {
         let (snaps,): (i64,) = sqlx::query_as(
-            "SELECT COALESCE(SUM(MAX(size_bytes, 0)), 0) FROM snapshots WHERE workspace_id = ?",
+            "SELECT COALESCE(SUM(MAX(size_bytes, 0)), 0) FROM snapshots \
+             WHERE workspace_id = ? AND internal = 0",
         )
         .bind(workspace_id)
         .fetch_one(&self.pool)

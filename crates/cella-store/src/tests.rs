@@ -368,6 +368,29 @@ async fn a_corrupt_sandbox_row_is_an_error_naming_it() {
 }
 
 #[tokio::test]
+async fn a_forks_own_snapshot_is_not_charged_to_its_workspace() {
+    let (_d, store) = store_with_ws().await;
+    for (id, internal) in [("kept", false), ("fork", true)] {
+        let s = SnapshotRow {
+            seq: 0,
+            id: id.into(),
+            workspace_id: "ws1".into(),
+            sandbox_id: "sb1".into(),
+            template_id: "base".into(),
+            size: cella_types::ALL_SIZES[0],
+            created_at: 1,
+            size_bytes: if internal { 1000 } else { 10 },
+            internal,
+            memory: false,
+            isolation: "namespace".into(),
+        };
+        store.insert_snapshot(&s).await.unwrap();
+    }
+    assert_eq!(store.storage_of("ws1").await.unwrap().snapshots, 10);
+    assert_eq!(store.storage_used("ws1").await.unwrap(), 10);
+}
+
+#[tokio::test]
 async fn snapshot_size_round_trips_and_a_bad_one_is_corrupt() {
     let (_d, store) = store_with_ws().await;
     for (i, size) in cella_types::ALL_SIZES.into_iter().enumerate() {

@@ -493,7 +493,8 @@ impl NamespaceDriver {
             // At rest, once nothing mounts it any more (a sandbox stopped a moment ago).
             None => crate::disk::wait_unmounted(&src, std::time::Duration::from_secs(10))
                 .and_then(|_| copy(&src, &dst))
-                .map(|_| ()),
+                .map(|_| ())
+                .map_err(DriverError::from),
             Some(h) => {
                 // The disk's device buffered for the sync and the copy, and turned back to
                 // direct I/O a while after them (see `disk::buffer_for_copy`).
@@ -514,16 +515,17 @@ impl NamespaceDriver {
                 }
                 let presync_ms = t.elapsed().as_secs_f64() * 1e3;
                 let t = std::time::Instant::now();
-                if !was_frozen {
-                    cgroup::freeze(&h.cgroup)?;
-                }
+                // Frozen for the copy; one paused (or asked to pause) already is waited for
+                // until the kernel says every process stopped, and stays paused.
+                let res = cgroup::freeze_for_copy(&h.cgroup, was_frozen);
                 // Everything the sandbox wrote reaches its image: sync its root file system
                 // (the overlay passes it on to the disk's ext4, which writes through the loop
                 // device into the image file).
                 let frozen = t.elapsed();
+                let froze = res.is_ok();
                 let mut synced = frozen;
-                let res = root
-                    .and_then(|root| {
+                let res = res.and_then(|_| {
+                    root.and_then(|root| {
                         // SAFETY: syncfs on a descriptor we own.
                         if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
                             return Err(std::io::Error::last_os_error());
@@ -531,7 +533,9 @@ impl NamespaceDriver {
                         synced = t.elapsed();
                         Ok(())
                     })
-                    .and_then(|_| copy(&src, &dst));
+                    .and_then(|_| copy(&src, &dst))
+                    .map_err(DriverError::from)
+                });
                 tracing::debug!(
                     sandbox = id,
                     buffered = window.is_some(),
@@ -546,7 +550,7 @@ impl NamespaceDriver {
                 let res = res.map(|_| ());
                 // Frozen, the copy (partly) written, its row not yet stored.
                 cella_crash::crash_point!("runtime.snapshot.frozen");
-                if !was_frozen {
+                if !was_frozen && froze {
                     let _ = cgroup::thaw(&h.cgroup);
                     paused_us = t.elapsed().as_micros() as u64;
                 }
@@ -557,7 +561,7 @@ impl NamespaceDriver {
         if let Err(e) = res {
             self.held.take(&dst);
             let _ = std::fs::remove_dir_all(&dir);
-            return Err(e.into());
+            return Err(e);
         }
         Ok(SnapshotInfo {
             size_bytes: crate::disk::allocated_bytes(&dst),
