@@ -242,8 +242,19 @@ impl ExecGroup<'_> {
         };
         if self.parent.v2 {
             if !self.write("cgroup.kill", "1") {
-                // Kernels before 5.14: freeze, kill what is there, thaw.
+                // Kernels before 5.14: freeze, kill what is there, thaw. Frozen once the
+                // kernel says so (`cgroup.freeze` holds only the request): a process forked
+                // before that would not be among the members read.
                 self.write("cgroup.freeze", "1");
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while !self
+                    .read("cgroup.events")
+                    .lines()
+                    .any(|l| l.trim() == "frozen 1")
+                    && Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 sigkill(&self.members());
                 self.write("cgroup.freeze", "0");
             }
