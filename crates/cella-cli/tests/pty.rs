@@ -13,9 +13,14 @@ fn an_interactive_shell_session() {
     let id = s.create(json!({ "size": "xs" }));
     let mut ws = open(&s, &id, "cols=80&rows=24");
     send(&mut ws, "tty; echo TERM=$TERM; whoami\n");
-    let out = read_until(&mut ws, "TERM=xterm-256color");
+    let mut out = read_until(&mut ws, "TERM=xterm-256color");
     assert!(out.contains("/dev/pts/"), "{out}");
-    read_until(&mut ws, "user");
+    // `whoami`'s line, which may have come in the same frame as the line before it (a CI run
+    // under load failed on waiting for it again after that).
+    assert!(
+        common::pty_read_more(&mut ws, &mut out, "\nuser\r", Duration::from_secs(15)),
+        "whoami never answered user"
+    );
     send(&mut ws, "stty size\n");
     read_until(&mut ws, "24 80");
     ws.send(Message::Text(

@@ -818,9 +818,16 @@ pub fn pty_read_until(ws: &mut Ws, want: &str) -> String {
 /// Reads terminal output until `want` shows up; `None` (after printing the screen) if it did
 /// not within `wait`.
 pub fn pty_read_until_or(ws: &mut Ws, want: &str, wait: Duration) -> Option<String> {
-    let deadline = Instant::now() + wait;
     let mut screen = String::new();
-    while Instant::now() < deadline {
+    pty_read_more(ws, &mut screen, want, wait).then_some(screen)
+}
+
+/// Reads terminal output onto `screen` until the whole of it shows `want` (output read before,
+/// in the same frame as what was waited for then, counts); false (after printing the screen)
+/// if it did not within `wait`.
+pub fn pty_read_more(ws: &mut Ws, screen: &mut String, want: &str, wait: Duration) -> bool {
+    let deadline = Instant::now() + wait;
+    while !screen.contains(want) && Instant::now() < deadline {
         match ws.read() {
             Ok(tungstenite::Message::Binary(b)) => screen.push_str(&String::from_utf8_lossy(&b)),
             Ok(tungstenite::Message::Text(t)) => screen.push_str(t.as_str()),
@@ -831,12 +838,12 @@ pub fn pty_read_until_or(ws: &mut Ws, want: &str, wait: Duration) -> Option<Stri
                     || e.kind() == std::io::ErrorKind::TimedOut => {}
             Err(_) => break,
         }
-        if screen.contains(want) {
-            return Some(screen);
-        }
+    }
+    if screen.contains(want) {
+        return true;
     }
     eprintln!("never saw {want:?}; the screen had:\n{screen}");
-    None
+    false
 }
 
 /// The ids the server logged as ready pool sandboxes of `runtime`, oldest first.
