@@ -548,6 +548,10 @@ pub fn children(parent: &str) -> Vec<String> {
 mod tests {
     use super::*;
 
+    fn stand_in(d: &tempfile::TempDir, v2: bool) -> Freezer<'_> {
+        Freezer { dir: d.path(), v2 }
+    }
+
     fn files(v2: bool) -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();
         match v2 {
@@ -563,10 +567,7 @@ mod tests {
     #[test]
     fn a_v2_freeze_waits_for_the_kernel_to_say_frozen_not_for_the_request() {
         let d = files(true);
-        let f = Freezer {
-            dir: d.path(),
-            v2: true,
-        };
+        let f = stand_in(&d, true);
         // The kernel reports the group frozen 80 ms after it was asked.
         let events = d.path().join("cgroup.events");
         let t = Instant::now();
@@ -593,10 +594,7 @@ mod tests {
     #[test]
     fn a_copy_whose_freeze_is_never_reported_fails_and_thaws_unless_asked_before() {
         let d = files(true);
-        let f = Freezer {
-            dir: d.path(),
-            v2: true,
-        };
+        let f = stand_in(&d, true);
         let e = copy_freeze(&f, false, Duration::from_millis(30)).unwrap_err();
         assert!(e.to_string().contains("not every process frozen"), "{e}");
         assert_eq!(f.read("cgroup.freeze").unwrap(), "0");
@@ -608,10 +606,7 @@ mod tests {
     #[test]
     fn a_pause_not_reported_frozen_in_time_answers_with_the_freeze_still_asked() {
         let d = files(true);
-        let f = Freezer {
-            dir: d.path(),
-            v2: true,
-        };
+        let f = stand_in(&d, true);
         let t = Instant::now();
         pause_freeze(&f, Duration::from_millis(30)).unwrap();
         assert!(t.elapsed() < Duration::from_secs(2));
@@ -623,10 +618,7 @@ mod tests {
     fn a_freeze_that_cannot_read_the_state_is_taken_back() {
         let d = files(true);
         std::fs::remove_file(d.path().join("cgroup.events")).unwrap();
-        let f = Freezer {
-            dir: d.path(),
-            v2: true,
-        };
+        let f = stand_in(&d, true);
         assert!(pause_freeze(&f, Duration::from_millis(30)).is_err());
         assert_eq!(f.read("cgroup.freeze").unwrap(), "0");
         assert!(copy_freeze(&f, false, Duration::from_millis(30)).is_err());
@@ -636,10 +628,7 @@ mod tests {
     #[test]
     fn v1_reads_freezing_as_asked_but_not_yet_frozen() {
         let d = files(false);
-        let f = Freezer {
-            dir: d.path(),
-            v2: false,
-        };
+        let f = stand_in(&d, false);
         assert!(!f.asked());
         // What v1 reads while some task has not stopped yet.
         std::fs::write(d.path().join("freezer.state"), "FREEZING\n").unwrap();
