@@ -198,7 +198,9 @@ fn chain_goes(s: &Server, id: &str) -> bool {
     true
 }
 
-/// The host interface at the other end of the sandbox's eth0.
+/// The host interface at the other end of the sandbox's eth0: its name and index. A name is
+/// its slot's, which the next link of that slot takes again (a launcher makes one while it
+/// waits for its sandbox); the kernel never gives an index twice.
 fn host_iface(s: &Server, id: &str) -> String {
     let out = s.sh(id, "cat /sys/class/net/eth0/iflink");
     let index = out["stdout"].as_str().unwrap().trim().to_string();
@@ -208,21 +210,28 @@ fn host_iface(s: &Server, id: &str) -> String {
             .trim()
             == index
         {
-            return e.file_name().into_string().unwrap();
+            return format!("{}#{index}", e.file_name().into_string().unwrap());
         }
     }
     panic!("no host interface has index {index}");
 }
 
-fn iface_exists(name: &str) -> bool {
-    std::path::Path::new("/sys/class/net").join(name).exists()
+/// Whether the interface `name#index` (from [`host_iface`]) is still there.
+fn iface_exists(iface: &str) -> bool {
+    let (name, index) = iface.split_once('#').expect("name#index");
+    std::fs::read_to_string(
+        std::path::Path::new("/sys/class/net")
+            .join(name)
+            .join("ifindex"),
+    )
+    .is_ok_and(|i| i.trim() == index)
 }
 
 /// Waits up to 5 s for a host interface to go: the host end of a sandbox's link goes with its
 /// network namespace, which the kernel frees in the background once the last process is gone.
-fn iface_goes(name: &str) -> bool {
+fn iface_goes(iface: &str) -> bool {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while iface_exists(name) {
+    while iface_exists(iface) {
         if Instant::now() > deadline {
             return false;
         }
@@ -520,7 +529,7 @@ fn rules_and_interfaces_go_with_the_sandbox_also_after_a_crash() {
     // Destroy takes the chain and both ends of the link.
     let a = s.create(json!({ "size": "xs" }));
     let iface = host_iface(&s, &a);
-    assert!(iface.starts_with("cv") && has_chain(&s, &a));
+    assert!(iface.starts_with("cv") && iface_exists(&iface) && has_chain(&s, &a));
     s.delete(&format!("/api/v1/sandboxes/{a}"));
     assert!(chain_goes(&s, &a), "the chain outlived its sandbox");
     assert!(iface_goes(&iface), "{iface} outlived its sandbox");

@@ -296,8 +296,11 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
         )
     }
 
-    /// Installs (or replaces) the chain of sandbox `id`'s boot whose host interface has index
+    /// Installs the chain of sandbox `id`'s boot whose host interface, just made, has index
     /// `ifindex`; `link` is (host end, sandbox end) of its link, for [`EgressRules::host_port`].
+    /// The kernel never gives an index twice, so a new interface has nothing to replace: one
+    /// batch, without first reading the `host_in` set (a second call to nftables at every boot,
+    /// whose answer grew with the sandboxes running).
     pub fn install(
         &self,
         id: &str,
@@ -305,7 +308,19 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
         link: Option<(Ipv4Addr, Ipv4Addr)>,
         rules: &EgressRules,
     ) -> Result<(), DriverError> {
-        nft(&self.chain_script(id, ifindex, link, rules))
+        nft(&self.chain_script(id, ifindex, link, rules, false))
+    }
+
+    /// Replaces the chain of a running boot (its rules changed): as [`Self::install`], its
+    /// `host_in` elements removed first.
+    pub fn replace(
+        &self,
+        id: &str,
+        ifindex: u32,
+        link: Option<(Ipv4Addr, Ipv4Addr)>,
+        rules: &EgressRules,
+    ) -> Result<(), DriverError> {
+        nft(&self.chain_script(id, ifindex, link, rules, true))
     }
 
     fn chain_script(
@@ -314,13 +329,14 @@ add rule ip cella_nat postrouting iifname "{p}*" oifname != "{p}*" masquerade
         ifindex: u32,
         link: Option<(Ipv4Addr, Ipv4Addr)>,
         rules: &EgressRules,
+        replacing: bool,
     ) -> String {
         let c = self.chain(id, ifindex);
         let mut s = format!("add chain inet cella {c}\nflush chain inet cella {c}\n");
         // The host's port on the link's host end (input hook), or none: the boot's elements
         // are replaced as a whole.
         s += HOST_IN_SET;
-        if rules.host_port.is_some() {
+        if replacing {
             s += &self.host_in_removal(&[ifindex]);
         }
         if let (Some(port), Some((host, sandbox))) = (rules.host_port, link) {
@@ -1044,7 +1060,7 @@ mod tests {
             dns: vec!["10.255.255.53".parse().unwrap()],
             host_port: None,
         };
-        let s = fw.chain_script("sabc", 17, None, &rules);
+        let s = fw.chain_script("sabc", 17, None, &rules, false);
         assert!(!s.contains("add element inet cella host_in"), "{s}");
         let dns = s.find("th dport 53 accept").unwrap();
         let floor = s.find("ip daddr @floor_i1 jump refuse").unwrap();
@@ -1061,7 +1077,7 @@ mod tests {
         assert!(s.contains("{ 17 : jump sb_i1_sabc_17 }"));
         assert!(s.trim_end().ends_with("jump sb_i1_sabc_17 }"));
         let closed_rules = EgressRules::default();
-        let s = fw.chain_script("sabc", 17, None, &closed_rules);
+        let s = fw.chain_script("sabc", 17, None, &closed_rules, false);
         assert!(
             !s.contains("accept"),
             "egress deny with no allow list opens nothing: {s}"
@@ -1077,7 +1093,7 @@ mod tests {
             ..Default::default()
         };
         let link = Some(("10.9.0.1".parse().unwrap(), "10.9.0.2".parse().unwrap()));
-        let s = fw.chain_script("sabc", 17, link, &rules);
+        let s = fw.chain_script("sabc", 17, link, &rules, false);
         assert!(
             s.contains("add element inet cella host_in { 17 . 10.9.0.2 . 10.9.0.1 . 7070 }"),
             "{s}"

@@ -45,7 +45,8 @@
 //! **Lookups kept.** What a request looks up before it is sent on (who a credential is; a
 //! workspace's settings, for its allow-list) is kept in memory for [`cella_store::kept::LOOKUP_TTL`], so a
 //! client's next requests reach the upstream without a read of the store. An entry is trusted
-//! only while the store's [`cella_store::Store::grants_epoch`] has not moved since it was
+//! only while the store's [`cella_store::Store::credentials_epoch`] (for a credential; a
+//! workspace's settings follow [`cella_store::Store::grants_epoch`]) has not moved since it was
 //! read: every revoke of a key or a sandbox token (a sandbox's stop, destroy or end among
 //! them), a key made the operator's, and every change of a workspace's settings or plan moves
 //! it, so they take effect at once, for the next request. Only successes are kept (a refused
@@ -396,7 +397,7 @@ pub(crate) async fn caller(
     };
     let hash = hash_key(&secret);
     // Noted before the store is read: a revoke that commits meanwhile leaves nothing kept.
-    let epoch = state.store.grants_epoch();
+    let epoch = state.store.credentials_epoch();
     let known = match state.gateway.callers.get(&hash, epoch) {
         Some(k) => k,
         None => {

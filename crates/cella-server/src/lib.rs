@@ -685,7 +685,6 @@ fn namespace_backend(config: &Config, instance: &str) -> Result<Backend, ServeEr
             0
         })?
         .with_userns(ids)
-        .with_launchers_ahead()
         .with_file_limits(cella_runtime::namespace::FileLimits {
             per_process: config.limits.open_files,
             host_share_percent: config.limits.open_files_host_percent,
@@ -732,6 +731,8 @@ fn namespace_backend(config: &Config, instance: &str) -> Result<Backend, ServeEr
             ),
         }
     }
+    // After the network: a launcher started ahead makes a sandbox's link too.
+    let driver = driver.with_launchers_ahead();
     // gVisor beside it when the host has `runsc` (the dispatcher picks per sandbox).
     let agent_exe = std::env::current_exe().map_err(|source| ServeError::DataDir {
         path: dir.clone(),

@@ -98,9 +98,10 @@ impl Store {
         .execute(&self.pool)
         .await;
         // Only a revoke that took something away moves the epoch: every destroy asks, and a
-        // move makes the next request of every key read its key again.
+        // move makes the gateway's next request of every credential read it again. The API's
+        // keys do not follow it (see `Store::grants_epoch`).
         if r.as_ref().map_or(true, |r| r.rows_affected() > 0) {
-            self.grants_changed();
+            self.tokens_changed();
         }
         Ok(r?.rows_affected())
     }

@@ -1,7 +1,8 @@
 //! Lookups kept in memory for a moment: who a credential is, a workspace's settings.
 //!
 //! A [`Kept`] map trusts an entry for [`LOOKUP_TTL`], and only while the store's
-//! [`crate::Store::grants_epoch`] (or another epoch of the store's) has not moved since the entry was read: every write that
+//! [`crate::Store::grants_epoch`] (or another epoch of the store's: sandbox tokens are under
+//! [`crate::Store::credentials_epoch`]) has not moved since the entry was read: every write that
 //! changes what a lookup answers (a key revoked or made the operator's, a sandbox token revoked,
 //! a workspace's settings or plan changed) moves the epoch, so it takes effect for the next
 //! request. The epoch is read *before* the store is, so a write that commits in between leaves

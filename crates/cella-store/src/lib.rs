@@ -249,6 +249,8 @@ pub struct Store {
     pool: SqlitePool,
     /// See [`Store::grants_epoch`].
     grants: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// See [`Store::credentials_epoch`]: moves at every revoke of a sandbox token.
+    tokens: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Moves after every write of the `sandboxes` table (see [`Store::sandbox`]).
     sandboxes: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Sandbox rows as last read, trusted while `sandboxes` stays (see [`Store::sandbox`]).
@@ -319,6 +321,7 @@ impl Store {
         Ok(Store {
             pool,
             grants: Default::default(),
+            tokens: Default::default(),
             sandboxes: Default::default(),
             sandbox_rows: Default::default(),
             workspace_rows: Default::default(),
@@ -326,14 +329,31 @@ impl Store {
         })
     }
 
-    /// A number that moves after every write that can take away what a credential opens: a
-    /// key or a sandbox token revoked, a key made the operator's, a workspace's settings or
-    /// plan changed (and whenever raw SQL may have run: [`Store::pool`]). A cache of credentials or settings that notes it before reading the
-    /// store, and trusts an entry only while it has not moved, never serves what such a write
-    /// changed (the gateway's lookups). It counts the writes of this process only: one server
-    /// per data directory writes it.
+    /// A number that moves after every write that can take away what an API key or a
+    /// workspace's settings open: a key revoked, a key made the operator's, a workspace's
+    /// settings or plan changed (and whenever raw SQL may have run: [`Store::pool`]). A cache of
+    /// keys or settings that notes it before reading the store, and trusts an entry only while
+    /// it has not moved, never serves what such a write changed (the API's key lookups, the
+    /// gateway's). It counts the writes of this process only: one server per data directory
+    /// writes it. A sandbox token's revoke does not move it (every destroy revokes one, and a
+    /// move makes the next request of every key read its key again): a cache that holds
+    /// sandbox tokens follows [`Store::credentials_epoch`].
     pub fn grants_epoch(&self) -> u64 {
         self.grants.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Moves whenever [`Store::grants_epoch`] does and at every revoke of a sandbox token: for
+    /// a cache of API keys and sandbox tokens alike (the gateway's callers).
+    pub fn credentials_epoch(&self) -> u64 {
+        // Both only grow, so their sum moves whenever either does.
+        self.grants_epoch()
+            .wrapping_add(self.tokens.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// Called after (never before) a revoke of sandbox tokens, whether it succeeded or not.
+    fn tokens_changed(&self) {
+        self.tokens
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Called after (never before) a write that [`Store::grants_epoch`] follows, whether it
@@ -351,6 +371,7 @@ impl Store {
         self.sandboxes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.grants_changed();
+        self.tokens_changed();
         &self.pool
     }
 

@@ -833,21 +833,29 @@ async fn revokes_and_settings_changes_move_the_grants_epoch() {
         .await
         .unwrap();
     let e0 = store.grants_epoch();
+    let c0 = store.credentials_epoch();
     store.key_by_hash("h").await.unwrap();
     store.sandbox_token_by_hash("th").await.unwrap();
     store.touch_key("key1", 5).await.unwrap();
     assert_eq!(store.grants_epoch(), e0);
+    assert_eq!(store.credentials_epoch(), c0);
+    // A sandbox token's revoke moves what caches of tokens follow, not what caches of keys
+    // and settings do (every destroy revokes one).
     store.revoke_sandbox_tokens("sb1", 6).await.unwrap();
-    let e1 = store.grants_epoch();
-    assert!(e1 > e0);
+    let c1 = store.credentials_epoch();
+    assert!(c1 > c0);
+    assert_eq!(store.grants_epoch(), e0);
     // A revoke that finds nothing live (every destroy asks) leaves what is kept alone.
     assert_eq!(store.revoke_sandbox_tokens("sb1", 7).await.unwrap(), 0);
-    assert_eq!(store.grants_epoch(), e1);
+    assert_eq!(store.credentials_epoch(), c1);
+    let e1 = e0;
     let mut ws = store.workspace("ws1").await.unwrap().unwrap();
     ws.settings.model_allowlist = vec!["m".into()];
     store.update_workspace(&ws).await.unwrap();
     let e2 = store.grants_epoch();
     assert!(e2 > e1);
+    // Whatever moves the grants moves the credentials too.
+    assert!(store.credentials_epoch() > c1);
     // The workspace kept from before the change is not served after it.
     assert_eq!(
         store

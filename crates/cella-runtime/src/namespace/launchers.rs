@@ -12,8 +12,8 @@
 //! A waiting launcher holds nothing of a sandbox: it is in the server's cgroup, with an empty
 //! environment and its standard error on `/dev/null` (its start names the setup log it
 //! opens), and has made only what needs no sandbox (its mount, UTS, IPC and network namespaces,
-//! `super::launch::ahead`, and the user namespace for the server's id map, given on a line
-//! written as it starts: `super::launch::Ahead`). When its standard input closes (the server
+//! `super::launch::ahead`, the user namespace for the server's id map and the network link of
+//! a free slot, given on a line written as it starts: `super::launch::Ahead`). When its standard input closes (the server
 //! stopped, or was killed: the pipe goes with the process) it reads the end of it, answers an
 //! error nobody reads and exits, its namespaces with it, so nothing outlives a server.
 
@@ -42,15 +42,18 @@ struct Inner {
     exe: PathBuf,
     on: bool,
     /// Written to every launcher as soon as it is started (a [`super::launch::AheadLine`], or
-    /// nothing).
-    prelude: Vec<u8>,
+    /// nothing): made at each start (its network slot is the driver's guess of the moment).
+    prelude: Prelude,
     ready: Mutex<Option<Child>>,
     /// A thread is starting the next one.
     starting: AtomicBool,
 }
 
+/// Makes the line written to a launcher as it starts.
+pub(crate) type Prelude = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
+
 impl Launchers {
-    pub(crate) fn new(exe: PathBuf, on: bool, prelude: Vec<u8>) -> Launchers {
+    pub(crate) fn new(exe: PathBuf, on: bool, prelude: Prelude) -> Launchers {
         Launchers {
             inner: Arc::new(Inner {
                 exe,
@@ -77,10 +80,10 @@ impl Launchers {
                 Ok(None) => Ok(c),
                 _ => {
                     let _ = c.wait();
-                    spawn(&self.inner.exe, &self.inner.prelude)
+                    spawn(&self.inner.exe, &(self.inner.prelude)())
                 }
             },
-            None => spawn(&self.inner.exe, &self.inner.prelude),
+            None => spawn(&self.inner.exe, &(self.inner.prelude)()),
         }
     }
 
@@ -100,7 +103,7 @@ impl Launchers {
                     .unwrap_or_else(|p| p.into_inner())
                     .is_none();
                 if empty {
-                    match spawn(&inner.exe, &inner.prelude) {
+                    match spawn(&inner.exe, &(inner.prelude)()) {
                         Ok(c) => {
                             let mut slot = inner.ready.lock().unwrap_or_else(|p| p.into_inner());
                             // Taken and refilled meanwhile: the newer one stays.
@@ -236,7 +239,7 @@ mod tests {
     fn a_take_gets_the_one_started_ahead_and_the_next_follows() {
         use std::io::{Read, Write};
         let (_dir, exe) = fake();
-        let l = Launchers::new(exe, true, Vec::new());
+        let l = Launchers::new(exe, true, Box::new(Vec::new));
         // Nothing ready yet: a take starts one at once.
         let mut first = l.take().unwrap();
         assert_eq!(l.ready_pid(), None);
@@ -272,7 +275,7 @@ mod tests {
     #[test]
     fn a_launcher_that_died_while_waiting_is_not_handed_out() {
         let (_dir, exe) = fake();
-        let l = Launchers::new(exe, true, Vec::new());
+        let l = Launchers::new(exe, true, Box::new(Vec::new));
         l.refill();
         let pid = wait_ready(&l);
         nix::sys::signal::kill(
@@ -287,10 +290,30 @@ mod tests {
         end(c);
     }
 
+    /// Each launcher gets the line as it is at its start (the network slot guessed then).
+    #[test]
+    fn each_launcher_gets_its_prelude_made_at_its_start() {
+        use std::io::Read;
+        let (_dir, exe) = fake();
+        let n = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let count = n.clone();
+        let prelude =
+            move || format!("slot{}\n", count.fetch_add(1, Ordering::SeqCst)).into_bytes();
+        let l = Launchers::new(exe, true, Box::new(prelude));
+        for want in ["got slot0\n", "got slot1\n"] {
+            let mut c = l.take().unwrap();
+            drop(c.stdin.take());
+            let mut out = String::new();
+            c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+            assert_eq!(out, want);
+            c.wait().unwrap();
+        }
+    }
+
     #[test]
     fn off_starts_none_ahead() {
         let (_dir, exe) = fake();
-        let l = Launchers::new(exe, false, Vec::new());
+        let l = Launchers::new(exe, false, Box::new(Vec::new));
         l.refill();
         std::thread::sleep(std::time::Duration::from_millis(100));
         assert_eq!(l.ready_pid(), None);

@@ -202,6 +202,24 @@ fn host_file_max() -> u64 {
         .unwrap_or(0)
 }
 
+/// The line every launcher gets at its start (nothing when it has nothing to make ahead).
+fn prelude(userns: Option<crate::userns::IdMap>, net: Option<net::NetLaunch>) -> Vec<u8> {
+    if userns.is_none() && net.is_none() {
+        return Vec::new();
+    }
+    let ahead = launch::AheadLine {
+        ahead: launch::Ahead { userns, net },
+    };
+    // Nothing rather than a bare newline, which a launcher would read as its start.
+    match serde_json::to_vec(&ahead) {
+        Ok(mut line) => {
+            line.push(b'\n');
+            line
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
 /// The sandbox network: its subnet, the firewall, and a guess at the next free slot. Shared
 /// by both backends (see [`NamespaceDriver::network`]): one subnet, one firewall.
 #[derive(Clone)]
@@ -241,10 +259,16 @@ impl Network {
         };
         self.next_slot
             .store(info.slot + 1, std::sync::atomic::Ordering::Relaxed);
+        let t = std::time::Instant::now();
         let r = net::host_up(&info)
             .map_err(|e| DriverError::Network(format!("host end: {e}")))
             .and_then(|ifindex| {
                 info.ifindex = ifindex;
+                tracing::debug!(
+                    sandbox = id,
+                    host_end_ms = t.elapsed().as_secs_f64() * 1e3,
+                    "host end up"
+                );
                 let link = Some((info.host_addr, info.sandbox_addr));
                 self.firewall.install(id, ifindex, link, rules)
             });
@@ -297,7 +321,7 @@ impl Network {
                     .map_err(|e| DriverError::Network(format!("{iface}: {e}")))?,
                 i => i,
             };
-            fw.install(&id, ifindex, link, &rules)?;
+            fw.replace(&id, ifindex, link, &rules)?;
             if recorded == 0 {
                 fw.remove_others(&id, ifindex)?;
             }
@@ -320,7 +344,7 @@ impl NamespaceDriver {
         crate::disk::honour_flushes_under(data_dir);
         Ok(NamespaceDriver {
             data_dir: data_dir.to_path_buf(),
-            launchers: launchers::Launchers::new(agent_exe.clone(), false, Vec::new()),
+            launchers: launchers::Launchers::new(agent_exe.clone(), false, Box::new(Vec::new)),
             agent_exe,
             cgroup_parent: format!("cella/{instance}"),
             disk_quota: false,
@@ -358,30 +382,15 @@ impl NamespaceDriver {
     }
 
     /// Keeps a launcher started ahead for the next boot (see [`launchers`]), starting the first
-    /// one now. Each launcher is told the id map (set [`Self::with_userns`] first) and makes the
-    /// user namespace while it waits (see `launch::Ahead`).
+    /// one now. Each launcher is told the id map and the network (set [`Self::with_userns`] and
+    /// [`Self::with_network`] first) and makes the user namespace and a link while it waits (see
+    /// `launch::Ahead`).
     pub fn with_launchers_ahead(mut self) -> Self {
-        self.launchers = launchers::Launchers::new(self.agent_exe.clone(), true, self.prelude());
+        let (ids, net) = (self.ids, self.net.clone());
+        let prelude = move || prelude(ids, net.as_ref().map(Network::plan));
+        self.launchers = launchers::Launchers::new(self.agent_exe.clone(), true, Box::new(prelude));
         self.launchers.refill();
         self
-    }
-
-    /// The line every launcher gets at its start (nothing without a user namespace).
-    fn prelude(&self) -> Vec<u8> {
-        if self.ids.is_none() {
-            return Vec::new();
-        }
-        let ahead = launch::AheadLine {
-            ahead: launch::Ahead { userns: self.ids },
-        };
-        // Nothing rather than a bare newline, which a launcher would read as its start.
-        match serde_json::to_vec(&ahead) {
-            Ok(mut line) => {
-                line.push(b'\n');
-                line
-            }
-            Err(_) => Vec::new(),
-        }
     }
 
     /// Whether sandboxes get a network interface.

@@ -2,9 +2,11 @@
 //!
 //! Every sandbox gets a veth pair: `eth0` inside, `cv<slot>` on the host, and a /30 of the
 //! sandbox subnet (host end `.1`, sandbox end `.2` of the slot's block). The launcher makes the
-//! pair right after it unshared the network namespace (from inside, with the peer moved to the
-//! host's namespace in the same request) and configures `eth0`; the server then configures the
-//! host end ([`host_up`]) and installs the sandbox's firewall chain (see [`crate::firewall`]).
+//! pair in the network namespace it unshared, while it waits for its sandbox (from inside, with
+//! the peer moved to the host's namespace in the same request) and configures `eth0`; once a
+//! boot took the launcher, the server configures the host end ([`host_up`]) and installs the
+//! sandbox's firewall chain (see [`crate::firewall`]). Until then the host end is down and
+//! nothing runs inside.
 //! The pair lives exactly as long as the sandbox's network namespace: when its last process
 //! ends, the kernel removes both ends, so a crash leaves no interface behind.
 //!
@@ -147,6 +149,14 @@ pub fn setup_inside(host: &HostNs, plan: &NetLaunch) -> Result<NetInfo, NetError
     Ok(info)
 }
 
+/// Run in the launcher, inside the network namespace where [`setup_inside`] made a link: removes
+/// `eth0`, and its host end with it (a pair goes as one).
+pub fn remove_inside() -> Result<(), NetError> {
+    Netlink::open()?
+        .delete("eth0")
+        .map_err(step("removing the link made ahead"))
+}
+
 /// Run inside a sandbox's network namespace whose link exists (a gVisor sandbox restored from
 /// disk: `runsc` took `eth0`'s address out of the host kernel's view at boot and looks for it
 /// again): `eth0` gets its address, is up, and the default route is back.
@@ -226,13 +236,22 @@ impl Netlink {
             LinkInfo::Kind(InfoKind::Veth),
             LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
         ]));
+        self.request(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
+    }
+
+    /// `ip link del NAME`.
+    fn delete(&self, name: &str) -> std::io::Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.into()));
+        self.request(RouteNetlinkMessage::DelLink(msg), 0)
+    }
+
+    /// Sends one request and reads its acknowledgement (or error).
+    fn request(&self, msg: RouteNetlinkMessage, flags: u16) -> std::io::Result<()> {
         let mut header = NetlinkHeader::default();
-        header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+        header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
         header.sequence_number = 1;
-        let mut req = NetlinkMessage::new(
-            header,
-            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(msg)),
-        );
+        let mut req = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(msg));
         req.finalize();
         let mut buf = vec![0u8; req.buffer_len()];
         req.serialize(&mut buf);
@@ -343,5 +362,38 @@ mod tests {
         assert_eq!(capacity(16), 16384);
         assert!(slot_info(net, 16, 16384).is_none());
         assert_eq!(capacity(31), 0);
+    }
+
+    /// A link made ahead by a launcher whose sandbox gets no network is removed, both ends.
+    /// Run on a thread of its own in two fresh network namespaces (one stands in for the
+    /// host's): nothing of the host's is touched.
+    #[test]
+    fn a_link_made_ahead_is_removed_with_its_host_end() {
+        let t = std::thread::spawn(|| {
+            let exists = |name: &str| ifindex(name).is_ok();
+            if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET) {
+                eprintln!("skipped: no network namespace can be made here ({e})");
+                return;
+            }
+            let host = HostNs {
+                ns: std::fs::File::open("/proc/thread-self/ns/net")
+                    .unwrap()
+                    .into(),
+            };
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let plan = NetLaunch {
+                subnet: "10.201.0.0".parse().unwrap(),
+                prefix: 24,
+                first_slot: 5,
+            };
+            let info = setup_inside(&host, &plan).unwrap();
+            assert_eq!(info.iface, "cv5");
+            assert!(exists("eth0"));
+            remove_inside().unwrap();
+            assert!(!exists("eth0"));
+            nix::sched::setns(&host.ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            assert!(!exists("cv5"), "the host end outlived its pair");
+        });
+        t.join().unwrap();
     }
 }

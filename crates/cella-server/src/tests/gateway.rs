@@ -420,3 +420,65 @@ async fn kept_lookups_never_outlive_a_revoke_or_a_settings_change() {
         assert_eq!(st, 401, "{b}");
     }
 }
+
+/// A destroy revokes its sandbox's tokens: the gateway refuses a token of the destroyed
+/// sandbox at once, yet the API keys kept are not read again for it (every destroy revokes one,
+/// and a key read again cost each create after a destroy a read of the store).
+#[tokio::test]
+async fn a_destroy_refuses_its_sandboxs_token_at_once_and_leaves_the_keys_kept() {
+    let (s, _) = gateway_server().await;
+    let ws = default_workspace(&s).await;
+    let (status, sb) = s
+        .call("POST", "/api/v1/sandboxes", Some(serde_json::json!({})))
+        .await;
+    assert_eq!(status, 201, "{sb}");
+    let sandbox_id = sb["data"]["id"].as_str().unwrap().to_string();
+    let secret = format!("{}ds{}", crate::gateway::TOKEN_PREFIX, "y".repeat(41));
+    s.state
+        .store
+        .insert_sandbox_token(&cella_store::SandboxTokenRow {
+            id: "tokds".into(),
+            hash: crate::util::hash_key(&secret),
+            sandbox_id: sandbox_id.clone(),
+            workspace_id: ws,
+            created_at: 0,
+            revoked_at: None,
+        })
+        .await
+        .unwrap();
+    let chat = "/gateway/openai/v1/chat/completions";
+    let free = serde_json::json!({"model": "gpt-free", "messages": []});
+    // Twice: the second answer comes from what the first looked up.
+    for _ in 0..2 {
+        let (st, b) = gw(&s, &secret, chat, free.clone()).await;
+        assert_eq!(st, 200, "{b}");
+    }
+    let (st, _) = s
+        .call("DELETE", &format!("/api/v1/sandboxes/{sandbox_id}"), None)
+        .await;
+    assert!(st == 200 || st == 204, "{st}");
+    let (st, b) = gw(&s, &secret, chat, free.clone()).await;
+    assert_eq!(st, 401, "the destroyed sandbox's token still let in: {b}");
+    // The API's key was read before the destroy (by the destroy itself) and is still kept:
+    // the next request's phases have no read of it.
+    let req = Request::builder()
+        .method("GET")
+        .uri("/api/v1/sandboxes")
+        .header("authorization", format!("Bearer {}", s.key))
+        .header("cella-timing", "1")
+        .body(Body::empty())
+        .unwrap();
+    let res = s.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let timing = res
+        .headers()
+        .get("server-timing")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert!(timing.contains("total"), "{timing}");
+    assert!(
+        !timing.contains("auth.key"),
+        "the key was read again: {timing}"
+    );
+}
