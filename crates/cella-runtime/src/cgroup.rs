@@ -45,10 +45,16 @@ fn load(path: &str) -> Cgroup {
 /// cold boot read the mount table twice and, on v2, wrote every controller the host has into
 /// every ancestor's `cgroup.subtree_control` each time (0.7 ms here against 0.3).
 pub fn create(path: &str, limits: Limits) -> Result<(), DriverError> {
+    if limits.cpus == 0 {
+        return Err(DriverError::Cgroup(format!(
+            "creating {path}: a sandbox needs at least one CPU"
+        )));
+    }
     let plan = if hierarchies::is_cgroup2_unified_mode() {
         let root = PathBuf::from(hierarchies::UNIFIED_MOUNTPOINT);
+        let host = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
         enable_v2(&root, path);
-        v2_plan(&root.join(path), limits)
+        v2_plan(&root.join(path), limits, &host)
     } else {
         use cgroups_rs::fs::Controllers as C;
         let dir = |c| v1_mount(c).map(|m| m.join(path));
@@ -68,9 +74,10 @@ pub fn create(path: &str, limits: Limits) -> Result<(), DriverError> {
 /// The controllers a sandbox's cgroup needs on v2 (its parent's `cgroup.subtree_control`).
 const V2_CONTROLLERS: [&str; 3] = ["memory", "cpu", "pids"];
 
-/// What making a cgroup does: its directories, the files its limits are written to (one whose
-/// controller the host lacks has no such file and is left out), and files written where they
-/// can be (swap limits: the kernel may have no swap accounting).
+/// What making a cgroup does: its directories, the files its limits are written to (each
+/// must exist: only the controllers the host has are in the plan, so a limit whose file is
+/// missing fails the create rather than leave the sandbox without it), and files written where
+/// they can be (swap limits: the kernel may have no swap accounting).
 #[derive(Debug, Default, PartialEq)]
 struct Plan {
     dirs: Vec<PathBuf>,
@@ -95,10 +102,7 @@ impl Plan {
                 }
             }
             for (file, value) in &self.limits {
-                match write_existing(file, value) {
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    r => r.map_err(|e| with_path(e, file))?,
-                }
+                write_existing(file, value).map_err(|e| with_path(e, file))?;
             }
             for (file, value) in &self.if_possible {
                 let _ = write_existing(file, value);
@@ -156,10 +160,7 @@ fn v1_plan(
             .push((m.join("memory.memsw.limit_in_bytes"), bytes.to_string()));
     }
     if let Some(c) = cpu {
-        let quota = match limits.cpus {
-            0 => "-1".to_string(),
-            n => (u64::from(n) * CPU_PERIOD_US).to_string(),
-        };
+        let quota = (u64::from(limits.cpus) * CPU_PERIOD_US).to_string();
         plan.limits
             .push((c.join("cpu.cfs_period_us"), CPU_PERIOD_US.to_string()));
         plan.limits.push((c.join("cpu.cfs_quota_us"), quota));
@@ -171,28 +172,38 @@ fn v1_plan(
     plan
 }
 
-/// A v2 cgroup at `dir`: the same limits in v2's files (no swap at all).
-fn v2_plan(dir: &std::path::Path, limits: Limits) -> Plan {
+/// A v2 cgroup at `dir`: the same limits in v2's files (no swap at all), for the controllers
+/// the host has (`host`: the root's `cgroup.controllers`).
+fn v2_plan(dir: &std::path::Path, limits: Limits, host: &str) -> Plan {
+    let has = |c: &str| host.split_whitespace().any(|h| h == c);
     let bytes = u64::from(limits.memory_mb) * 1024 * 1024;
-    let quota = match limits.cpus {
-        0 => "max".to_string(),
-        n => (u64::from(n) * CPU_PERIOD_US).to_string(),
-    };
-    Plan {
+    let quota = u64::from(limits.cpus) * CPU_PERIOD_US;
+    let mut plan = Plan {
         dirs: vec![dir.to_path_buf()],
-        limits: vec![
-            (dir.join("memory.max"), bytes.to_string()),
-            (dir.join("cpu.max"), format!("{quota} {CPU_PERIOD_US}")),
-            (dir.join("pids.max"), limits.pids_max.to_string()),
-        ],
-        if_possible: vec![(dir.join("memory.swap.max"), "0".to_string())],
+        ..Plan::default()
+    };
+    if has("memory") {
+        plan.limits
+            .push((dir.join("memory.max"), bytes.to_string()));
+        plan.if_possible
+            .push((dir.join("memory.swap.max"), "0".to_string()));
     }
+    if has("cpu") {
+        plan.limits
+            .push((dir.join("cpu.max"), format!("{quota} {CPU_PERIOD_US}")));
+    }
+    if has("pids") {
+        plan.limits
+            .push((dir.join("pids.max"), limits.pids_max.to_string()));
+    }
+    plan
 }
 
 /// On v2, lets the cgroups on the way from `root` to `path`'s parent hand [`V2_CONTROLLERS`] to
 /// their children, making the missing ones; each `cgroup.subtree_control` is written only when
-/// it lacks one (read first: after the first sandbox, nothing is written). A controller that
-/// cannot be enabled is left out, as `cgroups-rs` did: its limits' files then do not exist.
+/// it lacks one (read first: after the first sandbox, nothing is written). A controller the
+/// kernel refuses to enable here (the host has it, but a cgroup on the way holds processes, say)
+/// leaves its limits' files missing in the sandbox's cgroup, and [`Plan::make`] then fails.
 fn enable_v2(root: &std::path::Path, path: &str) {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     let mut dir = root.to_path_buf();
@@ -866,34 +877,42 @@ mod tests {
             !root.join("srv/sb1").exists(),
             "the leaf is the plan's to make"
         );
-        // The host has no pids controller for it: pids.max never appears, the rest is written.
+        // A host without the pids controller: no pids.max is asked for, the rest is written
+        // (and the swap limit is left where the kernel has no swap accounting).
         kernel_files(&root.join("srv/sb1"), &["memory.max", "cpu.max"]);
-        v2_plan(&root.join("srv/sb1"), LIMITS).make().unwrap();
+        v2_plan(&root.join("srv/sb1"), LIMITS, "cpuset cpu io memory")
+            .make()
+            .unwrap();
         assert_eq!(read(root.join("srv/sb1/memory.max")), "536870912");
         assert_eq!(read(root.join("srv/sb1/cpu.max")), "200000 100000");
         assert!(!root.join("srv/sb1/pids.max").exists());
         assert!(!root.join("srv/sb1/memory.swap.max").exists());
-        // Unlimited CPU is v2's `max`.
-        let plan = v2_plan(&root.join("x"), Limits { cpus: 0, ..LIMITS });
-        assert!(plan
-            .limits
-            .contains(&(root.join("x/cpu.max"), "max 100000".into())));
+        // A host that has them all, whose files did not appear (not enabled on the way): the
+        // create fails and leaves nothing it made.
+        let e = v2_plan(&root.join("srv/sb2"), LIMITS, "cpu memory pids")
+            .make()
+            .unwrap_err();
+        assert!(e.to_string().contains("memory.max"), "{e}");
+        assert!(!root.join("srv/sb2").exists());
+        // No CPU at all is refused, not taken for no limit.
+        assert!(create("cella-unit-none/x", Limits { cpus: 0, ..LIMITS }).is_err());
     }
 
     #[test]
     fn a_create_that_fails_leaves_no_directory_it_made() {
         let d = tempfile::tempdir().unwrap();
-        let fresh = d.path().join("memory/srv/sb1");
+        // The freezer's directory is new; the pids one was there, with a limit that cannot be
+        // written (a directory where the file should be).
+        let fresh = d.path().join("freezer/srv/sb1");
         let old = d.path().join("pids/srv/sb1");
         std::fs::create_dir_all(&old).unwrap();
-        // A limit that cannot be written (a directory where the file should be).
         std::fs::create_dir(old.join("pids.max")).unwrap();
         let plan = v1_plan(
-            Some(fresh.clone()),
+            None,
             None,
             None,
             Some(old.clone()),
-            None,
+            Some(fresh.clone()),
             LIMITS,
         );
         let e = plan.make().unwrap_err();

@@ -45,7 +45,7 @@ struct Entry<T> {
     value: T,
 }
 
-/// A map of lookups trusted for [`LOOKUP_TTL`] while the store's grants epoch stays.
+/// A map of lookups trusted for [`LOOKUP_TTL`] while the store's epoch they were read at stays.
 pub struct Kept<T>(Mutex<Map<T>>);
 
 impl<T: Clone> Default for Kept<T> {

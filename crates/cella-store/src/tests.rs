@@ -802,7 +802,7 @@ async fn task_states_move_conditionally_and_an_ended_runs_message_leaves_the_fil
 /// Every write that takes away what a credential opens moves the epoch that caches of
 /// credentials follow; reads and harmless writes leave it.
 #[tokio::test]
-async fn revokes_and_settings_changes_move_the_grants_epoch() {
+async fn revokes_and_settings_changes_move_the_epochs_that_follow_them() {
     let (_d, store) = store_with_ws().await;
     let k = KeyRow {
         id: "key1".into(),

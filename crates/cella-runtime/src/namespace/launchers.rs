@@ -13,7 +13,8 @@
 //! environment and its standard error on `/dev/null` (its start names the setup log it
 //! opens), and has made only what needs no sandbox (its mount, UTS, IPC and network namespaces,
 //! `super::launch::ahead`, the user namespace for the server's id map and the network link of
-//! a free slot, given on a line written as it starts: `super::launch::Ahead`). When its standard input closes (the server
+//! a free slot, given on a line written as it starts: `super::launch::Ahead`). That link holds
+//! one slot of the sandbox subnet while it waits (its host end down, without a firewall chain). When its standard input closes (the server
 //! stopped, or was killed: the pipe goes with the process) it reads the end of it, answers an
 //! error nobody reads and exits, its namespaces with it, so nothing outlives a server.
 

@@ -142,10 +142,17 @@ pub fn setup_inside(host: &HostNs, plan: &NetLaunch) -> Result<NetInfo, NetError
         }
     }
     let info = made.ok_or(NetError::NoFreeSlot)?;
-    let sock = inet_socket().map_err(step("socket"))?;
-    set_addr(&sock, "eth0", info.sandbox_addr, 30).map_err(step("eth0 address"))?;
-    set_up(&sock, "eth0").map_err(step("eth0 up"))?;
-    default_route(&sock, info.host_addr).map_err(step("default route"))?;
+    let configured = (|| {
+        let sock = inet_socket().map_err(step("socket"))?;
+        set_addr(&sock, "eth0", info.sandbox_addr, 30).map_err(step("eth0 address"))?;
+        set_up(&sock, "eth0").map_err(step("eth0 up"))?;
+        default_route(&sock, info.host_addr).map_err(step("default route"))
+    })();
+    if let Err(e) = configured {
+        // Not left half made: a later try here would find `eth0` taken at every slot.
+        let _ = nl.delete("eth0");
+        return Err(e);
+    }
     Ok(info)
 }
 

@@ -421,11 +421,11 @@ async fn kept_lookups_never_outlive_a_revoke_or_a_settings_change() {
     }
 }
 
-/// A destroy revokes its sandbox's tokens: the gateway refuses a token of the destroyed
-/// sandbox at once, yet the API keys kept are not read again for it (every destroy revokes one,
+/// A sandbox token revoked (alone, or by its sandbox's destroy) is refused by the gateway at
+/// once, yet the API keys kept are not read again for it (every destroy revokes one,
 /// and a key read again cost each create after a destroy a read of the store).
 #[tokio::test]
-async fn a_destroy_refuses_its_sandboxs_token_at_once_and_leaves_the_keys_kept() {
+async fn a_revoked_or_destroyed_sandboxs_token_is_refused_at_once_and_the_keys_stay_kept() {
     let (s, _) = gateway_server().await;
     let ws = default_workspace(&s).await;
     let (status, sb) = s
@@ -449,6 +449,36 @@ async fn a_destroy_refuses_its_sandboxs_token_at_once_and_leaves_the_keys_kept()
     let chat = "/gateway/openai/v1/chat/completions";
     let free = serde_json::json!({"model": "gpt-free", "messages": []});
     // Twice: the second answer comes from what the first looked up.
+    for _ in 0..2 {
+        let (st, b) = gw(&s, &secret, chat, free.clone()).await;
+        assert_eq!(st, 200, "{b}");
+    }
+    // A token revoked while its sandbox runs is refused at the next request, though the
+    // lookup was kept (nothing else about the sandbox changed).
+    assert_eq!(
+        s.state
+            .store
+            .revoke_sandbox_tokens(&sandbox_id, 1)
+            .await
+            .unwrap(),
+        1
+    );
+    let (st, b) = gw(&s, &secret, chat, free.clone()).await;
+    assert_eq!(st, 401, "a revoked token still let in: {b}");
+    // Another token of the sandbox, for its destroy.
+    let secret = format!("{}dt{}", crate::gateway::TOKEN_PREFIX, "z".repeat(41));
+    s.state
+        .store
+        .insert_sandbox_token(&cella_store::SandboxTokenRow {
+            id: "tokdt".into(),
+            hash: crate::util::hash_key(&secret),
+            sandbox_id: sandbox_id.clone(),
+            workspace_id: default_workspace(&s).await,
+            created_at: 0,
+            revoked_at: None,
+        })
+        .await
+        .unwrap();
     for _ in 0..2 {
         let (st, b) = gw(&s, &secret, chat, free.clone()).await;
         assert_eq!(st, 200, "{b}");
