@@ -393,6 +393,10 @@ async fn create_admitted(
             .set_model_access(&row.id, &row.workspace_id, now_ms())
             .await?;
     }
+    // The boot asks for it (its firewall rules): answered without a read.
+    state
+        .store
+        .note_model_access(&row.id, model_access.then_some(row.workspace_id.as_str()));
     // Boot in a task of its own: a client that hangs up must not leave a half-made sandbox.
     let id = row.id.clone();
     let st = state.clone();

@@ -58,6 +58,18 @@ impl Store {
         Ok(ws)
     }
 
+    /// Keeps what the creator of a new sandbox knows of its model access once its writes are
+    /// over (its row inserted, and its access too when it has one), so the boot's questions
+    /// cost no read: `workspace` is the one it set, or None. Kept under the sandboxes epoch of
+    /// the moment, as a read would be; a sandbox's access is only ever added, by its creator,
+    /// before this call (no one else knows the new id yet), and any later write of the table
+    /// moves the epoch, so the boot then reads as before.
+    pub fn note_model_access(&self, sandbox_id: &str, workspace: Option<&str>) {
+        let epoch = self.sandboxes.load(std::sync::atomic::Ordering::SeqCst);
+        self.model_access
+            .put(sandbox_id, epoch, workspace.map(str::to_string));
+    }
+
     pub async fn has_model_access(&self, sandbox_id: &str) -> Result<bool> {
         Ok(self.model_access_workspace(sandbox_id).await?.is_some())
     }

@@ -1134,6 +1134,36 @@ async fn model_access_kept_from_a_lookup_gives_way_to_a_grant() {
     assert!(!store.has_model_access("sbm").await.unwrap());
 }
 
+/// What a sandbox's creator notes of its model access answers the boot's question, and never
+/// hides a grant or a write of the table that comes after it.
+#[tokio::test]
+async fn model_access_noted_by_the_creator_answers_until_a_write() {
+    let (_d, store) = store_with_ws().await;
+    store
+        .insert_sandbox_capped(&sandbox("sbn", "ws1"), 10)
+        .await
+        .unwrap();
+    store.set_model_access("sbn", "ws1", 5).await.unwrap();
+    store.note_model_access("sbn", Some("ws1"));
+    assert_eq!(
+        store
+            .model_access_workspace("sbn")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("ws1")
+    );
+    store
+        .insert_sandbox_capped(&sandbox("sbo", "ws1"), 10)
+        .await
+        .unwrap();
+    store.note_model_access("sbo", None);
+    assert!(!store.has_model_access("sbo").await.unwrap());
+    // A grant after the note: the note is not trusted any more.
+    store.set_model_access("sbo", "ws1", 6).await.unwrap();
+    assert!(store.has_model_access("sbo").await.unwrap());
+}
+
 /// The row an insert left is what the next read answers, field for field, whether it comes
 /// from what the insert kept or from the database.
 #[tokio::test]
