@@ -153,6 +153,11 @@ pub fn setup_inside(host: &HostNs, plan: &NetLaunch) -> Result<NetInfo, NetError
         let _ = nl.delete("eth0");
         return Err(e);
     }
+    // The host end's index, for the server to check that the name it configures is this link
+    // ([`host_up`]): a slot's name is taken again by the next link of that slot. Unknown (0)
+    // when the kernel does not say.
+    let mut info = info;
+    info.ifindex = nl.peer_index("eth0").unwrap_or(0);
     Ok(info)
 }
 
@@ -178,8 +183,17 @@ pub fn readdress(info: &NetInfo) -> Result<(), NetError> {
 }
 
 /// Run by the server (in the host namespace) once the launcher answered: no IPv6 on the host
-/// end, its address, up. Returns the host end's interface index.
+/// end, its address, up. Returns the host end's interface index. Refused when the launcher
+/// said which index its link's host end has and the interface of that name has another: the
+/// name is its slot's, and another link of the slot has it now (the launcher died meanwhile).
 pub fn host_up(info: &NetInfo) -> std::io::Result<u32> {
+    let index = ifindex(&info.iface)?;
+    if info.ifindex != 0 && info.ifindex != index {
+        return Err(std::io::Error::other(format!(
+            "{} is another link now (index {index}, this sandbox's was {})",
+            info.iface, info.ifindex
+        )));
+    }
     let _ = std::fs::write(
         format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", info.iface),
         "1",
@@ -187,7 +201,7 @@ pub fn host_up(info: &NetInfo) -> std::io::Result<u32> {
     let sock = inet_socket()?;
     set_addr(&sock, &info.iface, info.host_addr, 30)?;
     set_up(&sock, &info.iface)?;
-    ifindex(&info.iface)
+    Ok(index)
 }
 
 /// The index of a host interface.
@@ -251,6 +265,45 @@ impl Netlink {
         let mut msg = LinkMessage::default();
         msg.attributes.push(LinkAttribute::IfName(name.into()));
         self.request(RouteNetlinkMessage::DelLink(msg), 0)
+    }
+
+    /// The index of the other end of veth `name` (`IFLA_LINK`: in the namespace it was moved
+    /// to).
+    fn peer_index(&self, name: &str) -> std::io::Result<u32> {
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.into()));
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST;
+        header.sequence_number = 2;
+        let mut req = NetlinkMessage::new(
+            header,
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::GetLink(msg)),
+        );
+        req.finalize();
+        let mut buf = vec![0u8; req.buffer_len()];
+        req.serialize(&mut buf);
+        self.sock.send(&buf, 0)?;
+        let mut reply = vec![0u8; 16384];
+        let n = self.sock.recv(&mut &mut reply[..], 0)?;
+        let answer = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&reply[..n])
+            .map_err(std::io::Error::other)?;
+        match answer.payload {
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => link
+                .attributes
+                .iter()
+                .find_map(|a| match a {
+                    LinkAttribute::Link(i) => Some(*i),
+                    _ => None,
+                })
+                .ok_or_else(|| std::io::Error::other("no peer index")),
+            NetlinkPayload::Error(e) => Err(e
+                .code
+                .map(|c| std::io::Error::from_raw_os_error(-c.get()))
+                .unwrap_or_else(|| std::io::Error::other("no answer"))),
+            other => Err(std::io::Error::other(format!(
+                "unexpected netlink answer {other:?}"
+            ))),
+        }
     }
 
     /// Sends one request and reads its acknowledgement (or error).
@@ -393,9 +446,20 @@ mod tests {
                 prefix: 24,
                 first_slot: 5,
             };
+            let inside = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
             let info = setup_inside(&host, &plan).unwrap();
             assert_eq!(info.iface, "cv5");
             assert!(exists("eth0"));
+            // The launcher says which index the host end has; the server checks it.
+            nix::sched::setns(&host.ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            assert_eq!(ifindex("cv5").unwrap(), info.ifindex);
+            let other = NetInfo {
+                ifindex: info.ifindex + 1000,
+                ..info.clone()
+            };
+            let refused = host_up(&other).unwrap_err();
+            assert!(refused.to_string().contains("another link"), "{refused}");
+            nix::sched::setns(&inside, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
             remove_inside().unwrap();
             assert!(!exists("eth0"));
             nix::sched::setns(&host.ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
