@@ -433,19 +433,27 @@ async fn a_revoked_or_destroyed_sandboxs_token_is_refused_at_once_and_the_keys_s
         .await;
     assert_eq!(status, 201, "{sb}");
     let sandbox_id = sb["data"]["id"].as_str().unwrap().to_string();
-    let secret = format!("{}ds{}", crate::gateway::TOKEN_PREFIX, "y".repeat(41));
-    s.state
-        .store
-        .insert_sandbox_token(&cella_store::SandboxTokenRow {
-            id: "tokds".into(),
-            hash: crate::util::hash_key(&secret),
-            sandbox_id: sandbox_id.clone(),
-            workspace_id: ws,
-            created_at: 0,
-            revoked_at: None,
-        })
-        .await
-        .unwrap();
+    // A live token of the sandbox (as its boot gives one), answered as its secret.
+    let token = |name: &'static str| {
+        let (s, sandbox_id, ws) = (&s, sandbox_id.clone(), ws.clone());
+        async move {
+            let secret = format!("{}{name}{}", crate::gateway::TOKEN_PREFIX, "y".repeat(41));
+            s.state
+                .store
+                .insert_sandbox_token(&cella_store::SandboxTokenRow {
+                    id: format!("tok{name}"),
+                    hash: crate::util::hash_key(&secret),
+                    sandbox_id,
+                    workspace_id: ws,
+                    created_at: 0,
+                    revoked_at: None,
+                })
+                .await
+                .unwrap();
+            secret
+        }
+    };
+    let secret = token("ds").await;
     let chat = "/gateway/openai/v1/chat/completions";
     let free = serde_json::json!({"model": "gpt-free", "messages": []});
     // Twice: the second answer comes from what the first looked up.
@@ -466,19 +474,7 @@ async fn a_revoked_or_destroyed_sandboxs_token_is_refused_at_once_and_the_keys_s
     let (st, b) = gw(&s, &secret, chat, free.clone()).await;
     assert_eq!(st, 401, "a revoked token still let in: {b}");
     // Another token of the sandbox, for its destroy.
-    let secret = format!("{}dt{}", crate::gateway::TOKEN_PREFIX, "z".repeat(41));
-    s.state
-        .store
-        .insert_sandbox_token(&cella_store::SandboxTokenRow {
-            id: "tokdt".into(),
-            hash: crate::util::hash_key(&secret),
-            sandbox_id: sandbox_id.clone(),
-            workspace_id: default_workspace(&s).await,
-            created_at: 0,
-            revoked_at: None,
-        })
-        .await
-        .unwrap();
+    let secret = token("dt").await;
     for _ in 0..2 {
         let (st, b) = gw(&s, &secret, chat, free.clone()).await;
         assert_eq!(st, 200, "{b}");
