@@ -1144,14 +1144,15 @@ async fn model_access_noted_by_the_creator_answers_until_a_write() {
         .await
         .unwrap();
     store.set_model_access("sbn", "ws1", 5).await.unwrap();
-    store.note_model_access("sbn", Some("ws1"));
+    // What is noted is what is answered (a note unlike the database shows it is the note).
+    store.note_model_access("sbn", Some("wsnoted"));
     assert_eq!(
         store
             .model_access_workspace("sbn")
             .await
             .unwrap()
             .as_deref(),
-        Some("ws1")
+        Some("wsnoted")
     );
     store
         .insert_sandbox_capped(&sandbox("sbo", "ws1"), 10)

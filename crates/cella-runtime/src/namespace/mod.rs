@@ -272,6 +272,13 @@ impl Network {
                 let link = Some((info.host_addr, info.sandbox_addr));
                 self.firewall.install(id, ifindex, link, rules)
             });
+        if r.is_err() {
+            // Nothing of this boot was installed (a batch is all or nothing): no index, so
+            // the failed boot's removal takes every chain of the id at once rather than queue
+            // the removal of a chain that never was (whose failure fell back to the same,
+            // later, when a new boot of the id may have its own).
+            info.ifindex = 0;
+        }
         (Some(info), r)
     }
 
