@@ -155,11 +155,13 @@ pub async fn run(
                         return;
                     }
                 }
-                Ok(Some((FrameKind::Json, body))) => {
-                    if let Ok(PtyControl::Resize { cols, rows }) = serde_json::from_slice(&body) {
+                Ok(Some((FrameKind::Json, body))) => match serde_json::from_slice(&body) {
+                    Ok(PtyControl::Resize { cols, rows }) => {
                         set_size(input_master.get_ref(), cols.max(1), rows.max(1));
                     }
-                }
+                    // In the sandbox's log: a control the agent does not know is otherwise lost.
+                    Err(e) => eprintln!("cella-agent: a terminal control it cannot read: {e}"),
+                },
                 _ => return, // the node hung up
             }
         }

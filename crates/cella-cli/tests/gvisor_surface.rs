@@ -136,7 +136,12 @@ fn a_terminal_session_on_gvisor() {
             break;
         }
     }
-    assert!(seen, "the terminal never took the new size 40x100");
+    if !seen {
+        // The agent logs a resize whose ioctl failed; runsc logs the sandbox's own trouble.
+        let log = std::fs::read_to_string(s.data_dir().join(format!("sandboxes/{id}/init.log")))
+            .unwrap_or_default();
+        panic!("the terminal never took the new size 40x100; the sandbox's log:\n{log}");
+    }
     pty_send(&mut ws, "exit\n");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -452,6 +452,20 @@ impl Premounted {
     pub fn root(&self) -> std::path::PathBuf {
         format!("/proc/self/fd/{}", self._mount.as_raw_fd()).into()
     }
+
+    /// Writes the file system's dirty data and journal through to its image, answering the
+    /// first write that failed since the mount: the image's file is sparse, so on a full data
+    /// disk its blocks cannot be allocated, and the error would otherwise surface only at a
+    /// later commit, in the sandbox that took it.
+    pub fn sync(&self) -> std::io::Result<()> {
+        // The mount's own descriptor is a path only: its root is opened for the call.
+        let root = File::open(self.root())?;
+        // SAFETY: syncfs on a descriptor owned here.
+        if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
 }
 
 /// Mounts `image`'s file system ahead (see [`Premounted`]).
@@ -1582,6 +1596,42 @@ mod tests {
             std::fs::read(tgt.join("written")).unwrap()
         });
         assert_eq!(read, b"kept");
+    }
+
+    /// On a full data disk, the writes of an image mounted ahead cannot land (its file is sparse:
+    /// a block's first write needs one of the data disk's), and its sync says so: the disk pool
+    /// then drops it rather than hand it to a boot. Needs root and mkfs.ext4 (skipped without).
+    #[test]
+    fn a_premounted_images_sync_fails_once_the_data_disk_is_full() {
+        if !can_mount() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let small = tmp.path().join("small.img");
+        File::create(&small).unwrap().set_len(32 << 20).unwrap();
+        format_image(&small, 32).unwrap();
+        let data = tmp.path().join("data");
+        let err = in_own_mount_ns(move || {
+            mount_image(&small, &data).unwrap();
+            let img = data.join("pool.img");
+            format_image(&img, 64).unwrap();
+            let pre = premount(&img).unwrap();
+            std::fs::create_dir(pre.root().join("upper")).unwrap();
+            pre.sync().expect("with room, the sync succeeds");
+            // The data disk filled up by someone else.
+            use std::io::Write;
+            let mut filler = File::create(data.join("filler")).unwrap();
+            let chunk = vec![0x5au8; 64 << 10];
+            while filler.write_all(&chunk).is_ok() {}
+            while filler.write_all(&chunk[..4096]).is_ok() {}
+            let _ = filler.sync_all();
+            // The image's own writes are taken into its page cache, then fail at the sync.
+            std::fs::write(pre.root().join("upper/f"), vec![7u8; 512 << 10]).unwrap();
+            let err = pre.sync().expect_err("a sync whose writes failed");
+            drop(pre);
+            err
+        });
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     }
 
     /// Whether these tests can attach and mount images here (root and mkfs.ext4); says so

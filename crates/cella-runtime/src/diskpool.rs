@@ -17,7 +17,9 @@
 //! lets go of it once the boot answered. Other takers get the plain image (the detached mount
 //! dissolved first). A mounted image also gets the writable layer's first entries (the ids
 //! marker, `upper`, `upper/etc`, `work`: `namespace::mounts::lay_out`), which a first boot would
-//! otherwise make on its path.
+//! otherwise make on its path. Its file system is then written through (`syncfs`): an image
+//! whose writes failed (a full data disk cannot allocate the blocks of its sparse file) or that
+//! would not mount is removed, not kept for a boot to fail on.
 //!
 //! What a crash leaves: only files of this directory, which [`DiskPool::new`] (the server's
 //! start) removes before anything else uses it. The detached mounts live only as the server's
@@ -201,29 +203,13 @@ fn refill(weak: Weak<Inner>) {
             }
         };
         let t = std::time::Instant::now();
-        match crate::disk::format_image(&path, size) {
-            Ok(()) => {
-                let formatted = t.elapsed();
-                let owner = inner.owner.load(std::sync::atomic::Ordering::Relaxed);
-                let mounted = match crate::disk::premount(&path) {
-                    Ok(m) => {
-                        // Best effort: a boot makes what is missing, and shifts to its root what
-                        // a layout cut short left unmarked.
-                        if let Err(e) = crate::namespace::mounts::lay_out(&m.root(), owner) {
-                            tracing::debug!(size_mb = size, "laying out a disk image ahead: {e}");
-                        }
-                        Some(m)
-                    }
-                    Err(e) => {
-                        // Kept as a plain image: a boot mounts it itself.
-                        tracing::debug!(size_mb = size, "mounting a disk image ahead: {e}");
-                        None
-                    }
-                };
+        let owner = inner.owner.load(std::sync::atomic::Ordering::Relaxed);
+        match make(&path, size, owner) {
+            Ok(mounted) => {
                 tracing::debug!(
                     size_mb = size,
-                    format_ms = formatted.as_secs_f64() * 1e3,
-                    premount_ms = (t.elapsed() - formatted).as_secs_f64() * 1e3,
+                    ms = t.elapsed().as_secs_f64() * 1e3,
+                    premounted = mounted.is_some(),
                     "disk image made ahead"
                 );
                 let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -235,14 +221,49 @@ fn refill(weak: Weak<Inner>) {
             Err(e) => {
                 // Not kept until a boot asks for the size again (e.g. no mkfs.ext4: each boot
                 // then fails with the reason itself).
-                tracing::warn!(size_mb = size, "formatting a disk image ahead: {e}");
+                tracing::warn!(size_mb = size, "making a disk image ahead: {e}");
+                let _ = std::fs::remove_file(&path);
                 let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
                 if st.ready.get(&size).is_some_and(|v| v.is_empty()) {
                     st.ready.remove(&size);
                 }
+                // Not again at once (a full disk stays full for a while); a take wakes it.
+                let _ = inner.wake.wait_timeout(st, Duration::from_secs(1));
             }
         }
     }
+}
+
+/// Formats an image at `path` and mounts it ahead where the kernel can, its writable layer laid
+/// out for `owner`. An image whose writes did not all land (a full data disk: its file is
+/// sparse) or whose file system would not mount is not kept: the boot taking it would fail.
+fn make(path: &Path, size: u32, owner: u32) -> Result<Option<crate::disk::Premounted>, String> {
+    crate::disk::format_image(path, size).map_err(|e| e.to_string())?;
+    let m = match crate::disk::premount(path) {
+        Ok(m) => m,
+        // The image itself is bad, or its writes failed.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINVAL | libc::EIO | libc::ENOSPC | libc::EDQUOT | libc::EUCLEAN)
+            ) =>
+        {
+            return Err(format!("mounting it: {e}"))
+        }
+        // A kernel without the new mount API (or one that refuses it here): kept as a plain
+        // image, which a boot mounts itself.
+        Err(e) => {
+            tracing::debug!(size_mb = size, "mounting a disk image ahead: {e}");
+            return Ok(None);
+        }
+    };
+    // Best effort: a boot makes what is missing, and shifts to its root what a layout cut
+    // short left unmarked.
+    if let Err(e) = crate::namespace::mounts::lay_out(&m.root(), owner) {
+        tracing::debug!(size_mb = size, "laying out a disk image ahead: {e}");
+    }
+    m.sync().map_err(|e| format!("writing it through: {e}"))?;
+    Ok(Some(m))
 }
 
 #[cfg(test)]
@@ -355,6 +376,68 @@ mod tests {
             .unwrap()
             .next()
             .is_none());
+    }
+
+    /// On a data disk with too little room for an image's writes, the pool keeps nothing and
+    /// leaves no file; once there is room again, a take makes it keep images again. Needs root
+    /// and mkfs.ext4 (skipped without). Runs in a mount namespace of its own.
+    #[test]
+    fn on_a_full_data_disk_the_pool_keeps_no_image() {
+        if !has_mkfs() || !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root and mkfs.ext4");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let small = tmp.path().join("small.img");
+        std::fs::File::create(&small)
+            .unwrap()
+            .set_len(48 << 20)
+            .unwrap();
+        crate::disk::format_image(&small, 48).unwrap();
+        let data = tmp.path().join("data");
+        std::thread::spawn(move || {
+            use std::io::Write;
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
+            nix::mount::mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+                None::<&str>,
+            )
+            .unwrap();
+            crate::disk::mount_image(&small, &data).unwrap();
+            let dir = data.join("disks");
+            let pool = DiskPool::new(&dir, 2).unwrap();
+            let a = data.join("a");
+            std::fs::create_dir_all(&a).unwrap();
+            let b = data.join("b");
+            std::fs::create_dir_all(&b).unwrap();
+            // Full, but for a few blocks.
+            let mut filler = std::fs::File::create(data.join("filler")).unwrap();
+            let chunk = vec![0x5au8; 64 << 10];
+            while filler.write_all(&chunk).is_ok() {}
+            while filler.write_all(&chunk[..4096]).is_ok() {}
+            filler.sync_all().ok();
+            assert!(pool.take(&a, 64).is_err(), "no room to format even one");
+            std::thread::sleep(Duration::from_millis(1500));
+            assert_eq!(pool.ready().get(&64).copied().unwrap_or(0), 0);
+            let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+            assert!(left.is_empty(), "{left:?}");
+            // Room again: the next take formats its own and the pool refills.
+            drop(filler);
+            std::fs::remove_file(data.join("filler")).unwrap();
+            pool.take(&b, 64).unwrap();
+            for _ in 0..500 {
+                if pool.ready().get(&64) == Some(&2) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            panic!("the pool never refilled: {:?}", pool.ready());
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

@@ -81,6 +81,7 @@ use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// A `run` step may take this long.
@@ -398,23 +399,35 @@ pub async fn start(
     let (st, b) = (state.clone(), build.clone());
     tokio::spawn(async move {
         let outcome = run(&st, &b, &spec, &base, files, &progress).await;
-        let mut p = progress.lock().expect("build lock").clone();
-        let mut row = b.clone();
-        match outcome {
-            Ok(()) => p.state = "ready".into(),
-            Err(e) => {
-                p.say(&format!("build failed: {e}\n"));
-                p.state = "failed".into();
-                p.error = Some(e.to_string());
+        let p = {
+            let mut p = progress.lock().expect("build lock");
+            match outcome {
+                Ok(()) => p.state = "ready".into(),
+                Err(e) => {
+                    p.say(&format!("build failed: {e}\n"));
+                    p.state = "failed".into();
+                    p.error = Some(e.to_string());
+                }
             }
-        }
+            p.clone()
+        };
+        let mut row = b.clone();
         row.state = p.state;
         row.steps = p.steps;
         row.log = p.log;
         row.error = p.error;
         row.finished_at = Some(now_ms());
-        if let Err(e) = st.store.update_build(&row).await {
-            tracing::error!(build = row.id, "recording the build: {e}");
+        // Until its end is written, the build is answered from memory: a store that cannot
+        // write (a full disk) must not leave it shown as queued. The write is tried again
+        // until it lands; a restart before then marks the build failed (`restore`).
+        let mut pause = Duration::from_millis(100);
+        while let Err(e) = st.store.update_build(&row).await {
+            tracing::error!(
+                build = row.id,
+                "recording the build's end (tried again): {e}"
+            );
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
         }
         st.builds.live.lock().expect("builds lock").remove(&row.id);
     });

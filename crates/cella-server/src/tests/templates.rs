@@ -92,3 +92,62 @@ async fn templates_and_builds_the_caller_has_not_got_are_not_found() {
     let (status, v) = s.call("GET", "/api/v1/templates/base", None).await;
     assert_eq!(status, 200, "{v}");
 }
+
+/// A build whose end the store cannot write (a full disk, here a trigger refusing it) is
+/// answered as it ended, never as still queued, and its end is written once the store takes it.
+#[tokio::test]
+async fn a_build_whose_end_the_store_cannot_write_is_answered_as_it_ended() {
+    let s = Server::start().await;
+    sqlx::query(
+        "CREATE TRIGGER refuse_build_end BEFORE UPDATE ON template_builds WHEN NEW.state <> 'queued' \
+         BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END",
+    )
+    .execute(s.state.store.pool())
+    .await
+    .unwrap();
+    let (status, v) = s
+        .call(
+            "POST",
+            "/api/v1/templates",
+            Some(json!({"id": "t1", "steps": []})),
+        )
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let build = v["data"]["id"].as_str().unwrap().to_string();
+    let path = format!("/api/v1/templates/t1/builds/{build}");
+    let ended = |v: &Value| matches!(v["data"]["state"].as_str(), Some("ready" | "failed"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let first = loop {
+        let (status, v) = s.call("GET", &path, None).await;
+        assert_eq!(status, 200, "{v}");
+        if ended(&v) {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "never ended: {v}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    // The store still holds it queued, and the API keeps answering how it ended.
+    let row = s.state.store.build(&build).await.unwrap().unwrap();
+    assert_eq!(row.state, "queued");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (_, again) = s.call("GET", &path, None).await;
+    assert_eq!(again["data"]["state"], first["data"]["state"], "{again}");
+    // Room again: the end is written.
+    sqlx::query("DROP TRIGGER refuse_build_end")
+        .execute(s.state.store.pool())
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let row = s.state.store.build(&build).await.unwrap().unwrap();
+        if row.state != "queued" {
+            assert_eq!(Some(row.state.as_str()), first["data"]["state"].as_str());
+            assert!(row.finished_at.is_some());
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never written");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (_, after) = s.call("GET", &path, None).await;
+    assert_eq!(after["data"]["state"], first["data"]["state"], "{after}");
+}
