@@ -138,6 +138,71 @@ async fn a_touched_pool_sandbox_is_destroyed_not_handed_out() {
     assert_eq!(s.listed().await, [id]);
 }
 
+/// Waits (2 s at most) until `f` holds.
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_guarded_pool_sandbox_is_claimed_without_asking_its_agent_which_hears_the_claim() {
+    let s = with_pool(1, |_| {}).await;
+    crate::pool::refill(&s.state).await.expect("refill");
+    let pooled = pool_ids(&s).await;
+    assert_eq!(s.state.pool().guard_touched(&pooled[0]), Some(0));
+    let sb = s.create(json!({})).await;
+    assert_eq!(id(&sb), pooled[0], "the pool sandbox was handed out");
+    // No `Ping`: its guard had heard nothing; the agent is told of the claim.
+    until("the agent heard the claim", || {
+        s.fake.agent_heard(&pooled[0]) == Some((0, 1))
+    })
+    .await;
+    assert_eq!(s.state.pool().guard_touched(&pooled[0]), None);
+}
+
+#[tokio::test]
+async fn a_touch_is_heard_by_the_guard_at_once_and_after_a_restart_a_claim_asks_the_agent() {
+    let s = with_pool(2, |_| {}).await;
+    crate::pool::refill(&s.state).await.expect("refill");
+    let pooled = pool_ids(&s).await;
+    let row = s.state.store.sandbox(&pooled[0]).await.unwrap().unwrap();
+    let handle = crate::sandboxes::handle_of(&row).unwrap().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+    let spec = ExecSpec {
+        argv: vec!["true".into()],
+        cwd: "/".into(),
+        timeout_ms: 1000,
+        ..Default::default()
+    };
+    let drain = async { while rx.recv().await.is_some() {} };
+    let agent = s.state.driver.agent(&handle);
+    let (ran, _) = tokio::join!(agent.exec(spec, tx), drain);
+    assert_eq!(ran.expect("ran").exit_code, 0);
+    until("the guard heard the touch", || {
+        s.state.pool().guard_touched(&pooled[0]) == Some(1)
+    })
+    .await;
+    // The server restarts: no guard is left, and the seal stands. A claim asks each agent.
+    let s = restart_with(s, false, |_| {}).await;
+    crate::pool::recount(&s.state).await.expect("recount");
+    assert_eq!(s.state.pool().guard_touched(&pooled[1]), None);
+    let sb = s.create(json!({})).await;
+    assert_eq!(id(&sb), pooled[1], "the untouched one is handed out");
+    let (pings, claims) = s.fake.agent_heard(&pooled[1]).expect("its agent");
+    assert!(
+        pings >= 1 && claims == 0,
+        "asked by a Ping: {pings} {claims}"
+    );
+    assert_eq!(
+        s.fake.state(&pooled[0]),
+        None,
+        "the touched one was destroyed"
+    );
+}
+
 #[tokio::test]
 async fn pool_sandboxes_never_count_toward_a_cap_but_claims_do() {
     let s = with_pool(2, |c| c.default_plan = cella_types::Plan::Developer).await;
