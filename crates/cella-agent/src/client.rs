@@ -510,25 +510,6 @@ impl AgentClient {
     /// Starts `spec` on a new terminal of `cols` x `rows`; returns its pid and the two halves.
     /// Dropping the writer hangs the terminal up.
     /// A byte stream to `port` on the sandbox's own loopback (see `Request::Connect`).
-    /// Seals the sandbox and keeps watch (`Guard`): answers the connection once the agent said
-    /// nothing touched it since; [`Guard::touched`] then waits for the agent's next word.
-    pub async fn guard(&self) -> Result<Guard, ClientError> {
-        let mut s = self.connect().await?;
-        deadline(FRAME_TIMEOUT, async {
-            Ok(proto::write_json(&mut s, &Request::Guard).await?)
-        })
-        .await?;
-        match Self::answer(&mut s).await? {
-            Response::Pong {
-                touched: Some(0), ..
-            } => {
-                let (rd, wr) = s.into_split();
-                Ok(Guard { rd, wr })
-            }
-            _ => Err(ClientError::Unexpected),
-        }
-    }
-
     pub async fn connect_port(&self, port: u16) -> Result<UnixStream, ClientError> {
         let mut s = self.connect().await?;
         proto::write_json(&mut s, &Request::Connect { port }).await?;
@@ -656,62 +637,5 @@ mod tests {
             silent.await.unwrap() > 0,
             "the agent got the request, then the hang-up"
         );
-    }
-}
-
-/// A sealed sandbox's agent keeping watch ([`AgentClient::guard`]): [`GuardWatch`] hears of
-/// any touch, [`GuardClaim`] tells the agent of the claim.
-#[derive(Debug)]
-pub struct Guard {
-    rd: tokio::net::unix::OwnedReadHalf,
-    wr: tokio::net::unix::OwnedWriteHalf,
-}
-
-impl Guard {
-    pub fn into_split(self) -> (GuardWatch, GuardClaim) {
-        (GuardWatch { rd: self.rd }, GuardClaim { wr: self.wr })
-    }
-}
-
-/// The listening half of a [`Guard`].
-#[derive(Debug)]
-pub struct GuardWatch {
-    rd: tokio::net::unix::OwnedReadHalf,
-}
-
-impl GuardWatch {
-    /// Waits for the agent's next word: `Ok(n)` once `n` requests touched the sandbox since the
-    /// seal; an error when the connection ended (the agent quiesced, exited or hung up).
-    pub async fn touched(&mut self) -> Result<u64, ClientError> {
-        loop {
-            match proto::read_frame(&mut self.rd).await? {
-                Some((FrameKind::Json, body)) => {
-                    match serde_json::from_slice(&body).map_err(ProtoError::from)? {
-                        Response::Pong {
-                            touched: Some(n), ..
-                        } if n > 0 => return Ok(n),
-                        Response::Pong { .. } => continue,
-                        _ => return Err(ClientError::Unexpected),
-                    }
-                }
-                Some(_) => return Err(ClientError::Unexpected),
-                None => return Err(ClientError::HungUp),
-            }
-        }
-    }
-}
-
-/// The telling half of a [`Guard`].
-#[derive(Debug)]
-pub struct GuardClaim {
-    wr: tokio::net::unix::OwnedWriteHalf,
-}
-
-impl GuardClaim {
-    /// Tells the agent a claim is under way (it readies the first exec's process); never
-    /// waits. The guard ends when this half is dropped.
-    pub fn claiming(&self) {
-        // One byte into a socket buffer the agent empties: never blocks.
-        let _ = self.wr.try_write(b"c");
     }
 }

@@ -18,7 +18,7 @@ impl Request {
         !matches!(
             self,
             Request::Ping
-                | Request::Guard
+                | Request::Seal
                 | Request::Quiesce
                 | Request::SetHostname { .. }
                 | Request::Stat { .. }
@@ -89,15 +89,11 @@ impl FrameKind {
 pub enum Request {
     /// Answers `Pong`, with `touched` once the agent was sealed.
     Ping,
-    /// Marks the sandbox as untouched from now on, keeping the connection: `Pong.touched`
-    /// counts the requests that run or change anything (exec, processes, terminals, code, file
-    /// writes, connections) made since. The warm pool guards a sandbox once it is booted and
-    /// hands it out only while nothing touched it. The agent answers `Pong` now and again
-    /// after each request that touches the sandbox (so the node knows without asking), until
-    /// the node hangs up. Each byte the node sends on it says a claim is under way: the agent, while
-    /// untouched, forks the process its first exec will start in again, as after a claim's
-    /// `Ping`. A `Quiesce` closes it.
-    Guard,
+    /// Marks the sandbox as untouched from now on: `Pong.touched` counts the requests that run
+    /// or change anything (exec, processes, terminals, code, file writes, connections) made
+    /// since. The warm pool seals a sandbox once it is booted and hands it out only while
+    /// nothing touched it. Answers `Pong`.
+    Seal,
     /// Before a checkpoint (gVisor's pause to disk): the agent closes its listener and every
     /// other connection, answers `Pong` on this one, closes it, and waits for `SIGUSR2` to bind
     /// its socket again. Refused (`Unsupported`) by an agent that cannot bind again.
@@ -303,7 +299,7 @@ pub struct ExecSpec {
 pub enum Response {
     Pong {
         version: u32,
-        /// Requests that ran or changed anything since the last `Guard`; None: never guarded.
+        /// Requests that ran or changed anything since the last `Seal`; None: never sealed.
         #[serde(default)]
         touched: Option<u64>,
     },

@@ -298,45 +298,8 @@ const STANDBY_FRESH: std::time::Duration = std::time::Duration::from_millis(10);
 /// Requests that ran or changed anything since the agent started (see [`Request::touches`]);
 /// a request that does not parse counts too.
 static TOUCHED: AtomicU64 = AtomicU64::new(0);
-/// [`TOUCHED`] at the last `Guard`; `u64::MAX`: never guarded.
+/// [`TOUCHED`] at the last `Seal`; `u64::MAX`: never sealed.
 static SEALED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
-
-/// Woken at every count of [`TOUCHED`] (for `Guard` connections).
-static TOUCH: tokio::sync::Notify = tokio::sync::Notify::const_new();
-
-/// Serves a `Guard` connection: a `Pong` now and after each touch, until the node hangs up.
-/// Each byte the node sends says a claim is under way: `claiming` runs then, while untouched.
-async fn guard(stream: &mut UnixStream, claiming: impl Fn()) -> Result<(), proto::ProtoError> {
-    use tokio::io::AsyncReadExt;
-    let mut told = None;
-    let mut byte = [0u8; 1];
-    loop {
-        // Enabled before the count is read: a touch after the read wakes it.
-        let touched = TOUCH.notified();
-        tokio::pin!(touched);
-        touched.as_mut().enable();
-        let answer = pong();
-        let now = match &answer {
-            Response::Pong { touched, .. } => *touched,
-            _ => None,
-        };
-        if told != Some(now) {
-            proto::write_json(stream, &answer).await?;
-            told = Some(now);
-        }
-        tokio::select! {
-            _ = touched => {}
-            read = stream.read(&mut byte) => match read {
-                Ok(n) if n > 0 => {
-                    if now == Some(0) {
-                        claiming();
-                    }
-                }
-                _ => return Ok(()),
-            },
-        }
-    }
-}
 
 fn pong() -> Response {
     let sealed = SEALED_AT.load(Ordering::SeqCst);
@@ -379,7 +342,6 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
     };
     if req.as_ref().map_or(true, Request::touches) {
         TOUCHED.fetch_add(1, Ordering::SeqCst);
-        TOUCH.notify_waiters();
     }
     // File operations hold a slot of the blocking pool each: a bounded number runs at once, so
     // that operations a client abandoned can never starve the others.
@@ -426,15 +388,9 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
             }
             r
         }
-        Ok(Request::Guard) => {
+        Ok(Request::Seal) => {
             SEALED_AT.store(TOUCHED.load(Ordering::SeqCst), Ordering::SeqCst);
-            // A claim under way: as after a claim's `Ping`.
-            guard(&mut stream, || {
-                if let (true, Some(cg)) = (refresh_standby, &cgroups) {
-                    cg.refresh_standby(STANDBY_FRESH);
-                }
-            })
-            .await
+            proto::write_json(&mut stream, &pong()).await
         }
         Ok(Request::Quiesce) => match quiesce {
             // The accept loop answers once everything else is closed.

@@ -26,10 +26,9 @@
 //!
 //! A standby that waited long runs its command from cold caches (half a millisecond more on
 //! the development host than one forked a moment before). A warm pool sandbox waits for its
-//! claim for seconds or hours, so the claim's word on the agent's `Guard` connection (or, with
-//! no guard, a `Ping` to a sealed, untouched agent: a claim after the server's restart, or a
-//! probe at its start) makes the agent fork it again, in the same exec cgroup, when it is
-//! older than 10 ms
+//! claim for seconds or hours, so a `Ping` to a sealed, untouched agent (the claim's; a probe
+//! at the server's start asks too) makes the agent fork it again once it has answered, in the
+//! same exec cgroup, when it is older than 10 ms
 //! ([`crate::execcg::ExecCgroups::refresh_standby`]). Only where moving a process into a cgroup
 //! is fast (`favordynmods`, [`crate::AgentConfig::refresh_standby`]): elsewhere the new one's
 //! move waits for an RCU grace period and the first exec would wait for it.

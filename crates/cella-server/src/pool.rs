@@ -9,12 +9,10 @@
 //! boot at a time, woken by every claim and every few seconds.
 //!
 //! Nothing may touch a pool sandbox before its claim (no key reaches its internal workspace:
-//! see `auth.rs`). As defence in depth, a booted pool sandbox is sealed and guarded (`Guard`
-//! to its agent, which from then on counts every request that runs or changes anything, and
-//! says so at once on that kept connection), and a claim hands it out only while its guard
-//! heard of nothing: a sandbox touched since is destroyed and the next one tried (the refill
-//! boots a new one). A pool sandbox with no guard (the server restarted, or the agent's
-//! connection ended) is asked instead (one `Ping`): touched, or no answer, and it is destroyed.
+//! see `auth.rs`). As defence in depth, a booted pool sandbox is sealed (`Seal` to its agent,
+//! which from then on counts every request that runs or changes anything), and a claim asks
+//! the agent (one `Ping`) before handing it out: a sandbox touched since, or one whose agent
+//! does not answer, is destroyed and the next one tried (the refill boots a new one).
 //!
 //! Pools are per (template, size, isolation runtime). A template's pool (`[pool] default` and
 //! `sizes`, a custom template's `warm`) is of its default runtime, the one a create that names
@@ -24,7 +22,7 @@
 //! create without a `network` field would (loopback only, no link), so [`claimable`] lets only
 //! a create with that same policy take one; a create that asks for a link (a policy that lets
 //! something out, or model access), another size or a snapshot boots its own. The rest of a
-//! claim is the same on both runtimes: the guard (or `Ping`), the request's settings (`env` is the
+//! claim is the same on both runtimes: the `Ping`, the request's settings (`env` is the
 //! server's, given with every command), the id (the hostname) and the size's limits the
 //! sandbox booted with.
 //!
@@ -33,16 +31,14 @@
 //!
 //! - *Claim* ([`claim`]; `Store::claim_pooled_with`, one write). It reads the oldest `running`,
 //!   `ready` row of the pool's workspace of that template, size and runtime, then one
-//!   `INSERT OR REPLACE` stores the caller's row under that sandbox's id (a new `seq`: it
-//!   lists as the newest), only while the row is still the pool's and ready and the
-//!   workspace's count of capped states is under its cap. Beside that write, the sandbox's
-//!   guard is read (no round trip; a touch it hears during the write still refuses the
-//!   sandbox) and its agent told a claim is under way (one byte on the guard's connection),
-//!   or, with no guard, the agent is asked (`Ping`). The agent, told or asked while sealed and
-//!   untouched, forks the process its first exec starts in again, when the one waiting is
-//!   older than 10 ms (one that waited long ran its command from cold caches: half a
-//!   millisecond more, here), on hosts whose cgroup moves are fast (`favordynmods`). The
-//!   guard goes with the claim (its connection closes). Two concurrent claims never get the same row (the
+//!   `INSERT OR REPLACE` stores the caller's row under that sandbox's id (the agent's `Ping`
+//!   runs beside that write) (a new `seq`: it lists
+//!   as the newest), only while the row is still the pool's and ready and the workspace's count
+//!   of capped states is under its cap. The agent, asked by that `Ping` while sealed and
+//!   untouched, forks the process its first exec starts in again once it has answered, when
+//!   the one waiting is older than 10 ms (one that waited long ran its command from cold
+//!   caches: half a millisecond more, here), on hosts whose cgroup moves are fast
+//!   (`favordynmods`). Two concurrent claims never get the same row (the
 //!   loser tries the next), and the cap is never passed. The row keeps what the running
 //!   sandbox fixes (its id, which is its hostname, size, resources, state, handle). The claim
 //!   sets the clocks to now, counts the pool sandbox gone at once (`Pool::claimed`, which
@@ -91,17 +87,6 @@ pub struct Pool {
     last_claim: Mutex<Option<tokio::time::Instant>>,
     /// The server is stopping: no more pool boots.
     stopping: std::sync::atomic::AtomicBool,
-    /// Pool sandboxes whose agents keep watch (`Guard`), by id.
-    guards: Arc<Mutex<HashMap<String, Guarded>>>,
-}
-
-/// A pool sandbox's guard: how many requests touched it since its seal, as its agent said (0
-/// so far), and the half that tells the agent of the claim. An entry leaves the map at the
-/// claim, at the sandbox's removal, or once its agent's connection ended (the agent exited or
-/// quiesced): a claim then asks the agent (`Ping`), as with no guard.
-struct Guarded {
-    touched: Arc<std::sync::atomic::AtomicU64>,
-    claim: cella_agent::client::GuardClaim,
 }
 
 impl Pool {
@@ -139,75 +124,6 @@ impl Pool {
 
     pub fn wake(&self) {
         self.wake.notify_one();
-    }
-
-    /// Keeps `guard` of pool sandbox `id` until its claim: a task hears its agent's word.
-    fn keep_guard(&self, id: &str, guard: cella_agent::client::Guard) {
-        use std::sync::atomic::Ordering;
-        let (mut watch, claim) = guard.into_split();
-        let touched = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let seen = touched.clone();
-        self.guards.lock().expect("pool lock").insert(
-            id.to_string(),
-            Guarded {
-                touched: touched.clone(),
-                claim,
-            },
-        );
-        let (guards, id) = (Arc::downgrade(&self.guards), id.to_string());
-        tokio::spawn(async move {
-            match watch.touched().await {
-                Ok(n) => seen.store(n, Ordering::SeqCst),
-                // Ended: the entry goes (if it is still this guard's), so a claim asks.
-                Err(_) => {
-                    if let Some(guards) = guards.upgrade() {
-                        let mut m = guards.lock().expect("pool lock");
-                        if m.get(&id).is_some_and(|g| Arc::ptr_eq(&g.touched, &seen)) {
-                            m.remove(&id);
-                        }
-                    }
-                }
-            }
-        });
-    }
-
-    /// What the guard of pool sandbox `id` heard: how many requests touched it since its
-    /// seal; None without a guard.
-    #[cfg(test)]
-    pub(crate) fn guard_touched(&self, id: &str) -> Option<u64> {
-        let m = self.guards.lock().expect("pool lock");
-        m.get(id)
-            .map(|g| g.touched.load(std::sync::atomic::Ordering::SeqCst))
-    }
-
-    /// A claim of pool sandbox `id` is under way: what its guard heard so far (None without
-    /// one), its agent told while that is nothing (it readies the first exec's process beside
-    /// the claim's write).
-    fn guard_claiming(&self, id: &str) -> Option<u64> {
-        let m = self.guards.lock().expect("pool lock");
-        let g = m.get(id)?;
-        let n = g.touched.load(std::sync::atomic::Ordering::SeqCst);
-        if n == 0 {
-            g.claim.claiming();
-        }
-        Some(n)
-    }
-
-    /// Pool sandbox `id` was claimed: its guard goes (its agent's connection closes). Err when
-    /// the guard heard of a touch meanwhile.
-    fn guard_claimed(&self, id: &str) -> Result<(), Untrusted> {
-        match self.guards.lock().expect("pool lock").remove(id) {
-            Some(g) => match g.touched.load(std::sync::atomic::Ordering::SeqCst) {
-                0 => Ok(()),
-                n => Err(Untrusted::Touched(n)),
-            },
-            None => Ok(()),
-        }
-    }
-
-    /// Pool sandbox `id` is removed: its guard goes (its agent's connection closes).
-    fn drop_guard(&self, id: &str) {
-        self.guards.lock().expect("pool lock").remove(id);
     }
 }
 
@@ -439,15 +355,11 @@ async fn boot_one(
         state.driver.ready_first_command(&h).await;
     }
     // Seal it: from now on its agent counts whatever runs or changes anything in it, and a
-    // claim hands it out only while that count is zero. The agent keeps watch (`Guard`) and
-    // says so at once if anything touches it, so a claim need not ask.
+    // claim hands it out only while that count is zero.
     if ok {
-        match guard(state, &row).await {
-            Ok(g) => state.pool().keep_guard(&row.id, g),
-            Err(e) => {
-                row.state_reason = Some(format!("sealing it: {e}"));
-                ok = false;
-            }
+        if let Err(e) = agent_touched(state, &row, cella_agent::proto::Request::Seal).await {
+            row.state_reason = Some(format!("sealing it: {e}"));
+            ok = false;
         }
     }
     if !ok {
@@ -521,7 +433,6 @@ pub async fn drain(state: &AppState) {
 
 /// Removes a pool sandbox from the host and the store (the caller holds its lock).
 async fn discard(state: &AppState, row: &SandboxRow) -> Result<(), cella_store::StoreError> {
-    state.pool().drop_guard(&row.id);
     let handle = crate::rows::handle_or_none(row);
     if let Err(e) = state.driver.destroy(&row.id, handle.as_ref()).await {
         tracing::warn!(sandbox = row.id, "removing a pool sandbox: {e}");
@@ -547,23 +458,18 @@ enum Untrusted {
     Timeout,
 }
 
-/// Seals a booted pool sandbox, its agent keeping watch (a short deadline).
-async fn guard(
+/// Asks a pool sandbox's agent (one round trip, a short deadline) whether anything touched it
+/// since it was sealed (`Seal` seals it now; `Ping` only asks). Err says why it must not be
+/// handed out: touched, never sealed, or no answer.
+async fn agent_touched(
     state: &AppState,
     row: &SandboxRow,
-) -> Result<cella_agent::client::Guard, Untrusted> {
-    let h = crate::rows::handle_or_none(row).ok_or(Untrusted::NoRuntime)?;
-    let agent = state.driver.agent(&h);
-    match tokio::time::timeout(Duration::from_secs(3), agent.guard()).await {
-        Ok(Ok(g)) => Ok(g),
-        Ok(Err(e)) => Err(e.into()),
-        Err(_) => Err(Untrusted::Timeout),
-    }
+    req: cella_agent::proto::Request,
+) -> Result<(), Untrusted> {
+    touched(state, crate::rows::handle_or_none(row), req).await
 }
 
-/// Asks the agent of a pool sandbox whose handle is `handle` (one round trip, a short deadline)
-/// whether anything touched it since its seal (`Ping`). Err says why it must not be handed
-/// out: touched, never sealed, no answer, or no handle.
+/// [`agent_touched`] of a sandbox whose handle is `handle` (None: it has none, so untrusted).
 fn touched(
     state: &AppState,
     handle: Option<cella_runtime::SandboxHandle>,
@@ -623,25 +529,13 @@ pub async fn claim(
     let mut tries = 0;
     let (mut row, _guard) = loop {
         tries += 1;
-        // What the sandbox's guard heard; without one, its agent is asked beside the write (a
-        // ping only reads), for the row the write tries.
+        // The agent is asked beside the write (a ping only reads), for the row the write tries.
         let ping = |old: &SandboxRow| {
-            let heard = state.pool().guard_claiming(&old.id);
-            let ask = heard.is_none().then(|| {
-                touched(
-                    state,
-                    crate::rows::handle_or_none(old),
-                    cella_agent::proto::Request::Ping,
-                )
-            });
-            async move {
-                match (heard, ask) {
-                    (Some(0), _) => Ok(()),
-                    (Some(n), _) => Err(Untrusted::Touched(n)),
-                    (None, Some(ask)) => ask.await,
-                    (None, None) => Err(Untrusted::Unexpected("no answer was asked".into())),
-                }
-            }
+            touched(
+                state,
+                crate::rows::handle_or_none(old),
+                cella_agent::proto::Request::Ping,
+            )
         };
         let (row, answer) = match crate::timing::phase(
             "store.claim+agent.ping",
@@ -660,8 +554,6 @@ pub async fn claim(
             }
         };
         state.pool().claimed(&row.template_id, size, runtime);
-        // A touch its guard heard during the write counts too.
-        let answer = answer.and_then(|()| state.pool().guard_claimed(&row.id));
         let guard = state.locks.lock(&row.id).await;
         match answer {
             Ok(()) => break (row, guard),
@@ -671,7 +563,6 @@ pub async fn claim(
                     "warm pool sandbox not handed out, destroyed: {e}"
                 );
                 // Removed whatever the driver says: the row is the caller's by now.
-                state.pool().drop_guard(&row.id);
                 let h = crate::rows::handle_or_none(&row);
                 let _ = state.driver.destroy(&row.id, h.as_ref()).await;
                 state.store.delete_sandbox(&row.id).await?;

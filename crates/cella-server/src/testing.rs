@@ -8,7 +8,7 @@
 //!
 //! Each booted fake sandbox has a small agent of its own: a task serving the agent protocol
 //! (`cella_agent::proto`) on a Unix socket under the driver's directory, so the server's
-//! agent calls (`Ping`, `Guard`, `Activity`, `Exec`, `Spawn`) take their real path. It runs
+//! agent calls (`Ping`, `Seal`, `Activity`, `Exec`, `Spawn`) take their real path. It runs
 //! nothing: an exec answers what [`FakeDriver::on_exec`] says (by default it echoes its argv),
 //! and it counts the requests that touch a sandbox as the real agent does, so the pool's seal
 //! can be tested. The real agent cannot stand in for it: it expects to be PID 1 of its own
@@ -119,14 +119,8 @@ struct Agent {
 
 struct AgentShared {
     touched: AtomicU64,
-    /// `touched` at the last `Guard`; `u64::MAX`: never guarded.
+    /// `touched` at the last `Seal`; `u64::MAX`: never sealed.
     sealed_at: AtomicU64,
-    /// Woken at every count of `touched` (for `Guard` connections).
-    touch: tokio::sync::Notify,
-    /// Claims under way the node told of on `Guard` connections.
-    claims_heard: AtomicU64,
-    /// `Ping`s answered.
-    pings: AtomicU64,
     /// Whether its processes run, are frozen, or are gone.
     run: watch::Sender<Run>,
     next_pid: AtomicI32,
@@ -222,16 +216,6 @@ impl FakeDriver {
             true => inner.hidden.insert(id.to_string()),
             false => inner.hidden.remove(id),
         };
-    }
-
-    /// What sandbox `id`'s current agent heard: (`Ping`s, claims told on a `Guard`).
-    pub fn agent_heard(&self, id: &str) -> Option<(u64, u64)> {
-        let inner = self.lock();
-        let a = inner.sandboxes.get(id)?.agent.as_ref()?;
-        Some((
-            a.shared.pings.load(Ordering::SeqCst),
-            a.shared.claims_heard.load(Ordering::SeqCst),
-        ))
     }
 
     /// Where sandbox `id` is, or None when nothing of it is on the pretend host.
@@ -355,9 +339,6 @@ impl Driver for FakeDriver {
         let shared = Arc::new(AgentShared {
             touched: AtomicU64::new(0),
             sealed_at: AtomicU64::new(u64::MAX),
-            touch: tokio::sync::Notify::new(),
-            claims_heard: AtomicU64::new(0),
-            pings: AtomicU64::new(0),
             run: watch::channel(Run::Running).0,
             next_pid: AtomicI32::new(100),
             on_exec: self.on_exec.clone(),
@@ -544,42 +525,6 @@ fn pong(shared: &AgentShared) -> Response {
     }
 }
 
-/// A `Guard` connection, as the real agent serves one: a `Pong` now and after each touch,
-/// until the node hangs up; each byte the node sends (a claim under way) is counted.
-async fn guard(mut stream: tokio::net::UnixStream, shared: &AgentShared) {
-    use tokio::io::AsyncReadExt;
-    let mut told = None;
-    let mut byte = [0u8; 1];
-    // A gone agent's connections close, as a dead process's do.
-    let mut run = shared.run.subscribe();
-    loop {
-        let touched = shared.touch.notified();
-        tokio::pin!(touched);
-        touched.as_mut().enable();
-        let answer = pong(shared);
-        let now = match &answer {
-            Response::Pong { touched, .. } => *touched,
-            _ => None,
-        };
-        if told != Some(now) {
-            if proto::write_json(&mut stream, &answer).await.is_err() {
-                return;
-            }
-            told = Some(now);
-        }
-        tokio::select! {
-            _ = touched => {}
-            _ = run.wait_for(|r| *r == Run::Gone) => return,
-            read = stream.read(&mut byte) => match read {
-                Ok(n) if n > 0 => {
-                    shared.claims_heard.fetch_add(1, Ordering::SeqCst);
-                }
-                _ => return,
-            },
-        }
-    }
-}
-
 async fn answer(mut stream: tokio::net::UnixStream, shared: Arc<AgentShared>) {
     let req = match proto::read_frame(&mut stream).await {
         Ok(Some((FrameKind::Json, body))) => serde_json::from_slice::<Request>(&body),
@@ -593,18 +538,13 @@ async fn answer(mut stream: tokio::net::UnixStream, shared: Arc<AgentShared>) {
     }
     if req.as_ref().map_or(true, Request::touches) {
         shared.touched.fetch_add(1, Ordering::SeqCst);
-        shared.touch.notify_waiters();
     }
     let reply = match req {
-        Ok(Request::Guard) => {
+        Ok(Request::Ping) => pong(&shared),
+        Ok(Request::Seal) => {
             shared
                 .sealed_at
                 .store(shared.touched.load(Ordering::SeqCst), Ordering::SeqCst);
-            guard(stream, &shared).await;
-            return;
-        }
-        Ok(Request::Ping) => {
-            shared.pings.fetch_add(1, Ordering::SeqCst);
             pong(&shared)
         }
         Ok(Request::Activity) => Response::Activity { idle_ms: None },
