@@ -453,19 +453,23 @@ impl Premounted {
         format!("/proc/self/fd/{}", self._mount.as_raw_fd()).into()
     }
 
-    /// Writes the file system's dirty data and journal through to its image, answering the
-    /// first write that failed since the mount: the image's file is sparse, so on a full data
-    /// disk its blocks cannot be allocated, and the error would otherwise surface only at a
-    /// later commit, in the sandbox that took it.
-    pub fn sync(&self) -> std::io::Result<()> {
-        // The mount's own descriptor is a path only: its root is opened for the call.
-        let root = File::open(self.root())?;
-        // SAFETY: syncfs on a descriptor owned here.
-        if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
+    /// The file system's root, opened (the mount's own descriptor is a path only): a
+    /// [`sync_fs`] through it answers the write errors since this open.
+    pub fn open_root(&self) -> std::io::Result<File> {
+        File::open(self.root())
     }
+}
+
+/// Writes the dirty data and journal of the file system `root` is on through to its device,
+/// answering the first write that failed since `root` was opened. For an image of the disk
+/// pool: its file is sparse, so on a full data disk its blocks cannot be allocated, and the
+/// error would otherwise surface only at a later commit, in the sandbox that took it.
+pub fn sync_fs(root: &File) -> std::io::Result<()> {
+    // SAFETY: syncfs on a descriptor the caller holds.
+    if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Mounts `image`'s file system ahead (see [`Premounted`]).
@@ -1616,8 +1620,9 @@ mod tests {
             let img = data.join("pool.img");
             format_image(&img, 64).unwrap();
             let pre = premount(&img).unwrap();
+            let root = pre.open_root().unwrap();
             std::fs::create_dir(pre.root().join("upper")).unwrap();
-            pre.sync().expect("with room, the sync succeeds");
+            sync_fs(&root).expect("with room, the sync succeeds");
             // The data disk filled up by someone else.
             use std::io::Write;
             let mut filler = File::create(data.join("filler")).unwrap();
@@ -1627,8 +1632,8 @@ mod tests {
             let _ = filler.sync_all();
             // The image's own writes are taken into its page cache, then fail at the sync.
             std::fs::write(pre.root().join("upper/f"), vec![7u8; 512 << 10]).unwrap();
-            let err = pre.sync().expect_err("a sync whose writes failed");
-            drop(pre);
+            let err = sync_fs(&root).expect_err("a sync whose writes failed");
+            drop((root, pre));
             err
         });
         assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");

@@ -176,6 +176,10 @@ fn refill(weak: Weak<Inner>) {
     // the CPU to the server's own work.
     // SAFETY: setpriority of the calling thread.
     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
+    // After a failure, the next try waits (1 s, doubling to a minute, back to none at the
+    // next image made): a disk that stays full is not formatted on every second.
+    let mut backoff = Duration::ZERO;
+    let mut failed_at = std::time::Instant::now();
     loop {
         let Some(inner) = weak.upgrade() else { return };
         let (size, path) = {
@@ -186,7 +190,15 @@ fn refill(weak: Weak<Inner>) {
                 .find(|(_, v)| v.len() < inner.per_size)
                 .map(|(s, v)| (*s, v.is_empty()));
             let since = st.last_take.map_or(QUIET, |t| t.elapsed());
+            let wait = backoff.saturating_sub(failed_at.elapsed());
             match short {
+                // Woken now and then to see whether the pool is gone.
+                Some(_) if !wait.is_zero() => {
+                    let _ = inner
+                        .wake
+                        .wait_timeout(st, wait.min(Duration::from_secs(5)));
+                    continue;
+                }
                 Some((_, false)) if since < QUIET => {
                     let _ = inner.wake.wait_timeout(st, QUIET - since);
                     continue;
@@ -212,6 +224,7 @@ fn refill(weak: Weak<Inner>) {
                     premounted = mounted.is_some(),
                     "disk image made ahead"
                 );
+                backoff = Duration::ZERO;
                 let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
                 st.ready
                     .entry(size)
@@ -227,8 +240,8 @@ fn refill(weak: Weak<Inner>) {
                 if st.ready.get(&size).is_some_and(|v| v.is_empty()) {
                     st.ready.remove(&size);
                 }
-                // Not again at once (a full disk stays full for a while); a take wakes it.
-                let _ = inner.wake.wait_timeout(st, Duration::from_secs(1));
+                backoff = (backoff * 2).clamp(Duration::from_secs(1), Duration::from_secs(60));
+                failed_at = std::time::Instant::now();
             }
         }
     }
@@ -238,6 +251,17 @@ fn refill(weak: Weak<Inner>) {
 /// out for `owner`. An image whose writes did not all land (a full data disk: its file is
 /// sparse) or whose file system would not mount is not kept: the boot taking it would fail.
 fn make(path: &Path, size: u32, owner: u32) -> Result<Option<crate::disk::Premounted>, String> {
+    make_with(path, size, owner, |_| {})
+}
+
+/// [`make`], running `laid_out` on the mounted root once the layout is written (a test's seam:
+/// the data disk filling up at that moment).
+fn make_with(
+    path: &Path,
+    size: u32,
+    owner: u32,
+    laid_out: impl FnOnce(&Path),
+) -> Result<Option<crate::disk::Premounted>, String> {
     crate::disk::format_image(path, size).map_err(|e| e.to_string())?;
     let m = match crate::disk::premount(path) {
         Ok(m) => m,
@@ -245,7 +269,14 @@ fn make(path: &Path, size: u32, owner: u32) -> Result<Option<crate::disk::Premou
         Err(e)
             if matches!(
                 e.raw_os_error(),
-                Some(libc::EINVAL | libc::EIO | libc::ENOSPC | libc::EDQUOT | libc::EUCLEAN)
+                Some(
+                    libc::EINVAL
+                        | libc::EIO
+                        | libc::ENOSPC
+                        | libc::EDQUOT
+                        | libc::EUCLEAN
+                        | libc::EBADMSG
+                )
             ) =>
         {
             return Err(format!("mounting it: {e}"))
@@ -257,12 +288,15 @@ fn make(path: &Path, size: u32, owner: u32) -> Result<Option<crate::disk::Premou
             return Ok(None);
         }
     };
+    // Opened first: the sync answers every write error from here on.
+    let root = m.open_root().map_err(|e| format!("opening it: {e}"))?;
     // Best effort: a boot makes what is missing, and shifts to its root what a layout cut
     // short left unmarked.
     if let Err(e) = crate::namespace::mounts::lay_out(&m.root(), owner) {
         tracing::debug!(size_mb = size, "laying out a disk image ahead: {e}");
     }
-    m.sync().map_err(|e| format!("writing it through: {e}"))?;
+    laid_out(&m.root());
+    crate::disk::sync_fs(&root).map_err(|e| format!("writing it through: {e}"))?;
     Ok(Some(m))
 }
 
@@ -428,7 +462,7 @@ mod tests {
             drop(filler);
             std::fs::remove_file(data.join("filler")).unwrap();
             pool.take(&b, 64).unwrap();
-            for _ in 0..500 {
+            for _ in 0..1000 {
                 if pool.ready().get(&64) == Some(&2) {
                     return;
                 }
@@ -438,6 +472,54 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// An image whose writes fail once it is laid out (the data disk filled up meanwhile) is
+    /// not kept: `make` says why. Needs root and mkfs.ext4 (skipped without). Runs in a mount
+    /// namespace of its own.
+    #[test]
+    fn an_image_whose_writes_fail_is_not_made() {
+        if !has_mkfs() || !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root and mkfs.ext4");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let small = tmp.path().join("small.img");
+        std::fs::File::create(&small)
+            .unwrap()
+            .set_len(48 << 20)
+            .unwrap();
+        crate::disk::format_image(&small, 48).unwrap();
+        let data = tmp.path().join("data");
+        let err = std::thread::spawn(move || {
+            use std::io::Write;
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
+            nix::mount::mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+                None::<&str>,
+            )
+            .unwrap();
+            crate::disk::mount_image(&small, &data).unwrap();
+            // With room, an image is made and mounted ahead.
+            let kept = make(&data.join("ok.img"), 64, 0).unwrap();
+            drop(kept);
+            let filler = data.join("filler");
+            make_with(&data.join("full.img"), 64, 0, |root| {
+                let mut f = std::fs::File::create(&filler).unwrap();
+                let chunk = vec![0x5au8; 64 << 10];
+                while f.write_all(&chunk).is_ok() {}
+                while f.write_all(&chunk[..4096]).is_ok() {}
+                let _ = f.sync_all();
+                std::fs::write(root.join("upper/f"), vec![7u8; 512 << 10]).unwrap();
+            })
+            .expect_err("an image whose writes failed")
+        })
+        .join()
+        .unwrap();
+        assert!(err.contains("writing it through"), "{err}");
     }
 
     #[test]

@@ -101,6 +101,8 @@ struct Progress {
     steps: Vec<BuildStep>,
     log: String,
     error: Option<String>,
+    /// When it ended (set with its last state).
+    finished_at: Option<i64>,
 }
 
 impl Progress {
@@ -181,6 +183,7 @@ impl Builds {
             row.steps = p.steps;
             row.log = p.log;
             row.error = p.error;
+            row.finished_at = p.finished_at;
         }
         Ok(Some(row))
     }
@@ -389,6 +392,7 @@ pub async fn start(
         steps,
         log: String::new(),
         error: None,
+        finished_at: None,
     }));
     state
         .builds
@@ -409,6 +413,7 @@ pub async fn start(
                     p.error = Some(e.to_string());
                 }
             }
+            p.finished_at = Some(now_ms());
             p.clone()
         };
         let mut row = b.clone();
@@ -416,10 +421,12 @@ pub async fn start(
         row.steps = p.steps;
         row.log = p.log;
         row.error = p.error;
-        row.finished_at = Some(now_ms());
+        row.finished_at = p.finished_at;
         // Until its end is written, the build is answered from memory: a store that cannot
         // write (a full disk) must not leave it shown as queued. The write is tried again
-        // until it lands; a restart before then marks the build failed (`restore`).
+        // (every minute at most, each failure logged) until it lands; a restart before then
+        // marks the build failed (`restore`). A template deleted meanwhile leaves no row to
+        // update: the write succeeds and changes nothing.
         let mut pause = Duration::from_millis(100);
         while let Err(e) = st.store.update_build(&row).await {
             tracing::error!(
@@ -427,7 +434,7 @@ pub async fn start(
                 "recording the build's end (tried again): {e}"
             );
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(5));
+            pause = (pause * 2).min(Duration::from_secs(60));
         }
         st.builds.live.lock().expect("builds lock").remove(&row.id);
     });

@@ -132,6 +132,7 @@ async fn a_build_whose_end_the_store_cannot_write_is_answered_as_it_ended() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let (_, again) = s.call("GET", &path, None).await;
     assert_eq!(again["data"]["state"], first["data"]["state"], "{again}");
+    assert!(again["data"]["finished_at"].is_string(), "{again}");
     // Room again: the end is written.
     sqlx::query("DROP TRIGGER refuse_build_end")
         .execute(s.state.store.pool())
