@@ -422,25 +422,7 @@ mod tests {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
-        let small = tmp.path().join("small.img");
-        std::fs::File::create(&small)
-            .unwrap()
-            .set_len(48 << 20)
-            .unwrap();
-        crate::disk::format_image(&small, 48).unwrap();
-        let data = tmp.path().join("data");
-        std::thread::spawn(move || {
-            use std::io::Write;
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
-            nix::mount::mount(
-                None::<&str>,
-                "/",
-                None::<&str>,
-                nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
-                None::<&str>,
-            )
-            .unwrap();
-            crate::disk::mount_image(&small, &data).unwrap();
+        crate::disk::small_disk::with(tmp.path(), 48, |data| {
             let dir = data.join("disks");
             let pool = DiskPool::new(&dir, 2).unwrap();
             let a = data.join("a");
@@ -448,18 +430,13 @@ mod tests {
             let b = data.join("b");
             std::fs::create_dir_all(&b).unwrap();
             // Full, but for a few blocks.
-            let mut filler = std::fs::File::create(data.join("filler")).unwrap();
-            let chunk = vec![0x5au8; 64 << 10];
-            while filler.write_all(&chunk).is_ok() {}
-            while filler.write_all(&chunk[..4096]).is_ok() {}
-            filler.sync_all().ok();
+            crate::disk::small_disk::fill(data);
             assert!(pool.take(&a, 64).is_err(), "no room to format even one");
             std::thread::sleep(Duration::from_millis(1500));
             assert_eq!(pool.ready().get(&64).copied().unwrap_or(0), 0);
             let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
             assert!(left.is_empty(), "{left:?}");
             // Room again: the next take formats its own and the pool refills.
-            drop(filler);
             std::fs::remove_file(data.join("filler")).unwrap();
             pool.take(&b, 64).unwrap();
             for _ in 0..1000 {
@@ -469,9 +446,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(20));
             }
             panic!("the pool never refilled: {:?}", pool.ready());
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     /// An image whose writes fail once it is laid out (the data disk filled up meanwhile) is
@@ -484,41 +459,16 @@ mod tests {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
-        let small = tmp.path().join("small.img");
-        std::fs::File::create(&small)
-            .unwrap()
-            .set_len(48 << 20)
-            .unwrap();
-        crate::disk::format_image(&small, 48).unwrap();
-        let data = tmp.path().join("data");
-        let err = std::thread::spawn(move || {
-            use std::io::Write;
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
-            nix::mount::mount(
-                None::<&str>,
-                "/",
-                None::<&str>,
-                nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
-                None::<&str>,
-            )
-            .unwrap();
-            crate::disk::mount_image(&small, &data).unwrap();
+        let err = crate::disk::small_disk::with(tmp.path(), 48, |data| {
             // With room, an image is made and mounted ahead.
             let kept = make(&data.join("ok.img"), 64, 0).unwrap();
             drop(kept);
-            let filler = data.join("filler");
             make_with(&data.join("full.img"), 64, 0, |root| {
-                let mut f = std::fs::File::create(&filler).unwrap();
-                let chunk = vec![0x5au8; 64 << 10];
-                while f.write_all(&chunk).is_ok() {}
-                while f.write_all(&chunk[..4096]).is_ok() {}
-                let _ = f.sync_all();
+                crate::disk::small_disk::fill(data);
                 std::fs::write(root.join("upper/f"), vec![7u8; 512 << 10]).unwrap();
             })
             .expect_err("an image whose writes failed")
-        })
-        .join()
-        .unwrap();
+        });
         assert!(err.contains("writing it through"), "{err}");
     }
 
