@@ -977,6 +977,7 @@ fn main() {
             queued_to_running_ms: vec![f64::NAN],
             queued_to_running_cloned_ms: vec![f64::NAN],
             heartbeat_loss_extra_sec: None,
+            heartbeat_loss_early_failure: None,
         }
     } else {
         let t = Server::start(&bin, tasks::CONFIG);
@@ -998,11 +999,17 @@ fn main() {
             pct(&c, 0.5),
             pct(&c, 0.9)
         );
-        match task_figures.heartbeat_loss_extra_sec {
-            Some(x) => {
+        match (
+            task_figures.heartbeat_loss_extra_sec,
+            &task_figures.heartbeat_loss_early_failure,
+        ) {
+            (Some(x), _) => {
                 println!("task_heartbeat_loss    failed {x:.1} s after the timeout   (target <= 5)")
             }
-            None => println!("task_heartbeat_loss    not measured (the run did not fail)"),
+            (None, Some(why)) => println!(
+                "task_heartbeat_loss    not measured: the frozen run failed before its timeout ({why})"
+            ),
+            (None, None) => println!("task_heartbeat_loss    not measured (the run did not fail)"),
         }
     };
     if args.tasks_only {

@@ -41,6 +41,8 @@ pub struct Figures {
     pub queued_to_running_cloned_ms: Vec<f64>,
     /// Seconds from `running` to `failed` beyond the heartbeat timeout.
     pub heartbeat_loss_extra_sec: Option<f64>,
+    /// The failure reason of a frozen run failed before its heartbeat timeout (not a figure).
+    pub heartbeat_loss_early_failure: Option<String>,
 }
 
 fn git(dir: &Path, args: &[&str]) {
@@ -167,13 +169,21 @@ pub fn measure(s: &Server, data_dir: &Path, n: usize) -> Figures {
 
     let id = start(s, "freeze");
     let mut running_at = None;
+    let mut early_failure = None;
     let deadline = Instant::now() + Duration::from_secs(120);
     let extra = loop {
         let now = state(s, &id);
         match now["state"].as_str() {
             Some("running") if running_at.is_none() => running_at = Some(Instant::now()),
             Some("failed") => {
-                break running_at.map(|r| r.elapsed().as_secs_f64() - HEARTBEAT_TIMEOUT_SEC as f64);
+                let extra =
+                    running_at.map(|r| r.elapsed().as_secs_f64() - HEARTBEAT_TIMEOUT_SEC as f64);
+                // A run failed before its heartbeat timeout failed for another reason: no figure.
+                if extra.is_some_and(|x| x < 0.0) {
+                    early_failure = Some(now["failure_reason"].as_str().unwrap_or("").to_string());
+                    break None;
+                }
+                break extra;
             }
             Some("stopped" | "cancelled") => break None,
             _ => {}
@@ -187,5 +197,6 @@ pub fn measure(s: &Server, data_dir: &Path, n: usize) -> Figures {
         queued_to_running_ms: samples,
         queued_to_running_cloned_ms: cloned,
         heartbeat_loss_extra_sec: extra,
+        heartbeat_loss_early_failure: early_failure,
     }
 }
