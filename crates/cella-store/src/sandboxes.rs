@@ -329,7 +329,7 @@ impl Store {
         cpu_baseline: impl Fn(&SandboxRow) -> i64,
     ) -> Result<Claim> {
         Ok(self
-            .claim_pooled_with(new, cap, cpu_baseline, |_| std::future::ready(()))
+            .claim_pooled_with(new, cap, cpu_baseline, |_| std::future::ready(()), None)
             .await?
             .0)
     }
@@ -338,19 +338,28 @@ impl Store {
     /// (the server asks the sandbox's agent whether anything touched it, so that question costs
     /// no time of its own). Answers the claim and, for a claimed row, what `alongside` gave for
     /// it; for a row another claim took first, its answer is dropped and the next row is tried.
+    ///
+    /// `guess`: a pool row the caller believes ready (the server's own list of the sandboxes it
+    /// saw become ready), tried first without reading the oldest row: one round trip to the
+    /// database instead of two. The write's condition decides, as for a row read here: it
+    /// inserts only while that id is still the pool's, running and ready, with the same
+    /// runtime record (so the running sandbox the caller gets is the one the guess named).
+    /// A guess the write refuses (claimed, removed or dead meanwhile, or the workspace at its
+    /// cap) proves nothing: the oldest row is read and tried as without one.
     pub async fn claim_pooled_with<T, F: std::future::Future<Output = T>>(
         &self,
         new: &SandboxRow,
         cap: u32,
         cpu_baseline: impl Fn(&SandboxRow) -> i64,
         alongside: impl Fn(&SandboxRow) -> F,
+        guess: Option<SandboxRow>,
     ) -> Result<(Claim, Option<T>)> {
         let cols = &SANDBOX_COLS["seq, ".len()..];
         let marks = vec!["?"; cols.split(',').count()].join(", ");
         let insert = format!(
             "INSERT OR REPLACE INTO sandboxes ({cols}) SELECT {marks} \
              WHERE EXISTS (SELECT 1 FROM sandboxes WHERE id = ? AND workspace_id = ? \
-               AND state = 'running' AND ready = 1) \
+               AND state = 'running' AND ready = 1 AND runtime IS ?) \
              AND (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ? \
              RETURNING {SANDBOX_COLS}"
         );
@@ -359,18 +368,32 @@ impl Store {
              AND size = ? AND isolation = ? AND state = 'running' AND ready = 1 \
              ORDER BY seq LIMIT 1"
         );
+        // A guess of another pool (the caller's mistake) is not tried.
+        let mut guess = guess.filter(|g| {
+            g.workspace_id == POOL_WORKSPACE
+                && g.template_id == new.template_id
+                && g.size == new.size
+                && g.isolation == new.isolation
+        });
         // A few tries: each lost race means another claim took that row.
         for _ in 0..8 {
-            // A corrupt pool row fails the claim here, before anything is written.
-            let old: Option<Raw> = sqlx::query_as(&oldest)
-                .bind(POOL_WORKSPACE)
-                .bind(&new.template_id)
-                .bind(new.size.as_str())
-                .bind(&new.isolation)
-                .fetch_optional(&self.pool)
-                .await?;
-            let Some(old) = old.map(SandboxRow::try_from).transpose()? else {
-                return Ok((Claim::Empty, None));
+            let guessed = guess.is_some();
+            let old = match guess.take() {
+                Some(g) => g,
+                None => {
+                    // A corrupt pool row fails the claim here, before anything is written.
+                    let old: Option<Raw> = sqlx::query_as(&oldest)
+                        .bind(POOL_WORKSPACE)
+                        .bind(&new.template_id)
+                        .bind(new.size.as_str())
+                        .bind(&new.isolation)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                    let Some(old) = old.map(SandboxRow::try_from).transpose()? else {
+                        return Ok((Claim::Empty, None));
+                    };
+                    old
+                }
             };
             let id = old.id.clone();
             let row = SandboxRow {
@@ -381,8 +404,9 @@ impl Store {
                 cpu_count: old.cpu_count,
                 memory_mb: old.memory_mb,
                 disk_size_mb: old.disk_size_mb,
-                state: old.state,
-                ready: old.ready,
+                // What the write's condition holds it to.
+                state: SandboxState::Running,
+                ready: true,
                 runtime: old.runtime.clone(),
                 isolation: old.isolation.clone(),
                 cpu_ns: cpu_baseline(&old),
@@ -432,6 +456,7 @@ impl Store {
                 .bind(&row.isolation)
                 .bind(&row.id)
                 .bind(POOL_WORKSPACE)
+                .bind(&row.runtime)
                 .bind(&row.workspace_id)
                 .bind(cap as i64)
                 // All of it (see `insert_sandbox_capped`): a failed commit is an error only there.
@@ -450,11 +475,17 @@ impl Store {
                 }
                 return Ok((Claim::Claimed(Box::new(row)), Some(beside)));
             }
+            if guessed {
+                // The oldest row decides whether the pool is empty or the cap reached.
+                continue;
+            }
             let still_pooled: Option<i64> = sqlx::query_scalar(
-                "SELECT 1 FROM sandboxes WHERE id = ? AND workspace_id = ? AND state = 'running' AND ready = 1",
+                "SELECT 1 FROM sandboxes WHERE id = ? AND workspace_id = ? AND state = 'running' AND ready = 1 \
+                 AND runtime IS ?",
             )
             .bind(&id)
             .bind(POOL_WORKSPACE)
+            .bind(&row.runtime)
             .fetch_optional(&self.pool)
             .await?;
             if still_pooled.is_some() {

@@ -1104,6 +1104,109 @@ async fn claims_take_the_oldest_ready_pool_sandbox_once_and_respect_the_cap() {
     }
 }
 
+/// A claim given a guess (the server's list of ready pool sandboxes) takes the guessed
+/// sandbox, not the oldest, when the store says it is still the pool's, running, ready and
+/// with the same runtime record; a guess that is none of those (claimed already, booting,
+/// another runtime record, another pool) is never handed out: the oldest ready one is. At the
+/// cap a good guess changes nothing.
+#[tokio::test]
+async fn a_claims_guess_is_taken_only_while_the_store_says_it_waits() {
+    let (_d, store) = store_with_ws().await;
+    for id in ["sbg1", "sbg2", "sbg3"] {
+        let p = SandboxRow {
+            state: SandboxState::Running,
+            ready: true,
+            ..sandbox(id, POOL_WORKSPACE)
+        };
+        assert!(store.insert_sandbox_capped(&p, 100).await.unwrap());
+        raw(
+            &store,
+            &format!("UPDATE sandboxes SET runtime = '{{\"id\":\"{id}\"}}' WHERE id = '{id}'"),
+        )
+        .await;
+    }
+    let booting = sandbox("sbgboot", POOL_WORKSPACE);
+    assert!(store.insert_sandbox_capped(&booting, 100).await.unwrap());
+    let large = SandboxRow {
+        state: SandboxState::Running,
+        ready: true,
+        size: Size::Large,
+        ..sandbox("sbglarge", POOL_WORKSPACE)
+    };
+    assert!(store.insert_sandbox_capped(&large, 100).await.unwrap());
+    let mine = sandbox("sbgmine", "ws1");
+    assert!(store.insert_sandbox_capped(&mine, 100).await.unwrap());
+    let want = SandboxRow {
+        owner_id: "key9".into(),
+        ..sandbox("ignored", "ws1")
+    };
+    let row = |id: &str| {
+        let store = &store;
+        let id = id.to_string();
+        async move { store.sandbox(&id).await.unwrap().unwrap() }
+    };
+    let claim = |guess: Option<SandboxRow>, cap: u32| {
+        let (store, want) = (&store, &want);
+        async move {
+            store
+                .claim_pooled_with(
+                    want,
+                    cap,
+                    |_| 0,
+                    |r| std::future::ready(r.id.clone()),
+                    guess,
+                )
+                .await
+                .unwrap()
+        }
+    };
+
+    // At the cap, a good guess changes nothing.
+    let g3 = row("sbg3").await;
+    assert_eq!(claim(Some(g3.clone()), 1).await, (Claim::AtCap, None));
+    assert_eq!(row("sbg3").await.workspace_id, POOL_WORKSPACE);
+
+    // A good guess: that sandbox, not the oldest; the ping went to it.
+    let (got, asked) = claim(Some(g3.clone()), 10).await;
+    let Claim::Claimed(got) = got else {
+        panic!("the guessed sandbox was not claimed: {got:?}")
+    };
+    assert_eq!((got.id.as_str(), asked.as_deref()), ("sbg3", Some("sbg3")));
+    assert_eq!(got.workspace_id, "ws1");
+    assert_eq!(got.owner_id, "key9");
+    assert_eq!(got.runtime.as_deref(), Some("{\"id\":\"sbg3\"}"));
+    assert_eq!(row("sbg1").await.workspace_id, POOL_WORKSPACE);
+
+    // A runtime record that is not the store's, or a sandbox of another pool: the oldest
+    // ready one is taken instead.
+    let moved = SandboxRow {
+        runtime: Some("{\"id\":\"elsewhere\"}".into()),
+        ..row("sbg2").await
+    };
+    let (got, asked) = claim(Some(moved), 10).await;
+    assert!(
+        matches!(&got, Claim::Claimed(r) if r.id == "sbg1"),
+        "{got:?}"
+    );
+    assert_eq!(asked.as_deref(), Some("sbg1"));
+    let (got, _) = claim(Some(row("sbglarge").await), 10).await;
+    assert!(
+        matches!(&got, Claim::Claimed(r) if r.id == "sbg2"),
+        "{got:?}"
+    );
+    assert_eq!(row("sbglarge").await.workspace_id, POOL_WORKSPACE);
+    // Claimed already, or still booting: never handed out (none of this pool waits now).
+    for guess in [g3, row("sbgboot").await] {
+        assert_eq!(claim(Some(guess), 10).await, (Claim::Empty, None));
+    }
+    let boot = row("sbgboot").await;
+    assert_eq!(
+        (boot.workspace_id.as_str(), boot.state),
+        (POOL_WORKSPACE, SandboxState::Provisioning)
+    );
+    assert_eq!(row("sbg3").await.workspace_id, "ws1");
+}
+
 /// A boot asks twice whether its sandbox has model access; the answer kept from the first
 /// question never hides a grant written after it.
 #[tokio::test]

@@ -183,6 +183,60 @@ async fn a_pool_sandbox_that_dies_is_replaced_and_its_row_goes() {
     assert!(now.contains(&pooled[1]) && !now.contains(&pooled[0]));
 }
 
+/// Claims take the pool's sandboxes oldest first from the server's own list, and one that
+/// died while listed (the refill has not looked since) is never handed out: the store refuses
+/// it and the next one is taken.
+#[tokio::test]
+async fn claims_follow_the_pool_list_and_never_hand_out_a_sandbox_that_died_on_it() {
+    let s = with_pool(3, |_| {}).await;
+    crate::pool::refill(&s.state).await.expect("refill");
+    let pooled = pool_ids(&s).await;
+    assert_eq!(pooled.len(), 3);
+    // Listed as the store holds them (a guess the store refused would cost a read each claim).
+    let listed = s.state.pool().listed(
+        "base",
+        cella_types::Size::Small,
+        cella_runtime::Runtime::Namespace,
+    );
+    assert_eq!(
+        listed.iter().map(|r| &r.id).collect::<Vec<_>>(),
+        pooled.iter().collect::<Vec<_>>()
+    );
+    for r in &listed {
+        let stored = s.state.store.sandbox(&r.id).await.unwrap().unwrap();
+        assert!(stored.runtime.is_some());
+        assert_eq!(
+            (
+                &r.runtime,
+                r.state,
+                r.ready,
+                r.cpu_count,
+                r.memory_mb,
+                r.disk_size_mb
+            ),
+            (
+                &stored.runtime,
+                stored.state,
+                stored.ready,
+                stored.cpu_count,
+                stored.memory_mb,
+                stored.disk_size_mb
+            )
+        );
+    }
+    let first = id(&s.create(json!({})).await);
+    assert_eq!(first, pooled[0], "the oldest first");
+    assert!(s.fake.kill(&pooled[1]));
+    crate::lifecycle::check_liveness(&s.state).await;
+    let sb = s.create(json!({})).await;
+    assert_eq!(id(&sb), pooled[2], "the dead one skipped");
+    assert_eq!(sb["state"], "running");
+    // None listed: a create boots its own.
+    let booted = id(&s.create(json!({})).await);
+    assert!(!pooled.contains(&booted));
+    assert_eq!(s.listed().await.len(), 3);
+}
+
 #[tokio::test]
 async fn a_pool_boot_that_fails_leaves_nothing() {
     let s = with_pool(2, |_| {}).await;
