@@ -36,9 +36,13 @@
 //!   runs beside that write) (a new `seq`: it lists as the newest), only while the row is still
 //!   the pool's, running and ready with the same runtime record, and the workspace's count of
 //!   capped states is under its cap. The list is a guess, one database round trip fewer (the
-//!   oldest row's read took 0.4-0.9 ms of an idle server's claim): a guess the write refuses
-//!   (a sandbox that died or was removed since) or an empty list falls back to reading the
-//!   oldest ready row from the store, which alone decides. The agent, asked by that `Ping` while sealed and
+//!   oldest row's read took 0.4-0.9 ms of an idle server's claim). A guess the write refuses
+//!   (a sandbox that died, was removed or was taken since, or the workspace at its cap) costs
+//!   one write more, and the `Ping` beside it is not waited for; the store's oldest ready row
+//!   is then read and tried, and it alone decides that the pool is empty or the cap reached
+//!   (a guess refused at the cap goes back first in line). A claimed sandbox leaves the list
+//!   however it was found; the list is made again from the store at the start and at each
+//!   refill round (kept as it is when a claim came between the read and the new list). The agent, asked by that `Ping` while sealed and
 //!   untouched, forks the process its first exec starts in again once it has answered, when
 //!   the one waiting is older than 10 ms (one that waited long ran its command from cold
 //!   caches: half a millisecond more, here), on hosts whose cgroup moves are fast
@@ -88,6 +92,8 @@ pub struct Pool {
     /// The ready pool sandboxes' rows per (template, size, runtime), oldest first, as this
     /// process last saw them: a claim's guess (see [`claim`]), never trusted on its own.
     waiting: Mutex<HashMap<(String, Size, Runtime), std::collections::VecDeque<SandboxRow>>>,
+    /// Moves at every claim: a list made from rows read before a claim is not kept.
+    claims: std::sync::atomic::AtomicU64,
     wake: tokio::sync::Notify,
     last_boot: Mutex<Option<tokio::time::Instant>>,
     /// When a sandbox last left the pool (see `[pool] refill_delay_ms`).
@@ -126,7 +132,14 @@ impl Pool {
         *n = (*n - 1).max(0);
         drop(m);
         *self.last_claim.lock().expect("pool lock") = Some(tokio::time::Instant::now());
+        self.claims
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.wake.notify_one();
+    }
+
+    /// Where the claims stand (for [`Pool::relist`]).
+    fn claims_now(&self) -> u64 {
+        self.claims.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn wake(&self) {
@@ -146,9 +159,28 @@ impl Pool {
             .push_back(row.clone());
     }
 
-    /// The list of ready pool sandboxes made again from the store's pool `rows` (oldest first).
-    fn relist(&self, rows: &[SandboxRow]) {
+    /// A guess a claim did not take (see [`claim`]), first in line again.
+    fn waits_first(&self, row: SandboxRow) {
+        let Some(runtime) = Runtime::parse(&row.isolation) else {
+            return;
+        };
         let mut m = self.waiting.lock().expect("pool lock");
+        let q = m
+            .entry((row.template_id.clone(), row.size, runtime))
+            .or_default();
+        if !q.iter().any(|r| r.id == row.id) {
+            q.push_front(row);
+        }
+    }
+
+    /// The list of ready pool sandboxes made again from the store's pool `rows` (oldest first),
+    /// read when the claims stood at `claims` ([`Pool::claims_now`]). Rows read before a claim
+    /// since may list the sandbox it took: then the list stays as it is.
+    fn relist(&self, rows: &[SandboxRow], claims: u64) {
+        let mut m = self.waiting.lock().expect("pool lock");
+        if self.claims_now() != claims {
+            return;
+        }
         m.clear();
         for r in rows {
             let Some(runtime) = Runtime::parse(&r.isolation) else {
@@ -163,7 +195,12 @@ impl Pool {
     }
 
     /// The oldest listed ready sandbox of a pool, taken off the list.
-    fn next_waiting(&self, template: &str, size: Size, runtime: Runtime) -> Option<SandboxRow> {
+    pub(crate) fn next_waiting(
+        &self,
+        template: &str,
+        size: Size,
+        runtime: Runtime,
+    ) -> Option<SandboxRow> {
         self.waiting
             .lock()
             .expect("pool lock")
@@ -249,8 +286,9 @@ pub fn spawn(state: Arc<AppState>) {
 /// Counts the ready pool sandboxes the store holds (at a start, before the first request: a
 /// create at once after a restart claims one that survived it, and readiness says so).
 pub async fn recount(state: &AppState) -> Result<(), cella_store::StoreError> {
+    let claims = state.pool().claims_now();
     let rows = state.store.pool_rows().await?;
-    state.pool().relist(&rows);
+    state.pool().relist(&rows, claims);
     for r in rows {
         let runtime = Runtime::parse(&r.isolation).unwrap_or_default();
         let (_, ready) = state
@@ -272,10 +310,10 @@ pub(crate) async fn refill(state: &Arc<AppState>) -> Result<(), cella_store::Sto
         tracing::info!("removed {failed} dead warm pool sandbox row(s)");
     }
     let mut pools = targets(state);
+    let claims = state.pool().claims_now();
     let rows = state.store.pool_rows().await?;
-    // What a claim guesses from follows the store again (a sandbox that died, one a claim
-    // took while its guess was of another).
-    state.pool().relist(&rows);
+    // What a claim guesses from follows the store again (a sandbox that died or was removed).
+    state.pool().relist(&rows, claims);
     // Pools nothing asks for any more are emptied.
     for r in rows {
         let runtime = Runtime::parse(&r.isolation).unwrap_or_default();
@@ -610,14 +648,19 @@ pub async fn claim(
         };
         // The oldest ready sandbox this process listed: no read of the oldest row first.
         let guess = state.pool().next_waiting(&new.template_id, size, runtime);
-        let (row, answer) = match crate::timing::phase(
+        let claimed = crate::timing::phase(
             "store.claim+agent.ping",
             state
                 .store
-                .claim_pooled_with(&want, cap, baseline, ping, guess),
+                .claim_pooled_with(&want, cap, baseline, ping, guess.clone()),
         )
-        .await?
-        {
+        .await;
+        // A guess that was not the refusal's reason goes back first in line: the workspace at
+        // its cap, or the store failing (a guess the store found taken or gone does not).
+        if let (Some(g), Err(_) | Ok((cella_store::Claim::AtCap, _))) = (guess, &claimed) {
+            state.pool().waits_first(g);
+        }
+        let (row, answer) = match claimed? {
             (cella_store::Claim::Claimed(r), Some(answer)) => (*r, answer),
             (cella_store::Claim::Empty, _) => {
                 state.pool().wake();
@@ -629,6 +672,8 @@ pub async fn claim(
             }
         };
         state.pool().claimed(&row.template_id, size, runtime);
+        // Taken another way than by the guess (the store's oldest row): off the list too.
+        state.pool().forget(&row.id);
         let guard = state.locks.lock(&row.id).await;
         match answer {
             Ok(()) => break (row, guard),

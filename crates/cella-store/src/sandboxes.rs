@@ -359,7 +359,9 @@ impl Store {
         let insert = format!(
             "INSERT OR REPLACE INTO sandboxes ({cols}) SELECT {marks} \
              WHERE EXISTS (SELECT 1 FROM sandboxes WHERE id = ? AND workspace_id = ? \
-               AND state = 'running' AND ready = 1 AND runtime IS ?) \
+               AND state = 'running' AND ready = 1 AND runtime IS ? AND template_id = ? \
+               AND size = ? AND isolation = ? AND cpu_count = ? AND memory_mb = ? \
+               AND disk_size_mb = ?) \
              AND (SELECT COUNT(*) FROM sandboxes WHERE workspace_id = ? AND state IN {CAPPED_STATES}) < ? \
              RETURNING {SANDBOX_COLS}"
         );
@@ -376,7 +378,8 @@ impl Store {
                 && g.isolation == new.isolation
         });
         // A few tries: each lost race means another claim took that row.
-        for _ in 0..8 {
+        // The guess's try is not one of them.
+        for _ in 0..8 + usize::from(guess.is_some()) {
             let guessed = guess.is_some();
             let old = match guess.take() {
                 Some(g) => g,
@@ -457,14 +460,32 @@ impl Store {
                 .bind(&row.id)
                 .bind(POOL_WORKSPACE)
                 .bind(&row.runtime)
+                .bind(&row.template_id)
+                .bind(row.size.as_str())
+                .bind(&row.isolation)
+                .bind(row.cpu_count)
+                .bind(row.memory_mb)
+                .bind(row.disk_size_mb)
                 .bind(&row.workspace_id)
                 .bind(cap as i64)
                 // All of it (see `insert_sandbox_capped`): a failed commit is an error only there.
                 .fetch_all(&self.pool);
-            let (claimed, beside) = futures_util::future::join(write, alongside(&old)).await;
+            // The write and `alongside` at once; `alongside`'s answer is waited for only when the
+            // write took the row (a refused guess may name a sandbox a user holds by now, paused
+            // even: its agent's answer would only hold the claim up).
+            let beside = alongside(&old);
+            futures_util::pin_mut!(write, beside);
+            let (claimed, answered) = match futures_util::future::select(write, beside).await {
+                futures_util::future::Either::Left((claimed, beside)) => (claimed, Err(beside)),
+                futures_util::future::Either::Right((answer, write)) => (write.await, Ok(answer)),
+            };
             // The epoch moves before the row is read again, so what was kept of it is not served.
             drop(changed);
             if let Some(r) = claimed?.into_iter().next() {
+                let beside = match answered {
+                    Ok(answer) => answer,
+                    Err(pending) => pending.await,
+                };
                 let row = SandboxRow::try_from(r)?;
                 // The row as this write left it is kept (the caller's first exec reads it),
                 // only when no other write of the table moved the epoch meanwhile: one that

@@ -1207,6 +1207,84 @@ async fn a_claims_guess_is_taken_only_while_the_store_says_it_waits() {
     assert_eq!(row("sbg3").await.workspace_id, "ws1");
 }
 
+/// Two claims with the same guess get two sandboxes; a refused guess's question to its agent
+/// is not waited for (its sandbox may be a user's by now, paused even); at the cap a refused
+/// guess still answers `AtCap`.
+#[tokio::test]
+async fn a_guess_two_claims_share_or_that_is_refused_holds_no_claim_up() {
+    let (_d, store) = store_with_ws().await;
+    for id in ["sbs1", "sbs2", "sbs3"] {
+        let p = SandboxRow {
+            state: SandboxState::Running,
+            ready: true,
+            ..sandbox(id, POOL_WORKSPACE)
+        };
+        assert!(store.insert_sandbox_capped(&p, 100).await.unwrap());
+    }
+    let want = sandbox("ignored", "ws1");
+    let g1 = store.sandbox("sbs1").await.unwrap().unwrap();
+    let (a, b) = tokio::join!(
+        store.claim_pooled_with(
+            &want,
+            10,
+            |_| 0,
+            |_| std::future::ready(()),
+            Some(g1.clone())
+        ),
+        store.claim_pooled_with(
+            &want,
+            10,
+            |_| 0,
+            |_| std::future::ready(()),
+            Some(g1.clone())
+        ),
+    );
+    let (Claim::Claimed(a), Claim::Claimed(b)) = (a.unwrap().0, b.unwrap().0) else {
+        panic!("both claims should get a sandbox");
+    };
+    let mut got = [a.id.as_str(), b.id.as_str()];
+    got.sort();
+    assert_eq!(got, ["sbs1", "sbs2"]);
+
+    // sbs1 is the caller's now: a guess of it whose agent never answers.
+    let never = |r: &SandboxRow| {
+        let hangs = r.id == "sbs1";
+        async move {
+            if hangs {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let claimed = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        store.claim_pooled_with(&want, 10, |_| 0, never, Some(g1.clone())),
+    )
+    .await
+    .expect("a refused guess held the claim up")
+    .unwrap();
+    assert!(
+        matches!(&claimed.0, Claim::Claimed(r) if r.id == "sbs3"),
+        "{claimed:?}"
+    );
+
+    // At the cap (ws1 holds three now), a refused guess: AtCap, as without one.
+    let p = SandboxRow {
+        state: SandboxState::Running,
+        ready: true,
+        ..sandbox("sbs4", POOL_WORKSPACE)
+    };
+    assert!(store.insert_sandbox_capped(&p, 100).await.unwrap());
+    let answer = store
+        .claim_pooled_with(&want, 3, |_| 0, |_| std::future::ready(()), Some(g1))
+        .await
+        .unwrap();
+    assert_eq!(answer, (Claim::AtCap, None));
+    assert_eq!(
+        store.sandbox("sbs4").await.unwrap().unwrap().workspace_id,
+        POOL_WORKSPACE
+    );
+}
+
 /// A boot asks twice whether its sandbox has model access; the answer kept from the first
 /// question never hides a grant written after it.
 #[tokio::test]

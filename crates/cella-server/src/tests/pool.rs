@@ -224,17 +224,50 @@ async fn claims_follow_the_pool_list_and_never_hand_out_a_sandbox_that_died_on_i
             )
         );
     }
+    let listed = || {
+        s.state
+            .pool()
+            .listed(
+                "base",
+                cella_types::Size::Small,
+                cella_runtime::Runtime::Namespace,
+            )
+            .into_iter()
+            .map(|r| r.id)
+            .collect::<Vec<_>>()
+    };
     let first = id(&s.create(json!({})).await);
     assert_eq!(first, pooled[0], "the oldest first");
+    assert_eq!(listed(), pooled[1..]);
     assert!(s.fake.kill(&pooled[1]));
     crate::lifecycle::check_liveness(&s.state).await;
     let sb = s.create(json!({})).await;
     assert_eq!(id(&sb), pooled[2], "the dead one skipped");
     assert_eq!(sb["state"], "running");
-    // None listed: a create boots its own.
+    assert!(
+        listed().is_empty(),
+        "the one taken by the store's oldest row left the list too"
+    );
+    // Nothing waits: a create boots its own.
     let booted = id(&s.create(json!({})).await);
     assert!(!pooled.contains(&booted));
     assert_eq!(s.listed().await.len(), 3);
+    // Sandboxes the store holds as the pool's but the list lost: the store's oldest row is
+    // claimed, and a restart's count lists what waits.
+    crate::pool::refill(&s.state).await.expect("refill");
+    let again = pool_ids(&s).await;
+    assert_eq!(listed(), again);
+    for _ in &again {
+        s.state.pool().next_waiting(
+            "base",
+            cella_types::Size::Small,
+            cella_runtime::Runtime::Namespace,
+        );
+    }
+    assert!(listed().is_empty());
+    assert_eq!(id(&s.create(json!({})).await), again[0]);
+    crate::pool::recount(&s.state).await.expect("recount");
+    assert_eq!(listed(), again[1..]);
 }
 
 #[tokio::test]
