@@ -975,6 +975,23 @@ async fn a_kept_sandbox_row_never_outlives_a_write() {
     assert!(store.sandbox("sb1").await.unwrap().is_none());
 }
 
+/// Running, ready pool sandboxes with these ids, each with a runtime record of its own.
+async fn ready_pool(store: &Store, ids: &[&str]) {
+    for id in ids {
+        let p = SandboxRow {
+            state: SandboxState::Running,
+            ready: true,
+            ..sandbox(id, POOL_WORKSPACE)
+        };
+        assert!(store.insert_sandbox_capped(&p, 100).await.unwrap());
+        raw(
+            store,
+            &format!("UPDATE sandboxes SET runtime = '{{\"id\":\"{id}\"}}' WHERE id = '{id}'"),
+        )
+        .await;
+    }
+}
+
 /// A pool sandbox read while it was the pool's is the claimer's when the claim answers, and
 /// reads after it say so.
 #[tokio::test]
@@ -1021,19 +1038,7 @@ async fn a_claimed_pool_sandbox_is_read_as_the_claimers() {
 #[tokio::test]
 async fn claims_take_the_oldest_ready_pool_sandbox_once_and_respect_the_cap() {
     let (_d, store) = store_with_ws().await;
-    for id in ["sbp1", "sbp2"] {
-        let p = SandboxRow {
-            state: SandboxState::Running,
-            ready: true,
-            ..sandbox(id, POOL_WORKSPACE)
-        };
-        assert!(store.insert_sandbox_capped(&p, 100).await.unwrap());
-        raw(
-            &store,
-            &format!("UPDATE sandboxes SET runtime = '{{\"id\":\"{id}\"}}' WHERE id = '{id}'"),
-        )
-        .await;
-    }
+    ready_pool(&store, &["sbp1", "sbp2"]).await;
     // Booting, another size, another runtime: never taken.
     let booting = sandbox("sbboot", POOL_WORKSPACE);
     assert!(store.insert_sandbox_capped(&booting, 100).await.unwrap());
@@ -1112,19 +1117,7 @@ async fn claims_take_the_oldest_ready_pool_sandbox_once_and_respect_the_cap() {
 #[tokio::test]
 async fn a_claims_guess_is_taken_only_while_the_store_says_it_waits() {
     let (_d, store) = store_with_ws().await;
-    for id in ["sbg1", "sbg2", "sbg3"] {
-        let p = SandboxRow {
-            state: SandboxState::Running,
-            ready: true,
-            ..sandbox(id, POOL_WORKSPACE)
-        };
-        assert!(store.insert_sandbox_capped(&p, 100).await.unwrap());
-        raw(
-            &store,
-            &format!("UPDATE sandboxes SET runtime = '{{\"id\":\"{id}\"}}' WHERE id = '{id}'"),
-        )
-        .await;
-    }
+    ready_pool(&store, &["sbg1", "sbg2", "sbg3"]).await;
     let booting = sandbox("sbgboot", POOL_WORKSPACE);
     assert!(store.insert_sandbox_capped(&booting, 100).await.unwrap());
     let large = SandboxRow {
@@ -1213,32 +1206,19 @@ async fn a_claims_guess_is_taken_only_while_the_store_says_it_waits() {
 #[tokio::test]
 async fn a_guess_two_claims_share_or_that_is_refused_holds_no_claim_up() {
     let (_d, store) = store_with_ws().await;
-    for id in ["sbs1", "sbs2", "sbs3"] {
-        let p = SandboxRow {
-            state: SandboxState::Running,
-            ready: true,
-            ..sandbox(id, POOL_WORKSPACE)
-        };
-        assert!(store.insert_sandbox_capped(&p, 100).await.unwrap());
-    }
+    ready_pool(&store, &["sbs1", "sbs2", "sbs3"]).await;
     let want = sandbox("ignored", "ws1");
     let g1 = store.sandbox("sbs1").await.unwrap().unwrap();
-    let (a, b) = tokio::join!(
+    let with_g1 = || {
         store.claim_pooled_with(
             &want,
             10,
             |_| 0,
             |_| std::future::ready(()),
-            Some(g1.clone())
-        ),
-        store.claim_pooled_with(
-            &want,
-            10,
-            |_| 0,
-            |_| std::future::ready(()),
-            Some(g1.clone())
-        ),
-    );
+            Some(g1.clone()),
+        )
+    };
+    let (a, b) = tokio::join!(with_g1(), with_g1());
     let (Claim::Claimed(a), Claim::Claimed(b)) = (a.unwrap().0, b.unwrap().0) else {
         panic!("both claims should get a sandbox");
     };
@@ -1268,12 +1248,7 @@ async fn a_guess_two_claims_share_or_that_is_refused_holds_no_claim_up() {
     );
 
     // At the cap (ws1 holds three now), a refused guess: AtCap, as without one.
-    let p = SandboxRow {
-        state: SandboxState::Running,
-        ready: true,
-        ..sandbox("sbs4", POOL_WORKSPACE)
-    };
-    assert!(store.insert_sandbox_capped(&p, 100).await.unwrap());
+    ready_pool(&store, &["sbs4"]).await;
     let answer = store
         .claim_pooled_with(&want, 3, |_| 0, |_| std::future::ready(()), Some(g1))
         .await
