@@ -978,6 +978,7 @@ fn main() {
             queued_to_running_cloned_ms: vec![f64::NAN],
             heartbeat_loss_extra_sec: None,
             heartbeat_loss_early_failure: None,
+            other_endings: Vec::new(),
         }
     } else {
         let t = Server::start(&bin, tasks::CONFIG);
@@ -1010,6 +1011,13 @@ fn main() {
                 "task_heartbeat_loss    not measured: the frozen run failed before its timeout ({why})"
             ),
             (None, None) => println!("task_heartbeat_loss    not measured (the run did not fail)"),
+        }
+        if !task_figures.other_endings.is_empty() {
+            println!(
+                "task runs that should have ended cancelled: {} did not: {}",
+                task_figures.other_endings.len(),
+                task_figures.other_endings.join("; ")
+            );
         }
     };
     if args.tasks_only {

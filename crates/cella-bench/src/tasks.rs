@@ -43,6 +43,19 @@ pub struct Figures {
     pub heartbeat_loss_extra_sec: Option<f64>,
     /// The failure reason of a frozen run failed before its heartbeat timeout (not a figure).
     pub heartbeat_loss_early_failure: Option<String>,
+    /// How the `sleep` runs that did not end `cancelled` ended (each should have).
+    pub other_endings: Vec<String>,
+}
+
+/// How long a run that ended had been running, by its own `started_at` and `ended_at`.
+fn running_for(run: &Value) -> Option<Duration> {
+    let at = |k: &str| {
+        run[k]
+            .as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+    };
+    let ran = at("ended_at")? - at("started_at")?;
+    ran.to_std().ok()
 }
 
 fn git(dir: &Path, args: &[&str]) {
@@ -135,6 +148,7 @@ pub fn measure(s: &Server, data_dir: &Path, n: usize) -> Figures {
     assert!(st == 200 || st == 201, "crediting the wallet: {v}");
 
     let repo = data_dir.join("repos/bench/r10");
+    let other_endings = std::cell::RefCell::new(Vec::new());
     let one = |s: &Server| {
         let t = Instant::now();
         let id = start(s, "sleep");
@@ -152,7 +166,15 @@ pub fn measure(s: &Server, data_dir: &Path, n: usize) -> Figures {
         }
         let took = ms(t.elapsed());
         s.call(KEY, "POST", &format!("/api/v1/tasks/{id}/cancel"), None);
-        wait_terminal(s, &id);
+        let end = wait_terminal(s, &id);
+        // A `sleep` run ends only when cancelled: any other end is a fault the figure hides.
+        if end["state"] != "cancelled" {
+            other_endings.borrow_mut().push(format!(
+                "{} ({})",
+                end["state"].as_str().unwrap_or("not ended"),
+                end["failure_reason"].as_str().unwrap_or("")
+            ));
+        }
         took
     };
     // A new commit on the base before each: every run clones.
@@ -176,11 +198,17 @@ pub fn measure(s: &Server, data_dir: &Path, n: usize) -> Figures {
         match now["state"].as_str() {
             Some("running") if running_at.is_none() => running_at = Some(Instant::now()),
             Some("failed") => {
-                let extra =
-                    running_at.map(|r| r.elapsed().as_secs_f64() - HEARTBEAT_TIMEOUT_SEC as f64);
+                // From the run's own clock (`started_at` is when it began running), else from
+                // when this loop first saw it running (which a slow answer can make late).
+                let ran = running_for(&now).or_else(|| running_at.map(|r| r.elapsed()));
+                let extra = ran.map(|d| d.as_secs_f64() - HEARTBEAT_TIMEOUT_SEC as f64);
                 // A run failed before its heartbeat timeout failed for another reason: no figure.
                 if extra.is_some_and(|x| x < 0.0) {
-                    early_failure = Some(now["failure_reason"].as_str().unwrap_or("").to_string());
+                    early_failure = Some(format!(
+                        "{} after {:.1} s running",
+                        now["failure_reason"].as_str().unwrap_or(""),
+                        ran.unwrap_or_default().as_secs_f64()
+                    ));
                     break None;
                 }
                 break extra;
@@ -198,5 +226,27 @@ pub fn measure(s: &Server, data_dir: &Path, n: usize) -> Figures {
         queued_to_running_cloned_ms: cloned,
         heartbeat_loss_extra_sec: extra,
         heartbeat_loss_early_failure: early_failure,
+        other_endings: other_endings.into_inner(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The run's own clock gives how long it ran; a run that never ran or has not ended gives
+    /// nothing.
+    #[test]
+    fn how_long_a_run_ran_comes_from_its_own_timestamps() {
+        let run = json!({"started_at": "2026-12-07T23:59:55.250Z", "ended_at": "2026-12-08T00:00:05.750Z"});
+        assert_eq!(running_for(&run), Some(Duration::from_millis(10_500)));
+        assert_eq!(
+            running_for(&json!({"started_at": null, "ended_at": "2026-12-08T00:00:05.750Z"})),
+            None
+        );
+        assert_eq!(
+            running_for(&json!({"started_at": "2026-12-08T00:00:05.750Z", "ended_at": null})),
+            None
+        );
     }
 }
