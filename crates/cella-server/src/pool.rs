@@ -42,12 +42,12 @@
 //!   is then read and tried, and it alone decides that the pool is empty or the cap reached
 //!   (a guess refused at the cap goes back first in line). A claimed sandbox leaves the list
 //!   however it was found; the list is made again from the store at the start and at each
-//!   refill round (kept as it is when a claim came between the read and the new list). The agent, asked by that `Ping` while sealed and
-//!   untouched, forks the process its first exec starts in again once it has answered, when
-//!   the one waiting is older than 10 ms (one that waited long ran its command from cold
-//!   caches: half a millisecond more, here), on hosts whose cgroup moves are fast
-//!   (`favordynmods`). Two concurrent claims never get the same row (the
-//!   loser tries the next), and the cap is never passed. The row keeps what the running
+//!   refill round (kept as it is when a claim came between the read and the new list). The
+//!   agent, asked by that `Ping` while sealed and untouched, forks the process its first exec
+//!   starts in again once it has answered, when the one waiting is older than 10 ms (one that
+//!   waited long ran its command from cold caches: half a millisecond more, here), on hosts
+//!   whose cgroup moves are fast (`favordynmods`). Two concurrent claims never get the same
+//!   row (the loser tries the next), and the cap is never passed. The row keeps what the running
 //!   sandbox fixes (its id, which is its hostname, size, resources, state, handle). The claim
 //!   sets the clocks to now, counts the pool sandbox gone at once (`Pool::claimed`, which
 //!   wakes the refill) and starts its CPU seconds at zero (`cpu_ns` is minus the cgroup's CPU
