@@ -148,26 +148,20 @@ impl Pool {
 
     /// A pool sandbox that became ready (booted and sealed), after those listed.
     fn waits(&self, row: &SandboxRow) {
-        let Some(runtime) = Runtime::parse(&row.isolation) else {
-            return;
-        };
+        let Some(key) = pool_of(row) else { return };
         self.waiting
             .lock()
             .expect("pool lock")
-            .entry((row.template_id.clone(), row.size, runtime))
+            .entry(key)
             .or_default()
             .push_back(row.clone());
     }
 
     /// A guess a claim did not take (see [`claim`]), first in line again.
     fn waits_first(&self, row: SandboxRow) {
-        let Some(runtime) = Runtime::parse(&row.isolation) else {
-            return;
-        };
+        let Some(key) = pool_of(&row) else { return };
         let mut m = self.waiting.lock().expect("pool lock");
-        let q = m
-            .entry((row.template_id.clone(), row.size, runtime))
-            .or_default();
+        let q = m.entry(key).or_default();
         if !q.iter().any(|r| r.id == row.id) {
             q.push_front(row);
         }
@@ -183,13 +177,8 @@ impl Pool {
         }
         m.clear();
         for r in rows {
-            let Some(runtime) = Runtime::parse(&r.isolation) else {
-                continue;
-            };
-            if r.ready && state_of(r) == SandboxState::Running {
-                m.entry((r.template_id.clone(), r.size, runtime))
-                    .or_default()
-                    .push_back(r.clone());
+            if let (true, SandboxState::Running, Some(key)) = (r.ready, state_of(r), pool_of(r)) {
+                m.entry(key).or_default().push_back(r.clone());
             }
         }
     }
@@ -225,6 +214,11 @@ impl Pool {
             q.retain(|r| r.id != id);
         }
     }
+}
+
+/// The pool a sandbox's row belongs to: its template, size and runtime.
+fn pool_of(row: &SandboxRow) -> Option<(String, Size, Runtime)> {
+    Runtime::parse(&row.isolation).map(|rt| (row.template_id.clone(), row.size, rt))
 }
 
 /// How many pool sandboxes the config asks for, per template and size.

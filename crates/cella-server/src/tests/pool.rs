@@ -17,6 +17,15 @@ async fn with_pool(n: u32, f: impl FnOnce(&mut Config)) -> Server {
     .await
 }
 
+/// A server whose pool of `n` small base sandboxes is full, and their ids, oldest first.
+async fn filled_pool(n: u32) -> (Server, Vec<String>) {
+    let s = with_pool(n, |_| {}).await;
+    crate::pool::refill(&s.state).await.expect("refill");
+    let pooled = pool_ids(&s).await;
+    assert_eq!(pooled.len(), n as usize);
+    (s, pooled)
+}
+
 async fn pool_ids(s: &Server) -> Vec<String> {
     let rows = s.state.store.pool_rows().await.expect("pool rows");
     rows.into_iter().map(|r| r.id).collect()
@@ -163,10 +172,7 @@ async fn pool_sandboxes_never_count_toward_a_cap_but_claims_do() {
 
 #[tokio::test]
 async fn a_pool_sandbox_that_dies_is_replaced_and_its_row_goes() {
-    let s = with_pool(2, |_| {}).await;
-    crate::pool::refill(&s.state).await.expect("refill");
-    let pooled = pool_ids(&s).await;
-    assert_eq!(pooled.len(), 2);
+    let (s, pooled) = filled_pool(2).await;
     assert!(s.fake.kill(&pooled[0]));
     crate::lifecycle::check_liveness(&s.state).await;
     let dead = s.state.store.sandbox(&pooled[0]).await.expect("read");
@@ -188,10 +194,7 @@ async fn a_pool_sandbox_that_dies_is_replaced_and_its_row_goes() {
 /// it and the next one is taken.
 #[tokio::test]
 async fn claims_follow_the_pool_list_and_never_hand_out_a_sandbox_that_died_on_it() {
-    let s = with_pool(3, |_| {}).await;
-    crate::pool::refill(&s.state).await.expect("refill");
-    let pooled = pool_ids(&s).await;
-    assert_eq!(pooled.len(), 3);
+    let (s, pooled) = filled_pool(3).await;
     // Listed as the store holds them (a guess the store refused would cost a read each claim).
     let listed = s.state.pool().listed(
         "base",
