@@ -37,6 +37,59 @@ use axum::http::{HeaderMap, Method};
 use cella_types::{ErrorCode, Role, Scope};
 use std::sync::Arc;
 
+/// When keys were last used, for the writes of it still under way (`auth` writes a key's
+/// `last_used_at` off the request's path). A listing of keys reads this before the store
+/// ([`KeyTouches::merge`]), so a key used just before is never shown unused: a write that
+/// finished is in the store, one under way is here. One write at a time per key; a use while
+/// it runs moves the time here, and the writer writes again.
+#[derive(Clone, Default)]
+pub struct KeyTouches(Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>);
+
+impl KeyTouches {
+    /// Notes a use at `now`; true when the caller is to start the key's write.
+    fn begin(&self, id: &str, now: i64) -> bool {
+        let Ok(mut m) = self.0.lock() else {
+            return false;
+        };
+        match m.get_mut(id) {
+            Some(t) => {
+                *t = (*t).max(now);
+                false
+            }
+            None => {
+                m.insert(id.to_owned(), now);
+                true
+            }
+        }
+    }
+
+    /// The writer wrote `at`: `None` when that is the latest use (the key leaves the map),
+    /// else the later time to write next.
+    fn written(&self, id: &str, at: i64) -> Option<i64> {
+        let mut m = self.0.lock().ok()?;
+        match m.get(id).copied() {
+            Some(t) if t > at => Some(t),
+            _ => {
+                m.remove(id);
+                None
+            }
+        }
+    }
+
+    /// The latest use of each key whose write is under way.
+    pub fn snapshot(&self) -> std::collections::HashMap<String, i64> {
+        self.0.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// `row` as a listing shows it: the later of the store's time and one being written.
+    /// `pending` is a [`KeyTouches::snapshot`] taken before the store was read.
+    pub fn merge(pending: &std::collections::HashMap<String, i64>, row: &mut cella_store::KeyRow) {
+        if let Some(&t) = pending.get(&row.id) {
+            row.last_used_at = Some(row.last_used_at.map_or(t, |s| s.max(t)));
+        }
+    }
+}
+
 /// The session cookie's name (`cella_*`: the preview proxy never passes it to a sandbox).
 pub const SESSION_COOKIE: &str = "cella_session";
 /// The header a session caller selects a workspace with.
@@ -206,25 +259,25 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Auth,
         // (the model meter's groups under load), and when a key was last used is worth no
         // request's time. Kept first, so the requests meanwhile do not write it again; one
         // write at a time per key (a key read again while its write waits finds it under
-        // way), and a later time never replaced by an earlier one.
+        // way, and its time moved: the writer writes again), and a later time never replaced
+        // by an earlier one. A listing of keys shows the time under way ([`KeyTouches`]).
         state.keys.update(&hash, |r| r.last_used_at = Some(now));
-        let first = state
-            .key_touches
-            .lock()
-            .map(|mut t| t.insert(row.id.clone()))
-            .unwrap_or(false);
-        if first {
+        if state.key_touches.begin(&row.id, now) {
             let (store, touches, id) = (
                 state.store.clone(),
                 state.key_touches.clone(),
                 row.id.clone(),
             );
             tokio::spawn(async move {
-                if let Err(e) = store.touch_key(&id, now).await {
-                    tracing::debug!(key = id, "noting a key's last use: {e}");
-                }
-                if let Ok(mut t) = touches.lock() {
-                    t.remove(&id);
+                let mut at = now;
+                loop {
+                    if let Err(e) = store.touch_key(&id, at).await {
+                        tracing::debug!(key = id, "noting a key's last use: {e}");
+                    }
+                    match touches.written(&id, at) {
+                        Some(later) => at = later,
+                        None => break,
+                    }
                 }
             });
         }
@@ -405,5 +458,44 @@ impl FromRequestParts<Arc<AppState>> for Auth {
             return Ok(auth.clone());
         }
         authenticate_request(state, &parts.method, parts.uri.path(), &parts.headers).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KeyTouches;
+
+    #[test]
+    fn a_use_while_its_key_is_written_is_written_next() {
+        let t = KeyTouches::default();
+        let row = |at: Option<i64>| cella_store::KeyRow {
+            id: "k".into(),
+            workspace_id: "ws".into(),
+            name: "n".into(),
+            hash: String::new(),
+            prefix: String::new(),
+            scopes: Vec::new(),
+            created_at: 0,
+            expires_at: None,
+            revoked_at: None,
+            last_used_at: at,
+            operator: false,
+        };
+        let shown = |at| {
+            let mut r = row(at);
+            KeyTouches::merge(&t.snapshot(), &mut r);
+            r.last_used_at
+        };
+        assert_eq!(shown(None), None, "nothing under way");
+        assert!(t.begin("k", 10), "the first use starts a write");
+        assert!(!t.begin("k", 30), "one write at a time");
+        assert!(!t.begin("k", 20), "an earlier use moves nothing");
+        assert_eq!(shown(None), Some(30), "the latest use under way");
+        assert_eq!(shown(Some(40)), Some(40), "the store's, when later");
+        assert_eq!(t.written("k", 10), Some(30), "written again");
+        assert_eq!(shown(Some(10)), Some(30));
+        assert_eq!(t.written("k", 30), None, "done");
+        assert!(t.snapshot().is_empty());
+        assert!(t.begin("k", 50), "a later use starts a new write");
     }
 }

@@ -125,8 +125,8 @@ pub struct AppState {
     pub gateway: gateway::GatewayState,
     /// API keys looked up by their hash, kept for a moment (`auth`; see `cella_store::kept`).
     pub keys: cella_store::kept::Kept<cella_store::KeyRow>,
-    /// Keys whose `last_used_at` is being written (`auth`): one write at a time per key.
-    pub key_touches: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Keys whose `last_used_at` is being written, and their latest use (`auth`).
+    pub key_touches: auth::KeyTouches,
     /// Failed sign-ins per email and client address.
     pub sign_in: service::people::SignInLimiter,
     /// Task runs: runner slots, live runs, their events (`tasks`).

@@ -165,6 +165,69 @@ async fn a_kept_key_stops_at_once_when_revoked() {
     }
 }
 
+/// A key's last use is written off the request's path; a listing right after the use still
+/// shows it, while the write waits behind another writer and after it lands, and the time a
+/// listing showed never goes back.
+#[tokio::test]
+async fn a_key_used_just_before_is_listed_as_used() {
+    let s = Server::start().await;
+    let (key, key_id) = s.new_key("used", &["sandboxes:read"]).await;
+    let listed = |v: &serde_json::Value| {
+        v["data"]
+            .as_array()
+            .expect("keys")
+            .iter()
+            .find(|k| k["id"] == key_id.as_str())
+            .map(|k| k["last_used_at"].clone())
+            .expect("the key is listed")
+    };
+    let (_, v) = s.call("GET", "/api/v1/api-keys", None).await;
+    assert!(listed(&v).is_null(), "never used yet: {v}");
+
+    // Another writer holds SQLite's write lock, so the key's write cannot land.
+    let mut conn = s.state.store.pool().acquire().await.expect("connection");
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *conn)
+        .await
+        .expect("write lock");
+    let (st, _, _) = send(&s, &key, "GET", "/api/v1/sandboxes", Vec::new()).await;
+    assert_eq!(st, 200);
+    let (st, v) = s.call("GET", "/api/v1/api-keys", None).await;
+    assert_eq!(st, 200, "{v}");
+    let while_waiting = listed(&v);
+    assert!(while_waiting.is_string(), "used, its write waiting: {v}");
+    sqlx::query("COMMIT")
+        .execute(&mut *conn)
+        .await
+        .expect("commit");
+    drop(conn);
+
+    // Landed: the store has it, and the listing shows the same time.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let row = s
+            .state
+            .store
+            .list_keys(None, 100, None)
+            .await
+            .expect("keys")
+            .into_iter()
+            .find(|(_, k)| k.id == key_id)
+            .expect("key")
+            .1;
+        if row.last_used_at.is_some() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the write never landed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let (_, v) = s.call("GET", "/api/v1/api-keys", None).await;
+    assert_eq!(listed(&v), while_waiting, "{v}");
+}
+
 /// The base URL sandboxes' preview URLs start with: `[preview] base_url` when set, else the
 /// listening address, `localhost` for an unspecified one, an IPv6 address in brackets.
 #[test]
