@@ -185,7 +185,8 @@ pub enum HardenError {
 pub struct Jail {
     /// The one seccomp program: `clone3` refused with `ENOSYS`, then the denials.
     filter: BpfProgram,
-    root_caps: CapsHashSet,
+    /// [`ROOT_CAPS`] as a mask of capability bits.
+    root_caps: u64,
     drop_from_bounding: Vec<Capability>,
     /// The calling process's bounding set is [`ROOT_CAPS`] already (a command inherits it).
     bounding_narrowed: bool,
@@ -256,7 +257,7 @@ impl Jail {
             .collect();
         Ok(Jail {
             filter: with_clone3_refused(deny),
-            root_caps,
+            root_caps: root_caps.iter().fold(0, |m, c| m | c.bitmask()),
             drop_from_bounding,
             bounding_narrowed: false,
             filter_inherited: false,
@@ -297,6 +298,60 @@ impl Jail {
 
     /// Confines the calling process and switches it to `uid`/`gid`. Runs between fork and exec.
     pub fn enter(&self, uid: u32, gid: u32) -> std::io::Result<()> {
+        let plain = self.plain();
+        plain.limit()?;
+        // The filter first: no moment of what follows runs unfiltered (a child traced during its
+        // setup could otherwise be made to call what the filter refuses). Nothing below is refused.
+        if !self.filter_inherited {
+            seccompiler::apply_filter(&self.filter)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+        }
+        if !self.bounding_narrowed {
+            for cap in &self.drop_from_bounding {
+                // A capability the kernel does not know cannot be dropped; that is fine.
+                let _ = caps::drop(None, CapSet::Bounding, *cap);
+            }
+        }
+        plain.switch(uid, gid)
+    }
+
+    /// The jail as [`Confinement`], when the calling process runs under its filter and bounding
+    /// set already (the agent, see [`Jail::filter_own_process`]): then nothing else of it is
+    /// needed, and a child that has none of the agent's heap can enter it.
+    pub fn inherited(&self) -> Option<Confinement> {
+        (self.filter_inherited && self.bounding_narrowed).then(|| self.plain())
+    }
+
+    fn plain(&self) -> Confinement {
+        Confinement {
+            nofile: self.nofile,
+            root_caps: self.root_caps,
+        }
+    }
+}
+
+/// What a command applies to itself besides the seccomp filter and the bounding set, as plain
+/// values: entering it reads no memory but its own and makes only system calls (no allocation,
+/// not even on an error). [`Jail::enter`] uses it after the filter; a standby process, forked
+/// without the agent's heap (`crate::standby`), enters it alone ([`Jail::inherited`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Confinement {
+    /// `RLIMIT_NOFILE` (soft and hard); 0 leaves the agent's.
+    nofile: u64,
+    /// [`ROOT_CAPS`] as a mask of capability bits: what a root command keeps.
+    root_caps: u64,
+}
+
+impl Confinement {
+    /// Confines the calling process (it runs under the jail's filter and bounding set already)
+    /// and switches it to `uid`/`gid`. Runs between fork and exec.
+    pub fn enter(&self, uid: u32, gid: u32) -> std::io::Result<()> {
+        self.limit()?;
+        self.switch(uid, gid)
+    }
+
+    /// `no_new_privs` and the file limit: what comes before the filter.
+    fn limit(&self) -> std::io::Result<()> {
         let err = std::io::Error::last_os_error;
         // SAFETY: plain system calls on the calling process.
         unsafe {
@@ -313,18 +368,12 @@ impl Jail {
                 }
             }
         }
-        // The filter first: no moment of what follows runs unfiltered (a child traced during its
-        // setup could otherwise be made to call what the filter refuses). Nothing below is refused.
-        if !self.filter_inherited {
-            seccompiler::apply_filter(&self.filter)
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
-        }
-        if !self.bounding_narrowed {
-            for cap in &self.drop_from_bounding {
-                // A capability the kernel does not know cannot be dropped; that is fine.
-                let _ = caps::drop(None, CapSet::Bounding, *cap);
-            }
-        }
+        Ok(())
+    }
+
+    /// The ids, and a root command's capabilities: what comes after the filter.
+    fn switch(&self, uid: u32, gid: u32) -> std::io::Result<()> {
+        let err = std::io::Error::last_os_error;
         // The system calls themselves, not libc's wrappers: in a process that ever had a second
         // thread those signal every thread libc knows of to change it too, and a child that shares
         // the agent's memory ([`crate::vspawn`]) would reach the agent's threads' records.
@@ -343,7 +392,6 @@ impl Jail {
             libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         }
         if uid == 0 {
-            let io = |e: caps::errors::CapsError| std::io::Error::other(e.to_string());
             // A kernel without ambient capabilities (gVisor's, before 2023) answers EINVAL:
             // there are none to clear then.
             // SAFETY: prctl with integer arguments on the calling process.
@@ -362,9 +410,34 @@ impl Jail {
                     return Err(e);
                 }
             }
-            caps::clear(None, CapSet::Inheritable).map_err(io)?;
-            caps::set(None, CapSet::Effective, &self.root_caps).map_err(io)?;
-            caps::set(None, CapSet::Permitted, &self.root_caps).map_err(io)?;
+            // Effective and permitted cut to ROOT_CAPS, inheritable emptied: one `capset`
+            // (version 3: two 32-bit words per set).
+            #[repr(C)]
+            struct Header {
+                version: u32,
+                pid: libc::c_int,
+            }
+            #[repr(C)]
+            struct Data {
+                effective: u32,
+                permitted: u32,
+                inheritable: u32,
+            }
+            const VERSION_3: u32 = 0x2008_0522;
+            let header = Header {
+                version: VERSION_3,
+                pid: 0,
+            };
+            let word = |i: u32| (self.root_caps >> (32 * i)) as u32;
+            let data = [0, 1].map(|i| Data {
+                effective: word(i),
+                permitted: word(i),
+                inheritable: 0,
+            });
+            // SAFETY: capset reads the header and two data words, all on this stack.
+            if unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) } != 0 {
+                return Err(err());
+            }
         }
         Ok(())
     }

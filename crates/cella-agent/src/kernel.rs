@@ -337,7 +337,11 @@ fn start(lang: &str, spec: &ExecSpec, jail: &Arc<Jail>) -> Result<Kernel, Respon
     // The kernel's own output outside cells (warnings, a crash) is of no use to the caller.
     cmd.stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-    let mut child = cmd.spawn().map_err(|e| Response::Error {
+    let spawned = {
+        let _forks = crate::standby::forks();
+        cmd.spawn()
+    };
+    let mut child = spawned.map_err(|e| Response::Error {
         kind: ErrorKind::Conflict,
         message: if e.kind() == std::io::ErrorKind::NotFound {
             format!("{program} is not installed in this sandbox's template")

@@ -123,7 +123,11 @@ pub async fn run(
         });
     }
     let started = Instant::now();
-    let child = match cmd.spawn() {
+    let spawned = {
+        let _forks = crate::standby::forks();
+        cmd.spawn()
+    };
+    let child = match spawned {
         Ok(c) => c,
         Err(e) => {
             let (_, msg) = spawn_failure(&spec.argv[0], &e);

@@ -213,7 +213,11 @@ pub(crate) fn start(
             return r;
         }
     }
-    let mut child = command(spec, jail, pipe_stdin, hold_tree, join_cgroup).spawn()?;
+    let mut cmd = command(spec, jail, pipe_stdin, hold_tree, join_cgroup);
+    let mut child = {
+        let _forks = crate::standby::forks();
+        cmd.spawn()?
+    };
     let pid = child.id() as i32;
     // Registered before the reaper's thread can reap it, or held for it (see [`Reaper`]).
     let exit = reaper.register(pid);

@@ -199,6 +199,69 @@ fn a_claim_has_the_process_the_first_exec_starts_in_made_again_and_that_exec_run
     assert_eq!(s.sh(&id, "echo ok")["stdout"], "ok\n");
 }
 
+/// The process a sandbox's next exec starts in is forked without the agent's heap (so the
+/// agent's own writes while it waits cost it no copies), and a command started in it is
+/// confined exactly as one the agent forks: no new privileges, a root command with the root
+/// capabilities only, a user's with none, a missing program the shell's 127.
+#[test]
+fn the_process_made_ahead_holds_no_heap_of_the_agents_and_confines_its_command() {
+    let s = Server::start_with("[pool]\ndefault = 0\n");
+    let id = s.create(json!({ "size": "xs" }));
+    let status = |user: &str| {
+        let out = s.exec(
+            &id,
+            json!({ "command": "id -u; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):' /proc/self/status", "user": user }),
+        );
+        assert_eq!(out["exit_code"], 0, "{out}");
+        out["stdout"].as_str().unwrap().to_string()
+    };
+    // Docker's default set without mknod and net_raw (the agent's ROOT_CAPS).
+    let root_caps = "00000000a00405fb";
+    for round in 0..3 {
+        let mut waiting = Vec::new();
+        eventually("a process waiting for the next exec", || {
+            waiting = exec_group_processes(&id);
+            waiting.len() == 1
+        });
+        let maps = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+        let agent: u32 = std::fs::read_to_string(format!("/proc/{}/status", waiting[0]))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            maps(agent).contains("[heap]"),
+            "round {round}: the agent has a heap"
+        );
+        assert!(
+            !maps(waiting[0]).contains("[heap]"),
+            "round {round}: the waiting process maps the agent's heap:\n{}",
+            maps(waiting[0])
+        );
+        let (user, want) = if round % 2 == 0 {
+            ("root", format!("0\nCapInh:\t0000000000000000\nCapPrm:\t{root_caps}\nCapEff:\t{root_caps}\nCapBnd:\t{root_caps}\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n"))
+        } else {
+            ("user", format!("1000\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t{root_caps}\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n"))
+        };
+        assert_eq!(status(user), want, "round {round}, as {user}");
+    }
+    // Errors of the start itself come back as a shell's.
+    let out = s.exec(&id, json!({ "argv": ["no-such-program"] }));
+    assert_eq!(out["exit_code"], 127, "{out}");
+    assert!(
+        out["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("command not found"),
+        "{out}"
+    );
+    let out = s.exec(&id, json!({ "argv": ["python3", "-c", "print(6 * 7)"] }));
+    assert_eq!(out["stdout"], "42\n", "{out}");
+}
+
 #[test]
 fn pool_sandboxes_belong_to_no_workspace_and_respect_caps_and_policies() {
     let s = Server::start_with("[pool]\ndefault = 0\nsizes = { xs = 2 }\n");
