@@ -32,9 +32,14 @@
 //! pages in each exec of `true`, on the exec's path; now 14 (its stack and statics). The fork
 //! copies fewer page tables too, and the command's `execve` has less to tear down. Nothing in
 //! the child reads the heap: the command is in the mapping, and the child allocates nothing
-//! and calls no code that could.
-//! Every other fork of the agent (a `Command` with a `pre_exec`) takes [`forks`] first, so
-//! none happens on another thread while the heap is marked.
+//! and calls no code that could. So that nothing else does either: the fork is the system
+//! call itself, not glibc's `fork`, whose child handlers reset state kept partly on the heap
+//! (stdio's locks, the name service's); every signal is blocked across it and the child sets
+//! the agent's handlers back to the default before it unblocks any (a root command's
+//! `kill -CHLD` would otherwise run the agent's handler there, on memory it lacks); and every
+//! other fork of the agent (a `Command` with a `pre_exec`) takes [`forks`] first, so none
+//! happens on another thread while the heap is marked. The heap is where `/proc/self/stat`'s
+//! `start_brk` says, never the program's own data next to it.
 //!
 //! A standby that waited long runs its command from cold caches (half a millisecond more on
 //! the development host than one forked a moment before). A warm pool sandbox waits for its
@@ -158,21 +163,47 @@ impl Standby {
         let region = region.cast::<u8>();
         // Without the agent's heap where the jail needs nothing of it (see the module docs).
         let plain = jail.inherited();
-        let heap = plain.and_then(|_| heap());
-        let guard = heap.map(|_| forks());
-        if let Some((start, len)) = heap {
+        let guard = plain.map(|_| forks());
+        let heap = plain.and_then(|_| heap()).filter(|&(start, len)| {
             // SAFETY: a flag on the agent's own heap, cleared again right after the fork.
-            unsafe { libc::madvise(start.cast(), len, libc::MADV_DONTFORK) };
+            unsafe { libc::madvise(start.cast(), len, libc::MADV_DONTFORK) == 0 }
+        });
+        let enter = match (plain, heap) {
+            (Some(c), Some(_)) => Enter::Plain(c),
+            _ => Enter::Full(jail),
+        };
+        // Every signal blocked across the fork: the child sets the agent's handlers back to the
+        // default before any can run in it (they would read the heap it lacks).
+        let handled = crate::vspawn::handled();
+        // SAFETY: an all-zero `sigset_t` is a valid value, overwritten below.
+        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: plain signal-mask calls on the calling thread; `old` is restored below.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
         }
         // SAFETY: the child makes only system calls until `execve` or `_exit`, and reads only
-        // what it was given here (the jail prepared before, the mapping, descriptors).
-        let pid = unsafe { libc::fork() };
+        // what it was given here (the jail prepared before, the mapping, descriptors). Without
+        // the heap, the system call itself, not glibc's `fork`: the child handlers glibc runs
+        // after its fork reset state some of which lives on the heap (stdio locks, the name
+        // service's), and the child needs none of it.
+        let pid = unsafe {
+            match enter {
+                Enter::Plain(_) => {
+                    libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0, 0, 0, 0)
+                        as i32
+                }
+                Enter::Full(_) => libc::fork(),
+            }
+        };
         if pid != 0 {
             if let Some((start, len)) = heap {
-                // SAFETY: as above.
-                unsafe { libc::madvise(start.cast(), len, libc::MADV_DOFORK) };
+                unmark(start, len);
             }
             drop(guard);
+            // SAFETY: the mask saved above.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
         }
         if pid < 0 {
             // SAFETY: the mapping made above, used by nobody.
@@ -183,8 +214,8 @@ impl Standby {
             // SAFETY: in the child, see above.
             unsafe {
                 child(
-                    jail,
-                    plain,
+                    enter,
+                    handled,
                     procs,
                     go_r.as_raw_fd(),
                     st_w.as_raw_fd(),
@@ -372,8 +403,8 @@ unsafe fn fail(status: RawFd) -> ! {
 /// The forked child (see the module docs). Only system calls until `execve` or `_exit`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn child(
-    jail: &Jail,
-    plain: Option<Confinement>,
+    enter: Enter<'_>,
+    handled: u64,
     procs: RawFd,
     go: RawFd,
     status: RawFd,
@@ -382,6 +413,13 @@ unsafe fn child(
     stderr: RawFd,
     header: *const Header,
 ) -> ! {
+    // The agent's handlers back to the default while every signal is still blocked (ignored
+    // ones stay ignored, but for `SIGPIPE`; the mask is emptied below).
+    for sig in 1..=64 {
+        if handled & (1 << (sig - 1)) != 0 {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+    }
     // Into the exec's cgroup first, while still the sandbox's root; a child that cannot join
     // exits without saying it is ready, and the exec forks as before.
     if libc::write(procs, b"0".as_ptr().cast(), 1) != 1 {
@@ -430,10 +468,9 @@ unsafe fn child(
     if libc::chdir(h.cwd) != 0 {
         fail(status);
     }
-    // Forked without the agent's heap when `plain` is given: `jail` is not read then.
-    let entered = match plain {
-        Some(c) => c.enter(h.uid, h.gid),
-        None => jail.enter(h.uid, h.gid),
+    let entered = match enter {
+        Enter::Plain(c) => c.enter(h.uid, h.gid),
+        Enter::Full(jail) => jail.enter(h.uid, h.gid),
     };
     if let Err(e) = entered {
         *libc::__errno_location() = e.raw_os_error().unwrap_or(libc::EPERM);
@@ -455,16 +492,47 @@ pub(crate) fn forks() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The agent's heap (the `brk` area, where its allocator keeps the main arena): its start, as
-/// `/proc/self/maps` gave it the first time, and its length now. None without one.
+/// How the child confines itself: with a [`Confinement`] when it was forked without the
+/// agent's heap, else with the whole [`Jail`] (on the heap, which it then has).
+#[derive(Clone, Copy)]
+enum Enter<'a> {
+    Plain(Confinement),
+    Full(&'a Jail),
+}
+
+/// Whether the heap may be marked for a standby's fork: false for good once a mark could not
+/// be cleared (never seen; every later `Command` child would lack the heap otherwise).
+static MARKING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Clears the heap's mark after a standby's fork; a failure is tried once more, then marking
+/// stops.
+fn unmark(start: *mut u8, len: usize) {
+    // SAFETY: a flag on the agent's own heap.
+    let clear = || unsafe { libc::madvise(start.cast(), len, libc::MADV_DOFORK) == 0 };
+    if !clear() && !clear() {
+        MARKING.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The agent's heap (the `brk` area, where its allocator keeps the main arena): where it
+/// starts (`start_brk` in `/proc/self/stat`, read once) and its length now. None without one,
+/// or once marking stopped ([`unmark`]).
 fn heap() -> Option<(*mut u8, usize)> {
     static START: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    if !MARKING.load(std::sync::atomic::Ordering::SeqCst) {
+        return None;
+    }
     let start = (*START.get_or_init(|| {
-        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-        let line = maps.lines().find(|l| l.ends_with("[heap]"))?;
-        usize::from_str_radix(line.split('-').next()?, 16).ok()
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Field 47, `start_brk`: the 45th after the command's name in parentheses.
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(44)?
+            .parse()
+            .ok()
     }))?;
     // SAFETY: `sbrk(0)` only reads the current end of the heap.
     let end = unsafe { libc::sbrk(0) } as usize;
-    (end > start).then_some((start as *mut u8, end - start))
+    (start > 0 && end > start).then_some((start as *mut u8, end - start))
 }

@@ -220,7 +220,7 @@ pub(crate) fn handlers_installed() {
     handled();
 }
 
-fn handled() -> u64 {
+pub(crate) fn handled() -> u64 {
     *HANDLED.get_or_init(|| {
         let mut mask = 1u64 << (libc::SIGPIPE - 1);
         for s in 1..libc::SIGRTMIN() {

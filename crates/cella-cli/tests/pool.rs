@@ -210,7 +210,7 @@ fn the_process_made_ahead_holds_no_heap_of_the_agents_and_confines_its_command()
     let status = |user: &str| {
         let out = s.exec(
             &id,
-            json!({ "command": "id -u; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):' /proc/self/status", "user": user }),
+            json!({ "command": "echo $$; id -u; id -G; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):' /proc/self/status", "user": user }),
         );
         assert_eq!(out["exit_code"], 0, "{out}");
         out["stdout"].as_str().unwrap().to_string()
@@ -241,13 +241,62 @@ fn the_process_made_ahead_holds_no_heap_of_the_agents_and_confines_its_command()
             "round {round}: the waiting process maps the agent's heap:\n{}",
             maps(waiting[0])
         );
+        // The command runs in that process: its pid inside is the shell's.
+        let inner = std::fs::read_to_string(format!("/proc/{}/status", waiting[0]))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|l| l.split_whitespace().last())
+            .unwrap()
+            .to_string();
         let (user, want) = if round % 2 == 0 {
-            ("root", format!("0\nCapInh:\t0000000000000000\nCapPrm:\t{root_caps}\nCapEff:\t{root_caps}\nCapBnd:\t{root_caps}\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n"))
+            ("root", format!("{inner}\n0\n0\nCapInh:\t0000000000000000\nCapPrm:\t{root_caps}\nCapEff:\t{root_caps}\nCapBnd:\t{root_caps}\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n"))
         } else {
-            ("user", format!("1000\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t{root_caps}\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n"))
+            ("user", format!("{inner}\n1000\n1000\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t{root_caps}\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n"))
         };
         assert_eq!(status(user), want, "round {round}, as {user}");
     }
+    // A signal the agent handles, sent to the waiting process by a root command, finds the
+    // default there (for SIGCHLD: nothing), not a handler of the agent's.
+    let mut waiting = Vec::new();
+    eventually("a process waiting for the next exec", || {
+        waiting = exec_group_processes(&id);
+        waiting.len() == 1
+    });
+    let inner = std::fs::read_to_string(format!("/proc/{}/status", waiting[0]))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|l| l.split_whitespace().last())
+        .unwrap()
+        .to_string();
+    // From a background process, which starts in a process of its own (an exec would start
+    // in the waiting one).
+    let p = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        json!({ "command": format!("kill -CHLD {inner} && kill -CHLD {inner}"), "user": "root" }),
+    );
+    assert_eq!(p.status, 201, "{}", p.body);
+    let pid = p.data()["pid"].as_i64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let p = s.get(&format!("/api/v1/sandboxes/{id}/processes/{pid}"));
+        if p.data()["state"] == "exited" {
+            assert_eq!(p.data()["exit_code"], 0, "{}", p.body);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the signalling process did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        std::path::Path::new(&format!("/proc/{}", waiting[0])).exists(),
+        "the waiting process died of a SIGCHLD"
+    );
+    assert_eq!(s.sh(&id, "echo $$")["stdout"], format!("{inner}\n"));
     // Errors of the start itself come back as a shell's.
     let out = s.exec(&id, json!({ "argv": ["no-such-program"] }));
     assert_eq!(out["exit_code"], 127, "{out}");
