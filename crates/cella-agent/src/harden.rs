@@ -1,6 +1,7 @@
 //! What a command inside a sandbox may do: capabilities, `no_new_privs`, and a seccomp filter.
 //!
-//! Every command the agent starts goes through [`Jail::enter`] between fork and exec:
+//! Every command the agent starts goes through [`Jail::enter`] between fork and exec (or, in a
+//! process that inherited the filter and bounding set, its plain part [`Confinement`]):
 //!
 //! - `no_new_privs`, so no setuid binary or file capability gives anything back;
 //! - the capability bounding set cut to [`ROOT_CAPS`] (Docker's default set without `MKNOD` and

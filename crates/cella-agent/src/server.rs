@@ -143,9 +143,6 @@ async fn run(
     let kernels = Arc::new(crate::kernel::Kernels::new());
     let file_ops = Arc::new(tokio::sync::Semaphore::new(files::MAX_FILE_OPS));
     let mut sigchld = signal(SignalKind::child())?;
-    if let Some(cgroups) = &config.exec_cgroups {
-        cgroups.enable_standby(reaper.clone(), jail.clone());
-    }
     let r = reaper.clone();
     tokio::spawn(async move {
         loop {
@@ -162,6 +159,10 @@ async fn run(
     };
     // Every handler of the agent is installed by now (a command's start resets them).
     crate::vspawn::handlers_installed();
+    // After that: a standby's child resets the handlers noted there.
+    if let Some(cgroups) = &config.exec_cgroups {
+        cgroups.enable_standby(reaper.clone(), jail.clone());
+    }
     if config.warm_first_command {
         warm_first_command(&jail, &reaper);
     }

@@ -166,7 +166,12 @@ impl Standby {
         let guard = plain.map(|_| forks());
         let heap = plain.and_then(|_| heap()).filter(|&(start, len)| {
             // SAFETY: a flag on the agent's own heap, cleared again right after the fork.
-            unsafe { libc::madvise(start.cast(), len, libc::MADV_DONTFORK) == 0 }
+            let marked = unsafe { libc::madvise(start.cast(), len, libc::MADV_DONTFORK) == 0 };
+            if !marked {
+                // It may have marked what of the range is mapped (a heap that shrank meanwhile).
+                unmark(start, len);
+            }
+            marked
         });
         let enter = match (plain, heap) {
             (Some(c), Some(_)) => Enter::Plain(c),
@@ -449,9 +454,13 @@ unsafe fn child(
         libc::_exit(1);
     }
     let mut byte = 0u8;
-    if libc::read(go, (&mut byte as *mut u8).cast(), 1) != 1 {
-        // The agent dropped this standby.
-        libc::_exit(0);
+    loop {
+        match libc::read(go, (&mut byte as *mut u8).cast(), 1) {
+            1 => break,
+            n if n < 0 && *libc::__errno_location() == libc::EINTR => continue,
+            // The agent dropped this standby.
+            _ => libc::_exit(0),
+        }
     }
     libc::close(go);
     let h = &*header;
@@ -534,5 +543,10 @@ fn heap() -> Option<(*mut u8, usize)> {
     }))?;
     // SAFETY: `sbrk(0)` only reads the current end of the heap.
     let end = unsafe { libc::sbrk(0) } as usize;
-    (start > 0 && end > start).then_some((start as *mut u8, end - start))
+    // The child needs its thread's own block (errno, the stack's canary): in a dynamically
+    // linked program the loader maps it apart, but a static one keeps it on the heap.
+    // SAFETY: the address of the calling thread's errno.
+    let tls = unsafe { libc::__errno_location() } as usize;
+    (start > 0 && end > start && !(start..end).contains(&tls))
+        .then_some((start as *mut u8, end - start))
 }
