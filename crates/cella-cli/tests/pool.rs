@@ -149,6 +149,17 @@ fn exec_group_processes(id: &str) -> Vec<u32> {
     out
 }
 
+/// A host process's pid inside its sandbox (the last of `NSpid`).
+fn inner_pid(host_pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{host_pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|l| l.split_whitespace().last())
+        .unwrap()
+        .to_string()
+}
+
 #[test]
 fn a_claim_has_the_process_the_first_exec_starts_in_made_again_and_that_exec_runs_in_it() {
     let s = Server::start_with("[pool]\ndefault = 0\nsizes = { xs = 1 }\n");
@@ -186,13 +197,7 @@ fn a_claim_has_the_process_the_first_exec_starts_in_made_again_and_that_exec_run
         !std::path::Path::new(&format!("/proc/{}", waiting[0])).exists()
     });
     // The first exec runs in the new one: its pid inside the sandbox is the shell's.
-    let status = std::fs::read_to_string(format!("/proc/{}/status", fresh[0])).unwrap();
-    let inner = status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .and_then(|l| l.split_whitespace().last())
-        .unwrap()
-        .to_string();
+    let inner = inner_pid(fresh[0]);
     assert_eq!(s.sh(&id, "echo $$")["stdout"], format!("{inner}\n"));
     // A sandbox's later commands are not affected: the next exec starts in a process made
     // when the first one ended, as always.
@@ -242,13 +247,7 @@ fn the_process_made_ahead_holds_no_heap_of_the_agents_and_confines_its_command()
             maps(waiting[0])
         );
         // The command runs in that process: its pid inside is the shell's.
-        let inner = std::fs::read_to_string(format!("/proc/{}/status", waiting[0]))
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("NSpid:"))
-            .and_then(|l| l.split_whitespace().last())
-            .unwrap()
-            .to_string();
+        let inner = inner_pid(waiting[0]);
         let (user, want) = if round % 2 == 0 {
             ("root", format!("{inner}\n0\n0\nCapInh:\t0000000000000000\nCapPrm:\t{root_caps}\nCapEff:\t{root_caps}\nCapBnd:\t{root_caps}\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n"))
         } else {
@@ -263,13 +262,7 @@ fn the_process_made_ahead_holds_no_heap_of_the_agents_and_confines_its_command()
         waiting = exec_group_processes(&id);
         waiting.len() == 1
     });
-    let inner = std::fs::read_to_string(format!("/proc/{}/status", waiting[0]))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .and_then(|l| l.split_whitespace().last())
-        .unwrap()
-        .to_string();
+    let inner = inner_pid(waiting[0]);
     // From a background process, which starts in a process of its own (an exec would start
     // in the waiting one).
     let p = s.post(
