@@ -420,11 +420,7 @@ unsafe fn child(
 ) -> ! {
     // The agent's handlers back to the default while every signal is still blocked (ignored
     // ones stay ignored, but for `SIGPIPE`; the mask is emptied below).
-    for sig in 1..=64 {
-        if handled & (1 << (sig - 1)) != 0 {
-            libc::signal(sig, libc::SIG_DFL);
-        }
-    }
+    crate::vspawn::default_handlers(handled);
     // Into the exec's cgroup first, while still the sandbox's root; a child that cannot join
     // exits without saying it is ready, and the exec forks as before.
     if libc::write(procs, b"0".as_ptr().cast(), 1) != 1 {

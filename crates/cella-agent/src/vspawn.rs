@@ -239,6 +239,19 @@ pub(crate) fn handled() -> u64 {
     })
 }
 
+/// Sets the signals of `handled` ([`handled`]) back to their default action, in a child
+/// between fork and exec (their handlers are the agent's, on its memory).
+///
+/// # Safety
+/// Only system calls: callable between fork and exec.
+pub(crate) unsafe fn default_handlers(handled: u64) {
+    for s in 1..=64 {
+        if handled & (1 << (s - 1)) != 0 {
+            libc::signal(s, libc::SIG_DFL);
+        }
+    }
+}
+
 /// What the child reads, made ready by the parent.
 struct Args<'a> {
     jail: &'a Jail,
@@ -495,11 +508,7 @@ unsafe fn put(fd: RawFd, to: RawFd) -> bool {
 unsafe fn child(a: &Args) -> ! {
     // Every handler back to the default while all signals are blocked (ignored ones stay
     // ignored, as across `execve`, but for `SIGPIPE`, which a spawned command gets back).
-    for s in 1..=64 {
-        if a.handled & (1 << (s - 1)) != 0 {
-            libc::signal(s, libc::SIG_DFL);
-        }
-    }
+    default_handlers(a.handled);
     let mut none: libc::sigset_t = std::mem::zeroed();
     libc::sigemptyset(&mut none);
     libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());

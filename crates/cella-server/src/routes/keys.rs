@@ -55,13 +55,7 @@ pub async fn list(
 ) -> Result<Json<List<ApiKey>>, ApiError> {
     let page = Page::take(&mut q)?;
     reject_unknown(&q)?;
-    let only = (!auth.operator).then_some(auth.workspace_id.as_str());
-    // The uses still being written first, then the store (`auth::KeyTouches`).
-    let pending = state.key_touches.snapshot();
-    let mut rows = state.store.list_keys(only, page.limit, page.cursor).await?;
-    for (_, k) in &mut rows {
-        crate::auth::KeyTouches::merge(&pending, k);
-    }
+    let rows = accounts::list_keys(&state, &auth, page.limit, page.cursor).await?;
     let next_cursor = (rows.len() == page.limit as usize)
         .then(|| cursor_for(rows.last().map(|r| r.0).unwrap_or(0)));
     Ok(Json(List {
@@ -80,9 +74,7 @@ pub async fn revoke(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<Json<Data<ApiKey>>, ApiError> {
-    let pending = state.key_touches.snapshot();
-    let mut row = accounts::revoke_key(&state, &auth, &id).await?;
-    crate::auth::KeyTouches::merge(&pending, &mut row);
+    let row = accounts::revoke_key(&state, &auth, &id).await?;
     Ok(Json(Data {
         data: to_wire(&row),
     }))

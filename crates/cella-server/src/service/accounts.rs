@@ -59,8 +59,28 @@ pub async fn create_key(
 }
 
 /// Revokes a key the caller manages; answers it as it was.
+/// The keys the caller manages (the operator: every workspace's), not revoked, a page of them
+/// with their cursors. Each shows its latest use, one whose write is still under way included
+/// ([`crate::auth::KeyTouches`]).
+pub async fn list_keys(
+    state: &AppState,
+    auth: &Auth,
+    limit: u32,
+    cursor: Option<i64>,
+) -> Result<Vec<(i64, KeyRow)>> {
+    let only = (!auth.operator).then_some(auth.workspace_id.as_str());
+    // The uses under way first, then the store: a write that lands in between is in the store.
+    let pending = state.key_touches.snapshot();
+    let mut rows = state.store.list_keys(only, limit, cursor).await?;
+    for (_, k) in &mut rows {
+        crate::auth::KeyTouches::merge(&pending, k);
+    }
+    Ok(rows)
+}
+
 pub async fn revoke_key(state: &AppState, auth: &Auth, id: &str) -> Result<KeyRow> {
-    let row = state
+    let pending = state.key_touches.snapshot();
+    let mut row = state
         .store
         .key(id)
         .await?
@@ -72,6 +92,7 @@ pub async fn revoke_key(state: &AppState, auth: &Auth, id: &str) -> Result<KeyRo
         ));
     }
     state.store.revoke_key(id, now_ms()).await?;
+    crate::auth::KeyTouches::merge(&pending, &mut row);
     Ok(row)
 }
 
