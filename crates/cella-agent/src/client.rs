@@ -472,6 +472,9 @@ pub struct PtyReader {
 #[derive(Debug)]
 pub enum PtyEvent {
     Output(Vec<u8>),
+    /// Something the agent could not do for the terminal (a resize that did not take), for the
+    /// node's log; the session goes on.
+    Problem(String),
     Exit(ExitInfo),
 }
 
@@ -499,6 +502,7 @@ impl PtyReader {
             Ok(Some((FrameKind::Stdout, d))) => Some(PtyEvent::Output(d)),
             Ok(Some((FrameKind::Json, body))) => match serde_json::from_slice(&body) {
                 Ok(Response::Exit(info)) => Some(PtyEvent::Exit(info)),
+                Ok(Response::Error { message, .. }) => Some(PtyEvent::Problem(message)),
                 _ => None,
             },
             _ => None,
@@ -597,6 +601,40 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
     use tokio::io::AsyncReadExt;
+
+    /// What the agent could not do for a terminal comes to the node as a problem, and the
+    /// session goes on to its output and exit.
+    #[tokio::test]
+    async fn a_terminals_problem_is_reported_and_the_session_goes_on() {
+        let (node, agent) = tokio::net::UnixStream::pair().unwrap();
+        let (half, _keep) = node.into_split();
+        let mut reader = PtyReader { half };
+        let (_rd, mut wr) = agent.into_split();
+        let problem = Response::Error {
+            kind: crate::proto::ErrorKind::Internal,
+            message: "resizing the terminal to 100x40: Interrupted".into(),
+        };
+        proto::write_json(&mut wr, &problem).await.unwrap();
+        proto::write_frame(&mut wr, FrameKind::Stdout, b"$ ")
+            .await
+            .unwrap();
+        let exit = ExitInfo {
+            exit_code: 3,
+            timed_out: false,
+            duration_ms: 1,
+            stdout_truncated: false,
+            stderr_truncated: false,
+        };
+        proto::write_json(&mut wr, &Response::Exit(exit))
+            .await
+            .unwrap();
+        match reader.next().await {
+            Some(PtyEvent::Problem(m)) => assert!(m.contains("100x40"), "{m}"),
+            other => panic!("expected the problem, got {other:?}"),
+        }
+        assert!(matches!(reader.next().await, Some(PtyEvent::Output(b)) if b == b"$ "));
+        assert!(matches!(reader.next().await, Some(PtyEvent::Exit(e)) if e.exit_code == 3));
+    }
 
     /// An agent that takes the command and never answers: the exec still ends, at the
     /// command's timeout plus the grace, as a timeout (the caller's 503), and the agent sees

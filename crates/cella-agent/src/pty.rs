@@ -14,18 +14,66 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::net::UnixStream;
 
-fn set_size(fd: &OwnedFd, cols: u16, rows: u16) {
+/// The terminal's size as (cols, rows); None if it cannot be read.
+fn size_of(fd: &OwnedFd) -> Option<(u16, u16)> {
+    let mut ws = Winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ into a winsize we own, on a terminal we own.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) };
+    (rc == 0).then_some((ws.ws_col, ws.ws_row))
+}
+
+/// Sets the terminal's size and reads it back; whether it changed, or what went wrong (for
+/// the node's log: nothing else would show a resize that did not take).
+fn set_size(fd: &OwnedFd, cols: u16, rows: u16) -> Result<bool, String> {
+    let before = size_of(fd);
     let ws = Winsize {
         ws_row: rows,
         ws_col: cols,
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    // SAFETY: TIOCSWINSZ with a valid winsize on a terminal we own.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) } != 0 {
-        // In the sandbox's log: a resize that did not take is otherwise silent.
-        let e = std::io::Error::last_os_error();
-        eprintln!("cella-agent: resizing a terminal to {cols}x{rows}: {e}");
+    let mut problem = String::new();
+    for _ in 0..3 {
+        // SAFETY: TIOCSWINSZ with a valid winsize on a terminal we own.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) } != 0 {
+            let e = std::io::Error::last_os_error();
+            problem = format!("resizing the terminal to {cols}x{rows}: {e}");
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(problem);
+        }
+        match size_of(fd) {
+            Some(now) if now == (cols, rows) => return Ok(before != Some(now)),
+            now => problem = format!("the terminal read {now:?} after a resize to {cols}x{rows}"),
+        }
+    }
+    Err(problem)
+}
+
+/// Sends `SIGWINCH` to every process group of the terminal's session (its leader `session`),
+/// where the kernel does not ([`crate::AgentConfig::signal_resize`]). Linux signals only the
+/// foreground group, but gVisor refuses `TIOCGPGRP` on the master to a process outside the
+/// session and shows no `tpgid` in `/proc`, so the agent cannot tell which group that is; a
+/// background job that did not ask for the signal ignores it (its default action).
+fn signal_resize(session: i32) {
+    let mut groups: Vec<i32> = crate::spawn::process_table()
+        .iter()
+        .filter(|p| p.sid == session)
+        .map(|p| p.pgid)
+        .collect();
+    groups.sort_unstable();
+    groups.dedup();
+    for g in groups {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(g),
+            nix::sys::signal::Signal::SIGWINCH,
+        );
     }
 }
 
@@ -65,8 +113,8 @@ async fn write_master(master: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::Re
 pub async fn run(
     stream: UnixStream,
     spec: ExecSpec,
-    cols: u16,
-    rows: u16,
+    (cols, rows): (u16, u16),
+    signal_resizes: bool,
     reaper: Arc<Reaper>,
     jail: Arc<Jail>,
 ) -> Result<(), ProtoError> {
@@ -149,8 +197,10 @@ pub async fn run(
         unsafe { AsyncFd::register(master) }.map_err(|e| std::io::Error::other(e.to_string()))?;
     let master = Arc::new(master);
 
-    // Keyboard input and resizes from the node.
+    // Keyboard input and resizes from the node; a resize that did not take goes back to it.
     let input_master = master.clone();
+    // Bounded: a client sending a flood of bad controls gets the first few reported.
+    let (problem_tx, mut problems) = tokio::sync::mpsc::channel::<String>(8);
     let mut input = tokio::spawn(async move {
         loop {
             match proto::read_frame(&mut rd).await {
@@ -161,10 +211,18 @@ pub async fn run(
                 }
                 Ok(Some((FrameKind::Json, body))) => match serde_json::from_slice(&body) {
                     Ok(PtyControl::Resize { cols, rows }) => {
-                        set_size(input_master.get_ref(), cols.max(1), rows.max(1));
+                        match set_size(input_master.get_ref(), cols.max(1), rows.max(1)) {
+                            Ok(true) if signal_resizes => signal_resize(pid),
+                            Ok(_) => {}
+                            Err(problem) => {
+                                let _ = problem_tx.try_send(problem);
+                            }
+                        }
                     }
-                    // In the sandbox's log: a control the agent does not know is otherwise lost.
-                    Err(e) => eprintln!("cella-agent: a terminal control it cannot read: {e}"),
+                    Err(e) => {
+                        let _ =
+                            problem_tx.try_send(format!("a terminal control it cannot read: {e}"));
+                    }
                 },
                 _ => return, // the node hung up
             }
@@ -179,6 +237,9 @@ pub async fn run(
                 Ok(n) if n > 0 => proto::write_frame(&mut wr, FrameKind::Stdout, &buf[..n]).await?,
                 // EIO: every program holding the terminal is gone.
                 _ => output_open = false,
+            },
+            Some(problem) = problems.recv() => {
+                proto::write_json(&mut wr, &refuse(ErrorKind::Internal, problem)).await?;
             },
             code = &mut exit_rx, if status.is_none() => {
                 status = Some(code.unwrap_or(255));

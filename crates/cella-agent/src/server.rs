@@ -51,6 +51,10 @@ pub struct AgentConfig {
     /// command sent right after the create any faster (the two wait on the same cold work) and
     /// slowed the create's `Ping`.
     pub warm_first_command: bool,
+    /// After a terminal's resize, sends `SIGWINCH` to the process groups of the terminal's
+    /// session ([`crate::pty`]). For a kernel that changes the size without the signal, as
+    /// gVisor's (runsc 20221219) does: there a full-screen program never learns of a resize.
+    pub signal_resize: bool,
 }
 
 /// Where the agent's socket is bound again after a `Quiesce`: `name` in the directory open as
@@ -195,6 +199,7 @@ async fn run(
                             cgroups: config.exec_cgroups.clone(),
                             quiesce: quiesce_tx.clone(),
                             refresh_standby: config.refresh_standby,
+                            signal_resize: config.signal_resize,
                         },
                     ));
                 }
@@ -324,6 +329,8 @@ struct Shared {
     quiesce: Option<tokio::sync::mpsc::Sender<UnixStream>>,
     /// [`AgentConfig::refresh_standby`].
     refresh_standby: bool,
+    /// [`AgentConfig::signal_resize`].
+    signal_resize: bool,
 }
 
 async fn handle(mut stream: UnixStream, shared: Shared) {
@@ -336,6 +343,7 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
         cgroups,
         quiesce,
         refresh_standby,
+        signal_resize,
     } = shared;
     let req = match proto::read_frame(&mut stream).await {
         Ok(Some((FrameKind::Json, body))) => serde_json::from_slice::<Request>(&body),
@@ -461,7 +469,7 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
             crate::watch::watch(&mut stream, path, recursive).await
         }
         Ok(Request::Pty { spec, cols, rows }) => {
-            pty::run(stream, spec, cols, rows, reaper, jail).await
+            pty::run(stream, spec, (cols, rows), signal_resize, reaper, jail).await
         }
         Ok(Request::Stat { path }) => {
             proto::write_json(&mut stream, &files::stat(path).await).await

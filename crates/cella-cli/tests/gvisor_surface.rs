@@ -137,11 +137,24 @@ fn a_terminal_session_on_gvisor() {
         }
     }
     if !seen {
-        // The agent logs a resize whose ioctl failed; runsc logs the sandbox's own trouble.
-        let log = std::fs::read_to_string(s.data_dir().join(format!("sandboxes/{id}/init.log")))
+        // The server logs a resize the agent could not make; runsc logs the sandbox's trouble.
+        let runsc = std::fs::read_to_string(s.data_dir().join(format!("gvisor/{id}/init.log")))
             .unwrap_or_default();
-        panic!("the terminal never took the new size 40x100; the sandbox's log:\n{log}");
+        // What every terminal's own side reads now (the agent checks the master's).
+        let sizes = s.post(
+            &format!("/api/v1/sandboxes/{id}/exec"),
+            json!({ "command": "for t in /dev/pts/[0-9]*; do echo $t $(stty -F $t size); done",
+                    "user": "root" }),
+        );
+        panic!(
+            "the terminal never took the new size 40x100; its size inside: {}\nthe server's log:\n{}\nrunsc's:\n{runsc}",
+            sizes.body,
+            s.log()
+        );
     }
+    // gVisor's kernel sends no SIGWINCH on a resize; the agent does, so a full-screen program
+    // redraws at the new size.
+    common::pty_resize_signals(&mut ws, 120, 50);
     pty_send(&mut ws, "exit\n");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -807,6 +807,23 @@ pub fn pty_send(ws: &mut Ws, text: &str) {
     .unwrap();
 }
 
+/// Resizes the terminal to `cols` x `rows` while a foreground program waits for `SIGWINCH`
+/// (as a full-screen program does) and checks that it got the signal and read the new size.
+pub fn pty_resize_signals(ws: &mut Ws, cols: u16, rows: u16) {
+    pty_send(
+        ws,
+        "sh -c 'trap \"stty size; exit 0\" WINCH; echo WAITING-$((6*7)); while :; do sleep 0.1; done'\n",
+    );
+    pty_read_until(ws, "WAITING-42");
+    ws.send(tungstenite::Message::Text(
+        serde_json::json!({ "resize": { "cols": cols, "rows": rows } })
+            .to_string()
+            .into(),
+    ))
+    .unwrap();
+    pty_read_until(ws, &format!("{rows} {cols}"));
+}
+
 /// Reads terminal output until `want` shows up (or fails after a while); returns all of it.
 pub fn pty_read_until(ws: &mut Ws, want: &str) -> String {
     match pty_read_until_or(ws, want, Duration::from_secs(15)) {

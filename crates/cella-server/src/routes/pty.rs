@@ -143,6 +143,8 @@ pub async fn pty(
                             return;
                         }
                     }
+                    // A resize that did not take: the session goes on, the operator can see it.
+                    PtyEvent::Problem(p) => tracing::warn!(sandbox = %id, "terminal: {p}"),
                     PtyEvent::Exit(info) => {
                         let msg = json!({ "exit": { "exit_code": info.exit_code } }).to_string();
                         let _ = ws_tx.send(Message::Text(msg.into())).await;
