@@ -212,7 +212,10 @@ pub async fn run(
                 Ok(Some((FrameKind::Json, body))) => match serde_json::from_slice(&body) {
                     Ok(PtyControl::Resize { cols, rows }) => {
                         match set_size(input_master.get_ref(), cols.max(1), rows.max(1)) {
-                            Ok(true) if signal_resizes => signal_resize(pid),
+                            // A scan of /proc: off the agent's async threads.
+                            Ok(true) if signal_resizes => {
+                                tokio::task::spawn_blocking(move || signal_resize(pid));
+                            }
                             Ok(_) => {}
                             Err(problem) => {
                                 let _ = problem_tx.try_send(problem);
