@@ -530,7 +530,13 @@ impl AgentClient {
         rows: u16,
     ) -> Result<(i32, PtyWriter, PtyReader), ClientError> {
         let mut s = self.connect().await?;
-        proto::write_json(&mut s, &Request::Pty { spec, cols, rows }).await?;
+        let req = Request::Pty {
+            spec,
+            cols,
+            rows,
+            report_problems: true,
+        };
+        proto::write_json(&mut s, &req).await?;
         let pid = match Self::answer(&mut s).await? {
             Response::Started { pid } => pid,
             _ => return Err(ClientError::Unexpected),

@@ -179,6 +179,11 @@ pub enum Request {
         spec: ExecSpec,
         cols: u16,
         rows: u16,
+        /// The node takes an `Error` frame during the session as a problem to log (a resize
+        /// that did not take), not as the end. Absent (false) from an older node, which would
+        /// hang up on one: the agent then sends none.
+        #[serde(default)]
+        report_problems: bool,
     },
     /// A code interpreter operation for `language`'s kernel (see `kernel.rs`); `spec` gives
     /// the user, environment and directory the kernel starts with if it has to. Answers `Code`.
@@ -461,6 +466,30 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A terminal request of an older node (no `report_problems`) still opens a terminal, with
+    /// no problem frames sent to it (it would take one for the end); a newer node asks for them.
+    #[test]
+    fn a_terminal_request_without_report_problems_is_read_as_false() {
+        let mut v = serde_json::to_value(Request::Pty {
+            spec: ExecSpec::default(),
+            cols: 80,
+            rows: 24,
+            report_problems: true,
+        })
+        .unwrap();
+        assert_eq!(v["report_problems"], true);
+        v.as_object_mut().unwrap().remove("report_problems");
+        match serde_json::from_value::<Request>(v).unwrap() {
+            Request::Pty {
+                cols: 80,
+                rows: 24,
+                report_problems,
+                ..
+            } => assert!(!report_problems),
+            other => panic!("read as {other:?}"),
+        }
+    }
 
     #[tokio::test]
     async fn frames_round_trip() {

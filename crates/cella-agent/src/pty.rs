@@ -27,8 +27,9 @@ fn size_of(fd: &OwnedFd) -> Option<(u16, u16)> {
     (rc == 0).then_some((ws.ws_col, ws.ws_row))
 }
 
-/// Sets the terminal's size and reads it back; whether it changed, or what went wrong (for
-/// the node's log: nothing else would show a resize that did not take).
+/// Sets the terminal's size and reads it back (a second try if it read otherwise); whether it
+/// changed, or what went wrong (for the node's log: nothing else would show a resize that did
+/// not take).
 fn set_size(fd: &OwnedFd, cols: u16, rows: u16) -> Result<bool, String> {
     let before = size_of(fd);
     let ws = Winsize {
@@ -37,34 +38,35 @@ fn set_size(fd: &OwnedFd, cols: u16, rows: u16) -> Result<bool, String> {
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    let mut problem = String::new();
-    for _ in 0..3 {
+    let mut read = None;
+    for _ in 0..2 {
         // SAFETY: TIOCSWINSZ with a valid winsize on a terminal we own.
         if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) } != 0 {
             let e = std::io::Error::last_os_error();
-            problem = format!("resizing the terminal to {cols}x{rows}: {e}");
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(problem);
+            return Err(format!("resizing the terminal to {cols}x{rows}: {e}"));
         }
-        match size_of(fd) {
-            Some(now) if now == (cols, rows) => return Ok(before != Some(now)),
-            now => problem = format!("the terminal read {now:?} after a resize to {cols}x{rows}"),
+        read = size_of(fd);
+        if read == Some((cols, rows)) {
+            return Ok(before != read);
         }
     }
-    Err(problem)
+    Err(format!(
+        "the terminal read {read:?} after a resize to {cols}x{rows}"
+    ))
 }
 
 /// Sends `SIGWINCH` to every process group of the terminal's session (its leader `session`),
 /// where the kernel does not ([`crate::AgentConfig::signal_resize`]). Linux signals only the
 /// foreground group, but gVisor refuses `TIOCGPGRP` on the master to a process outside the
 /// session and shows no `tpgid` in `/proc`, so the agent cannot tell which group that is; a
-/// background job that did not ask for the signal ignores it (its default action).
+/// background job that did not ask for the signal ignores it (its default action). Only groups
+/// of that session: a process can join a group of its own session only.
 fn signal_resize(session: i32) {
+    // SAFETY: getpgrp has no preconditions.
+    let own = unsafe { libc::getpgrp() };
     let mut groups: Vec<i32> = crate::spawn::process_table()
         .iter()
-        .filter(|p| p.sid == session)
+        .filter(|p| p.sid == session && p.pgid > 1 && p.pgid != own)
         .map(|p| p.pgid)
         .collect();
     groups.sort_unstable();
@@ -76,6 +78,59 @@ fn signal_resize(session: i32) {
         );
     }
 }
+
+/// The `SIGWINCH`es of one terminal ([`signal_resize`]): at most one scan of `/proc` runs and
+/// one waits, however fast resizes come, and none starts once the session is over (its
+/// leader's pid may then be another's).
+#[derive(Default)]
+struct Winches {
+    /// A scan is asked for and has not started yet.
+    pending: std::sync::atomic::AtomicBool,
+    /// The scan running (its task), so that the next waits for it.
+    running: std::sync::Mutex<()>,
+    ended: std::sync::atomic::AtomicBool,
+}
+
+impl Winches {
+    fn ask(self: &Arc<Self>, session: i32) {
+        use std::sync::atomic::Ordering;
+        if self.pending.swap(true, Ordering::SeqCst) {
+            return; // the waiting scan will see this resize too
+        }
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let _one = this.running.lock();
+            this.pending.store(false, Ordering::SeqCst);
+            if !this.ended.load(Ordering::SeqCst) {
+                signal_resize(session);
+            }
+        });
+    }
+}
+
+/// Marks a terminal's [`Winches`] over when dropped (however its session ends).
+struct Ended(Arc<Winches>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0
+            .ended
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// How a terminal is opened ([`proto::Request::Pty`] and the agent's configuration).
+pub struct Options {
+    /// (cols, rows) at the start.
+    pub size: (u16, u16),
+    /// [`proto::Request::Pty`]'s `report_problems`.
+    pub report_problems: bool,
+    /// [`crate::AgentConfig::signal_resize`].
+    pub signal_resize: bool,
+}
+
+/// The most problems one terminal reports to the node (each is a line in its log).
+const MAX_PROBLEMS: usize = 8;
 
 fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
     let flags = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL)?;
@@ -113,12 +168,12 @@ async fn write_master(master: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::Re
 pub async fn run(
     stream: UnixStream,
     spec: ExecSpec,
-    (cols, rows): (u16, u16),
-    signal_resizes: bool,
+    opts: Options,
     reaper: Arc<Reaper>,
     jail: Arc<Jail>,
 ) -> Result<(), ProtoError> {
     let (mut rd, mut wr) = stream.into_split();
+    let (cols, rows) = opts.size;
     let refuse = |kind, message: String| Response::Error { kind, message };
     if spec.argv.is_empty() {
         return proto::write_json(
@@ -199,9 +254,18 @@ pub async fn run(
 
     // Keyboard input and resizes from the node; a resize that did not take goes back to it.
     let input_master = master.clone();
-    // Bounded: a client sending a flood of bad controls gets the first few reported.
-    let (problem_tx, mut problems) = tokio::sync::mpsc::channel::<String>(8);
+    let (problem_tx, mut problems) = tokio::sync::mpsc::channel::<String>(MAX_PROBLEMS);
+    let winches = Arc::new(Winches::default());
+    let input_winches = winches.clone();
+    let _ended = Ended(winches);
     let mut input = tokio::spawn(async move {
+        let mut reported = 0;
+        let mut report = |problem: String| {
+            if opts.report_problems && reported < MAX_PROBLEMS {
+                reported += 1;
+                let _ = problem_tx.try_send(problem);
+            }
+        };
         loop {
             match proto::read_frame(&mut rd).await {
                 Ok(Some((FrameKind::Data, data))) => {
@@ -211,21 +275,19 @@ pub async fn run(
                 }
                 Ok(Some((FrameKind::Json, body))) => match serde_json::from_slice(&body) {
                     Ok(PtyControl::Resize { cols, rows }) => {
-                        match set_size(input_master.get_ref(), cols.max(1), rows.max(1)) {
-                            // A scan of /proc: off the agent's async threads.
-                            Ok(true) if signal_resizes => {
-                                tokio::task::spawn_blocking(move || signal_resize(pid));
-                            }
-                            Ok(_) => {}
-                            Err(problem) => {
-                                let _ = problem_tx.try_send(problem);
-                            }
+                        let changed =
+                            match set_size(input_master.get_ref(), cols.max(1), rows.max(1)) {
+                                Ok(changed) => changed,
+                                Err(problem) => {
+                                    report(problem);
+                                    true // perhaps: the programs look for themselves
+                                }
+                            };
+                        if changed && opts.signal_resize {
+                            input_winches.ask(pid);
                         }
                     }
-                    Err(e) => {
-                        let _ =
-                            problem_tx.try_send(format!("a terminal control it cannot read: {e}"));
-                    }
+                    Err(e) => report(format!("a terminal control it cannot read: {e}")),
                 },
                 _ => return, // the node hung up
             }

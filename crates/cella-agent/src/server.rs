@@ -468,8 +468,18 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
         Ok(Request::Watch { path, recursive }) => {
             crate::watch::watch(&mut stream, path, recursive).await
         }
-        Ok(Request::Pty { spec, cols, rows }) => {
-            pty::run(stream, spec, (cols, rows), signal_resize, reaper, jail).await
+        Ok(Request::Pty {
+            spec,
+            cols,
+            rows,
+            report_problems,
+        }) => {
+            let opts = pty::Options {
+                size: (cols, rows),
+                report_problems,
+                signal_resize,
+            };
+            pty::run(stream, spec, opts, reaper, jail).await
         }
         Ok(Request::Stat { path }) => {
             proto::write_json(&mut stream, &files::stat(path).await).await

@@ -153,8 +153,32 @@ fn a_terminal_session_on_gvisor() {
         );
     }
     // gVisor's kernel sends no SIGWINCH on a resize; the agent does, so a full-screen program
-    // redraws at the new size.
+    // redraws at the new size. A program of another session (a background process of the
+    // API) waiting for the signal too gets none: only the terminal's own are signalled.
+    let other = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        json!({ "command": "trap 'echo WRONG > /tmp/winch-other' WINCH; echo up > /tmp/other-up; while :; do sleep 0.1; done" }),
+    );
+    assert_eq!(other.status, 201, "{}", other.body);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while s
+        .post(
+            &format!("/api/v1/sandboxes/{id}/exec"),
+            json!({ "command": "test -e /tmp/other-up" }),
+        )
+        .data()["exit_code"]
+        != 0
+    {
+        assert!(Instant::now() < deadline, "the other process never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     common::pty_resize_signals(&mut ws, 120, 50);
+    std::thread::sleep(Duration::from_millis(500));
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/exec"),
+        json!({ "command": "cat /tmp/winch-other 2>/dev/null || echo none" }),
+    );
+    assert_eq!(r.data()["stdout"], "none\n", "{}", r.body);
     pty_send(&mut ws, "exit\n");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -808,7 +808,8 @@ pub fn pty_send(ws: &mut Ws, text: &str) {
 }
 
 /// Resizes the terminal to `cols` x `rows` while a foreground program waits for `SIGWINCH`
-/// (as a full-screen program does) and checks that it got the signal and read the new size.
+/// (as a full-screen program does) and checks that it got the signal and read the new size
+/// (the agent signals once the size reads back as set); the program then ends.
 pub fn pty_resize_signals(ws: &mut Ws, cols: u16, rows: u16) {
     pty_send(
         ws,

@@ -27,6 +27,9 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use std::sync::Arc;
 
+/// The most problems of one terminal the server logs (the agent sends at most 8).
+const MAX_PROBLEMS_LOGGED: usize = 8;
+
 /// Open an interactive terminal (a login `bash`, or `sh` where bash is absent, unless `command`
 /// says otherwise). Scope `sandboxes:exec`.
 #[utoipa::path(get, path = "/api/v1/sandboxes/{id}/pty", tag = "processes",
@@ -136,6 +139,7 @@ pub async fn pty(
             // Dropping the writer hangs the terminal up.
         };
         let from_agent = async {
+            let mut problems = 0;
             while let Some(ev) = reader.next().await {
                 match ev {
                     PtyEvent::Output(b) => {
@@ -144,7 +148,14 @@ pub async fn pty(
                         }
                     }
                     // A resize that did not take: the session goes on, the operator can see it.
-                    PtyEvent::Problem(p) => tracing::warn!(sandbox = %id, "terminal: {p}"),
+                    // The agent's words are the sandbox's: a few lines, cut short, escaped.
+                    PtyEvent::Problem(p) => {
+                        problems += 1;
+                        if problems <= MAX_PROBLEMS_LOGGED {
+                            let p: String = p.chars().take(200).collect();
+                            tracing::warn!(sandbox = %id, problem = ?p, "terminal");
+                        }
+                    }
                     PtyEvent::Exit(info) => {
                         let msg = json!({ "exit": { "exit_code": info.exit_code } }).to_string();
                         let _ = ws_tx.send(Message::Text(msg.into())).await;
