@@ -1,4 +1,8 @@
 //! Terminals: a program on a new pseudo-terminal, relayed over the agent connection.
+//!
+//! Where the kernel sends no signals for a terminal (gVisor's), a signaller process in the
+//! terminal's session sends them for the agent ([`start_signaller`]); a resize is read back,
+//! and one that did not take goes to the node as a problem for its log.
 
 use crate::harden::Jail;
 use crate::proto::{
@@ -6,7 +10,7 @@ use crate::proto::{
 };
 use crate::spawn::{cwd_problem, kill_tree, spawn_failure, Reaper};
 use nix::pty::{openpty, Winsize};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -55,67 +59,115 @@ fn set_size(fd: &OwnedFd, cols: u16, rows: u16) -> Result<bool, String> {
     ))
 }
 
-/// Sends `SIGWINCH` to every process group of the terminal's session (its leader `session`),
-/// where the kernel does not ([`crate::AgentConfig::signal_resize`]). Linux signals only the
-/// foreground group, but gVisor refuses `TIOCGPGRP` on the master to a process outside the
-/// session and shows no `tpgid` in `/proc`, so the agent cannot tell which group that is; a
-/// background job that did not ask for the signal ignores it (its default action). Only groups
-/// of that session: a process can join a group of its own session only.
-fn signal_resize(session: i32) {
-    // SAFETY: getpgrp has no preconditions.
-    let own = unsafe { libc::getpgrp() };
-    let mut groups: Vec<i32> = crate::spawn::process_table()
-        .iter()
-        .filter(|p| p.sid == session && p.pgid > 1 && p.pgid != own)
-        .map(|p| p.pgid)
-        .collect();
-    groups.sort_unstable();
-    groups.dedup();
-    for g in groups {
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(g),
-            nix::sys::signal::Signal::SIGWINCH,
-        );
-    }
-}
+/// What the agent asks of a terminal's signaller: one byte per signal.
+const ASK_INT: u8 = b'I';
+const ASK_QUIT: u8 = b'Q';
+const ASK_TSTP: u8 = b'Z';
+const ASK_WINCH: u8 = b'W';
+/// The program ended: the signaller lets go of the terminal, so its last output is read to
+/// the end (EIO) without a wait.
+const ASK_END: u8 = b'X';
 
-/// The `SIGWINCH`es of one terminal ([`signal_resize`]): at most one scan of `/proc` runs and
-/// one waits, however fast resizes come, and none starts once the session is over (its
-/// leader's pid may then be another's).
-#[derive(Default)]
-struct Winches {
-    /// A scan is asked for and has not started yet.
-    pending: std::sync::atomic::AtomicBool,
-    /// The scan running (its task), so that the next waits for it.
-    running: std::sync::Mutex<()>,
-    ended: std::sync::atomic::AtomicBool,
-}
-
-impl Winches {
-    fn ask(self: &Arc<Self>, session: i32) {
-        use std::sync::atomic::Ordering;
-        if self.pending.swap(true, Ordering::SeqCst) {
-            return; // the waiting scan will see this resize too
+/// Starts the terminal's signaller, where the kernel sends no signals for a terminal
+/// ([`crate::AgentConfig::terminal_signals`]: gVisor's, runsc 20221219, neither `SIGWINCH` on a
+/// resize nor `SIGINT`, `SIGQUIT`, `SIGTSTP` for `^C`, `^\`, `^Z`). Only a process of the
+/// terminal's session may ask which process group is in its foreground (gVisor refuses
+/// `TIOCGPGRP` to others and shows no `tpgid` in `/proc`), so the signaller is one: forked
+/// twice from the program's process once its session, controlling terminal and jail are set
+/// (so it has the program's rights and no more), in a process group of its own (the signals it
+/// sends are not its own), holding nothing but the terminal (as standard input) and the read
+/// end of `asks`. For each byte it reads it asks for the foreground group and signals it, as
+/// the kernel would; it ends when the program does ([`ASK_END`]) or the agent closes its end.
+///
+/// # Safety
+/// Only system calls: called between fork and exec (`pre_exec`), with `handled` from
+/// [`crate::vspawn::handled`].
+unsafe fn start_signaller(asks: RawFd, handled: u64) {
+    // Every signal blocked until the signaller has set the agent's handlers back to the
+    // default (a copy of one would act on the agent's descriptors).
+    let mut all: libc::sigset_t = std::mem::zeroed();
+    let mut was: libc::sigset_t = std::mem::zeroed();
+    libc::sigfillset(&mut all);
+    libc::sigprocmask(libc::SIG_SETMASK, &all, &mut was);
+    let pid = libc::fork();
+    if pid != 0 {
+        libc::sigprocmask(libc::SIG_SETMASK, &was, std::ptr::null_mut());
+        if pid > 0 {
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
         }
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let _one = this.running.lock();
-            this.pending.store(false, Ordering::SeqCst);
-            if !this.ended.load(Ordering::SeqCst) {
-                signal_resize(session);
-            }
-        });
+        return;
+    }
+    if libc::fork() != 0 {
+        libc::_exit(0); // the signaller is nobody's child but init's
+    }
+    crate::vspawn::default_handlers(handled);
+    let mut none: libc::sigset_t = std::mem::zeroed();
+    libc::sigemptyset(&mut none);
+    libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    libc::setpgid(0, 0);
+    libc::prctl(libc::PR_SET_NAME, c"cella-tty".as_ptr());
+    // Standard input, the terminal, is kept: gVisor answers `TIOCGPGRP` there only (neither
+    // on the master nor on `/dev/tty`, EIO).
+    libc::close(1);
+    libc::close(2);
+    crate::standby::close_all_but(&[asks]);
+    loop {
+        let mut ask = 0u8;
+        let n = libc::read(asks, (&mut ask as *mut u8).cast(), 1);
+        if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
+            libc::_exit(0);
+        }
+        let sig = match ask {
+            ASK_INT => libc::SIGINT,
+            ASK_QUIT => libc::SIGQUIT,
+            ASK_TSTP => libc::SIGTSTP,
+            ASK_WINCH => libc::SIGWINCH,
+            ASK_END => libc::_exit(0),
+            _ => continue,
+        };
+        let group = libc::tcgetpgrp(0);
+        if group > 1 {
+            libc::kill(-group, sig);
+        }
     }
 }
 
-/// Marks a terminal's [`Winches`] over when dropped (however its session ends).
-struct Ended(Arc<Winches>);
+/// The agent's end of a terminal's signaller ([`start_signaller`]).
+struct Signaller(OwnedFd);
 
-impl Drop for Ended {
-    fn drop(&mut self) {
-        self.0
-            .ended
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+impl Signaller {
+    /// Asks for one signal; dropped if the signaller is behind by a pipe's worth.
+    fn ask(&self, ask: u8) {
+        // SAFETY: a write of one byte from our own buffer to a descriptor we own.
+        unsafe { libc::write(self.0.as_raw_fd(), (&ask as *const u8).cast(), 1) };
+    }
+
+    /// Sends `data` to the terminal as the kernel's line discipline would with `ISIG` set:
+    /// its interrupt, quit and suspend characters become signals, the rest is typed in.
+    async fn input(&self, master: &AsyncFd<OwnedFd>, data: &[u8]) -> std::io::Result<()> {
+        let keys = match nix::sys::termios::tcgetattr(master.get_ref()) {
+            Ok(t) if t.local_flags.contains(nix::sys::termios::LocalFlags::ISIG) => {
+                use nix::sys::termios::SpecialCharacterIndices as I;
+                [
+                    (t.control_chars[I::VINTR as usize], ASK_INT),
+                    (t.control_chars[I::VQUIT as usize], ASK_QUIT),
+                    (t.control_chars[I::VSUSP as usize], ASK_TSTP),
+                ]
+            }
+            _ => return write_master(master, data).await,
+        };
+        let mut rest = data;
+        while let Some(at) = rest
+            .iter()
+            .position(|b| *b != 0 && keys.iter().any(|(k, _)| k == b))
+        {
+            write_master(master, &rest[..at]).await?;
+            if let Some((_, ask)) = keys.iter().find(|(k, _)| *k == rest[at]) {
+                self.ask(*ask);
+            }
+            rest = &rest[at + 1..];
+        }
+        write_master(master, rest).await
     }
 }
 
@@ -125,8 +177,8 @@ pub struct Options {
     pub size: (u16, u16),
     /// [`proto::Request::Pty`]'s `report_problems`.
     pub report_problems: bool,
-    /// [`crate::AgentConfig::signal_resize`].
-    pub signal_resize: bool,
+    /// [`crate::AgentConfig::terminal_signals`].
+    pub terminal_signals: bool,
 }
 
 /// The most problems one terminal reports to the node (each is a line in its log).
@@ -211,6 +263,13 @@ pub async fn run(
         .stderr(Stdio::from(slave));
     let (uid, gid) = (spec.uid, spec.gid);
     let j = jail.clone();
+    // The signaller's pipe: its read end goes to the signaller only (close-on-exec here).
+    let signaller = match opts.terminal_signals {
+        true => Some(crate::standby::pipe().ok_or_else(std::io::Error::last_os_error)?),
+        false => None,
+    };
+    let asks = signaller.as_ref().map(|(rd, _)| rd.as_raw_fd());
+    let handled = crate::vspawn::handled();
     // SAFETY: only system calls between fork and exec (see `spawn::command`).
     unsafe {
         cmd.pre_exec(move || {
@@ -222,7 +281,11 @@ pub async fn run(
                 libc::write(fd, b"0".as_ptr().cast(), 1);
                 libc::close(fd);
             }
-            j.enter(uid, gid)
+            j.enter(uid, gid)?;
+            if let Some(asks) = asks {
+                start_signaller(asks, handled);
+            }
+            Ok(())
         });
     }
     let started = Instant::now();
@@ -242,6 +305,11 @@ pub async fn run(
         }
     };
     drop(cmd); // closes the agent's copies of the terminal's slave side
+    let signaller = match signaller {
+        // and of the signaller's end; the agent's never waits for it
+        Some((_, wr)) => Some(Arc::new(Signaller(set_nonblocking(&wr).map(|()| wr)?))),
+        None => None,
+    };
     let pid = child.id() as i32;
     drop(child);
     let mut exit_rx = reaper.register(pid);
@@ -255,10 +323,9 @@ pub async fn run(
     // Keyboard input and resizes from the node; a resize that did not take goes back to it.
     let input_master = master.clone();
     let (problem_tx, mut problems) = tokio::sync::mpsc::channel::<String>(MAX_PROBLEMS);
-    let winches = Arc::new(Winches::default());
-    let input_winches = winches.clone();
-    let _ended = Ended(winches);
+    let input_signaller = signaller.clone();
     let mut input = tokio::spawn(async move {
+        let signaller = input_signaller;
         let mut reported = 0;
         let mut report = |problem: String| {
             if opts.report_problems && reported < MAX_PROBLEMS {
@@ -269,7 +336,11 @@ pub async fn run(
         loop {
             match proto::read_frame(&mut rd).await {
                 Ok(Some((FrameKind::Data, data))) => {
-                    if write_master(&input_master, &data).await.is_err() {
+                    let typed = match &signaller {
+                        Some(s) => s.input(&input_master, &data).await,
+                        None => write_master(&input_master, &data).await,
+                    };
+                    if typed.is_err() {
                         return;
                     }
                 }
@@ -283,8 +354,8 @@ pub async fn run(
                                     true // perhaps: the programs look for themselves
                                 }
                             };
-                        if changed && opts.signal_resize {
-                            input_winches.ask(pid);
+                        if let (true, Some(s)) = (changed, &signaller) {
+                            s.ask(ASK_WINCH);
                         }
                     }
                     Err(e) => report(format!("a terminal control it cannot read: {e}")),
@@ -308,6 +379,9 @@ pub async fn run(
             },
             code = &mut exit_rx, if status.is_none() => {
                 status = Some(code.unwrap_or(255));
+                if let Some(s) = &signaller {
+                    s.ask(ASK_END);
+                }
                 // Give the last output a moment to arrive, then finish.
                 let deadline = tokio::time::sleep(Duration::from_millis(100));
                 tokio::pin!(deadline);

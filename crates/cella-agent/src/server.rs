@@ -51,10 +51,11 @@ pub struct AgentConfig {
     /// command sent right after the create any faster (the two wait on the same cold work) and
     /// slowed the create's `Ping`.
     pub warm_first_command: bool,
-    /// After a terminal's resize, sends `SIGWINCH` to the process groups of the terminal's
-    /// session ([`crate::pty`]). For a kernel that changes the size without the signal, as
-    /// gVisor's (runsc 20221219) does: there a full-screen program never learns of a resize.
-    pub signal_resize: bool,
+    /// Sends a terminal's signals itself ([`crate::pty`]'s signaller): `SIGWINCH` on a resize,
+    /// `SIGINT`, `SIGQUIT` and `SIGTSTP` for the interrupt, quit and suspend keys. For a kernel
+    /// that sends none of them, as gVisor's (runsc 20221219): there `^C` would not stop a
+    /// program, nor would a full-screen program learn of a resize.
+    pub terminal_signals: bool,
 }
 
 /// Where the agent's socket is bound again after a `Quiesce`: `name` in the directory open as
@@ -199,7 +200,7 @@ async fn run(
                             cgroups: config.exec_cgroups.clone(),
                             quiesce: quiesce_tx.clone(),
                             refresh_standby: config.refresh_standby,
-                            signal_resize: config.signal_resize,
+                            terminal_signals: config.terminal_signals,
                         },
                     ));
                 }
@@ -329,8 +330,8 @@ struct Shared {
     quiesce: Option<tokio::sync::mpsc::Sender<UnixStream>>,
     /// [`AgentConfig::refresh_standby`].
     refresh_standby: bool,
-    /// [`AgentConfig::signal_resize`].
-    signal_resize: bool,
+    /// [`AgentConfig::terminal_signals`].
+    terminal_signals: bool,
 }
 
 async fn handle(mut stream: UnixStream, shared: Shared) {
@@ -343,7 +344,7 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
         cgroups,
         quiesce,
         refresh_standby,
-        signal_resize,
+        terminal_signals,
     } = shared;
     let req = match proto::read_frame(&mut stream).await {
         Ok(Some((FrameKind::Json, body))) => serde_json::from_slice::<Request>(&body),
@@ -477,7 +478,7 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
             let opts = pty::Options {
                 size: (cols, rows),
                 report_problems,
-                signal_resize,
+                terminal_signals,
             };
             pty::run(stream, spec, opts, reaper, jail).await
         }

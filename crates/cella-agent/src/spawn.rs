@@ -312,15 +312,14 @@ pub(crate) fn kill_tree(pid: i32) {
     let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
 }
 
-pub(crate) struct ProcInfo {
-    pub(crate) pid: i32,
-    pub(crate) ppid: i32,
-    pub(crate) pgid: i32,
-    pub(crate) sid: i32,
+struct ProcInfo {
+    pid: i32,
+    ppid: i32,
+    pgid: i32,
+    sid: i32,
 }
 
-/// Every process the agent can see in `/proc`.
-pub(crate) fn process_table() -> Vec<ProcInfo> {
+fn process_table() -> Vec<ProcInfo> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };

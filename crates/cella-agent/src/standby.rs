@@ -111,7 +111,8 @@ pub(crate) struct Standby {
 unsafe impl Send for Standby {}
 unsafe impl Sync for Standby {}
 
-fn pipe() -> Option<(OwnedFd, OwnedFd)> {
+/// A pipe, both ends close-on-exec.
+pub(crate) fn pipe() -> Option<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: a plain system call filling `fds`.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -121,11 +122,15 @@ fn pipe() -> Option<(OwnedFd, OwnedFd)> {
     Some(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// The `last` of a `close_range` that reaches every descriptor: Linux takes any number and
+/// stops at its table's end, gVisor refuses one past `i32::MAX` (EINVAL: nothing closed).
+pub(crate) const LAST_FD: u32 = i32::MAX as u32;
+
 /// Closes every descriptor from 3 up but those in `keep` (sorted).
 ///
 /// # Safety
 /// Only system calls: callable between fork and exec.
-unsafe fn close_all_but(keep: &[RawFd]) {
+pub(crate) unsafe fn close_all_but(keep: &[RawFd]) {
     let mut from: u32 = 3;
     for &k in keep {
         let k = k as u32;
@@ -134,7 +139,7 @@ unsafe fn close_all_but(keep: &[RawFd]) {
         }
         from = from.max(k + 1);
     }
-    libc::syscall(libc::SYS_close_range, from, u32::MAX, 0u32);
+    libc::syscall(libc::SYS_close_range, from, LAST_FD, 0u32);
 }
 
 impl Standby {

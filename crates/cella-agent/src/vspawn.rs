@@ -530,7 +530,7 @@ unsafe fn child(a: &Args) -> ! {
     libc::syscall(
         libc::SYS_close_range,
         3u32,
-        u32::MAX,
+        crate::standby::LAST_FD,
         libc::CLOSE_RANGE_CLOEXEC,
     );
     if libc::chdir(a.cwd.as_ptr()) != 0 {

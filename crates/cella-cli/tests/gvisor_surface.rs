@@ -40,6 +40,13 @@ fn streamed_exec_and_background_processes_on_gvisor() {
     let s = Server::start();
     let id = create_gvisor(&s);
 
+    // A command holds no descriptor of the agent's: its three streams, and the listing's own.
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/exec"),
+        json!({ "command": common::LIST_OWN_FDS }),
+    );
+    assert_eq!(r.data()["stdout"], "[0, 1, 2, 3]\n", "{}", r.body);
+
     // Streamed exec: stdout and stderr as they come, then the exit code.
     let r = s.post(
         &format!("/api/v1/sandboxes/{id}/exec/stream"),
@@ -179,6 +186,23 @@ fn a_terminal_session_on_gvisor() {
         json!({ "command": "cat /tmp/winch-other 2>/dev/null || echo none" }),
     );
     assert_eq!(r.data()["stdout"], "none\n", "{}", r.body);
+    // Job control keys, which gVisor's kernel types in as bytes: the agent's signaller sends
+    // their signals to the foreground job. ^Z stops it (the shell lists it as stopped), ^C
+    // ends one; the shell reads what was typed meanwhile.
+    pty_send(&mut ws, "sleep 301\n");
+    std::thread::sleep(Duration::from_millis(500));
+    pty_send(&mut ws, "\x1a");
+    pty_send(&mut ws, "jobs; echo listed-$((6*7))\n");
+    let jobs = pty_read_until(&mut ws, "listed-42");
+    assert!(jobs.contains("Stopped"), "^Z did not stop the job: {jobs}");
+    pty_send(&mut ws, "kill -9 %1; sleep 302; echo SLEPT\n");
+    std::thread::sleep(Duration::from_millis(500));
+    pty_send(&mut ws, "\x03");
+    pty_send(&mut ws, "echo back-$((40+2))\n");
+    let back = pty_read_until(&mut ws, "back-42");
+    assert!(!back.contains("\nSLEPT"), "^C did not end the job: {back}");
+    // Neither the signaller's pipe nor anything else of the agent's reaches the shell's programs.
+    common::pty_only_standard_fds(&mut ws);
     pty_send(&mut ws, "exit\n");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -33,6 +33,7 @@ fn an_interactive_shell_session() {
     read_until(&mut ws, "40 100");
     // A full-screen program hears of a resize (SIGWINCH) and reads the new size.
     common::pty_resize_signals(&mut ws, 120, 50);
+    common::pty_only_standard_fds(&mut ws);
     // Job control: a background job, listed, brought back, interrupted with ^C.
     send(&mut ws, "sleep 300 &\n");
     send(&mut ws, "jobs\n");

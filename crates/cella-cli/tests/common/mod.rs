@@ -825,6 +825,17 @@ pub fn pty_resize_signals(ws: &mut Ws, cols: u16, rows: u16) {
     pty_read_until(ws, &format!("{rows} {cols}"));
 }
 
+/// A command listing its own descriptors (gVisor's `ls /proc/self/fd` fails with EINVAL).
+pub const LIST_OWN_FDS: &str =
+    "python3 -c \"import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))\"";
+
+/// Checks that a program of the terminal holds no descriptor of the agent's: only the terminal
+/// (0-2) and the one Python opens to list them (3).
+pub fn pty_only_standard_fds(ws: &mut Ws) {
+    pty_send(ws, &format!("{LIST_OWN_FDS}\n"));
+    pty_read_until(ws, "[0, 1, 2, 3]");
+}
+
 /// Reads terminal output until `want` shows up (or fails after a while); returns all of it.
 pub fn pty_read_until(ws: &mut Ws, want: &str) -> String {
     match pty_read_until_or(ws, want, Duration::from_secs(15)) {

@@ -1982,8 +1982,8 @@ pub fn agent_main(nofile: u64) -> i32 {
             // No exec cgroups, so no process waits for the next exec.
             refresh_standby: false,
             warm_first_command: true,
-            // gVisor's kernel changes the size without it.
-            signal_resize: true,
+            // gVisor's kernel sends no terminal signals.
+            terminal_signals: true,
         },
     )
 }

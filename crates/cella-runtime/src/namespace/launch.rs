@@ -438,8 +438,8 @@ fn init_main(
             refresh_standby: cfg.fast_cgroup_moves,
             // A namespace sandbox's first command is as fast as the next ones.
             warm_first_command: false,
-            // Linux sends SIGWINCH itself on a resize.
-            signal_resize: false,
+            // Linux sends a terminal's signals itself.
+            terminal_signals: false,
         },
     )
 }
