@@ -72,45 +72,41 @@ const ASK_END: u8 = b'X';
 /// ([`crate::AgentConfig::terminal_signals`]: gVisor's, runsc 20221219, neither `SIGWINCH` on a
 /// resize nor `SIGINT`, `SIGQUIT`, `SIGTSTP` for `^C`, `^\`, `^Z`). Only a process of the
 /// terminal's session may ask which process group is in its foreground (gVisor refuses
-/// `TIOCGPGRP` to others and shows no `tpgid` in `/proc`), so the signaller is one: forked
-/// twice from the program's process once its session, controlling terminal and jail are set
-/// (so it has the program's rights and no more), in a process group of its own (the signals it
-/// sends are not its own), holding nothing but the terminal (as standard input) and the read
-/// end of `asks`. For each byte it reads it asks for the foreground group and signals it, as
-/// the kernel would; it ends when the program does ([`ASK_END`]) or the agent closes its end.
+/// `TIOCGPGRP` to others and shows no `tpgid` in `/proc`), so the signaller is one: cloned
+/// from the program's process once its session, controlling terminal and jail are set (so it
+/// has the program's rights and no more; not dumpable, as the jail leaves it), in a process
+/// group of its own (the signals it sends are not its own), holding nothing but the terminal
+/// (as standard input) and the read end of `asks`. For each byte it reads it asks for the
+/// foreground group and signals it, as the kernel would; it ends when the program does
+/// ([`ASK_END`]) or the agent closes its end. Unlike Linux it neither echoes the key (`^C`)
+/// nor discards what was typed ahead and not yet read: the signal is not ordered with the
+/// bytes typed after the key, which a discard could then take.
 ///
 /// # Safety
 /// Only system calls: called between fork and exec (`pre_exec`), with `handled` from
 /// [`crate::vspawn::handled`].
 unsafe fn start_signaller(asks: RawFd, handled: u64) {
-    // Every signal blocked until the signaller has set the agent's handlers back to the
-    // default (a copy of one would act on the agent's descriptors).
-    let mut all: libc::sigset_t = std::mem::zeroed();
-    let mut was: libc::sigset_t = std::mem::zeroed();
-    libc::sigfillset(&mut all);
-    libc::sigprocmask(libc::SIG_SETMASK, &all, &mut was);
-    let pid = libc::fork();
-    if pid != 0 {
-        libc::sigprocmask(libc::SIG_SETMASK, &was, std::ptr::null_mut());
-        if pid > 0 {
-            libc::waitpid(pid, std::ptr::null_mut(), 0);
-        }
+    // The agent's handlers off first (this process execs next, which would drop them anyway):
+    // neither it nor the signaller may run a copy of one.
+    crate::vspawn::default_handlers(handled);
+    // A sibling, not a child (`CLONE_PARENT`): nothing here waits for it, and the agent reaps
+    // it. Otherwise as `fork` (the same stack, copied).
+    let flags = (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong;
+    if libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) != 0 {
         return;
     }
-    if libc::fork() != 0 {
-        libc::_exit(0); // the signaller is nobody's child but init's
-    }
-    crate::vspawn::default_handlers(handled);
+    // First of all the agent's descriptors, the spawn's exec-status pipe among them (the
+    // agent's spawn waits for its every copy to close). Standard input, the terminal, is
+    // kept: gVisor answers `TIOCGPGRP` there only (neither on the master nor on `/dev/tty`).
+    libc::close(1);
+    libc::close(2);
+    crate::standby::close_all_but(&[asks]);
     let mut none: libc::sigset_t = std::mem::zeroed();
     libc::sigemptyset(&mut none);
     libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     libc::setpgid(0, 0);
     libc::prctl(libc::PR_SET_NAME, c"cella-tty".as_ptr());
-    // Standard input, the terminal, is kept: gVisor answers `TIOCGPGRP` there only (neither
-    // on the master nor on `/dev/tty`, EIO).
-    libc::close(1);
-    libc::close(2);
-    crate::standby::close_all_but(&[asks]);
+    let own = libc::getpgrp();
     loop {
         let mut ask = 0u8;
         let n = libc::read(asks, (&mut ask as *mut u8).cast(), 1);
@@ -125,8 +121,9 @@ unsafe fn start_signaller(asks: RawFd, handled: u64) {
             ASK_END => libc::_exit(0),
             _ => continue,
         };
+        // Not its own group, which a program may have made the foreground one.
         let group = libc::tcgetpgrp(0);
-        if group > 1 {
+        if group > 1 && group != own {
             libc::kill(-group, sig);
         }
     }
@@ -306,8 +303,12 @@ pub async fn run(
     };
     drop(cmd); // closes the agent's copies of the terminal's slave side
     let signaller = match signaller {
-        // and of the signaller's end; the agent's never waits for it
-        Some((_, wr)) => Some(Arc::new(Signaller(set_nonblocking(&wr).map(|()| wr)?))),
+        // and the read end of the signaller's pipe; the agent never waits on its own end
+        Some((rd, wr)) => {
+            drop(rd);
+            set_nonblocking(&wr)?;
+            Some(Arc::new(Signaller(wr)))
+        }
         None => None,
     };
     let pid = child.id() as i32;

@@ -188,19 +188,25 @@ fn a_terminal_session_on_gvisor() {
     assert_eq!(r.data()["stdout"], "none\n", "{}", r.body);
     // Job control keys, which gVisor's kernel types in as bytes: the agent's signaller sends
     // their signals to the foreground job. ^Z stops it (the shell lists it as stopped), ^C
-    // ends one; the shell reads what was typed meanwhile.
+    // ends one; the shell reads what was typed meanwhile. Each key once the job runs (its
+    // process exists: the shell gave it the terminal before its exec).
     pty_send(&mut ws, "sleep 301\n");
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for_process(&s, &id, "sleep 301");
     pty_send(&mut ws, "\x1a");
     pty_send(&mut ws, "jobs; echo listed-$((6*7))\n");
     let jobs = pty_read_until(&mut ws, "listed-42");
     assert!(jobs.contains("Stopped"), "^Z did not stop the job: {jobs}");
     pty_send(&mut ws, "kill -9 %1; sleep 302; echo SLEPT\n");
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for_process(&s, &id, "sleep 302");
     pty_send(&mut ws, "\x03");
     pty_send(&mut ws, "echo back-$((40+2))\n");
     let back = pty_read_until(&mut ws, "back-42");
     assert!(!back.contains("\nSLEPT"), "^C did not end the job: {back}");
+    // A program that turned the keys' signals off (raw mode) reads ^C as a byte.
+    pty_send(&mut ws, "stty -isig; head -c1 | od -An -c; stty isig\n");
+    wait_for_process(&s, &id, "head -c1");
+    pty_send(&mut ws, "\x03\n"); // a line: the terminal is still canonical
+    pty_read_until(&mut ws, "003");
     // Neither the signaller's pipe nor anything else of the agent's reaches the shell's programs.
     common::pty_only_standard_fds(&mut ws);
     pty_send(&mut ws, "exit\n");
@@ -216,7 +222,43 @@ fn a_terminal_session_on_gvisor() {
         }
         assert!(Instant::now() < deadline, "the session did not close");
     }
+    // The signaller ended with the shell (and was reaped).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = s.post(
+            &format!("/api/v1/sandboxes/{id}/exec"),
+            json!({ "command": "cat /proc/[0-9]*/comm 2>/dev/null | grep -c cella-tty" }),
+        );
+        if r.data()["stdout"] == "0\n" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the signaller outlived its shell: {}",
+            r.body
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+}
+
+/// Waits until a process of sandbox `id` runs a command line starting with `line`.
+fn wait_for_process(s: &Server, id: &str, line: &str) {
+    let look = format!(
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '^{line}' && exit 0; done; exit 1"
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while s
+        .post(
+            &format!("/api/v1/sandboxes/{id}/exec"),
+            json!({ "command": look }),
+        )
+        .data()["exit_code"]
+        != 0
+    {
+        assert!(Instant::now() < deadline, "{line:?} never ran");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
