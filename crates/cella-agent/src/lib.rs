@@ -13,6 +13,7 @@
 pub mod client;
 mod exec;
 pub mod execcg;
+mod fds;
 mod files;
 pub mod harden;
 pub mod kernel;

@@ -100,7 +100,7 @@ unsafe fn start_signaller(asks: RawFd, handled: u64) {
     // kept: gVisor answers `TIOCGPGRP` there only (neither on the master nor on `/dev/tty`).
     libc::close(1);
     libc::close(2);
-    crate::standby::close_all_but(&[asks]);
+    crate::fds::close_all_but(&[asks]);
     let mut none: libc::sigset_t = std::mem::zeroed();
     libc::sigemptyset(&mut none);
     libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
@@ -153,15 +153,20 @@ impl Signaller {
             }
             _ => return write_master(master, data).await,
         };
+        // A key set to 0 (`_POSIX_VDISABLE`) is off.
+        let key = |b: &u8| {
+            keys.iter()
+                .find(|(k, _)| *k != 0 && k == b)
+                .map(|(_, a)| *a)
+        };
         let mut rest = data;
-        while let Some(at) = rest
+        while let Some((at, ask)) = rest
             .iter()
-            .position(|b| *b != 0 && keys.iter().any(|(k, _)| k == b))
+            .enumerate()
+            .find_map(|(i, b)| Some((i, key(b)?)))
         {
             write_master(master, &rest[..at]).await?;
-            if let Some((_, ask)) = keys.iter().find(|(k, _)| *k == rest[at]) {
-                self.ask(*ask);
-            }
+            self.ask(ask);
             rest = &rest[at + 1..];
         }
         write_master(master, rest).await
@@ -262,7 +267,7 @@ pub async fn run(
     let j = jail.clone();
     // The signaller's pipe: its read end goes to the signaller only (close-on-exec here).
     let signaller = match opts.terminal_signals {
-        true => Some(crate::standby::pipe().ok_or_else(std::io::Error::last_os_error)?),
+        true => Some(crate::fds::pipe()?),
         false => None,
     };
     let asks = signaller.as_ref().map(|(rd, _)| rd.as_raw_fd());

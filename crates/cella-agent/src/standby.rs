@@ -50,11 +50,12 @@
 //! is fast (`favordynmods`, [`crate::AgentConfig::refresh_standby`]): elsewhere the new one's
 //! move waits for an RCU grace period and the first exec would wait for it.
 
+use crate::fds::{close_all_but, pipe};
 use crate::harden::{Confinement, Jail};
 use crate::proto::ExecSpec;
 use crate::spawn::Reaper;
 use std::ffi::{c_char, CString};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 use tokio::sync::oneshot;
@@ -111,46 +112,15 @@ pub(crate) struct Standby {
 unsafe impl Send for Standby {}
 unsafe impl Sync for Standby {}
 
-/// A pipe, both ends close-on-exec.
-pub(crate) fn pipe() -> Option<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: a plain system call filling `fds`.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return None;
-    }
-    // SAFETY: both were just made and are owned by nobody else.
-    Some(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-/// The `last` of a `close_range` that reaches every descriptor: Linux takes any number and
-/// stops at its table's end, gVisor refuses one past `i32::MAX` (EINVAL: nothing closed).
-pub(crate) const LAST_FD: u32 = i32::MAX as u32;
-
-/// Closes every descriptor from 3 up but those in `keep` (sorted).
-///
-/// # Safety
-/// Only system calls: callable between fork and exec.
-pub(crate) unsafe fn close_all_but(keep: &[RawFd]) {
-    let mut from: u32 = 3;
-    for &k in keep {
-        let k = k as u32;
-        if k > from {
-            libc::syscall(libc::SYS_close_range, from, k - 1, 0u32);
-        }
-        from = from.max(k + 1);
-    }
-    libc::syscall(libc::SYS_close_range, from, LAST_FD, 0u32);
-}
-
 impl Standby {
     /// Forks a child into the exec cgroup whose `cgroup.procs` is `procs` and leaves it
     /// waiting. None when a pipe, the mapping or the fork cannot be had.
     pub(crate) fn start(jail: &Jail, procs: RawFd, reaper: &Reaper) -> Option<Standby> {
-        let (go_r, go_w) = pipe()?;
-        let (st_r, st_w) = pipe()?;
-        let (in_r, in_w) = pipe()?;
-        let (out_r, out_w) = pipe()?;
-        let (err_r, err_w) = pipe()?;
+        let (go_r, go_w) = pipe().ok()?;
+        let (st_r, st_w) = pipe().ok()?;
+        let (in_r, in_w) = pipe().ok()?;
+        let (out_r, out_w) = pipe().ok()?;
+        let (err_r, err_w) = pipe().ok()?;
         // SAFETY: a fresh anonymous shared mapping; pages are taken only as they are written.
         let region = unsafe {
             libc::mmap(

@@ -41,12 +41,13 @@
 //! the agent: a watchdog kills a child that has not run its `execve` within [`EXEC_WITHIN`]
 //! (the command then ends as killed, 137).
 
+use crate::fds::pipe;
 use crate::harden::Jail;
 use crate::proto::ExecSpec;
 use crate::spawn::Reaper;
 use crate::standby::Started;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -272,16 +273,6 @@ struct Args<'a> {
     handled: u64,
     /// Tests: the child stops itself first, as a process of its user could stop it.
     stop_self: bool,
-}
-
-fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: a plain system call filling `fds`.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both were just made and are owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// The paths `execvp` would try for `program` with the command's `PATH` (glibc's default
@@ -530,7 +521,7 @@ unsafe fn child(a: &Args) -> ! {
     libc::syscall(
         libc::SYS_close_range,
         3u32,
-        crate::standby::LAST_FD,
+        crate::fds::LAST_FD,
         libc::CLOSE_RANGE_CLOEXEC,
     );
     if libc::chdir(a.cwd.as_ptr()) != 0 {
