@@ -64,6 +64,28 @@ fn a_gvisor_sandbox_runs_commands_on_gvisors_kernel() {
     s.sh(&id, "printf 'echo no\\n' > /tmp/notx; chmod 644 /tmp/notx");
     let denied = s.exec(&id, json!({ "argv": ["/tmp/notx"] }));
     assert_eq!(denied["exit_code"], 126, "{denied}");
+    // coreutils' listings and `stat`, as the user and as root. Their `statx` carries
+    // AT_NO_AUTOMOUNT, which this runsc's kernel refuses with EINVAL: the agent preloads a
+    // shim that clears it (`cella_runtime::gvisor::preload`).
+    let listing = "ls -l /etc/hostname /usr/bin/python3 >/dev/null && ls -la / >/dev/null \
+                   && cd /tmp && ls >/dev/null && stat -c %F /etc /tmp";
+    for user in ["user", "root"] {
+        let r = s.exec(&id, json!({ "command": listing, "user": user }));
+        assert_eq!(r["stdout"], "directory\ndirectory\n", "as {user}: {r}");
+        assert_eq!(r["stderr"], "", "as {user}: {r}");
+    }
+    let raw = "import ctypes; l = ctypes.CDLL(None, use_errno=True); \
+               b = ctypes.create_string_buffer(256); \
+               print(l.syscall(332, -100, b'/', 0x800, 0x7ff, b), ctypes.get_errno())";
+    let r = s.sh(&id, &format!("python3 -c \"{raw}\""));
+    if r["stdout"] == format!("-1 {}\n", libc::EINVAL) {
+        // Listed first in the loader's list, which only root may change.
+        let r = s.sh(
+            &id,
+            "head -1 /etc/ld.so.preload; echo x >> /etc/ld.so.preload || echo refused",
+        );
+        assert_eq!(r["stdout"], "/run/cella/statx-shim.so\nrefused\n", "{r}");
+    }
     // A file written through the API and read back, through the API and by a command.
     let path = "/home/user/note.txt";
     let up = s.raw(
@@ -953,6 +975,10 @@ fn the_interpreter_processes_previews_and_pause_work_on_gvisor() {
         http.get(&url).send().unwrap().text().unwrap(),
         "plain-text\n"
     );
+    // The statx shim came back with the rest of the sandbox's memory.
+    let r = s.sh(&id, "ls -l /tmp/www");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert!(r["stdout"].as_str().unwrap().contains("hello.txt"), "{r}");
 }
 
 /// The numbers a sandbox's counting loop wrote, one a line.

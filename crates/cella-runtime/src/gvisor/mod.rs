@@ -137,6 +137,7 @@
 
 pub mod control;
 pub mod epoll;
+pub mod preload;
 pub mod spec;
 
 use crate::cgroup::{self, Limits};
@@ -1922,8 +1923,8 @@ fn launch_run() -> Result<(i32, Option<crate::namespace::net::NetInfo>), String>
 
 /// Entry point of `cella __gvisor-agent`, the sandbox's init inside gVisor: binds the agent's
 /// socket (a host socket through `--host-uds=create`), mounts an empty read-only tmpfs over its
-/// directory so nothing in the sandbox can reach the socket or the executable by name, and
-/// serves.
+/// directory so nothing in the sandbox can reach the socket or the executable by name, puts
+/// the `statx` shim in place ([`preload`]), and serves.
 pub fn agent_main(nofile: u64) -> i32 {
     use std::os::fd::AsRawFd;
     // Before any epoll instance exists: see [`epoll`].
@@ -1960,6 +1961,10 @@ pub fn agent_main(nofile: u64) -> i32 {
     ) {
         eprintln!("cella-gvisor-agent: hiding {}: {e}", spec::AGENT_DIR);
         return 1;
+    }
+    // Not fatal: without it, coreutils' `ls PATH` and `stat` fail as they did (see [`preload`]).
+    if let Err(e) = preload::install() {
+        eprintln!("cella-gvisor-agent: the statx shim: {e}");
     }
     if let Ok(null) = std::fs::OpenOptions::new()
         .read(true)

@@ -1,0 +1,42 @@
+//! Builds the small shared object a gVisor sandbox preloads into its programs
+//! (`src/gvisor/statx_shim.c`, see `src/gvisor/preload.rs`): C, because it must be a
+//! freestanding shared library with no dependency of its own, loaded into programs Cella did
+//! not build, which a Rust `cdylib` (its standard library, its panic machinery) is not.
+
+use std::path::PathBuf;
+
+fn main() {
+    let src = "src/gvisor/statx_shim.c";
+    println!("cargo:rerun-if-changed={src}");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let so = out.join("statx-shim.so");
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    if !matches!(arch.as_str(), "x86_64" | "aarch64") {
+        // No shim for this architecture: an empty file, which `preload` takes as none.
+        std::fs::write(&so, b"").expect("writing the empty shim");
+        return;
+    }
+    let compiler = cc::Build::new()
+        .opt_level(2)
+        .cargo_metadata(false)
+        .cargo_warnings(false)
+        .get_compiler();
+    let status = compiler
+        .to_command()
+        .args([
+            "-shared",
+            "-fPIC",
+            "-nostdlib",
+            "-fno-stack-protector",
+            "-Wall",
+            "-Werror",
+            "-Wl,-soname,statx-shim.so",
+            "-Wl,-z,noexecstack",
+            "-o",
+        ])
+        .arg(&so)
+        .arg(src)
+        .status()
+        .expect("running the C compiler for the gVisor statx shim");
+    assert!(status.success(), "compiling {src} failed");
+}
