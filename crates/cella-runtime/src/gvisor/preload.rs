@@ -42,14 +42,20 @@ pub const PRELOAD: &str = "/etc/ld.so.preload";
 const KEEP_MAX: u64 = 64 << 10;
 
 /// The content of the bound `/etc/ld.so.preload`: the library, then `existing` (the disk's
-/// file at the boot) without any line naming the library already.
+/// file at the boot; the loader takes paths separated by blanks or lines) without the
+/// library's own path.
 pub fn preload_list(existing: &str) -> String {
     let mut out = format!("{LIBRARY}\n");
     for line in existing.lines() {
         if line.split_whitespace().any(|w| w == LIBRARY) {
-            continue;
+            let rest: Vec<&str> = line.split_whitespace().filter(|w| *w != LIBRARY).collect();
+            if rest.is_empty() {
+                continue;
+            }
+            out.push_str(&rest.join(" "));
+        } else {
+            out.push_str(line);
         }
-        out.push_str(line);
         out.push('\n');
     }
     out
@@ -60,7 +66,7 @@ pub fn preload_list(existing: &str) -> String {
 pub enum PreloadError {
     #[error("no statx shim was built for this architecture")]
     NoShim,
-    #[error("{0} is a symbolic link or not a regular file; left as it is")]
+    #[error("{0} is not a regular file of at most 64 KiB; left as it is")]
     NotAFile(&'static str),
     #[error("{what}: {source}")]
     Io {
@@ -192,7 +198,7 @@ mod tests {
         // A disk that carries the line already (a copy of a bound list) gets it once.
         assert_eq!(
             preload_list(&format!("{LIBRARY}\n/lib/a.so {LIBRARY}\n/lib/b.so\n")),
-            format!("{LIBRARY}\n/lib/b.so\n")
+            format!("{LIBRARY}\n/lib/a.so\n/lib/b.so\n")
         );
     }
 
