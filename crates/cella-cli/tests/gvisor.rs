@@ -74,6 +74,9 @@ fn a_gvisor_sandbox_runs_commands_on_gvisors_kernel() {
         assert_eq!(r["stdout"], "directory\ndirectory\n", "as {user}: {r}");
         assert_eq!(r["stderr"], "", "as {user}: {r}");
     }
+    // /dev/shm runs programs, as on namespaces.
+    let r = s.sh(&id, "cp /bin/true /dev/shm/t && /dev/shm/t && echo ran");
+    assert_eq!(r["stdout"], "ran\n", "{r}");
     let raw = "import ctypes; l = ctypes.CDLL(None, use_errno=True); \
                b = ctypes.create_string_buffer(256); \
                print(l.syscall(332, -100, b'/', 0x800, 0x7ff, b), ctypes.get_errno())";

@@ -99,8 +99,9 @@ pub fn oci_spec(s: &SpecInput) -> Value {
               "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
             { "destination": "/dev/pts", "type": "devpts", "source": "devpts",
               "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"] },
+            // As on the namespace runtime: programs may run from it (no `noexec`).
             { "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-              "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"] },
+              "options": ["nosuid", "nodev", "mode=1777", "size=65536k"] },
             { "destination": "/sys", "type": "sysfs", "source": "sysfs",
               "options": ["nosuid", "noexec", "nodev", "ro"] },
             { "destination": "/run", "type": "tmpfs", "source": "tmpfs",
