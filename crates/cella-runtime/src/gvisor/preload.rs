@@ -222,6 +222,16 @@ mod tests {
         }
         // No DT_NEEDED: nothing but the program's own C library is asked of the loader.
         assert!(!text.contains("libc.so"), "the shim names a library");
+        // Two loaded segments (see the build script): each is an `mmap` at every program's
+        // start. The program headers' count is at 56, their table at the offset at 32.
+        let (phoff, phnum) = (
+            u64::from_le_bytes(SHIM[32..40].try_into().unwrap()) as usize,
+            u16::from_le_bytes([SHIM[56], SHIM[57]]) as usize,
+        );
+        let loads = (0..phnum)
+            .filter(|i| SHIM[phoff + i * 56..phoff + i * 56 + 4] == [1, 0, 0, 0])
+            .count();
+        assert_eq!(loads, 2);
     }
 
     /// The shim loaded into a real program on this host: `statx` and `fstatat` with
