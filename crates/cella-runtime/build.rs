@@ -10,20 +10,26 @@ fn main() {
     println!("cargo:rerun-if-changed={src}");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let so = out.join("statx-shim.so");
-    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
-    if !matches!(arch.as_str(), "x86_64" | "aarch64") {
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    let arch = var("CARGO_CFG_TARGET_ARCH");
+    if !matches!(arch.as_str(), "x86_64" | "aarch64")
+        || var("CARGO_CFG_TARGET_OS") != "linux"
+        || var("CARGO_CFG_TARGET_POINTER_WIDTH") != "64"
+    {
         // No shim for this architecture: an empty file, which `preload` takes as none.
         std::fs::write(&so, b"").expect("writing the empty shim");
         return;
     }
+    // The target's C compiler, as the `cc` crate finds it (`CC`, `CC_<target>`), with only
+    // these flags: none of the environment's `CFLAGS` (a sanitizer or profiling flag there
+    // would make the library ask every program for symbols it lacks).
     let compiler = cc::Build::new()
-        .opt_level(2)
         .cargo_metadata(false)
         .cargo_warnings(false)
         .get_compiler();
-    let status = compiler
-        .to_command()
+    let status = std::process::Command::new(compiler.path())
         .args([
+            "-O2",
             "-shared",
             "-fPIC",
             "-nostdlib",
@@ -34,6 +40,8 @@ fn main() {
             "-s",
             "-Wl,-soname,statx-shim.so",
             "-Wl,-z,noexecstack",
+            // Every symbol defined here but the C library's errno, which is weak.
+            "-Wl,-z,defs",
             // Two segments (code, then the table the loader writes), no read-only-after-
             // relocation part: the loader's fewest `mmap`s and no `mprotect`, each a trap
             // into gVisor's kernel at every start of a program.

@@ -12,20 +12,20 @@
 //! - mounts a tmpfs at [`DIR`] and writes the library there;
 //! - binds a file of that tmpfs over `/etc/ld.so.preload`, which the dynamic loader reads at
 //!   every start of a program (as root or not, with or without `LD_PRELOAD`, also for a
-//!   set-user-ID program): the library's path, then the lines the disk's own file had at the
-//!   boot. A disk without one gets an empty file there, as the mount point.
+//!   set-user-ID program): the lines the disk's own file had at the boot, then the library's
+//!   path. A disk without one gets an empty file there, as the mount point.
 //!
 //! Both files are root's, mode 0644: no user but root can change them. This gVisor cannot make
 //! a mount read-only after it was made (no remount), so root can; an edit of
 //! `/etc/ld.so.preload` then lives in the sandbox's memory, not on its disk.
 //!
 //! Statically linked programs and those of another C library (musl's loader reads no
-//! `/etc/ld.so.preload`) do not load it; neither did they call the C library's `statx`.
+//! `/etc/ld.so.preload`) do not load it: such a build of coreutils still fails.
 //! The mounts are in gVisor's kernel, so a checkpoint keeps them: a resumed, restored or
 //! forked sandbox has them without a new boot.
 
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// The shared object (empty where the build script had none for the target's architecture).
@@ -33,7 +33,7 @@ pub const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/statx-shim.so"
 
 /// The tmpfs the library is in, inside the sandbox.
 pub const DIR: &str = "/run/cella";
-/// The library's path inside the sandbox (the first line of `/etc/ld.so.preload`).
+/// The library's path inside the sandbox (the last line of `/etc/ld.so.preload`).
 pub const LIBRARY: &str = "/run/cella/statx-shim.so";
 /// The file the dynamic loader reads.
 pub const PRELOAD: &str = "/etc/ld.so.preload";
@@ -41,11 +41,12 @@ pub const PRELOAD: &str = "/etc/ld.so.preload";
 /// preload list (the loader itself reads lines of paths).
 const KEEP_MAX: u64 = 64 << 10;
 
-/// The content of the bound `/etc/ld.so.preload`: the library, then `existing` (the disk's
-/// file at the boot; the loader takes paths separated by blanks or lines) without the
-/// library's own path.
+/// The content of the bound `/etc/ld.so.preload`: `existing` (the disk's file at the boot;
+/// the loader takes paths separated by blanks or lines) without the library's own path, then
+/// the library, last: a library of the disk's that wraps `statx` or `fstatat` comes first and
+/// reaches the shim's as the next one.
 pub fn preload_list(existing: &str) -> String {
-    let mut out = format!("{LIBRARY}\n");
+    let mut out = String::new();
     for line in existing.lines() {
         if line.split_whitespace().any(|w| w == LIBRARY) {
             let rest: Vec<&str> = line.split_whitespace().filter(|w| *w != LIBRARY).collect();
@@ -58,6 +59,8 @@ pub fn preload_list(existing: &str) -> String {
         }
         out.push('\n');
     }
+    out.push_str(LIBRARY);
+    out.push('\n');
     out
 }
 
@@ -95,7 +98,11 @@ fn write_new(path: &Path, bytes: &[u8], what: &'static str) -> Result<(), Preloa
         .mode(0o644)
         .open(path)
         .map_err(io(what))?;
-    f.write_all(bytes).map_err(io(what))
+    f.write_all(bytes).map_err(io(what))?;
+    // Whatever the umask runsc left: readable by every user, or their programs' loader
+    // complains at each start.
+    f.set_permissions(std::fs::Permissions::from_mode(0o644))
+        .map_err(io(what))
 }
 
 /// Whether this kernel refuses `statx` with `AT_NO_AUTOMOUNT` (the fault the shim is for).
@@ -193,12 +200,12 @@ mod tests {
         assert_eq!(preload_list(""), format!("{LIBRARY}\n"));
         assert_eq!(
             preload_list("/usr/lib/libjemalloc.so.2\n# a comment"),
-            format!("{LIBRARY}\n/usr/lib/libjemalloc.so.2\n# a comment\n")
+            format!("/usr/lib/libjemalloc.so.2\n# a comment\n{LIBRARY}\n")
         );
         // A disk that carries the line already (a copy of a bound list) gets it once.
         assert_eq!(
             preload_list(&format!("{LIBRARY}\n/lib/a.so {LIBRARY}\n/lib/b.so\n")),
-            format!("{LIBRARY}\n/lib/a.so\n/lib/b.so\n")
+            format!("/lib/a.so\n/lib/b.so\n{LIBRARY}\n")
         );
     }
 

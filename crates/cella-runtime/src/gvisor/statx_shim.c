@@ -14,7 +14,7 @@
 
 #define AT_NO_AUTOMOUNT 0x800
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(__ILP32__)
 #define NR_STATX 332
 #define NR_NEWFSTATAT 262
 static long raw5(long n, long a, long b, long c, long d, long e)
@@ -46,7 +46,7 @@ static long raw5(long n, long a, long b, long c, long d, long e)
 	return x0;
 }
 #else
-#error "the statx wrapper knows x86_64 and aarch64 only"
+#error "the statx wrapper knows x86_64 and aarch64 (64-bit) only"
 #endif
 
 extern int *__errno_location(void) __attribute__((weak));
@@ -69,9 +69,16 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 	return done(raw5(NR_STATX, dirfd, (long)path, flags & ~AT_NO_AUTOMOUNT, mask, (long)buf));
 }
 
-int fstatat(int dirfd, const char *path, struct stat *buf, int flags)
+/* Called directly (not through the PLT): nothing else's fstatat is reached from here, and
+ * the library has no slot the loader fills in later. */
+static int do_fstatat(int dirfd, const char *path, struct stat *buf, int flags)
 {
 	return done(raw5(NR_NEWFSTATAT, dirfd, (long)path, (long)buf, flags & ~AT_NO_AUTOMOUNT, 0));
+}
+
+int fstatat(int dirfd, const char *path, struct stat *buf, int flags)
+{
+	return do_fstatat(dirfd, path, buf, flags);
 }
 
 int fstatat64(int dirfd, const char *path, struct stat *buf, int flags)
@@ -87,7 +94,7 @@ int __fxstatat(int ver, int dirfd, const char *path, struct stat *buf, int flags
 	if (ver != 0)
 #endif
 		return done(-22);
-	return fstatat(dirfd, path, buf, flags);
+	return do_fstatat(dirfd, path, buf, flags);
 }
 
 int __fxstatat64(int ver, int dirfd, const char *path, struct stat *buf, int flags)
