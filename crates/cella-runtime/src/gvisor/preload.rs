@@ -9,8 +9,8 @@
 //!
 //! [`install`], run by the agent as the sandbox's init before it serves, when the kernel
 //! refuses the flag (a runsc that accepts it gets nothing):
-//! - mounts a tmpfs at [`DIR`] and writes the library there;
-//! - binds a file of that tmpfs over `/etc/ld.so.preload`, which the dynamic loader reads at
+//! - writes the library into [`DIR`] (on the tmpfs the spec mounts at `/run`, in memory);
+//! - binds a file of that directory over `/etc/ld.so.preload`, which the dynamic loader reads at
 //!   every start of a program (as root or not, with or without `LD_PRELOAD`, also for a
 //!   set-user-ID program): the lines the disk's own file had at the boot, then the library's
 //!   path. A disk without one gets an empty file there, as the mount point.
@@ -31,7 +31,8 @@ use std::path::Path;
 /// The shared object (empty where the build script had none for the target's architecture).
 pub const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/statx-shim.so"));
 
-/// The tmpfs the library is in, inside the sandbox.
+/// The directory the library is in, inside the sandbox (the interpreters' drivers are there
+/// too: `cella_agent::kernel`).
 pub const DIR: &str = "/run/cella";
 /// The library's path inside the sandbox (the last line of `/etc/ld.so.preload`).
 pub const LIBRARY: &str = "/run/cella/statx-shim.so";
@@ -131,6 +132,21 @@ pub enum Installed {
     NotNeeded,
 }
 
+/// What the disk has at `path` (its `/etc/ld.so.preload`): none, or a regular file of at most
+/// [`KEEP_MAX`] bytes. Anything else is left alone: a link is never followed (a mount on it
+/// would land where it points), a device or FIFO never read.
+fn disk_list(path: &Path) -> Result<Option<String>, PreloadError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() && m.size() <= KEEP_MAX => {
+            let bytes = std::fs::read(path).map_err(io("reading the disk's preload list"))?;
+            Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+        }
+        Ok(_) => Err(PreloadError::NotAFile(PRELOAD)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io("looking at the disk's preload list")(e)),
+    }
+}
+
 /// Puts the library in place and lists it in `/etc/ld.so.preload` (see the module's doc),
 /// where the kernel needs it. Run once, by the sandbox's init, before any command starts.
 pub fn install() -> Result<Installed, PreloadError> {
@@ -141,15 +157,9 @@ pub fn install() -> Result<Installed, PreloadError> {
     if SHIM.is_empty() {
         return Err(PreloadError::NoShim);
     }
-    // What the disk has at /etc/ld.so.preload: nothing, or a regular file (never followed
-    // if a link: a mount on it would land where the link points).
-    let existing = match std::fs::symlink_metadata(PRELOAD) {
-        Ok(m) if m.file_type().is_file() && m.size() <= KEEP_MAX => String::from_utf8_lossy(
-            &std::fs::read(PRELOAD).map_err(io("reading the disk's preload list"))?,
-        )
-        .into_owned(),
-        Ok(_) => return Err(PreloadError::NotAFile(PRELOAD)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    let existing = match disk_list(Path::new(PRELOAD))? {
+        Some(text) => text,
+        None => {
             // The mount point, on the disk: an empty list, as if there were none.
             write_new(
                 Path::new(PRELOAD),
@@ -158,21 +168,15 @@ pub fn install() -> Result<Installed, PreloadError> {
             )?;
             String::new()
         }
-        Err(e) => return Err(io("looking at the disk's preload list")(e)),
     };
     match std::fs::create_dir(DIR) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(io("making the shim's directory")(e)),
     }
-    mount(
-        Some("tmpfs"),
-        DIR,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("size=1m,mode=0755"),
-    )
-    .map_err(mnt("mounting the shim's tmpfs"))?;
+    // Whatever the umask: every user's programs load from it.
+    std::fs::set_permissions(DIR, std::fs::Permissions::from_mode(0o755))
+        .map_err(io("opening the shim's directory to every user"))?;
     write_new(Path::new(LIBRARY), SHIM, "writing the shim")?;
     let list = Path::new(DIR).join("ld.so.preload");
     write_new(
@@ -207,6 +211,33 @@ mod tests {
             preload_list(&format!("{LIBRARY}\n/lib/a.so {LIBRARY}\n/lib/b.so\n")),
             format!("/lib/a.so\n/lib/b.so\n{LIBRARY}\n")
         );
+    }
+
+    #[test]
+    fn only_a_regular_list_of_the_disk_is_read_and_nothing_else_is_followed() {
+        let d = tempfile::tempdir().unwrap();
+        let list = d.path().join("ld.so.preload");
+        assert_eq!(disk_list(&list).unwrap(), None);
+        std::fs::write(&list, "/usr/lib/libfoo.so\n").unwrap();
+        assert_eq!(
+            disk_list(&list).unwrap().as_deref(),
+            Some("/usr/lib/libfoo.so\n")
+        );
+        let refused = |p: &Path| match disk_list(p) {
+            Err(e @ PreloadError::NotAFile(_)) => e.to_string(),
+            other => panic!("{other:?}"),
+        };
+        std::fs::write(&list, vec![b'x'; KEEP_MAX as usize + 1]).unwrap();
+        assert!(refused(&list).contains("at most 64 KiB"));
+        // A link, even to a good list, and a directory.
+        let good = d.path().join("good");
+        std::fs::write(&good, "/lib/a.so\n").unwrap();
+        std::fs::remove_file(&list).unwrap();
+        std::os::unix::fs::symlink(&good, &list).unwrap();
+        refused(&list);
+        std::fs::remove_file(&list).unwrap();
+        std::fs::create_dir(&list).unwrap();
+        refused(&list);
     }
 
     #[test]
