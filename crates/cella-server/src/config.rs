@@ -467,17 +467,33 @@ pub struct RuntimeConfig {
     /// The runtime of a sandbox whose create names none (after its template's default):
     /// `"namespace"` (the default) or `"gvisor"` (needs `runsc` on the host).
     pub default: String,
+    /// How gVisor's kernel takes over its programs' system calls
+    /// (`cella_runtime::gvisor::platform`): `"ptrace"` (the default: works on any host),
+    /// `"kvm"` (probed at the start; the server refuses to start where it fails) or `"auto"`
+    /// (`kvm` where it works, else `ptrace`).
+    pub gvisor_platform: String,
 }
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
             default: "namespace".into(),
+            gvisor_platform: "ptrace".into(),
         }
     }
 }
 
 impl RuntimeConfig {
+    /// The gVisor platform asked for, checked.
+    pub fn gvisor_platform(&self) -> Result<cella_runtime::gvisor::platform::Choice, String> {
+        cella_runtime::gvisor::platform::Choice::parse(&self.gvisor_platform).ok_or_else(|| {
+            format!(
+                "runtime.gvisor_platform {:?} is not a platform (ptrace, kvm or auto)",
+                self.gvisor_platform
+            )
+        })
+    }
+
     /// The default runtime, checked.
     pub fn default_runtime(&self) -> Result<cella_runtime::Runtime, String> {
         cella_runtime::Runtime::parse(&self.default).ok_or_else(|| {

@@ -738,14 +738,31 @@ fn namespace_backend(config: &Config, instance: &str) -> Result<Backend, ServeEr
         path: dir.clone(),
         source,
     })?;
+    let choice = config
+        .runtime
+        .gvisor_platform()
+        .map_err(ServeError::Config)?;
     let gvisor: Option<Arc<dyn Driver>> = match cella_runtime::gvisor::find_runsc() {
-        Some(runsc) => Some(Arc::new(
-            cella_runtime::gvisor::GvisorDriver::new(dir, agent_exe, runsc, instance)?
-                .with_disk_quota(config.disk.quota)
-                .with_disk_pool(driver.disk_pool())
-                .with_nofile(config.limits.open_files)
-                .with_network(driver.network()),
-        )),
+        Some(runsc) => {
+            use cella_runtime::gvisor::platform;
+            let (chosen, fell_back) = platform::choose(&runsc, choice, dir)
+                .map_err(|e| ServeError::Config(format!("runtime.gvisor_platform: {e}")))?;
+            match fell_back {
+                Some(why) => tracing::warn!(
+                    "gVisor sandboxes boot on the {chosen} platform (runtime.gvisor_platform \
+                     auto: {why})"
+                ),
+                None => tracing::info!("gVisor sandboxes boot on the {chosen} platform"),
+            }
+            Some(Arc::new(
+                cella_runtime::gvisor::GvisorDriver::new(dir, agent_exe, runsc, instance)?
+                    .with_platform(chosen)
+                    .with_disk_quota(config.disk.quota)
+                    .with_disk_pool(driver.disk_pool())
+                    .with_nofile(config.limits.open_files)
+                    .with_network(driver.network()),
+            ))
+        }
         None => {
             tracing::info!("runsc is not installed: sandboxes run on the namespace runtime only");
             None

@@ -1,5 +1,6 @@
-//! The gVisor driver: a sandbox is a `runsc` container on the `ptrace` platform, its processes
-//! running on gVisor's user-space kernel (the Sentry) instead of the host's.
+//! The gVisor driver: a sandbox is a `runsc` container, its processes running on gVisor's
+//! user-space kernel (the Sentry) instead of the host's, on the platform the server chose at its
+//! start (`ptrace` unless configured; see [`platform`]).
 //!
 //! On the host a sandbox is `DATA/gvisor/<id>/` (its disk image, the overlay's mount point
 //! `rootfs/`, the OCI bundle `bundle/config.json`, `sock/` with the agent's socket, `init.log`),
@@ -13,7 +14,7 @@
 //! applies the namespace driver's [`root_plan`](crate::namespace::mounts::root_plan) (the disk,
 //! the overlay of the template's layers under the writable layer, the template's binds) and
 //! forks: the child execs `runsc run` (so every `runsc` process of the sandbox, the Sentry,
-//! the gofer and the ptrace stubs, is in the sandbox's cgroup and sees the overlay, which no
+//! the gofer and the platform's stubs, is in the sandbox's cgroup and sees the overlay, which no
 //! other process of the host does; the mounts end with the last of them), the launcher prints
 //! the child's pid and exits. `runsc` runs with `--host-uds=create`, `--ignore-cgroups` (the
 //! cgroup is the launcher's), `--overlay2=none` (writes reach the sandbox's disk), and
@@ -137,6 +138,7 @@
 
 pub mod control;
 pub mod epoll;
+pub mod platform;
 pub mod preload;
 pub mod spec;
 
@@ -148,6 +150,7 @@ use crate::{
 };
 use async_trait::async_trait;
 use cella_agent::client::AgentClient;
+use platform::Platform;
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -227,6 +230,8 @@ pub struct GvisorDriver {
     nofile: u64,
     /// The namespace driver's network (one subnet, one firewall), when sandboxes get links.
     net: Option<crate::namespace::Network>,
+    /// The platform new sandboxes boot on (see [`platform`]).
+    platform: Platform,
     /// This build's agent executable as sandboxes run it ([`pin_agent`]), made at the first
     /// boot that needs it.
     pinned: std::sync::Arc<std::sync::OnceLock<PathBuf>>,
@@ -244,10 +249,6 @@ pub fn find_runsc() -> Option<PathBuf> {
         .map(|d| d.join("runsc"))
         .find(|p| p.is_file())
 }
-
-/// The platform sandboxes run on: `ptrace` works everywhere; `kvm` hung on this project's
-/// nested-virtualisation hosts, so it is not tried.
-pub const PLATFORM: &str = "ptrace";
 
 impl GvisorDriver {
     /// `agent_exe` is the server's executable (its `__gvisor-init` and `__gvisor-agent`);
@@ -272,6 +273,7 @@ impl GvisorDriver {
             disks: None,
             nofile: 1024,
             net: None,
+            platform: Platform::Ptrace,
             pinned: Default::default(),
         };
         driver.forget_agents();
@@ -374,6 +376,18 @@ impl GvisorDriver {
         self
     }
 
+    /// Boots new sandboxes on `platform` (chosen by [`platform::choose`]); `ptrace` unless
+    /// told.
+    pub fn with_platform(mut self, platform: Platform) -> Self {
+        self.platform = platform;
+        self
+    }
+
+    /// The platform new sandboxes boot on.
+    pub fn platform(&self) -> Platform {
+        self.platform
+    }
+
     /// `RLIMIT_NOFILE` of every command (0: the agent's own).
     pub fn with_nofile(mut self, nofile: u64) -> Self {
         self.nofile = nofile;
@@ -397,7 +411,7 @@ impl GvisorDriver {
         vec![
             self.runsc.to_string_lossy().into_owned(),
             format!("--root={}", self.runsc_root().display()),
-            format!("--platform={PLATFORM}"),
+            self.platform.flag(),
             "--network=none".into(),
             "--host-uds=create".into(),
             "--ignore-cgroups".into(),
@@ -518,6 +532,7 @@ impl GvisorDriver {
         let dir = self.sandbox_dir(&spec.id);
         let mut image = None;
         let mut agent = None;
+        let mut made_on = None;
         // A template's boot image is a snapshot's directory kept elsewhere.
         let source = match (&spec.boot_image, &spec.snapshot) {
             (Some(b), _) => Some((b.clone(), format!("boot image {}", b.display()))),
@@ -534,13 +549,18 @@ impl GvisorDriver {
             if mem.join(IMAGE_FILE).exists() {
                 // Checked before the copy, which would be for nothing.
                 agent = self.agent_of(&src)?;
+                made_on = Some(platform::recorded(&src).map_err(DriverError::Image)?);
                 image = Some(mem);
             }
             std::fs::create_dir_all(&dir)?;
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
             crate::disk::copy_sparse(&src.join(crate::disk::IMAGE), &dir.join(crate::disk::IMAGE))?;
         }
-        let cfg = self.prepare(spec, agent.unwrap_or_else(|| self.agent()))?;
+        let mut cfg = self.prepare(spec, agent.unwrap_or_else(|| self.agent()))?;
+        // A checkpoint restores on the platform it was made on (and so do later resumes).
+        if let Some(p) = made_on {
+            platform::set_in_args(&mut cfg.runsc, p);
+        }
         // Kept for a restore from disk, which needs the same mounts.
         let json = serde_json::to_vec(&cfg).map_err(std::io::Error::other)?;
         std::fs::write(dir.join(LAUNCH_FILE), json)?;
@@ -630,14 +650,18 @@ impl GvisorDriver {
                     std::fs::hard_link(e.path(), tmp.join(e.file_name()))?;
                     bytes += crate::disk::allocated_bytes(&tmp.join(e.file_name()));
                 }
-                // The agent the checkpoint's memory runs, which its restores must bind.
-                let agent = std::fs::read(src.join(LAUNCH_FILE))
+                // The agent the checkpoint's memory runs, which its restores must bind, and
+                // the platform it was made on, which they run on.
+                let launch = std::fs::read(src.join(LAUNCH_FILE))
                     .ok()
-                    .and_then(|b| serde_json::from_slice::<GvisorLaunch>(&b).ok())
-                    .and_then(|l| l.agent);
-                if let Some(a) = agent {
+                    .and_then(|b| serde_json::from_slice::<GvisorLaunch>(&b).ok());
+                if let Some(a) = launch.as_ref().and_then(|l| l.agent.as_ref()) {
                     std::fs::write(dir.join(AGENT_FILE), a.as_os_str().as_encoded_bytes())?;
                 }
+                let made_on = launch
+                    .and_then(|l| platform::of_args(&l.runsc))
+                    .unwrap_or(Platform::Ptrace);
+                std::fs::write(dir.join(platform::RECORD_FILE), made_on.as_str())?;
                 std::fs::rename(&tmp, dir.join(MEMORY_DIR))?;
             }
             Ok(bytes)
