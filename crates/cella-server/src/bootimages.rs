@@ -70,8 +70,10 @@ fn plain(name: &str) -> bool {
 }
 
 /// A short digest of what a boot image depends on past its template: the files (size and
-/// modification time) of the server's executable and of `runsc`, when there is one.
-pub fn stamp(exe: &Path, runsc: Option<&Path>) -> String {
+/// modification time) of the server's executable and of `runsc`, when there is one, and the
+/// gVisor platform new sandboxes boot on (an image restores on the platform it was saved on, so
+/// one of another platform would still work, but the server's own is the one asked for).
+pub fn stamp(exe: &Path, runsc: Option<&Path>, platform: Option<&str>) -> String {
     use sha2::{Digest, Sha256};
     use std::os::unix::fs::MetadataExt;
     let mut h = Sha256::new();
@@ -80,6 +82,9 @@ pub fn stamp(exe: &Path, runsc: Option<&Path>) -> String {
         if let Ok(m) = std::fs::metadata(p) {
             h.update(format!(":{}:{}.{};", m.len(), m.mtime(), m.mtime_nsec()));
         }
+    }
+    if let Some(p) = platform {
+        h.update(format!("platform:{p};"));
     }
     hex::encode(&h.finalize()[..6])
 }
@@ -275,6 +280,20 @@ mod tests {
         std::fs::create_dir_all(p.join("memory")).unwrap();
         std::fs::write(p.join("disk.img"), b"d").unwrap();
         std::fs::write(p.join("memory").join("checkpoint.img"), b"m").unwrap();
+    }
+
+    #[test]
+    fn the_stamp_follows_the_executables_and_the_platform() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (exe, runsc) = (tmp.path().join("cella"), tmp.path().join("runsc"));
+        std::fs::write(&exe, b"one").unwrap();
+        std::fs::write(&runsc, b"r").unwrap();
+        let ptrace = stamp(&exe, Some(&runsc), Some("ptrace"));
+        assert_eq!(ptrace, stamp(&exe, Some(&runsc), Some("ptrace")));
+        assert_ne!(ptrace, stamp(&exe, Some(&runsc), Some("kvm")));
+        assert_ne!(ptrace, stamp(&exe, None, None));
+        std::fs::write(&exe, b"two!").unwrap();
+        assert_ne!(ptrace, stamp(&exe, Some(&runsc), Some("ptrace")));
     }
 
     #[test]

@@ -597,6 +597,8 @@ pub struct Backend {
     pub base_image: cella_runtime::rootfs::TemplateImage,
     pub network: Option<Vec<std::net::Ipv4Addr>>,
     pub firewall: Option<cella_runtime::firewall::Firewall>,
+    /// The platform gVisor sandboxes boot on, when the host has `runsc`.
+    pub gvisor_platform: Option<cella_runtime::gvisor::platform::Platform>,
 }
 
 impl Backend {
@@ -607,6 +609,7 @@ impl Backend {
             base_image,
             network: None,
             firewall: None,
+            gvisor_platform: None,
         }
     }
 }
@@ -742,6 +745,7 @@ fn namespace_backend(config: &Config, instance: &str) -> Result<Backend, ServeEr
         .runtime
         .gvisor_platform()
         .map_err(ServeError::Config)?;
+    let mut gvisor_platform = None;
     let gvisor: Option<Arc<dyn Driver>> = match cella_runtime::gvisor::find_runsc() {
         Some(runsc) => {
             use cella_runtime::gvisor::platform;
@@ -754,6 +758,7 @@ fn namespace_backend(config: &Config, instance: &str) -> Result<Backend, ServeEr
                 ),
                 None => tracing::info!("gVisor sandboxes boot on the {chosen} platform"),
             }
+            gvisor_platform = Some(chosen);
             Some(Arc::new(
                 cella_runtime::gvisor::GvisorDriver::new(dir, agent_exe, runsc, instance)?
                     .with_platform(chosen)
@@ -776,6 +781,7 @@ fn namespace_backend(config: &Config, instance: &str) -> Result<Backend, ServeEr
         base_image: image,
         network,
         firewall,
+        gvisor_platform,
     })
 }
 
@@ -838,6 +844,7 @@ async fn assemble(
         bootimages::stamp(
             &std::env::current_exe().unwrap_or_default(),
             cella_runtime::gvisor::find_runsc().as_deref(),
+            backend.gvisor_platform.map(|p| p.as_str()),
         ),
     );
     let limiter = ratelimit::Limiter::new(config.rate_limits.clone());
