@@ -32,6 +32,39 @@ const ANNOUNCE: Duration = Duration::from_millis(5);
 /// five pipes, a fork) would hold up its answer by about half a millisecond.
 const PREPARE_AFTER: Duration = Duration::from_millis(5);
 
+/// Runs its kill once: when told ([`Self::fire`]), or when dropped still armed.
+struct Unfinished<F: Fn()> {
+    kill: F,
+    armed: std::cell::Cell<bool>,
+}
+
+impl<F: Fn()> Unfinished<F> {
+    fn new(kill: F) -> Self {
+        Unfinished {
+            kill,
+            armed: std::cell::Cell::new(true),
+        }
+    }
+
+    /// Kills now (if not done yet).
+    fn fire(&self) {
+        if self.armed.replace(false) {
+            (self.kill)();
+        }
+    }
+
+    /// The command ended by itself: nothing to kill.
+    fn disarm(&self) {
+        self.armed.set(false);
+    }
+}
+
+impl<F: Fn()> Drop for Unfinished<F> {
+    fn drop(&mut self) {
+        self.fire();
+    }
+}
+
 /// Forwards output up to the cap, after what is `pending` (the `Started` frame not sent yet),
 /// in one write; returns false when the node has gone away.
 async fn forward(
@@ -135,6 +168,11 @@ pub(crate) async fn exec(
         }
     };
     let pid = child.pid;
+    // Until its exit is seen, an exec that ends without an answer kills what the command
+    // started, as a hang-up does: also when its task is dropped at an await (a `Quiesce` before
+    // gVisor's checkpoint closes every connection), where nobody would answer for the command
+    // or hold it to its timeout any more.
+    let unfinished = Unfinished::new(|| kill_all(pid));
     let mut exit_rx = child.exit;
     let mut launch = child.launch;
     // `Started` goes out with the first output or the exit, or after ANNOUNCE: a short command
@@ -192,7 +230,7 @@ pub(crate) async fn exec(
                         let (code, msg) = spawn_failure(&spec.argv[0], &e);
                         failed = Some(code);
                         if !forward(&mut wr, &mut pending, FrameKind::Stderr, msg.as_bytes(), &mut esent, spec.output_cap, &mut etrunc).await {
-                            kill_all(pid);
+                            unfinished.fire();
                             return Ok(());
                         }
                     }
@@ -201,14 +239,14 @@ pub(crate) async fn exec(
             },
             _ = &mut announce, if !pending.is_empty() => {
                 if wr.write_all(&std::mem::take(&mut pending)).await.is_err() {
-                    kill_all(pid);
+                    unfinished.fire();
                     return Ok(());
                 }
             },
             n = async { obuf.clear(); out.as_mut().expect("guarded").read_buf(&mut obuf).await }, if out.is_some() => match n {
                 Ok(n) if n > 0 => {
                     if !forward(&mut wr, &mut pending, FrameKind::Stdout, &obuf[..n], &mut osent, spec.output_cap, &mut otrunc).await {
-                        kill_all(pid);
+                        unfinished.fire();
                         return Ok(());
                     }
                 }
@@ -217,19 +255,20 @@ pub(crate) async fn exec(
             n = async { ebuf.clear(); err.as_mut().expect("guarded").read_buf(&mut ebuf).await }, if err.is_some() => match n {
                 Ok(n) if n > 0 => {
                     if !forward(&mut wr, &mut pending, FrameKind::Stderr, &ebuf[..n], &mut esent, spec.output_cap, &mut etrunc).await {
-                        kill_all(pid);
+                        unfinished.fire();
                         return Ok(());
                     }
                 }
                 _ => err = None,
             },
             code = &mut exit_rx, if status.is_none() => {
+                unfinished.disarm();
                 status = Some(code.unwrap_or(255));
                 drain.as_mut().reset(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
             },
             _ = &mut deadline, if status.is_none() && !timed_out => {
                 timed_out = true;
-                kill_all(pid);
+                unfinished.fire();
             },
             _ = &mut drain, if status.is_some() => break,
             _ = &mut prepare, if !prepared => {
@@ -241,7 +280,7 @@ pub(crate) async fn exec(
             r = rd.read(&mut ctl) => {
                 // The node sends nothing more; a read that returns means it hung up.
                 if matches!(r, Ok(0) | Err(_)) {
-                    kill_all(pid);
+                    unfinished.fire();
                     return Ok(());
                 }
             }

@@ -868,6 +868,12 @@ pub async fn write(
         Err(e) => return proto::write_json(stream, &io_error(&path, &e)).await,
     };
     let dir = Arc::new(dir);
+    // Removed unless renamed into place: also when this task is dropped mid-upload (a
+    // `Quiesce` before gVisor's checkpoint closes every connection).
+    let partial = PartialUpload {
+        dir: dir.clone(),
+        name: Some(tmp.clone()),
+    };
     let mut total: u64 = 0;
     let outcome: Result<(), Response> = loop {
         match proto::read_frame(stream).await {
@@ -922,10 +928,33 @@ pub async fn write(
         Err(r) => Err(r),
     };
     match finished {
-        Ok(()) => proto::write_json(stream, &Response::Done { bytes: total }).await,
+        Ok(()) => {
+            partial.renamed();
+            proto::write_json(stream, &Response::Done { bytes: total }).await
+        }
         Err(r) => {
-            let _ = unlinkat(&dir, &tmp, 0);
+            drop(partial);
             proto::write_json(stream, &r).await
+        }
+    }
+}
+
+/// An upload's temporary file, removed when dropped unless it was renamed into place.
+struct PartialUpload {
+    dir: Arc<OwnedFd>,
+    name: Option<CString>,
+}
+
+impl PartialUpload {
+    fn renamed(mut self) {
+        self.name = None;
+    }
+}
+
+impl Drop for PartialUpload {
+    fn drop(&mut self) {
+        if let Some(name) = self.name.take() {
+            let _ = unlinkat(&self.dir, &name, 0);
         }
     }
 }
@@ -994,6 +1023,58 @@ fn rand_suffix() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn uploads_in(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// An upload whose task is dropped mid-way (a `Quiesce` before gVisor's checkpoint closes
+    /// every connection so) leaves no temporary file; a whole one is renamed into place.
+    #[tokio::test]
+    async fn an_upload_dropped_mid_way_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("up.bin").to_string_lossy().into_owned();
+        let (uid, gid) = (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        );
+        let (mut node, mut agent) = UnixStream::pair().unwrap();
+        let p = path.clone();
+        let task =
+            tokio::spawn(async move { write(&mut agent, p, uid, gid, 0o640, 1 << 20).await });
+        proto::write_frame(&mut node, FrameKind::Data, b"partial")
+            .await
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !uploads_in(dir.path())
+            .iter()
+            .any(|n| n.starts_with(UPLOAD_PREFIX))
+        {
+            assert!(std::time::Instant::now() < deadline, "no temporary file");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        task.abort();
+        let _ = task.await;
+        assert_eq!(uploads_in(dir.path()), Vec::<String>::new());
+
+        let (mut node, mut agent) = UnixStream::pair().unwrap();
+        let p = path.clone();
+        let task =
+            tokio::spawn(async move { write(&mut agent, p, uid, gid, 0o640, 1 << 20).await });
+        proto::write_frame(&mut node, FrameKind::Data, b"whole")
+            .await
+            .unwrap();
+        proto::write_frame(&mut node, FrameKind::DataEnd, b"")
+            .await
+            .unwrap();
+        task.await.unwrap().unwrap();
+        assert_eq!(uploads_in(dir.path()), ["up.bin"]);
+        assert_eq!(std::fs::read(&path).unwrap(), b"whole");
+    }
 
     #[test]
     fn dot_dot_cannot_hide_the_root_or_the_agent() {

@@ -437,24 +437,22 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
             let answer = kernels.call(language, action, spec, jail).await;
             proto::write_json(&mut stream, &answer).await
         }
-        Ok(Request::Connect { port }) => {
-            match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-                Ok(mut tcp) => match proto::write_json(&mut stream, &Response::Connected).await {
-                    Ok(()) => tokio::io::copy_bidirectional(&mut stream, &mut tcp)
-                        .await
-                        .map(|_| ())
-                        .map_err(proto::ProtoError::from),
-                    Err(e) => Err(e),
-                },
-                Err(e) => {
-                    let msg = Response::Error {
-                        kind: ErrorKind::NotFound,
-                        message: format!("nothing accepts connections on port {port}: {e}"),
-                    };
-                    proto::write_json(&mut stream, &msg).await
-                }
+        Ok(Request::Connect { port }) => match connect_loopback(port).await {
+            Ok(mut tcp) => match proto::write_json(&mut stream, &Response::Connected).await {
+                Ok(()) => tokio::io::copy_bidirectional(&mut stream, &mut tcp)
+                    .await
+                    .map(|_| ())
+                    .map_err(proto::ProtoError::from),
+                Err(e) => Err(e),
+            },
+            Err(e) => {
+                let msg = Response::Error {
+                    kind: ErrorKind::NotFound,
+                    message: format!("nothing accepts connections on port {port}: {e}"),
+                };
+                proto::write_json(&mut stream, &msg).await
             }
-        }
+        },
         Ok(Request::Activity) => proto::write_json(&mut stream, &procs.activity()).await,
         Ok(Request::SetHostname { name }) => {
             let msg = match nix::unistd::sethostname(&name) {
@@ -522,5 +520,41 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
     };
     if let Err(e) = result {
         tracing::debug!("agent connection ended: {e}");
+    }
+}
+
+/// A connection to `port` on the sandbox's loopback: `127.0.0.1`, else `::1` (where the
+/// sandbox's loopback has IPv6, as gVisor's does, `localhost` names `::1` first and many
+/// development servers listen there only). The first address's error when neither answers.
+async fn connect_loopback(port: u16) -> std::io::Result<tokio::net::TcpStream> {
+    match tokio::net::TcpStream::connect((std::net::Ipv4Addr::LOCALHOST, port)).await {
+        Ok(tcp) => Ok(tcp),
+        Err(e) => tokio::net::TcpStream::connect((std::net::Ipv6Addr::LOCALHOST, port))
+            .await
+            .map_err(|_| e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn loopback_connections_reach_a_listener_on_either_address() {
+        for addr in ["127.0.0.1:0", "[::1]:0"] {
+            let Ok(l) = tokio::net::TcpListener::bind(addr).await else {
+                eprintln!("skipped: this host cannot listen on {addr}");
+                continue;
+            };
+            let port = l.local_addr().unwrap().port();
+            let accept = tokio::spawn(async move { l.accept().await.map(|_| ()) });
+            super::connect_loopback(port).await.unwrap();
+            accept.await.unwrap().unwrap();
+        }
+        // Nothing on either address: the IPv4 address's refusal.
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let e = super::connect_loopback(port).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
     }
 }

@@ -858,33 +858,91 @@ fn gvisor_warm_series(bin: &Path, n: usize) -> Series {
 /// (the work an app does before it serves): a create + first exec restored from its boot image,
 /// against a cold create + first exec of the same template (an `env` of its own makes a create
 /// boot cold and start the app), and the first create, which boots cold and saves the image.
-fn boot_image_series(s: &Server, n: usize) -> Vec<Series> {
-    let spec = json!({
-        "id": "bench-boot",
+/// The spec of the bench's `snapshot_boot` template `id`: an app that holds 8 MiB and is ready
+/// one second after it starts.
+fn boot_template_spec(id: &str) -> Value {
+    json!({
+        "id": id,
         "snapshot_boot": true,
         "default_size": "xs",
         "start": "python3 -c 'import time; b = bytes(range(256)) * 4096 * 8; time.sleep(1); open(\"/tmp/app-ready\", \"w\").close(); time.sleep(86400)'",
         "ready": { "command": "test -e /tmp/app-ready" },
-    });
+    })
+}
+
+/// Builds template `spec` and waits until its build is ready.
+fn build_template(s: &Server, spec: Value) {
+    let id = spec["id"].as_str().unwrap_or_default().to_string();
     let (st, v) = s.call(KEY, "POST", "/api/v1/templates", Some(spec));
-    assert_eq!(st, 202, "building the snapshot_boot template: {v}");
+    assert_eq!(st, 202, "building template {id}: {v}");
     let build = v["data"]["id"].as_str().unwrap_or_default().to_string();
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let (_, b) = s.call(
             KEY,
             "GET",
-            &format!("/api/v1/templates/bench-boot/builds/{build}"),
+            &format!("/api/v1/templates/{id}/builds/{build}"),
             None,
         );
         match b["data"]["state"].as_str() {
             Some("ready") => break,
-            Some("failed") => panic!("the snapshot_boot template's build failed: {b}"),
+            Some("failed") => panic!("template {id}'s build failed: {b}"),
             _ => {}
         }
         assert!(Instant::now() < deadline, "the build did not end: {b}");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Whether template `id`'s size `size` reads `fast_ready` (a warm sandbox waits).
+fn size_fast_ready(s: &Server, id: &str, size: &str) -> bool {
+    let (_, t) = s.call(KEY, "GET", &format!("/api/v1/templates/{id}"), None);
+    t["data"]["sizes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|z| z["size"] == size))
+        .is_some_and(|z| z["state"] == "fast_ready")
+}
+
+/// Create + first exec of the `snapshot_boot` template with one warm sandbox, which the pool
+/// restores from its boot image ahead of the create: each sample waits until one waits
+/// (`fast_ready`), then times.
+fn boot_image_warm_series(s: &Server, n: usize) -> Series {
+    let mut spec = boot_template_spec("bench-boot-warm");
+    spec["warm"] = json!(1);
+    build_template(s, spec);
+    let mut samples = Vec::new();
+    for _ in 0..n.min(10) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !size_fast_ready(s, "bench-boot-warm", "xs") {
+            assert!(
+                Instant::now() < deadline,
+                "no warm sandbox of the snapshot_boot template became ready"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let t = Instant::now();
+        let (st, v) = s.call(
+            KEY,
+            "POST",
+            "/api/v1/sandboxes",
+            Some(json!({ "template_id": "bench-boot-warm", "idle_timeout_sec": 0 })),
+        );
+        assert_eq!(st, 201, "create of the warm snapshot_boot template: {v}");
+        let id = v["data"]["id"].as_str().unwrap_or_default().to_string();
+        s.exec_true(&id);
+        samples.push(ms(t.elapsed()));
+        s.destroy(KEY, &id);
+    }
+    s.call(KEY, "DELETE", "/api/v1/templates/bench-boot-warm", None);
+    Series {
+        name: "gvisor_boot_image_warm_create_exec_ms",
+        samples,
+        target: "(the same, claimed from its warm pool)",
+    }
+}
+
+fn boot_image_series(s: &Server, n: usize) -> Vec<Series> {
+    build_template(s, boot_template_spec("bench-boot"));
     let create_exec = |env: bool| {
         let mut body = json!({ "template_id": "bench-boot", "idle_timeout_sec": 0 });
         if env {
@@ -925,6 +983,7 @@ fn boot_image_series(s: &Server, n: usize) -> Vec<Series> {
             samples: cold,
             target: "(none)",
         },
+        boot_image_warm_series(s, n),
     ]
 }
 
@@ -1558,6 +1617,8 @@ fn main() {
         out["fork_100mib_after_write_ms_p50"] = json!(p("fork_100mib_after_write_ms", 0.5));
         out["peer_spawn_bare_ms_p50"] = json!(p("peer_spawn_bare_ms", 0.5));
         out["gvisor_first_exec_later_ms_p50"] = json!(p("gvisor_first_exec_later_ms", 0.5));
+        out["gvisor_boot_image_warm_create_exec_ms_p50"] =
+            json!(p("gvisor_boot_image_warm_create_exec_ms", 0.5));
         out["create_exec_cold_under_gateway_load_ms_p50"] =
             json!(p("create_exec_cold_under_gateway_load_ms", 0.5));
         out["host_cpuid_us"] = json!(cpuid_us().map(|c| (c * 100.0).round() / 100.0));

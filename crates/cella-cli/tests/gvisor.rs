@@ -924,6 +924,59 @@ fn calls_sent_while_a_gvisor_fork_or_snapshot_checkpoints_the_source_wait_and_ru
     assert_nothing_left(&s, &src);
 }
 
+/// An exec running when a snapshot of its gVisor sandbox begins (the checkpoint closes every
+/// connection to the agent): it answers 503 saying so, and its command is ended, not left to run
+/// on after the restore with nobody holding it to its timeout (a client retrying would run it
+/// twice).
+#[test]
+fn an_exec_cut_by_a_gvisor_snapshot_answers_503_and_its_command_is_ended() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let id = create_gvisor(&s);
+    let (exec, snap) = std::thread::scope(|sc| {
+        let exec = sc.spawn(|| {
+            s.post(
+                &format!("/api/v1/sandboxes/{id}/exec"),
+                json!({ "command": "sleep 23; echo late > /home/user/late", "timeout_sec": 60 }),
+            )
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while s.sh(&id, "pgrep -fx 'sleep 23'")["exit_code"] != 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the command never started"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let snap = s.post(&format!("/api/v1/sandboxes/{id}/snapshots"), json!({}));
+        (exec.join().unwrap(), snap)
+    });
+    assert_eq!(snap.status, 201, "{}\n{}", snap.body, s.log());
+    assert_eq!(exec.status, 503, "{}", exec.body);
+    assert_eq!(exec.body["error"]["code"], "UNAVAILABLE", "{}", exec.body);
+    assert_eq!(
+        exec.body["error"]["details"]["reason"], "checkpointed",
+        "{}",
+        exec.body
+    );
+    assert!(
+        exec.body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("snapshot or fork"),
+        "{}",
+        exec.body
+    );
+    let r = s.sh(&id, "pgrep -fx 'sleep 23'; echo rc=$?");
+    assert_eq!(r["stdout"], "rc=1\n", "{r}");
+    let snap = snap.data()["id"].as_str().unwrap().to_string();
+    assert_eq!(s.delete(&format!("/api/v1/snapshots/{snap}")).status, 200);
+    assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+    assert_nothing_left(&s, &id);
+}
+
 /// A client that hangs up while its snapshot with memory of a running gVisor sandbox is being
 /// taken: the snapshot is made all the same, and the sandbox is restored and runs on (it used to
 /// be left written to disk with its row running, every call to it failing).
@@ -1052,6 +1105,28 @@ fn the_interpreter_processes_previews_and_pause_work_on_gvisor() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
     assert_eq!(body, "plain-text\n");
+    // An app on `::1` only (where `localhost` leads first on gVisor's loopback, and where many
+    // development servers listen): reached too.
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        json!({ "argv": ["python3", "-m", "http.server", "8001", "--bind", "::1", "--directory", "/tmp/www"] }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let url = format!("{}/preview/{id}/8001/hello.txt", s.url);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let r = http.get(&url).send().unwrap();
+        if r.status().as_u16() == 200 {
+            assert_eq!(r.text().unwrap(), "plain-text\n");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the app on ::1 never answered: {}",
+            r.status()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     // Pause freezes it (memory kept), resume goes on where it was.
     let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
     assert_eq!(r.status, 200, "{}", r.body);
@@ -1168,12 +1243,17 @@ fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
 
     // A command running when a pause begins is cut: it answers 409 (paused), not a hang. So
     // does an upload whose body is still arriving, and a code cell still running.
-    let exec = json!({ "command": "sleep 20; echo late" });
+    let exec = json!({ "command": "sleep 21; echo late" });
     let body = cut_by_pause(&s, &id, 500, move |c, url| {
         c.post(format!("{url}/exec")).json(&exec)
     });
     assert!(body.contains("paused"), "{body}");
     resume(&s, &id);
+    // The cut command does not run on after the resume (nobody would answer for it or hold it
+    // to its timeout, and a client retrying after the 409 would run it twice): it was killed as
+    // at a hang-up.
+    let r = s.sh(&id, "pgrep -fx 'sleep 21'; echo rc=$?");
+    assert_eq!(r["stdout"], "rc=1\n", "{r}");
     let body = cut_by_pause(&s, &id, 1000, |c, url| {
         c.put(format!("{url}/files?path=/home/user/slow.bin"))
             .body(reqwest::blocking::Body::new(Trickle(40)))
@@ -1189,6 +1269,7 @@ fn pause_writes_a_gvisor_sandbox_to_disk_and_resume_goes_on_where_it_was() {
     ));
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(!r.body.to_string().contains("slow.bin"), "{}", r.body);
+    assert!(!r.body.to_string().contains(".cella-upload"), "{}", r.body);
     let cell = json!({ "code": "import time\ntime.sleep(20)\n'late'" });
     let body = cut_by_pause(&s, &id, 1000, move |c, url| {
         c.post(format!("{url}/code/run")).json(&cell)

@@ -874,12 +874,12 @@ pub async fn exec_failure(
             if state_of(&row) != SandboxState::Running {
                 return SandboxError::not_running(&row);
             }
-            // Paused and resumed since: its processes are new, the old handle's are gone.
+            // Checkpointed and restored since (a snapshot or fork while it ran): the command
+            // was ended with the connection (the agent kills what an exec it cannot answer
+            // started).
             if handle_of(&row).ok().flatten().as_ref() != Some(handle) {
-                return SandboxError::Driver {
-                    what: "exec",
-                    source: e,
-                };
+                tracing::debug!(sandbox = id, "exec cut by a checkpoint: {e}");
+                return SandboxError::Checkpointed { id: id.to_string() };
             }
         }
     }

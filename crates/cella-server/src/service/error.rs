@@ -107,6 +107,10 @@ pub enum SandboxError {
     /// A stopped sandbox did not boot again.
     #[error("the sandbox failed to start again")]
     RestartFailed { id: String, reason: Option<String> },
+    /// A call cut because gVisor checkpointed the sandbox while it ran (a snapshot or a fork
+    /// of a running sandbox); the sandbox runs on, what the call started was ended.
+    #[error("sandbox {id} was checkpointed for a snapshot or fork while this call ran (gVisor closes every connection to it then); what the call started was ended: send it again")]
+    Checkpointed { id: String },
     /// The sandbox's agent refused or did not answer.
     #[error("{}: {source}", .op.name())]
     Agent { op: AgentOp, source: ClientError },
@@ -325,6 +329,8 @@ impl From<SandboxError> for ApiError {
                 tracing::warn!("{message}");
                 ApiError::unavailable("the sandbox's agent did not answer")
             }
+            E::Checkpointed { id } => ApiError::unavailable(message)
+                .with_details(json!({ "sandbox_id": id, "reason": "checkpointed" })),
             // The server's disk is full: 507, nothing written.
             E::Store(s) if s.is_full() => s.into(),
             E::UnexpectedAnswer(_)
