@@ -292,6 +292,8 @@ fn by_default_a_sandbox_reaches_the_internet_and_nothing_private() {
         [true, false, false, false, false, false, false],
         "from a default sandbox: [internet, metadata, private, host via gateway, host, API port, other sandbox]"
     );
+    // A neighbour is refused at once (a reset), not dropped into the caller's timeout.
+    assert_eq!(connect_errors(&s, &a, &[&to_b]), ["ECONNREFUSED"]);
     // b's allow list names the private range, which the operator's floor holds (the default
     // `deny_always`); nor does it open its neighbour or the host.
     let got = reach(&s, &b, &[PUBLIC, PRIVATE, METADATA, &to_a, &on_gateway]);

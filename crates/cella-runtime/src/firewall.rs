@@ -18,7 +18,8 @@
 //! leaves nothing removes its own).
 //!
 //! - forward: traffic *to* a sandbox is dropped unless it answers a connection the sandbox
-//!   opened (no inbound, no sandbox-to-sandbox); traffic *from* a sandbox goes to `egress`.
+//!   opened (no inbound), or refused when it comes from another sandbox (no sandbox-to-sandbox,
+//!   and the sender learns so at once); traffic *from* a sandbox goes to `egress`.
 //! - egress: IPv6 is refused, established flows pass, then the sandbox's own chain decides; an
 //!   interface with no chain yet (a sandbox still booting) is refused: the firewall fails closed.
 //! - input: nothing from a sandbox reaches the host itself (its loopback services, the API port,
@@ -281,6 +282,7 @@ add rule inet cella egress jump refuse
 add chain inet cella forward {{ type filter hook forward priority -10; policy accept; }}
 flush chain inet cella forward
 add rule inet cella forward oifname "{p}*" ct state established,related accept
+add rule inet cella forward iifname "{p}*" oifname "{p}*" jump refuse
 add rule inet cella forward oifname "{p}*" drop
 add rule inet cella forward iifname "{p}*" jump egress
 add chain inet cella input {{ type filter hook input priority -10; policy accept; }}
@@ -1122,6 +1124,12 @@ mod tests {
         // The host's loopback address lies inside 127.0.0.0/8 and is merged into it.
         assert!(!floor.contains("127.0.0.1/32"), "{floor}");
         assert!(!s.contains("egress drop") && !s.contains("\"{p}*\" drop"));
+        // Sandbox to sandbox is refused before what comes into a sandbox is dropped.
+        let between = s
+            .find("forward iifname \"cv*\" oifname \"cv*\" jump refuse")
+            .unwrap();
+        let inbound = s.find("forward oifname \"cv*\" drop").unwrap();
+        assert!(between < inbound, "{s}");
     }
 
     #[test]
