@@ -195,6 +195,8 @@ pub struct Jail {
     filter_inherited: bool,
     /// `RLIMIT_NOFILE` (soft and hard) of every command; 0 leaves the agent's.
     nofile: u64,
+    /// `RLIMIT_NPROC` (soft and hard) of every command; 0 leaves the agent's.
+    nproc: u64,
 }
 
 fn arch() -> Result<TargetArch, HardenError> {
@@ -263,6 +265,7 @@ impl Jail {
             bounding_narrowed: false,
             filter_inherited: false,
             nofile: 0,
+            nproc: 0,
         })
     }
 
@@ -297,6 +300,15 @@ impl Jail {
         self
     }
 
+    /// Every command's user may run at most `n` tasks (processes and threads), soft and hard
+    /// limit (`RLIMIT_NPROC`; commands cannot raise it without `CAP_SYS_RESOURCE`). 0 leaves the
+    /// agent's own. For gVisor, whose kernel enforces it where the host's cgroup would end the
+    /// whole sandbox (see `cella_runtime::gvisor`).
+    pub fn with_nproc(mut self, n: u64) -> Jail {
+        self.nproc = n;
+        self
+    }
+
     /// Confines the calling process and switches it to `uid`/`gid`. Runs between fork and exec.
     pub fn enter(&self, uid: u32, gid: u32) -> std::io::Result<()> {
         let plain = self.plain();
@@ -326,6 +338,7 @@ impl Jail {
     fn plain(&self) -> Confinement {
         Confinement {
             nofile: self.nofile,
+            nproc: self.nproc,
             root_caps: self.root_caps,
         }
     }
@@ -339,6 +352,8 @@ impl Jail {
 pub struct Confinement {
     /// `RLIMIT_NOFILE` (soft and hard); 0 leaves the agent's.
     nofile: u64,
+    /// `RLIMIT_NPROC` (soft and hard); 0 leaves the agent's.
+    nproc: u64,
     /// [`ROOT_CAPS`] as a mask of capability bits: what a root command keeps.
     root_caps: u64,
 }
@@ -351,7 +366,7 @@ impl Confinement {
         self.switch(uid, gid)
     }
 
-    /// `no_new_privs` and the file limit: what comes before the filter.
+    /// `no_new_privs` and the file and task limits: what comes before the filter.
     fn limit(&self) -> std::io::Result<()> {
         let err = std::io::Error::last_os_error;
         // SAFETY: plain system calls on the calling process.
@@ -359,13 +374,18 @@ impl Confinement {
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return Err(err());
             }
-            if self.nofile > 0 {
-                let lim = libc::rlimit {
-                    rlim_cur: self.nofile,
-                    rlim_max: self.nofile,
-                };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                    return Err(err());
+            for (resource, n) in [
+                (libc::RLIMIT_NOFILE, self.nofile),
+                (libc::RLIMIT_NPROC, self.nproc),
+            ] {
+                if n > 0 {
+                    let lim = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    if libc::setrlimit(resource, &lim) != 0 {
+                        return Err(err());
+                    }
                 }
             }
         }

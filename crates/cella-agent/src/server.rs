@@ -33,6 +33,8 @@ use tokio::signal::unix::{signal, SignalKind};
 pub struct AgentConfig {
     /// `RLIMIT_NOFILE` of every process the agent starts (0: the agent's own).
     pub nofile: u64,
+    /// `RLIMIT_NPROC` of every process the agent starts (0: the agent's own).
+    pub nproc: u64,
     /// The sandbox's cgroup, delegated for a cgroup per exec (see [`crate::execcg`]); None:
     /// timeouts kill by process tree.
     pub exec_cgroups: Option<Arc<ExecCgroups>>,
@@ -108,7 +110,7 @@ pub fn serve(listener: std::os::unix::net::UnixListener, config: AgentConfig) ->
         }
     }
     let mut jail = match Jail::new() {
-        Ok(j) => j.with_nofile(config.nofile),
+        Ok(j) => j.with_nofile(config.nofile).with_nproc(config.nproc),
         Err(e) => {
             eprintln!("cella-agent: {e}");
             std::process::exit(1)

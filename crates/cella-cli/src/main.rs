@@ -173,6 +173,8 @@ enum Command {
     GvisorAgent {
         #[arg(long, default_value_t = 0)]
         nofile: u64,
+        #[arg(long, default_value_t = 0)]
+        nproc: u64,
     },
     /// The server's nftables helper (`cella_runtime::nftlib`).
     #[command(name = "__nft", hide = true)]
@@ -531,8 +533,8 @@ fn main() -> ExitCode {
             netns.as_deref(),
         ) as u8);
     }
-    if let Command::GvisorAgent { nofile } = &cli.command {
-        return ExitCode::from(cella_runtime::gvisor::agent_main(*nofile) as u8);
+    if let Command::GvisorAgent { nofile, nproc } = &cli.command {
+        return ExitCode::from(cella_runtime::gvisor::agent_main(*nofile, *nproc) as u8);
     }
     if let Command::TaskAgent { argv } = cli.command {
         // Blocking and threaded on its own; no runtime here.

@@ -420,6 +420,47 @@ fn the_default_runtime_comes_from_the_config() {
     assert_eq!(r.data()["network"]["egress"], "deny");
 }
 
+/// Hundreds of processes in a gVisor sandbox: each costs the host about 8 tasks of runsc's (on
+/// `ptrace`), so the host's pids limit is ten times the sandbox's own; it used to be the same,
+/// and about 110 processes ended the whole sandbox. Past its own limit (`RLIMIT_NPROC`, which
+/// gVisor's kernel enforces) a new thread or process fails with `EAGAIN` inside, and the
+/// sandbox runs on.
+#[test]
+fn a_gvisor_sandbox_runs_hundreds_of_processes_and_its_limit_fails_a_fork_not_the_sandbox() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let id = create_gvisor(&s);
+    let r = s.exec(
+        &id,
+        json!({ "command": "for i in $(seq 300); do sleep 600 & done; sleep 1; pgrep -c -x sleep",
+                "timeout_sec": 300 }),
+    );
+    assert_eq!(r["stdout"], "300\n", "{r}\n{}", s.log());
+    let threads = "import threading, time\nn = 0\ntry:\n    while n < 5000:\n        \
+                   threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n        \
+                   n += 1\nexcept RuntimeError as e:\n    print('stopped', n, e)\n";
+    let r = s.exec(
+        &id,
+        json!({ "argv": ["python3", "-c", threads], "timeout_sec": 300 }),
+    );
+    let out = r["stdout"].as_str().unwrap_or_default().to_string();
+    let n: u32 = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{r}"));
+    assert!(out.starts_with("stopped "), "{r}");
+    // The user's 1024 tasks, less the 300 sleeps and the shells around them.
+    assert!((500..1024).contains(&n), "{r}");
+    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(got.data()["state"], "running", "{}", got.body);
+    assert_eq!(s.sh(&id, "echo alive")["stdout"], "alive\n");
+    assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+    assert_nothing_left(&s, &id);
+}
+
 /// The platform runsc's sandbox process of gVisor sandbox `id` was started with (runsc passes
 /// its own flags on only where they differ from its defaults: `ptrace` when none).
 fn platform_of(id: &str) -> String {

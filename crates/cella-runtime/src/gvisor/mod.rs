@@ -215,6 +215,24 @@ const LIFTED_CPUS: u64 = 2;
 /// In a sandbox's directory from just before its agent is quiesced for a checkpoint until it
 /// is woken or the checkpoint ended the sandbox.
 const QUIESCED_FILE: &str = "quiesced";
+/// The host's pids limit of a gVisor sandbox is this many times its own (`pids_max`, which its
+/// commands get as `RLIMIT_NPROC`, enforced by gVisor's kernel): on the `ptrace` platform every
+/// process in the sandbox costs the host about 8 tasks (its address space's stub process and a
+/// stub thread for each of the Sentry's threads that ran it; a thread about 0.4), and the host's
+/// limit, when reached, ends the whole sandbox (runsc cannot make a thread it needs), where the
+/// sandbox's own limit fails one `fork` with `EAGAIN`. Measured: 52 host tasks idle, 480 with 50
+/// `sleep`s, 898 with 100.
+pub const HOST_TASKS_PER_TASK: u32 = 10;
+/// The most host tasks one gVisor sandbox may hold (its own limit is this over
+/// [`HOST_TASKS_PER_TASK`] at most): one sandbox of many vCPUs must not take the host's threads.
+pub const MAX_HOST_TASKS: u32 = 32_768;
+
+/// A gVisor sandbox's limits for `pids_max`: the tasks each of its users may run (its commands'
+/// `RLIMIT_NPROC`) and its host cgroup's pids limit.
+pub fn pids_limits(pids_max: u32) -> (u32, u32) {
+    let own = pids_max.clamp(1, MAX_HOST_TASKS / HOST_TASKS_PER_TASK);
+    (own, own * HOST_TASKS_PER_TASK)
+}
 /// Longest wait for the agent to close its connections before a checkpoint.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -487,7 +505,7 @@ impl GvisorDriver {
             agent_exe: agent.clone(),
             cpu_count: spec.cpu_count,
             memory_mb: spec.memory_mb,
-            pids_max: spec.pids_max,
+            pids_max: pids_limits(spec.pids_max).0,
             nofile: self.nofile,
             link: net.is_some(),
         });
@@ -524,7 +542,7 @@ impl GvisorDriver {
             Limits {
                 cpus: spec.cpu_count,
                 memory_mb: spec.memory_mb,
-                pids_max: spec.pids_max,
+                pids_max: pids_limits(spec.pids_max).1,
             },
         )?;
         // The first boot from a snapshot: its files become the sandbox's own disk, and a
@@ -1948,8 +1966,9 @@ fn launch_run() -> Result<(i32, Option<crate::namespace::net::NetInfo>), String>
 /// Entry point of `cella __gvisor-agent`, the sandbox's init inside gVisor: binds the agent's
 /// socket (a host socket through `--host-uds=create`), mounts an empty read-only tmpfs over its
 /// directory so nothing in the sandbox can reach the socket or the executable by name, puts
-/// the `statx` shim in place ([`preload`]), and serves.
-pub fn agent_main(nofile: u64) -> i32 {
+/// the `statx` shim in place ([`preload`]), and serves. Its commands get at most `nofile` open
+/// files and `nproc` tasks per user (0: the agent's own limits).
+pub fn agent_main(nofile: u64, nproc: u64) -> i32 {
     use std::os::fd::AsRawFd;
     // Before any epoll instance exists: see [`epoll`].
     epoll::quiet_deleted_interests();
@@ -2003,6 +2022,7 @@ pub fn agent_main(nofile: u64) -> i32 {
         listener,
         cella_agent::AgentConfig {
             nofile,
+            nproc,
             exec_cgroups: None,
             rebind: Some(cella_agent::Rebind {
                 dir_fd,
@@ -2019,6 +2039,14 @@ pub fn agent_main(nofile: u64) -> i32 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_sandboxs_own_task_limit_and_the_hosts() {
+        assert_eq!(pids_limits(1024), (1024, 10_240));
+        // Many vCPUs: the host's share stays bounded.
+        assert_eq!(pids_limits(8192), (3276, 32_760));
+        assert_eq!(pids_limits(0), (1, 10));
+    }
     use super::*;
 
     /// An "executable" of a build: a file with `content` put in place as an upgrade puts one

@@ -49,6 +49,9 @@ pub struct SpecInput {
     pub agent_exe: PathBuf,
     pub cpu_count: u32,
     pub memory_mb: u32,
+    /// The tasks (processes and threads) each user of the sandbox may run: its commands'
+    /// `RLIMIT_NPROC`, which gVisor's kernel enforces (the host's cgroup allows
+    /// [`super::HOST_TASKS_PER_TASK`] times as many, for runsc's own).
     pub pids_max: u32,
     /// `RLIMIT_NOFILE` of the commands (0: the agent's own).
     pub nofile: u64,
@@ -81,7 +84,8 @@ pub fn oci_spec(s: &SpecInput) -> Value {
         "process": {
             "terminal": false,
             "user": { "uid": 0, "gid": 0 },
-            "args": [AGENT_EXE, "__gvisor-agent", "--nofile", s.nofile.to_string()],
+            "args": [AGENT_EXE, "__gvisor-agent", "--nofile", s.nofile.to_string(),
+                     "--nproc", s.pids_max.to_string()],
             "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
             "cwd": "/",
             "capabilities": {

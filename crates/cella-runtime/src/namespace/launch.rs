@@ -433,6 +433,8 @@ fn init_main(
         listener,
         cella_agent::AgentConfig {
             nofile: cfg.nofile,
+            // The sandbox's pids cgroup limits its tasks.
+            nproc: 0,
             exec_cgroups,
             rebind: None,
             refresh_standby: cfg.fast_cgroup_moves,
