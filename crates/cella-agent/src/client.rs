@@ -135,6 +135,24 @@ impl AgentClient {
             .map_err(|_| ClientError::Timeout)?
     }
 
+    /// Asks the agent to kill the sandbox's process with the most resident memory (see
+    /// `Request::OomKill`); answers its pid, resident bytes and name.
+    pub async fn oom_kill(&self, timeout: Duration) -> Result<(i32, u64, String), ClientError> {
+        let work = async {
+            match self.call(&Request::OomKill).await? {
+                Response::OomKilled {
+                    pid,
+                    rss_bytes,
+                    name,
+                } => Ok((pid, rss_bytes, name)),
+                _ => Err(ClientError::Unexpected),
+            }
+        };
+        tokio::time::timeout(timeout, work)
+            .await
+            .map_err(|_| ClientError::Timeout)?
+    }
+
     /// Runs a command and sends its output to `events` as it comes. When the receiver of
     /// `events` is dropped, the connection is closed and the agent kills the command.
     pub async fn exec(

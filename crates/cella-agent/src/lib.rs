@@ -17,6 +17,7 @@ mod fds;
 mod files;
 pub mod harden;
 pub mod kernel;
+mod oom;
 mod procs;
 pub mod proto;
 mod pty;

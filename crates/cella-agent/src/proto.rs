@@ -207,6 +207,10 @@ pub enum Request {
         mode: u32,
         max_bytes: u64,
     },
+    /// The host found the sandbox over its memory limit, which its kernel does not enforce
+    /// (gVisor): the agent kills the process with the most resident memory, as a kernel's OOM
+    /// killer would, and answers `OomKilled` (`Error` `NotFound` when there is none to kill).
+    OomKill,
 }
 
 /// What to do with a language's kernel.
@@ -302,6 +306,14 @@ pub struct ExecSpec {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Response {
+    /// The process an `OomKill` ended.
+    OomKilled {
+        pid: i32,
+        /// Its resident memory when it was chosen.
+        rss_bytes: u64,
+        /// Its name (`comm`).
+        name: String,
+    },
     Pong {
         version: u32,
         /// Requests that ran or changed anything since the last `Seal`; None: never sealed.

@@ -456,6 +456,15 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
             }
         },
         Ok(Request::Activity) => proto::write_json(&mut stream, &procs.activity()).await,
+        Ok(Request::OomKill) => {
+            let answer = tokio::task::spawn_blocking(crate::oom::kill_largest)
+                .await
+                .unwrap_or_else(|e| Response::Error {
+                    kind: ErrorKind::Internal,
+                    message: e.to_string(),
+                });
+            proto::write_json(&mut stream, &answer).await
+        }
         Ok(Request::SetHostname { name }) => {
             let msg = match nix::unistd::sethostname(&name) {
                 Ok(()) => pong(),

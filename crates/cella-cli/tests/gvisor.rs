@@ -420,6 +420,51 @@ fn the_default_runtime_comes_from_the_config() {
     assert_eq!(r.data()["network"]["egress"], "deny");
 }
 
+/// A command past a gVisor sandbox's memory limit is killed (137), as the kernel's OOM killer
+/// kills it on the namespace runtime, and the sandbox runs on with its files and processes:
+/// gVisor's kernel enforces no limit of its own, and the host's, reached, used to end the whole
+/// sandbox. The server's watcher kills the largest process once the sandbox is past its limit.
+#[test]
+fn a_gvisor_command_past_the_memory_limit_is_killed_and_the_sandbox_runs_on() {
+    if !have_runsc() {
+        return;
+    }
+    let s = Server::start();
+    let id = create_gvisor(&s);
+    let r = s.post(
+        &format!("/api/v1/sandboxes/{id}/processes"),
+        json!({ "command": "echo started; sleep 600" }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let pid = r.data()["pid"].as_i64().unwrap();
+    let hog = "x = []\nwhile True:\n    x.append(bytearray(50 * 1024 * 1024))\n";
+    let r = s.exec(
+        &id,
+        json!({ "argv": ["python3", "-c", hog], "timeout_sec": 120 }),
+    );
+    assert_eq!(r["exit_code"], 137, "{r}\n{}", s.log());
+    let got = s.get(&format!("/api/v1/sandboxes/{id}"));
+    assert_eq!(got.data()["state"], "running", "{}", got.body);
+    assert_eq!(s.sh(&id, "echo alive")["stdout"], "alive\n");
+    // The background process was not the one chosen.
+    let p = s.get(&format!("/api/v1/sandboxes/{id}/processes/{pid}"));
+    assert_eq!(p.data()["state"], "running", "{}", p.body);
+    assert!(
+        s.log()
+            .contains("over its memory limit: its largest process was killed"),
+        "{}",
+        s.log()
+    );
+    // Again: the memory came back.
+    let r = s.exec(
+        &id,
+        json!({ "argv": ["python3", "-c", hog], "timeout_sec": 120 }),
+    );
+    assert_eq!(r["exit_code"], 137, "{r}");
+    assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
+    assert_nothing_left(&s, &id);
+}
+
 /// Hundreds of processes in a gVisor sandbox: each costs the host about 8 tasks of runsc's (on
 /// `ptrace`), so the host's pids limit is ten times the sandbox's own; it used to be the same,
 /// and about 110 processes ended the whole sandbox. Past its own limit (`RLIMIT_NPROC`, which

@@ -513,6 +513,42 @@ pub fn usage(path: &str) -> (u64, u64) {
     )
 }
 
+/// Memory of cgroup `path` that its processes hold and the kernel could not reclaim without
+/// killing one (bytes): what it uses (`memory.current`, v1's `memory.usage_in_bytes`) less its
+/// file cache (`active_file` and `inactive_file` of `memory.stat`, v1's `total_` ones). None
+/// where the cgroup or its files are gone. The cache is read only when the usage is over
+/// `floor`: a caller that compares against a limit reads one file in the common case.
+pub fn memory_held(path: &str, floor: u64) -> Option<u64> {
+    let read = |p: PathBuf| std::fs::read_to_string(p).ok();
+    let (dir, usage_file, prefix) = if hierarchies::is_cgroup2_unified_mode() {
+        (
+            PathBuf::from(hierarchies::UNIFIED_MOUNTPOINT).join(path),
+            "memory.current",
+            "",
+        )
+    } else {
+        (
+            v1_mount(cgroups_rs::fs::Controllers::Mem)?.join(path),
+            "memory.usage_in_bytes",
+            "total_",
+        )
+    };
+    let used: u64 = read(dir.join(usage_file))?.trim().parse().ok()?;
+    if used <= floor {
+        return Some(used);
+    }
+    let stat = read(dir.join("memory.stat"))?;
+    let file: u64 = ["active_file", "inactive_file"]
+        .iter()
+        .filter_map(|k| {
+            let key = format!("{prefix}{k} ");
+            stat.lines()
+                .find_map(|l| l.strip_prefix(key.as_str())?.trim().parse::<u64>().ok())
+        })
+        .sum();
+    Some(used.saturating_sub(file))
+}
+
 /// The file of cgroup `path` that holds its CPU quota, and whether it is v2's `cpu.max`.
 fn cpu_quota_file(path: &str) -> Option<(PathBuf, bool)> {
     if hierarchies::is_cgroup2_unified_mode() {

@@ -765,7 +765,8 @@ fn namespace_backend(config: &Config, instance: &str) -> Result<Backend, ServeEr
                     .with_disk_quota(config.disk.quota)
                     .with_disk_pool(driver.disk_pool())
                     .with_nofile(config.limits.open_files)
-                    .with_network(driver.network()),
+                    .with_network(driver.network())
+                    .with_memory_watch(),
             ))
         }
         None => {

@@ -138,6 +138,7 @@
 
 pub mod control;
 pub mod epoll;
+pub mod memory;
 pub mod platform;
 pub mod preload;
 pub mod spec;
@@ -401,6 +402,13 @@ impl GvisorDriver {
         self
     }
 
+    /// Starts the watcher that holds this driver's sandboxes to their memory limit (see
+    /// [`memory`]); the server's, once.
+    pub fn with_memory_watch(self) -> Self {
+        memory::spawn(self.clone());
+        self
+    }
+
     /// The platform new sandboxes boot on.
     pub fn platform(&self) -> Platform {
         self.platform
@@ -541,7 +549,7 @@ impl GvisorDriver {
             &cgroup_path,
             Limits {
                 cpus: spec.cpu_count,
-                memory_mb: spec.memory_mb,
+                memory_mb: memory::host_limit_mb(spec.memory_mb),
                 pids_max: pids_limits(spec.pids_max).1,
             },
         )?;
