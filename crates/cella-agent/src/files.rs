@@ -904,9 +904,12 @@ pub async fn write(
     let finished = match outcome {
         Ok(()) => blocking(move || -> std::io::Result<()> {
             use std::os::unix::fs::PermissionsExt;
-            // On the open file, not by name: the name may have been swapped for a link.
-            file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            // On the open file, not by name: the name may have been swapped for a link. The
+            // owner first: a change of owner clears the setuid and setgid bits (Linux's kernel
+            // does so for root too, gVisor's not), and the mode is applied as given. (Commands
+            // run with `no_new_privs`: such a bit gives nobody privileges.)
             std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+            file.set_permissions(std::fs::Permissions::from_mode(mode))?;
             file.sync_all()?;
             drop(file);
             // SAFETY: a valid descriptor and names; renameat never follows either name.

@@ -353,6 +353,22 @@ fn files_routes_list_stat_mkdir_move_delete_and_ranges() {
     );
     assert_eq!(as_root.data()["uid"], 0);
     assert_eq!(s.sh(&id, "/opt/tool.sh")["stdout"], "tool\n");
+    // The mode is applied as given, special bits included, whoever owns the file (a change of
+    // owner clears setuid and setgid: the owner is set first). Commands run with
+    // `no_new_privs`, so such a bit gives a command no privileges.
+    for (user, mode) in [("root", "4755"), ("user", "2755"), ("root", "1777")] {
+        let up = s.raw(
+            "PUT",
+            &f(&format!("?path=/opt/special-{mode}&user={user}&mode={mode}")),
+            Some(KEY),
+            Some(b"#!/bin/sh\nid -u\n".to_vec()),
+            &[],
+        );
+        assert_eq!(up.status, 200, "{}", up.body);
+        assert_eq!(up.data()["mode"], mode, "{}", up.body);
+    }
+    let r = s.exec(&id, json!({ "argv": ["/opt/special-4755"], "user": "user" }));
+    assert_eq!(r["stdout"], "1000\n", "{r}");
 
     let full = s.raw(
         "GET",
