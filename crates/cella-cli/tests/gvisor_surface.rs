@@ -363,6 +363,29 @@ fn files_and_a_watch_on_gvisor() {
         Some("delete /home/user/w/b.txt"),
         "{events:?}"
     );
+    // A pause writes the sandbox to disk and closes every connection to its agent: the watch
+    // ends with an `error` event saying so (as a followed output does), not in silence.
+    let r = s.post(&format!("/api/v1/sandboxes/{id}/pause"), json!({}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sse(&text).iter().any(|(n, _)| n == "error") {
+        assert!(Instant::now() < deadline, "events so far:\n{text}");
+        let n = watch.read(&mut buf).unwrap();
+        assert!(n > 0, "the watch ended without an error event:\n{text}");
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let (_, err) = sse(&text)
+        .into_iter()
+        .find(|(n, _)| n == "error")
+        .unwrap();
+    assert_eq!(err["error"]["code"], "SANDBOX_NOT_RUNNING", "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("paused"),
+        "{err}"
+    );
     drop(watch);
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
 }

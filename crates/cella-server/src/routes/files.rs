@@ -461,13 +461,25 @@ pub async fn watch(
     let recursive = flag(&p, "recursive")?;
     let agent = agent(&state, &auth, &id).await?;
     let watcher = agent.check(agent.watch(&path, recursive).await).await?;
-    let stream = futures_util::stream::unfold(watcher, |mut w| async move {
-        let change = w.next().await?;
+    // The agent ends a watch only when the sandbox goes away under it (destroyed, stopped,
+    // paused to disk or checkpointed on gVisor, which closes every connection): the last event
+    // is an `error` saying why, as a followed output's is.
+    let stream = futures_util::stream::unfold(Some((watcher, agent)), |open| async move {
+        let (mut w, agent) = open?;
+        let Some(change) = w.next().await else {
+            let e = ApiError::from(
+                agent
+                    .failure(cella_agent::client::ClientError::HungUp)
+                    .await,
+            );
+            let data = json!({ "error": { "code": e.code.as_str(), "message": e.message, "details": e.details } });
+            return Some((Ok(crate::sse::event("error", &data)), None));
+        };
         let mut data = json!({ "path": change.path, "dir": change.dir });
         if let Some(from) = change.from {
             data["from"] = json!(from);
         }
-        Some((Ok(crate::sse::event(&change.event, &data)), w))
+        Some((Ok(crate::sse::event(&change.event, &data)), Some((w, agent))))
     });
     Ok(axum::response::sse::Sse::new(stream).keep_alive(axum::response::sse::KeepAlive::default()))
 }
