@@ -133,6 +133,19 @@ impl ExecCgroups {
         })
     }
 
+    /// A new cgroup of its own, not the one made ahead for the next exec (a terminal's
+    /// session: its programs are killed as one at a hang-up). None when it cannot be made.
+    pub fn fresh_group(&self) -> Option<ExecGroup<'_>> {
+        self.sweep();
+        let made = self.make()?;
+        Some(ExecGroup {
+            parent: self,
+            name: made.name,
+            procs: made.procs,
+            standby: None,
+        })
+    }
+
     /// Makes the next exec's cgroup now, and its process in it, unless made already.
     pub(crate) fn make_ready(&self) {
         let mut ready = self.ready.lock().expect("exec cgroup lock");

@@ -225,9 +225,16 @@ pub async fn run(
     opts: Options,
     reaper: Arc<Reaper>,
     jail: Arc<Jail>,
+    cgroups: Option<Arc<crate::execcg::ExecCgroups>>,
 ) -> Result<(), ProtoError> {
     let (mut rd, mut wr) = stream.into_split();
     let (cols, rows) = opts.size;
+    // The session's programs in a cgroup of their own where the sandbox delegated one: a
+    // hang-up kills them all, those that left the terminal's session (`setsid`) included.
+    let group = cgroups
+        .as_deref()
+        .and_then(crate::execcg::ExecCgroups::fresh_group);
+    let join = group.as_ref().map(crate::execcg::ExecGroup::procs_fd);
     let refuse = |kind, message: String| Response::Error { kind, message };
     if spec.argv.is_empty() {
         return proto::write_json(
@@ -275,6 +282,9 @@ pub async fn run(
     // SAFETY: only system calls between fork and exec (see `spawn::command`).
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(fd) = join {
+                libc::write(fd, b"0".as_ptr().cast(), 1);
+            }
             libc::setsid();
             // The terminal on stdin becomes the session's controlling terminal: job control works.
             libc::ioctl(0, libc::TIOCSCTTY, 0);
@@ -407,6 +417,9 @@ pub async fn run(
                 let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGHUP);
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 kill_tree(pid);
+                if let Some(g) = &group {
+                    g.kill();
+                }
                 return Ok(());
             }
         }

@@ -489,7 +489,7 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
                 report_problems,
                 terminal_signals,
             };
-            pty::run(stream, spec, opts, reaper, jail).await
+            pty::run(stream, spec, opts, reaper, jail, cgroups).await
         }
         Ok(Request::Stat { path }) => {
             proto::write_json(&mut stream, &files::stat(path).await).await

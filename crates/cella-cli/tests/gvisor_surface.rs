@@ -374,10 +374,7 @@ fn files_and_a_watch_on_gvisor() {
         assert!(n > 0, "the watch ended without an error event:\n{text}");
         text.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
-    let (_, err) = sse(&text)
-        .into_iter()
-        .find(|(n, _)| n == "error")
-        .unwrap();
+    let (_, err) = sse(&text).into_iter().find(|(n, _)| n == "error").unwrap();
     assert_eq!(err["error"]["code"], "SANDBOX_NOT_RUNNING", "{err}");
     assert!(
         err["error"]["message"]

@@ -359,7 +359,9 @@ fn files_routes_list_stat_mkdir_move_delete_and_ranges() {
     for (user, mode) in [("root", "4755"), ("user", "2755"), ("root", "1777")] {
         let up = s.raw(
             "PUT",
-            &f(&format!("?path=/opt/special-{mode}&user={user}&mode={mode}")),
+            &f(&format!(
+                "?path=/opt/special-{mode}&user={user}&mode={mode}"
+            )),
             Some(KEY),
             Some(b"#!/bin/sh\nid -u\n".to_vec()),
             &[],
@@ -367,7 +369,10 @@ fn files_routes_list_stat_mkdir_move_delete_and_ranges() {
         assert_eq!(up.status, 200, "{}", up.body);
         assert_eq!(up.data()["mode"], mode, "{}", up.body);
     }
-    let r = s.exec(&id, json!({ "argv": ["/opt/special-4755"], "user": "user" }));
+    let r = s.exec(
+        &id,
+        json!({ "argv": ["/opt/special-4755"], "user": "user" }),
+    );
     assert_eq!(r["stdout"], "1000\n", "{r}");
 
     let full = s.raw(

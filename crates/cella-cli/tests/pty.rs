@@ -57,9 +57,14 @@ fn closing_the_socket_hangs_the_terminal_up() {
     let s = Server::start();
     let id = s.create(json!({ "size": "xs" }));
     let mut ws = open(&s, &id, "");
-    send(&mut ws, "sleep 500; echo x\n");
+    // A job, one that left the terminal's session, and one in the foreground: all go at the
+    // hang-up (the session's programs are in a cgroup of their own).
+    send(
+        &mut ws,
+        "sleep 501 & (setsid sleep 502 &); sleep 500; echo x\n",
+    );
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(s.sh(&id, "pgrep -c -x sleep || true")["stdout"], "1\n");
+    assert_eq!(s.sh(&id, "pgrep -c -x sleep || true")["stdout"], "3\n");
     ws.close(None).unwrap();
     drop(ws);
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -479,7 +479,10 @@ pub async fn watch(
         if let Some(from) = change.from {
             data["from"] = json!(from);
         }
-        Some((Ok(crate::sse::event(&change.event, &data)), Some((w, agent))))
+        Some((
+            Ok(crate::sse::event(&change.event, &data)),
+            Some((w, agent)),
+        ))
     });
     Ok(axum::response::sse::Sse::new(stream).keep_alive(axum::response::sse::KeepAlive::default()))
 }
