@@ -37,6 +37,11 @@ use std::time::{Duration, Instant};
 pub struct ExecCgroups {
     dir: OwnedFd,
     v2: bool,
+    /// A v1 hierarchy with the freezer (the host's); false for gVisor's `pids` hierarchy, whose
+    /// groups are killed by reading and killing their members until none is left.
+    freezer: bool,
+    /// Whether the next exec's process may be forked ahead ([`crate::standby`]).
+    prefork: bool,
     next: AtomicU64,
     /// Exec cgroups whose processes outlived the exec; removed once empty.
     stale: Mutex<Vec<String>>,
@@ -80,6 +85,8 @@ impl ExecCgroups {
         ExecCgroups {
             dir,
             v2,
+            freezer: !v2,
+            prefork: true,
             next: AtomicU64::new(1),
             stale: Mutex::new(Vec::new()),
             ready: Mutex::new(None),
@@ -87,9 +94,24 @@ impl ExecCgroups {
         }
     }
 
+    /// `dir`: the root of gVisor's own `pids` cgroup hierarchy, which the agent mounted inside
+    /// the sandbox (runsc 20221219 has no freezer there, nor `cgroup.kill`; membership follows
+    /// every fork, `setsid` or not). No process is forked ahead there: a fork of the agent
+    /// holds its host-backed sockets until its `execve`, and gVisor's checkpoint refuses those.
+    pub fn gvisor(dir: OwnedFd) -> ExecCgroups {
+        ExecCgroups {
+            freezer: false,
+            prefork: false,
+            ..ExecCgroups::new(dir, false)
+        }
+    }
+
     /// Lets execs start in a process made ahead ([`Standby`]), and makes the first exec's
     /// cgroup and process now.
     pub(crate) fn enable_standby(&self, reaper: Arc<Reaper>, jail: Arc<Jail>) {
+        if !self.prefork {
+            return;
+        }
         let _ = self.standby.set((reaper, jail));
         self.make_ready();
     }
@@ -270,6 +292,18 @@ impl ExecGroup<'_> {
                 }
                 sigkill(&self.members());
                 self.write("cgroup.freeze", "0");
+            }
+        } else if !self.parent.freezer {
+            // Killed until none is left: what a member forks meanwhile joins the group, and
+            // the sandbox's task limit bounds how many there can be.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                let alive: Vec<i32> = self.members().into_iter().filter(|p| !dead(*p)).collect();
+                if alive.is_empty() || Instant::now() >= deadline {
+                    break;
+                }
+                sigkill(&alive);
+                std::thread::sleep(Duration::from_millis(1));
             }
         } else {
             self.write("freezer.state", "FROZEN");

@@ -74,6 +74,21 @@ fn a_gvisor_sandbox_runs_commands_on_gvisors_kernel() {
         assert_eq!(r["stdout"], "directory\ndirectory\n", "as {user}: {r}");
         assert_eq!(r["stderr"], "", "as {user}: {r}");
     }
+    // A timeout kills everything the command started, also what left its session and lost its
+    // parent (gVisor refuses a child subreaper: the agent's exec cgroups are gVisor's own).
+    let r = s.exec(
+        &id,
+        json!({ "command": "(setsid sleep 777 &); sleep 30", "timeout_sec": 2 }),
+    );
+    assert_eq!(r["timed_out"], true, "{r}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.sh(&id, "pgrep -fx 'sleep 777'")["exit_code"] == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a process that left its session outlived the exec's timeout"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     // /dev/shm runs programs, as on namespaces.
     let r = s.sh(&id, "cp /bin/true /dev/shm/t && /dev/shm/t && echo ran");
     assert_eq!(r["stdout"], "ran\n", "{r}");

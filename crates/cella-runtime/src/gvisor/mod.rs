@@ -1971,6 +1971,49 @@ fn launch_run() -> Result<(i32, Option<crate::namespace::net::NetInfo>), String>
     }
 }
 
+/// Where the agent mounts gVisor's own `pids` cgroup hierarchy for its exec cgroups.
+const EXEC_CGROUPS: &str = "/run/cella/cgroup";
+
+/// A cgroup per exec inside gVisor ([`cella_agent::execcg::ExecCgroups::gvisor`]): gVisor's
+/// kernel refuses `PR_SET_CHILD_SUBREAPER`, so a process that left its exec's session and lost
+/// its parent (`(setsid cmd &)`) would otherwise outlive the exec's timeout and hang-up. The
+/// hierarchy is gVisor's own (nothing of the host's), mounted on `/run`'s tmpfs, root's only;
+/// commands cannot mount or unmount (no `CAP_SYS_ADMIN`, and their filter refuses it).
+fn exec_cgroups() -> Result<cella_agent::execcg::ExecCgroups, String> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let dir = Path::new(EXEC_CGROUPS);
+    std::fs::create_dir_all(dir).map_err(|e| format!("making {EXEC_CGROUPS}: {e}"))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("{EXEC_CGROUPS}: {e}"))?;
+    nix::mount::mount(
+        Some("cgroup"),
+        dir,
+        Some("cgroup"),
+        nix::mount::MsFlags::MS_NOSUID
+            | nix::mount::MsFlags::MS_NODEV
+            | nix::mount::MsFlags::MS_NOEXEC,
+        Some("pids"),
+    )
+    .map_err(|e| format!("mounting gVisor's pids cgroups on {EXEC_CGROUPS}: {e}"))?;
+    let c = std::ffi::CString::new(EXEC_CGROUPS).map_err(|e| e.to_string())?;
+    // SAFETY: a plain system call with a NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+        )
+    };
+    if fd < 0 {
+        return Err(format!(
+            "opening {EXEC_CGROUPS}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    let dir = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(cella_agent::execcg::ExecCgroups::gvisor(dir))
+}
+
 /// Entry point of `cella __gvisor-agent`, the sandbox's init inside gVisor: binds the agent's
 /// socket (a host socket through `--host-uds=create`), mounts an empty read-only tmpfs over its
 /// directory so nothing in the sandbox can reach the socket or the executable by name, puts
@@ -2017,6 +2060,14 @@ pub fn agent_main(nofile: u64, nproc: u64) -> i32 {
     if let Err(e) = preload::install() {
         eprintln!("cella-gvisor-agent: the statx shim: {e}");
     }
+    // Not fatal either: without it, a timeout or a hang-up kills an exec's process tree only.
+    let exec_cgroups = match exec_cgroups() {
+        Ok(c) => Some(std::sync::Arc::new(c)),
+        Err(e) => {
+            eprintln!("cella-gvisor-agent: exec cgroups: {e}");
+            None
+        }
+    };
     if let Ok(null) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -2031,7 +2082,7 @@ pub fn agent_main(nofile: u64, nproc: u64) -> i32 {
         cella_agent::AgentConfig {
             nofile,
             nproc,
-            exec_cgroups: None,
+            exec_cgroups,
             rebind: Some(cella_agent::Rebind {
                 dir_fd,
                 name: spec::SOCKET_NAME.into(),
