@@ -100,7 +100,7 @@ fn spawn(
     group: Option<&ExecGroup<'_>>,
 ) -> std::io::Result<Started> {
     let piped = spec.stdin.is_some();
-    start(spec, jail, piped, true, group.map(|g| g.procs_fd()), reaper)
+    start(spec, jail, piped, true, group.map(ExecGroup::join), reaper)
 }
 
 /// Runs `spec` and answers on `stream` until the command ended (or was killed).

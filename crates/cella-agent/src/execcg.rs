@@ -42,6 +42,10 @@ pub struct ExecCgroups {
     freezer: bool,
     /// Whether the next exec's process may be forked ahead ([`crate::standby`]).
     prefork: bool,
+    /// Whether a process moves into a group without waiting (gVisor's hierarchy; on Linux a move
+    /// can wait for an RCU grace period): then a command joins its group from a child that
+    /// shares the agent's memory ([`crate::vspawn`]).
+    cheap_moves: bool,
     next: AtomicU64,
     /// Exec cgroups whose processes outlived the exec; removed once empty.
     stale: Mutex<Vec<String>>,
@@ -87,6 +91,7 @@ impl ExecCgroups {
             v2,
             freezer: !v2,
             prefork: true,
+            cheap_moves: false,
             next: AtomicU64::new(1),
             stale: Mutex::new(Vec::new()),
             ready: Mutex::new(None),
@@ -102,6 +107,7 @@ impl ExecCgroups {
         ExecCgroups {
             freezer: false,
             prefork: false,
+            cheap_moves: true,
             ..ExecCgroups::new(dir, false)
         }
     }
@@ -231,6 +237,14 @@ impl ExecGroup<'_> {
     /// The descriptor the command writes `0` (itself) into between fork and exec.
     pub fn procs_fd(&self) -> RawFd {
         self.procs.as_raw_fd()
+    }
+
+    /// How the command joins this group (see [`crate::spawn::Join`]).
+    pub(crate) fn join(&self) -> crate::spawn::Join {
+        crate::spawn::Join {
+            fd: self.procs.as_raw_fd(),
+            cheap: self.parent.cheap_moves,
+        }
     }
 
     /// The process waiting in this cgroup for the exec's command, if one was made ahead.

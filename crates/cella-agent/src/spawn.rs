@@ -196,23 +196,35 @@ pub(crate) fn command(
     cmd
 }
 
+/// A cgroup an exec's command joins: its `cgroup.procs`, and whether moving into it is cheap
+/// (gVisor's own hierarchy; on Linux a move can wait for an RCU grace period).
+#[derive(Clone, Copy)]
+pub(crate) struct Join {
+    pub fd: std::os::fd::RawFd,
+    pub cheap: bool,
+}
+
 /// Starts `spec` where no process was made ahead for it (see [`crate::standby`]): in a child
 /// sharing the agent's memory until its `execve` ([`crate::vspawn`]) unless it joins a cgroup
-/// (`join_cgroup`, see [`command`]), else by a fork. Its exit is registered with `reaper`.
+/// whose move is not cheap (`join_cgroup`, see [`command`]), else by a fork. Its exit is
+/// registered with `reaper`.
 pub(crate) fn start(
     spec: &ExecSpec,
     jail: &Arc<Jail>,
     pipe_stdin: bool,
     hold_tree: bool,
-    join_cgroup: Option<std::os::fd::RawFd>,
+    join_cgroup: Option<Join>,
     reaper: &Reaper,
 ) -> std::io::Result<crate::standby::Started> {
-    if join_cgroup.is_none() {
+    if join_cgroup.map_or(true, |j| j.cheap) {
         let prog = program(spec);
-        if let Some(r) = crate::vspawn::spawn(spec, prog, jail, pipe_stdin, hold_tree, reaper) {
+        let join = join_cgroup.map(|j| j.fd);
+        if let Some(r) = crate::vspawn::spawn(spec, prog, jail, pipe_stdin, hold_tree, join, reaper)
+        {
             return r;
         }
     }
+    let join_cgroup = join_cgroup.map(|j| j.fd);
     let mut cmd = command(spec, jail, pipe_stdin, hold_tree, join_cgroup);
     let mut child = {
         let _forks = crate::standby::forks();

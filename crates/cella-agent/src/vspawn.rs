@@ -35,8 +35,9 @@
 //! through the child (`ptrace`, `/proc/<pid>/mem`, its descriptors) takes `CAP_SYS_PTRACE`, which
 //! no root inside has; [`Jail::enter`] sets it again after its change of ids.
 //!
-//! Only commands that join no cgroup start this way: moving itself into a cgroup can wait for an
-//! RCU grace period, which would hold the agent up with it (those keep [`std::process::Command`]).
+//! Commands that join a cgroup start this way only where the move is cheap (gVisor's own
+//! hierarchy): on Linux moving itself into a cgroup can wait for an RCU grace period, which would
+//! hold the agent up with it (those keep [`std::process::Command`]).
 //! A process of the same user can stop the child (`SIGSTOP`) before its `execve`, which would hold
 //! the agent: a watchdog kills a child that has not run its `execve` within [`EXEC_WITHIN`]
 //! (the command then ends as killed, 137).
@@ -269,6 +270,9 @@ struct Args<'a> {
     stderr: RawFd,
     status: RawFd,
     hold_tree: bool,
+    /// The `cgroup.procs` the child writes itself into first (see `join` of [`spawn`]); -1:
+    /// none.
+    join: RawFd,
     /// The signals to set back to their default ([`HANDLED`]).
     handled: u64,
     /// Tests: the child stops itself first, as a process of its user could stop it.
@@ -306,23 +310,31 @@ fn pointers(list: &[CString]) -> Vec<*const c_char> {
 /// None: this way could not be tried (a NUL in a string, no stack or descriptors, `clone`
 /// refused); the caller starts it with [`std::process::Command`], which gives the same command
 /// the same outcome. `Some(Err)`: the command could not start (its `errno`).
+/// `join`: a `cgroup.procs` the child moves itself into, only where that move is cheap
+/// (gVisor's own hierarchy, see [`crate::execcg::ExecCgroups::gvisor`]): on Linux a move can
+/// wait for an RCU grace period, and the agent would wait with it.
 pub(crate) fn spawn(
     spec: &ExecSpec,
     program: &str,
     jail: &Jail,
     pipe_stdin: bool,
     hold_tree: bool,
+    join: Option<RawFd>,
     reaper: &Reaper,
 ) -> Option<std::io::Result<Started>> {
-    spawn_with(spec, program, jail, pipe_stdin, hold_tree, reaper, false)
+    spawn_with(
+        spec, program, jail, pipe_stdin, hold_tree, join, reaper, false,
+    )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn spawn_with(
     spec: &ExecSpec,
     program: &str,
     jail: &Jail,
     pipe_stdin: bool,
     hold_tree: bool,
+    join: Option<RawFd>,
     reaper: &Reaper,
     stop_self: bool,
 ) -> Option<std::io::Result<Started>> {
@@ -379,6 +391,7 @@ fn spawn_with(
         stderr: err_w.as_raw_fd(),
         status: st_w.as_raw_fd(),
         hold_tree,
+        join: join.unwrap_or(-1),
         handled: handled(),
         stop_self,
     };
@@ -527,6 +540,10 @@ unsafe fn child(a: &Args) -> ! {
     if libc::chdir(a.cwd.as_ptr()) != 0 {
         fail(a.status);
     }
+    // Its exec's cgroup first: every process it starts is a member.
+    if a.join >= 0 {
+        libc::write(a.join, b"0".as_ptr().cast(), 1);
+    }
     // Own session and process group: the whole tree can be killed at a timeout.
     libc::setsid();
     if a.hold_tree {
@@ -615,7 +632,7 @@ mod tests {
         };
         let jail = Jail::new().unwrap();
         let reaper = Reaper::default();
-        let started = spawn(&spec, argv[0], &jail, stdin.is_some(), false, &reaper)
+        let started = spawn(&spec, argv[0], &jail, stdin.is_some(), false, None, &reaper)
             .expect("this way could be tried")?;
         if let (Some(data), Some(fd)) = (stdin, started.stdin) {
             std::fs::File::from(fd).write_all(data).unwrap();
@@ -749,7 +766,7 @@ mod tests {
         let jail = Jail::new().unwrap();
         let reaper = Reaper::default();
         let t = Instant::now();
-        let started = spawn_with(&spec, "true", &jail, false, false, &reaper, true)
+        let started = spawn_with(&spec, "true", &jail, false, false, None, &reaper, true)
             .expect("this way could be tried")
             .expect("a killed child is a command that ended");
         let took = t.elapsed();
