@@ -135,11 +135,15 @@ impl AgentClient {
             .map_err(|_| ClientError::Timeout)?
     }
 
-    /// Asks the agent to kill the sandbox's process with the most resident memory (see
-    /// `Request::OomKill`); answers its pid, resident bytes and name.
-    pub async fn oom_kill(&self, timeout: Duration) -> Result<(i32, u64, String), ClientError> {
+    /// Asks the agent to kill the sandbox's process with the most resident memory, if it holds
+    /// `at_least` bytes (see `Request::OomKill`); answers its pid, resident bytes and name.
+    pub async fn oom_kill(
+        &self,
+        at_least: u64,
+        timeout: Duration,
+    ) -> Result<(i32, u64, String), ClientError> {
         let work = async {
-            match self.call(&Request::OomKill).await? {
+            match self.call(&Request::OomKill { at_least }).await? {
                 Response::OomKilled {
                     pid,
                     rss_bytes,

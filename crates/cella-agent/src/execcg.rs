@@ -281,10 +281,13 @@ impl ExecGroup<'_> {
             .collect()
     }
 
-    /// Kills every process of the group (without waiting for them to be reaped).
+    /// Kills every process of the group (without waiting for them to be reaped), never the
+    /// sandbox's init nor the agent, whichever group root inside wrote them into.
     pub fn kill(&self) {
+        let own = std::process::id() as i32;
+        let spared = move |p: i32| p == 1 || p == own;
         let sigkill = |pids: &[i32]| {
-            for p in pids {
+            for p in pids.iter().filter(|p| !spared(**p)) {
                 // SAFETY: a plain system call.
                 unsafe { libc::kill(*p, libc::SIGKILL) };
             }
@@ -312,7 +315,11 @@ impl ExecGroup<'_> {
             // the sandbox's task limit bounds how many there can be.
             let deadline = Instant::now() + Duration::from_secs(2);
             loop {
-                let alive: Vec<i32> = self.members().into_iter().filter(|p| !dead(*p)).collect();
+                let alive: Vec<i32> = self
+                    .members()
+                    .into_iter()
+                    .filter(|p| !spared(*p) && !dead(*p))
+                    .collect();
                 if alive.is_empty() || Instant::now() >= deadline {
                     break;
                 }
@@ -332,7 +339,11 @@ impl ExecGroup<'_> {
             // after the members were read is killed now, until only the dead are left.
             let deadline = Instant::now() + Duration::from_secs(2);
             loop {
-                let alive: Vec<i32> = self.members().into_iter().filter(|p| !dead(*p)).collect();
+                let alive: Vec<i32> = self
+                    .members()
+                    .into_iter()
+                    .filter(|p| !spared(*p) && !dead(*p))
+                    .collect();
                 if alive.is_empty() || Instant::now() >= deadline {
                     break;
                 }

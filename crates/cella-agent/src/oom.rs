@@ -16,13 +16,14 @@ pub(crate) struct Candidate {
     pub name: String,
 }
 
-/// The candidate with the most resident memory, never `own` (the agent) nor pid 1 (the
-/// sandbox's init); none when nothing holds memory.
-pub(crate) fn choose(procs: &[Candidate], own: i32) -> Option<&Candidate> {
+/// The candidate with the most resident memory if it holds `at_least` bytes, never `own` (the
+/// agent) nor pid 1 (the sandbox's init); none when nothing holds that much.
+pub(crate) fn choose(procs: &[Candidate], own: i32, at_least: u64) -> Option<&Candidate> {
     procs
         .iter()
         .filter(|p| p.pid != own && p.pid != 1 && p.rss_bytes > 0)
         .max_by_key(|p| p.rss_bytes)
+        .filter(|p| p.rss_bytes >= at_least)
 }
 
 /// The sandbox's processes as `/proc` shows them (those that end meanwhile are skipped).
@@ -50,13 +51,14 @@ fn processes() -> Vec<Candidate> {
         .collect()
 }
 
-/// Kills the process with the most resident memory; its description, or why none.
-pub(crate) fn kill_largest() -> Response {
+/// Kills the process with the most resident memory if it holds `at_least` bytes; its
+/// description, or why none.
+pub(crate) fn kill_largest(at_least: u64) -> Response {
     let procs = processes();
-    let Some(victim) = choose(&procs, std::process::id() as i32) else {
+    let Some(victim) = choose(&procs, std::process::id() as i32, at_least) else {
         return Response::Error {
             kind: ErrorKind::NotFound,
-            message: "no process holds memory".into(),
+            message: format!("no process holds {at_least} bytes"),
         };
     };
     // SAFETY: a plain system call.
@@ -93,9 +95,12 @@ mod tests {
     #[test]
     fn the_largest_process_is_chosen_never_the_agent_or_init() {
         let procs = [c(1, 900), c(7, 5), c(40, 300), c(41, 120), c(99, 800)];
-        assert_eq!(choose(&procs, 99).map(|p| p.pid), Some(40));
-        assert_eq!(choose(&procs, 1).map(|p| p.pid), Some(99));
-        assert_eq!(choose(&[c(1, 10), c(5, 0)], 1), None);
+        assert_eq!(choose(&procs, 99, 0).map(|p| p.pid), Some(40));
+        assert_eq!(choose(&procs, 1, 0).map(|p| p.pid), Some(99));
+        assert_eq!(choose(&[c(1, 10), c(5, 0)], 1, 0), None);
+        // None big enough to matter: nothing is killed.
+        assert_eq!(choose(&procs, 99, 301 << 20), None);
+        assert_eq!(choose(&procs, 99, 300 << 20).map(|p| p.pid), Some(40));
     }
 
     #[test]

@@ -209,8 +209,13 @@ pub enum Request {
     },
     /// The host found the sandbox over its memory limit, which its kernel does not enforce
     /// (gVisor): the agent kills the process with the most resident memory, as a kernel's OOM
-    /// killer would, and answers `OomKilled` (`Error` `NotFound` when there is none to kill).
-    OomKill,
+    /// killer would, and answers `OomKilled`; `Error` `NotFound` when none holds `at_least`
+    /// bytes (killing a small one would not bring the sandbox back under its limit: its memory
+    /// is elsewhere, files in a memory file system say).
+    OomKill {
+        #[serde(default)]
+        at_least: u64,
+    },
 }
 
 /// What to do with a language's kernel.

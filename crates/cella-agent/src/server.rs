@@ -456,8 +456,8 @@ async fn handle(mut stream: UnixStream, shared: Shared) {
             }
         },
         Ok(Request::Activity) => proto::write_json(&mut stream, &procs.activity()).await,
-        Ok(Request::OomKill) => {
-            let answer = tokio::task::spawn_blocking(crate::oom::kill_largest)
+        Ok(Request::OomKill { at_least }) => {
+            let answer = tokio::task::spawn_blocking(move || crate::oom::kill_largest(at_least))
                 .await
                 .unwrap_or_else(|e| Response::Error {
                     kind: ErrorKind::Internal,

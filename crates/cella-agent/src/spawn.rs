@@ -216,7 +216,7 @@ pub(crate) fn start(
     join_cgroup: Option<Join>,
     reaper: &Reaper,
 ) -> std::io::Result<crate::standby::Started> {
-    if join_cgroup.map_or(true, |j| j.cheap) {
+    if join_cgroup.is_none_or(|j| j.cheap) {
         let prog = program(spec);
         let join = join_cgroup.map(|j| j.fd);
         if let Some(r) = crate::vspawn::spawn(spec, prog, jail, pipe_stdin, hold_tree, join, reaper)

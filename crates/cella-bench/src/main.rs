@@ -894,7 +894,6 @@ fn build_template(s: &Server, spec: Value) {
     }
 }
 
-
 /// Create + first exec of the `snapshot_boot` template with one warm sandbox, which the pool
 /// restores from its boot image ahead of the create. Such a size reads `fast_ready` as soon as
 /// its image exists (a create restores it), so each sample waits long enough for the refill's
@@ -910,7 +909,10 @@ fn boot_image_warm_series(s: &Server, n: usize) -> Series {
         "/api/v1/sandboxes",
         Some(json!({ "template_id": "bench-boot-warm", "idle_timeout_sec": 0 })),
     );
-    assert_eq!(st, 201, "the warm snapshot_boot template's first create: {v}");
+    assert_eq!(
+        st, 201,
+        "the warm snapshot_boot template's first create: {v}"
+    );
     s.destroy(KEY, v["data"]["id"].as_str().unwrap_or_default());
     let mut samples = Vec::new();
     for _ in 0..n.min(5) {

@@ -476,6 +476,19 @@ fn a_gvisor_command_past_the_memory_limit_is_killed_and_the_sandbox_runs_on() {
         json!({ "argv": ["python3", "-c", hog], "timeout_sec": 120 }),
     );
     assert_eq!(r["exit_code"], 137, "{r}");
+    // Past the limit in files of `/tmp` (memory on gVisor), no process holds it: no command is
+    // killed for it.
+    let r = s.sh(
+        &id,
+        "dd if=/dev/zero of=/tmp/big bs=1M count=1100 2>/dev/null; echo $?",
+    );
+    assert_eq!(r["stdout"], "0\n", "{r}");
+    for _ in 0..10 {
+        let r = s.sh(&id, "echo hi");
+        assert_eq!(r["exit_code"], 0, "{r}\n{}", s.log());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(s.sh(&id, "rm /tmp/big")["exit_code"], 0);
     assert_eq!(s.delete(&format!("/api/v1/sandboxes/{id}")).status, 200);
     assert_nothing_left(&s, &id);
 }

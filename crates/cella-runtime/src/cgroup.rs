@@ -515,8 +515,11 @@ pub fn usage(path: &str) -> (u64, u64) {
 
 /// Memory of cgroup `path` that its processes hold and the kernel could not reclaim without
 /// killing one (bytes): what it uses (`memory.current`, v1's `memory.usage_in_bytes`) less its
-/// file cache (`active_file` and `inactive_file` of `memory.stat`, v1's `total_` ones). None
-/// where the cgroup or its files are gone. The cache is read only when the usage is over
+/// file cache (`active_file` and `inactive_file` of `memory.stat`, v1's `total_` ones) and the
+/// kernel's own memory for it (v1's `memory.kmem.usage_in_bytes`; v2's `kernel`, or its
+/// `kernel_stack`, `pagetables`, `slab`, `sock` and `percpu`): for a gVisor sandbox, runsc's
+/// thread stacks and page tables, which grow with its process churn, are not the tenant's.
+/// None where the cgroup or its files are gone. The rest is read only when the usage is over
 /// `floor`: a caller that compares against a limit reads one file in the common case.
 pub fn memory_held(path: &str, floor: u64) -> Option<u64> {
     let read = |p: PathBuf| std::fs::read_to_string(p).ok();
@@ -538,15 +541,62 @@ pub fn memory_held(path: &str, floor: u64) -> Option<u64> {
         return Some(used);
     }
     let stat = read(dir.join("memory.stat"))?;
+    let field = |k: &str| {
+        let key = format!("{k} ");
+        stat.lines()
+            .find_map(|l| l.strip_prefix(key.as_str())?.trim().parse::<u64>().ok())
+    };
     let file: u64 = ["active_file", "inactive_file"]
         .iter()
-        .filter_map(|k| {
-            let key = format!("{prefix}{k} ");
-            stat.lines()
-                .find_map(|l| l.strip_prefix(key.as_str())?.trim().parse::<u64>().ok())
-        })
+        .filter_map(|k| field(&format!("{prefix}{k}")))
         .sum();
-    Some(used.saturating_sub(file))
+    let kernel = if prefix.is_empty() {
+        field("kernel").unwrap_or_else(|| {
+            ["kernel_stack", "pagetables", "slab", "sock", "percpu"]
+                .iter()
+                .filter_map(|k| field(k))
+                .sum()
+        })
+    } else {
+        read(dir.join("memory.kmem.usage_in_bytes"))
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    Some(used.saturating_sub(file).saturating_sub(kernel))
+}
+
+/// Sets the pids limit of cgroup `path` (made if missing, as [`create`] makes a sandbox's
+/// parents), v1's `pids` hierarchy or v2's unified one.
+pub fn set_pids_max(path: &str, max: u64) -> Result<(), DriverError> {
+    let dir = if hierarchies::is_cgroup2_unified_mode() {
+        PathBuf::from(hierarchies::UNIFIED_MOUNTPOINT).join(path)
+    } else {
+        v1_mount(cgroups_rs::fs::Controllers::Pids)
+            .ok_or_else(|| DriverError::Cgroup("no pids hierarchy".into()))?
+            .join(path)
+    };
+    std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(dir.join("pids.max"), max.to_string()))
+        .map_err(|e| DriverError::Cgroup(format!("{}/pids.max: {e}", dir.display())))
+}
+
+/// The host's task budget for all sandboxes of a server: three quarters of what the kernel
+/// allows (the smaller of `kernel.pid_max` and `kernel.threads-max`), the rest left to the host.
+pub fn host_task_budget() -> u64 {
+    let read = |f: &str| {
+        std::fs::read_to_string(f)
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+    };
+    let max = [
+        read("/proc/sys/kernel/pid_max"),
+        read("/proc/sys/kernel/threads-max"),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .unwrap_or(32_768);
+    max / 4 * 3
 }
 
 /// The file of cgroup `path` that holds its CPU quota, and whether it is v2's `cpu.max`.

@@ -11,8 +11,12 @@
 //! [`POLL`]: once the memory its processes hold (the cgroup's usage less its file cache, which
 //! the kernel reclaims, see [`crate::cgroup::memory_held`]) passes the sandbox's own limit, it
 //! asks the sandbox's agent to kill the process with the most resident memory
-//! (`Request::OomKill`), as Linux's OOM killer would: that command reads `SIGKILL` (137) and
-//! the sandbox runs on. The margin is the time the watcher has to see it (a program filling
+//! (`Request::OomKill`), as Linux's OOM killer would, if that one holds at least a quarter of
+//! the excess and a sixteenth of the limit ([`VICTIM_SHARE`]: otherwise the memory is in files
+//! of a memory file system and every command would be killed in turn): that command reads `SIGKILL` (137) and the sandbox
+//! runs on. runsc's own kernel memory (its threads' stacks, page tables), which grows with the
+//! sandbox's process churn, is not counted. The calls run side by side: a slow agent holds up
+//! no other sandbox. The margin is the time the watcher has to see it (a program filling
 //! memory as fast as it can here takes about 0.2-0.5 s per 100 MiB on gVisor's `ptrace`
 //! platform); a sandbox that fills it anyway, or whose memory no process holds (files in its
 //! memory-backed `/tmp`, `/dev/shm`), still meets the host's limit.
@@ -20,7 +24,7 @@
 //! A file read per sandbox and [`POLL`]: about 20 a second each, a few microseconds apiece.
 
 use super::GvisorDriver;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -29,7 +33,16 @@ pub const POLL: Duration = Duration::from_millis(50);
 
 /// After a kill, how long the watcher leaves that sandbox alone: the killed process's memory
 /// goes back to the host a moment after it dies.
-const SETTLE: Duration = Duration::from_millis(300);
+const SETTLE: Duration = Duration::from_millis(150);
+
+/// A process is killed only if it holds at least this share of the sandbox's excess over its
+/// limit (1/4) and of the limit itself ([`VICTIM_OF_LIMIT`]): killing a small one would not
+/// bring the sandbox back under it, its memory being elsewhere (files in `/tmp` or `/dev/shm`,
+/// memory here), and every command would be killed in turn, the one writing the file first.
+const VICTIM_SHARE: u64 = 4;
+
+/// The least a killed process holds, as a share of the sandbox's limit (1/16: 64 MiB of 1 GiB).
+const VICTIM_OF_LIMIT: u64 = 16;
 
 /// The least margin over a sandbox's own limit, in MiB.
 const MARGIN_MIN_MB: u32 = 128;
@@ -77,7 +90,7 @@ async fn watch(d: GvisorDriver) {
     let mut killed: HashMap<String, Instant> = HashMap::new();
     loop {
         tokio::time::sleep(POLL).await;
-        let ids: Vec<String> = std::fs::read_dir(d.data_dir.join("gvisor"))
+        let ids: HashSet<String> = std::fs::read_dir(d.data_dir.join("gvisor"))
             .map(|rd| {
                 rd.flatten()
                     .filter_map(|e| e.file_name().into_string().ok())
@@ -113,19 +126,23 @@ async fn watch(d: GvisorDriver) {
                 .sandbox_dir(&id)
                 .join("sock")
                 .join(super::spec::SOCKET_NAME);
-            let client = cella_agent::client::AgentClient::new(&socket);
-            match client.oom_kill(Duration::from_secs(2)).await {
-                Ok((pid, rss, name)) => tracing::warn!(
-                    sandbox = id,
-                    pid,
-                    name,
-                    rss_mib = rss >> 20,
-                    held_mib = held >> 20,
-                    limit_mib = limit >> 20,
-                    "over its memory limit: its largest process was killed"
-                ),
-                Err(e) => tracing::debug!(sandbox = id, "over its memory limit: {e}"),
-            }
+            // Each sandbox's call on its own: a slow agent holds up no other sandbox's.
+            tokio::spawn(async move {
+                let client = cella_agent::client::AgentClient::new(&socket);
+                let at_least = ((held - limit) / VICTIM_SHARE).max(limit / VICTIM_OF_LIMIT);
+                match client.oom_kill(at_least, Duration::from_secs(2)).await {
+                    Ok((pid, rss, name)) => tracing::warn!(
+                        sandbox = id,
+                        pid,
+                        name,
+                        rss_mib = rss >> 20,
+                        held_mib = held >> 20,
+                        limit_mib = limit >> 20,
+                        "over its memory limit: its largest process was killed"
+                    ),
+                    Err(e) => tracing::debug!(sandbox = id, "over its memory limit: {e}"),
+                }
+            });
         }
     }
 }

@@ -222,7 +222,10 @@ const QUIESCED_FILE: &str = "quiesced";
 /// stub thread for each of the Sentry's threads that ran it; a thread about 0.4), and the host's
 /// limit, when reached, ends the whole sandbox (runsc cannot make a thread it needs), where the
 /// sandbox's own limit fails one `fork` with `EAGAIN`. Measured: 52 host tasks idle, 480 with 50
-/// `sleep`s, 898 with 100.
+/// `sleep`s, 898 with 100. runsc keeps its stubs' threads (stopped) after their processes end, so
+/// a sandbox that starts many processes over time grows towards this limit (1,145, 1,788 and
+/// 2,268 host tasks after three rounds of 150 `sleep`s); a pause or checkpoint starts it afresh.
+/// The server's sandboxes together hold at most [`cgroup::host_task_budget`].
 pub const HOST_TASKS_PER_TASK: u32 = 10;
 /// The most host tasks one gVisor sandbox may hold (its own limit is this over
 /// [`HOST_TASKS_PER_TASK`] at most): one sandbox of many vCPUs must not take the host's threads.
@@ -251,6 +254,8 @@ pub struct GvisorDriver {
     net: Option<crate::namespace::Network>,
     /// The platform new sandboxes boot on (see [`platform`]).
     platform: Platform,
+    /// The server's cgroup holds at most [`cgroup::host_task_budget`] tasks (set once).
+    tasks_capped: std::sync::Arc<std::sync::OnceLock<()>>,
     /// This build's agent executable as sandboxes run it ([`pin_agent`]), made at the first
     /// boot that needs it.
     pinned: std::sync::Arc<std::sync::OnceLock<PathBuf>>,
@@ -293,6 +298,7 @@ impl GvisorDriver {
             nofile: 1024,
             net: None,
             platform: Platform::Ptrace,
+            tasks_capped: Default::default(),
             pinned: Default::default(),
         };
         driver.forget_agents();
@@ -553,6 +559,15 @@ impl GvisorDriver {
                 pids_max: pids_limits(spec.pids_max).1,
             },
         )?;
+        // All of the server's sandboxes share a part of the host's tasks: runsc's processes
+        // grow with a sandbox's churn (see [`HOST_TASKS_PER_TASK`]), and the host must keep
+        // some whatever its sandboxes do. Set once, at the first boot.
+        self.tasks_capped.get_or_init(|| {
+            let budget = cgroup::host_task_budget();
+            if let Err(e) = cgroup::set_pids_max(&self.cgroup_parent, budget) {
+                tracing::warn!("capping the sandboxes' tasks at {budget}: {e}");
+            }
+        });
         // The first boot from a snapshot: its files become the sandbox's own disk, and a
         // snapshot with memory is restored rather than booted.
         let dir = self.sandbox_dir(&spec.id);

@@ -193,10 +193,12 @@ pub fn probe(
     result
 }
 
-/// Sends `SIGKILL` to every process whose command line names `dir`.
+/// Sends `SIGKILL` to every process one of whose arguments is exactly `--root=<dir>` (runsc's
+/// processes of the probe pass it on; nothing else names the probe's own directory so).
 fn kill_naming(dir: &Path) {
     use std::os::unix::ffi::OsStrExt;
-    let needle = dir.as_os_str().as_bytes();
+    let mut needle = b"--root=".to_vec();
+    needle.extend_from_slice(dir.as_os_str().as_bytes());
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return;
     };
@@ -207,7 +209,7 @@ fn kill_naming(dir: &Path) {
         let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
             continue;
         };
-        if pid != std::process::id() as i32 && cmdline.windows(needle.len()).any(|w| w == needle) {
+        if pid != std::process::id() as i32 && cmdline.split(|b| *b == 0).any(|a| a == needle) {
             // SAFETY: a signal to a process found by its command line; no memory is involved.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
