@@ -292,6 +292,23 @@ impl ExecGroup<'_> {
                 unsafe { libc::kill(*p, libc::SIGKILL) };
             }
         };
+        // Members killed again and again (for at most 2 s) until only the dead are left: what
+        // one forks meanwhile joins the group.
+        let kill_until_empty = || {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                let alive: Vec<i32> = self
+                    .members()
+                    .into_iter()
+                    .filter(|p| !spared(*p) && !dead(*p))
+                    .collect();
+                if alive.is_empty() || Instant::now() >= deadline {
+                    break;
+                }
+                sigkill(&alive);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
         if self.parent.v2 {
             if !self.write("cgroup.kill", "1") {
                 // Kernels before 5.14: freeze, kill what is there, thaw. Frozen once the
@@ -313,19 +330,7 @@ impl ExecGroup<'_> {
         } else if !self.parent.freezer {
             // Killed until none is left: what a member forks meanwhile joins the group, and
             // the sandbox's task limit bounds how many there can be.
-            let deadline = Instant::now() + Duration::from_secs(2);
-            loop {
-                let alive: Vec<i32> = self
-                    .members()
-                    .into_iter()
-                    .filter(|p| !spared(*p) && !dead(*p))
-                    .collect();
-                if alive.is_empty() || Instant::now() >= deadline {
-                    break;
-                }
-                sigkill(&alive);
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            kill_until_empty();
         } else {
             self.write("freezer.state", "FROZEN");
             let deadline = Instant::now() + Duration::from_secs(2);
@@ -337,19 +342,7 @@ impl ExecGroup<'_> {
             // A group that kept forking may not have reached FROZEN by the deadline (seen on a
             // loaded host: three processes of a fork loop outlived a timeout); what it forked
             // after the members were read is killed now, until only the dead are left.
-            let deadline = Instant::now() + Duration::from_secs(2);
-            loop {
-                let alive: Vec<i32> = self
-                    .members()
-                    .into_iter()
-                    .filter(|p| !spared(*p) && !dead(*p))
-                    .collect();
-                if alive.is_empty() || Instant::now() >= deadline {
-                    break;
-                }
-                sigkill(&alive);
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            kill_until_empty();
         }
         // Frozen (v1) or killed at once (v2): nothing forked away while the members were read.
         // The dead leave the group when the agent reaps them; the cgroup goes with the group.
