@@ -55,11 +55,7 @@ pub fn host_limit_mb(own_mb: u32) -> u32 {
 
 /// The sandbox's own memory limit in bytes, from its OCI bundle's `config.json`.
 fn own_limit(config: &Path) -> Option<u64> {
-    let text = std::fs::read(config).ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
-    v["linux"]["resources"]["memory"]["limit"]
-        .as_u64()
-        .filter(|l| *l > 0)
+    super::bundle_resource(config, "memory", "limit")
 }
 
 /// Starts the watcher of `driver`'s sandboxes on a thread of its own (with a runtime of its

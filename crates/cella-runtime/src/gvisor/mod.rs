@@ -1365,14 +1365,20 @@ fn checkpoint_running(tmp: &Path) -> bool {
         .any(|c| c.windows(needle.len()).any(|w| w == needle))
 }
 
-/// The CPU quota (microseconds per period) an OCI bundle's `config.json` gives.
-fn bundle_cpu_quota(config: &Path) -> Option<u64> {
+/// A positive limit an OCI bundle's `config.json` gives under `linux.resources`, at
+/// `controller`.`key` (`cpu`.`quota` in microseconds per period, `memory`.`limit` in bytes).
+fn bundle_resource(config: &Path, controller: &str, key: &str) -> Option<u64> {
     let text = std::fs::read(config).ok()?;
     let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
-    v["linux"]["resources"]["cpu"]["quota"]
+    v["linux"]["resources"][controller][key]
         .as_i64()
         .filter(|q| *q > 0)
         .map(|q| q as u64)
+}
+
+/// The CPU quota (microseconds per period) an OCI bundle's `config.json` gives.
+fn bundle_cpu_quota(config: &Path) -> Option<u64> {
+    bundle_resource(config, "cpu", "quota")
 }
 
 /// Waits (up to 10 s) until no loop device is backed by `image`.
